@@ -1,0 +1,87 @@
+"""Defaults shared by every config: data, optimisation, schedule, logging, checkpoints.
+
+A family config calls `get_config()` here, then sets its model and recipe. Every field can be
+overridden on the command line with `--config.FIELD=VALUE`.
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  """The shared defaults: the embedded digits dataset, AdamW, warm-up + cosine."""
+  config = ml_collections.ConfigDict()
+  config.seed = 0
+
+  # Data: any TFDS image-classification dataset by name, or 'digits' (embedded, the default).
+  config.dataset = 'digits'
+  config.data_dir = ml_collections.FieldReference(None, field_type=str)  # TFDS data dir.
+  config.train_split = 'train'
+  config.eval_split = 'test'
+  config.image_size = 32            # Model input resolution; the pipeline resizes to it.
+  config.augment = 'crop_flip'      # 'crop_flip' | 'inception_crop' | 'none'.
+  config.crop_padding = 4           # Pixels of zero padding before the random crop ('crop_flip').
+  config.flip = True                # Random horizontal flips during training.
+  config.eval_crop_ratio = 1.0      # Eval: resize to image_size / ratio, then centre crop.
+  config.normalization = 'imagenet'  # 'imagenet' | 'inception' (0.5/0.5) | 'cifar10' | 'digits'.
+  config.shuffle_buffer = 10_000
+  config.prefetch = 2
+
+  # Optimisation.
+  config.batch_size = 128           # Global batch, summed over every device of every process.
+  config.eval_batch_size = 256
+  config.optimizer = 'adamw'        # 'adamw' | 'sgd' (with momentum).
+  config.base_lr = 1e-3
+  config.lr_scaling_batch = 0       # If > 0, lr = base_lr * batch_size / lr_scaling_batch.
+  config.min_lr = 0.0
+  config.warmup_steps = 100
+  config.total_steps = 1000
+  config.num_epochs = ml_collections.FieldReference(None, field_type=float)  # Overrides total_steps.
+  config.warmup_epochs = ml_collections.FieldReference(None, field_type=float)  # Overrides warmup_steps.
+  config.weight_decay = 0.05
+  config.momentum = 0.9             # SGD momentum.
+  config.b1 = 0.9
+  config.b2 = 0.999
+  config.eps = 1e-8
+  config.grad_clip_norm = 0.0       # 0 disables clipping.
+  config.label_smoothing = 0.0
+  config.no_decay_names = ('bias', 'scale', 'pos_embed', 'cls_token', 'dist_token')
+
+  # Logging, evaluation and checkpoints.
+  config.log_every = 50
+  config.eval_every = 500
+  config.checkpoint_every = 500
+  config.keep_checkpoints = 3
+
+  # Model: `name` is a key of the registry (vit_jax.models.names()); every other field is passed
+  # to vit_jax.models.create() as an override.
+  config.model = ml_collections.ConfigDict()
+  config.model.name = 'vit_ti4'
+  return config
+
+
+def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
+  """Parses the `key=value,key=value` string after the config path's colon.
+
+  Only keys present in `defaults` are accepted; values are converted to the type of the default.
+  """
+  parsed = ml_collections.ConfigDict(defaults)
+  if not arg:
+    return parsed
+  for item in arg.split(','):
+    key, sep, value = item.partition('=')
+    key = key.strip()
+    if not sep:
+      raise ValueError(f'Config argument {item!r} is not of the form key=value; '
+                       f'valid keys: {sorted(defaults)}.')
+    if key not in defaults:
+      raise ValueError(f'Unknown config argument {key!r}; valid keys: {sorted(defaults)}.')
+    default = defaults[key]
+    if isinstance(default, bool):
+      if value.lower() not in ('true', 'false', '1', '0'):
+        raise ValueError(f'Config argument {key}={value!r} must be true or false.')
+      parsed[key] = value.lower() in ('true', '1')
+    elif default is None or isinstance(default, str):
+      parsed[key] = value
+    else:
+      parsed[key] = type(default)(value)
+  return parsed

@@ -1,0 +1,1 @@
+"""Vision Transformers and their attention variants in JAX/Flax."""
