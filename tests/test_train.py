@@ -1,0 +1,201 @@
+"""The training loop: learning, resuming, sharding invariance, and refusing bad input early."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+
+from configs import common
+from vit_jax import checkpoints
+from vit_jax import train
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def tiny_config(data_dir: str, **overrides):
+  """A ViT small enough to take a training step in milliseconds, on the embedded digits."""
+  config = common.get_config()
+  config.data_dir = data_dir
+  config.image_size = 8
+  config.crop_padding = 1
+  config.flip = False
+  config.normalization = 'digits'
+  config.batch_size = 32
+  config.eval_batch_size = 64
+  config.total_steps = 12
+  config.warmup_steps = 2
+  config.log_every = 4
+  config.eval_every = 1000
+  config.checkpoint_every = 1000
+  config.model.name = 'vit_ti4'
+  config.model.patch_size = 2
+  config.model.hidden_size = 32
+  config.model.depth = 2
+  config.model.num_heads = 2
+  config.model.mlp_dim = 64
+  for key, value in overrides.items():
+    target = config
+    *parents, leaf = key.split('.')
+    for parent in parents:
+      target = target[parent]
+    target[leaf] = value
+  return config
+
+
+def final_params(workdir: str, config) -> dict:
+  manager = checkpoints.checkpoint_manager(workdir, keep=1, read_only=True)
+  restored = manager.restore(manager.latest_step())
+  return restored['state']['params']
+
+
+def assert_trees_close(a, b, atol):
+  flat_a, flat_b = jax.tree.leaves(a), jax.tree.leaves(b)
+  assert len(flat_a) == len(flat_b)
+  for x, y in zip(flat_a, flat_b):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=atol, rtol=0)
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+  return str(tmp_path_factory.mktemp('tfds'))
+
+
+def test_loss_falls_and_accuracy_rises(data_dir, tmp_path):
+  config = tiny_config(data_dir, total_steps=60, base_lr=3e-3, log_every=20)
+  metrics = train.train_and_evaluate(config, str(tmp_path))
+  assert metrics['count'] == 360
+  assert metrics['accuracy'] > 0.5  # 10 classes: chance is 0.1.
+  assert os.path.exists(tmp_path / 'config.json')
+  assert os.path.exists(tmp_path / 'results.json')
+  assert any(name.startswith('events.out.tfevents') for name in os.listdir(tmp_path))
+
+
+def test_resume_after_preemption_equals_uninterrupted_run(data_dir, tmp_path, monkeypatch):
+  config = tiny_config(data_dir, **{'model.dropout_rate': 0.1, 'model.drop_path_rate': 0.1})
+  straight = str(tmp_path / 'straight')
+  train.train_and_evaluate(config, straight)
+
+  interrupted = str(tmp_path / 'interrupted')
+  original = train.PreemptionWatcher.should_stop
+  monkeypatch.setattr(train.PreemptionWatcher, 'should_stop',
+                      lambda self, manager, step: step == 5 or original(self, manager, step))
+  assert train.train_and_evaluate(config, interrupted) == {'preempted_at_step': 5}
+  monkeypatch.setattr(train.PreemptionWatcher, 'should_stop', original)
+  train.train_and_evaluate(config, interrupted)
+
+  assert_trees_close(final_params(straight, config), final_params(interrupted, config), atol=0)
+
+
+def test_sigterm_requests_a_checkpoint():
+  watcher = train.PreemptionWatcher()
+  try:
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert watcher.requested
+  finally:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path):
+  workdir = str(tmp_path)
+  config = tiny_config(data_dir, total_steps=4, checkpoint_every=2, log_every=2)
+  train.train_and_evaluate(config, workdir)
+  config = tiny_config(data_dir, total_steps=40, checkpoint_every=2, log_every=2, base_lr=1e30,
+                       warmup_steps=0)
+  with pytest.raises(FloatingPointError, match='last good checkpoint'):
+    train.train_and_evaluate(config, workdir)
+  manager = checkpoints.checkpoint_manager(workdir, keep=3, read_only=True)
+  params = manager.restore(manager.latest_step())['state']['params']
+  assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(params))
+
+
+def test_eight_devices_equal_one_device(data_dir):
+  """One train step sharded over 8 CPU devices gives the parameters of the 1-device step."""
+  script = textwrap.dedent(f"""
+      import os
+      os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'
+      import sys; sys.path.insert(0, {REPO!r}); sys.path.insert(0, {os.path.join(REPO, 'tests')!r})
+      import jax, numpy as np
+      from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+      from test_train import tiny_config
+      from vit_jax import train
+      assert jax.device_count() == 8
+      config = tiny_config({data_dir!r}, **{{'model.dropout_rate': 0.1, 'model.drop_path_rate': 0.2}})
+      model = train.create_model(config, 10)
+      tx = train.create_optimizer(config, train.learning_rate_schedule(config, 10, 0))
+      rng = np.random.default_rng(0)
+      batch = {{'image': rng.normal(size=(32, 8, 8, 3)).astype(np.float32),
+               'label': rng.integers(0, 10, size=(32,)).astype(np.int32)}}
+      results = []
+      for devices in (jax.devices()[:1], jax.devices()):
+        mesh = Mesh(np.array(devices), ('data',))
+        replicated, sharded = NamedSharding(mesh, P()), NamedSharding(mesh, P('data'))
+        state = jax.device_put(train.init_state(model, tx, config), replicated)
+        step = jax.jit(train.make_train_step(model, tx, config, 10))
+        state, _ = step(state, {{k: jax.device_put(v, sharded) for k, v in batch.items()}})
+        results.append(jax.device_get(state.params))
+      diff = max(float(np.max(np.abs(a - b))) for a, b in
+                 zip(jax.tree.leaves(results[0]), jax.tree.leaves(results[1])))
+      print('MAXDIFF', diff)
+      """)
+  out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  diff = float(out.stdout.split('MAXDIFF')[1])
+  assert diff <= 1e-5
+
+
+@pytest.mark.parametrize('overrides, message', [
+    ({'model.name': 'vit_nonexistent'}, 'vit_nonexistent'),
+    ({'dataset': 'not_a_dataset'}, 'not_a_dataset'),
+    ({'image_size': 9}, '9'),
+    ({'model.num_heads': 3}, 'num_heads'),
+    ({'optimizer': 'adagrad'}, 'adagrad'),
+])
+def test_bad_input_fails_before_touching_the_workdir(data_dir, tmp_path, overrides, message):
+  config = tiny_config(data_dir, **overrides)
+  workdir = tmp_path / 'run'
+  with pytest.raises(ValueError, match=message):
+    train.train_and_evaluate(config, str(workdir))
+  assert not workdir.exists()
+
+
+def test_batch_not_divisible_by_devices():
+  script = textwrap.dedent(f"""
+      import os
+      os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'
+      import sys; sys.path.insert(0, {REPO!r})
+      from configs import common
+      from vit_jax import train
+      config = common.get_config()
+      config.batch_size = 100
+      try:
+        train.validate_config(config)
+      except ValueError as e:
+        print('ERROR', e)
+      """)
+  out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, timeout=120)
+  assert 'ERROR batch_size=100 must be a positive multiple of the number of devices (8)' in out.stdout
+
+
+def test_workdir_of_another_model_is_refused_and_left_untouched(data_dir, tmp_path):
+  workdir = str(tmp_path)
+  train.train_and_evaluate(tiny_config(data_dir, total_steps=2), workdir)
+  before = {name: os.path.getmtime(os.path.join(workdir, name)) for name in os.listdir(workdir)}
+  with pytest.raises(ValueError, match='holds a checkpoint'):
+    train.train_and_evaluate(tiny_config(data_dir, **{'model.hidden_size': 64}), workdir)
+  after = {name: os.path.getmtime(os.path.join(workdir, name)) for name in os.listdir(workdir)}
+  assert before == after
+
+
+def test_unknown_config_key_is_refused_by_the_command_line(tmp_path):
+  out = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.main', '--config=configs/vit.py',
+       f'--workdir={tmp_path / "run"}', '--config.not_a_field=1'],
+      capture_output=True, text=True, cwd=REPO, timeout=120)
+  assert out.returncode != 0
+  assert 'not_a_field' in out.stderr
+  assert not (tmp_path / 'run').exists()

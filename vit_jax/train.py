@@ -1,0 +1,347 @@
+"""Training and evaluation: one linear function from a config to a trained, checkpointed model.
+
+Every process runs the same program. A device mesh with one `data` axis spans every device of
+every process; parameters are replicated, batches are sharded along `data`, and each process feeds
+only its own share of the data. Process 0 alone logs and writes summaries.
+"""
+
+import json
+import math
+import os
+import signal
+import time
+from typing import Any, Callable, Iterator
+
+from absl import logging
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from vit_jax import checkpoints
+from vit_jax import input_pipeline
+from vit_jax import models
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Everything that determines the rest of a run: resuming from it equals never stopping."""
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  batch_stats: Any
+  rng: jax.Array
+
+
+def create_model(config: ml_collections.ConfigDict, num_classes: int) -> nn.Module:
+  """The registered model `config.model.name` with the config's overrides."""
+  overrides = {k: v for k, v in config.model.items() if k != 'name'}
+  return models.create(config.model.name, num_classes=num_classes, **overrides)
+
+
+def training_steps(config: ml_collections.ConfigDict, num_train_examples: int) -> tuple[int, int]:
+  """Total and warm-up steps, from epochs when the config gives epochs."""
+  steps_per_epoch = num_train_examples / config.batch_size
+  total = config.total_steps
+  if config.get('num_epochs') is not None:
+    total = math.ceil(config.num_epochs * steps_per_epoch)
+  warmup = config.warmup_steps
+  if config.get('warmup_epochs') is not None:
+    warmup = math.ceil(config.warmup_epochs * steps_per_epoch)
+  return int(total), int(min(warmup, total))
+
+
+def peak_learning_rate(config: ml_collections.ConfigDict) -> float:
+  """base_lr, scaled linearly with the global batch when `lr_scaling_batch` is set (DeiT rule)."""
+  if config.get('lr_scaling_batch', 0):
+    return config.base_lr * config.batch_size / config.lr_scaling_batch
+  return config.base_lr
+
+
+def learning_rate_schedule(config: ml_collections.ConfigDict, total_steps: int,
+                           warmup_steps: int) -> optax.Schedule:
+  """Linear warm-up from 0 to the peak, then cosine decay to `min_lr`."""
+  peak = peak_learning_rate(config)
+  return optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=peak, warmup_steps=warmup_steps,
+      decay_steps=max(total_steps, warmup_steps + 1), end_value=config.min_lr)
+
+
+def weight_decay_mask(params: Any, no_decay_names: tuple[str, ...]) -> Any:
+  """True where weight decay applies: not on 1-D parameters nor on names in `no_decay_names`."""
+  def decays(path, leaf):
+    names = [str(getattr(k, 'key', k)) for k in path]
+    return np.ndim(leaf) > 1 and not any(n in no_decay_names for n in names)
+  return jax.tree_util.tree_map_with_path(decays, params)
+
+
+def create_optimizer(config: ml_collections.ConfigDict,
+                     schedule: optax.Schedule) -> optax.GradientTransformation:
+  """AdamW or SGD with momentum, decoupled weight decay under the mask, optional clipping."""
+  mask = lambda params: weight_decay_mask(params, tuple(config.no_decay_names))
+  if config.optimizer == 'adamw':
+    tx = optax.adamw(schedule, b1=config.b1, b2=config.b2, eps=config.eps,
+                     weight_decay=config.weight_decay, mask=mask)
+  elif config.optimizer == 'sgd':
+    tx = optax.chain(optax.add_decayed_weights(config.weight_decay, mask),
+                     optax.sgd(schedule, momentum=config.momentum))
+  else:
+    raise ValueError(f"Unknown optimizer {config.optimizer!r}; valid: 'adamw', 'sgd'.")
+  if config.grad_clip_norm:
+    tx = optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), tx)
+  return tx
+
+
+def classifier_logits(outputs: Any) -> jax.Array:
+  """The logits to score: distilled models in training mode return (cls, dist); average them."""
+  if isinstance(outputs, tuple):
+    return (outputs[0] + outputs[1]) / 2
+  return outputs
+
+
+def classification_loss(outputs: Any, targets: jax.Array) -> jax.Array:
+  """Mean cross-entropy against (soft) targets, averaged over both heads of a distilled model."""
+  heads = outputs if isinstance(outputs, tuple) else (outputs,)
+  losses = [optax.softmax_cross_entropy(logits.astype(jnp.float32), targets) for logits in heads]
+  return jnp.mean(sum(losses) / len(losses))
+
+
+def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
+                    config: ml_collections.ConfigDict, num_classes: int
+                    ) -> Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict]]:
+  """The (unjitted) train step: forward, loss, gradient, optimizer update."""
+  def train_step(state: TrainState, batch: dict[str, jax.Array]):
+    dropout_rng = jax.random.fold_in(state.rng, state.step)
+    targets = optax.smooth_labels(jax.nn.one_hot(batch['label'], num_classes),
+                                  config.label_smoothing)
+
+    def loss_fn(params):
+      variables = {'params': params}
+      mutable = []
+      if state.batch_stats:
+        variables['batch_stats'] = state.batch_stats
+        mutable = ['batch_stats']
+      outputs, updates = model.apply(variables, batch['image'], train=True,
+                                     rngs={'dropout': dropout_rng}, mutable=mutable)
+      loss = classification_loss(outputs, targets)
+      return loss, (outputs, updates.get('batch_stats', state.batch_stats))
+
+    (loss, (outputs, batch_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    accuracy = jnp.mean(jnp.argmax(classifier_logits(outputs), -1) == batch['label'])
+    metrics = {'loss': loss, 'accuracy': accuracy, 'grad_norm': optax.global_norm(grads)}
+    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
+                              batch_stats=batch_stats)
+    return new_state, metrics
+
+  return train_step
+
+
+def make_eval_step(model: nn.Module, num_classes: int
+                   ) -> Callable[[TrainState, dict[str, jax.Array]], dict[str, jax.Array]]:
+  """The (unjitted) eval step: sums of correct predictions, loss and real examples."""
+  def eval_step(state: TrainState, batch: dict[str, jax.Array]):
+    variables = {'params': state.params}
+    if state.batch_stats:
+      variables['batch_stats'] = state.batch_stats
+    logits = model.apply(variables, batch['image'], train=False).astype(jnp.float32)
+    mask = batch['mask']
+    loss = optax.softmax_cross_entropy(logits, jax.nn.one_hot(batch['label'], num_classes))
+    return {'correct': jnp.sum((jnp.argmax(logits, -1) == batch['label']) * mask),
+            'loss': jnp.sum(loss * mask), 'count': jnp.sum(mask)}
+
+  return eval_step
+
+
+def init_state(model: nn.Module, tx: optax.GradientTransformation,
+               config: ml_collections.ConfigDict) -> TrainState:
+  """A fresh training state: parameters initialised from `config.seed`."""
+  params_rng, train_rng = jax.random.split(jax.random.PRNGKey(config.seed))
+  images = jnp.zeros((1, config.image_size, config.image_size, 3), jnp.float32)
+  variables = model.init({'params': params_rng}, images, train=False)
+  params = variables['params']
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                    batch_stats=variables.get('batch_stats', {}), rng=train_rng)
+
+
+def global_batch(batch: dict[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
+  """Assembles one global array per key from this process's share of the batch."""
+  return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
+
+
+def evaluate(eval_step: Callable, state: TrainState, batches: Iterator[dict[str, np.ndarray]],
+             sharding: NamedSharding) -> dict[str, float]:
+  """Top-1 accuracy and mean loss over every real example of the eval split."""
+  totals = {'correct': 0.0, 'loss': 0.0, 'count': 0.0}
+  for batch in batches:
+    sums = jax.device_get(eval_step(state, global_batch(batch, sharding)))
+    for k in totals:
+      totals[k] += float(sums[k])
+  count = max(totals['count'], 1.0)
+  return {'accuracy': totals['correct'] / count, 'loss': totals['loss'] / count,
+          'count': int(totals['count'])}
+
+
+class SummaryWriter:
+  """TensorBoard event files in the work directory; a no-op on every process but 0."""
+
+  def __init__(self, logdir: str, active: bool):
+    self._writer = None
+    if active:
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      self._tf = tf
+      self._writer = tf.summary.create_file_writer(logdir)
+
+  def scalars(self, step: int, values: dict[str, float]) -> None:
+    if self._writer is None:
+      return
+    with self._writer.as_default():
+      for name, value in values.items():
+        self._tf.summary.scalar(name, value, step=step)
+    self._writer.flush()
+
+
+class PreemptionWatcher:
+  """Turns SIGTERM into a request to checkpoint and exit at the next step boundary."""
+
+  def __init__(self):
+    self.requested = False
+    if jax.process_count() == 1:
+      try:
+        signal.signal(signal.SIGTERM, self._on_signal)
+      except ValueError:  # Not the main thread (e.g. in a notebook worker); rely on orbax.
+        pass
+
+  def _on_signal(self, signum, frame):
+    del signum, frame
+    self.requested = True
+
+  def should_stop(self, manager, step: int) -> bool:
+    # On several processes, orbax agrees on one step across all of them.
+    return self.requested or manager.reached_preemption(step)
+
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+  """Raises ValueError for settings that cannot work, before anything is built."""
+  devices, processes = jax.device_count(), jax.process_count()
+  if config.batch_size <= 0 or config.batch_size % devices:
+    raise ValueError(f'batch_size={config.batch_size} must be a positive multiple of the number '
+                     f'of devices ({devices}); e.g. {max(devices, config.batch_size // devices * devices)}.')
+  if config.eval_batch_size % devices:
+    raise ValueError(f'eval_batch_size={config.eval_batch_size} must be a multiple of the number '
+                     f'of devices ({devices}).')
+  if config.batch_size % processes:
+    raise ValueError(f'batch_size={config.batch_size} must be a multiple of the number of '
+                     f'processes ({processes}).')
+  if config.image_size <= 0:
+    raise ValueError(f'image_size={config.image_size} must be positive.')
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+  """Trains `config`'s model in `workdir`, resuming from its newest checkpoint; returns eval metrics."""
+  # 1. Everything that can be wrong is checked before anything compiles or is written.
+  validate_config(config)
+  info = input_pipeline.get_dataset_info(config)
+  model = create_model(config, info.num_classes)
+  total_steps, warmup_steps = training_steps(config, info.num_train_examples)
+  schedule = learning_rate_schedule(config, total_steps, warmup_steps)
+  tx = create_optimizer(config, schedule)
+  abstract_state = jax.eval_shape(lambda: init_state(model, tx, config))
+  checkpoints.check_compatible(workdir, config.model.name, abstract_state.params)
+
+  is_main = jax.process_index() == 0
+  if is_main:
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, 'config.json'), 'w') as f:
+      f.write(config.to_json_best_effort(indent=2))
+  logging.info('Model %s: %s parameters; %d classes; %d train / %d eval examples; %d steps.',
+               config.model.name,
+               f'{sum(np.prod(x.shape) for x in jax.tree.leaves(abstract_state.params)):,}',
+               info.num_classes, info.num_train_examples, info.num_eval_examples, total_steps)
+
+  # 2. Devices, state and steps.
+  mesh = Mesh(np.array(jax.devices()), ('data',))
+  replicated = NamedSharding(mesh, P())
+  data_sharding = NamedSharding(mesh, P('data'))
+  state_sharding = jax.tree.map(lambda _: replicated, abstract_state)
+  manager = checkpoints.checkpoint_manager(workdir, keep=config.keep_checkpoints)
+  if manager.latest_step() is not None:
+    abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                            abstract_state, state_sharding)
+    state = checkpoints.restore(manager, abstract)
+    logging.info('Resumed from step %d of %s.', int(state.step), workdir)
+  else:
+    state = jax.jit(lambda: init_state(model, tx, config), out_shardings=state_sharding)()
+
+  train_step = jax.jit(make_train_step(model, tx, config, info.num_classes),
+                       out_shardings=(state_sharding, replicated), donate_argnums=0)
+  eval_step = jax.jit(make_eval_step(model, info.num_classes), out_shardings=replicated)
+  eval_batches = lambda: input_pipeline.eval_iterator(config)
+
+  # 3. The loop.
+  writer = SummaryWriter(workdir, active=is_main)
+  watcher = PreemptionWatcher()
+  start_step = int(state.step)
+  train_batches = input_pipeline.train_iterator(config, start_step=start_step)
+  pending, last_saved = [], start_step
+  window_start, window_step = time.time(), start_step
+  eval_metrics = {}
+  for step in range(start_step + 1, total_steps + 1):
+    batch = global_batch(next(train_batches), data_sharding)
+    state, metrics = train_step(state, batch)
+    pending.append(metrics)
+
+    at_log = step % config.log_every == 0 or step == total_steps
+    at_ckpt = step % config.checkpoint_every == 0 or step == total_steps
+    stop = watcher.should_stop(manager, step)
+    if at_log or at_ckpt or stop:
+      fetched = jax.device_get(pending)
+      pending = []
+      losses = np.array([m['loss'] for m in fetched])
+      if not np.all(np.isfinite(losses)):
+        raise FloatingPointError(
+            f'The training loss became {losses[~np.isfinite(losses)][0]} at or before step {step}; '
+            f'stopping without saving. The last good checkpoint (step {last_saved}) is kept in '
+            f'{workdir}. Lower base_lr, enable grad_clip_norm, or check the data.')
+      if at_log:
+        elapsed = time.time() - window_start
+        images_per_s = (step - window_step) * config.batch_size / max(elapsed, 1e-9)
+        eta = (total_steps - step) * elapsed / max(step - window_step, 1)
+        summary = {'train/loss': float(np.mean(losses)),
+                   'train/accuracy': float(np.mean([m['accuracy'] for m in fetched])),
+                   'train/grad_norm': float(fetched[-1]['grad_norm']),
+                   'train/lr': float(schedule(step - 1)), 'train/images_per_s': images_per_s}
+        writer.scalars(step, summary)
+        logging.info('step %d/%d  loss %.4f  acc %.3f  lr %.2e  %.0f img/s  ETA %s', step,
+                     total_steps, summary['train/loss'], summary['train/accuracy'],
+                     summary['train/lr'], images_per_s, time.strftime('%H:%M:%S', time.gmtime(eta)))
+        window_start, window_step = time.time(), step
+
+    if at_ckpt or stop:
+      checkpoints.save(manager, step, state, model_name=config.model.name, force=True)
+      last_saved = step
+    if stop:
+      manager.wait_until_finished()
+      logging.warning('Preemption requested: saved step %d to %s; exiting. Rerun the same '
+                      'command to resume.', step, workdir)
+      return {'preempted_at_step': step}
+    if step % config.eval_every == 0 and step != total_steps:
+      eval_metrics = evaluate(eval_step, state, eval_batches(), data_sharding)
+      writer.scalars(step, {f'eval/{k}': v for k, v in eval_metrics.items()})
+      logging.info('step %d  test accuracy %.4f  test loss %.4f', step, eval_metrics['accuracy'],
+                   eval_metrics['loss'])
+
+  manager.wait_until_finished()
+  eval_metrics = evaluate(eval_step, state, eval_batches(), data_sharding)
+  writer.scalars(total_steps, {f'eval/{k}': v for k, v in eval_metrics.items()})
+  if is_main:
+    with open(os.path.join(workdir, 'results.json'), 'w') as f:
+      json.dump({'step': total_steps, **{f'test_{k}': v for k, v in eval_metrics.items()}}, f)
+  logging.info('Final test accuracy: %.4f (%d examples, step %d).', eval_metrics['accuracy'],
+               eval_metrics['count'], total_steps)
+  return eval_metrics
