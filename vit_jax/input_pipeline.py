@@ -38,7 +38,7 @@ NORMALIZATIONS = {
     'digits': ((0.3054, 0.3054, 0.3054), (0.3760, 0.3760, 0.3760)),
 }
 AUGMENTS = ('crop_flip', 'inception_crop', 'none')
-IN_MEMORY_MAX_BYTES = 2 * 1024**3
+IN_MEMORY_MAX_BYTES = 1024**3
 # timm's RandomResizedCrop: area fraction and aspect-ratio ranges, and its number of attempts.
 INCEPTION_CROP_AREA = (0.08, 1.0)
 INCEPTION_CROP_RATIO = (3 / 4, 4 / 3)
@@ -182,8 +182,12 @@ def _resize(image: tf.Tensor, height: Any, width: Any) -> tf.Tensor:
   """Bicubic, antialiased resize to float32 in [0, 255] (a no-op at the same static size)."""
   if image.shape[0] == height and image.shape[1] == width:
     return tf.cast(image, tf.float32)
+  # Antialiasing changes nothing when upsampling, and the plain kernel is faster.
+  upsampling = (isinstance(height, int) and isinstance(width, int) and image.shape[0] is not None
+                and image.shape[1] is not None and image.shape[0] <= height
+                and image.shape[1] <= width)
   resized = tf.image.resize(tf.cast(image, tf.float32), [height, width], method='bicubic',
-                            antialias=True)
+                            antialias=not upsampling)
   return tf.clip_by_value(resized, 0.0, 255.0)
 
 
@@ -289,7 +293,9 @@ def _in_memory_examples(config, source, split, start, process_index) -> tf.data.
   num = len(labels)
   if num == 0:
     raise ValueError(f'Split {split} of {source.name!r} is empty for process {process_index}.')
-  images, labels = tf.constant(images), tf.constant(labels)
+  # Variables are captured by reference; constants would be copied into the tf.data graph.
+  images = tf.Variable(images, trainable=False)
+  labels = tf.Variable(labels, trainable=False)
   repeats = config.get('repeated_aug', 1)
   shuffle_seed = _seed(config, process_index, _SHUFFLE_SALT)
 
@@ -298,7 +304,7 @@ def _in_memory_examples(config, source, split, start, process_index) -> tf.data.
     epoch_seed = tf.random.experimental.stateless_fold_in(shuffle_seed, draw // num)
     index = tf.random.experimental.index_shuffle(draw % num, epoch_seed,
                                                  tf.constant(num - 1, tf.int64))
-    return images[index], labels[index], position
+    return tf.gather(images, index), tf.gather(labels, index), position
 
   return tf.data.Dataset.counter(start).map(example, num_parallel_calls=tf.data.AUTOTUNE)
 
