@@ -1,4 +1,4 @@
-"""Input pipelines: any TFDS image-classification dataset (or the embedded `digits`) as batches.
+"""Input pipelines: any TFDS image-classification dataset, `digits` or an image folder, as batches.
 
 Every dataset goes through one path: a `tfds` builder, its per-process sub-split
 (`tfds.split_for_jax_process`), then `tf.data` preprocessing that is identical for all datasets.
@@ -28,6 +28,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from vit_jax.datasets import digits
+from vit_jax.datasets import folder
 
 # Per-channel (mean, std) of pixel values in [0, 1].
 NORMALIZATIONS = {
@@ -77,14 +78,16 @@ def _resolve(config: ml_collections.ConfigDict) -> _Source:
   name = config.dataset
   if name == digits.NAME:
     builder = digits.prepare(config.data_dir)
+  elif name.startswith(folder.PREFIX):
+    builder = folder.prepare(name[len(folder.PREFIX):], config.data_dir)
   else:
     try:
       builder = tfds.builder(name, data_dir=config.data_dir)
     except tfds.core.registered.DatasetNotFoundError:
-      raise ValueError(
-          f'Unknown dataset {name!r}. Valid: {digits.NAME!r} (embedded) or any TFDS dataset name, '
-          "e.g. 'cifar10', 'cifar100', 'imagenet2012', 'oxford_iiit_pet' "
-          '(tfds.list_builders() lists them all).') from None
+      message = (f'Unknown dataset {name!r}. Valid: {digits.NAME!r} (embedded), '
+                 f"'{folder.PREFIX}/path/to/images' (your own images) or any TFDS dataset name, "
+                 "e.g. 'cifar10', 'cifar100', 'imagenet2012' (tfds.list_builders()).")
+      raise ValueError(message) from None
     if not builder.is_prepared():
       builder.download_and_prepare()
   keys = builder.info.supervised_keys
