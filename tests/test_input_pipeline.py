@@ -1,0 +1,261 @@
+"""Input pipeline: shapes, normalisation, per-process splits, padded eval, exact resume, errors."""
+
+import collections
+import itertools
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from configs import common
+from vit_jax import input_pipeline
+from vit_jax.datasets import digits
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp('tfds'))
+  digits.prepare(path)
+  return path
+
+
+def _config(data_dir, **overrides):
+  config = common.get_config()
+  config.data_dir = data_dir
+  config.normalization = 'digits'
+  config.batch_size = 32
+  config.eval_batch_size = 64
+  config.update(overrides)
+  return config
+
+
+def _raw_digits(data_dir, split):
+  arrays = tfds.as_numpy(tfds.load('digits', split=split, data_dir=data_dir, batch_size=-1))
+  return arrays['image'], arrays['label'], arrays['index']
+
+
+def _unnormalize(images, normalization):
+  """Back to uint8 pixel values; exact for unresized images."""
+  mean, std = (np.array(v, np.float32) for v in input_pipeline.NORMALIZATIONS[normalization])
+  pixels = (images * std + mean) * 255.0
+  np.testing.assert_allclose(pixels, np.round(pixels), atol=1e-3)
+  return np.round(pixels).astype(np.uint8)
+
+
+def _multiset(images, labels):
+  return collections.Counter((image.tobytes(), int(label)) for image, label in zip(images, labels))
+
+
+def test_dataset_info(data_dir):
+  info = input_pipeline.get_dataset_info(_config(data_dir, image_size=16))
+  assert info == input_pipeline.DatasetInfo(
+      name='digits', num_classes=10, num_train_examples=1437, num_eval_examples=360, image_size=16)
+
+
+def test_digits_statistics_are_the_train_split_statistics(data_dir):
+  images, _, _ = _raw_digits(data_dir, 'train')
+  mean, std = input_pipeline.NORMALIZATIONS['digits']
+  pixels = images.astype(np.float64) / 255.0
+  np.testing.assert_allclose(mean, pixels.mean(), atol=5e-5)
+  np.testing.assert_allclose(std, pixels.std(), atol=5e-5)
+
+
+def test_one_digits_epoch_is_standardised(data_dir):
+  # One batch of 1,437 = one whole epoch; unaugmented 8x8 images normalised by digits' stats.
+  config = _config(data_dir, batch_size=1437, image_size=8, augment='none')
+  batch = next(input_pipeline.train_iterator(config, process_index=0, process_count=1))
+  assert batch['image'].shape == (1437, 8, 8, 3) and batch['image'].dtype == np.float32
+  assert abs(batch['image'].mean()) < 2e-4 and abs(batch['image'].std() - 1) < 2e-4
+  images, labels, _ = _raw_digits(data_dir, 'train')
+  pixels = _unnormalize(batch['image'], 'digits')
+  np.testing.assert_array_equal(pixels[..., 0], pixels[..., 2])  # Grayscale tiled.
+  assert _multiset(pixels[..., :1], batch['label']) == _multiset(images, labels)
+
+
+@pytest.mark.parametrize('normalization', sorted(input_pipeline.NORMALIZATIONS))
+def test_normalisation_of_constant_images(normalization):
+  mean, std = (np.array(v, np.float32) for v in input_pipeline.NORMALIZATIONS[normalization])
+  at_mean = input_pipeline._normalize(tf.fill([4, 4, 3], 1.0) * 255.0 * mean, normalization)
+  one_std_up = input_pipeline._normalize(tf.fill([4, 4, 3], 1.0) * 255.0 * (mean + std),
+                                         normalization)
+  np.testing.assert_allclose(at_mean, 0.0, atol=1e-5)
+  np.testing.assert_allclose(one_std_up, 1.0, atol=1e-5)
+  white = input_pipeline._normalize(tf.fill([2, 2, 3], 255.0), normalization).numpy()
+  np.testing.assert_allclose(white[0, 0], (1 - mean) / std, rtol=1e-5)
+
+
+def test_imagenet_and_inception_constants():
+  assert input_pipeline.NORMALIZATIONS['imagenet'] == ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+  black = input_pipeline._normalize(tf.zeros([1, 1, 3]), 'inception').numpy()
+  np.testing.assert_allclose(black, -1.0)
+
+
+@pytest.mark.parametrize('augment', ['crop_flip', 'inception_crop', 'none'])
+def test_mock_cifar10_train_batches(augment):
+  config = _config(None, dataset='cifar10', normalization='cifar10', image_size=24,
+                   augment=augment, batch_size=16)
+  with tfds.testing.mock_data(num_examples=40):
+    batches = list(itertools.islice(
+        input_pipeline.train_iterator(config, process_index=0, process_count=1), 4))
+  for batch in batches:
+    assert set(batch) == {'image', 'label'}
+    assert batch['image'].shape == (16, 24, 24, 3) and batch['image'].dtype == np.float32
+    assert batch['label'].shape == (16,) and batch['label'].dtype == np.int32
+    assert batch['label'].min() >= 0 and batch['label'].max() < 10
+    assert np.all(np.isfinite(batch['image']))
+  mean, std = input_pipeline.NORMALIZATIONS['cifar10']
+  lowest = (0 - np.array(mean)) / np.array(std)
+  highest = (1 - np.array(mean)) / np.array(std)
+  images = np.concatenate([b['image'] for b in batches])
+  assert np.all(images >= lowest - 1e-4) and np.all(images <= highest + 1e-4)
+
+
+def test_mock_cifar10_unaugmented_batches_are_normalised_dataset_images():
+  config = _config(None, dataset='cifar10', normalization='cifar10', image_size=32,
+                   augment='none', batch_size=10)
+  with tfds.testing.mock_data(num_examples=20):
+    raw = next(tfds.load('cifar10', split='train').batch(20).as_numpy_iterator())
+    batches = list(itertools.islice(
+        input_pipeline.train_iterator(config, process_index=0, process_count=1), 2))
+    info = input_pipeline.get_dataset_info(config)
+  assert (info.num_classes, info.num_train_examples, info.num_eval_examples) == (10, 20, 20)
+  pixels = _unnormalize(np.concatenate([b['image'] for b in batches]), 'cifar10')
+  labels = np.concatenate([b['label'] for b in batches])
+  assert _multiset(pixels, labels) == _multiset(raw['image'], raw['label'])  # One epoch.
+
+
+def test_mock_cifar10_eval_batches():
+  config = _config(None, dataset='cifar10', normalization='cifar10', image_size=28,
+                   eval_crop_ratio=0.875, eval_batch_size=16)
+  with tfds.testing.mock_data(num_examples=20):
+    batches = list(input_pipeline.eval_iterator(config, process_index=0, process_count=1))
+  assert len(batches) == 2
+  for batch in batches:
+    assert batch['image'].shape == (16, 28, 28, 3) and batch['image'].dtype == np.float32
+    assert batch['mask'].dtype == np.float32 and batch['label'].dtype == np.int32
+  np.testing.assert_array_equal(batches[1]['mask'], [1] * 4 + [0] * 12)
+
+
+def test_process_splits_are_disjoint_and_cover_the_split(data_dir):
+  _, _, all_indices = _raw_digits(data_dir, 'train')
+  parts = [_raw_digits(data_dir, input_pipeline._process_split('train', p, 3))[2] for p in range(3)]
+  assert sorted(len(part) for part in parts) == [479, 479, 479]
+  union = np.concatenate(parts)
+  assert len(np.unique(union)) == len(union)
+  np.testing.assert_array_equal(np.sort(union), np.sort(all_indices))
+
+
+def test_train_epoch_of_each_process_is_its_own_split(data_dir):
+  config = _config(data_dir, batch_size=3 * 479, image_size=8, augment='none',
+                   normalization='inception')
+  seen = collections.Counter()
+  for process in range(3):
+    batch = next(input_pipeline.train_iterator(config, process_index=process, process_count=3))
+    assert batch['image'].shape == (479, 8, 8, 3)
+    images, labels, _ = _raw_digits(data_dir, input_pipeline._process_split('train', process, 3))
+    local = _multiset(_unnormalize(batch['image'], 'inception')[..., :1], batch['label'])
+    assert local == _multiset(images, labels)
+    seen += local
+  images, labels, _ = _raw_digits(data_dir, 'train')
+  assert seen == _multiset(images, labels)
+
+
+@pytest.mark.parametrize('process_count,local_batch', [(1, 64), (3, 32), (7, 17)])
+def test_eval_counts_every_example_once(data_dir, process_count, local_batch):
+  # With 7 processes the shards hold 52 or 51 examples: 4 batches of 17 vs 3, so some pad more.
+  config = _config(data_dir, eval_batch_size=process_count * local_batch, image_size=8)
+  per_process = [list(input_pipeline.eval_iterator(config, process_index=p,
+                                                   process_count=process_count))
+                 for p in range(process_count)]
+  assert len({len(batches) for batches in per_process}) == 1
+  real_images, real_labels = [], []
+  for batches in per_process:
+    for batch in batches:
+      assert batch['image'].shape == (local_batch, 8, 8, 3)
+      mask = batch['mask'].astype(bool)
+      assert set(np.unique(batch['mask'])) <= {0.0, 1.0}
+      # Padding only at the end of a process's stream.
+      assert np.all(mask[:mask.sum()])
+      real_images.append(batch['image'][mask])
+      real_labels.append(batch['label'][mask])
+  pixels = _unnormalize(np.concatenate(real_images), 'digits')[..., :1]
+  images, labels, _ = _raw_digits(data_dir, 'test')
+  assert len(pixels) == 360
+  assert _multiset(pixels, np.concatenate(real_labels)) == _multiset(images, labels)
+
+
+def _batches(config, start_step, count):
+  iterator = input_pipeline.train_iterator(config, start_step=start_step, process_index=1,
+                                           process_count=2)
+  return list(itertools.islice(iterator, count))
+
+
+@pytest.mark.parametrize('in_memory', [None, False])
+def test_resume_is_exact(data_dir, in_memory):
+  # 718 train examples per process, batch 64: an epoch boundary falls inside step 11.
+  config = _config(data_dir, batch_size=128, image_size=16, augment='crop_flip',
+                   in_memory=in_memory, shuffle_buffer=256)
+  uninterrupted = _batches(config, 0, 14)
+  resumed = _batches(config, 9, 5)
+  for expected, actual in zip(uninterrupted[9:], resumed):
+    np.testing.assert_array_equal(expected['image'], actual['image'])
+    np.testing.assert_array_equal(expected['label'], actual['label'])
+  other_seed = _batches(_config(data_dir, batch_size=128, image_size=16, seed=1,
+                                in_memory=in_memory, shuffle_buffer=256), 9, 1)
+  assert not np.array_equal(other_seed[0]['image'], resumed[0]['image'])
+
+
+def test_epochs_are_reshuffled(data_dir):
+  config = _config(data_dir, batch_size=1436, image_size=8, augment='none')
+  first, second = _batches(config, 0, 2)  # Process 1 of 2 holds 718 examples: one epoch a batch.
+  assert _multiset(first['image'], first['label']) == _multiset(second['image'], second['label'])
+  assert not np.array_equal(first['label'], second['label'])
+
+
+def test_in_memory_rule(data_dir):
+  config = _config(data_dir)
+  source = input_pipeline._resolve(config)
+  assert input_pipeline._reads_in_memory(config, source, 'train')
+  config.in_memory = False
+  assert not input_pipeline._reads_in_memory(config, source, 'train')
+
+
+def test_inception_crop_boxes_follow_timm_ranges():
+  areas, ratios = [], []
+  for i in range(200):
+    top, left, height, width = (int(v) for v in input_pipeline._inception_crop_box(
+        tf.constant([180, 240]), tf.constant([i, 7], tf.int64)))
+    assert 0 <= top and top + height <= 180 and 0 <= left and left + width <= 240
+    areas.append(height * width / (180 * 240))
+    ratios.append(width / height)
+  assert 0.08 - 0.01 <= min(areas) and max(areas) <= 1.0
+  assert 3 / 4 - 0.02 <= min(ratios) and max(ratios) <= 4 / 3 + 0.02
+  assert max(areas) - min(areas) > 0.5  # The range is actually explored.
+
+
+def test_bad_dataset_name_raises():
+  with pytest.raises(ValueError, match=r"'no_such_dataset'.*'digits'.*'cifar10'"):
+    input_pipeline.get_dataset_info(_config(None, dataset='no_such_dataset'))
+
+
+def test_bad_split_raises(data_dir):
+  with pytest.raises(ValueError, match=r"no split 'validation'.*'train', 'test'"):
+    input_pipeline.get_dataset_info(_config(data_dir, eval_split='validation'))
+  with pytest.raises(ValueError, match="no split 'tset'"):
+    next(input_pipeline.eval_iterator(_config(data_dir), split='train[:10]+tset'))
+
+
+def test_indivisible_batch_raises_before_touching_the_dataset():
+  config = _config('/nonexistent', dataset='no_such_dataset', batch_size=128)
+  with pytest.raises(ValueError, match='batch_size=128.*process count 3'):
+    input_pipeline.train_iterator(config, process_index=0, process_count=3)
+  with pytest.raises(ValueError, match='eval_batch_size=64.*process count 3'):
+    input_pipeline.eval_iterator(config, process_index=0, process_count=3)
+
+
+def test_bad_choices_raise(data_dir):
+  with pytest.raises(ValueError, match="'random_crop'.*crop_flip"):
+    input_pipeline.train_iterator(_config(data_dir, augment='random_crop'))
+  with pytest.raises(ValueError, match="'mnist'.*imagenet"):
+    input_pipeline.eval_iterator(_config(data_dir, normalization='mnist'))

@@ -1,0 +1,1 @@
+"""Datasets that vit_jax provides itself; everything else comes from TFDS by name."""
