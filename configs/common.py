@@ -44,13 +44,21 @@ def get_config() -> ml_collections.ConfigDict:
   config.eps = 1e-8
   config.grad_clip_norm = 0.0       # 0 disables clipping.
   config.label_smoothing = 0.0
-  config.no_decay_names = ('bias', 'scale', 'pos_embed', 'cls_token', 'dist_token')
+  # Never decayed (besides every 1-D parameter). DeiT's official code does decay dist_token.
+  config.no_decay_names = ('bias', 'scale', 'pos_embed', 'cls_token')
 
   # Logging, evaluation and checkpoints.
   config.log_every = 50
   config.eval_every = 500
   config.checkpoint_every = 500
   config.keep_checkpoints = 3
+
+  # DeiT distillation from a teacher trained by vit_jax.main (any registered model).
+  config.distillation = ml_collections.ConfigDict()
+  config.distillation.type = 'none'       # 'none' | 'hard' | 'soft'.
+  config.distillation.alpha = 0.5         # Weight of the distillation term.
+  config.distillation.tau = 1.0           # Temperature of 'soft'.
+  config.distillation.teacher_workdir = ''  # The teacher's --workdir.
 
   # Model: `name` is a key of the registry (vit_jax.models.names()); every other field is passed
   # to vit_jax.models.create() as an override.
