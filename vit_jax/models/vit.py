@@ -10,7 +10,7 @@ Parameter names follow the timm layout (`patch_embed/proj`, `blocks_i/{norm1,att
 import dataclasses
 import functools
 import re
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import flax
 import flax.linen as nn
@@ -60,12 +60,15 @@ class InitScheme:
 
 
 class DropPath(nn.Module):
-  """Stochastic depth: drops whole residual branches per sample, rescaling by 1/keep."""
-  rate: float = 0.0
+  """Stochastic depth: drops whole residual branches per sample, rescaling by 1/keep.
+
+  `rate` may be a traced scalar (a per-layer rate scanned over by `VisionTransformer.blocks`).
+  """
+  rate: float | jax.Array = 0.0
 
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
-    if not train or self.rate == 0.0:
+    if not train or (isinstance(self.rate, (int, float)) and self.rate == 0.0):
       return x
     keep = 1.0 - self.rate
     mask = jax.random.bernoulli(self.make_rng('dropout'), keep, (x.shape[0],) + (1,) * (x.ndim - 1))
@@ -133,6 +136,80 @@ class EncoderBlock(nn.Module):
     return x + drop_path(self._layer_scale(y, 'gamma_2'), train=train)
 
 
+class _Layer(nn.Module):
+  """A block as one step of `nn.scan`/`nn.remat`: (x, drop_path_rate) -> (x, None).
+
+  The block shares this module's scope, so its variables sit where the plain block's would.
+  """
+  block: ModuleDef
+  train: bool
+
+  @nn.compact
+  def __call__(self, x: jax.Array, drop_path_rate: jax.Array | None = None
+               ) -> tuple[jax.Array, None]:
+    block = self.block() if drop_path_rate is None else self.block(drop_path_rate=drop_path_rate)
+    nn.share_scope(self, block)
+    return block(x, train=self.train), None
+
+
+class _ScannedBlocks(nn.Module):
+  """`length` copies of a block applied by one `nn.scan` (optionally rematerialised).
+
+  Its variables are stacked along a leading layer axis under `view`; `VisionTransformer.blocks`
+  maps them to and from the unrolled `{prefix}_{i}` layout.
+  """
+  block: ModuleDef
+  length: int
+  view: str
+  train: bool
+  remat: bool
+
+  @nn.compact
+  def __call__(self, x: jax.Array, drop_path_rates: jax.Array | None) -> jax.Array:
+    layer = nn.remat(_Layer, prevent_cse=False) if self.remat else _Layer
+    scan = nn.scan(layer, variable_axes={True: 0}, split_rngs={'params': True, 'dropout': True},
+                   in_axes=0, length=self.length)
+    inputs = () if drop_path_rates is None else (drop_path_rates,)
+    x, _ = scan(self.block, self.train, name=self.view)(x, *inputs)
+    return x
+
+
+def _stacked_view(first: int, length: int, prefix: str) -> tuple[str, Callable, Callable]:
+  """Maps between unrolled `{prefix}_{i}` variables and the stack `_ScannedBlocks` reads.
+
+  Returns the stack's name and (stack, unstack) acting on a {collection: variables} dict; every
+  other variable of the scope passes through unchanged.
+  """
+  names = [f'{prefix}_{i}' for i in range(first, first + length)]
+  view = f'{prefix}_{first}_to_{first + length - 1}_scanned'
+
+  def stack(variables):
+    out = {}
+    for collection, tree in variables.items():
+      tree = dict(tree)
+      layers = [tree.pop(name) for name in names if name in tree]
+      if len(layers) == length:
+        tree[view] = jax.tree.map(lambda *xs: jnp.stack(xs), *layers)
+      elif layers:
+        raise ValueError(f'{collection} holds {len(layers)} of the {length} blocks '
+                         f'{names[0]}..{names[-1]}; a scanned model needs all or none.')
+      out[collection] = tree
+    return out
+
+  def unstack(variables):
+    out = {}
+    for collection, tree in variables.items():
+      tree = dict(tree)
+      stacked = tree.pop(view, None)
+      if stacked is not None:
+        for i, name in enumerate(names):
+          tree[name] = jax.tree.map(lambda x, i=i: x[i], stacked)
+      out[collection] = tree
+    return out
+
+  return view, stack, unstack
+
+
 def check_images(images: jax.Array, patch_size: int) -> tuple[int, int]:
   """Returns the patch grid (rows, cols), or raises for non-NHWC or non-divisible images."""
   if images.ndim != 4:
@@ -189,6 +266,8 @@ class VisionTransformer(nn.Module):
   init_scheme: str = 'google'
   head_bias_init: float = 0.0
   attention_implementation: str | None = None
+  scan_layers: bool = False
+  remat: bool = False
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -213,6 +292,35 @@ class VisionTransformer(nn.Module):
   @property
   def scheme(self) -> InitScheme:
     return InitScheme.named(self.init_scheme)
+
+  def blocks(self, block: ModuleDef, x: jax.Array, *, first: int, drop_path_rates: Sequence[float],
+             train: bool, prefix: str = 'blocks') -> jax.Array:
+    """Applies blocks `{prefix}_{first}`, ... (one per rate) in sequence; returns the tokens.
+
+    `block(drop_path_rate=r, name=...)` builds one block. `scan_layers=True` traces one block
+    and runs it with `nn.scan` (fast compilation of deep models); `remat=True` recomputes each
+    block's activations in the backward pass (memory). Variables keep the unrolled layout
+    `{prefix}_{i}` either way, so checkpoints, `from_timm`/`to_timm` and sown intermediates do not
+    depend on these switches; inside a step the scanned form stacks the blocks' parameters.
+    Parameters are always initialised unrolled, so a seed gives the same model with or without
+    scan. Dropout and stochastic-depth masks are drawn differently by the two forms.
+    """
+    rates = [float(r) for r in drop_path_rates]
+    if not (self.scan_layers and len(rates) > 1) or self.is_initializing():
+      for i, rate in enumerate(rates):
+        name = f'{prefix}_{first + i}'
+        if self.remat:
+          x, _ = nn.remat(_Layer)(functools.partial(block, drop_path_rate=rate), train, name=name)(x)
+        else:
+          x = block(drop_path_rate=rate, name=name)(x, train=train)
+      return x
+    constant = all(rate == rates[0] for rate in rates)
+    block = functools.partial(block, drop_path_rate=rates[0]) if constant else block
+    view, stack, unstack = _stacked_view(first, len(rates), prefix)
+    scanned = nn.map_variables(_ScannedBlocks, True, trans_in_fn=stack, trans_out_fn=unstack,
+                               mutable=True)(block, len(rates), view, train, self.remat)
+    nn.share_scope(self, scanned)
+    return scanned(x, None if constant else jnp.asarray(rates, jnp.float32))
 
   def patch_tokens(self, images: jax.Array, *, train: bool) -> jax.Array:
     """The image as (batch, tokens, hidden) patch tokens; families with another stem override it."""
@@ -250,13 +358,12 @@ class VisionTransformer(nn.Module):
         kernel_init=scheme.dense_kernel, bias_init=scheme.dense_bias,
         fast_path_implementation=self.attention_implementation, dtype=self.dtype,
         param_dtype=self.param_dtype)
-    drop_path_rates = np.linspace(0.0, self.drop_path_rate, self.depth)
-    for i in range(self.depth):
-      x = EncoderBlock(attention, self.mlp_dim or 4 * self.hidden_size,
-                       dropout_rate=self.dropout_rate, drop_path_rate=float(drop_path_rates[i]),
-                       mlp_kernel_init=scheme.dense_kernel, mlp_bias_init=scheme.mlp_bias,
-                       dtype=self.dtype, param_dtype=self.param_dtype,
-                       name=f'blocks_{i}')(x, train=train)
+    block = functools.partial(
+        EncoderBlock, attention, self.mlp_dim or 4 * self.hidden_size,
+        dropout_rate=self.dropout_rate, mlp_kernel_init=scheme.dense_kernel,
+        mlp_bias_init=scheme.mlp_bias, dtype=self.dtype, param_dtype=self.param_dtype)
+    x = self.blocks(block, x, first=0, train=train,
+                    drop_path_rates=np.linspace(0.0, self.drop_path_rate, self.depth))
     return nn.LayerNorm(epsilon=1e-6, dtype=self.dtype, param_dtype=self.param_dtype,
                         name='norm')(x)
 
