@@ -1,0 +1,302 @@
+"""Vision Transformer (Dosovitskiy et al.) and the building blocks every family reuses.
+
+Building blocks: `PatchEmbedding`, `Mlp`, `DropPath`, `EncoderBlock` (pre-norm, parameterised by
+the attention module it builds) and `InitScheme` (the timm/DeiT and Google initialisations).
+Parameter names follow the timm layout (`patch_embed/proj`, `blocks_i/{norm1,attn,norm2,mlp}`,
+`norm`, `head`) so `from_timm`/`to_timm` are transposes and renames.
+"""
+
+import dataclasses
+import functools
+import math
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vit_jax.models import attention as attention_lib
+
+Initializer = Callable[..., jax.Array]
+ModuleDef = Callable[..., nn.Module]
+Dtype = Any
+
+INIT_SCHEMES = ('google', 'timm')
+
+
+def torch_default_bias_init(fan_in: int) -> Initializer:
+  """PyTorch's default Linear/Conv bias: U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
+  bound = 1.0 / math.sqrt(fan_in)
+
+  def init(key: jax.Array, shape: tuple[int, ...], dtype: Dtype = jnp.float32) -> jax.Array:
+    return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+  return init
+
+
+# PyTorch's default Linear/Conv weight, kaiming_uniform(a=sqrt(5)) = U(+-1/sqrt(fan_in)).
+torch_default_kernel_init = nn.initializers.variance_scaling(1.0 / 3.0, 'fan_in', 'uniform')
+
+
+@dataclasses.dataclass(frozen=True)
+class InitScheme:
+  """The initialisers of one published scheme, shared by every module of a model."""
+  dense_kernel: Initializer
+  dense_bias: Initializer
+  mlp_bias: Initializer
+  head_kernel: Initializer
+  cls_token: Initializer
+  pos_embed: Initializer
+  patch_kernel: Initializer
+  patch_bias_from_fan_in: Callable[[int], Initializer]
+
+  @classmethod
+  def named(cls, name: str, head_bias: float = 0.0) -> 'InitScheme':
+    """'timm': DeiT/timm `_init_weights`; 'google': google-research/vision_transformer."""
+    if name == 'timm':
+      # timm's trunc_normal_(std=.02) truncates at +-2 absolute (100 sigma): a plain normal.
+      normal = nn.initializers.normal(stddev=0.02)
+      return cls(dense_kernel=normal, dense_bias=nn.initializers.zeros,
+                 mlp_bias=nn.initializers.zeros, head_kernel=normal, cls_token=normal,
+                 pos_embed=normal, patch_kernel=torch_default_kernel_init,
+                 patch_bias_from_fan_in=torch_default_bias_init)
+    if name == 'google':
+      return cls(dense_kernel=nn.initializers.xavier_uniform(), dense_bias=nn.initializers.zeros,
+                 mlp_bias=nn.initializers.normal(stddev=1e-6),
+                 head_kernel=nn.initializers.zeros, cls_token=nn.initializers.zeros,
+                 pos_embed=nn.initializers.normal(stddev=0.02),
+                 patch_kernel=nn.initializers.lecun_normal(),
+                 patch_bias_from_fan_in=lambda _: nn.initializers.zeros)
+    raise ValueError(f'Unknown init_scheme {name!r}; valid: {list(INIT_SCHEMES)}.')
+
+
+class DropPath(nn.Module):
+  """Stochastic depth: drops whole residual branches per sample, rescaling by 1/keep."""
+  rate: float = 0.0
+
+  @nn.compact
+  def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
+    if not train or self.rate == 0.0:
+      return x
+    keep = 1.0 - self.rate
+    mask = jax.random.bernoulli(self.make_rng('dropout'), keep, (x.shape[0],) + (1,) * (x.ndim - 1))
+    return jnp.where(mask, x / jnp.asarray(keep, x.dtype), jnp.zeros_like(x))
+
+
+class Mlp(nn.Module):
+  """fc1 -> exact-erf GELU -> dropout -> fc2 -> dropout (timm `Mlp`)."""
+  hidden_dim: int
+  out_dim: int | None = None
+  dropout_rate: float = 0.0
+  kernel_init: Initializer = attention_lib.DEFAULT_KERNEL_INIT
+  bias_init: Initializer = nn.initializers.zeros
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
+    out_dim = self.out_dim or x.shape[-1]
+    dense = functools.partial(nn.Dense, kernel_init=self.kernel_init, bias_init=self.bias_init,
+                              dtype=self.dtype, param_dtype=self.param_dtype)
+    dropout = nn.Dropout(rate=self.dropout_rate, deterministic=not train)
+    x = dropout(nn.gelu(dense(self.hidden_dim, name='fc1')(x), approximate=False))
+    return dropout(dense(out_dim, name='fc2')(x))
+
+
+class EncoderBlock(nn.Module):
+  """Pre-norm Transformer block: x + DropPath(Attn(LN(x))), then x + DropPath(MLP(LN(x))).
+
+  `attention` builds the attention module (called with name='attn'); any module mapping tokens
+  (batch, tokens, width) to (batch, tokens, width) and taking `train=` fits. `layer_scale_init`
+  adds CaiT's LayerScale (`gamma_1`, `gamma_2`); `attention_residual=False` lets the attention
+  output replace x (T2T's token attention already adds its own V skip).
+  """
+  attention: ModuleDef
+  mlp_dim: int
+  dropout_rate: float = 0.0
+  drop_path_rate: float = 0.0
+  layer_norm_eps: float = 1e-6
+  layer_scale_init: float | None = None
+  attention_residual: bool = True
+  mlp_kernel_init: Initializer = attention_lib.DEFAULT_KERNEL_INIT
+  mlp_bias_init: Initializer = nn.initializers.zeros
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  def _layer_scale(self, y: jax.Array, name: str) -> jax.Array:
+    if self.layer_scale_init is None:
+      return y
+    gamma = self.param(name, nn.initializers.constant(self.layer_scale_init), (y.shape[-1],),
+                       self.param_dtype)
+    return y * gamma.astype(y.dtype)
+
+  @nn.compact
+  def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
+    norm = functools.partial(nn.LayerNorm, epsilon=self.layer_norm_eps, dtype=self.dtype,
+                             param_dtype=self.param_dtype)
+    drop_path = DropPath(self.drop_path_rate)
+    y = self.attention(name='attn')(norm(name='norm1')(x), train=train)
+    y = self._layer_scale(y, 'gamma_1')
+    x = x + drop_path(y, train=train) if self.attention_residual else y
+    y = Mlp(self.mlp_dim, dropout_rate=self.dropout_rate, kernel_init=self.mlp_kernel_init,
+            bias_init=self.mlp_bias_init, dtype=self.dtype, param_dtype=self.param_dtype,
+            name='mlp')(norm(name='norm2')(x), train=train)
+    return x + drop_path(self._layer_scale(y, 'gamma_2'), train=train)
+
+
+def check_images(images: jax.Array, patch_size: int) -> tuple[int, int]:
+  """Returns the patch grid (rows, cols), or raises for non-NHWC or non-divisible images."""
+  if images.ndim != 4:
+    raise ValueError(f'Expected NHWC images of rank 4; got shape {images.shape}.')
+  height, width = images.shape[1:3]
+  if patch_size < 1 or height % patch_size or width % patch_size:
+    valid = sorted(set(d for d in range(1, min(height, width) + 1)
+                       if height % d == 0 and width % d == 0))
+    raise ValueError(f'patch_size={patch_size} must divide the image size {height}x{width}; '
+                     f'valid patch sizes: {valid}.')
+  return height // patch_size, width // patch_size
+
+
+class PatchEmbedding(nn.Module):
+  """Conv(kernel = stride = patch) flattened row-major to (batch, rows * cols, hidden)."""
+  patch_size: int
+  hidden_size: int
+  kernel_init: Initializer = torch_default_kernel_init
+  bias_init_from_fan_in: Callable[[int], Initializer] = torch_default_bias_init
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, images: jax.Array) -> jax.Array:
+    check_images(images, self.patch_size)
+    fan_in = images.shape[-1] * self.patch_size ** 2
+    p = self.patch_size
+    x = nn.Conv(self.hidden_size, (p, p), strides=(p, p), padding='VALID',
+                kernel_init=self.kernel_init, bias_init=self.bias_init_from_fan_in(fan_in),
+                dtype=self.dtype, param_dtype=self.param_dtype, name='proj')(images)
+    return x.reshape(x.shape[0], -1, x.shape[-1])
+
+
+class VisionTransformer(nn.Module):
+  """ViT: patches + [cls] + learned position embedding, pre-norm blocks, LN, head on cls.
+
+  `init_scheme='google'` (default; the paper's official code) zero-initialises the head and uses
+  xavier Dense kernels; `'timm'` is DeiT/timm's N(0, 0.02) scheme. `representation_size` adds the
+  paper's tanh pre-logits layer. The position embedding length is set by the input at init.
+  """
+  num_classes: int = 1000
+  patch_size: int = 16
+  hidden_size: int = 768
+  depth: int = 12
+  num_heads: int = 12
+  mlp_dim: int | None = None
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+  drop_path_rate: float = 0.0
+  qkv_bias: bool = True
+  representation_size: int | None = None
+  init_scheme: str = 'google'
+  head_bias_init: float = 0.0
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  prefix_tokens = ('cls_token',)
+
+  def check_fields(self) -> None:
+    """Raises ValueError for an inconsistent configuration."""
+    if self.num_classes < 1:
+      raise ValueError(f'num_classes={self.num_classes} must be >= 1.')
+    if self.depth < 1:
+      raise ValueError(f'depth={self.depth} must be >= 1.')
+    attention_lib.check_heads(self.hidden_size, self.num_heads, 'hidden')
+    for name in ('dropout_rate', 'attention_dropout_rate', 'drop_path_rate'):
+      rate = getattr(self, name)
+      if not 0.0 <= rate < 1.0:
+        raise ValueError(f'{name}={rate} must be in [0, 1).')
+    InitScheme.named(self.init_scheme)
+
+  @property
+  def scheme(self) -> InitScheme:
+    return InitScheme.named(self.init_scheme)
+
+  def embed(self, images: jax.Array, *, train: bool) -> jax.Array:
+    """Patch tokens with the prefix tokens prepended, plus position embedding and dropout."""
+    scheme = self.scheme
+    x = PatchEmbedding(self.patch_size, self.hidden_size, kernel_init=scheme.patch_kernel,
+                       bias_init_from_fan_in=scheme.patch_bias_from_fan_in, dtype=self.dtype,
+                       param_dtype=self.param_dtype, name='patch_embed')(images)
+    batch, _, width = x.shape
+    prefix = [jnp.broadcast_to(
+        self.param(name, scheme.cls_token, (1, 1, width), self.param_dtype).astype(x.dtype),
+        (batch, 1, width)) for name in self.prefix_tokens]
+    x = jnp.concatenate(prefix + [x], axis=1)
+    if self.has_variable('params', 'pos_embed'):
+      stored = self.get_variable('params', 'pos_embed').shape
+      if stored != (1,) + x.shape[1:]:
+        raise ValueError(
+            f'pos_embed has shape {stored} but images of size {images.shape[1:3]} with patch '
+            f'{self.patch_size} give {x.shape[1]} tokens; resize the position embedding.')
+    pos_embed = self.param('pos_embed', scheme.pos_embed, (1,) + x.shape[1:], self.param_dtype)
+    x = x + pos_embed.astype(x.dtype)
+    return nn.Dropout(rate=self.dropout_rate, deterministic=not train)(x)
+
+  def encode(self, x: jax.Array, *, train: bool) -> jax.Array:
+    """The pre-norm blocks (linear stochastic-depth schedule) and the final LayerNorm."""
+    scheme = self.scheme
+    attention = functools.partial(
+        attention_lib.SelfAttention, num_heads=self.num_heads, qkv_bias=self.qkv_bias,
+        attention_dropout_rate=self.attention_dropout_rate, dropout_rate=self.dropout_rate,
+        kernel_init=scheme.dense_kernel, bias_init=scheme.dense_bias, dtype=self.dtype,
+        param_dtype=self.param_dtype)
+    drop_path_rates = np.linspace(0.0, self.drop_path_rate, self.depth)
+    for i in range(self.depth):
+      x = EncoderBlock(attention, self.mlp_dim or 4 * self.hidden_size,
+                       dropout_rate=self.dropout_rate, drop_path_rate=float(drop_path_rates[i]),
+                       mlp_kernel_init=scheme.dense_kernel, mlp_bias_init=scheme.mlp_bias,
+                       dtype=self.dtype, param_dtype=self.param_dtype,
+                       name=f'blocks_{i}')(x, train=train)
+    return nn.LayerNorm(epsilon=1e-6, dtype=self.dtype, param_dtype=self.param_dtype,
+                        name='norm')(x)
+
+  def classify(self, features: jax.Array, name: str = 'head') -> jax.Array:
+    """Optional tanh pre-logits, then the linear head; logits in float32."""
+    if self.representation_size is not None:
+      features = nn.tanh(nn.Dense(self.representation_size, dtype=self.dtype,
+                                  param_dtype=self.param_dtype, name='pre_logits')(features))
+    scheme = self.scheme
+    logits = nn.Dense(self.num_classes, kernel_init=scheme.head_kernel,
+                      bias_init=nn.initializers.constant(self.head_bias_init), dtype=self.dtype,
+                      param_dtype=self.param_dtype, name=name)(features)
+    return logits.astype(jnp.float32)
+
+  @nn.compact
+  def __call__(self, images: jax.Array, *, train: bool = False) -> jax.Array:
+    self.check_fields()
+    x = self.encode(self.embed(images, train=train), train=train)
+    return self.classify(x[:, 0])
+
+
+# (depth, hidden_size, num_heads, mlp_dim) of the paper's sizes (SPEC §0, §6).
+SIZES = {
+    'ti': (12, 192, 3, 768),
+    's': (12, 384, 6, 1536),
+    'b': (12, 768, 12, 3072),
+    'l': (24, 1024, 16, 4096),
+    'h': (32, 1280, 16, 5120),
+}
+
+
+def _vit(size: str, patch_size: int) -> functools.partial:
+  depth, hidden_size, num_heads, mlp_dim = SIZES[size]
+  return functools.partial(VisionTransformer, patch_size=patch_size, hidden_size=hidden_size,
+                           depth=depth, num_heads=num_heads, mlp_dim=mlp_dim)
+
+
+# /16, /32 (and H/14) for 224x224 inputs; /4 and /2 for 32x32 inputs (CIFAR, digits).
+MODELS = {
+    **{f'vit_{size}{patch}': _vit(size, patch)
+       for size in ('ti', 's', 'b', 'l') for patch in (16, 32)},
+    'vit_h14': _vit('h', 14),
+    **{f'vit_{size}{patch}': _vit(size, patch) for size in ('ti', 's', 'b') for patch in (4, 2)},
+}
