@@ -24,7 +24,7 @@ def test_vit_b16_has_exactly_86567656_params():
   assert _param_count(models.create('vit_b16'), 224) == 86_567_656
 
 
-# timm's vit_large_patch32_224 defaults to its headless in21k config, so SPEC's L/32 row has no head.
+# timm's vit_large_patch32_224 defaults to its headless in21k config: SPEC's L/32 row has no head.
 @pytest.mark.parametrize('name, millions, with_head', [
     ('vit_ti16', 5.72, True), ('vit_ti32', 6.14, True), ('vit_s16', 22.05, True),
     ('vit_s32', 22.88, True), ('vit_b16', 86.57, True), ('vit_b32', 88.22, True),

@@ -1,9 +1,15 @@
-"""Attention modules of every family, sharing one scores -> probabilities -> values pipeline.
+"""Attention modules of every family, sharing one pipeline.
 
-Every module sows its final attention probabilities (after any head mixing) as
-`intermediates/attention_probs` with shape (batch, heads, queries, keys).
+scores -> (head mixing before softmax) -> probabilities -> (head mixing after softmax) -> values
+-> output projection. Score kinds: content q.k (`SelfAttention`, `ClassAttention`,
+`TokenAttention`) and the relative positional scores of Cordonnier et al. (`PositionalAttention`).
+Head mixing: talking heads (CaiT) and Re-attention (DeepViT). Every module sows its final attention
+probabilities (after any head mixing) as `intermediates/attention_probs`, shape
+(batch, heads, queries, keys). Without head mixing, positional scores, attention dropout or an
+`intermediates` collection to fill, content attention takes `jax.nn.dot_product_attention`.
 """
 
+import math
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -14,6 +20,22 @@ Initializer = Callable[..., jax.Array]
 Dtype = Any
 
 DEFAULT_KERNEL_INIT = nn.initializers.normal(stddev=0.02)
+HEAD_MIXINGS = ('none', 'talking_heads', 're_attention')
+RE_ATTENTION_NORMS = ('batch', 'layer')
+POSITIONAL_SCORES = ('quadratic', 'gaussian', 'learned')
+
+# PyTorch's default Linear/Conv weight, kaiming_uniform(a=sqrt(5)) = U(+-1/sqrt(fan_in)).
+torch_default_kernel_init = nn.initializers.variance_scaling(1.0 / 3.0, 'fan_in', 'uniform')
+
+
+def torch_default_bias_init(fan_in: int) -> Initializer:
+  """PyTorch's default Linear/Conv bias: U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
+  bound = 1.0 / math.sqrt(fan_in)
+
+  def init(key: jax.Array, shape: tuple[int, ...], dtype: Dtype = jnp.float32) -> jax.Array:
+    return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+  return init
 
 
 def split_heads_init(kernel_init: Initializer, parts: int) -> Initializer:
@@ -40,10 +62,14 @@ def check_heads(width: int, num_heads: int, what: str) -> int:
   return width // num_heads
 
 
-def _check_tokens(x: jax.Array, name: str) -> None:
-  if x.ndim != 3:
-    raise ValueError(f'{name} expects tokens of shape (batch, tokens, features); '
-                     f'got shape {x.shape}.')
+def _check_rank(x: jax.Array, rank: int, layout: str, name: str) -> None:
+  if x.ndim != rank:
+    raise ValueError(f'{name} expects inputs of shape {layout}; got shape {x.shape}.')
+
+
+def _check_choice(value: str, choices: tuple[str, ...], field: str) -> None:
+  if value not in choices:
+    raise ValueError(f'{field}={value!r} is not valid; choose from {list(choices)}.')
 
 
 def attend(module: nn.Module, scores: jax.Array, values: jax.Array, *,
@@ -53,7 +79,9 @@ def attend(module: nn.Module, scores: jax.Array, values: jax.Array, *,
            dropout_before_post_softmax: bool = False) -> jax.Array:
   """The shared pipeline: scores -> mix -> softmax -> mix -> sow -> dropout -> weighted values.
 
-  scores: (batch, heads, queries, keys); values: (batch, keys, heads, value_dim).
+  scores: (batch, heads, queries, keys), or (heads, queries, keys) when they do not depend on the
+  input (dropout then shares its mask over the batch). values: (batch, keys, heads, value_dim),
+  or (batch, keys, value_dim) when every head reads the same values.
   Returns (batch, queries, heads, value_dim) in the dtype of `values`.
   """
   scores = scores.astype(jnp.float32)
@@ -65,14 +93,123 @@ def attend(module: nn.Module, scores: jax.Array, values: jax.Array, *,
     probs = dropout(probs)
   if post_softmax is not None:
     probs = post_softmax(probs).astype(jnp.float32)
-  module.sow('intermediates', 'attention_probs', probs)
+  if module.is_mutable_collection('intermediates'):
+    batch = values.shape[0]
+    module.sow('intermediates', 'attention_probs',
+               jnp.broadcast_to(probs, (batch,) + probs.shape[-3:]))
   if not dropout_before_post_softmax:
     probs = dropout(probs)
-  return jnp.einsum('bhqk,bkhd->bqhd', probs.astype(values.dtype), values)
+  probs_axes = 'bhqk' if probs.ndim == 4 else 'hqk'
+  values_axes = 'bkhd' if values.ndim == 4 else 'bkd'
+  return jnp.einsum(f'{probs_axes},{values_axes}->bqhd', probs.astype(values.dtype), values)
+
+
+def content_attention(module: nn.Module, q: jax.Array, k: jax.Array, v: jax.Array, *,
+                      dropout_rate: float, train: bool, use_fast_path: bool,
+                      pre_softmax: Callable[[jax.Array], jax.Array] | None = None,
+                      post_softmax: Callable[[jax.Array], jax.Array] | None = None,
+                      dropout_before_post_softmax: bool = False) -> jax.Array:
+  """softmax(q k^T) v for q pre-scaled, all (batch, tokens, heads, head_dim).
+
+  Takes `jax.nn.dot_product_attention` (cuDNN flash attention on GPU) when nothing needs the
+  explicit probabilities; otherwise the shared pipeline `attend`.
+  """
+  fast = (use_fast_path and pre_softmax is None and post_softmax is None
+          and not module.is_mutable_collection('intermediates')
+          and (not train or dropout_rate == 0.0))
+  if fast:
+    return jax.nn.dot_product_attention(q, k, v, scale=1.0)
+  scores = jnp.einsum('bqhd,bkhd->bhqk', q, k, preferred_element_type=jnp.float32)
+  return attend(module, scores, v, dropout_rate=dropout_rate, train=train,
+                pre_softmax=pre_softmax, post_softmax=post_softmax,
+                dropout_before_post_softmax=dropout_before_post_softmax)
+
+
+def _merge_heads(heads: jax.Array) -> jax.Array:
+  return heads.reshape(heads.shape[:-2] + (-1,))
 
 
 class SelfAttention(nn.Module):
-  """Multi-head content self-attention (timm `Attention`): one fused qkv Dense, then proj."""
+  """Multi-head self-attention (timm `Attention`) with optional head mixing.
+
+  qkv is one Dense(3D) laid out [3, heads, head_dim]; q is scaled by head_dim^-1/2 before q.k.
+  head_mixing='talking_heads' (CaiT): Dense(heads -> heads) with bias over the head axis before
+  (`proj_l`) and after (`proj_w`) the softmax. head_mixing='re_attention' (DeepViT official):
+  after the softmax and its dropout, a 1x1 conv over heads with bias (`reatten_matrix`, PyTorch
+  default init) and BatchNorm over heads with statistics over (batch, queries, keys)
+  (`var_norm`, batch_stats collection); re_attention_norm='layer' is lucidrains' form, a N(0, 1)
+  matrix without bias (`reattn_weights`) and LayerNorm over heads (`reattn_norm`).
+  re_attention_scale multiplies the re-attention map by head_dim^-1/2 (`transform_scale`).
+  """
+  num_heads: int
+  qkv_bias: bool = True
+  attention_dropout_rate: float = 0.0
+  dropout_rate: float = 0.0
+  head_mixing: str = 'none'
+  re_attention_norm: str = 'batch'
+  re_attention_scale: bool = False
+  kernel_init: Initializer = DEFAULT_KERNEL_INIT
+  bias_init: Initializer = nn.initializers.zeros
+  use_fast_path: bool = True
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  def _mix_heads_dense(self, t: jax.Array, name: str, use_bias: bool = True,
+                       kernel_init: Initializer | None = None,
+                       bias_init: Initializer | None = None) -> jax.Array:
+    """Dense over the head axis of (batch, heads, queries, keys), in float32."""
+    mixed = nn.Dense(self.num_heads, use_bias=use_bias, kernel_init=kernel_init or self.kernel_init,
+                     bias_init=bias_init or self.bias_init, dtype=jnp.float32,
+                     param_dtype=self.param_dtype, name=name)(jnp.moveaxis(t, 1, -1))
+    return jnp.moveaxis(mixed, -1, 1)
+
+  def _re_attention(self, probs: jax.Array, train: bool, head_dim: int) -> jax.Array:
+    heads = self.num_heads
+    if self.re_attention_norm == 'batch':
+      mixed = self._mix_heads_dense(probs, 'reatten_matrix', kernel_init=torch_default_kernel_init,
+                                    bias_init=torch_default_bias_init(heads))
+      normed = nn.BatchNorm(use_running_average=not train, axis=1, momentum=0.9, epsilon=1e-5,
+                            use_fast_variance=False, dtype=jnp.float32,
+                            param_dtype=self.param_dtype, name='var_norm')(mixed)
+    else:
+      theta = self.param('reattn_weights', nn.initializers.normal(1.0), (heads, heads),
+                         self.param_dtype)
+      mixed = jnp.einsum('bhqk,hg->bgqk', probs, theta.astype(jnp.float32))
+      normed = nn.LayerNorm(epsilon=1e-5, reduction_axes=1, feature_axes=1,
+                            use_fast_variance=False, dtype=jnp.float32,
+                            param_dtype=self.param_dtype, name='reattn_norm')(mixed)
+    return normed * (head_dim ** -0.5 if self.re_attention_scale else 1.0)
+
+  @nn.compact
+  def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
+    _check_rank(x, 3, '(batch, tokens, features)', type(self).__name__)
+    _check_choice(self.head_mixing, HEAD_MIXINGS, 'head_mixing')
+    _check_choice(self.re_attention_norm, RE_ATTENTION_NORMS, 're_attention_norm')
+    width = x.shape[-1]
+    head_dim = check_heads(width, self.num_heads, 'token')
+    qkv = nn.Dense(3 * width, use_bias=self.qkv_bias,
+                   kernel_init=split_heads_init(self.kernel_init, 3), bias_init=self.bias_init,
+                   dtype=self.dtype, param_dtype=self.param_dtype, name='qkv')(x)
+    qkv = qkv.reshape(x.shape[:2] + (3, self.num_heads, head_dim))
+    q, k, v = qkv[:, :, 0] * jnp.asarray(head_dim ** -0.5, qkv.dtype), qkv[:, :, 1], qkv[:, :, 2]
+    pre_softmax = post_softmax = None
+    if self.head_mixing == 'talking_heads':
+      pre_softmax = lambda s: self._mix_heads_dense(s, 'proj_l')
+      post_softmax = lambda p: self._mix_heads_dense(p, 'proj_w')
+    elif self.head_mixing == 're_attention':
+      post_softmax = lambda p: self._re_attention(p, train, head_dim)
+    heads = content_attention(
+        self, q, k, v, dropout_rate=self.attention_dropout_rate, train=train,
+        use_fast_path=self.use_fast_path, pre_softmax=pre_softmax, post_softmax=post_softmax,
+        dropout_before_post_softmax=self.head_mixing == 're_attention')
+    out = nn.Dense(width, kernel_init=self.kernel_init, bias_init=self.bias_init, dtype=self.dtype,
+                   param_dtype=self.param_dtype, name='proj')(_merge_heads(heads))
+    return nn.Dropout(rate=self.dropout_rate, deterministic=not train)(out)
+
+
+class ClassAttention(nn.Module):
+  """CaiT class attention: the query comes from the class token x[:, 0] only, keys and values
+  from all of x = [class; patches]; separate q/k/v Dense. Returns (batch, 1, features)."""
   num_heads: int
   qkv_bias: bool = True
   attention_dropout_rate: float = 0.0
@@ -83,38 +220,171 @@ class SelfAttention(nn.Module):
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
-  def _dense(self, features: int, name: str, use_bias: bool = True,
-             kernel_init: Initializer | None = None) -> nn.Dense:
-    return nn.Dense(features, use_bias=use_bias, kernel_init=kernel_init or self.kernel_init,
-                    bias_init=self.bias_init, dtype=self.dtype, param_dtype=self.param_dtype,
-                    name=name)
-
-  def _qkv(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Projects x to q (pre-scaled by hd^-1/2), k, v of shape (batch, tokens, heads, hd)."""
+  @nn.compact
+  def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
+    _check_rank(x, 3, '(batch, tokens, features)', type(self).__name__)
     width = x.shape[-1]
     head_dim = check_heads(width, self.num_heads, 'token')
-    qkv = self._dense(3 * width, 'qkv', self.qkv_bias, split_heads_init(self.kernel_init, 3))(x)
-    qkv = qkv.reshape(x.shape[:2] + (3, self.num_heads, head_dim))  # [3, H, hd] layout.
-    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-    return q * jnp.asarray(head_dim ** -0.5, q.dtype), k, v
 
-  def _uses_fast_path(self, train: bool) -> bool:
-    return (self.use_fast_path and not self.is_mutable_collection('intermediates')
-            and (not train or self.attention_dropout_rate == 0.0))
+    def project(inputs: jax.Array, name: str) -> jax.Array:
+      out = nn.Dense(width, use_bias=self.qkv_bias, kernel_init=self.kernel_init,
+                     bias_init=self.bias_init, dtype=self.dtype, param_dtype=self.param_dtype,
+                     name=name)(inputs)
+      return out.reshape(out.shape[:2] + (self.num_heads, head_dim))
 
-  def _output(self, heads: jax.Array, train: bool) -> jax.Array:
-    """Merges heads and applies the output projection and its dropout."""
-    merged = heads.reshape(heads.shape[:2] + (-1,))
-    out = self._dense(merged.shape[-1], 'proj')(merged)
+    q = project(x[:, :1], 'q')
+    q = q * jnp.asarray(head_dim ** -0.5, q.dtype)
+    heads = content_attention(self, q, project(x, 'k'), project(x, 'v'),
+                              dropout_rate=self.attention_dropout_rate, train=train,
+                              use_fast_path=self.use_fast_path)
+    out = nn.Dense(width, kernel_init=self.kernel_init, bias_init=self.bias_init, dtype=self.dtype,
+                   param_dtype=self.param_dtype, name='proj')(_merge_heads(heads))
     return nn.Dropout(rate=self.dropout_rate, deterministic=not train)(out)
+
+
+class TokenAttention(nn.Module):
+  """T2T-ViT token attention: input width `dim` -> `features` (= in_dim, 64 in T2T-ViT).
+
+  qkv = Dense(dim -> 3 * features, no bias); q is scaled by (dim / num_heads)^-1/2, the INPUT
+  width per head as in the official code; returns v + proj(A v), so the caller's block uses V as
+  the skip connection (EncoderBlock(attention_residual=False)).
+  """
+  features: int = 64
+  num_heads: int = 1
+  qkv_bias: bool = False
+  attention_dropout_rate: float = 0.0
+  dropout_rate: float = 0.0
+  kernel_init: Initializer = DEFAULT_KERNEL_INIT
+  bias_init: Initializer = nn.initializers.zeros
+  use_fast_path: bool = True
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
 
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
-    _check_tokens(x, type(self).__name__)
-    q, k, v = self._qkv(x)
-    if self._uses_fast_path(train):
-      heads = jax.nn.dot_product_attention(q, k, v, scale=1.0)
+    _check_rank(x, 3, '(batch, tokens, features)', type(self).__name__)
+    head_dim = check_heads(self.features, self.num_heads, 'output')
+    input_head_dim = check_heads(x.shape[-1], self.num_heads, 'input')
+    qkv = nn.Dense(3 * self.features, use_bias=self.qkv_bias,
+                   kernel_init=split_heads_init(self.kernel_init, 3), bias_init=self.bias_init,
+                   dtype=self.dtype, param_dtype=self.param_dtype, name='qkv')(x)
+    qkv = qkv.reshape(x.shape[:2] + (3, self.num_heads, head_dim))
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    q = q * jnp.asarray(input_head_dim ** -0.5, q.dtype)
+    heads = content_attention(self, q, k, v, dropout_rate=self.attention_dropout_rate,
+                              train=train, use_fast_path=self.use_fast_path)
+    out = nn.Dense(self.features, kernel_init=self.kernel_init, bias_init=self.bias_init,
+                   dtype=self.dtype, param_dtype=self.param_dtype,
+                   name='proj')(_merge_heads(heads))
+    out = nn.Dropout(rate=self.dropout_rate, deterministic=not train)(out)
+    return _merge_heads(v) + out
+
+
+def relative_offsets(rows: int, cols: int) -> jax.Array:
+  """delta[q, k] = position(key) - position(query) on the row-major grid: (N, N, 2) ints."""
+  grid = jnp.stack(jnp.meshgrid(jnp.arange(rows), jnp.arange(cols), indexing='ij'), -1)
+  grid = grid.reshape(-1, 2)
+  return grid[None, :, :] - grid[:, None, :]
+
+
+class PositionalAttention(nn.Module):
+  """Cordonnier et al. self-attention with relative positional scores (SA-conv).
+
+  Each of `num_heads` heads attends over the unprojected input (head width = input width), the
+  heads are concatenated (head-major) and projected back by `value` = Dense(heads * D -> D).
+  Scores, with delta = key - query = (delta1 rows, delta2 cols):
+  - 'quadratic' (isotropic) and 'gaussian' (non-isotropic): v_h . r_delta with
+    r_delta = (d1, d2, d1^2, d2^2, d1 d2) and v_h = -1/2 (-2(a mu1 + b mu2), -2(c mu2 + b mu1),
+    a, c, 2b), [[a, b], [b, c]] = A_h A_h^T (`attention_spreads` A_h = Sigma^-1/2; isotropic:
+    a = c = s^2, b = 0), centres `attention_centers` mu ~ N(0, centre_init_std^2), s or A
+    initialised to 1 + N(0, spread_init_std^2) or I + N(0, spread_init_std^2).
+  - 'learned': w_row,h . E_row[d1] + w_col,h . E_col[d2], E of (2 M - 1) x D_p, N(0, 1) init,
+    w = Dense(D_p -> heads, no bias). The official checkpoint names these the other way round:
+    its `col_embeddings`/`head_keys_col` index row offsets (our `row_*`) and vice versa.
+  use_content adds (W_q x)_h . (W_k x)_h / sqrt(D), W_q, W_k = Dense(D -> heads * D).
+  Inputs and outputs are (batch, rows, cols, features). Linears default to PyTorch's init.
+  """
+  num_heads: int = 9
+  scores: str = 'gaussian'
+  use_content: bool = False
+  max_grid_size: int | None = None
+  position_encoding_size: int | None = None
+  centre_init_std: float = 2.0
+  spread_init_std: float = 0.01
+  attention_dropout_rate: float = 0.0
+  kernel_init: Initializer = torch_default_kernel_init
+  bias_init_from_fan_in: Callable[[int], Initializer] = torch_default_bias_init
+  embedding_init: Initializer = nn.initializers.normal(stddev=1.0)
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  def _dense(self, features: int, fan_in: int, name: str, use_bias: bool = True) -> nn.Dense:
+    return nn.Dense(features, use_bias=use_bias, kernel_init=self.kernel_init,
+                    bias_init=self.bias_init_from_fan_in(fan_in), dtype=self.dtype,
+                    param_dtype=self.param_dtype, name=name)
+
+  def _gaussian_scores(self, rows: int, cols: int) -> jax.Array:
+    """(heads, N, N) scores v_h . r_delta of the quadratic / Gaussian encoding."""
+    heads, std = self.num_heads, self.spread_init_std
+    centres = self.param('attention_centers', nn.initializers.normal(self.centre_init_std),
+                         (heads, 2), self.param_dtype).astype(jnp.float32)
+    if self.scores == 'quadratic':
+      spreads = self.param('attention_spreads',
+                           lambda key, shape, dtype: 1 + std * jax.random.normal(key, shape, dtype),
+                           (heads,), self.param_dtype).astype(jnp.float32)
+      a = c = spreads ** 2
+      b = jnp.zeros_like(spreads)
     else:
-      scores = jnp.einsum('bqhd,bkhd->bhqk', q, k, preferred_element_type=jnp.float32)
-      heads = attend(self, scores, v, dropout_rate=self.attention_dropout_rate, train=train)
-    return self._output(heads, train)
+      spreads = self.param(
+          'attention_spreads',
+          lambda key, shape, dtype: jnp.eye(2, dtype=dtype) + std * jax.random.normal(
+              key, shape, dtype), (heads, 2, 2), self.param_dtype).astype(jnp.float32)
+      inverse_covariance = jnp.einsum('hij,hkj->hik', spreads, spreads)
+      a, b, c = (inverse_covariance[:, 0, 0], inverse_covariance[:, 0, 1],
+                 inverse_covariance[:, 1, 1])
+    mu1, mu2 = centres[:, 0], centres[:, 1]
+    target = -0.5 * jnp.stack(
+        [-2 * (a * mu1 + b * mu2), -2 * (c * mu2 + b * mu1), a, c, 2 * b], axis=-1)
+    delta = relative_offsets(rows, cols).astype(jnp.float32)
+    d1, d2 = delta[..., 0], delta[..., 1]
+    encoding = jnp.stack([d1, d2, d1 ** 2, d2 ** 2, d1 * d2], axis=-1)  # r_delta, (N, N, 5).
+    return jnp.einsum('qkr,hr->hqk', encoding, target)
+
+  def _learned_scores(self, rows: int, cols: int, width: int) -> jax.Array:
+    """(heads, N, N) scores from learned row and column offset embeddings."""
+    size = self.max_grid_size or max(rows, cols)
+    if max(rows, cols) > size:
+      raise ValueError(f'A {rows}x{cols} grid exceeds max_grid_size={size}; '
+                       f'set max_grid_size >= {max(rows, cols)}.')
+    dim = self.position_encoding_size or width
+    delta = relative_offsets(rows, cols) + size - 1
+    scores = 0.0
+    for axis, name in ((0, 'row'), (1, 'col')):
+      table = self.param(f'{name}_embeddings', self.embedding_init, (2 * size - 1, dim),
+                         self.param_dtype)
+      per_offset = self._dense(self.num_heads, dim, f'head_keys_{name}', use_bias=False)(
+          table.astype(jnp.float32))
+      scores = scores + per_offset[delta[..., axis]]  # (N, N, heads).
+    return jnp.moveaxis(scores, -1, 0).astype(jnp.float32)
+
+  @nn.compact
+  def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
+    _check_rank(x, 4, '(batch, rows, cols, features)', type(self).__name__)
+    _check_choice(self.scores, POSITIONAL_SCORES, 'scores')
+    if self.num_heads < 1:
+      raise ValueError(f'num_heads={self.num_heads} must be >= 1.')
+    batch, rows, cols, width = x.shape
+    if self.scores == 'learned':
+      scores = self._learned_scores(rows, cols, width)
+    else:
+      scores = self._gaussian_scores(rows, cols)
+    tokens = x.reshape(batch, rows * cols, width)
+    if self.use_content:
+      shape = (batch, rows * cols, self.num_heads, width)
+      q = self._dense(self.num_heads * width, width, 'query')(tokens).reshape(shape)
+      k = self._dense(self.num_heads * width, width, 'key')(tokens).reshape(shape)
+      content = jnp.einsum('bqhd,bkhd->bhqk', q, k, preferred_element_type=jnp.float32)
+      scores = scores[None] + content / math.sqrt(width)
+    heads = attend(self, scores, tokens, dropout_rate=self.attention_dropout_rate, train=train)
+    out = self._dense(width, self.num_heads * width, 'value')(_merge_heads(heads))
+    return out.reshape(batch, rows, cols, width)

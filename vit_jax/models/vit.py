@@ -8,7 +8,6 @@ Parameter names follow the timm layout (`patch_embed/proj`, `blocks_i/{norm1,att
 
 import dataclasses
 import functools
-import math
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -25,20 +24,6 @@ Dtype = Any
 INIT_SCHEMES = ('google', 'timm')
 
 
-def torch_default_bias_init(fan_in: int) -> Initializer:
-  """PyTorch's default Linear/Conv bias: U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
-  bound = 1.0 / math.sqrt(fan_in)
-
-  def init(key: jax.Array, shape: tuple[int, ...], dtype: Dtype = jnp.float32) -> jax.Array:
-    return jax.random.uniform(key, shape, dtype, -bound, bound)
-
-  return init
-
-
-# PyTorch's default Linear/Conv weight, kaiming_uniform(a=sqrt(5)) = U(+-1/sqrt(fan_in)).
-torch_default_kernel_init = nn.initializers.variance_scaling(1.0 / 3.0, 'fan_in', 'uniform')
-
-
 @dataclasses.dataclass(frozen=True)
 class InitScheme:
   """The initialisers of one published scheme, shared by every module of a model."""
@@ -52,15 +37,15 @@ class InitScheme:
   patch_bias_from_fan_in: Callable[[int], Initializer]
 
   @classmethod
-  def named(cls, name: str, head_bias: float = 0.0) -> 'InitScheme':
+  def named(cls, name: str) -> 'InitScheme':
     """'timm': DeiT/timm `_init_weights`; 'google': google-research/vision_transformer."""
     if name == 'timm':
       # timm's trunc_normal_(std=.02) truncates at +-2 absolute (100 sigma): a plain normal.
       normal = nn.initializers.normal(stddev=0.02)
       return cls(dense_kernel=normal, dense_bias=nn.initializers.zeros,
                  mlp_bias=nn.initializers.zeros, head_kernel=normal, cls_token=normal,
-                 pos_embed=normal, patch_kernel=torch_default_kernel_init,
-                 patch_bias_from_fan_in=torch_default_bias_init)
+                 pos_embed=normal, patch_kernel=attention_lib.torch_default_kernel_init,
+                 patch_bias_from_fan_in=attention_lib.torch_default_bias_init)
     if name == 'google':
       return cls(dense_kernel=nn.initializers.xavier_uniform(), dense_bias=nn.initializers.zeros,
                  mlp_bias=nn.initializers.normal(stddev=1e-6),
@@ -162,8 +147,8 @@ class PatchEmbedding(nn.Module):
   """Conv(kernel = stride = patch) flattened row-major to (batch, rows * cols, hidden)."""
   patch_size: int
   hidden_size: int
-  kernel_init: Initializer = torch_default_kernel_init
-  bias_init_from_fan_in: Callable[[int], Initializer] = torch_default_bias_init
+  kernel_init: Initializer = attention_lib.torch_default_kernel_init
+  bias_init_from_fan_in: Callable[[int], Initializer] = attention_lib.torch_default_bias_init
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
