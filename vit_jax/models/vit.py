@@ -205,12 +205,18 @@ class VisionTransformer(nn.Module):
   def scheme(self) -> InitScheme:
     return InitScheme.named(self.init_scheme)
 
+  def patch_tokens(self, images: jax.Array, *, train: bool) -> jax.Array:
+    """The image as (batch, tokens, hidden) patch tokens; families with another stem override it."""
+    del train  # The linear patch embedding behaves the same in training and evaluation.
+    scheme = self.scheme
+    return PatchEmbedding(self.patch_size, self.hidden_size, kernel_init=scheme.patch_kernel,
+                          bias_init_from_fan_in=scheme.patch_bias_from_fan_in, dtype=self.dtype,
+                          param_dtype=self.param_dtype, name='patch_embed')(images)
+
   def embed(self, images: jax.Array, *, train: bool) -> jax.Array:
     """Patch tokens with the prefix tokens prepended, plus position embedding and dropout."""
     scheme = self.scheme
-    x = PatchEmbedding(self.patch_size, self.hidden_size, kernel_init=scheme.patch_kernel,
-                       bias_init_from_fan_in=scheme.patch_bias_from_fan_in, dtype=self.dtype,
-                       param_dtype=self.param_dtype, name='patch_embed')(images)
+    x = self.patch_tokens(images, train=train)
     batch, _, width = x.shape
     prefix = [jnp.broadcast_to(
         self.param(name, scheme.cls_token, (1, 1, width), self.param_dtype).astype(x.dtype),
