@@ -94,9 +94,9 @@ class CaiT(vit.VisionTransformer):
     common = dict(kernel_init=scheme.dense_kernel, bias_init=scheme.dense_bias, dtype=self.dtype,
                   param_dtype=self.param_dtype)
     talking_heads = functools.partial(
-        attention_lib.TalkingHeadsAttention, num_heads=self.num_heads, qkv_bias=self.qkv_bias,
+        attention_lib.SelfAttention, num_heads=self.num_heads, qkv_bias=self.qkv_bias,
         attention_dropout_rate=self.attention_dropout_rate, dropout_rate=self.dropout_rate,
-        **common)
+        head_mixing='talking_heads', **common)
     for i in range(self.depth):
       x = vit.EncoderBlock(talking_heads, mlp_dim, dropout_rate=self.dropout_rate,
                            drop_path_rate=self.drop_path_rate, layer_scale_init=self.layer_scale,

@@ -1,7 +1,7 @@
 """DeepViT (Zhou et al., "DeepViT: Towards Deeper Vision Transformer"): Re-attention.
 
 Re-attention mixes the softmax maps of the heads with a learned H x H matrix Theta followed by a
-norm over heads (BatchNorm in the official code, `reattention_norm='batch'`; the LayerNorm form
+norm over heads (BatchNorm in the official code, `re_attention_norm='batch'`; the LayerNorm form
 of lucidrains/vit-pytorch with `'layer'`), in the last `re_attention_blocks` blocks (all blocks
 when None, none for the ViT baselines). Every block applies the official `scale_adjustment` s:
 x + Attn(LN(s x)) / s, then x + MLP(LN(s x)) / s. `cnn_stem` replaces the patch embedding by
@@ -23,9 +23,6 @@ Initializer = Callable[..., jax.Array]
 ModuleDef = Callable[..., nn.Module]
 Dtype = Any
 
-REATTENTION_NORMS = ('batch', 'layer')
-
-
 class CnnStem(nn.Module):
   """DeepViT's `PatchEmbed_CNN`: two BN-ReLU convs (stride 2 overall), then a strided conv.
 
@@ -44,7 +41,7 @@ class CnnStem(nn.Module):
       raise ValueError(f'patch_size={self.patch_size} must be even with the CNN stem '
                        '(its first conv has stride 2).')
     vit.check_images(images, self.patch_size)
-    conv = functools.partial(nn.Conv, kernel_init=vit.torch_default_kernel_init,
+    conv = functools.partial(nn.Conv, kernel_init=attention_lib.torch_default_kernel_init,
                              dtype=self.dtype, param_dtype=self.param_dtype)
     batch_norm = functools.partial(nn.BatchNorm, use_running_average=not train, momentum=0.9,
                                    epsilon=1e-5, dtype=jnp.float32, param_dtype=self.param_dtype)
@@ -54,13 +51,14 @@ class CnnStem(nn.Module):
     x = conv(self.stem_width, (3, 3), padding=((1, 1), (1, 1)), use_bias=False, name='conv2')(x)
     x = nn.relu(batch_norm(name='bn2')(x)).astype(self.dtype)
     p = self.patch_size // 2
-    x = conv(self.hidden_size, (p, p), strides=(p, p), padding='VALID',
-             bias_init=vit.torch_default_bias_init(self.stem_width * p * p), name='proj')(x)
+    bias_init = attention_lib.torch_default_bias_init(self.stem_width * p * p)
+    x = conv(self.hidden_size, (p, p), strides=(p, p), padding='VALID', bias_init=bias_init,
+             name='proj')(x)
     return x.reshape(x.shape[0], -1, x.shape[-1])
 
 
 class DeepViTBlock(nn.Module):
-  """Pre-norm block with the official scale adjustment s: x + DP(Attn(LN(s x))) / s, same for MLP."""
+  """Pre-norm block with the official scale adjustment s: x + DP(Attn(LN(s x))) / s, and MLP."""
   attention: ModuleDef
   mlp_dim: int
   scale_adjustment: float = 1.0
@@ -96,7 +94,7 @@ class DeepViT(vit.VisionTransformer):
   num_heads: int = 12
   init_scheme: str = 'timm'
   re_attention_blocks: int | None = None
-  reattention_norm: str = 'batch'
+  re_attention_norm: str = 'batch'
   transform_scale: bool = False
   scale_adjustment: float = 1.0
   cnn_stem: bool = False
@@ -106,9 +104,9 @@ class DeepViT(vit.VisionTransformer):
     if self.re_attention_blocks is not None and not 0 <= self.re_attention_blocks <= self.depth:
       raise ValueError(f're_attention_blocks={self.re_attention_blocks} must be None (all) or '
                        f'in [0, depth={self.depth}].')
-    if self.reattention_norm not in REATTENTION_NORMS:
-      raise ValueError(f'Unknown reattention_norm {self.reattention_norm!r}; '
-                       f'valid: {list(REATTENTION_NORMS)}.')
+    if self.re_attention_norm not in attention_lib.RE_ATTENTION_NORMS:
+      raise ValueError(f'Unknown re_attention_norm {self.re_attention_norm!r}; '
+                       f'valid: {list(attention_lib.RE_ATTENTION_NORMS)}.')
     if self.scale_adjustment <= 0:
       raise ValueError(f'scale_adjustment={self.scale_adjustment} must be > 0.')
 
@@ -122,12 +120,7 @@ class DeepViT(vit.VisionTransformer):
   def patch_tokens(self, images: jax.Array, *, train: bool) -> jax.Array:
     """Patch tokens from the CNN stem or from the ViT patch embedding."""
     if not self.cnn_stem:
-      scheme = self.scheme
-      return vit.PatchEmbedding(self.patch_size, self.hidden_size,
-                                kernel_init=scheme.patch_kernel,
-                                bias_init_from_fan_in=scheme.patch_bias_from_fan_in,
-                                dtype=self.dtype, param_dtype=self.param_dtype,
-                                name='patch_embed')(images)
+      return super().patch_tokens(images, train=train)
     return CnnStem(self.patch_size, self.hidden_size, dtype=self.dtype,
                    param_dtype=self.param_dtype, name='patch_embed')(images, train=train)
 
@@ -139,8 +132,9 @@ class DeepViT(vit.VisionTransformer):
                   dropout_rate=self.dropout_rate, kernel_init=scheme.dense_kernel,
                   bias_init=scheme.dense_bias, dtype=self.dtype, param_dtype=self.param_dtype)
     content = functools.partial(attention_lib.SelfAttention, **common)
-    re_attention = functools.partial(attention_lib.ReAttention, norm=self.reattention_norm,
-                                     transform_scale=self.transform_scale, **common)
+    re_attention = functools.partial(
+        attention_lib.SelfAttention, head_mixing='re_attention',
+        re_attention_norm=self.re_attention_norm, re_attention_scale=self.transform_scale, **common)
     drop_path_rates = np.linspace(0.0, self.drop_path_rate, self.depth)
     for i in range(self.depth):
       attention = re_attention if i >= self.first_re_attention_block else content

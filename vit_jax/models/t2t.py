@@ -125,7 +125,7 @@ class TokensToToken(nn.Module):
       return TokenPerformer(self.token_dim, kernel_init=self.kernel_init, dtype=self.dtype,
                             param_dtype=self.param_dtype, name=name)
     attention = functools.partial(
-        attention_lib.TokenAttention, dim=self.token_dim, kernel_init=self.kernel_init,
+        attention_lib.TokenAttention, features=self.token_dim, kernel_init=self.kernel_init,
         bias_init=self.bias_init, dtype=self.dtype, param_dtype=self.param_dtype)
     return vit.EncoderBlock(attention, self.token_dim, layer_norm_eps=1e-5,
                             attention_residual=False, mlp_kernel_init=self.kernel_init,
@@ -217,3 +217,17 @@ class T2TViT(vit.VisionTransformer):
                            name=f'blocks_{i}')(x, train=train)
     return nn.LayerNorm(epsilon=1e-5, dtype=self.dtype, param_dtype=self.param_dtype,
                         name='norm')(x)
+
+
+# T2T-ViT-14 (Performer T2T, the released 81.5 % model) and T2T-ViT_t-14 (Transformer T2T) for
+# 224x224 inputs. The `_ti4` pair is for 32x32 inputs: soft splits (7, 2, 3), (3, 2, 1),
+# (3, 1, 1) take 32 -> 16 -> 8 -> 8 (64 tokens, stride 4) into the official T2T-ViT-7 backbone
+# (width 256, 7 blocks, 4 heads, MLP 2x).
+_SPLITS_32 = ((7, 2, 3), (3, 2, 1), (3, 1, 1))
+MODELS = {
+    't2t_vit_14': functools.partial(T2TViT, tokens_type='performer'),
+    't2t_vit_t_14': functools.partial(T2TViT, tokens_type='transformer'),
+    **{name: functools.partial(T2TViT, tokens_type=tokens_type, hidden_size=256, depth=7,
+                               num_heads=4, mlp_dim=512, soft_splits=_SPLITS_32)
+       for name, tokens_type in (('t2t_vit_ti4', 'performer'), ('t2t_vit_t_ti4', 'transformer'))},
+}
