@@ -18,3 +18,21 @@ def timm():
     library.define('qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor')
     _libraries.append(library)
   return pytest.importorskip('timm')
+
+
+@pytest.fixture(scope='session')
+def timm_model(timm):
+  """Builds a randomly initialised timm model with every tensor perturbed (so biases and norms
+  are non-trivial), in eval mode, with its state dict as NumPy arrays."""
+  import torch  # pylint: disable=g-import-not-at-top
+
+  def build(name: str, **kwargs):
+    torch.manual_seed(0)
+    model = timm.create_model(name, pretrained=False, **kwargs)
+    with torch.no_grad():
+      for tensor in model.state_dict().values():
+        tensor.add_(0.05 * torch.randn_like(tensor))
+    state_dict = {key: value.numpy().copy() for key, value in model.state_dict().items()}
+    return model.eval(), state_dict
+
+  return build

@@ -1,11 +1,15 @@
 """ViT: shapes, errors, parameter counts, init schemes and logit parity with timm."""
 
+import functools
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from vit_jax import models
+from vit_jax.models import attention
 from vit_jax.models import vit
 
 
@@ -97,13 +101,13 @@ def test_registry_errors_name_the_valid_choices():
 
 def test_init_schemes():
   images = jnp.zeros((1, 32, 32, 3))
-  google = _tiny(hidden_size=192, num_heads=3).init(jax.random.key(0), images)['params']
-  timm = _tiny(hidden_size=192, num_heads=3, init_scheme='timm').init(
+  google = jax.jit(_tiny(hidden_size=48).init)(jax.random.key(0), images)['params']
+  timm = jax.jit(_tiny(hidden_size=48, init_scheme='timm').init)(
       jax.random.key(0), images)['params']
   assert not np.any(google['head']['kernel']) and not np.any(google['cls_token'])
   # Google: xavier per q/k/v projection, U(+-sqrt(6 / (D + D))); MLP biases N(0, 1e-6).
   qkv = google['blocks_0']['attn']['qkv']['kernel']
-  assert np.abs(qkv).max() <= np.sqrt(6 / 384) and np.abs(qkv).max() > 0.9 * np.sqrt(6 / 384)
+  assert np.abs(qkv).max() <= np.sqrt(6 / 96) and np.abs(qkv).max() > 0.9 * np.sqrt(6 / 96)
   assert 0 < np.abs(google['blocks_0']['mlp']['fc1']['bias']).max() < 1e-5
   # timm: N(0, 0.02) Linears and tokens, zero biases, PyTorch default conv U(+-1/sqrt(fan_in)).
   for kernel in (timm['blocks_0']['attn']['qkv']['kernel'], timm['head']['kernel'],
@@ -113,3 +117,71 @@ def test_init_schemes():
   bound = 1 / np.sqrt(4 * 4 * 3)
   for leaf in timm['patch_embed']['proj'].values():
     assert np.abs(leaf).max() <= bound and np.abs(leaf).max() > 0.8 * bound
+
+
+def test_logit_parity_with_timm_vit_tiny(timm_model):
+  import torch  # pylint: disable=g-import-not-at-top
+  model, state_dict = timm_model('vit_tiny_patch16_224')
+  images = np.random.default_rng(0).normal(size=(2, 224, 224, 3)).astype(np.float32)
+  with torch.no_grad():
+    expected = model(torch.from_numpy(images.transpose(0, 3, 1, 2))).numpy()
+  ours = models.create('vit_ti16').apply(vit.from_timm(state_dict), images)
+  assert np.abs(np.asarray(ours) - expected).max() <= 1e-5
+  round_trip = vit.to_timm(vit.from_timm(state_dict))
+  assert round_trip.keys() == state_dict.keys()
+  for key, value in state_dict.items():
+    np.testing.assert_array_equal(round_trip[key], value, err_msg=key)
+
+
+def test_from_timm_rejects_unknown_keys():
+  with pytest.raises(ValueError, match='fc_norm.weight'):
+    vit.from_timm({'fc_norm.weight': np.ones(3), 'cls_token': np.zeros((1, 1, 3))})
+
+
+def test_torch_conversion_rules():
+  state_dict = {'a.0.lin.weight': np.arange(6.0).reshape(2, 3),
+                'a.0.conv.weight': np.arange(24.0).reshape(2, 3, 2, 2),
+                'bn.weight': np.ones(2), 'bn.running_mean': np.zeros(2),
+                'bn.running_var': np.ones(2), 'bn.num_batches_tracked': np.array(3),
+                'gamma_1': np.ones(4)}
+  variables = vit.variables_from_torch(state_dict)
+  np.testing.assert_array_equal(variables['params']['a_0']['lin']['kernel'],
+                                state_dict['a.0.lin.weight'].T)
+  assert variables['params']['a_0']['conv']['kernel'].shape == (2, 2, 3, 2)
+  assert variables['params']['a_0']['conv']['kernel'][1, 0, 2, 1] == state_dict[
+      'a.0.conv.weight'][1, 2, 1, 0]
+  assert set(variables['batch_stats']['bn']) == {'mean', 'var'}
+  back = vit.variables_to_torch(variables)
+  del state_dict['bn.num_batches_tracked']
+  assert back.keys() == state_dict.keys()
+  for key, value in state_dict.items():
+    np.testing.assert_array_equal(back[key], value, err_msg=key)
+
+
+def test_drop_path_drops_whole_samples_and_rescales():
+  x = jnp.ones((1000, 3, 2))
+  out = np.asarray(vit.DropPath(0.25).apply({}, x, train=True,
+                                            rngs={'dropout': jax.random.key(0)}))
+  per_sample = out.reshape(1000, -1)
+  kept = per_sample[:, 0] != 0
+  np.testing.assert_allclose(per_sample[kept], 1 / 0.75, rtol=1e-6)
+  assert np.all(per_sample.min(1) == per_sample.max(1))
+  assert abs((per_sample[:, 0] == 0).mean() - 0.25) < 0.05
+  np.testing.assert_array_equal(vit.DropPath(0.25).apply({}, x), x)
+
+
+def test_encoder_block_with_v_skip_attention_and_layer_scale():
+  x = jax.random.normal(jax.random.key(1), (2, 5, 12))
+  block = vit.EncoderBlock(functools.partial(attention.TokenAttention, features=8), mlp_dim=8,
+                           attention_residual=False, layer_scale_init=0.5)
+  variables = block.init(jax.random.key(0), x)
+  p = variables['params']
+  np.testing.assert_array_equal(p['gamma_1'], np.full(8, 0.5))
+  norm = lambda params, t: nn.LayerNorm(epsilon=1e-6).apply({'params': params}, t)
+  y = 0.5 * attention.TokenAttention(features=8).apply({'params': p['attn']},
+                                                       norm(p['norm1'], x))
+  expected = y + 0.5 * vit.Mlp(8).apply({'params': p['mlp']}, norm(p['norm2'], y))
+  np.testing.assert_allclose(block.apply(variables, x), expected, atol=1e-5)
+  zero_scale = vit.EncoderBlock(functools.partial(attention.SelfAttention, num_heads=3),
+                                mlp_dim=8, layer_scale_init=0.0)
+  np.testing.assert_array_equal(zero_scale.apply(zero_scale.init(jax.random.key(0), x), x), x)

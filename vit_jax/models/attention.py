@@ -106,19 +106,21 @@ def attend(module: nn.Module, scores: jax.Array, values: jax.Array, *,
 
 def content_attention(module: nn.Module, q: jax.Array, k: jax.Array, v: jax.Array, *,
                       dropout_rate: float, train: bool, use_fast_path: bool,
+                      implementation: str | None = None,
                       pre_softmax: Callable[[jax.Array], jax.Array] | None = None,
                       post_softmax: Callable[[jax.Array], jax.Array] | None = None,
                       dropout_before_post_softmax: bool = False) -> jax.Array:
   """softmax(q k^T) v for q pre-scaled, all (batch, tokens, heads, head_dim).
 
-  Takes `jax.nn.dot_product_attention` (cuDNN flash attention on GPU) when nothing needs the
-  explicit probabilities; otherwise the shared pipeline `attend`.
+  Takes `jax.nn.dot_product_attention` when nothing needs the explicit probabilities, with
+  `implementation` None (XLA) or 'cudnn' (flash attention; GPU, float16/bfloat16); otherwise the
+  shared pipeline `attend`.
   """
   fast = (use_fast_path and pre_softmax is None and post_softmax is None
           and not module.is_mutable_collection('intermediates')
           and (not train or dropout_rate == 0.0))
   if fast:
-    return jax.nn.dot_product_attention(q, k, v, scale=1.0)
+    return jax.nn.dot_product_attention(q, k, v, scale=1.0, implementation=implementation)
   scores = jnp.einsum('bqhd,bkhd->bhqk', q, k, preferred_element_type=jnp.float32)
   return attend(module, scores, v, dropout_rate=dropout_rate, train=train,
                 pre_softmax=pre_softmax, post_softmax=post_softmax,
@@ -151,6 +153,7 @@ class SelfAttention(nn.Module):
   kernel_init: Initializer = DEFAULT_KERNEL_INIT
   bias_init: Initializer = nn.initializers.zeros
   use_fast_path: bool = True
+  fast_path_implementation: str | None = None
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -200,7 +203,8 @@ class SelfAttention(nn.Module):
       post_softmax = lambda p: self._re_attention(p, train, head_dim)
     heads = content_attention(
         self, q, k, v, dropout_rate=self.attention_dropout_rate, train=train,
-        use_fast_path=self.use_fast_path, pre_softmax=pre_softmax, post_softmax=post_softmax,
+        use_fast_path=self.use_fast_path, implementation=self.fast_path_implementation,
+        pre_softmax=pre_softmax, post_softmax=post_softmax,
         dropout_before_post_softmax=self.head_mixing == 're_attention')
     out = nn.Dense(width, kernel_init=self.kernel_init, bias_init=self.bias_init, dtype=self.dtype,
                    param_dtype=self.param_dtype, name='proj')(_merge_heads(heads))
@@ -217,6 +221,7 @@ class ClassAttention(nn.Module):
   kernel_init: Initializer = DEFAULT_KERNEL_INIT
   bias_init: Initializer = nn.initializers.zeros
   use_fast_path: bool = True
+  fast_path_implementation: str | None = None
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -236,7 +241,8 @@ class ClassAttention(nn.Module):
     q = q * jnp.asarray(head_dim ** -0.5, q.dtype)
     heads = content_attention(self, q, project(x, 'k'), project(x, 'v'),
                               dropout_rate=self.attention_dropout_rate, train=train,
-                              use_fast_path=self.use_fast_path)
+                              use_fast_path=self.use_fast_path,
+                              implementation=self.fast_path_implementation)
     out = nn.Dense(width, kernel_init=self.kernel_init, bias_init=self.bias_init, dtype=self.dtype,
                    param_dtype=self.param_dtype, name='proj')(_merge_heads(heads))
     return nn.Dropout(rate=self.dropout_rate, deterministic=not train)(out)
@@ -257,6 +263,7 @@ class TokenAttention(nn.Module):
   kernel_init: Initializer = DEFAULT_KERNEL_INIT
   bias_init: Initializer = nn.initializers.zeros
   use_fast_path: bool = True
+  fast_path_implementation: str | None = None
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -272,7 +279,8 @@ class TokenAttention(nn.Module):
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     q = q * jnp.asarray(input_head_dim ** -0.5, q.dtype)
     heads = content_attention(self, q, k, v, dropout_rate=self.attention_dropout_rate,
-                              train=train, use_fast_path=self.use_fast_path)
+                              train=train, use_fast_path=self.use_fast_path,
+                              implementation=self.fast_path_implementation)
     out = nn.Dense(self.features, kernel_init=self.kernel_init, bias_init=self.bias_init,
                    dtype=self.dtype, param_dtype=self.param_dtype,
                    name='proj')(_merge_heads(heads))

@@ -3,13 +3,16 @@
 Building blocks: `PatchEmbedding`, `Mlp`, `DropPath`, `EncoderBlock` (pre-norm, parameterised by
 the attention module it builds) and `InitScheme` (the timm/DeiT and Google initialisations).
 Parameter names follow the timm layout (`patch_embed/proj`, `blocks_i/{norm1,attn,norm2,mlp}`,
-`norm`, `head`) so `from_timm`/`to_timm` are transposes and renames.
+`norm`, `head`) so `from_timm`/`to_timm` are transposes and renames (`variables_from_torch`,
+`variables_to_torch`, reusable by every family).
 """
 
 import dataclasses
 import functools
-from typing import Any, Callable
+import re
+from typing import Any, Callable, Mapping
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -169,6 +172,8 @@ class VisionTransformer(nn.Module):
   `init_scheme='google'` (default; the paper's official code) zero-initialises the head and uses
   xavier Dense kernels; `'timm'` is DeiT/timm's N(0, 0.02) scheme. `representation_size` adds the
   paper's tanh pre-logits layer. The position embedding length is set by the input at init.
+  attention_implementation='cudnn' runs the fast attention path as cuDNN flash attention (GPU,
+  float16/bfloat16); None is XLA.
   """
   num_classes: int = 1000
   patch_size: int = 16
@@ -183,6 +188,7 @@ class VisionTransformer(nn.Module):
   representation_size: int | None = None
   init_scheme: str = 'google'
   head_bias_init: float = 0.0
+  attention_implementation: str | None = None
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -200,6 +206,9 @@ class VisionTransformer(nn.Module):
       if not 0.0 <= rate < 1.0:
         raise ValueError(f'{name}={rate} must be in [0, 1).')
     InitScheme.named(self.init_scheme)
+    if self.attention_implementation not in (None, 'xla', 'cudnn'):
+      raise ValueError(f'attention_implementation={self.attention_implementation!r} is not '
+                       "valid; choose from [None, 'xla', 'cudnn'].")
 
   @property
   def scheme(self) -> InitScheme:
@@ -238,7 +247,8 @@ class VisionTransformer(nn.Module):
     attention = functools.partial(
         attention_lib.SelfAttention, num_heads=self.num_heads, qkv_bias=self.qkv_bias,
         attention_dropout_rate=self.attention_dropout_rate, dropout_rate=self.dropout_rate,
-        kernel_init=scheme.dense_kernel, bias_init=scheme.dense_bias, dtype=self.dtype,
+        kernel_init=scheme.dense_kernel, bias_init=scheme.dense_bias,
+        fast_path_implementation=self.attention_implementation, dtype=self.dtype,
         param_dtype=self.param_dtype)
     drop_path_rates = np.linspace(0.0, self.drop_path_rate, self.depth)
     for i in range(self.depth):
@@ -266,6 +276,92 @@ class VisionTransformer(nn.Module):
     self.check_fields()
     x = self.encode(self.embed(images, train=train), train=train)
     return self.classify(x[:, 0])
+
+
+def _module_path(parts: list[str]) -> list[str]:
+  """['blocks', '3', 'attn'] -> ['blocks_3', 'attn']: PyTorch list indices join their parent."""
+  path: list[str] = []
+  for part in parts:
+    if part.isdigit() and path:
+      path[-1] = f'{path[-1]}_{part}'
+    else:
+      path.append(part)
+  return path
+
+
+def variables_from_torch(state_dict: Mapping[str, Any]) -> dict[str, dict]:
+  """PyTorch state dict -> Flax variables by the generic rules of SPEC §9.
+
+  Linear weight -> kernel W^T; Conv weight (O, I, kh, kw) -> kernel (kh, kw, I, O); 1-D weight
+  (LayerNorm, BatchNorm) -> scale; BatchNorm running_mean/var -> batch_stats mean/var
+  (num_batches_tracked dropped); any other tensor (tokens, position embeddings, LayerScale) is
+  copied. Module `a.3.b` becomes `a_3/b`.
+  """
+  variables: dict[str, dict] = {}
+  for key, value in state_dict.items():
+    value = np.asarray(value)
+    *modules, leaf = key.split('.')
+    collection = 'params'
+    if leaf == 'num_batches_tracked':
+      continue
+    if leaf in ('running_mean', 'running_var'):
+      collection, leaf = 'batch_stats', leaf[len('running_'):]
+    elif leaf == 'weight':
+      if value.ndim == 1:
+        leaf = 'scale'
+      elif value.ndim == 2:
+        leaf, value = 'kernel', value.T
+      elif value.ndim == 4:
+        leaf, value = 'kernel', value.transpose(2, 3, 1, 0)
+      else:
+        raise ValueError(f'{key}: no rule for a weight of shape {value.shape}.')
+    node = variables.setdefault(collection, {})
+    for name in _module_path(modules):
+      node = node.setdefault(name, {})
+    node[leaf] = value
+  return variables
+
+
+def variables_to_torch(variables: Mapping[str, Any]) -> dict[str, np.ndarray]:
+  """The inverse of `variables_from_torch`: Flax variables -> PyTorch state dict of arrays."""
+  state_dict: dict[str, np.ndarray] = {}
+  for collection in ('params', 'batch_stats'):
+    flat = flax.traverse_util.flatten_dict(dict(variables.get(collection, {})))
+    for path, value in flat.items():
+      value = np.asarray(value)
+      *modules, leaf = path
+      if collection == 'batch_stats':
+        leaf = f'running_{leaf}'
+      elif leaf == 'kernel':
+        leaf, value = 'weight', value.T if value.ndim == 2 else value.transpose(3, 2, 0, 1)
+      elif leaf == 'scale':
+        leaf = 'weight'
+      names = [re.sub(r'_(\d+)$', r'.\1', name) for name in modules]
+      state_dict['.'.join(names + [leaf])] = value
+  return state_dict
+
+
+# timm VisionTransformer / deit keys this family understands (SPEC §9).
+_TIMM_KEY = re.compile(
+    r'(patch_embed\.proj\.(weight|bias)|cls_token|dist_token|pos_embed|(norm|head|head_dist)\.'
+    r'(weight|bias)|pre_logits\.fc\.(weight|bias)|blocks\.\d+\.(norm1|norm2|attn\.qkv|attn\.proj|'
+    r'mlp\.fc1|mlp\.fc2)\.(weight|bias))')
+
+
+def from_timm(state_dict: Mapping[str, Any]) -> dict[str, dict]:
+  """timm `VisionTransformer` / deit state dict -> Flax variables {'params': ...}."""
+  unknown = [key for key in state_dict if not _TIMM_KEY.fullmatch(key)]
+  if unknown:
+    raise ValueError(f'Keys outside the ViT/DeiT layout of SPEC §9: {unknown}.')
+  renamed = {key.replace('pre_logits.fc.', 'pre_logits.'): value
+             for key, value in state_dict.items()}
+  return variables_from_torch(renamed)
+
+
+def to_timm(variables: Mapping[str, Any]) -> dict[str, np.ndarray]:
+  """Flax variables -> timm `VisionTransformer` / deit state dict (inverse of `from_timm`)."""
+  return {key.replace('pre_logits.', 'pre_logits.fc.'): value
+          for key, value in variables_to_torch(variables).items()}
 
 
 # (depth, hidden_size, num_heads, mlp_dim) of the paper's sizes (SPEC §0, §6).
