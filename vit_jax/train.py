@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from vit_jax import checkpoints
@@ -325,6 +326,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   abstract_state = jax.eval_shape(lambda: init_state(model, tx, config))
   checkpoints.check_compatible(workdir, config.model.name, abstract_state.params)
   teacher = load_teacher(config, info.num_classes)
+  if jax.process_count() > 1:  # Every process reads the work directory before any writes to it.
+    multihost_utils.sync_global_devices('vit_jax.train:checked_workdir')
 
   is_main = jax.process_index() == 0
   if is_main:
