@@ -70,6 +70,7 @@ class TokenPerformer(nn.Module):
   dropout_rate: float = 0.1
   layer_norm_eps: float = 1e-5
   kernel_init: Callable[..., jax.Array] = attention_lib.DEFAULT_KERNEL_INIT
+  bias_init: Callable[..., jax.Array] = nn.initializers.zeros
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -85,8 +86,8 @@ class TokenPerformer(nn.Module):
     if num_features < 1:
       raise ValueError(f'kernel_ratio={self.kernel_ratio} leaves no random features for '
                        f'dim={self.dim}; it must be >= {1 / self.dim}.')
-    dense = functools.partial(nn.Dense, kernel_init=self.kernel_init, dtype=self.dtype,
-                              param_dtype=self.param_dtype)
+    dense = functools.partial(nn.Dense, kernel_init=self.kernel_init, bias_init=self.bias_init,
+                              dtype=self.dtype, param_dtype=self.param_dtype)
     norm = functools.partial(nn.LayerNorm, epsilon=self.layer_norm_eps, dtype=self.dtype,
                              param_dtype=self.param_dtype)
     dropout = nn.Dropout(rate=self.dropout_rate, deterministic=not train)
@@ -123,7 +124,8 @@ class TokensToToken(nn.Module):
   def _token_block(self, index: int) -> nn.Module:
     name = f'attention{index}'
     if self.tokens_type == 'performer':
-      return TokenPerformer(self.token_dim, kernel_init=self.kernel_init, dtype=self.dtype,
+      return TokenPerformer(self.token_dim, kernel_init=self.kernel_init,
+                            bias_init=self.bias_init, dtype=self.dtype,
                             param_dtype=self.param_dtype, name=name)
     attention = functools.partial(
         attention_lib.TokenAttention, features=self.token_dim, kernel_init=self.kernel_init,
