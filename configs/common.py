@@ -60,6 +60,15 @@ def get_config() -> ml_collections.ConfigDict:
   config.distillation.tau = 1.0           # Temperature of 'soft'.
   config.distillation.teacher_workdir = ''  # The teacher's --workdir.
 
+  # Pretrained weights (vit_jax.checkpoints.load): a timm/DeiT/CaiT/DeepViT/T2T .pth or
+  # .safetensors file, a Google ViT .npz, or a vit_jax work directory. Training starts from these
+  # weights (position embedding resized to image_size; the head re-initialised if the class count
+  # differs); a work directory that already holds a checkpoint resumes from it instead.
+  config.init_from = ''
+  # Only evaluate (init_from, else --workdir's newest checkpoint) on eval_split: logs top-1, writes
+  # nothing but workdir/eval_report.json.
+  config.eval_only = False
+
   # Model: `name` is a key of the registry (vit_jax.models.names()); every other field is passed
   # to vit_jax.models.create() as an override.
   config.model = ml_collections.ConfigDict()
