@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from vit_jax import checkpoints
@@ -313,18 +314,75 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     raise ValueError(f'image_size={config.image_size} must be positive.')
 
 
+def pretrained_variables(config: ml_collections.ConfigDict, model: nn.Module,
+                         workdir: str) -> dict[str, Any] | None:
+  """`config.init_from`'s variables for a run that starts afresh; None when unset or resuming.
+
+  The position embedding is resized to `config.image_size`; a head for another class count is
+  initialised exactly as `init_state` would. The optimizer state starts fresh.
+  """
+  if not config.get('init_from'):
+    return None
+  if checkpoints.has_checkpoint(workdir):
+    logging.info('Resuming %s; init_from=%s is not read again.', workdir, config.init_from)
+    return None
+  params_rng = jax.random.split(jax.random.PRNGKey(config.seed))[0]  # As in init_state.
+  variables = checkpoints.load(config.init_from, model, image_size=config.image_size,
+                               reset_head=True, rng=params_rng)
+  logging.info('Fine-tuning from %s.', config.init_from)
+  return variables
+
+
+def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Top-1 on the eval split of `config.init_from`, else of `workdir`'s newest checkpoint.
+
+  Trains nothing and writes nothing but `workdir/eval_report.json`; a class count that differs
+  from the dataset's is an error (no head is re-initialised).
+  """
+  source = config.get('init_from') or workdir
+  if not config.get('init_from') and not checkpoints.has_checkpoint(workdir):
+    raise ValueError(f'eval_only needs --config.init_from=PATH or a --workdir with a training '
+                     f'checkpoint; {workdir!r} has none.')
+  info = input_pipeline.get_dataset_info(config)
+  model = create_model(config, info.num_classes)
+  variables = checkpoints.load(source, model, image_size=config.image_size)
+  mesh = Mesh(np.array(jax.devices()), ('data',))
+  replicated = NamedSharding(mesh, P())
+  variables = jax.tree.map(lambda x: jax.make_array_from_process_local_data(replicated, x),
+                           variables)
+  state = TrainState(step=jnp.zeros((), jnp.int32), params=variables['params'], opt_state=None,
+                     batch_stats=variables.get('batch_stats', {}), rng=None)
+  eval_step = jax.jit(make_eval_step(model, info.num_classes), out_shardings=replicated)
+  metrics = evaluate(eval_step, state, input_pipeline.eval_iterator(config),
+                     NamedSharding(mesh, P('data')))
+  report = {'source': source, 'model': config.model.name, 'dataset': config.dataset,
+            'split': config.eval_split, 'image_size': config.image_size, **metrics}
+  if jax.process_index() == 0:
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, 'eval_report.json'), 'w') as f:
+      json.dump(report, f, indent=2)
+    print(f'Top-1 on {config.dataset}/{config.eval_split}: {metrics["accuracy"]:.4f} '
+          f'({metrics["count"]} examples; {source}).')
+  return report
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Trains `config`'s model in `workdir`, resuming from its newest checkpoint; returns eval metrics."""
   # 1. Everything that can be wrong is checked before anything compiles or is written.
   validate_config(config)
+  if config.get('eval_only'):
+    return evaluate_only(config, workdir)
   info = input_pipeline.get_dataset_info(config)
   model = create_model(config, info.num_classes)
+  pretrained = pretrained_variables(config, model, workdir)
   total_steps, warmup_steps = training_steps(config, info.num_train_examples)
   schedule = learning_rate_schedule(config, total_steps, warmup_steps)
   tx = create_optimizer(config, schedule)
   abstract_state = jax.eval_shape(lambda: init_state(model, tx, config))
   checkpoints.check_compatible(workdir, config.model.name, abstract_state.params)
   teacher = load_teacher(config, info.num_classes)
+  if jax.process_count() > 1:  # Every process reads the work directory before any writes to it.
+    multihost_utils.sync_global_devices('vit_jax.train:checked_workdir')
 
   is_main = jax.process_index() == 0
   if is_main:
@@ -349,6 +407,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     logging.info('Resumed from step %d of %s.', int(state.step), workdir)
   else:
     state = jax.jit(lambda: init_state(model, tx, config), out_shardings=state_sharding)()
+    if pretrained is not None:
+      place = lambda x: jax.make_array_from_process_local_data(replicated, x)
+      state = state.replace(params=jax.tree.map(place, pretrained['params']),
+                            batch_stats=jax.tree.map(place, pretrained.get('batch_stats', {})))
 
   train_step = jax.jit(make_train_step(model, tx, config, info.num_classes, teacher),
                        out_shardings=(state_sharding, replicated), donate_argnums=0)
