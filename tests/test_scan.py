@@ -2,7 +2,6 @@
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from vit_jax import models
@@ -13,14 +12,19 @@ SWITCHES = [dict(scan_layers=True), dict(remat=True), dict(scan_layers=True, rem
 # head is not zero.
 TINY = {
     'vit': ('vit_ti4', dict(hidden_size=24, depth=3, num_heads=3, mlp_dim=48, init_scheme='timm')),
-    'deit_distilled': ('deit_ti16_distilled', dict(patch_size=4, hidden_size=24, depth=3,
-                                                   num_heads=3, mlp_dim=48)),
+    # Constant drop path, then two unscanned class-attention blocks.
+    'cait': ('cait_ti4', dict(hidden_size=24, depth=3, num_heads=3, layer_scale_init=0.5)),
+    # Two scanned groups (content blocks 0-1, Re-attention blocks 2-4) with BatchNorm statistics.
+    'deepvit': ('deepvit_ti4', dict(hidden_size=24, depth=5, num_heads=3,
+                                    re_attention_blocks=3)),
+    't2t': ('t2t_vit_t_ti4', dict(hidden_size=24, depth=3, num_heads=3, mlp_dim=48, token_dim=8,
+                                  soft_splits=((3, 1, 1), (3, 2, 1), (3, 2, 1)))),
 }
 
 
-def _tiny(family: str, **switches):
+def _tiny(family: str, **overrides):
   name, fields = TINY[family]
-  return models.create(name, num_classes=5, drop_path_rate=0.2, **fields, **switches)
+  return models.create(name, **{'num_classes': 5, 'drop_path_rate': 0.2, **fields, **overrides})
 
 
 def _images(batch: int = 2):
@@ -36,28 +40,44 @@ CASES = [('vit', switches) for switches in SWITCHES] + [
     (family, SWITCHES[-1]) for family in sorted(TINY) if family != 'vit']
 
 
+def _outputs_and_gradients(model, variables):
+  """Logits, sown intermediates and the gradient of a scalar loss, in one compiled call."""
+  def loss(params):
+    logits, state = model.apply({**variables, 'params': params}, _images(),
+                                mutable=['intermediates'])
+    return jnp.sum(logits ** 2), (logits, state['intermediates'])
+  (_, (logits, intermediates)), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(
+      variables['params'])
+  return logits, intermediates, grads
+
+
 @pytest.mark.parametrize('family, switches', CASES, ids=str)
 def test_same_variables_outputs_and_gradients_as_unrolled(family, switches):
   plain, switched = _tiny(family), _tiny(family, **switches)
   variables = plain.init(jax.random.key(0), _images())
   assert _max_diff(variables, switched.init(jax.random.key(0), _images())) == 0.0
-
-  logits, state = plain.apply(variables, _images(), mutable=['intermediates'])
-  logits_s, state_s = switched.apply(variables, _images(), mutable=['intermediates'])
+  logits, intermediates, grads = _outputs_and_gradients(plain, variables)
+  logits_s, intermediates_s, grads_s = _outputs_and_gradients(switched, variables)
   assert _max_diff(logits, logits_s) <= 1e-5
   # Sown attention maps keep the per-block layout blocks_i/attn/attention_probs.
-  assert _max_diff(state['intermediates'], state_s['intermediates']) <= 1e-5
-
-  def loss(model):
-    return lambda params: jnp.sum(model.apply({**variables, 'params': params}, _images()) ** 2)
-  grads = jax.grad(loss(plain))(variables['params'])
-  grads_s = jax.grad(loss(switched))(variables['params'])
+  assert _max_diff(intermediates, intermediates_s) <= 1e-5
   assert _max_diff(grads, grads_s) <= 1e-5
 
 
-@pytest.mark.parametrize('switches', SWITCHES, ids=str)
-def test_training_mode_runs_with_per_layer_stochastic_depth(switches):
-  model = _tiny('vit', **switches)
+def test_batch_statistics_update_like_unrolled():
+  """Re-attention BatchNorm running averages: the same update through the scan."""
+  plain, scanned = _tiny('deepvit', drop_path_rate=0.0), _tiny('deepvit', drop_path_rate=0.0,
+                                                               scan_layers=True)
+  variables = plain.init(jax.random.key(0), _images())
+  assert variables['batch_stats']
+  _, updates = plain.apply(variables, _images(), train=True, mutable=['batch_stats'])
+  _, updates_s = scanned.apply(variables, _images(), train=True, mutable=['batch_stats'])
+  assert _max_diff(updates, updates_s) <= 1e-5
+  assert _max_diff(updates, {'batch_stats': variables['batch_stats']}) > 0
+
+
+def test_training_mode_draws_per_layer_stochastic_depth():
+  model = _tiny('vit', scan_layers=True, remat=True)
   variables = model.init(jax.random.key(0), _images())
   images = _images(batch=32)
   outputs = [model.apply(variables, images, train=True, rngs={'dropout': jax.random.key(k)})
