@@ -47,8 +47,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.warmup_lr = 0.0            # lr at the first warm-up step (DeiT: 1e-6).
   config.warmup_steps = 100
   config.total_steps = 1000
-  config.num_epochs = ml_collections.FieldReference(None, field_type=float)  # Overrides total_steps.
-  config.warmup_epochs = ml_collections.FieldReference(None, field_type=float)  # Overrides warmup_steps.
+  # Epochs, when set, override the step counts.
+  config.num_epochs = ml_collections.FieldReference(None, field_type=float)
+  config.warmup_epochs = ml_collections.FieldReference(None, field_type=float)
   config.weight_decay = 0.05
   config.momentum = 0.9             # SGD momentum.
   config.b1 = 0.9

@@ -33,7 +33,8 @@ def _images(batch: int = 2):
 
 def _max_diff(a, b) -> float:
   assert jax.tree.structure(a) == jax.tree.structure(b)
-  return max(float(jnp.max(jnp.abs(x - y))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+  return max(float(jnp.max(jnp.abs(x - y)))
+             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
 CASES = [('vit', switches) for switches in SWITCHES] + [
@@ -54,8 +55,10 @@ def _outputs_and_gradients(model, variables):
 @pytest.mark.parametrize('family, switches', CASES, ids=str)
 def test_same_variables_outputs_and_gradients_as_unrolled(family, switches):
   plain, switched = _tiny(family), _tiny(family, **switches)
-  variables = plain.init(jax.random.key(0), _images())
-  assert _max_diff(variables, switched.init(jax.random.key(0), _images())) == 0.0
+  variables = jax.jit(plain.init)(jax.random.key(0), _images())
+  # The same variables (names, shapes, dtypes); the random draws differ.
+  shapes = lambda v: jax.tree.map(lambda x: (x.shape, x.dtype), v)
+  assert shapes(variables) == shapes(jax.jit(switched.init)(jax.random.key(0), _images()))
   logits, intermediates, grads = _outputs_and_gradients(plain, variables)
   logits_s, intermediates_s, grads_s = _outputs_and_gradients(switched, variables)
   assert _max_diff(logits, logits_s) <= 1e-5

@@ -168,7 +168,7 @@ class Teacher:
 
 
 def load_teacher(config: ml_collections.ConfigDict, num_classes: int) -> Teacher | None:
-  """The teacher of `config.distillation`, restored from a work directory; None if not distilling."""
+  """The teacher of `config.distillation`, restored from its work directory; None if unused."""
   spec = config.distillation
   if spec.type == 'none':
     return None
@@ -252,7 +252,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
   ema_decay = config.get('ema_decay', 0.0)
 
   def micro_step(params, batch_stats, batch, dropout_rng, teacher_variables):
-    """Loss, gradients, new batch statistics and correct count of one (micro-)batch."""
+    """Gradients, new batch statistics, loss and accuracy of one (micro-)batch."""
     if teacher is not None:  # The teacher sees exactly the student's (augmented, mixed) batch.
       teacher_logits = teacher.logits(teacher_variables, batch['image'])
 
@@ -418,8 +418,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   """Raises ValueError for settings that cannot work, before anything is built."""
   devices, processes = jax.device_count(), jax.process_count()
   if config.batch_size <= 0 or config.batch_size % devices:
+    suggestion = max(devices, config.batch_size // devices * devices)
     raise ValueError(f'batch_size={config.batch_size} must be a positive multiple of the number '
-                     f'of devices ({devices}); e.g. {max(devices, config.batch_size // devices * devices)}.')
+                     f'of devices ({devices}); e.g. {suggestion}.')
   if config.eval_batch_size % devices:
     raise ValueError(f'eval_batch_size={config.eval_batch_size} must be a multiple of the number '
                      f'of devices ({devices}).')
@@ -435,6 +436,10 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     raise ValueError(f'batch_size={config.batch_size} must be a multiple of grad_accum_steps × '
                      f'devices = {accumulate} × {devices}, so that every micro-batch spans every '
                      'device equally.')
+  augment.mix_settings(config)  # Raises for negative alphas.
+  for field in ('mix_prob', 'mix_switch_prob'):
+    if not 0.0 <= config.get(field, 0.5) <= 1.0:
+      raise ValueError(f'{field}={config[field]} must be a probability in [0, 1].')
   if not 0.0 <= config.get('ema_decay', 0.0) < 1.0:
     raise ValueError(f'ema_decay={config.ema_decay} must be in [0, 1); 0 turns the EMA off.')
   for field in ('dtype', 'mu_dtype'):
@@ -498,7 +503,7 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Trains `config`'s model in `workdir`, resuming from its newest checkpoint; returns eval metrics."""
+  """Trains `config`'s model in `workdir`, resuming from its newest checkpoint; returns metrics."""
   # 1. Everything that can be wrong is checked before anything compiles or is written.
   validate_config(config)
   if config.get('eval_only'):

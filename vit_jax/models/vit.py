@@ -302,15 +302,16 @@ class VisionTransformer(nn.Module):
     block's activations in the backward pass (memory). Variables keep the unrolled layout
     `{prefix}_{i}` either way, so checkpoints, `from_timm`/`to_timm` and sown intermediates do not
     depend on these switches; inside a step the scanned form stacks the blocks' parameters.
-    Parameters are always initialised unrolled, so a seed gives the same model with or without
-    scan. Dropout and stochastic-depth masks are drawn differently by the two forms.
+    The two forms draw different random numbers (initial parameters of the blocks, dropout and
+    stochastic-depth masks) from the same seed.
     """
     rates = [float(r) for r in drop_path_rates]
-    if not (self.scan_layers and len(rates) > 1) or self.is_initializing():
+    if not (self.scan_layers and len(rates) > 1):
       for i, rate in enumerate(rates):
         name = f'{prefix}_{first + i}'
         if self.remat:
-          x, _ = nn.remat(_Layer)(functools.partial(block, drop_path_rate=rate), train, name=name)(x)
+          layer = nn.remat(_Layer)(functools.partial(block, drop_path_rate=rate), train, name=name)
+          x, _ = layer(x)
         else:
           x = block(drop_path_rate=rate, name=name)(x, train=train)
       return x
@@ -318,7 +319,8 @@ class VisionTransformer(nn.Module):
     block = functools.partial(block, drop_path_rate=rates[0]) if constant else block
     view, stack, unstack = _stacked_view(first, len(rates), prefix)
     scanned = nn.map_variables(_ScannedBlocks, True, trans_in_fn=stack, trans_out_fn=unstack,
-                               mutable=True)(block, len(rates), view, train, self.remat)
+                               init=self.is_initializing(), mutable=True)(
+                                   block, len(rates), view, train, self.remat)
     nn.share_scope(self, scanned)
     return scanned(x, None if constant else jnp.asarray(rates, jnp.float32))
 
