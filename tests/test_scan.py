@@ -1,10 +1,16 @@
-"""Scan-over-layers and remat: the same variables, outputs and gradients as the unrolled model."""
+"""Scan-over-layers and remat: the unrolled model's outputs and gradients; layout converters."""
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
+from tests.test_train import tiny_config
+from vit_jax import checkpoints
 from vit_jax import models
+from vit_jax import train
+from vit_jax.models import deepvit
+from vit_jax.models import vit
 
 SWITCHES = [dict(scan_layers=True), dict(remat=True), dict(scan_layers=True, remat=True)]
 
@@ -52,30 +58,55 @@ def _outputs_and_gradients(model, variables):
   return logits, intermediates, grads
 
 
+def _shapes(tree):
+  return jax.tree.map(lambda x: (tuple(x.shape), x.dtype), tree)
+
+
+def _in_layout_of(model, variables):
+  """`variables` of the unrolled model converted to `model`'s layout, checked against its init."""
+  like = jax.eval_shape(model.init, jax.random.key(0), _images())
+  converted = vit.stack_layers(variables, like)
+  assert _shapes(converted) == _shapes(like)
+  assert _max_diff(vit.unstack_layers(converted), variables) == 0.0
+  return converted
+
+
 @pytest.mark.parametrize('family, switches', CASES, ids=str)
-def test_same_variables_outputs_and_gradients_as_unrolled(family, switches):
+def test_same_outputs_and_gradients_as_unrolled(family, switches):
   plain, switched = _tiny(family), _tiny(family, **switches)
   variables = jax.jit(plain.init)(jax.random.key(0), _images())
-  # The same variables (names, shapes, dtypes); the random draws differ.
-  shapes = lambda v: jax.tree.map(lambda x: (x.shape, x.dtype), v)
-  assert shapes(variables) == shapes(jax.jit(switched.init)(jax.random.key(0), _images()))
   logits, intermediates, grads = _outputs_and_gradients(plain, variables)
-  logits_s, intermediates_s, grads_s = _outputs_and_gradients(switched, variables)
+  logits_s, intermediates_s, grads_s = _outputs_and_gradients(
+      switched, _in_layout_of(switched, variables))
   assert _max_diff(logits, logits_s) <= 1e-5
-  # Sown attention maps keep the per-block layout blocks_i/attn/attention_probs.
-  assert _max_diff(intermediates, intermediates_s) <= 1e-5
-  assert _max_diff(grads, grads_s) <= 1e-5
+  # Sown attention maps and gradients, unstacked, match block by block.
+  assert _max_diff(intermediates, vit.unstack_layers(intermediates_s)) <= 1e-5
+  assert _max_diff(grads, vit.unstack_layers(grads_s)) <= 1e-5
+
+
+def test_scanned_variables_are_stacked_and_convert_to_timm():
+  model = _tiny('deepvit', scan_layers=True)
+  variables = jax.jit(model.init)(jax.random.key(0), _images())
+  # Two stacks: content blocks 0-1 and Re-attention blocks 2-4 (with BatchNorm statistics).
+  assert variables['params']['blocks_0_to_1']['mlp']['fc1']['kernel'].shape == (2, 24, 72)
+  assert variables['batch_stats']['blocks_2_to_4']['attn']['var_norm']['mean'].shape == (3, 3)
+  unrolled = vit.unstack_layers(variables)
+  assert 'blocks_4' in unrolled['params'] and 'blocks_0_to_1' not in unrolled['params']
+  ours, reference = deepvit.to_timm(variables), deepvit.to_timm(unrolled)
+  assert ours.keys() == reference.keys()
+  assert all(np.array_equal(ours[k], reference[k]) for k in ours)
 
 
 def test_batch_statistics_update_like_unrolled():
   """Re-attention BatchNorm running averages: the same update through the scan."""
   plain, scanned = _tiny('deepvit', drop_path_rate=0.0), _tiny('deepvit', drop_path_rate=0.0,
                                                                scan_layers=True)
-  variables = plain.init(jax.random.key(0), _images())
+  variables = jax.jit(plain.init)(jax.random.key(0), _images())
   assert variables['batch_stats']
   _, updates = plain.apply(variables, _images(), train=True, mutable=['batch_stats'])
-  _, updates_s = scanned.apply(variables, _images(), train=True, mutable=['batch_stats'])
-  assert _max_diff(updates, updates_s) <= 1e-5
+  _, updates_s = scanned.apply(_in_layout_of(scanned, variables), _images(), train=True,
+                               mutable=['batch_stats'])
+  assert _max_diff(updates, vit.unstack_layers(updates_s)) <= 1e-5
   assert _max_diff(updates, {'batch_stats': variables['batch_stats']}) > 0
 
 
@@ -88,3 +119,25 @@ def test_training_mode_draws_per_layer_stochastic_depth():
   assert outputs[0].shape == (32, 5)
   # Some of the 64 drop-path draws of rates 0.1 and 0.2 differ between the two rngs.
   assert _max_diff(outputs[0], outputs[1]) > 0
+
+
+def test_scanned_run_checkpoint_loads_into_either_layout(tmp_path):
+  """A work directory trained with scan_layers reads as unrolled variables (init_from, export)."""
+  config = tiny_config(str(tmp_path / 'tfds'), total_steps=2,
+                       **{'model.scan_layers': True, 'model.depth': 3, 'model.init_scheme': 'timm'})
+  workdir = str(tmp_path / 'run')
+  train.train_and_evaluate(config, workdir)
+  saved = checkpoints.restore_arrays(workdir)['params']
+  assert 'blocks_0_to_2' in saved
+  variables, _ = checkpoints.read_workdir(workdir)
+  assert 'blocks_2' in variables['params'] and 'blocks_0_to_2' not in variables['params']
+
+  images = jax.random.normal(jax.random.key(1), (2, 8, 8, 3))
+  scanned = train.create_model(config, 10)
+  config.model.scan_layers = False
+  unrolled = train.create_model(config, 10)
+  expected = scanned.apply({'params': saved}, images)
+  np.testing.assert_allclose(unrolled.apply(train.load_variables(workdir, unrolled, config),
+                                            images), expected, atol=1e-5)
+  np.testing.assert_allclose(scanned.apply(train.load_variables(workdir, scanned, config),
+                                           images), expected, atol=1e-5)

@@ -64,7 +64,8 @@ def data_dir(tmp_path_factory):
 
 
 def test_loss_falls_and_accuracy_rises(data_dir, tmp_path):
-  config = tiny_config(data_dir, total_steps=60, base_lr=3e-3, log_every=20)
+  config = tiny_config(data_dir, total_steps=120, warmup_steps=5, base_lr=5e-3, batch_size=64,
+                       crop_padding=0, log_every=40)
   metrics = train.train_and_evaluate(config, str(tmp_path))
   assert metrics['count'] == 360
   assert metrics['accuracy'] > 0.5  # 10 classes: chance is 0.1.

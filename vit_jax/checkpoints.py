@@ -384,7 +384,10 @@ def read_state_dict(path: str, *, use_ema: bool = True) -> dict[str, np.ndarray]
 
 
 def read_workdir(workdir: str) -> tuple[dict[str, Any], dict[str, Any]]:
-  """The variables of `workdir`'s newest training checkpoint, and its metadata (model, step)."""
+  """The variables of `workdir`'s newest training checkpoint, and its metadata (model, step).
+
+  Variables come in the unrolled layout (blocks_i) even from a run with scan_layers=True.
+  """
   if not has_checkpoint(workdir):
     raise ValueError(f'{workdir!r} is a directory without training checkpoints (expected '
                      f'{os.path.join(workdir, CHECKPOINT_DIR)}/<step> written by vit_jax.main).')
@@ -399,7 +402,8 @@ def read_workdir(workdir: str) -> tuple[dict[str, Any], dict[str, Any]]:
   variables = {'params': state['params']}
   if state.get('batch_stats'):
     variables['batch_stats'] = state['batch_stats']
-  return jax.device_get(variables), restored['meta']
+  from vit_jax.models import vit  # pylint: disable=g-import-not-at-top
+  return jax.device_get(vit.unstack_layers(variables)), restored['meta']
 
 
 # Adapting to the target model.

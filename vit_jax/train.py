@@ -29,6 +29,7 @@ from vit_jax import augment
 from vit_jax import checkpoints
 from vit_jax import input_pipeline
 from vit_jax import models
+from vit_jax.models import vit
 
 
 @flax.struct.dataclass
@@ -450,6 +451,17 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
                                       else '') + '.')
 
 
+def load_variables(source: str, model: nn.Module, config: ml_collections.ConfigDict,
+                   **kwargs) -> dict[str, Any]:
+  """`checkpoints.load` of `source` for `model`, stacked into its layout if it scans its layers."""
+  if not getattr(model, 'scan_layers', False):
+    return checkpoints.load(source, model, image_size=config.image_size, **kwargs)
+  variables = checkpoints.load(source, model.clone(scan_layers=False),
+                               image_size=config.image_size, **kwargs)
+  images = jnp.zeros((1, config.image_size, config.image_size, 3), jnp.float32)
+  return vit.stack_layers(variables, jax.eval_shape(model.init, jax.random.PRNGKey(0), images))
+
+
 def pretrained_variables(config: ml_collections.ConfigDict, model: nn.Module,
                          workdir: str) -> dict[str, Any] | None:
   """`config.init_from`'s variables for a run that starts afresh; None when unset or resuming.
@@ -463,8 +475,7 @@ def pretrained_variables(config: ml_collections.ConfigDict, model: nn.Module,
     logging.info('Resuming %s; init_from=%s is not read again.', workdir, config.init_from)
     return None
   params_rng = jax.random.split(jax.random.PRNGKey(config.seed))[0]  # As in init_state.
-  variables = checkpoints.load(config.init_from, model, image_size=config.image_size,
-                               reset_head=True, rng=params_rng)
+  variables = load_variables(config.init_from, model, config, reset_head=True, rng=params_rng)
   logging.info('Fine-tuning from %s.', config.init_from)
   return variables
 
@@ -481,7 +492,7 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
                      f'checkpoint; {workdir!r} has none.')
   info = input_pipeline.get_dataset_info(config)
   model = create_model(config, info.num_classes)
-  variables = checkpoints.load(source, model, image_size=config.image_size)
+  variables = load_variables(source, model, config)
   mesh = Mesh(np.array(jax.devices()), ('data',))
   replicated = NamedSharding(mesh, P())
   variables = jax.tree.map(lambda x: jax.make_array_from_process_local_data(replicated, x),

@@ -152,62 +152,54 @@ class _Layer(nn.Module):
     return block(x, train=self.train), None
 
 
-class _ScannedBlocks(nn.Module):
-  """`length` copies of a block applied by one `nn.scan` (optionally rematerialised).
+def scanned_name(prefix: str, first: int, last: int) -> str:
+  """Name of the stack of blocks `{prefix}_{first}` .. `{prefix}_{last}` in a scanned model."""
+  return f'{prefix}_{first}_to_{last}'
 
-  Its variables are stacked along a leading layer axis under `view`; `VisionTransformer.blocks`
-  maps them to and from the unrolled `{prefix}_{i}` layout.
+
+_SCANNED_NAME = re.compile(r'(.+)_(\d+)_to_(\d+)')
+
+
+def unstack_layers(tree: Any) -> Any:
+  """Scanned-model variables -> the unrolled `{prefix}_{i}` layout (inverse of `stack_layers`).
+
+  Every `{prefix}_{a}_to_{b}` stack (leading layer axis) in any nested dict (params,
+  batch_stats, intermediates, optimizer moments) becomes `{prefix}_{a}` .. `{prefix}_{b}`.
   """
-  block: ModuleDef
-  length: int
-  view: str
-  train: bool
-  remat: bool
-
-  @nn.compact
-  def __call__(self, x: jax.Array, drop_path_rates: jax.Array | None) -> jax.Array:
-    layer = nn.remat(_Layer, prevent_cse=False) if self.remat else _Layer
-    scan = nn.scan(layer, variable_axes={True: 0}, split_rngs={'params': True, 'dropout': True},
-                   in_axes=0, length=self.length)
-    inputs = () if drop_path_rates is None else (drop_path_rates,)
-    x, _ = scan(self.block, self.train, name=self.view)(x, *inputs)
-    return x
+  if not isinstance(tree, Mapping):
+    return tree
+  out = {}
+  for key, value in tree.items():
+    match = _SCANNED_NAME.fullmatch(str(key))
+    if match and isinstance(value, Mapping):
+      prefix, first, last = match.group(1), int(match.group(2)), int(match.group(3))
+      for i in range(last - first + 1):
+        out[f'{prefix}_{first + i}'] = jax.tree.map(lambda x, i=i: x[i], dict(value))
+    else:
+      out[key] = unstack_layers(value)
+  return out
 
 
-def _stacked_view(first: int, length: int, prefix: str) -> tuple[str, Callable, Callable]:
-  """Maps between unrolled `{prefix}_{i}` variables and the stack `_ScannedBlocks` reads.
+def stack_layers(tree: Any, like: Any) -> Any:
+  """Unrolled variables -> the layout of `like`, e.g. a scanned model's `jax.eval_shape(init)`.
 
-  Returns the stack's name and (stack, unstack) acting on a {collection: variables} dict; every
-  other variable of the scope passes through unchanged.
+  Blocks `{prefix}_{a}` .. `{prefix}_{b}` are stacked wherever `like` has `{prefix}_{a}_to_{b}`.
   """
-  names = [f'{prefix}_{i}' for i in range(first, first + length)]
-  view = f'{prefix}_{first}_to_{first + length - 1}_scanned'
-
-  def stack(variables):
-    out = {}
-    for collection, tree in variables.items():
-      tree = dict(tree)
-      layers = [tree.pop(name) for name in names if name in tree]
-      if len(layers) == length:
-        tree[view] = jax.tree.map(lambda *xs: jnp.stack(xs), *layers)
-      elif layers:
-        raise ValueError(f'{collection} holds {len(layers)} of the {length} blocks '
-                         f'{names[0]}..{names[-1]}; a scanned model needs all or none.')
-      out[collection] = tree
-    return out
-
-  def unstack(variables):
-    out = {}
-    for collection, tree in variables.items():
-      tree = dict(tree)
-      stacked = tree.pop(view, None)
-      if stacked is not None:
-        for i, name in enumerate(names):
-          tree[name] = jax.tree.map(lambda x, i=i: x[i], stacked)
-      out[collection] = tree
-    return out
-
-  return view, stack, unstack
+  if not isinstance(tree, Mapping) or not isinstance(like, Mapping):
+    return tree
+  out = {key: value for key, value in tree.items()}
+  for key, value in like.items():
+    match = _SCANNED_NAME.fullmatch(str(key))
+    if match and key not in tree:
+      prefix, first, last = match.group(1), int(match.group(2)), int(match.group(3))
+      names = [f'{prefix}_{i}' for i in range(first, last + 1)]
+      missing = [name for name in names if name not in tree]
+      if missing:
+        raise ValueError(f'Cannot stack {key}: the variables lack {missing}.')
+      out[key] = jax.tree.map(lambda *xs: jnp.stack(xs), *[dict(out.pop(n)) for n in names])
+    elif key in tree:
+      out[key] = stack_layers(tree[key], value)
+  return out
 
 
 def check_images(images: jax.Array, patch_size: int) -> tuple[int, int]:
@@ -297,13 +289,12 @@ class VisionTransformer(nn.Module):
              train: bool, prefix: str = 'blocks') -> jax.Array:
     """Applies blocks `{prefix}_{first}`, ... (one per rate) in sequence; returns the tokens.
 
-    `block(drop_path_rate=r, name=...)` builds one block. `scan_layers=True` traces one block
-    and runs it with `nn.scan` (fast compilation of deep models); `remat=True` recomputes each
-    block's activations in the backward pass (memory). Variables keep the unrolled layout
-    `{prefix}_{i}` either way, so checkpoints, `from_timm`/`to_timm` and sown intermediates do not
-    depend on these switches; inside a step the scanned form stacks the blocks' parameters.
-    The two forms draw different random numbers (initial parameters of the blocks, dropout and
-    stochastic-depth masks) from the same seed.
+    `block(drop_path_rate=r, name=...)` builds one block. `remat=True` recomputes each block's
+    activations in the backward pass (memory). `scan_layers=True` traces one block and runs it
+    with `nn.scan` (fast compilation of deep models); its variables are then stacked along a
+    leading layer axis under `{prefix}_{first}_to_{last}` (as are sown intermediates), and
+    `unstack_layers` / `stack_layers` convert to and from the unrolled `{prefix}_{i}` layout that
+    checkpoints of unrolled models, `from_timm` and analysis use (`to_timm` accepts either).
     """
     rates = [float(r) for r in drop_path_rates]
     if not (self.scan_layers and len(rates) > 1):
@@ -316,13 +307,15 @@ class VisionTransformer(nn.Module):
           x = block(drop_path_rate=rate, name=name)(x, train=train)
       return x
     constant = all(rate == rates[0] for rate in rates)
-    block = functools.partial(block, drop_path_rate=rates[0]) if constant else block
-    view, stack, unstack = _stacked_view(first, len(rates), prefix)
-    scanned = nn.map_variables(_ScannedBlocks, True, trans_in_fn=stack, trans_out_fn=unstack,
-                               init=self.is_initializing(), mutable=True)(
-                                   block, len(rates), view, train, self.remat)
-    nn.share_scope(self, scanned)
-    return scanned(x, None if constant else jnp.asarray(rates, jnp.float32))
+    layer = nn.remat(_Layer, prevent_cse=False) if self.remat else _Layer
+    scan = nn.scan(layer, variable_axes={True: 0}, split_rngs={'params': True, 'dropout': True},
+                   in_axes=0, length=len(rates))
+    name = scanned_name(prefix, first, first + len(rates) - 1)
+    if constant:
+      x, _ = scan(functools.partial(block, drop_path_rate=rates[0]), train, name=name)(x)
+    else:
+      x, _ = scan(block, train, name=name)(x, jnp.asarray(rates, jnp.float32))
+    return x
 
   def patch_tokens(self, images: jax.Array, *, train: bool) -> jax.Array:
     """The image as (batch, tokens, hidden) patch tokens; families with another stem override it."""
@@ -432,8 +425,9 @@ def variables_from_torch(state_dict: Mapping[str, Any]) -> dict[str, dict]:
 
 
 def variables_to_torch(variables: Mapping[str, Any]) -> dict[str, np.ndarray]:
-  """The inverse of `variables_from_torch`: Flax variables -> PyTorch state dict of arrays."""
+  """The inverse of `variables_from_torch`: Flax variables (unrolled or scanned) -> PyTorch."""
   state_dict: dict[str, np.ndarray] = {}
+  variables = unstack_layers(variables)
   for collection in ('params', 'batch_stats'):
     flat = flax.traverse_util.flatten_dict(dict(variables.get(collection, {})))
     for path, value in flat.items():
