@@ -123,8 +123,8 @@ def test_training_mode_draws_per_layer_stochastic_depth():
 
 def test_scanned_run_checkpoint_loads_into_either_layout(tmp_path):
   """A work directory trained with scan_layers reads as unrolled variables (init_from, export)."""
-  config = tiny_config(str(tmp_path / 'tfds'), total_steps=2,
-                       **{'model.scan_layers': True, 'model.depth': 3, 'model.init_scheme': 'timm'})
+  config = tiny_config(str(tmp_path / 'tfds'), total_steps=2, **{
+      'model.scan_layers': True, 'model.depth': 3, 'model.init_scheme': 'timm'})
   workdir = str(tmp_path / 'run')
   train.train_and_evaluate(config, workdir)
   saved = checkpoints.restore_arrays(workdir)['params']
