@@ -45,7 +45,7 @@ def test_cli_writes_every_file_for_a_trained_vit(data_dir, tmp_path):
   similarity = np.array(report['collapse']['main']['similarity'])
   assert similarity.shape == (2, 2) and np.allclose(np.diag(similarity), 1.0)
   assert list(report['rollout']) == ['cls']
-  assert len(report['distance']['blocks_1/attn']) == 2  # One distance per head.
+  assert len(report['distance']['blocks_1/attn']['heads']) == 2  # One distance per head.
 
   with pytest.raises(ValueError, match='centres.*VisionTransformer'):
     analyze.analyze(workdir, ['centres'])
@@ -58,6 +58,7 @@ def _sa_conv_config(data_dir: str) -> ml_collections.ConfigDict:
   return config
 
 
+@pytest.mark.slow  # About 30 s: eight small compilations and a short fine-tuning run.
 def test_sa_conv_run_gets_centres_and_a_pruned_run_that_fine_tunes(data_dir, tmp_path):
   config = _sa_conv_config(data_dir)
   model = train.create_model(config, 10)

@@ -25,21 +25,25 @@ def _model_maps(name: str, **fields):
 
 
 def test_cait_maps_stages_and_class_rollout():
-  _, layers = _model_maps('cait_ti4', depth=3, class_attention_depth=2)
-  assert [layer.name for layer in layers] == [
-      'blocks_0/attn', 'blocks_1/attn', 'blocks_2/attn', 'blocks_token_only_0/attn',
-      'blocks_token_only_1/attn']
-  assert [layer.shape for layer in layers] == [(2, 16, 16)] * 3 + [(2, 1, 17)] * 2
-  np.testing.assert_allclose(layers[3].probs.sum(-1), 1.0, atol=1e-5)
-  assert maps.stages(layers) == [[0, 1, 2], [3, 4]]
-  assert maps.main_stage(layers) == [0, 1, 2]
+  _, layers = _model_maps('cait_ti4', depth=11, class_attention_depth=2)
+  assert [layer.name for layer in layers] == [f'blocks_{i}/attn' for i in range(11)] + [
+      'blocks_token_only_0/attn', 'blocks_token_only_1/attn']  # Call order, not sorted.
+  assert [layer.shape for layer in layers] == [(2, 16, 16)] * 11 + [(2, 1, 17)] * 2
+  np.testing.assert_allclose(layers[11].probs.sum(-1), 1.0, atol=1e-5)
+  assert maps.stages(layers) == [list(range(11)), [11, 12]]
+  assert maps.main_stage(layers) == list(range(11))
   assert maps.key_grid(16, (8, 8)) == maps.Grid(0, 4, 4, 2.0)
   assert maps.key_grid(17, (8, 8)) == maps.Grid(1, 4, 4, 2.0)
   (relevance,) = rollout.token_relevance(layers, (8, 8))
   assert relevance.token.startswith('class') and relevance.maps.shape == (2, 4, 4)
-  queries = maps.query_maps(layers, (8, 8), window_size=5)
-  assert [q.query for q in queries] == ['centre'] * 3 + ['class'] * 2
-  assert queries[0].maps.shape == (2, 5, 5) and queries[3].maps.shape == (2, 4, 4)
+  queries = maps.query_maps(layers, (8, 8), window_size=3)
+  assert [q.query for q in queries] == ['centre'] * 11 + ['class'] * 2
+  assert queries[0].maps.shape == (2, 3, 3) and queries[11].maps.shape == (2, 4, 4)
+  assert queries[0].query_cell == (1, 1) and queries[11].query_cell is None
+  np.testing.assert_allclose(queries[0].maps, layers[0].probs[:, :, 10].mean(0).reshape(
+      2, 4, 4)[:, 1:4, 1:4], atol=1e-7)  # Centre token (2, 2) = 10; its 3 x 3 neighbourhood.
+  (whole,) = maps.query_maps(layers[:1], (8, 8), window_size=5)
+  assert whole.maps.shape == (2, 4, 4) and whole.query_cell == (2, 2)
 
 
 def test_deit_distilled_rollout_of_class_and_distillation_tokens():

@@ -21,11 +21,12 @@ Reads W/config.json and the newest checkpoint of W (or --step), runs the model o
 import json
 import os
 import sys
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from absl import app
 from absl import flags
 from absl import logging
+import flax.linen as nn
 import jax
 import ml_collections
 import numpy as np
@@ -61,9 +62,17 @@ _FINETUNE_LR_FACTOR = flags.DEFINE_float('finetune_lr_factor', 0.1,
 flags.mark_flags_as_required(['workdir'])
 
 
-def load_run(workdir: str, step: int | None = None):
-  """(config, model, variables, dataset info, step) of `workdir`'s checkpoint at `step`."""
+class Run(NamedTuple):
+  """A training run restored from its work directory."""
+  config: ml_collections.ConfigDict
+  model: nn.Module
+  variables: dict[str, Any]
+  info: input_pipeline.DatasetInfo
+  step: int
 
+
+def load_run(workdir: str, step: int | None = None) -> Run:
+  """The config, model and variables of `workdir`'s checkpoint at `step` (default: newest)."""
   saved = checkpoints.read_config(workdir)
   if saved is None:
     raise ValueError(f'{workdir!r} has no config.json; point --workdir at a training run.')
@@ -86,22 +95,21 @@ def load_run(workdir: str, step: int | None = None):
   variables = {'params': state.params}
   if state.batch_stats:
     variables['batch_stats'] = state.batch_stats
-  return config, model, variables, info, int(state.step)
+  return Run(config, model, variables, info, int(state.step))
 
 
-def eval_images(config, count: int):
-  """The first `count` real images of the eval split, (count, S, S, 3), and their labels."""
-  images, labels = [], []
+def eval_images(config: ml_collections.ConfigDict, count: int) -> np.ndarray:
+  """The first `count` real images of the eval split, (count, S, S, 3)."""
+  images = []
   for batch in input_pipeline.eval_iterator(config, process_index=0, process_count=1):
-    real = batch['mask'] > 0
-    images.append(batch['image'][real])
-    labels.append(batch['label'][real])
+    images.append(batch['image'][batch['mask'] > 0])
     if sum(len(x) for x in images) >= count:
       break
-  return np.concatenate(images)[:count], np.concatenate(labels)[:count]
+  return np.concatenate(images)[:count]
 
 
-def accuracy(model, variables, config) -> float:
+def accuracy(model: nn.Module, variables: dict[str, Any],
+             config: ml_collections.ConfigDict) -> float:
   """Top-1 accuracy over the whole eval split."""
   predict = jax.jit(lambda v, x: jax.numpy.argmax(model.apply(v, x, train=False), -1))
   correct = total = 0.0
@@ -112,7 +120,7 @@ def accuracy(model, variables, config) -> float:
   return correct / max(total, 1.0)
 
 
-def model_analyses(model) -> list[str]:
+def model_analyses(model: nn.Module) -> list[str]:
   """The analyses that apply to `model` (centres and pruning only to SA-conv)."""
   names = ['collapse', 'maps', 'rollout', 'distance']
   if isinstance(model, sa_conv.SAConv):
@@ -122,7 +130,7 @@ def model_analyses(model) -> list[str]:
   return names
 
 
-def _resolve(what: Sequence[str] | str, model) -> tuple[list[str], bool]:
+def _resolve(what: Sequence[str] | str, model: nn.Module) -> tuple[list[str], bool]:
   """The analyses to run and whether they were named explicitly."""
   what = [what] if isinstance(what, str) else list(what)
   if what == ['all']:
@@ -159,114 +167,133 @@ def _batch_means(layers, what: Sequence[str], image_shape, window: int) -> dict[
   return means
 
 
+class _Outputs:
+  """The PNGs and numbers of one analysis run, written under `directory`."""
+
+  def __init__(self, directory: str, explicit: bool):
+    self.directory = directory
+    self.explicit = explicit
+    self.files: list[str] = []
+
+  def path(self, filename: str) -> str:
+    self.files.append(filename)
+    return os.path.join(self.directory, filename)
+
+  def skip(self, name: str, reason: str) -> None:
+    """Raises when the analysis was asked for by name; otherwise logs that it does not apply."""
+    if self.explicit:
+      raise ValueError(f'--what={name}: {reason}')
+    logging.info('Skipping %s: %s', name, reason)
+
+
 def analyze(workdir: str, what: Sequence[str] | str = 'all', *, step: int | None = None,
             num_images: int = 64, batch_size: int = 16, window: int = 11,
             threshold: float = 0.9, neighbours: int = 3, pruning_rule: str = 'official',
             finetune_steps: int = 0, finetune_lr_factor: float = 0.1) -> dict[str, Any]:
-  """Runs the analyses on `workdir`'s checkpoint; writes PNGs and analysis.json; returns the JSON."""
-
+  """Runs the analyses on `workdir`'s checkpoint, writes PNGs and analysis.json, returns it."""
   if num_images < 1 or batch_size < 1 or window < 1:
     raise ValueError(f'num_images={num_images}, batch_size={batch_size} and window={window} '
                      'must be >= 1.')
-  config, model, variables, info, step = load_run(workdir, step)
-  what, explicit = _resolve(what, model)
-  out_dir = os.path.join(workdir, OUTPUT_DIR)
-  os.makedirs(out_dir, exist_ok=True)
-  images, _ = eval_images(config, num_images)
+  run = load_run(workdir, step)
+  what, explicit = _resolve(what, run.model)
+  out = _Outputs(os.path.join(workdir, OUTPUT_DIR), explicit)
+  os.makedirs(out.directory, exist_ok=True)
+  images = eval_images(run.config, num_images)
   image_shape = images.shape[1:3]
-  report: dict[str, Any] = {'model': config.model.name, 'step': step, 'num_images': len(images)}
-  files = []
+  name = run.config.model.name
 
+  # Every average over images is accumulated batch by batch, so memory stays at one batch of maps.
   sums: dict[str, np.ndarray] = {}
   relevance_parts = []
-  prefix_names = [p.removesuffix('_token') for p in getattr(model, 'prefix_tokens', ())]
-  layers = []
+  prefix_names = [p.removesuffix('_token') for p in getattr(run.model, 'prefix_tokens', ())]
   for start in range(0, len(images), batch_size):
     batch = images[start:start + batch_size]
-    layers = maps.attention_maps(model, variables, batch)
+    layers = maps.attention_maps(run.model, run.variables, batch)
     for key, value in _batch_means(layers, what, image_shape, window).items():
       sums[key] = sums.get(key, 0.0) + len(batch) * np.asarray(value, np.float64)
     if 'rollout' in what:
       relevance_parts.append(rollout.token_relevance(layers, image_shape, prefix_names))
   means = {key: value / len(images) for key, value in sums.items()}
-  report['layers'] = [{'name': layer.name, 'heads': layer.shape[0], 'queries': layer.shape[1],
-                       'keys': layer.shape[2]} for layer in layers]
 
-  def skipped(name: str, reason: str) -> None:
-    if explicit:
-      raise ValueError(f'--what={name}: {reason}')
-    logging.info('Skipping %s: %s', name, reason)
-
+  report: dict[str, Any] = {
+      'model': name, 'step': run.step, 'num_images': len(images),
+      'layers': [{'name': layer.name, 'heads': layer.shape[0], 'queries': layer.shape[1],
+                  'keys': layer.shape[2]} for layer in layers]}
   if 'collapse' in what:
-    groups = [g for g in maps.stages(layers) if len(g) > 1 and maps.is_square(layers[g[0]])]
-    if not groups:
-      skipped('collapse', 'no two consecutive self-attention layers have maps of one shape.')
-    report['collapse'] = {}
-    main = maps.main_stage(layers)
-    for index, stage in enumerate(maps.stages(layers)):
-      if stage not in groups:
-        continue
-      names = [layers[i].name for i in stage]
-      result = collapse.Collapse(names, means[f'collapse/{index}/similarity'],
-                                 means[f'collapse/{index}/inter_head'], threshold)
-      key = 'main' if stage == main else f'stage_{index}'
-      report['collapse'][key] = result.to_json(neighbours)
-      filename = 'collapse.png' if stage == main else f'collapse_stage_{index}.png'
-      heads, queries, keys = layers[stage[0]].shape
-      collapse.plot(result, os.path.join(out_dir, filename), neighbours,
-                    title=f'{config.model.name}: attention collapse over {len(stage)} blocks '
-                    f'({heads} heads, {queries}x{keys} maps, {len(images)} images)')
-      files.append(filename)
-
+    report['collapse'] = _collapse(layers, means, threshold, neighbours, out,
+                                   f'{name}: attention collapse, {len(images)} images')
   if 'maps' in what:
-    queries = maps.query_maps(layers, image_shape, window)
-    if not queries:
-      skipped('maps', 'no layer has keys on an image grid.')
-    else:
-      query_maps = [maps.QueryMaps(q.layer, q.query, means[f'maps/{q.layer}'], q.grid,
-                                   q.query_cell) for q in queries]
-      maps.plot_query_maps(query_maps, os.path.join(out_dir, 'maps.png'),
-                           f'{config.model.name}: attention of the centre token (class token '
-                           f'for class attention) per layer x head, mean over {len(images)} images')
-      files.append('maps.png')
-      report['maps'] = {q.layer: {'query': q.query, 'grid': [q.grid.rows, q.grid.cols],
-                                  'peak_per_head': np.nanmax(q.maps.reshape(len(q.maps), -1),
-                                                             -1).round(6).tolist()}
-                        for q in query_maps}
-
+    report['maps'] = _maps(layers, means, image_shape, window, out,
+                           f'{name}: attention of the centre token (class token for class '
+                           f'attention) per layer x head, mean over {len(images)} images')
   if 'rollout' in what:
     relevance = [rollout.Relevance(parts[0].token, np.concatenate([p.maps for p in parts]))
                  for parts in zip(*relevance_parts)]
-    rollout.plot_relevance(relevance, images, os.path.join(out_dir, 'rollout.png'))
-    files.append('rollout.png')
+    rollout.plot_relevance(relevance, images, out.path('rollout.png'))
     report['rollout'] = rollout.relevance_json(relevance)
-
   if 'distance' in what:
-    distances = {key.split('/', 1)[1]: value for key, value in means.items()
-                 if key.startswith('distance/')}
-    if not distances:
-      skipped('distance', 'no square attention layer has tokens on an image grid.')
-    else:
-      rollout.plot_distances(distances, os.path.join(out_dir, 'distance.png'), image_shape[0])
-      files.append('distance.png')
-      report['distance'] = {name: np.round(v, 4).tolist() for name, v in distances.items()}
-
+    report['distance'] = _distance(layers, means, image_shape, out)
   if 'centres' in what:
-    report['centres'] = _centres(model, variables, layers, means, image_shape, window, out_dir)
-    files.append('centres.png')
-
+    report['centres'] = _centres(run.variables, layers, means, image_shape, window, out)
   if 'pruning' in what:
-    report['pruning'] = _pruning(config, model, variables, info, out_dir, pruning_rule,
-                                 finetune_steps, finetune_lr_factor)
-
-  report['files'] = files
-  with open(os.path.join(out_dir, 'analysis.json'), 'w') as f:
+    report['pruning'] = _pruning(run, out.directory, pruning_rule, finetune_steps,
+                                 finetune_lr_factor)
+  report['files'] = out.files
+  with open(os.path.join(out.directory, 'analysis.json'), 'w') as f:
     json.dump(report, f, indent=1)
   return report
 
 
-def _centres(model, variables, layers, means, image_shape, window, out_dir) -> dict[str, Any]:
-  """The SA-conv centre plot and its numbers."""
+def _collapse(layers, means, threshold, neighbours, out, title) -> dict[str, Any]:
+  """collapse.png for the main self-attention stage (collapse_stage_I.png for others)."""
+  report = {}
+  main = maps.main_stage(layers)
+  for index, stage in enumerate(maps.stages(layers)):
+    if f'collapse/{index}/similarity' not in means:
+      continue
+    result = collapse.Collapse([layers[i].name for i in stage],
+                               means[f'collapse/{index}/similarity'],
+                               means[f'collapse/{index}/inter_head'], threshold)
+    report['main' if stage == main else f'stage_{index}'] = result.to_json(neighbours)
+    heads, queries, keys = layers[stage[0]].shape
+    filename = 'collapse.png' if stage == main else f'collapse_stage_{index}.png'
+    collapse.plot(result, out.path(filename), neighbours,
+                  f'{title}; {len(stage)} blocks of {heads} heads, {queries}x{keys} maps')
+  if not report:
+    out.skip('collapse', 'no two consecutive self-attention layers have maps of one shape.')
+  return report
+
+
+def _maps(layers, means, image_shape, window, out, title) -> dict[str, Any]:
+  """maps.png: the centre (or class) query's attention per layer x head."""
+  queries = [maps.QueryMaps(q.layer, q.query, means[f'maps/{q.layer}'], q.grid, q.query_cell)
+             for q in maps.query_maps(layers, image_shape, window)]
+  if not queries:
+    out.skip('maps', 'no layer has keys on an image grid.')
+    return {}
+  maps.plot_query_maps(queries, out.path('maps.png'), title)
+  return {q.layer: {'query': q.query, 'grid': [q.grid.rows, q.grid.cols],
+                    'peak_per_head': np.nanmax(q.maps.reshape(len(q.maps), -1), -1).round(6)
+                                     .tolist()}
+          for q in queries}
+
+
+def _distance(layers, means, image_shape, out) -> dict[str, Any]:
+  """distance.png: mean attention distance per head and layer, against uniform attention."""
+  distances = {layer.name: means[f'distance/{layer.name}'] for layer in layers
+               if f'distance/{layer.name}' in means}
+  if not distances:
+    out.skip('distance', 'no square attention layer has tokens on an image grid.')
+    return {}
+  uniform = {layer.name: rollout.uniform_distance(maps.key_grid(layer.shape[2], image_shape))
+             for layer in layers if layer.name in distances}
+  rollout.plot_distances(distances, uniform, out.path('distance.png'), image_shape[0])
+  return {name: {'heads': np.round(v, 4).tolist(), 'uniform': round(uniform[name], 4)}
+          for name, v in distances.items()}
+
+
+def _centres(variables, layers, means, image_shape, window, out) -> dict[str, Any]:
+  """centres.png: SA-conv mass contours of every head for the centre query pixel."""
   heads = sa_conv.attention_heads(variables['params'])
   queries = [q for q in maps.query_maps(layers, image_shape) if q.query == 'centre']
   panels, mus = [], []
@@ -276,7 +303,7 @@ def _centres(model, variables, layers, means, image_shape, window, out_dir) -> d
     panels.append((f'layer {index}', centres.layer_contours(averaged)))
     mu = heads[index].get('attention_centers')
     mus.append(None if mu is None else np.asarray(mu))
-  centres.plot(panels, os.path.join(out_dir, 'centres.png'), window, mus)
+  centres.plot(panels, out.path('centres.png'), window, mus)
   report = centres.contours_json(panels)
   for (name, _), mu in zip(panels, mus):
     if mu is not None:
@@ -285,9 +312,10 @@ def _centres(model, variables, layers, means, image_shape, window, out_dir) -> d
   return report
 
 
-def _pruning(config, model, variables, info, out_dir, rule, finetune_steps,
-             lr_factor) -> dict[str, Any]:
+def _pruning(run: Run, out_dir: str, rule: str, finetune_steps: int,
+             lr_factor: float) -> dict[str, Any]:
   """Prunes degenerate heads, compares size, FLOPs and accuracy, writes the pruned run."""
+  config, model, variables, info, _ = run
   params = variables['params']
   heads = pruning.degenerate_heads(params, model.attention, rule=rule)
   pruned_params, layer_heads = pruning.prune(params, heads)

@@ -11,9 +11,8 @@ import dataclasses
 from typing import Any, Sequence
 
 import contourpy
-import matplotlib
-matplotlib.use('Agg')
-import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+from matplotlib import figure
+from matplotlib import patches
 import numpy as np
 
 from vit_jax.analysis import maps as maps_lib
@@ -48,7 +47,8 @@ class HeadContours:
     """The expected (row, col) offset of the attended key from the query."""
     rows, cols = np.indices(self.probs.shape)
     weights = self.probs / self.probs.sum()
-    return np.array([(weights * rows).sum() - self.query[0], (weights * cols).sum() - self.query[1]])
+    return np.array([(weights * rows).sum() - self.query[0],
+                     (weights * cols).sum() - self.query[1]])
 
 
 def head_contours(probs: np.ndarray, query: tuple[int, int],
@@ -76,11 +76,13 @@ def layer_contours(query_maps: maps_lib.QueryMaps,
 
 def plot(layers: Sequence[tuple[str, list[HeadContours]]], path: str, window: int = 11,
          centres: Sequence[np.ndarray | None] | None = None) -> None:
-  """One panel per layer: each head's 50 % / 90 % contours; learned centres mu as crosses."""
+  """One panel per layer: each head's 50 % / 90 % contours within `window` cells of the query
+  (cut to the grid); learned centres mu as crosses."""
   columns = min(len(layers), 3)
   rows = -(-len(layers) // columns)
-  fig, axes = plt.subplots(rows, columns, squeeze=False, figsize=(3.3 * columns, 3.3 * rows))
-  half = window / 2
+  fig = figure.Figure(figsize=(3.3 * columns, 3.3 * rows))
+  axes = fig.subplots(rows, columns, squeeze=False)
+  half = window // 2
   for index, (name, heads) in enumerate(layers):
     ax = axes.ravel()[index]
     for head, contours in enumerate(heads):
@@ -91,11 +93,15 @@ def plot(layers: Sequence[tuple[str, list[HeadContours]]], path: str, window: in
       if centres is not None and centres[index] is not None:
         mu = centres[index][head]
         ax.plot(mu[1], mu[0], marker='x', ms=4, color=colour)
-    ax.add_patch(plt.Rectangle((-0.5, -0.5), 1, 1, color='black'))
-    ax.set_xlim(-half, half)
-    ax.set_ylim(half, -half)
-    ax.set_xticks(np.arange(-(window // 2), window // 2 + 1) + 0.5, minor=True)
-    ax.set_yticks(np.arange(-(window // 2), window // 2 + 1) + 0.5, minor=True)
+    ax.add_patch(patches.Rectangle((-0.5, -0.5), 1, 1, color='black', zorder=3))
+    # The window around the query, cut to the key grid.
+    (rows, cols), (row, col) = heads[0].probs.shape, heads[0].query
+    top, bottom = max(-half, -row), min(half, rows - 1 - row)
+    left, right = max(-half, -col), min(half, cols - 1 - col)
+    ax.set_xlim(left - 0.5, right + 0.5)
+    ax.set_ylim(bottom + 0.5, top - 0.5)
+    ax.set_xticks(np.arange(left, right) + 0.5, minor=True)
+    ax.set_yticks(np.arange(top, bottom) + 0.5, minor=True)
     ax.set_xticks([])
     ax.set_yticks([])
     ax.grid(True, which='minor', alpha=0.3)
@@ -107,7 +113,6 @@ def plot(layers: Sequence[tuple[str, list[HeadContours]]], path: str, window: in
                'the mass per head', fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
-  plt.close(fig)
 
 
 def contours_json(layers: Sequence[tuple[str, list[HeadContours]]]) -> dict[str, Any]:

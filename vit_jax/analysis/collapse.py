@@ -10,9 +10,8 @@ the one compared, as that is the map the block applies.
 import dataclasses
 from typing import Any, Sequence
 
-import matplotlib
-matplotlib.use('Agg')
-import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+from matplotlib import figure
+from matplotlib import ticker
 import numpy as np
 
 SIMILARITY_THRESHOLD = 0.9
@@ -106,7 +105,8 @@ def plot(collapse: Collapse, path: str, max_k: int = 3, title: str = '') -> None
   depth, the full M matrix and the inter-head similarity."""
   size = len(collapse.layers)
   blocks = np.arange(1, size + 1)
-  fig, axes = plt.subplots(1, 4, figsize=(17, 3.8))
+  fig = figure.Figure(figsize=(17, 3.8))
+  axes = fig.subplots(1, 4)
   ax = axes[0]
   for k in range(1, min(max_k, size - 1) + 1):
     ax.plot(blocks, neighbour_similarity(collapse.similarity, k), marker='o', ms=3, label=f'k={k}')
@@ -143,7 +143,10 @@ def plot(collapse: Collapse, path: str, max_k: int = 3, title: str = '') -> None
   ax.set_ylabel('inter-head similarity')
   ax.set_ylim(lowest - 0.02, 1.02)
   ax.set_title('Similarity between heads of a block', fontsize=9)
+  for ax in axes:
+    ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+  axes[1].yaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+  axes[2].yaxis.set_major_locator(ticker.MaxNLocator(integer=True))
   fig.suptitle(title or 'Attention collapse', fontsize=10)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
-  plt.close(fig)

@@ -9,14 +9,13 @@ stages, T2T's token layers and backbone); `key_grid` finds where the keys sit on
 import dataclasses
 import functools
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import flax
 import flax.linen as nn
 import jax
-import matplotlib
-matplotlib.use('Agg')
-import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+from matplotlib import figure
+from matplotlib import patches
 import numpy as np
 
 SOWN_NAME = 'attention_probs'
@@ -58,19 +57,31 @@ def model_variables(variables: Any) -> dict[str, Any]:
   return {k: v for k, v in dict(variables).items() if k in ('params', 'batch_stats')}
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _sown(model: nn.Module, variables: dict[str, Any], images: jax.Array) -> dict[str, Any]:
-  _, state = model.apply(variables, images, train=False, mutable=['intermediates'])
-  return state.get('intermediates', {})
+@functools.cache
+def _sown_maps(model: nn.Module) -> tuple[Callable[..., list[jax.Array]], list[tuple[str, ...]]]:
+  """A jitted function returning the sown maps as a list, and their paths in call order.
+
+  jit returns dicts with sorted keys ('blocks_10' before 'blocks_2', T2T's 'tokens_to_token'
+  after 'blocks_*'), so the call order is read from the traced `intermediates` dict instead.
+  """
+  paths: list[tuple[str, ...]] = []
+
+  @jax.jit
+  def run(variables: dict[str, Any], images: jax.Array) -> list[jax.Array]:
+    _, state = model.apply(variables, images, train=False, mutable=['intermediates'])
+    flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(state.get('intermediates', {})))
+    paths[:] = [path for path in flat if path[-1] == SOWN_NAME]
+    return [flat[path] for path in paths]
+
+  return run, paths
 
 
 def attention_maps(model: nn.Module, variables: Any, images: Any) -> list[LayerMaps]:
   """Every sown attention map of `model` on `images` (NHWC), in the order the layers ran."""
-  sown = _sown(model, model_variables(variables), jax.numpy.asarray(images))
+  run, paths = _sown_maps(model)
+  sown = run(model_variables(variables), jax.numpy.asarray(images))
   layers = []
-  for path, values in flax.traverse_util.flatten_dict(flax.core.unfreeze(sown)).items():
-    if path[-1] != SOWN_NAME:
-      continue
+  for path, values in zip(paths, sown):
     name = '/'.join(path[:-1])
     for i, value in enumerate(values):
       suffix = f'#{i}' if len(values) > 1 else ''
@@ -157,8 +168,8 @@ def query_maps(layers: Sequence[LayerMaps], image_shape: tuple[int, int],
   """Per layer, the attention of the centre grid token (or the single class query) per head.
 
   Square layers use their centre grid token as the query, cropped to `window_size` cells around
-  it when given; single-query layers (CaiT class attention) show the whole grid. Layers whose keys
-  do not lie on a grid are skipped.
+  it when the grid is larger; single-query layers (CaiT class attention) show the whole grid.
+  Layers whose keys do not lie on a grid are skipped.
   """
   result = []
   for layer in layers:
@@ -172,7 +183,7 @@ def query_maps(layers: Sequence[LayerMaps], image_shape: tuple[int, int],
       continue
     row, col = grid.centre
     maps, cell = spatial[:, :, grid.prefix + row * grid.cols + col].mean(0), grid.centre
-    if window_size is not None:
+    if window_size is not None and max(grid.rows, grid.cols) > window_size:
       maps, cell = window(maps, grid.centre, window_size), (window_size // 2, window_size // 2)
     result.append(QueryMaps(layer.name, 'centre', maps, grid, cell))
   return result
@@ -181,8 +192,8 @@ def query_maps(layers: Sequence[LayerMaps], image_shape: tuple[int, int],
 def plot_query_maps(maps: Sequence[QueryMaps], path: str, title: str = '') -> None:
   """A layers x heads grid of images, the query (centre token) marked by a black square."""
   num_heads = max(m.maps.shape[0] for m in maps)
-  fig, axes = plt.subplots(len(maps), num_heads, squeeze=False,
-                           figsize=(1.6 * num_heads + 1.2, 1.6 * len(maps) + 0.6))
+  fig = figure.Figure(figsize=(1.6 * num_heads + 1.2, 1.6 * len(maps) + 0.6))
+  axes = fig.subplots(len(maps), num_heads, squeeze=False)
   for row, layer in enumerate(maps):
     for head in range(num_heads):
       ax = axes[row, head]
@@ -197,7 +208,7 @@ def plot_query_maps(maps: Sequence[QueryMaps], path: str, title: str = '') -> No
                 vmax=max(np.nanmax(image), 1e-12))
       if layer.query_cell is not None:
         r, c = layer.query_cell
-        ax.add_patch(plt.Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, ec='black', lw=1.5))
+        ax.add_patch(patches.Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, ec='black', lw=1.5))
       if row == 0:
         ax.set_title(f'head {head}', fontsize=8)
       if head == 0:
@@ -206,4 +217,3 @@ def plot_query_maps(maps: Sequence[QueryMaps], path: str, title: str = '') -> No
                'mean over images', fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
-  plt.close(fig)

@@ -12,9 +12,7 @@ Mean attention distance of a head: Σ_k A_{q,k}·‖pos(q) − pos(k)‖ in pixe
 import dataclasses
 from typing import Any, Sequence
 
-import matplotlib
-matplotlib.use('Agg')
-import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+from matplotlib import figure
 import numpy as np
 
 from vit_jax.analysis import maps as maps_lib
@@ -103,8 +101,8 @@ def plot_relevance(relevance: Sequence[Relevance], images: np.ndarray, path: str
                    examples: int = 4) -> None:
   """Mean rollout over images, then a few images with their rollout maps."""
   examples = min(examples, len(images))
-  fig, axes = plt.subplots(1 + examples, 1 + len(relevance), squeeze=False,
-                           figsize=(2.2 * (1 + len(relevance)), 2.2 * (1 + examples)))
+  fig = figure.Figure(figsize=(max(2.2 * (1 + len(relevance)), 5.0), 2.2 * (1 + examples)))
+  axes = fig.subplots(1 + examples, 1 + len(relevance), squeeze=False)
   for ax in axes.ravel():
     ax.set_xticks([])
     ax.set_yticks([])
@@ -121,11 +119,10 @@ def plot_relevance(relevance: Sequence[Relevance], images: np.ndarray, path: str
     for j, r in enumerate(relevance, start=1):
       axes[1 + i, j].imshow(r.maps[i], cmap='inferno', interpolation='nearest',
                             extent=(-0.5, width - 0.5, height - 0.5, -0.5))
-  fig.suptitle('Attention rollout (Abnar & Zuidema): top row the mean, then images and their '
-               'maps', fontsize=9)
+  fig.suptitle('Attention rollout (Abnar & Zuidema)\nmean over images, then single images',
+               fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
-  plt.close(fig)
 
 
 def mean_distance(probs: np.ndarray, grid: maps_lib.Grid) -> np.ndarray:
@@ -134,6 +131,12 @@ def mean_distance(probs: np.ndarray, grid: maps_lib.Grid) -> np.ndarray:
   positions = grid.positions()
   distances = np.linalg.norm(positions[:, None] - positions[None], axis=-1)
   return np.einsum('bhqk,qk->bhq', spatial, distances).mean(axis=(0, 2))
+
+
+def uniform_distance(grid: maps_lib.Grid) -> float:
+  """The mean attention distance of uniform attention over the grid, a reference level."""
+  positions = grid.positions()
+  return float(np.linalg.norm(positions[:, None] - positions[None], axis=-1).mean())
 
 
 def attention_distances(layers: Sequence[maps_lib.LayerMaps],
@@ -148,19 +151,28 @@ def attention_distances(layers: Sequence[maps_lib.LayerMaps],
   return result
 
 
-def plot_distances(distances: dict[str, np.ndarray], path: str, image_size: int) -> None:
-  """Mean attention distance of every head against the layer (ViT Figure 7)."""
-  fig, ax = plt.subplots(figsize=(max(5.0, 0.45 * len(distances) + 2), 4))
-  for i, values in enumerate(distances.values()):
-    ax.scatter(np.full(len(values), i), values, s=14, c=[f'C{h % 10}' for h in range(len(values))])
+def plot_distances(distances: dict[str, np.ndarray], uniform: dict[str, float], path: str,
+                   image_size: int) -> None:
+  """Mean attention distance of every head against the layer (ViT Figure 7); a gray dash marks
+  uniform attention."""
+  fig = figure.Figure(figsize=(max(5.0, 0.45 * len(distances) + 2), 4))
+  ax = fig.subplots()
+  labelled = 0
+  for i, (name, values) in enumerate(distances.items()):
+    for head, value in enumerate(values):
+      ax.scatter([i], [value], s=16, color=f'C{head % 10}',
+                 label=f'head {head}' if head >= labelled else None)
+    labelled = max(labelled, len(values))
+    ax.plot([i - 0.3, i + 0.3], [uniform[name]] * 2, color='gray', lw=1, ls='--')
   ax.set_xticks(range(len(distances)))
   ax.set_xticklabels(list(distances), rotation=60, ha='right', fontsize=7)
   ax.set_ylabel('mean attention distance (pixels)')
   ax.set_ylim(0, None)
-  ax.set_title(f'Mean attention distance per head ({image_size}-pixel images)', fontsize=10)
+  ax.legend(fontsize=6, loc='lower right', ncol=2)
+  ax.set_title(f'Mean attention distance per head, {image_size}-pixel images\n'
+               '(dashes: uniform attention over the grid)', fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
-  plt.close(fig)
 
 
 def relevance_json(relevance: Sequence[Relevance]) -> dict[str, Any]:
