@@ -196,3 +196,14 @@ def test_unknown_config_key_is_refused_by_the_command_line(tmp_path):
   assert out.returncode != 0
   assert 'not_a_field' in out.stderr
   assert not (tmp_path / 'run').exists()
+
+
+@pytest.mark.slow
+def test_default_config_reaches_95_percent(data_dir, tmp_path):
+  """The README's main command: configs/vit.py with no argument, on the embedded digits."""
+  from tests.test_configs import load  # pylint: disable=g-import-not-at-top
+  config = load('vit').get_config()
+  config.data_dir = data_dir
+  metrics = train.train_and_evaluate(config, str(tmp_path))
+  assert metrics['count'] == 360
+  assert metrics['accuracy'] >= 0.95
