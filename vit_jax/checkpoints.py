@@ -111,6 +111,19 @@ def restore(manager: ocp.CheckpointManager, abstract_state: Any, step: int | Non
   return restored['state']
 
 
+def restore_arrays(workdir: str, step: int | None = None) -> dict[str, Any]:
+  """The newest (or `step`'s) training state of `workdir` as a plain tree of host arrays.
+
+  Needs no model or optimizer: for teachers, fine-tuning and analysis, which use the parameters.
+  """
+  manager = checkpoint_manager(workdir, keep=1, read_only=True)
+  step = manager.latest_step() if step is None else step
+  if step is None:
+    raise ValueError(f'{workdir!r} holds no checkpoint.')
+  restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+  return jax.device_get(restored['state'])
+
+
 def read_config(workdir: str) -> dict[str, Any] | None:
   """The resolved config a run saved in its work directory, or None."""
   path = os.path.join(workdir, 'config.json')

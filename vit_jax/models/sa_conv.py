@@ -1,0 +1,143 @@
+"""SA-conv (Cordonnier et al., "On the Relationship between Self-Attention and Convolutional
+Layers"): post-LN BERT layers of positional self-attention on a 2x2 space-to-depth image grid.
+
+The image is cut into 2x2 blocks stacked as channels in (dy, dx, c) order (einops
+`(h p1) (w p2) c -> h w (p1 p2 c)`), projected to `hidden_size`; there is no class token and no
+position embedding. Each layer: h = LN(x + Drop(Dense(SA(x)))), out = LN(h + Drop(Dense(GELU(
+Dense(h))))), LayerNorm eps 1e-12; logits = head(mean over the grid). Linears keep PyTorch's
+default init, as the official `BertImage` never re-initialises them.
+
+Attention kinds (`attention`): 'quadratic' (isotropic Gaussian, the paper's quadratic encoding),
+'gaussian' (non-isotropic), 'learned' (learned relative row/column embeddings) and
+'learned_content' (learned + content q.k). The per-head parameters sit at
+`params['layers_{i}']['attention']`: `attention_centers` (heads, 2) = (row, col) centre mu_h;
+`attention_spreads` (heads,) = s_h (alpha_h = s_h^2 / 2) for 'quadratic' or (heads, 2, 2) =
+Sigma_h^-1/2 for 'gaussian'; `row_embeddings`, `col_embeddings`, `head_keys_row`, `head_keys_col`
+(and `query`, `key` with content) for the learned kinds. `attention_heads(params)` collects them.
+"""
+
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from vit_jax.models import attention as attention_lib
+
+Dtype = Any
+
+ATTENTION_KINDS = ('quadratic', 'gaussian', 'learned', 'learned_content')
+
+
+def space_to_depth(images: jax.Array, block: int) -> jax.Array:
+  """Invertible downsampling (B, H, W, C) -> (B, H/b, W/b, b*b*C), channels in (dy, dx, c) order."""
+  batch, height, width, channels = images.shape
+  if block < 1 or height % block or width % block:
+    valid = [b for b in range(1, min(height, width) + 1) if height % b == 0 and width % b == 0]
+    raise ValueError(f'downsample={block} must divide the image size {height}x{width}; '
+                     f'valid: {valid}.')
+  x = images.reshape(batch, height // block, block, width // block, block, channels)
+  x = x.transpose(0, 1, 3, 2, 4, 5)
+  return x.reshape(batch, height // block, width // block, block * block * channels)
+
+
+class BertLayer(nn.Module):
+  """Post-LN layer: LN(x + Drop(Dense(SA(x)))), then LN(h + Drop(Dense(GELU(Dense(h)))))."""
+  attention: functools.partial
+  intermediate_size: int
+  dropout_rate: float = 0.1
+  layer_norm_eps: float = 1e-12
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  def _dense(self, features: int, fan_in: int, name: str) -> nn.Dense:
+    return nn.Dense(features, kernel_init=attention_lib.torch_default_kernel_init,
+                    bias_init=attention_lib.torch_default_bias_init(fan_in), dtype=self.dtype,
+                    param_dtype=self.param_dtype, name=name)
+
+  @nn.compact
+  def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
+    width = x.shape[-1]
+    dropout = nn.Dropout(rate=self.dropout_rate, deterministic=not train)
+    norm = functools.partial(nn.LayerNorm, epsilon=self.layer_norm_eps, use_fast_variance=False,
+                             dtype=self.dtype, param_dtype=self.param_dtype)
+    y = self.attention(name='attention')(x, train=train)
+    y = dropout(self._dense(width, width, 'attention_output')(y))
+    h = norm(name='attention_norm')(x + y)
+    y = nn.gelu(self._dense(self.intermediate_size, width, 'intermediate')(h), approximate=False)
+    y = dropout(self._dense(width, self.intermediate_size, 'output')(y))
+    return norm(name='output_norm')(h + y)
+
+
+class SAConv(nn.Module):
+  """Cordonnier et al.'s fully attentional CIFAR model (BertImage with positional attention)."""
+  num_classes: int = 10
+  attention: str = 'quadratic'
+  num_heads: int = 9
+  num_layers: int = 6
+  hidden_size: int = 400
+  intermediate_size: int = 512
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.1
+  downsample: int = 2
+  layer_norm_eps: float = 1e-12
+  centre_init_std: float = 2.0
+  spread_init_std: float = 0.01
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  def check_fields(self) -> None:
+    """Raises ValueError for an inconsistent configuration."""
+    if self.attention not in ATTENTION_KINDS:
+      raise ValueError(f'Unknown attention {self.attention!r}; valid: {list(ATTENTION_KINDS)}.')
+    for name in ('num_classes', 'num_heads', 'num_layers', 'hidden_size', 'intermediate_size'):
+      if getattr(self, name) < 1:
+        raise ValueError(f'{name}={getattr(self, name)} must be >= 1.')
+    for name in ('dropout_rate', 'attention_dropout_rate'):
+      rate = getattr(self, name)
+      if not 0.0 <= rate < 1.0:
+        raise ValueError(f'{name}={rate} must be in [0, 1).')
+
+  def _dense(self, features: int, fan_in: int, name: str) -> nn.Dense:
+    return nn.Dense(features, kernel_init=attention_lib.torch_default_kernel_init,
+                    bias_init=attention_lib.torch_default_bias_init(fan_in), dtype=self.dtype,
+                    param_dtype=self.param_dtype, name=name)
+
+  @nn.compact
+  def __call__(self, images: jax.Array, *, train: bool = False) -> jax.Array:
+    self.check_fields()
+    if images.ndim != 4:
+      raise ValueError(f'Expected NHWC images of rank 4; got shape {images.shape}.')
+    x = space_to_depth(images, self.downsample)
+    x = self._dense(self.hidden_size, x.shape[-1], 'features_upscale')(x)
+    scores = 'learned' if self.attention.startswith('learned') else self.attention
+    attention = functools.partial(
+        attention_lib.PositionalAttention, num_heads=self.num_heads, scores=scores,
+        use_content=self.attention == 'learned_content', centre_init_std=self.centre_init_std,
+        spread_init_std=self.spread_init_std, attention_dropout_rate=self.attention_dropout_rate,
+        dtype=self.dtype, param_dtype=self.param_dtype)
+    for i in range(self.num_layers):
+      x = BertLayer(attention, self.intermediate_size, dropout_rate=self.dropout_rate,
+                    layer_norm_eps=self.layer_norm_eps, dtype=self.dtype,
+                    param_dtype=self.param_dtype, name=f'layers_{i}')(x, train=train)
+    pooled = jnp.mean(x.astype(jnp.float32), axis=(1, 2)).astype(self.dtype)
+    return self._dense(self.num_classes, self.hidden_size, 'head')(pooled).astype(jnp.float32)
+
+
+def attention_heads(params: dict) -> list[dict[str, jax.Array]]:
+  """The per-head positional parameters of every layer, in layer order (see the module doc)."""
+  layers = sorted((k for k in params if k.startswith('layers_')), key=lambda k: int(k[7:]))
+  return [dict(params[k]['attention']) for k in layers]
+
+
+def _sa_conv(attention: str, num_heads: int = 9) -> functools.partial:
+  return functools.partial(SAConv, attention=attention, num_heads=num_heads)
+
+
+# The paper's CIFAR-10 models (Table 1/4): 6 layers, hidden 400, intermediate 512, 9 heads; the
+# `_16h` versions have 16 heads (a 4x4 kernel, Appendix F).
+MODELS = {
+    **{f'sa_conv_{kind}': _sa_conv(kind) for kind in ATTENTION_KINDS},
+    **{f'sa_conv_{kind}_16h': _sa_conv(kind, 16) for kind in ATTENTION_KINDS},
+}
