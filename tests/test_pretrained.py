@@ -1,4 +1,4 @@
-"""Fine-tuning (`init_from`), evaluation only (`eval_only`) and export, through the training loop."""
+"""Fine-tuning (`init_from`), evaluation only (`eval_only`) and export, through the train loop."""
 
 import glob
 import json
