@@ -386,7 +386,7 @@ def read_state_dict(path: str, *, use_ema: bool = True) -> dict[str, np.ndarray]
 
 
 def read_workdir(workdir: str) -> tuple[dict[str, Any], dict[str, Any]]:
-  """The variables of `workdir`'s newest training checkpoint, and {'model': name, 'step': step}."""
+  """The variables of `workdir`'s newest checkpoint, and {'model': name, 'fields', 'step'}."""
   config = read_config(workdir)
   if config is None or not has_checkpoint(workdir):
     raise ValueError(f'{workdir!r} is not a work directory of vit_jax.main (expected config.json '
@@ -398,7 +398,9 @@ def read_workdir(workdir: str) -> tuple[dict[str, Any], dict[str, Any]]:
   variables = {'params': state['params']}
   if state.get('batch_stats'):
     variables['batch_stats'] = state['batch_stats']
-  return variables, {'model': config['model']['name'], 'step': int(state['step'])}
+  fields = {k: v for k, v in config['model'].items() if k != 'name'}
+  return variables, {'model': config['model']['name'], 'fields': fields,
+                     'step': int(state['step'])}
 
 
 # Adapting to the target model.
@@ -504,9 +506,9 @@ def _check_fit(flat: dict, target: dict, source: str, model: nn.Module, image_si
                     for k in set(flat) & set(target) if tuple(flat[k].shape) != target[k].shape)
   if not (missing or unexpected or reshaped):
     return
-  heads = [k for k in set(flat) & set(target)
-           if _is_head(k) and tuple(flat[k].shape) != target[k].shape]
-  if heads and not hint:
+  classes_differ = any(_is_head(k) and flat[k].shape[-1] != target[k].shape[-1]
+                       for k in set(flat) & set(target))
+  if classes_differ and not hint:
     hint = (f'The checkpoint\'s head has a different class count than the model '
             f'(num_classes={model.num_classes}); pass reset_head=True (init_from does) to '
             'fine-tune with a fresh head. ')
@@ -539,7 +541,8 @@ def load(path: str, model: nn.Module, *, image_size: int, reset_head: bool = Fal
   family = _family_name(model)
   if os.path.isdir(path):
     variables, meta = read_workdir(path)
-    source = f'Work directory {path!r} (model {meta["model"]!r}, step {meta["step"]})'
+    source = (f'Work directory {path!r} (model {meta["model"]!r} with fields {meta["fields"]}, '
+              f'step {meta["step"]})')
     saved_family = _family_name(models.create(meta['model']))
     hint = (f'It holds a {saved_family!r} model but the model is of family {family!r}. '
             if saved_family != family else '')
