@@ -37,10 +37,15 @@ def test_layer_scale_init_official_values_and_paper_rule(name, official, paper):
   assert models.create(name, paper_layer_scale=True).layer_scale == paper
 
 
-def test_structure_stages_and_sown_probabilities():
-  model = cait.CaiT(**TINY, layer_scale_init=0.3, drop_path_rate=0.1)
+@pytest.fixture(scope='module')
+def tiny_variables():
+  model = cait.CaiT(**TINY, layer_scale_init=0.3)
+  return model, jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 16, 16, 3)))
+
+
+def test_structure_stages_and_sown_probabilities(tiny_variables):
+  model, variables = tiny_variables
   images = jax.random.normal(jax.random.key(1), (2, 16, 16, 3))
-  variables = jax.jit(model.init)(jax.random.key(0), images)
   params = variables['params']
   assert params['pos_embed'].shape == (1, 16, 24)  # No class slot.
   assert params['cls_token'].shape == (1, 1, 24)
@@ -89,9 +94,8 @@ def test_logits_match_timm_cait_xxs24_224(timm):
   np.testing.assert_allclose(logits, expected, atol=1e-5, rtol=0)
 
 
-def test_from_timm_and_to_timm_are_inverses():
-  model = cait.CaiT(**TINY)
-  variables = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 16, 16, 3)))
+def test_from_timm_and_to_timm_are_inverses(tiny_variables):
+  _, variables = tiny_variables
   state_dict = cait.to_timm(variables)
   assert state_dict['blocks.1.attn.proj_w.weight'].shape == (4, 4)
   assert state_dict['blocks_token_only.0.attn.q.weight'].shape == (24, 24)
