@@ -44,13 +44,30 @@ def get_config() -> ml_collections.ConfigDict:
   config.eps = 1e-8
   config.grad_clip_norm = 0.0       # 0 disables clipping.
   config.label_smoothing = 0.0
-  config.no_decay_names = ('bias', 'scale', 'pos_embed', 'cls_token', 'dist_token')
+  # Never decayed (besides every 1-D parameter). DeiT's official code does decay dist_token.
+  config.no_decay_names = ('bias', 'scale', 'pos_embed', 'cls_token')
 
   # Logging, evaluation and checkpoints.
   config.log_every = 50
   config.eval_every = 500
   config.checkpoint_every = 500
   config.keep_checkpoints = 3
+
+  # DeiT distillation from a teacher trained by vit_jax.main (any registered model).
+  config.distillation = ml_collections.ConfigDict()
+  config.distillation.type = 'none'       # 'none' | 'hard' | 'soft'.
+  config.distillation.alpha = 0.5         # Weight of the distillation term.
+  config.distillation.tau = 1.0           # Temperature of 'soft'.
+  config.distillation.teacher_workdir = ''  # The teacher's --workdir.
+
+  # Pretrained weights (vit_jax.checkpoints.load): a timm/DeiT/CaiT/DeepViT/T2T .pth or
+  # .safetensors file, a Google ViT .npz, or a vit_jax work directory. Training starts from these
+  # weights (position embedding resized to image_size; the head re-initialised if the class count
+  # differs); a work directory that already holds a checkpoint resumes from it instead.
+  config.init_from = ''
+  # Only evaluate (init_from, else --workdir's newest checkpoint) on eval_split: logs top-1, writes
+  # nothing but workdir/eval_report.json.
+  config.eval_only = False
 
   # Model: `name` is a key of the registry (vit_jax.models.names()); every other field is passed
   # to vit_jax.models.create() as an override.
@@ -85,3 +102,57 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
     else:
       parsed[key] = type(default)(value)
   return parsed
+
+
+def quick_run(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The quick default of every family config: digits upsampled to 16×16, 800 steps of 128.
+
+  Upsampling lets the pad-2 random crop shift by half pixels of the original 8×8 digits, which
+  regularises far better than whole-pixel shifts (98 % vs 92 % test accuracy at 600 steps).
+  """
+  config.image_size = 16
+  config.crop_padding = 2
+  config.flip = False  # Mirrored digits are other digits.
+  config.normalization = 'digits'
+  config.batch_size = 128
+  config.total_steps = 800
+  config.warmup_steps = 80
+  config.base_lr = 2e-3
+  config.weight_decay = 0.05
+  config.label_smoothing = 0.1
+  config.log_every = 100
+  config.eval_every = 400
+  config.checkpoint_every = 400
+  return config
+
+
+def quick_model(model: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
+  """A 4-block, 128-wide, 4-head member of a ViT-like family, 4×4 patches: the quick default."""
+  model.name = name
+  model.patch_size = 4
+  model.hidden_size = 128
+  model.depth = 4
+  model.num_heads = 4
+  model.mlp_dim = 256
+  return model
+
+
+def use_imagenet(config: ml_collections.ConfigDict, image_size: int = 224
+                 ) -> ml_collections.ConfigDict:
+  """ImageNet-sized inputs and the DeiT recipe's backbone (SPEC §7): AdamW, 300 epochs."""
+  config.image_size = image_size
+  config.augment = 'inception_crop'
+  config.eval_crop_ratio = 0.875 if image_size == 224 else 1.0
+  config.normalization = 'imagenet'
+  config.batch_size = 1024
+  config.base_lr = 5e-4
+  config.lr_scaling_batch = 512
+  config.min_lr = 1e-5
+  config.num_epochs = 300
+  config.warmup_epochs = 5
+  config.weight_decay = 0.05
+  config.label_smoothing = 0.1
+  config.log_every = 100
+  config.eval_every = 5000
+  config.checkpoint_every = 2000
+  return config

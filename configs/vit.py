@@ -42,26 +42,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config = common.get_config()
   config.dataset = args.dataset
 
-  if not args.variant:  # The quick default: a 4-layer, 128-wide ViT on 8×8 digits.
-    config.image_size = 8
-    config.crop_padding = 1
-    config.flip = False
-    config.normalization = 'digits'
-    config.batch_size = 128
-    config.total_steps = 1000
-    config.warmup_steps = 100
-    config.base_lr = 2e-3
-    config.weight_decay = 0.05
-    config.label_smoothing = 0.1
-    config.log_every = 100
-    config.eval_every = 500
-    config.checkpoint_every = 500
-    config.model.name = 'vit_ti4'
-    config.model.patch_size = 2
-    config.model.hidden_size = 128
-    config.model.depth = 4
-    config.model.num_heads = 4
-    config.model.mlp_dim = 256
+  if not args.variant:  # The quick default: a 4-layer, 128-wide ViT, 16 patches of 4×4.
+    common.quick_run(config)
+    common.quick_model(config.model, 'vit_ti4')
     return config
 
   config.model.name = model_name(args.variant)

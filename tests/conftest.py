@@ -36,3 +36,19 @@ def timm_model(timm):
     return model.eval(), state_dict
 
   return build
+
+
+@pytest.fixture
+def train_losses(monkeypatch):
+  """The mean training loss of every logging window of the runs made in the test, in order."""
+  from vit_jax import train  # pylint: disable=g-import-not-at-top
+  losses = []
+  original = train.SummaryWriter.scalars
+
+  def record(self, step, values):
+    if 'train/loss' in values:
+      losses.append(values['train/loss'])
+    return original(self, step, values)
+
+  monkeypatch.setattr(train.SummaryWriter, 'scalars', record)
+  return losses

@@ -21,8 +21,8 @@ def tiny_config(data_dir: str, **overrides):
   """A ViT small enough to take a training step in milliseconds, on the embedded digits."""
   config = common.get_config()
   config.data_dir = data_dir
-  config.image_size = 8
-  config.crop_padding = 1
+  config.image_size = 16
+  config.crop_padding = 2
   config.flip = False
   config.normalization = 'digits'
   config.batch_size = 32
@@ -33,7 +33,7 @@ def tiny_config(data_dir: str, **overrides):
   config.eval_every = 1000
   config.checkpoint_every = 1000
   config.model.name = 'vit_ti4'
-  config.model.patch_size = 2
+  config.model.patch_size = 4
   config.model.hidden_size = 32
   config.model.depth = 2
   config.model.num_heads = 2
@@ -47,10 +47,8 @@ def tiny_config(data_dir: str, **overrides):
   return config
 
 
-def final_params(workdir: str, config) -> dict:
-  manager = checkpoints.checkpoint_manager(workdir, keep=1, read_only=True)
-  restored = manager.restore(manager.latest_step())
-  return restored['state']['params']
+def final_params(workdir: str) -> dict:
+  return checkpoints.restore_arrays(workdir)['params']
 
 
 def assert_trees_close(a, b, atol):
@@ -66,10 +64,10 @@ def data_dir(tmp_path_factory):
 
 
 def test_loss_falls_and_accuracy_rises(data_dir, tmp_path):
-  config = tiny_config(data_dir, total_steps=60, base_lr=3e-3, log_every=20)
+  config = tiny_config(data_dir, total_steps=100, base_lr=3e-3, log_every=20)
   metrics = train.train_and_evaluate(config, str(tmp_path))
   assert metrics['count'] == 360
-  assert metrics['accuracy'] > 0.5  # 10 classes: chance is 0.1.
+  assert metrics['accuracy'] > 0.25  # 10 classes: chance is 0.1; 95 % is the slow test's.
   assert os.path.exists(tmp_path / 'config.json')
   assert os.path.exists(tmp_path / 'results.json')
   assert any(name.startswith('events.out.tfevents') for name in os.listdir(tmp_path))
@@ -88,7 +86,7 @@ def test_resume_after_preemption_equals_uninterrupted_run(data_dir, tmp_path, mo
   monkeypatch.setattr(train.PreemptionWatcher, 'should_stop', original)
   train.train_and_evaluate(config, interrupted)
 
-  assert_trees_close(final_params(straight, config), final_params(interrupted, config), atol=0)
+  assert_trees_close(final_params(straight), final_params(interrupted), atol=0)
 
 
 def test_sigterm_requests_a_checkpoint():
@@ -108,8 +106,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path):
                        warmup_steps=0)
   with pytest.raises(FloatingPointError, match='last good checkpoint'):
     train.train_and_evaluate(config, workdir)
-  manager = checkpoints.checkpoint_manager(workdir, keep=3, read_only=True)
-  params = manager.restore(manager.latest_step())['state']['params']
+  params = final_params(workdir)
   assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(params))
 
 
@@ -128,7 +125,7 @@ def test_eight_devices_equal_one_device(data_dir):
       model = train.create_model(config, 10)
       tx = train.create_optimizer(config, train.learning_rate_schedule(config, 10, 0))
       rng = np.random.default_rng(0)
-      batch = {{'image': rng.normal(size=(32, 8, 8, 3)).astype(np.float32),
+      batch = {{'image': rng.normal(size=(32, 16, 16, 3)).astype(np.float32),
                'label': rng.integers(0, 10, size=(32,)).astype(np.int32)}}
       results = []
       for devices in (jax.devices()[:1], jax.devices()):
@@ -199,3 +196,14 @@ def test_unknown_config_key_is_refused_by_the_command_line(tmp_path):
   assert out.returncode != 0
   assert 'not_a_field' in out.stderr
   assert not (tmp_path / 'run').exists()
+
+
+@pytest.mark.slow
+def test_default_config_reaches_95_percent(data_dir, tmp_path):
+  """The README's main command: configs/vit.py with no argument, on the embedded digits."""
+  from tests.test_configs import load  # pylint: disable=g-import-not-at-top
+  config = load('vit').get_config()
+  config.data_dir = data_dir
+  metrics = train.train_and_evaluate(config, str(tmp_path))
+  assert metrics['count'] == 360
+  assert metrics['accuracy'] >= 0.95

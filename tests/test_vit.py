@@ -185,3 +185,16 @@ def test_encoder_block_with_v_skip_attention_and_layer_scale():
   zero_scale = vit.EncoderBlock(functools.partial(attention.SelfAttention, num_heads=3),
                                 mlp_dim=8, layer_scale_init=0.0)
   np.testing.assert_array_equal(zero_scale.apply(zero_scale.init(jax.random.key(0), x), x), x)
+
+
+def test_bfloat16_computation_keeps_float32_params_and_probabilities():
+  model = _tiny(init_scheme='timm', dtype=jnp.bfloat16)
+  images = jax.random.normal(jax.random.key(1), (2, 32, 32, 3))
+  variables = model.init(jax.random.key(0), images)
+  assert all(x.dtype == jnp.float32 for x in jax.tree_util.tree_leaves(variables))
+  logits, state = model.apply(variables, images, mutable=['intermediates'])
+  (probs,) = state['intermediates']['blocks_0']['attn']['attention_probs']
+  assert logits.dtype == jnp.float32 and probs.dtype == jnp.float32
+  reference = _tiny(init_scheme='timm').apply(variables, images)
+  np.testing.assert_allclose(model.apply(variables, images), reference, atol=0.05)
+  np.testing.assert_allclose(logits, reference, atol=0.05)

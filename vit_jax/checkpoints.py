@@ -1,12 +1,41 @@
-"""Checkpoints: the training state in the work directory, saved and restored with orbax."""
+"""Checkpoints: the training state in the work directory (orbax), and weights from elsewhere.
 
+Training checkpoints: `checkpoint_manager`, `save`, `restore`, `check_compatible`.
+
+Foreign weights: `load(path, model, image_size=...)` returns Flax variables for `model` from
+  - a timm / DeiT / CaiT / DeepViT / T2T-ViT PyTorch checkpoint, `.safetensors` (read without
+    torch) or `.pth` (read with `torch.load(weights_only=True)`: tensors only, never arbitrary
+    objects), plain or wrapped in `state_dict_ema` / `model_ema` / `state_dict` / `model`, with
+    `module.` prefixes stripped;
+  - a Google ViT `.npz` (google-research/vision_transformer layout);
+  - a work directory written by `vit_jax.main` (its newest checkpoint's params / batch_stats).
+The PyTorch key layout is converted by the `from_timm` of the target model's family module. The
+position embedding is resized when the resolution differs, and with `reset_head=True` a head whose
+class count differs is initialised afresh. `export_timm` writes the inverse: a timm `.safetensors`.
+Files are recognised by their content, not their extension.
+"""
+
+import argparse
 import json
+import math
 import os
-from typing import Any
+import re
+import struct
+import sys
+import types
+import zipfile
+from typing import Any, Mapping
 
+from absl import logging
+import flax
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import orbax.checkpoint as ocp
+
+from vit_jax import models
 
 CHECKPOINT_DIR = 'checkpoints'
 
@@ -84,6 +113,19 @@ def restore(manager: ocp.CheckpointManager, abstract_state: Any, step: int | Non
   return restored['state']
 
 
+def restore_arrays(workdir: str, step: int | None = None) -> dict[str, Any]:
+  """The newest (or `step`'s) training state of `workdir` as a plain tree of host arrays.
+
+  Needs no model or optimizer: for teachers, fine-tuning and analysis, which use the parameters.
+  """
+  manager = checkpoint_manager(workdir, keep=1, read_only=True)
+  step = manager.latest_step() if step is None else step
+  if step is None:
+    raise ValueError(f'{workdir!r} holds no checkpoint.')
+  restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+  return jax.device_get(restored['state'])
+
+
 def read_config(workdir: str) -> dict[str, Any] | None:
   """The resolved config a run saved in its work directory, or None."""
   path = os.path.join(workdir, 'config.json')
@@ -91,3 +133,455 @@ def read_config(workdir: str) -> dict[str, Any] | None:
     return None
   with open(path) as f:
     return json.load(f)
+
+
+# Foreign weights ---------------------------------------------------------------------------------
+
+HEAD_NAMES = ('head', 'head_dist')
+POS_EMBED_RESIZE_METHODS = ('timm', 'pytorch')
+_EMA_WRAPPERS = ('state_dict_ema', 'model_ema')
+_WRAPPERS = ('state_dict', 'model')
+_STRIPPED_PREFIX = 'module.'
+_VARIABLE_COLLECTIONS = ('params', 'batch_stats')
+
+# A key that only one layout has -> (what the file holds, the families that accept it).
+_LAYOUT_HINTS = (
+    ('blocks_token_only.', 'CaiT', ('cait',)),
+    ('reatten_matrix', 'DeepViT', ('deepvit',)),
+    ('tokens_to_token.', 'T2T-ViT', ('t2t',)),
+    ('dist_token', 'distilled DeiT', ('deit',)),
+    ('blocks.0.attn.qkv.weight', 'ViT/DeiT', ('vit', 'deit', 'deepvit')),
+)
+
+
+def family_module(model: nn.Module) -> types.ModuleType:
+  """The family module defining `model`'s class, which converts the PyTorch layout."""
+  module = sys.modules[type(model).__module__]
+  if not hasattr(module, 'from_timm') or not hasattr(module, 'to_timm'):
+    raise ValueError(f'{type(model).__name__} ({module.__name__}) has no from_timm/to_timm, so '
+                     'PyTorch-layout weights cannot be converted for it.')
+  return module
+
+
+def _family_name(model: nn.Module) -> str:
+  return type(model).__module__.rsplit('.', 1)[-1]
+
+
+def _layout_hint(keys: list[str], family: str) -> str:
+  """'The file holds CaiT weights but the model is vit. ' when the keys betray another family."""
+  for marker, layout, families in _LAYOUT_HINTS:
+    if any(marker in key for key in keys):
+      if family in families:
+        return ''
+      return f'The file holds {layout} weights but the model is of family {family!r}. '
+  return ''
+
+
+# Reading files.
+
+_SAFETENSORS_DTYPES = {
+    'F64': np.dtype('<f8'), 'F32': np.dtype('<f4'), 'F16': np.dtype('<f2'),
+    'BF16': np.dtype(ml_dtypes.bfloat16), 'I64': np.dtype('<i8'), 'I32': np.dtype('<i4'),
+    'I16': np.dtype('<i2'), 'I8': np.dtype('i1'), 'U8': np.dtype('u1'), 'BOOL': np.dtype('?'),
+}
+
+
+def _corrupt(path: str, what: str, detail: str) -> ValueError:
+  return ValueError(f'{path!r} is not a readable {what}: {detail}. The file may be truncated or '
+                    'corrupt; download or write it again.')
+
+
+def _read_safetensors(path: str) -> dict[str, np.ndarray]:
+  """The tensors of a .safetensors file (bfloat16 included), checked against the file size."""
+  size = os.path.getsize(path)
+  with open(path, 'rb') as f:
+    (header_size,) = struct.unpack('<Q', f.read(8))
+    if 8 + header_size > size:
+      raise _corrupt(path, 'safetensors file',
+                     f'its header claims {header_size} bytes but the file has {size}')
+    try:
+      header = json.loads(f.read(header_size))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+      raise _corrupt(path, 'safetensors file', f'its header is not JSON ({e})') from e
+  header.pop('__metadata__', None)
+  if size > 8 + header_size:
+    data = np.memmap(path, dtype=np.uint8, mode='r', offset=8 + header_size)
+  else:
+    data = np.zeros((0,), np.uint8)
+  tensors = {}
+  for key, entry in header.items():
+    dtype = _SAFETENSORS_DTYPES.get(entry.get('dtype'))
+    if dtype is None:
+      raise ValueError(f'{path!r}: tensor {key!r} has dtype {entry.get("dtype")!r}; supported: '
+                       f'{sorted(_SAFETENSORS_DTYPES)}.')
+    start, end = entry['data_offsets']
+    shape = tuple(entry['shape'])
+    if end > data.size or end - start != dtype.itemsize * math.prod(shape):
+      raise _corrupt(path, 'safetensors file',
+                     f'tensor {key!r} needs bytes {start}..{end} of {data.size}')
+    tensors[key] = np.array(data[start:end].view(dtype).reshape(shape))
+  return tensors
+
+
+def _read_torch(path: str) -> Any:
+  """`torch.load(path, weights_only=True)` on CPU: tensors and plain containers, nothing else."""
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ValueError(f'{path!r} is a PyTorch pickle; reading it needs torch (pip install torch), '
+                     'or convert it to .safetensors.') from e
+  try:
+    # Training checkpoints of deit/timm carry their argparse arguments beside the weights.
+    with torch.serialization.safe_globals([argparse.Namespace]):
+      return torch.load(path, map_location='cpu', weights_only=True)
+  except Exception as e:  # RuntimeError, UnpicklingError, EOFError... pylint: disable=broad-except
+    text = str(e)
+    found = re.search(r'Unsupported global: GLOBAL ([\w.]+)', text)
+    if found:
+      raise ValueError(
+          f'{path!r} holds Python objects besides tensors ({found.group(1)}); they are not '
+          'unpickled (torch.load(weights_only=True)). Save only the state dict, or convert the '
+          'file to .safetensors.') from e
+    first_line = text.strip().splitlines()[0] if text.strip() else ''
+    raise _corrupt(path, 'PyTorch checkpoint', f'{type(e).__name__}: {first_line}') from e
+
+
+def _tensor_to_numpy(key: str, value: Any, path: str) -> np.ndarray:
+  if isinstance(value, np.ndarray):
+    return value
+  if type(value).__module__.startswith('torch') and hasattr(value, 'detach'):
+    value = value.detach().cpu()
+    if str(value.dtype) == 'torch.bfloat16':
+      value = value.float()
+    return value.numpy()
+  raise ValueError(f'{path!r}: entry {key!r} is a {type(value).__name__}, not a tensor; expected a '
+                   'state dict (optionally inside state_dict / state_dict_ema / model).')
+
+
+def _unwrap(checkpoint: Mapping[str, Any], *, use_ema: bool) -> Mapping[str, Any]:
+  """The state dict inside a training checkpoint (EMA weights first when `use_ema`)."""
+  for wrapper in (_EMA_WRAPPERS if use_ema else ()) + _WRAPPERS:
+    inner = checkpoint.get(wrapper)
+    if isinstance(inner, Mapping) and inner:
+      return inner
+  return checkpoint
+
+
+# Google ViT .npz (google-research/vision_transformer) -> timm keys; the inverse of timm's
+# `_load_weights` (SPEC §9).
+_GOOGLE_RULES = (
+    (r'embedding/kernel', 'patch_embed.proj.weight', 'conv'),
+    (r'embedding/bias', 'patch_embed.proj.bias', 'copy'),
+    (r'cls', 'cls_token', 'copy'),
+    (r'Transformer/posembed_input/pos_embedding', 'pos_embed', 'copy'),
+    (r'Transformer/encoder_norm/(scale|bias)', 'norm.{0}', 'norm'),
+    (r'(head|pre_logits)/kernel', '{0}.weight', 'dense'),
+    (r'(head|pre_logits)/bias', '{0}.bias', 'copy'),
+    (r'Transformer/encoderblock_(\d+)/LayerNorm_0/(scale|bias)', 'blocks.{0}.norm1.{1}', 'norm'),
+    (r'Transformer/encoderblock_(\d+)/LayerNorm_2/(scale|bias)', 'blocks.{0}.norm2.{1}', 'norm'),
+    (r'Transformer/encoderblock_(\d+)/MlpBlock_3/Dense_0/kernel', 'blocks.{0}.mlp.fc1.weight',
+     'dense'),
+    (r'Transformer/encoderblock_(\d+)/MlpBlock_3/Dense_0/bias', 'blocks.{0}.mlp.fc1.bias', 'copy'),
+    (r'Transformer/encoderblock_(\d+)/MlpBlock_3/Dense_1/kernel', 'blocks.{0}.mlp.fc2.weight',
+     'dense'),
+    (r'Transformer/encoderblock_(\d+)/MlpBlock_3/Dense_1/bias', 'blocks.{0}.mlp.fc2.bias', 'copy'),
+    # (H, hd, D) -> Linear weight (D, H * hd)
+    (r'Transformer/encoderblock_(\d+)/MultiHeadDotProductAttention_1/out/kernel',
+     'blocks.{0}.attn.proj.weight', 'out'),
+    (r'Transformer/encoderblock_(\d+)/MultiHeadDotProductAttention_1/out/bias',
+     'blocks.{0}.attn.proj.bias', 'copy'),
+)
+_GOOGLE_QKV = re.compile(r'Transformer/encoderblock_(\d+)/MultiHeadDotProductAttention_1/'
+                         r'(query|key|value)/(kernel|bias)')
+
+
+def google_to_timm(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """Google ViT .npz arrays -> timm ViT state dict; query/key/value are packed into one qkv.
+
+  query kernel (D, H, hd) -> rows [0:D] of qkv.weight as W[0:D] = kernel.reshape(D, D).T; biases
+  (H, hd) are flattened; out kernel (H, hd, D) -> proj.weight = kernel.reshape(D, D).T.
+  """
+  state_dict: dict[str, np.ndarray] = {}
+  qkv: dict[tuple[str, str], dict[str, np.ndarray]] = {}
+  unknown = []
+  for key, value in arrays.items():
+    key = key.removeprefix('opt/target/')
+    value = np.asarray(value)
+    found = _GOOGLE_QKV.fullmatch(key)
+    if found:
+      block, part, leaf = found.groups()
+      qkv.setdefault((block, leaf), {})[part] = value
+      continue
+    for pattern, target, rule in _GOOGLE_RULES:
+      found = re.fullmatch(pattern, key)
+      if not found:
+        continue
+      groups = [{'scale': 'weight', 'pre_logits': 'pre_logits.fc'}.get(g, g)
+                for g in found.groups()]
+      if rule == 'conv':
+        value = value.transpose(3, 2, 0, 1)
+      elif rule == 'dense':
+        value = value.T
+      elif rule == 'out':
+        value = value.reshape(-1, value.shape[-1]).T
+      state_dict[target.format(*groups)] = value
+      break
+    else:
+      unknown.append(key)
+  for (block, leaf), parts in sorted(qkv.items()):
+    if set(parts) != {'query', 'key', 'value'}:
+      unknown += [f'Transformer/encoderblock_{block}/MultiHeadDotProductAttention_1/{p}/{leaf}'
+                  for p in parts]
+      continue
+    if leaf == 'kernel':
+      packed = np.concatenate([parts[p].reshape(parts[p].shape[0], -1).T
+                               for p in ('query', 'key', 'value')], axis=0)
+      state_dict[f'blocks.{block}.attn.qkv.weight'] = packed
+    else:
+      packed = np.concatenate([parts[p].reshape(-1) for p in ('query', 'key', 'value')])
+      state_dict[f'blocks.{block}.attn.qkv.bias'] = packed
+  if unknown:
+    raise ValueError(f'Arrays outside the Google ViT layout (SPEC §9): {sorted(unknown)}.')
+  return state_dict
+
+
+def read_state_dict(path: str, *, use_ema: bool = True) -> dict[str, np.ndarray]:
+  """The weights in a .safetensors, .pth or Google ViT .npz file, as a PyTorch-layout state dict.
+
+  The format is recognised from the content. Wrappers (EMA first when `use_ema`, as timm does) are
+  unwrapped and `module.` prefixes stripped.
+  """
+  if not os.path.isfile(path):
+    raise ValueError(f'No checkpoint file or work directory at {path!r}.')
+  with open(path, 'rb') as f:
+    magic = f.read(9)
+  if magic.startswith(b'PK'):  # A zip archive: NumPy .npz or PyTorch's default .pth format.
+    try:
+      with zipfile.ZipFile(path) as archive:
+        names = archive.namelist()
+    except zipfile.BadZipFile as e:
+      raise _corrupt(path, 'zip archive (.npz or .pth)', str(e)) from e
+    if names and all(name.endswith('.npy') for name in names):
+      try:
+        with np.load(path, allow_pickle=False) as npz:
+          arrays = {key: npz[key] for key in npz.files}
+      except (ValueError, OSError, zipfile.BadZipFile) as e:
+        raise _corrupt(path, '.npz file', str(e)) from e
+      return google_to_timm(arrays)
+    if not any(name.endswith('data.pkl') for name in names):
+      raise ValueError(f'{path!r} is a zip archive but neither a .npz nor a PyTorch checkpoint.')
+    checkpoint = _read_torch(path)
+  elif magic[:1] == b'\x80':  # A bare pickle: PyTorch's legacy format.
+    checkpoint = _read_torch(path)
+  elif len(magic) == 9 and magic[8:9] == b'{':
+    checkpoint = _read_safetensors(path)
+  else:
+    raise ValueError(f'{path!r} is not a recognised checkpoint; supported: .safetensors, PyTorch '
+                     '.pth/.pt/.bin, Google ViT .npz, or a vit_jax work directory.')
+  if not isinstance(checkpoint, Mapping):
+    raise ValueError(f'{path!r} holds a {type(checkpoint).__name__}, not a state dict.')
+  state_dict = _unwrap(checkpoint, use_ema=use_ema)
+  return {key.removeprefix(_STRIPPED_PREFIX): _tensor_to_numpy(key, value, path)
+          for key, value in state_dict.items()}
+
+
+def read_workdir(workdir: str) -> tuple[dict[str, Any], dict[str, Any]]:
+  """The variables of `workdir`'s newest checkpoint, and {'model': name, 'fields', 'step'}."""
+  config = read_config(workdir)
+  if config is None or not has_checkpoint(workdir):
+    raise ValueError(f'{workdir!r} is not a work directory of vit_jax.main (expected config.json '
+                     f'and {os.path.join(workdir, CHECKPOINT_DIR)}/<step>).')
+  try:
+    state = restore_arrays(workdir)
+  except Exception as e:  # orbax/tensorstore raise many kinds. # pylint: disable=broad-except
+    raise _corrupt(workdir, 'training checkpoint', f'{type(e).__name__}: {e}') from e
+  variables = {'params': state['params']}
+  if state.get('batch_stats'):
+    variables['batch_stats'] = state['batch_stats']
+  fields = {k: v for k, v in config['model'].items() if k != 'name'}
+  return variables, {'model': config['model']['name'], 'fields': fields,
+                     'step': int(state['step'])}
+
+
+# Adapting to the target model.
+
+def resize_pos_embed(pos_embed: np.ndarray, grid: tuple[int, int], num_prefix_tokens: int, *,
+                     method: str = 'timm') -> np.ndarray:
+  """(1, prefix + h*w, D) -> (1, prefix + grid rows*cols, D), prefix tokens kept unchanged.
+
+  method='timm' equals timm's `resample_abs_pos_embed` (bicubic, antialias=True: PyTorch's
+  antialiased kernel, a = -0.5, in both directions); 'pytorch' equals deit/T2T's
+  `F.interpolate(mode='bicubic', align_corners=False)` (a = -0.75, no antialiasing).
+  """
+  if method not in POS_EMBED_RESIZE_METHODS:
+    raise ValueError(f'Unknown position-embedding resize method {method!r}; valid: '
+                     f'{list(POS_EMBED_RESIZE_METHODS)}.')
+  pos_embed = np.asarray(pos_embed)
+  prefix, patches = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
+  side = math.isqrt(patches.shape[1])
+  if side * side != patches.shape[1]:
+    raise ValueError(f'pos_embed of shape {pos_embed.shape} minus {num_prefix_tokens} prefix '
+                     f'tokens leaves {patches.shape[1]} positions, not a square grid.')
+  width = patches.shape[-1]
+  grid_in = jnp.asarray(patches.reshape(side, side, width), jnp.float32)
+  jax_method, antialias = ('cubic', True) if method == 'timm' else ('cubic-pytorch', False)
+  resized = jax.image.resize(grid_in, (*grid, width), method=jax_method, antialias=antialias)
+  resized = np.asarray(resized).reshape(1, -1, width).astype(pos_embed.dtype)
+  return np.concatenate([prefix, resized], axis=1)
+
+
+def _path(key: tuple[str, ...]) -> str:
+  return '/'.join(key)
+
+
+def _abstract_variables(model: nn.Module, image_size: int) -> dict[tuple[str, ...], Any]:
+  """Flat {(collection, ...): ShapeDtypeStruct} of `model` at `image_size` (checks its fields)."""
+  images = jax.ShapeDtypeStruct((1, image_size, image_size, 3), jnp.float32)
+  shapes = jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False), images)
+  return flax.traverse_util.flatten_dict(
+      {c: shapes[c] for c in _VARIABLE_COLLECTIONS if c in shapes})
+
+
+def _fresh_variables(model: nn.Module, image_size: int, rng: int | jax.Array,
+                     keys: list[tuple[str, ...]]) -> dict[tuple[str, ...], np.ndarray]:
+  """The variables `keys` (flat paths) of `model` freshly initialised from `rng`."""
+  key = jax.random.key(rng) if isinstance(rng, int) else rng
+  images = jnp.zeros((1, image_size, image_size, 3), jnp.float32)
+
+  def init(k):  # Only the requested variables leave the computation; XLA drops the rest.
+    flat = flax.traverse_util.flatten_dict(model.init(k, images, train=False))
+    return {'/'.join(path): flat[path] for path in keys}
+
+  fresh = jax.device_get(jax.jit(init)(key))
+  return {path: fresh['/'.join(path)] for path in keys}
+
+
+def _resize_position_embeddings(flat: dict, target: dict, model: nn.Module, method: str) -> None:
+  for key, value in flat.items():
+    wanted = target.get(key)
+    if (key[-1] != 'pos_embed' or wanted is None or value.shape == wanted.shape
+        or value.ndim != 3 or value.shape[-1] != wanted.shape[-1]):
+      continue
+    num_prefix = len(getattr(model, 'prefix_tokens', ('cls_token',)))
+    side, old_side = (math.isqrt(n - num_prefix) for n in (wanted.shape[1], value.shape[1]))
+    if side * side != wanted.shape[1] - num_prefix or old_side ** 2 != value.shape[1] - num_prefix:
+      continue  # Another prefix layout (another family): reported by `_check_fit`.
+    flat[key] = resize_pos_embed(value, (side, side), num_prefix, method=method)
+    logging.info('Resized %s from %d to %d positions (%d prefix tokens kept).', _path(key),
+                 value.shape[1], wanted.shape[1], num_prefix)
+
+
+def _is_head(key: tuple[str, ...]) -> bool:
+  return key[0] == 'params' and key[1] in HEAD_NAMES
+
+
+def _reset_head(flat: dict, target: dict, model: nn.Module, image_size: int,
+                rng: int | jax.Array) -> None:
+  """Replaces heads whose shape differs (or that are missing) by fresh ones; drops pre_logits."""
+  heads = [k for k in target if _is_head(k) and (k not in flat or flat[k].shape != target[k].shape)]
+  for key in [k for k in flat if _is_head(k) and k not in target]:
+    del flat[key]
+  dropped = [k for k in flat if k[:2] == ('params', 'pre_logits') and k not in target]
+  for key in dropped:
+    del flat[key]
+  if dropped:
+    logging.warning('Dropped the pre-logits layer of the checkpoint (the model has none), as '
+                    'fine-tuning in the ViT paper does.')
+  if not heads:
+    return
+  fresh = _fresh_variables(model, image_size, rng, heads)
+  old = {_path(k): tuple(flat[k].shape) for k in heads if k in flat}
+  for key in heads:
+    flat[key] = fresh[key]
+  logging.warning('Initialised the classifier head afresh for %d classes (checkpoint: %s).',
+                  model.num_classes, old or 'no head')
+
+
+def _check_fit(flat: dict, target: dict, source: str, model: nn.Module, image_size: int,
+               hint: str) -> None:
+  """One ValueError listing every missing, unexpected and wrongly shaped variable."""
+  missing = sorted(_path(k) for k in set(target) - set(flat))
+  unexpected = sorted(_path(k) for k in set(flat) - set(target))
+  reshaped = sorted(f'{_path(k)} {tuple(flat[k].shape)} vs {tuple(target[k].shape)}'
+                    for k in set(flat) & set(target) if tuple(flat[k].shape) != target[k].shape)
+  if not (missing or unexpected or reshaped):
+    return
+  classes_differ = any(_is_head(k) and flat[k].shape[-1] != target[k].shape[-1]
+                       for k in set(flat) & set(target))
+  if classes_differ and not hint:
+    hint = (f'The checkpoint\'s head has a different class count than the model '
+            f'(num_classes={model.num_classes}); pass reset_head=True (init_from does) to '
+            'fine-tune with a fresh head. ')
+
+  def listing(title, items):
+    shown = ', '.join(items[:12]) + (f', … ({len(items) - 12} more)' if len(items) > 12 else '')
+    return f'\n  {title} ({len(items)}): {shown}' if items else ''
+
+  raise ValueError(
+      f'{source} does not fit {type(model).__name__} ({_family_name(model)}) at image_size '
+      f'{image_size}. {hint}'.rstrip()
+      + listing('missing from the checkpoint', missing)
+      + listing('unexpected in the checkpoint', unexpected)
+      + listing('wrong shape, checkpoint vs model', reshaped))
+
+
+def load(path: str, model: nn.Module, *, image_size: int, reset_head: bool = False,
+         rng: int | jax.Array = 0, use_ema: bool = True, pos_embed_resize: str = 'timm'
+         ) -> dict[str, Any]:
+  """Flax variables ({'params', maybe 'batch_stats'}) for `model` at `image_size` from `path`.
+
+  `path` is a weights file (see the module docstring) or a vit_jax work directory. PyTorch and
+  Google layouts go through the `from_timm` of `model`'s family. A position embedding for another
+  resolution is resized (`resize_pos_embed`, `pos_embed_resize` method). With `reset_head`, heads
+  whose class count differs from `model.num_classes` are initialised afresh from `rng` (and a
+  pre-logits layer the model lacks is dropped); without it a class-count mismatch is an error.
+  Raises ValueError for unreadable files, another family, or any variable that does not fit.
+  """
+  target = _abstract_variables(model, image_size)
+  family = _family_name(model)
+  if os.path.isdir(path):
+    variables, meta = read_workdir(path)
+    source = (f'Work directory {path!r} (model {meta["model"]!r} with fields {meta["fields"]}, '
+              f'step {meta["step"]})')
+    saved_family = _family_name(models.create(meta['model']))
+    hint = (f'It holds a {saved_family!r} model but the model is of family {family!r}. '
+            if saved_family != family else '')
+  else:
+    state_dict = read_state_dict(path, use_ema=use_ema)
+    source = f'Checkpoint {path!r}'
+    hint = _layout_hint(list(state_dict), family)
+    try:
+      variables = family_module(model).from_timm(state_dict)
+    except (ValueError, KeyError) as e:
+      detail = str(e) if len(str(e)) <= 1000 else str(e)[:1000] + ' …'
+      raise ValueError(f'{source} cannot be converted for {type(model).__name__} ({family}). '
+                       f'{hint}{detail}') from e
+  flat = flax.traverse_util.flatten_dict(
+      {c: dict(variables[c]) for c in _VARIABLE_COLLECTIONS if c in variables})
+  flat = {key: np.asarray(value) for key, value in flat.items()}
+  _resize_position_embeddings(flat, target, model, pos_embed_resize)
+  if reset_head:
+    _reset_head(flat, target, model, image_size, rng)
+  _check_fit(flat, target, source, model, image_size, hint)
+  cast = {key: np.asarray(value, dtype=target[key].dtype) for key, value in flat.items()}
+  return flax.traverse_util.unflatten_dict(cast)
+
+
+def export_timm(variables: Mapping[str, Any], model: nn.Module, path: str) -> list[str]:
+  """Writes `variables` as a timm-layout .safetensors file (inverse of `load`); returns its keys.
+
+  `timm.create_model(<matching name>, num_classes=..., img_size=...)` accepts the file with
+  `model.load_state_dict(safetensors.torch.load_file(path))`.
+  """
+  from safetensors import numpy as safetensors_numpy  # pylint: disable=g-import-not-at-top
+  state_dict = family_module(model).to_timm(jax.device_get(dict(variables)))
+  tensors = {}
+  for key, value in state_dict.items():
+    value = np.asarray(value)
+    if value.dtype == ml_dtypes.bfloat16:  # safetensors' NumPy writer has no bfloat16.
+      value = value.astype(np.float32)
+    tensors[key] = np.ascontiguousarray(value)
+  directory = os.path.dirname(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
+  safetensors_numpy.save_file(tensors, path, metadata={'format': 'pt'})
+  return sorted(tensors)

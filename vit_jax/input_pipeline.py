@@ -14,11 +14,16 @@ Training reads a dataset in one of two ways, chosen by `_reads_in_memory`:
   augmentation keyed by stream position, and `start_step` skips the records already consumed.
   Resume is exact only as far as TFDS reads files in the same order, and skipping reads every
   skipped record; treat it as approximate.
+
+A training image is resized to config.image_size (or inception-cropped to it), cropped and
+flipped per config.augment, RandAugmented (config.randaugment, e.g. 'rand-m9-mstd0.5-inc1'),
+normalised, then randomly erased (config.random_erase_prob), as timm orders them. Mixup/CutMix
+run on device (`augment.mix_batch`). Optional config fields and their defaults: randaugment '',
+random_erase_prob 0.0, repeated_aug 1, in_memory None (automatic).
 """
 
 import dataclasses
 import math
-import re
 from typing import Any, Iterator
 
 import jax
@@ -27,6 +32,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from vit_jax import augment
 from vit_jax.datasets import digits
 from vit_jax.datasets import folder
 
@@ -138,6 +144,13 @@ def _check_choices(config: ml_collections.ConfigDict) -> None:
                      f'valid: {tuple(NORMALIZATIONS)}.')
   if config.image_size <= 0:
     raise ValueError(f'config.image_size must be positive, got {config.image_size}.')
+  if config.get('randaugment', ''):
+    augment.parse_randaugment(config.randaugment)
+  if not 0 <= config.get('random_erase_prob', 0.0) <= 1:
+    raise ValueError(f'config.random_erase_prob must be in [0, 1], got {config.random_erase_prob}.')
+  repeats = config.get('repeated_aug', 1)
+  if not isinstance(repeats, int) or repeats < 1:
+    raise ValueError(f'config.repeated_aug must be a positive integer, got {repeats!r}.')
 
 
 def _local_batch(batch_size: int, process_count: int, field: str) -> int:
@@ -248,7 +261,8 @@ def _normalize(image: tf.Tensor, normalization: str) -> tf.Tensor:
 def _train_image(image: tf.Tensor, seed: tf.Tensor, config: ml_collections.ConfigDict) -> tf.Tensor:
   """Resize, augment (stateless, keyed by `seed`) and normalise one training image."""
   size = config.image_size
-  crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+  crop_seed, flip_seed, randaugment_seed, erase_seed = tf.unstack(
+      tf.random.experimental.stateless_split(seed, 4))
   image = _to_rgb(image)
   if config.augment == 'inception_crop':
     top, left, height, width = _inception_crop_box(tf.shape(image), crop_seed)
@@ -261,7 +275,17 @@ def _train_image(image: tf.Tensor, seed: tf.Tensor, config: ml_collections.Confi
       image = tf.image.stateless_random_crop(image, [size, size, 3], crop_seed)
   if config.flip and config.augment != 'none':
     image = tf.image.stateless_random_flip_left_right(image, flip_seed)
-  return _normalize(image, config.normalization)
+  if config.get('randaugment', ''):
+    mean = NORMALIZATIONS[config.normalization][0]
+    pixels = tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8)
+    pixels = augment.randaugment(pixels, randaugment_seed,
+                                 augment.parse_randaugment(config.randaugment),
+                                 fill=tuple(min(255, round(255 * m)) for m in mean))
+    image = tf.cast(pixels, tf.float32)
+  image = _normalize(image, config.normalization)
+  if config.get('random_erase_prob', 0.0) > 0:
+    image = augment.random_erase(image, erase_seed, config.random_erase_prob)
+  return image
 
 
 def _eval_image(image: tf.Tensor, config: ml_collections.ConfigDict) -> tf.Tensor:
@@ -337,10 +361,16 @@ def train_iterator(config: ml_collections.ConfigDict, *, start_step: int = 0,
 
   B = config.batch_size // process_count. Batches from `start_step=k` equal batches k, k+1, ...
   of a run from step 0 with the same config (see the module docstring for streamed datasets).
+  With config.repeated_aug = r > 1, each batch holds B / r examples, each r times in a row,
+  differently augmented.
   """
   process_index, process_count = _process(process_index, process_count)
   local_batch = _local_batch(config.batch_size, process_count, 'batch_size')
   _check_choices(config)
+  if local_batch % config.get('repeated_aug', 1):
+    raise ValueError(f'The per-process batch {local_batch} must be a multiple of '
+                     f'config.repeated_aug={config.repeated_aug}, so that all copies of an '
+                     'example share a batch.')
   if start_step < 0:
     raise ValueError(f'start_step must be >= 0, got {start_step}.')
   source = _resolve(config)

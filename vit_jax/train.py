@@ -5,6 +5,7 @@ every process; parameters are replicated, batches are sharded along `data`, and 
 only its own share of the data. Process 0 alone logs and writes summaries.
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -20,6 +21,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from vit_jax import checkpoints
@@ -110,14 +112,79 @@ def classification_loss(outputs: Any, targets: jax.Array) -> jax.Array:
   return jnp.mean(sum(losses) / len(losses))
 
 
+def distillation_loss(outputs: Any, targets: jax.Array, teacher_logits: jax.Array, *, kind: str,
+                      alpha: float, tau: float) -> jax.Array:
+  """DeiT's loss (deit/losses.py): (1 - alpha) CE(cls, targets) + alpha KD(dist, teacher).
+
+  'hard': CE against the teacher's argmax. 'soft': KL(teacher || student) at temperature tau,
+  summed and divided by the number of logits, times tau². A model without a distillation token
+  distils through its only head.
+  """
+  cls_logits, dist_logits = outputs if isinstance(outputs, tuple) else (outputs, outputs)
+  base = jnp.mean(optax.softmax_cross_entropy(cls_logits.astype(jnp.float32), targets))
+  teacher_logits = jax.lax.stop_gradient(teacher_logits.astype(jnp.float32))
+  dist_logits = dist_logits.astype(jnp.float32)
+  if kind == 'hard':
+    kd = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(
+        dist_logits, jnp.argmax(teacher_logits, -1)))
+  elif kind == 'soft':
+    log_p_student = jax.nn.log_softmax(dist_logits / tau, -1)
+    log_p_teacher = jax.nn.log_softmax(teacher_logits / tau, -1)
+    kd = jnp.sum(jnp.exp(log_p_teacher) * (log_p_teacher - log_p_student))
+    kd = kd * tau ** 2 / dist_logits.size
+  else:
+    raise ValueError(f"Unknown distillation type {kind!r}; valid: 'none', 'hard', 'soft'.")
+  return (1 - alpha) * base + alpha * kd
+
+
+@dataclasses.dataclass(frozen=True)
+class Teacher:
+  """A frozen model whose predictions a student learns from (DeiT distillation)."""
+  model: nn.Module
+  variables: Any
+
+  def logits(self, variables: Any, images: jax.Array) -> jax.Array:
+    return classifier_logits(self.model.apply(variables, images, train=False))
+
+
+def load_teacher(config: ml_collections.ConfigDict, num_classes: int) -> Teacher | None:
+  """The teacher of `config.distillation`, restored from a work directory; None if not distilling."""
+  spec = config.distillation
+  if spec.type == 'none':
+    return None
+  if spec.type not in ('hard', 'soft'):
+    raise ValueError(f"distillation.type={spec.type!r} is not valid; choose from "
+                     "['none', 'hard', 'soft'].")
+  saved = checkpoints.read_config(spec.teacher_workdir) if spec.teacher_workdir else None
+  if saved is None or not checkpoints.has_checkpoint(spec.teacher_workdir):
+    raise ValueError(f'distillation.teacher_workdir={spec.teacher_workdir!r} must be a work '
+                     'directory with a config.json and a checkpoint written by vit_jax.main.')
+  overrides = {k: v for k, v in saved['model'].items() if k != 'name'}
+  model = models.create(saved['model']['name'], num_classes=num_classes, **overrides)
+  state = checkpoints.restore_arrays(spec.teacher_workdir)
+  variables = {'params': state['params']}
+  if state.get('batch_stats'):
+    variables['batch_stats'] = state['batch_stats']
+  shapes = jax.eval_shape(lambda: model.init(
+      jax.random.PRNGKey(0), jnp.zeros((1, config.image_size, config.image_size, 3)))['params'])
+  if checkpoints.param_shapes(shapes) != checkpoints.param_shapes(variables['params']):
+    raise ValueError(f'The teacher in {spec.teacher_workdir!r} ({saved["model"]["name"]}) does '
+                     f'not fit {num_classes} classes at image_size={config.image_size}.')
+  logging.info('Distilling (%s, alpha=%s, tau=%s) from %s in %s.', spec.type, spec.alpha,
+               spec.tau, saved['model']['name'], spec.teacher_workdir)
+  return Teacher(model, variables)
+
+
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
-                    config: ml_collections.ConfigDict, num_classes: int
-                    ) -> Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict]]:
-  """The (unjitted) train step: forward, loss, gradient, optimizer update."""
-  def train_step(state: TrainState, batch: dict[str, jax.Array]):
+                    config: ml_collections.ConfigDict, num_classes: int,
+                    teacher: Teacher | None = None) -> Callable[..., tuple[TrainState, dict]]:
+  """The (unjitted) train step `(state, batch[, teacher_variables])`: forward, loss, update."""
+  def train_step(state: TrainState, batch: dict[str, jax.Array], teacher_variables: Any = None):
     dropout_rng = jax.random.fold_in(state.rng, state.step)
     targets = optax.smooth_labels(jax.nn.one_hot(batch['label'], num_classes),
                                   config.label_smoothing)
+    if teacher is not None:  # The teacher sees exactly the student's (augmented) batch.
+      teacher_logits = teacher.logits(teacher_variables, batch['image'])
 
     def loss_fn(params):
       variables = {'params': params}
@@ -127,7 +194,12 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
         mutable = ['batch_stats']
       outputs, updates = model.apply(variables, batch['image'], train=True,
                                      rngs={'dropout': dropout_rng}, mutable=mutable)
-      loss = classification_loss(outputs, targets)
+      if teacher is None:
+        loss = classification_loss(outputs, targets)
+      else:
+        loss = distillation_loss(outputs, targets, teacher_logits,
+                                 kind=config.distillation.type, alpha=config.distillation.alpha,
+                                 tau=config.distillation.tau)
       return loss, (outputs, updates.get('batch_stats', state.batch_stats))
 
     (loss, (outputs, batch_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
@@ -242,17 +314,75 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     raise ValueError(f'image_size={config.image_size} must be positive.')
 
 
+def pretrained_variables(config: ml_collections.ConfigDict, model: nn.Module,
+                         workdir: str) -> dict[str, Any] | None:
+  """`config.init_from`'s variables for a run that starts afresh; None when unset or resuming.
+
+  The position embedding is resized to `config.image_size`; a head for another class count is
+  initialised exactly as `init_state` would. The optimizer state starts fresh.
+  """
+  if not config.get('init_from'):
+    return None
+  if checkpoints.has_checkpoint(workdir):
+    logging.info('Resuming %s; init_from=%s is not read again.', workdir, config.init_from)
+    return None
+  params_rng = jax.random.split(jax.random.PRNGKey(config.seed))[0]  # As in init_state.
+  variables = checkpoints.load(config.init_from, model, image_size=config.image_size,
+                               reset_head=True, rng=params_rng)
+  logging.info('Fine-tuning from %s.', config.init_from)
+  return variables
+
+
+def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Top-1 on the eval split of `config.init_from`, else of `workdir`'s newest checkpoint.
+
+  Trains nothing and writes nothing but `workdir/eval_report.json`; a class count that differs
+  from the dataset's is an error (no head is re-initialised).
+  """
+  source = config.get('init_from') or workdir
+  if not config.get('init_from') and not checkpoints.has_checkpoint(workdir):
+    raise ValueError(f'eval_only needs --config.init_from=PATH or a --workdir with a training '
+                     f'checkpoint; {workdir!r} has none.')
+  info = input_pipeline.get_dataset_info(config)
+  model = create_model(config, info.num_classes)
+  variables = checkpoints.load(source, model, image_size=config.image_size)
+  mesh = Mesh(np.array(jax.devices()), ('data',))
+  replicated = NamedSharding(mesh, P())
+  variables = jax.tree.map(lambda x: jax.make_array_from_process_local_data(replicated, x),
+                           variables)
+  state = TrainState(step=jnp.zeros((), jnp.int32), params=variables['params'], opt_state=None,
+                     batch_stats=variables.get('batch_stats', {}), rng=None)
+  eval_step = jax.jit(make_eval_step(model, info.num_classes), out_shardings=replicated)
+  metrics = evaluate(eval_step, state, input_pipeline.eval_iterator(config),
+                     NamedSharding(mesh, P('data')))
+  report = {'source': source, 'model': config.model.name, 'dataset': config.dataset,
+            'split': config.eval_split, 'image_size': config.image_size, **metrics}
+  if jax.process_index() == 0:
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, 'eval_report.json'), 'w') as f:
+      json.dump(report, f, indent=2)
+    print(f'Top-1 on {config.dataset}/{config.eval_split}: {metrics["accuracy"]:.4f} '
+          f'({metrics["count"]} examples; {source}).')
+  return report
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Trains `config`'s model in `workdir`, resuming from its newest checkpoint; returns eval metrics."""
   # 1. Everything that can be wrong is checked before anything compiles or is written.
   validate_config(config)
+  if config.get('eval_only'):
+    return evaluate_only(config, workdir)
   info = input_pipeline.get_dataset_info(config)
   model = create_model(config, info.num_classes)
+  pretrained = pretrained_variables(config, model, workdir)
   total_steps, warmup_steps = training_steps(config, info.num_train_examples)
   schedule = learning_rate_schedule(config, total_steps, warmup_steps)
   tx = create_optimizer(config, schedule)
   abstract_state = jax.eval_shape(lambda: init_state(model, tx, config))
   checkpoints.check_compatible(workdir, config.model.name, abstract_state.params)
+  teacher = load_teacher(config, info.num_classes)
+  if jax.process_count() > 1:  # Every process reads the work directory before any writes to it.
+    multihost_utils.sync_global_devices('vit_jax.train:checked_workdir')
 
   is_main = jax.process_index() == 0
   if is_main:
@@ -277,9 +407,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     logging.info('Resumed from step %d of %s.', int(state.step), workdir)
   else:
     state = jax.jit(lambda: init_state(model, tx, config), out_shardings=state_sharding)()
+    if pretrained is not None:
+      place = lambda x: jax.make_array_from_process_local_data(replicated, x)
+      state = state.replace(params=jax.tree.map(place, pretrained['params']),
+                            batch_stats=jax.tree.map(place, pretrained.get('batch_stats', {})))
 
-  train_step = jax.jit(make_train_step(model, tx, config, info.num_classes),
+  train_step = jax.jit(make_train_step(model, tx, config, info.num_classes, teacher),
                        out_shardings=(state_sharding, replicated), donate_argnums=0)
+  teacher_variables = None if teacher is None else jax.device_put(teacher.variables, replicated)
   eval_step = jax.jit(make_eval_step(model, info.num_classes), out_shardings=replicated)
   eval_batches = lambda: input_pipeline.eval_iterator(config)
 
@@ -293,7 +428,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   eval_metrics = {}
   for step in range(start_step + 1, total_steps + 1):
     batch = global_batch(next(train_batches), data_sharding)
-    state, metrics = train_step(state, batch)
+    state, metrics = train_step(state, batch, teacher_variables)
     pending.append(metrics)
 
     at_log = step % config.log_every == 0 or step == total_steps

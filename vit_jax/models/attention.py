@@ -157,11 +157,10 @@ class SelfAttention(nn.Module):
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
-  def _mix_heads_dense(self, t: jax.Array, name: str, use_bias: bool = True,
-                       kernel_init: Initializer | None = None,
+  def _mix_heads_dense(self, t: jax.Array, name: str, kernel_init: Initializer | None = None,
                        bias_init: Initializer | None = None) -> jax.Array:
-    """Dense over the head axis of (batch, heads, queries, keys), in float32."""
-    mixed = nn.Dense(self.num_heads, use_bias=use_bias, kernel_init=kernel_init or self.kernel_init,
+    """Dense with bias over the head axis of (batch, heads, queries, keys), in float32."""
+    mixed = nn.Dense(self.num_heads, kernel_init=kernel_init or self.kernel_init,
                      bias_init=bias_init or self.bias_init, dtype=jnp.float32,
                      param_dtype=self.param_dtype, name=name)(jnp.moveaxis(t, 1, -1))
     return jnp.moveaxis(mixed, -1, 1)

@@ -10,11 +10,13 @@ uses the paper's depth rule instead (0.1 up to depth 18, 1e-5 up to 24, 1e-6 dee
 """
 
 import functools
-from typing import Any, Callable
+import re
+from typing import Any, Callable, Mapping
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from vit_jax.models import attention as attention_lib
 from vit_jax.models import vit
@@ -115,6 +117,28 @@ class CaiT(vit.VisionTransformer):
                                 name=f'blocks_token_only_{i}')(x, cls, train=train)
     return nn.LayerNorm(epsilon=1e-6, dtype=self.dtype, param_dtype=self.param_dtype,
                         name='norm')(jnp.concatenate([cls, x], axis=1))
+
+
+# timm/deit CaiT keys (SPEC §9); the talking-heads `proj_l`/`proj_w` (H, H) are Linears over heads.
+_TIMM_KEY = re.compile(
+    r'cls_token|pos_embed|(patch_embed\.proj|norm|head)\.(weight|bias)'
+    r'|blocks\.\d+\.(gamma_[12]|(norm[12]|attn\.(qkv|proj|proj_l|proj_w)|mlp\.fc[12])'
+    r'\.(weight|bias))'
+    r'|blocks_token_only\.\d+\.(gamma_[12]|(norm[12]|attn\.[qkv]|attn\.proj|mlp\.fc[12])'
+    r'\.(weight|bias))')
+
+
+def from_timm(state_dict: Mapping[str, Any]) -> dict[str, dict]:
+  """timm/deit `Cait` state dict (without the `module.` prefix) -> Flax variables {'params'}."""
+  unknown = [key for key in state_dict if not _TIMM_KEY.fullmatch(key)]
+  if unknown:
+    raise ValueError(f'Keys outside the CaiT layout of SPEC §9: {unknown}.')
+  return vit.variables_from_torch(state_dict)
+
+
+def to_timm(variables: Mapping[str, Any]) -> dict[str, np.ndarray]:
+  """Flax variables -> timm/deit `Cait` state dict (inverse of `from_timm`)."""
+  return vit.variables_to_torch(variables)
 
 
 def _cait(hidden_size: int, depth: int, num_heads: int, layer_scale_init: float,

@@ -9,7 +9,8 @@ conv7x7/2 + BN + ReLU, conv3x3 + BN + ReLU and a (patch/2)-strided conv (DeepViT
 """
 
 import functools
-from typing import Any, Callable
+import re
+from typing import Any, Callable, Mapping
 
 import flax.linen as nn
 import jax
@@ -146,6 +147,49 @@ class DeepViT(vit.VisionTransformer):
                        name=f'blocks_{i}')(x, train=train)
     return nn.LayerNorm(epsilon=1e-6, dtype=self.dtype, param_dtype=self.param_dtype,
                         name='norm')(x)
+
+
+# dvit_repo keys (SPEC §9): the ViT layout, the CNN stem, and per Re-attention block the 1x1 conv
+# `reatten_matrix` (H, H, 1, 1) and BatchNorm2d `var_norm` over heads.
+_TIMM_KEY = re.compile(
+    r'cls_token|pos_embed|(norm|head|patch_embed\.proj)\.(weight|bias)'
+    r'|patch_embed\.(conv[12]\.weight|bn[12]\.(weight|bias|running_mean|running_var'
+    r'|num_batches_tracked))'
+    r'|blocks\.\d+\.((norm[12]|attn\.(qkv|proj|reatten_matrix)|mlp\.fc[12])\.(weight|bias)'
+    r'|attn\.var_norm\.(weight|bias|running_mean|running_var|num_batches_tracked))')
+_THETA = '.attn.reatten_matrix.weight'
+
+
+def from_timm(state_dict: Mapping[str, Any]) -> dict[str, dict]:
+  """Official DeepViT state dict -> Flax variables {'params', 'batch_stats'}.
+
+  Theta (H, H, 1, 1) becomes the Dense kernel over heads W[:, :, 0, 0]^T; BatchNorm running
+  statistics go to `batch_stats`.
+  """
+  unknown = [key for key in state_dict if not _TIMM_KEY.fullmatch(key)]
+  if unknown:
+    raise ValueError(f'Keys outside the DeepViT layout of SPEC §9: {unknown}.')
+  return vit.variables_from_torch(
+      {key: np.asarray(value)[:, :, 0, 0] if key.endswith(_THETA) else value
+       for key, value in state_dict.items()})
+
+
+def to_timm(variables: Mapping[str, Any]) -> dict[str, np.ndarray]:
+  """Flax variables -> official DeepViT state dict, loadable with `strict=True`.
+
+  Only the official BatchNorm form of Re-attention has a released layout.
+  """
+  state_dict = vit.variables_to_torch(variables)
+  lucidrains = [key for key in state_dict if '.reattn_' in key]
+  if lucidrains:
+    raise ValueError(f'{lucidrains[0]} belongs to re_attention_norm=\'layer\', which has no '
+                     'official checkpoint layout; only re_attention_norm=\'batch\' converts.')
+  for key in list(state_dict):
+    if key.endswith(_THETA):
+      state_dict[key] = state_dict[key][:, :, None, None]
+    elif key.endswith('.running_mean'):
+      state_dict[key.replace('running_mean', 'num_batches_tracked')] = np.array(0, np.int64)
+  return state_dict
 
 
 def _deepvit(depth: int, hidden_size: int = 384, **fields) -> functools.partial:

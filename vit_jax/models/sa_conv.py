@@ -31,7 +31,7 @@ ATTENTION_KINDS = ('quadratic', 'gaussian', 'learned', 'learned_content')
 
 
 def space_to_depth(images: jax.Array, block: int) -> jax.Array:
-  """Invertible downsampling: (B, H, W, C) -> (B, H/b, W/b, b*b*C), channels in (dy, dx, c) order."""
+  """Invertible downsampling (B, H, W, C) -> (B, H/b, W/b, b*b*C), channels in (dy, dx, c) order."""
   batch, height, width, channels = images.shape
   if block < 1 or height % block or width % block:
     valid = [b for b in range(1, min(height, width) + 1) if height % b == 0 and width % b == 0]

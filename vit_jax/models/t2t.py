@@ -16,7 +16,8 @@ checkpoints and `to_timm` like the official `requires_grad=False` Parameters but
 
 import functools
 import math
-from typing import Any, Callable
+import re
+from typing import Any, Callable, Mapping
 
 import flax.linen as nn
 import jax
@@ -69,6 +70,7 @@ class TokenPerformer(nn.Module):
   dropout_rate: float = 0.1
   layer_norm_eps: float = 1e-5
   kernel_init: Callable[..., jax.Array] = attention_lib.DEFAULT_KERNEL_INIT
+  bias_init: Callable[..., jax.Array] = nn.initializers.zeros
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -84,8 +86,8 @@ class TokenPerformer(nn.Module):
     if num_features < 1:
       raise ValueError(f'kernel_ratio={self.kernel_ratio} leaves no random features for '
                        f'dim={self.dim}; it must be >= {1 / self.dim}.')
-    dense = functools.partial(nn.Dense, kernel_init=self.kernel_init, dtype=self.dtype,
-                              param_dtype=self.param_dtype)
+    dense = functools.partial(nn.Dense, kernel_init=self.kernel_init, bias_init=self.bias_init,
+                              dtype=self.dtype, param_dtype=self.param_dtype)
     norm = functools.partial(nn.LayerNorm, epsilon=self.layer_norm_eps, dtype=self.dtype,
                              param_dtype=self.param_dtype)
     dropout = nn.Dropout(rate=self.dropout_rate, deterministic=not train)
@@ -122,7 +124,8 @@ class TokensToToken(nn.Module):
   def _token_block(self, index: int) -> nn.Module:
     name = f'attention{index}'
     if self.tokens_type == 'performer':
-      return TokenPerformer(self.token_dim, kernel_init=self.kernel_init, dtype=self.dtype,
+      return TokenPerformer(self.token_dim, kernel_init=self.kernel_init,
+                            bias_init=self.bias_init, dtype=self.dtype,
                             param_dtype=self.param_dtype, name=name)
     attention = functools.partial(
         attention_lib.TokenAttention, features=self.token_dim, kernel_init=self.kernel_init,
@@ -217,6 +220,33 @@ class T2TViT(vit.VisionTransformer):
                            name=f'blocks_{i}')(x, train=train)
     return nn.LayerNorm(epsilon=1e-5, dtype=self.dtype, param_dtype=self.param_dtype,
                         name='norm')(x)
+
+
+# Official T2T-ViT keys (SPEC §9): ViT backbone without qkv bias, Transformer-T2T
+# `attention{i}.{norm1,attn.qkv,attn.proj,norm2,mlp.fc1,mlp.fc2}`, Performer-T2T
+# `attention{i}.{kqv,proj,norm1,norm2,mlp.0,mlp.2,w}`, `project`, fixed `pos_embed`.
+_TIMM_KEY = re.compile(
+    r'cls_token|pos_embed|(norm|head)\.(weight|bias)'
+    r'|blocks\.\d+\.(norm[12]|attn\.(qkv|proj)|mlp\.fc[12])\.(weight|bias)'
+    r'|tokens_to_token\.(project\.(weight|bias)|attention\d+\.(w|(norm[12]|attn\.(qkv|proj)'
+    r'|mlp\.fc[12]|kqv|proj|mlp\.[02])\.(weight|bias)))')
+_PERFORMER_FEATURES = re.compile(r'(tokens_to_token\.attention\d+)\.(w|random_features)$')
+
+
+def from_timm(state_dict: Mapping[str, Any]) -> dict[str, dict]:
+  """Official T2T-ViT state dict (`state_dict_ema`, no `module.` prefix) -> Flax variables."""
+  unknown = [key for key in state_dict if not _TIMM_KEY.fullmatch(key)]
+  if unknown:
+    raise ValueError(f'Keys outside the T2T-ViT layout of SPEC §9: {unknown}.')
+  return vit.variables_from_torch(
+      {_PERFORMER_FEATURES.sub(r'\1.random_features', key): value
+       for key, value in state_dict.items()})
+
+
+def to_timm(variables: Mapping[str, Any]) -> dict[str, np.ndarray]:
+  """Flax variables -> official T2T-ViT state dict (inverse of `from_timm`)."""
+  return {_PERFORMER_FEATURES.sub(r'\1.w', key): value
+          for key, value in vit.variables_to_torch(variables).items()}
 
 
 # T2T-ViT-14 (Performer T2T, the released 81.5 % model) and T2T-ViT_t-14 (Transformer T2T) for

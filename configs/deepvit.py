@@ -1,0 +1,49 @@
+r"""DeepViT (Zhou et al., 2021): Re-attention mixes the heads' maps to fight attention collapse.
+
+Default — a small DeepViT (Re-attention in every block) on the embedded digits:
+
+  python -m vit_jax.main --config=configs/deepvit.py --workdir=/tmp/deepvit
+
+Its plain-ViT twin (same blocks without Re-attention), to compare collapse with
+`python -m vit_jax.analyze --workdir=… --what=collapse`:
+
+  python -m vit_jax.main --config=configs/deepvit.py:baseline=true --workdir=/tmp/deepvit_vit
+
+ImageNet (official recipe: AdamW 5e-4 without batch scaling, wd 0.05, 300 epochs, drop path 0.2):
+
+  python -m vit_jax.main --config=configs/deepvit.py:variant=32B,dataset=imagenet2012 \
+      --config.data_dir=gs://BUCKET/tfds --workdir=gs://BUCKET/deepvit_32b
+
+Published top-1 (dvit_repo README): ViT-16B 78.88 / DeepViT-16B 79.10; ViT-24B 79.35 /
+DeepViT-24B 79.99; ViT-32B 79.27 / DeepViT-32B 80.90 (similar blocks 15 → 0); DeepViT-S 82.3,
+DeepViT-L 83.1 (CNN stem, tuned recipe).
+"""
+
+import ml_collections
+
+from configs import common
+
+VARIANTS = {'16B': 'deepvit_16b', '24B': 'deepvit_24b', '32B': 'deepvit_32b', 'S': 'deepvit_s',
+            'L': 'deepvit_l'}
+BASELINES = {'16B': 'deepvit_vit_16b', '24B': 'deepvit_vit_24b', '32B': 'deepvit_vit_32b'}
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """DeepViT on digits by default; `variant=16B|24B|32B|S|L`, `baseline=true`, `dataset=`."""
+  args = common.parse_arg(arg, variant='', baseline=False, dataset='digits')
+  config = common.get_config()
+  config.dataset = args.dataset
+  if args.variant:
+    table = BASELINES if args.baseline else VARIANTS
+    if args.variant not in table:
+      raise ValueError(f'Unknown DeepViT {"baseline " if args.baseline else ""}variant '
+                       f'{args.variant!r}; valid: {list(table)}.')
+    common.use_imagenet(config)
+    config.lr_scaling_batch = 0  # The official recipe does not scale lr with the batch.
+    config.normalization = 'inception'  # DeepViT's default_cfg: mean = std = 0.5.
+    config.model.name = table[args.variant]
+    config.model.drop_path_rate = 0.2
+  else:
+    common.quick_run(config)
+    common.quick_model(config.model, 'deepvit_vit_ti4' if args.baseline else 'deepvit_ti4')
+  return config

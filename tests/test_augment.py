@@ -1,0 +1,269 @@
+"""Recipe augmentations against timm/PIL: RandAugment ops, erasing, repeated aug, Mixup/CutMix."""
+
+import collections
+import functools
+import itertools
+import math
+import random
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from configs import common
+from vit_jax import augment
+from vit_jax import input_pipeline
+from vit_jax.datasets import digits
+
+FILL = (124, 116, 104)  # timm's img_mean for ImageNet normalisation.
+ALL_OPS = sorted(set(augment.RAND_OPS + augment.RAND_INCREASING_OPS))
+
+
+def _test_image():
+  rng = np.random.default_rng(0)
+  noise = rng.integers(0, 256, (20, 24, 3), dtype=np.uint8)
+  rows, cols = np.mgrid[0:20, 0:24]
+  ramps = np.stack([cols * 10 % 256, rows * 12 % 256, cols * rows % 256], -1).astype(np.uint8)
+  return np.concatenate([noise[:10], ramps[10:]])
+
+
+def test_parse_randaugment():
+  spec = augment.parse_randaugment('rand-m9-mstd0.5-inc1')
+  assert spec == augment.RandAugmentSpec(magnitude=9.0, num_layers=2, prob=0.5, magnitude_std=0.5,
+                                         magnitude_max=10.0, increasing=True)
+  assert spec.ops == augment.RAND_INCREASING_OPS and len(spec.ops) == 15
+  assert augment.parse_randaugment('rand-n3-m7-p0.7').ops == augment.RAND_OPS
+  assert augment.parse_randaugment('rand-mstd101').magnitude_std == math.inf
+  for bad in ('auto-m9', 'rand-m9-x1', 'rand-mfoo'):
+    with pytest.raises(ValueError, match='RandAugment spec'):
+      augment.parse_randaugment(bad)
+
+
+@pytest.mark.parametrize('interpolation', ['bicubic', 'bilinear'])
+def test_ops_match_timm(timm, interpolation, monkeypatch):
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  from timm.data import auto_augment  # pylint: disable=g-import-not-at-top
+  image = _test_image()
+  resample = Image.BICUBIC if interpolation == 'bicubic' else Image.BILINEAR
+  for name in ALL_OPS:
+    for magnitude, negate in ((3.0, False), (9.0, True), (10.0, False)):
+      # timm's _randomly_negate negates when random.random() > 0.5.
+      monkeypatch.setattr(random, 'random', (lambda: 0.9) if negate else (lambda: 0.1))
+      level_fn = auto_augment.LEVEL_TO_ARG[name]
+      timm_args = level_fn(magnitude, {}) if level_fn else ()
+      arg = augment.level_to_arg(name, tf.constant(magnitude), tf.constant(negate))
+      if timm_args:
+        np.testing.assert_allclose(float(arg), timm_args[0], atol=1e-9, err_msg=name)
+      if name.startswith('Posterize') and timm_args == (0,):
+        # Pillow >= 10 refuses 0 bits (timm then fails); older Pillow, like us, gives black.
+        assert not np.any(augment.apply_op(name, tf.constant(image), arg, FILL, True))
+        continue
+      expected = np.asarray(auto_augment.NAME_TO_OP[name](
+          Image.fromarray(image), *timm_args, fillcolor=FILL, resample=resample)).astype(int)
+      actual = augment.apply_op(name, tf.constant(image), arg, tf.constant(FILL, tf.uint8),
+                                interpolation == 'bicubic').numpy().astype(int)
+      difference = np.abs(expected - actual)
+      # PIL's float rounding differs from ours by at most one level on a few pixels.
+      assert difference.max() <= 1, (name, magnitude, negate, difference.max())
+      assert difference.mean() < 0.15, (name, magnitude, negate, difference.mean())
+
+
+def test_op_arguments_stay_in_their_ranges():
+  ranges = {'Rotate': (-30, 30), 'ShearX': (-0.3, 0.3), 'ShearY': (-0.3, 0.3),
+            'TranslateXRel': (-0.45, 0.45), 'TranslateYRel': (-0.45, 0.45),
+            'PosterizeIncreasing': (0, 4), 'SolarizeIncreasing': (0, 256), 'SolarizeAdd': (0, 110),
+            'ColorIncreasing': (0.1, 1.9), 'ContrastIncreasing': (0.1, 1.9),
+            'BrightnessIncreasing': (0.1, 1.9), 'SharpnessIncreasing': (0.1, 1.9)}
+  spec = augment.parse_randaugment('rand-m9-mstd0.5-inc1')
+  sample = tf.function(lambda seed: augment.sample_magnitude(seed, spec))
+  magnitudes = np.array([float(sample(tf.constant([i, 3], tf.int64))) for i in range(300)])
+  assert magnitudes.min() >= 0 and magnitudes.max() <= 10
+  assert abs(magnitudes.mean() - 9) < 0.1 and abs(magnitudes.std() - 0.5) < 0.1
+  for name, (lo, hi) in ranges.items():
+    args = [float(augment.level_to_arg(name, tf.constant(m), tf.constant(n)))
+            for m in np.concatenate([magnitudes[:20], [0.0, 10.0]]) for n in (False, True)]
+    assert lo <= min(args) and max(args) <= hi, name
+  # At magnitude ~9 the severity is near the top of each range.
+  nine, yes, no = tf.constant(9.0), tf.constant(True), tf.constant(False)
+  assert abs(float(augment.level_to_arg('Rotate', nine, yes)) + 27) < 1e-9
+  assert float(augment.level_to_arg('PosterizeIncreasing', nine, no)) == 1
+  assert float(augment.level_to_arg('SolarizeIncreasing', nine, no)) == 256 - 230
+
+
+def test_randaugment_is_deterministic_and_changes_images():
+  spec = augment.parse_randaugment('rand-m9-mstd0.5-inc1')
+  image = tf.constant(_test_image())
+  traced = tf.function(lambda seed: augment.randaugment(image, seed, spec, fill=FILL))
+  run = lambda i: traced(tf.constant([i, 1], tf.int64)).numpy()
+  outputs = [run(i) for i in range(12)]
+  np.testing.assert_array_equal(outputs[5], run(5))
+  assert all(o.dtype == np.uint8 and o.shape == (20, 24, 3) for o in outputs)
+  changed = sum(not np.array_equal(o, image.numpy()) for o in outputs)
+  # Each of 2 layers applies with p = 0.5, so about 3/4 of images change.
+  assert 5 <= changed < 12
+  assert len({o.tobytes() for o in outputs}) >= changed
+
+
+def test_erase_boxes_follow_timm_bounds():
+  areas, aspects = [], []
+  box = tf.function(lambda seed: augment.erase_box(seed, 32, 32))
+  for i in range(300):
+    top, left, height, width = (int(v) for v in box(tf.constant([i, 9], tf.int64)))
+    assert height > 0 and width > 0  # A 32x32 image always fits within 10 attempts.
+    assert 0 <= top and top + height <= 32 and 0 <= left and left + width <= 32
+    areas.append(height * width / 1024)
+    aspects.append(height / width)
+  # Rounding h and w to pixels can move the area a little outside [0.02, 1/3].
+  assert 0.02 * 0.7 <= min(areas) and max(areas) <= 1 / 3 * 1.2
+  assert min(areas) < 0.05 and max(areas) > 0.25
+  assert 0.3 / 1.5 <= min(aspects) and max(aspects) <= 3.3 * 1.5
+  assert min(aspects) < 0.6 and max(aspects) > 2
+
+
+def test_random_erase_replaces_one_box_with_noise():
+  image = tf.fill([32, 32, 3], 7.0)
+  erased_fraction, noise = [], []
+  erase = tf.function(lambda seed: augment.random_erase(image, seed, 0.25))
+  for i in range(200):
+    out = erase(tf.constant([i, 4], tf.int64)).numpy()
+    changed = np.any(out != 7.0, axis=-1)
+    if changed.any():
+      rows, cols = np.nonzero(changed)
+      box = (rows.max() - rows.min() + 1) * (cols.max() - cols.min() + 1)
+      assert changed.sum() == box  # One axis-aligned box.
+      erased_fraction.append(box / 1024)
+      noise.append(out[changed])
+  assert 0.15 < len(erased_fraction) / 200 < 0.35
+  assert 0.01 < min(erased_fraction) and max(erased_fraction) < 0.41
+  noise = np.concatenate(noise)
+  assert abs(noise.mean()) < 0.05 and abs(noise.std() - 1) < 0.05
+
+
+def _onehot(labels, num_classes=10):
+  return jax.nn.one_hot(jnp.asarray(labels), num_classes)
+
+
+def test_mixup_weight_is_the_label_weight():
+  images = jnp.asarray(np.random.default_rng(0).normal(size=(6, 8, 8, 3)), jnp.float32)
+  labels = jnp.arange(6)
+  mix = jax.jit(functools.partial(augment.mix_batch, mixup_alpha=0.8, cutmix_alpha=0.0,
+                                  label_smoothing=0.0))
+  for i in range(20):
+    mixed, targets = mix(jax.random.PRNGKey(i), images, _onehot(labels))
+    lam = float(targets[0, 0])
+    np.testing.assert_allclose(targets[0, 5], 1 - lam, atol=1e-6)
+    np.testing.assert_allclose(mixed, lam * images + (1 - lam) * images[::-1], atol=1e-5)
+    np.testing.assert_allclose(targets.sum(-1), 1.0, atol=1e-6)
+
+
+def test_cutmix_box_area_is_the_label_weight():
+  images = jnp.asarray(np.random.default_rng(1).normal(size=(4, 16, 12, 3)), jnp.float32)
+  labels = jnp.array([0, 1, 2, 3])
+  areas = []
+  mix = jax.jit(functools.partial(augment.mix_batch, mixup_alpha=0.0, cutmix_alpha=1.0,
+                                  label_smoothing=0.0))
+  for i in range(40):
+    mixed, targets = mix(jax.random.PRNGKey(i), images, _onehot(labels))
+    pasted = np.all(np.asarray(mixed[0]) == np.asarray(images[3]), -1)
+    kept = np.all(np.asarray(mixed[0]) == np.asarray(images[0]), -1)
+    assert np.all(pasted ^ kept)
+    rows, cols = np.nonzero(pasted)
+    if len(rows):
+      assert pasted.sum() == (np.ptp(rows) + 1) * (np.ptp(cols) + 1)  # A rectangle.
+    area = pasted.mean()
+    np.testing.assert_allclose(targets[0, 0], 1 - area, atol=1e-6)
+    np.testing.assert_allclose(targets[0, 3], area, atol=1e-6)
+    areas.append(area)
+  assert min(areas) < 0.2 and max(areas) > 0.5  # λ ~ Beta(1, 1) explores the range.
+
+
+def test_mix_switch_probability_smoothing_and_mix_prob():
+  images = jnp.asarray(np.random.default_rng(2).normal(size=(4, 8, 8, 3)), jnp.float32)
+  labels = _onehot(jnp.array([0, 1, 2, 3]))
+
+  @jax.jit
+  @functools.partial(jax.vmap, in_axes=(0, None))
+  def mix(rng, mix_prob):
+    return augment.mix_batch(rng, images, labels, mixup_alpha=0.8, cutmix_alpha=1.0,
+                             switch_prob=0.5, mix_prob=mix_prob, label_smoothing=0.1)
+
+  mixed, targets = mix(jax.random.split(jax.random.PRNGKey(0), 200), 1.0)
+  is_cut = np.all((mixed[:, 0] == images[0]) | (mixed[:, 0] == images[3]), axis=(1, 2, 3))
+  assert 70 < is_cut.sum() < 130
+  # timm folds label smoothing in: off = s / K, on = 1 - s + s / K, then mixes.
+  lam = np.asarray(targets[:, 0, 0] - 0.01) / 0.9
+  np.testing.assert_allclose(targets[:, 0, 3], (1 - lam) * 0.9 + 0.01, atol=1e-5)
+  unmixed, targets = mix(jax.random.split(jax.random.PRNGKey(1), 200), 0.0)  # Same compilation.
+  np.testing.assert_array_equal(unmixed, np.broadcast_to(images, unmixed.shape))
+  np.testing.assert_allclose(targets[0, 0], [0.9 + 0.1 / 10] + [0.1 / 10] * 9, atol=1e-6)
+  with pytest.raises(ValueError, match='mixup_alpha > 0 or cutmix_alpha > 0'):
+    augment.mix_batch(jax.random.PRNGKey(0), images, labels, mixup_alpha=0.0, cutmix_alpha=0.0)
+
+
+def test_mix_settings_from_config():
+  config = common.get_config()
+  assert augment.mix_settings(config) is None
+  config.mixup_alpha, config.cutmix_alpha, config.label_smoothing = 0.8, 1.0, 0.1
+  assert augment.mix_settings(config) == dict(mixup_alpha=0.8, cutmix_alpha=1.0, switch_prob=0.5,
+                                              mix_prob=1.0, label_smoothing=0.1)
+
+
+# Inside the input pipeline.
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp('tfds'))
+  digits.prepare(path)
+  return path
+
+
+def _config(data_dir, **overrides):
+  config = common.get_config()
+  config.update(data_dir=data_dir, normalization='digits', batch_size=12, image_size=16)
+  config.update(overrides)
+  return config
+
+
+def _batches(config, count, start_step=0):
+  iterator = input_pipeline.train_iterator(config, start_step=start_step, process_index=0,
+                                           process_count=1)
+  return list(itertools.islice(iterator, count))
+
+
+def test_recipe_pipeline_repeats_examples_and_resumes_exactly(data_dir):
+  plain = _batches(_config(data_dir, repeated_aug=3, augment='none'), 2)
+  config = _config(data_dir, repeated_aug=3, randaugment='rand-m9-mstd0.5-inc1',
+                   random_erase_prob=0.25)
+  augmented = _batches(config, 3)
+  for plain_batch, batch in zip(plain, augmented):
+    assert batch['image'].shape == (12, 16, 16, 3) and np.all(np.isfinite(batch['image']))
+    for group in range(4):
+      copies = slice(3 * group, 3 * group + 3)
+      assert len(set(batch['label'][copies])) == 1
+      np.testing.assert_array_equal(batch['label'][copies], plain_batch['label'][copies])
+      same = plain_batch['image'][copies]
+      np.testing.assert_array_equal(same[0], same[1])
+      np.testing.assert_array_equal(same[0], same[2])
+      different = batch['image'][copies]
+      assert not np.array_equal(different[0], different[1])
+      assert not np.array_equal(different[1], different[2])
+  # 4 distinct examples per batch of 12: the batch counts the repeats.
+  labels = collections.Counter(plain[0]['label'].tolist())
+  assert sum(labels.values()) == 12 and all(count % 3 == 0 for count in labels.values())
+  resumed = _batches(config, 1, start_step=2)
+  np.testing.assert_array_equal(augmented[2]['image'], resumed[0]['image'])
+
+
+def test_recipe_config_errors(data_dir):
+  with pytest.raises(ValueError, match='multiple of config.repeated_aug=5'):
+    input_pipeline.train_iterator(_config(data_dir, repeated_aug=5), process_index=0,
+                                  process_count=1)
+  with pytest.raises(ValueError, match="Unknown section 'x3'"):
+    input_pipeline.train_iterator(_config(data_dir, randaugment='rand-m9-x3'), process_index=0,
+                                  process_count=1)
+  with pytest.raises(ValueError, match='random_erase_prob'):
+    input_pipeline.train_iterator(_config(data_dir, random_erase_prob=1.5), process_index=0,
+                                  process_count=1)

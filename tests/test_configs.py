@@ -1,0 +1,66 @@
+"""Every config: loads with and without arguments, rejects bad arguments, and trains."""
+
+import importlib.util
+import os
+
+import pytest
+
+from vit_jax import models
+from vit_jax import train
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = ('vit', 'deit', 'cait', 'deepvit', 't2t', 'sa_conv')
+
+
+def load(name: str):
+  spec = importlib.util.spec_from_file_location(f'configs.{name}',
+                                                os.path.join(REPO, 'configs', f'{name}.py'))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+# (config, argument) pairs that select a published size; each must name a registered model.
+PUBLISHED = [('vit', f'variant={v}') for v in load('vit').VARIANTS] + [
+    ('deit', f'variant={v}') for v in ('Ti', 'S', 'B')] + [
+    ('deit', 'variant=B,distilled=false')] + [
+    ('cait', f'variant={v}') for v in load('cait').VARIANTS] + [
+    ('deepvit', f'variant={v}') for v in load('deepvit').VARIANTS] + [
+    ('deepvit', f'variant={v},baseline=true') for v in load('deepvit').BASELINES] + [
+    ('t2t', 'variant=14'), ('t2t', 'variant=t-14')] + [
+    ('sa_conv', f'attention={a},heads={h},dataset=cifar10')
+    for a in load('sa_conv').KINDS for h in (9, 16)]
+
+
+@pytest.mark.parametrize('name, arg', PUBLISHED)
+def test_published_sizes_name_registered_models(name, arg):
+  config = load(name).get_config(arg)
+  overrides = {k: v for k, v in config.model.items() if k != 'name'}
+  models.create(config.model.name, num_classes=10, **overrides)
+
+
+@pytest.mark.parametrize('name, arg, message', [
+    ('vit', 'variant=X/16', 'X/16'), ('deit', 'variant=XL', 'XL'), ('cait', 'variant=XXS12', 'XXS12'),
+    ('deepvit', 'variant=8B', '8B'), ('t2t', 'variant=19', '19'),
+    ('sa_conv', 'attention=cubic', 'cubic'), ('vit', 'colour=red', 'colour'),
+    ('vit', 'variant', 'key=value'),
+])
+def test_bad_arguments_are_named(name, arg, message):
+  with pytest.raises(ValueError, match=message):
+    load(name).get_config(arg)
+
+
+@pytest.mark.parametrize('name', CONFIGS)
+def test_default_config_trains_with_falling_loss(name, tmp_path, train_losses):
+  config = load(name).get_config()
+  assert config.dataset == 'digits'
+  config.data_dir = str(tmp_path / 'tfds')
+  config.total_steps = 20
+  config.warmup_steps = 5
+  config.log_every = 5
+  config.eval_every = 1000
+  config.checkpoint_every = 1000
+  metrics = train.train_and_evaluate(config, str(tmp_path / 'run'))
+  assert len(train_losses) == 4
+  assert train_losses[-1] < train_losses[0], train_losses
+  assert metrics['count'] == 360

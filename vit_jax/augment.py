@@ -1,0 +1,449 @@
+"""The DeiT recipe's augmentations (SPEC §7), with timm's semantics, seeded and stateless.
+
+* RandAugment (`'rand-m9-mstd0.5-inc1'` strings, timm's `rand_augment_transform`) and random
+  erasing (timm's `RandomErasing`) act on one image inside the tf.data pipeline, keyed by a
+  stateless seed, so each example's augmentation is a pure function of (seed, process, position).
+* Mixup / CutMix (timm's `Mixup`, mode 'batch') act on a whole batch on device: `mix_batch`.
+
+RandAugment ops work on uint8 RGB images with PIL's conventions (what timm runs): affine ops sample
+at output pixel centres, fill outside the image with the mean colour, and interpolate bicubically
+(Keys, a = -0.5) or bilinearly with edge clamping.
+"""
+
+import dataclasses
+import math
+import re
+
+import jax
+import jax.numpy as jnp
+import tensorflow as tf
+
+# timm's _RAND_TRANSFORMS ('inc0') and _RAND_INCREASING_TRANSFORMS ('inc1').
+RAND_OPS = ('AutoContrast', 'Equalize', 'Invert', 'Rotate', 'Posterize', 'Solarize',
+            'SolarizeAdd', 'Color', 'Contrast', 'Brightness', 'Sharpness', 'ShearX', 'ShearY',
+            'TranslateXRel', 'TranslateYRel')
+RAND_INCREASING_OPS = ('AutoContrast', 'Equalize', 'Invert', 'Rotate', 'PosterizeIncreasing',
+                       'SolarizeIncreasing', 'SolarizeAdd', 'ColorIncreasing',
+                       'ContrastIncreasing', 'BrightnessIncreasing', 'SharpnessIncreasing',
+                       'ShearX', 'ShearY', 'TranslateXRel', 'TranslateYRel')
+INTERPOLATIONS = ('bicubic', 'bilinear', 'random')
+_LEVEL_DENOM = 10.0
+_TRANSLATE_PCT = 0.45
+_SIGNED_OPS = ('Rotate', 'ShearX', 'ShearY', 'TranslateXRel', 'TranslateYRel', 'ColorIncreasing',
+               'ContrastIncreasing', 'BrightnessIncreasing', 'SharpnessIncreasing')
+
+
+@dataclasses.dataclass(frozen=True)
+class RandAugmentSpec:
+  """A parsed timm RandAugment string such as 'rand-m9-mstd0.5-inc1'."""
+  magnitude: float = 10.0
+  num_layers: int = 2
+  prob: float = 0.5
+  magnitude_std: float = 0.0  # inf: magnitude uniform in [0, magnitude].
+  magnitude_max: float = _LEVEL_DENOM
+  increasing: bool = False
+
+  @property
+  def ops(self) -> tuple[str, ...]:
+    return RAND_INCREASING_OPS if self.increasing else RAND_OPS
+
+
+def parse_randaugment(spec: str) -> RandAugmentSpec:
+  """Parses timm's 'rand-m{M}-n{N}-p{P}-mstd{S}-mmax{X}-inc{0|1}' (sections in any order)."""
+  sections = spec.split('-')
+  if sections[0] != 'rand':
+    raise ValueError(f"RandAugment spec {spec!r} must start with 'rand-', e.g. "
+                     "'rand-m9-mstd0.5-inc1'.")
+  values = {}
+  for section in sections[1:]:
+    match = re.fullmatch(r'(mstd|mmax|inc|m|n|p)(\d+(?:\.\d*)?)', section)
+    if not match:
+      raise ValueError(f'Unknown section {section!r} in RandAugment spec {spec!r}; valid: '
+                       'm<magnitude>, n<layers>, p<prob>, mstd<std>, mmax<max>, inc<0|1>.')
+    values[match.group(1)] = float(match.group(2))
+  magnitude_std = values.get('mstd', 0.0)
+  return RandAugmentSpec(
+      magnitude=values.get('m', _LEVEL_DENOM), num_layers=int(values.get('n', 2)),
+      prob=values.get('p', 0.5), magnitude_std=math.inf if magnitude_std > 100 else magnitude_std,
+      magnitude_max=values.get('mmax', _LEVEL_DENOM), increasing=bool(values.get('inc', 0)))
+
+
+def level_to_arg(name: str, magnitude: tf.Tensor, negate: tf.Tensor) -> tf.Tensor:
+  """timm's LEVEL_TO_ARG: the op argument for `magnitude` in [0, 10]; `negate` flips its sign."""
+  level = tf.cast(magnitude, tf.float64) / _LEVEL_DENOM  # Double, as timm's Python floats.
+  sign = tf.where(negate, tf.constant(-1.0, tf.float64), tf.constant(1.0, tf.float64))
+  if name == 'Rotate':
+    return sign * level * 30.0
+  if name in ('ShearX', 'ShearY'):
+    return sign * level * 0.3
+  if name in ('TranslateXRel', 'TranslateYRel'):
+    return sign * level * _TRANSLATE_PCT
+  if name == 'Posterize':
+    return tf.floor(level * 4.0)
+  if name == 'PosterizeIncreasing':
+    return 4.0 - tf.floor(level * 4.0)
+  if name == 'Solarize':
+    return tf.minimum(tf.floor(level * 256.0), 256.0)
+  if name == 'SolarizeIncreasing':
+    return 256.0 - tf.minimum(tf.floor(level * 256.0), 256.0)
+  if name == 'SolarizeAdd':
+    return tf.minimum(tf.floor(level * 110.0), 128.0)
+  if name in ('Color', 'Contrast', 'Brightness', 'Sharpness'):
+    return level * 1.8 + 0.1
+  if name.endswith('Increasing'):  # Color/Contrast/Brightness/Sharpness, severity grows with level.
+    return tf.maximum(1.0 + sign * level * 0.9, 0.1)
+  return tf.constant(0.0, tf.float64)  # AutoContrast, Equalize, Invert take no argument.
+
+
+# Pixel ops on uint8 (H, W, 3) images, as PIL computes them.
+
+
+def _grayscale(image: tf.Tensor) -> tf.Tensor:
+  """PIL's RGB -> L conversion (ITU-R 601-2 luma, 16-bit fixed point)."""
+  rgb = tf.cast(image, tf.int32)
+  luma = tf.bitwise.right_shift(
+      rgb[..., 0] * 19595 + rgb[..., 1] * 38470 + rgb[..., 2] * 7471 + 0x8000, 16)
+  return luma[..., None]
+
+
+def _blend(degenerate: tf.Tensor, image: tf.Tensor, factor: tf.Tensor) -> tf.Tensor:
+  """PIL's Image.blend(degenerate, image, factor), the core of every ImageEnhance op."""
+  # As PIL: computed in double, stored as float, truncated.
+  degenerate = tf.cast(degenerate, tf.float64)
+  mixed = degenerate + tf.cast(factor, tf.float64) * (tf.cast(image, tf.float64) - degenerate)
+  return tf.cast(tf.clip_by_value(tf.cast(mixed, tf.float32), 0.0, 255.0), tf.uint8)
+
+
+def _lut(image: tf.Tensor, table: tf.Tensor) -> tf.Tensor:
+  """Applies a per-channel lookup table of shape (256,) or (3, 256)."""
+  table = tf.cast(tf.clip_by_value(table, 0, 255), tf.uint8)
+  if table.shape.rank == 1:
+    return tf.gather(table, tf.cast(image, tf.int32))
+  return tf.stack([tf.gather(table[c], tf.cast(image[..., c], tf.int32)) for c in range(3)], -1)
+
+
+def _histograms(image: tf.Tensor) -> tf.Tensor:
+  """(3, 256) per-channel histograms."""
+  return tf.stack([tf.math.bincount(tf.cast(image[..., c], tf.int32), minlength=256, maxlength=256)
+                   for c in range(3)])
+
+
+def _auto_contrast(image: tf.Tensor) -> tf.Tensor:
+  """ImageOps.autocontrast (cutoff 0): stretch each channel's [min, max] to [0, 255]."""
+  flat = tf.reshape(tf.cast(image, tf.float32), [-1, 3])
+  lo, hi = tf.reduce_min(flat, 0)[:, None], tf.reduce_max(flat, 0)[:, None]
+  scale = 255.0 / tf.maximum(hi - lo, 1.0)
+  values = tf.range(256, dtype=tf.float32)[None]
+  stretched = tf.clip_by_value(tf.floor(values * scale - lo * scale), 0.0, 255.0)
+  return _lut(image, tf.where(hi > lo, stretched, values))
+
+
+def _equalize(image: tf.Tensor) -> tf.Tensor:
+  """ImageOps.equalize: per channel, map values through the normalised cumulative histogram."""
+  histogram = _histograms(image)
+  nonzero = histogram > 0
+  last_nonzero = tf.gather(histogram, 255 - tf.argmax(tf.reverse(tf.cast(nonzero, tf.int32), [1]),
+                                                      axis=1, output_type=tf.int32), batch_dims=1)
+  step = (tf.reduce_sum(histogram, 1) - last_nonzero) // 255
+  before = tf.cumsum(histogram, axis=1, exclusive=True)
+  table = (step[:, None] // 2 + before) // tf.maximum(step[:, None], 1)
+  identity = tf.broadcast_to(tf.range(256), [3, 256])
+  keep = (tf.reduce_sum(tf.cast(nonzero, tf.int32), 1) <= 1) | (step == 0)
+  return _lut(image, tf.where(keep[:, None], identity, table))
+
+
+def _posterize(image: tf.Tensor, bits: tf.Tensor) -> tf.Tensor:
+  """ImageOps.posterize: keep the `bits` most significant bits (8 or more: unchanged)."""
+  bits = tf.cast(bits, tf.int32)
+  mask = tf.bitwise.invert(tf.bitwise.left_shift(1, 8 - tf.minimum(bits, 8)) - 1)
+  return tf.where(bits >= 8, image, tf.cast(tf.bitwise.bitwise_and(tf.cast(image, tf.int32), mask),
+                                            tf.uint8))
+
+
+def _solarize(image: tf.Tensor, threshold: tf.Tensor) -> tf.Tensor:
+  values, threshold = tf.cast(image, tf.float32), tf.cast(threshold, tf.float32)
+  return tf.cast(tf.where(values < threshold, values, 255.0 - values), tf.uint8)
+
+
+def _solarize_add(image: tf.Tensor, add: tf.Tensor) -> tf.Tensor:
+  values, add = tf.cast(image, tf.float32), tf.cast(add, tf.float32)
+  return tf.cast(tf.where(values < 128.0, tf.minimum(255.0, values + add), values), tf.uint8)
+
+
+def _smooth(image: tf.Tensor) -> tf.Tensor:
+  """ImageFilter.SMOOTH: 3x3 kernel [[1,1,1],[1,5,1],[1,1,1]] / 13, border pixels kept."""
+  kernel = tf.constant([[1, 1, 1], [1, 5, 1], [1, 1, 1]], tf.float32) / 13.0
+  kernel = tf.tile(kernel[:, :, None, None], [1, 1, 3, 1])
+  smoothed = tf.nn.depthwise_conv2d(tf.cast(image, tf.float32)[None], kernel, [1, 1, 1, 1],
+                                    'SAME')[0]
+  smoothed = tf.cast(tf.clip_by_value(tf.floor(smoothed + 0.5), 0.0, 255.0), tf.uint8)
+  height, width = tf.shape(image)[0], tf.shape(image)[1]
+  rows, cols = tf.range(height)[:, None], tf.range(width)[None, :]
+  interior = (rows > 0) & (rows < height - 1) & (cols > 0) & (cols < width - 1)
+  return tf.where(interior[..., None], smoothed, image)
+
+
+def _cubic_weights(t: tf.Tensor) -> tf.Tensor:
+  """PIL's affine bicubic: cubic convolution with a = -1, taps at offsets -1, 0, 1, 2 from floor."""
+  a = -1.0
+  def near(x):  # |x| <= 1
+    return ((a + 2) * x - (a + 3)) * x * x + 1
+  def far(x):  # 1 < |x| < 2
+    return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+  return tf.stack([far(1 + t), near(t), near(1 - t), far(2 - t)], -1)
+
+
+def _affine(image: tf.Tensor, matrix: tuple[tf.Tensor, ...], fill: tf.Tensor,
+            bicubic: bool | tf.Tensor, along: str = 'xy') -> tf.Tensor:
+  """PIL's Image.transform(AFFINE, matrix): output pixel (x, y) samples the input at
+  (a x + b y + c, d x + e y + f), measured at pixel centres; outside the image is `fill`.
+
+  `along` = 'x' ('y') declares that the map keeps every row (column), so only that axis needs
+  interpolating: the same result with a quarter of the taps.
+  """
+  a, b, c, d, e, f = (tf.cast(v, tf.float64) for v in matrix)  # PIL works in double.
+  shape = tf.shape(image)
+  height, width = shape[0], shape[1]
+  ys, xs = tf.meshgrid(tf.range(height, dtype=tf.float64) + 0.5,
+                       tf.range(width, dtype=tf.float64) + 0.5, indexing='ij')
+  x_in = a * xs + b * ys + c
+  y_in = d * xs + e * ys + f
+  w_f, h_f = tf.cast(width, tf.float64), tf.cast(height, tf.float64)
+  inside = (x_in >= 0) & (x_in < w_f) & (y_in >= 0) & (y_in < h_f)
+  x_in, y_in = x_in - 0.5, y_in - 0.5
+  x0, y0 = tf.floor(x_in), tf.floor(y_in)
+  tx, ty = x_in - x0, y_in - y0
+  flat = tf.reshape(tf.cast(image, tf.float32), [-1, 3])
+
+  def taps(start, t, size, cubic, interpolate):
+    """Tap indices (H, W, k) and weights (H, W, k) along one axis."""
+    if not interpolate:
+      return tf.cast(start, tf.int32)[..., None], tf.ones_like(t, tf.float32)[..., None]
+    offsets = tf.constant([-1, 0, 1, 2] if cubic else [0, 1])
+    index = tf.clip_by_value(tf.cast(start, tf.int32)[..., None] + offsets, 0, size - 1)
+    weights = _cubic_weights(t) if cubic else tf.stack([1 - t, t], -1)
+    return index, tf.cast(weights, tf.float32)
+
+  def sample(cubic):
+    xi, wx = taps(x0, tx, width, cubic, 'x' in along)
+    yi, wy = taps(y0, ty, height, cubic, 'y' in along)
+    pixels = tf.gather(flat, yi[..., :, None] * width + xi[..., None, :])  # (H, W, ky, kx, 3)
+    return tf.reduce_sum(tf.reduce_sum(pixels * wx[..., None, :, None], 3) * wy[..., None], 2)
+
+  if isinstance(bicubic, bool):
+    result = sample(bicubic)
+  else:
+    result = tf.cond(bicubic, lambda: sample(True), lambda: sample(False))
+  result = tf.cast(tf.clip_by_value(result, 0.0, 255.0), tf.uint8)  # PIL truncates.
+  return tf.where(inside[..., None], result, tf.broadcast_to(fill, tf.shape(result)))
+
+
+def _rotate_matrix(degrees: tf.Tensor, height: tf.Tensor, width: tf.Tensor):
+  """Inverse map of PIL's Image.rotate(degrees) about the image centre (counter-clockwise)."""
+  angle = -degrees * math.pi / 180.0
+  cos, sin = tf.cos(angle), tf.sin(angle)
+  cx, cy = tf.cast(width, tf.float64) / 2.0, tf.cast(height, tf.float64) / 2.0
+  return (cos, sin, cx - cos * cx - sin * cy, -sin, cos, cy + sin * cx - cos * cy)
+
+
+def apply_op(name: str, image: tf.Tensor, arg: tf.Tensor, fill: tf.Tensor,
+             bicubic: bool | tf.Tensor) -> tf.Tensor:
+  """timm's NAME_TO_OP[name](image, arg) on a uint8 (H, W, 3) image."""
+  arg = tf.cast(arg, tf.float64)
+  height, width = tf.shape(image)[0], tf.shape(image)[1]
+  one, zero = tf.constant(1.0, tf.float64), tf.constant(0.0, tf.float64)
+  if name == 'AutoContrast':
+    return _auto_contrast(image)
+  if name == 'Equalize':
+    return _equalize(image)
+  if name == 'Invert':
+    return 255 - image
+  if name.startswith('Posterize'):
+    return _posterize(image, arg)
+  if name.startswith('SolarizeAdd'):
+    return _solarize_add(image, arg)
+  if name.startswith('Solarize'):
+    return _solarize(image, arg)
+  if name.startswith('Color'):
+    return _blend(tf.tile(_grayscale(image), [1, 1, 3]), image, arg)
+  if name.startswith('Contrast'):
+    gray = tf.cast(_grayscale(image), tf.float64)
+    mean = tf.floor(tf.reduce_mean(gray) + 0.5)
+    return _blend(tf.fill(tf.shape(image), mean), image, arg)
+  if name.startswith('Brightness'):
+    return _blend(tf.zeros_like(image), image, arg)
+  if name.startswith('Sharpness'):
+    return _blend(_smooth(image), image, arg)
+  if name == 'Rotate':
+    return _affine(image, _rotate_matrix(arg, height, width), fill, bicubic)
+  if name == 'ShearX':
+    return _affine(image, (one, arg, zero, zero, one, zero), fill, bicubic, along='x')
+  if name == 'ShearY':
+    return _affine(image, (one, zero, zero, arg, one, zero), fill, bicubic, along='y')
+  if name == 'TranslateXRel':
+    return _affine(image, (one, zero, arg * tf.cast(width, tf.float64), zero, one, zero), fill,
+                   bicubic, along='x')
+  if name == 'TranslateYRel':
+    return _affine(image, (one, zero, zero, zero, one, arg * tf.cast(height, tf.float64)), fill,
+                   bicubic, along='y')
+  valid = sorted(set(RAND_OPS + RAND_INCREASING_OPS))
+  raise ValueError(f'Unknown RandAugment op {name!r}; valid: {valid}.')
+
+
+def sample_magnitude(seed: tf.Tensor, spec: RandAugmentSpec) -> tf.Tensor:
+  """One op's magnitude: N(m, mstd) (or U(0, m) if mstd is inf), clipped to [0, mmax]."""
+  if spec.magnitude_std == math.inf:
+    magnitude = tf.random.stateless_uniform([], seed, 0.0, spec.magnitude)
+  elif spec.magnitude_std > 0:
+    magnitude = spec.magnitude + spec.magnitude_std * tf.random.stateless_normal([], seed)
+  else:
+    magnitude = tf.constant(spec.magnitude, tf.float32)
+  return tf.clip_by_value(magnitude, 0.0, spec.magnitude_max)
+
+
+@tf.autograph.experimental.do_not_convert
+def randaugment(image: tf.Tensor, seed: tf.Tensor, spec: RandAugmentSpec, *,
+                fill: tuple[int, int, int], interpolation: str = 'bicubic') -> tf.Tensor:
+  """timm's RandAugment on one uint8 (H, W, 3) image: `num_layers` ops drawn with replacement,
+  each applied with probability `prob` at a freshly sampled magnitude.
+
+  `interpolation` for the geometric ops: 'bicubic' (DeiT), 'bilinear', or 'random' (timm's
+  default when no interpolation is given: one of the two per op).
+  """
+  if interpolation not in INTERPOLATIONS:
+    raise ValueError(f'Unknown interpolation {interpolation!r}; valid: {INTERPOLATIONS}.')
+  fill = tf.constant(fill, tf.uint8)
+  ops = spec.ops
+
+  def layer(index, image):
+    choice_seed, apply_seed, magnitude_seed, sign_seed, resample_seed = tf.unstack(
+        tf.random.experimental.stateless_split(
+            tf.random.experimental.stateless_fold_in(seed, index), 5))
+    choice = tf.random.stateless_uniform([], choice_seed, 0, len(ops), dtype=tf.int32)
+    apply = tf.random.stateless_uniform([], apply_seed) < spec.prob
+    magnitude = sample_magnitude(magnitude_seed, spec)
+    negate = tf.random.stateless_uniform([], sign_seed) > 0.5
+    if interpolation == 'random':
+      bicubic = tf.random.stateless_uniform([], resample_seed) < 0.5
+    else:
+      bicubic = interpolation == 'bicubic'
+    branches = [
+        (lambda name=name: apply_op(name, image, level_to_arg(name, magnitude, negate), fill,
+                                    bicubic))
+        for name in ops]
+    augmented = tf.ensure_shape(tf.switch_case(choice, branches), image.shape)
+    return index + 1, tf.where(apply, augmented, image)
+
+  # One traced layer, looped: the graph holds each op once however many layers there are.
+  _, image = tf.while_loop(lambda index, _: index < spec.num_layers, layer,
+                           (tf.constant(0), image))
+  return image
+
+
+# Random erasing, on one normalised float image.
+
+ERASE_AREA = (0.02, 1 / 3)
+ERASE_ASPECT = (0.3, 1 / 0.3)
+_ERASE_ATTEMPTS = 10
+
+
+def erase_box(seed: tf.Tensor, height: int, width: int) -> tuple[tf.Tensor, ...]:
+  """timm's RandomErasing box (top, left, h, w); h = w = 0 if none of the 10 attempts fits."""
+  area_seed, aspect_seed, top_seed, left_seed = tf.unstack(
+      tf.random.experimental.stateless_split(seed, 4))
+  n = _ERASE_ATTEMPTS
+  area = tf.random.stateless_uniform([n], area_seed, *ERASE_AREA) * float(height * width)
+  log_lo, log_hi = math.log(ERASE_ASPECT[0]), math.log(ERASE_ASPECT[1])
+  aspect = tf.exp(tf.random.stateless_uniform([n], aspect_seed, log_lo, log_hi))
+  box_h = tf.round(tf.sqrt(area * aspect))
+  box_w = tf.round(tf.sqrt(area / aspect))
+  fits = (box_w < width) & (box_h < height)
+  first = tf.argmax(tf.cast(fits, tf.int32))
+  any_fits = tf.reduce_any(fits)
+  box_h = tf.where(any_fits, box_h[first], 0.0)
+  box_w = tf.where(any_fits, box_w[first], 0.0)
+  top = tf.floor(tf.random.stateless_uniform([], top_seed) * (height - box_h + 1))
+  left = tf.floor(tf.random.stateless_uniform([], left_seed) * (width - box_w + 1))
+  return tuple(tf.cast(v, tf.int32) for v in (top, left, box_h, box_w))
+
+
+@tf.autograph.experimental.do_not_convert
+def random_erase(image: tf.Tensor, seed: tf.Tensor, probability: float) -> tf.Tensor:
+  """timm's RandomErasing(mode='pixel', max_count=1) on a normalised (H, W, C) float image:
+  with `probability`, one box (area 2-33 %, log-uniform aspect 0.3-3.3) becomes N(0, 1) noise."""
+  apply_seed, box_seed, noise_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 3))
+  height, width = image.shape[0], image.shape[1]
+  top, left, box_h, box_w = erase_box(box_seed, height, width)
+  rows = tf.range(height)[:, None]
+  cols = tf.range(width)[None, :]
+  box = (rows >= top) & (rows < top + box_h) & (cols >= left) & (cols < left + box_w)
+  box &= tf.random.stateless_uniform([], apply_seed) < probability
+  noise = tf.random.stateless_normal(tf.shape(image), noise_seed, dtype=image.dtype)
+  return tf.where(box[..., None], noise, image)
+
+
+# Mixup / CutMix, on a batch on device.
+
+
+def mix_batch(rng: jax.Array, images: jax.Array, labels_onehot: jax.Array, *,
+              mixup_alpha: float = 0.8, cutmix_alpha: float = 1.0, switch_prob: float = 0.5,
+              mix_prob: float = 1.0, label_smoothing: float = 0.1,
+              correct_lam: bool = True) -> tuple[jax.Array, jax.Array]:
+  """timm's Mixup(mode='batch'): one λ per batch, each image mixed with its mirror in the batch.
+
+  images: (B, H, W, C); labels_onehot: (B, K). With probability `mix_prob` the batch is mixed:
+  CutMix (λ ~ Beta(cutmix_alpha)) with probability `switch_prob` when both alphas are > 0,
+  otherwise mixup (λ ~ Beta(mixup_alpha)). CutMix pastes a box of area ≈ (1 - λ) from the
+  mirrored image and, with `correct_lam`, sets λ to 1 - (clipped box area) / (H W). Returns the
+  mixed images and soft targets λ y + (1 - λ) y[::-1], y smoothed to (1 - s) y + s / K.
+  """
+  if mixup_alpha <= 0 and cutmix_alpha <= 0:
+    raise ValueError(f'mix_batch needs mixup_alpha > 0 or cutmix_alpha > 0, got {mixup_alpha} '
+                     f'and {cutmix_alpha}.')
+  num_classes = labels_onehot.shape[-1]
+  targets = labels_onehot.astype(jnp.float32) * (1.0 - label_smoothing) + (
+      label_smoothing / num_classes)
+  apply_rng, switch_rng, lam_rng, y_rng, x_rng = jax.random.split(rng, 5)
+  apply = jax.random.uniform(apply_rng) < mix_prob
+  if mixup_alpha > 0 and cutmix_alpha > 0:
+    use_cutmix = jax.random.uniform(switch_rng) < switch_prob
+  else:
+    use_cutmix = jnp.asarray(cutmix_alpha > 0)
+  alpha = jnp.where(use_cutmix, cutmix_alpha, mixup_alpha)
+  lam = jax.random.beta(lam_rng, alpha, alpha)
+
+  height, width = images.shape[1], images.shape[2]
+  ratio = jnp.sqrt(1.0 - lam)
+  cut_h = jnp.floor(height * ratio).astype(jnp.int32)
+  cut_w = jnp.floor(width * ratio).astype(jnp.int32)
+  centre_y = jax.random.randint(y_rng, (), 0, height)
+  centre_x = jax.random.randint(x_rng, (), 0, width)
+  top = jnp.clip(centre_y - cut_h // 2, 0, height)
+  bottom = jnp.clip(centre_y + (cut_h + 1) // 2, 0, height)
+  left = jnp.clip(centre_x - cut_w // 2, 0, width)
+  right = jnp.clip(centre_x + (cut_w + 1) // 2, 0, width)
+  rows = jnp.arange(height)[:, None]
+  cols = jnp.arange(width)[None, :]
+  box = (rows >= top) & (rows < bottom) & (cols >= left) & (cols < right)
+  box_lam = 1.0 - (bottom - top) * (right - left) / (height * width) if correct_lam else lam
+
+  mirrored = images[::-1]
+  cut = jnp.where(box[None, :, :, None], mirrored, images)
+  weight = jnp.asarray(lam, images.dtype)
+  mixed = images * weight + mirrored * (1 - weight)
+  images = jnp.where(apply, jnp.where(use_cutmix, cut, mixed), images)
+  lam = jnp.where(apply, jnp.where(use_cutmix, box_lam, lam), 1.0).astype(jnp.float32)
+  return images, lam * targets + (1.0 - lam) * targets[::-1]
+
+
+def mix_settings(config) -> dict[str, float] | None:
+  """`mix_batch` keyword arguments from config, or None when neither mixup nor CutMix is on."""
+  mixup_alpha, cutmix_alpha = config.get('mixup_alpha', 0.0), config.get('cutmix_alpha', 0.0)
+  if mixup_alpha < 0 or cutmix_alpha < 0:
+    raise ValueError(f'config.mixup_alpha={mixup_alpha} and config.cutmix_alpha={cutmix_alpha} '
+                     'must be >= 0 (0 turns each off).')
+  if mixup_alpha == 0 and cutmix_alpha == 0:
+    return None
+  return dict(mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha,
+              switch_prob=config.get('mix_switch_prob', 0.5), mix_prob=config.get('mix_prob', 1.0),
+              label_smoothing=config.label_smoothing)

@@ -1,0 +1,33 @@
+r"""Exports a work directory's newest checkpoint as a timm `.safetensors` file, for PyTorch.
+
+  python -m vit_jax.export --workdir=/tmp/deit --out=/tmp/deit.safetensors
+
+In PyTorch: `model = timm.create_model(NAME, num_classes=..., img_size=...)` with the architecture
+of the run, then `model.load_state_dict(safetensors.torch.load_file('/tmp/deit.safetensors'))`.
+"""
+
+import sys
+
+from absl import app
+from absl import flags
+
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Work directory written by vit_jax.main.')
+_OUT = flags.DEFINE_string('out', None, 'The .safetensors file to write.')
+flags.mark_flags_as_required(['workdir', 'out'])
+
+
+def main(argv) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  from vit_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  from vit_jax import models  # pylint: disable=g-import-not-at-top
+  try:
+    variables, meta = checkpoints.read_workdir(_WORKDIR.value)
+    keys = checkpoints.export_timm(variables, models.create(meta['model']), _OUT.value)
+  except ValueError as e:
+    sys.exit(f'error: {e}')
+  print(f'Wrote {len(keys)} tensors of {meta["model"]} (step {meta["step"]}) to {_OUT.value}.')
+
+
+if __name__ == '__main__':
+  app.run(main)
