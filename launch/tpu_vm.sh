@@ -132,7 +132,8 @@ do_install() {
   run git -C "$REPO" archive --format=tar.gz "--output=$archive" HEAD
   gcloud_tpu scp "$archive" "$name:vit_jax.tar.gz" --worker=all
   local remote
-  remote="set -e; rm -rf ~/vit_jax ~/venv; mkdir -p ~/vit_jax; tar -xzf ~/vit_jax.tar.gz -C ~/vit_jax"
+  remote="set -e; rm -rf ~/vit_jax ~/venv; mkdir -p ~/vit_jax"
+  remote+="; tar -xzf ~/vit_jax.tar.gz -C ~/vit_jax"
   remote+="; python3 -m pip install --user --quiet uv==$UV_VERSION"
   remote+="; ~/.local/bin/uv venv --python 3.11 ~/venv"
   remote+="; ~/.local/bin/uv pip install --python ~/venv/bin/python"

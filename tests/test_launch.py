@@ -95,7 +95,8 @@ def test_tpu_dry_run_prints_the_commands_of_a_run(recorder):
   assert '-r ~/vit_jax/launch/requirements.txt' in remote(install)
   assert 'uv venv --python 3.11' in remote(install)
   assert ('launch/prepare_data.py --config=configs/vit.py:variant=S/4,dataset=cifar10 '
-          '--data_dir=gs://my-bucket/tensorflow_datasets --config.batch_size=1024') in remote(prepare)
+          '--data_dir=gs://my-bucket/tensorflow_datasets --config.batch_size=1024'
+          ) in remote(prepare)
   assert ('~/venv/bin/python -m vit_jax.main --distributed=on '
           '--config=configs/vit.py:variant=S/4,dataset=cifar10 '
           '--workdir=gs://my-bucket/vit_jax/vit-jax '
