@@ -27,6 +27,7 @@ import zipfile
 from typing import Any, Mapping
 
 from absl import logging
+from etils import epath
 import flax
 import flax.linen as nn
 import jax
@@ -49,19 +50,23 @@ def param_shapes(params: Any) -> dict[str, list[int]]:
   }
 
 
+def checkpoint_directory(workdir: str) -> epath.Path:
+  """`workdir/checkpoints`: local paths made absolute (orbax needs that), URIs (gs://) kept."""
+  return epath.Path(workdir if '://' in workdir else os.path.abspath(workdir)) / CHECKPOINT_DIR
+
+
 def checkpoint_manager(workdir: str, *, keep: int, read_only: bool = False
                        ) -> ocp.CheckpointManager:
   """An orbax manager over `workdir/checkpoints`, keeping the newest `keep` steps."""
   options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only,
                                          read_only=read_only)
-  return ocp.CheckpointManager(os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR),
-                               options=options, item_names=('state', 'meta'))
+  return ocp.CheckpointManager(checkpoint_directory(workdir), options=options,
+                               item_names=('state', 'meta'))
 
 
 def has_checkpoint(workdir: str) -> bool:
   """Whether `workdir` holds at least one finished training checkpoint."""
-  directory = os.path.join(workdir, CHECKPOINT_DIR)
-  if not os.path.isdir(directory):
+  if not checkpoint_directory(workdir).is_dir():
     return False
   return checkpoint_manager(workdir, keep=1, read_only=True).latest_step() is not None
 
@@ -128,11 +133,10 @@ def restore_arrays(workdir: str, step: int | None = None) -> dict[str, Any]:
 
 def read_config(workdir: str) -> dict[str, Any] | None:
   """The resolved config a run saved in its work directory, or None."""
-  path = os.path.join(workdir, 'config.json')
-  if not os.path.exists(path):
+  path = epath.Path(workdir) / 'config.json'
+  if not path.exists():
     return None
-  with open(path) as f:
-    return json.load(f)
+  return json.loads(path.read_text())
 
 
 # Foreign weights ---------------------------------------------------------------------------------

@@ -2,9 +2,9 @@ r"""Trains and evaluates a model: `python -m vit_jax.main --config=configs/vit.p
 
 The same command runs on a laptop, a GPU box, every task of a SLURM job step and every worker of a
 Cloud TPU VM pod: when a multi-process run is detected (see `distributed_arguments`) JAX's
-distributed runtime is initialised first; `--distributed=on|off` overrides the detection. Override any config field with
-`--config.FIELD=VALUE`, or pass `key=value` pairs after the config path:
-`--config=configs/vit.py:variant=S/16,dataset=cifar10`.
+distributed runtime is initialised first; `--distributed=on|off` overrides the detection.
+Override any config field with `--config.FIELD=VALUE`, or pass `key=value` pairs after the config
+path: `--config=configs/vit.py:variant=S/16,dataset=cifar10`.
 """
 
 import glob
