@@ -74,28 +74,22 @@ class Run(NamedTuple):
 def load_run(workdir: str, step: int | None = None) -> Run:
   """The config, model and variables of `workdir`'s checkpoint at `step` (default: newest)."""
   saved = checkpoints.read_config(workdir)
-  if saved is None:
-    raise ValueError(f'{workdir!r} has no config.json; point --workdir at a training run.')
-  if not checkpoints.has_checkpoint(workdir):
-    raise ValueError(f'{workdir!r} has no checkpoint yet; train it first.')
+  if saved is None or not checkpoints.has_checkpoint(workdir):
+    raise ValueError(f'{workdir!r} is not a trained work directory (expected config.json and a '
+                     'checkpoint); point --workdir at a run of vit_jax.main.')
+  steps = checkpoints.checkpoint_manager(workdir, keep=1, read_only=True).all_steps()
+  if step is not None and step not in steps:
+    raise ValueError(f'No checkpoint at step {step} in {workdir!r}; steps: {list(steps)}.')
   # JSON turned tuple fields (SA-conv `layer_heads`) into lists; models must stay hashable.
   saved['model'] = {k: tuple(v) if isinstance(v, list) else v for k, v in saved['model'].items()}
   config = ml_collections.ConfigDict(saved)
   info = input_pipeline.get_dataset_info(config)
   model = train.create_model(config, info.num_classes)
-  total, warmup = train.training_steps(config, info.num_train_examples)
-  tx = train.create_optimizer(config, train.learning_rate_schedule(config, total, warmup))
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),
-                          jax.eval_shape(lambda: train.init_state(model, tx, config)))
-  manager = checkpoints.checkpoint_manager(workdir, keep=1, read_only=True)
-  if step is not None and step not in manager.all_steps():
-    raise ValueError(f'No checkpoint at step {step} in {workdir!r}; steps: {manager.all_steps()}.')
-  state = checkpoints.restore(manager, abstract, step)
-  variables = {'params': state.params}
-  if state.batch_stats:
-    variables['batch_stats'] = state.batch_stats
-  return Run(config, model, variables, info, int(state.step))
+  state = checkpoints.restore_arrays(workdir, step)
+  variables = {'params': state['params']}
+  if state.get('batch_stats'):
+    variables['batch_stats'] = state['batch_stats']
+  return Run(config, model, variables, info, int(state['step']))
 
 
 def eval_images(config: ml_collections.ConfigDict, count: int) -> np.ndarray:
