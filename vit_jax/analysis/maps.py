@@ -52,7 +52,7 @@ class Grid:
     return self.rows // 2, self.cols // 2
 
 
-def model_variables(variables: Any) -> dict[str, Any]:
+def _forward_variables(variables: Any) -> dict[str, Any]:
   """The collections a forward pass reads (no stale `intermediates`)."""
   return {k: v for k, v in dict(variables).items() if k in ('params', 'batch_stats')}
 
@@ -79,7 +79,7 @@ def _sown_maps(model: nn.Module) -> tuple[Callable[..., list[jax.Array]], list[t
 def attention_maps(model: nn.Module, variables: Any, images: Any) -> list[LayerMaps]:
   """Every sown attention map of `model` on `images` (NHWC), in the order the layers ran."""
   run, paths = _sown_maps(model)
-  sown = run(model_variables(variables), jax.numpy.asarray(images))
+  sown = run(_forward_variables(variables), jax.numpy.asarray(images))
   layers = []
   for path, values in zip(paths, sown):
     name = '/'.join(path[:-1])
