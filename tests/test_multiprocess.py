@@ -16,7 +16,6 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 
 import jax
@@ -25,7 +24,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from vit_jax import checkpoints
-from vit_jax import main as vit_main
+from vit_jax import distributed
 from vit_jax import train
 from vit_jax.datasets import digits
 
@@ -224,7 +223,7 @@ def test_two_process_checkpoint_restores_and_resumes_in_one_process(runs, tmp_pa
 
 
 def arguments(environ, **flags):
-  return vit_main.distributed_arguments(environ, **flags)
+  return distributed.distributed_arguments(environ, **flags)
 
 
 def test_a_plain_process_runs_alone():
