@@ -44,11 +44,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.drop_path_rate = 0.1
   else:
     common.quick_run(config)
-    config.model.name = 'cait_ti4'
-    config.model.patch_size = 4
-    config.model.hidden_size = 128
-    config.model.depth = 4
-    config.model.num_heads = 4
+    common.quick_model(config.model, 'cait_ti4')
     config.model.layer_scale_init = 0.1
   if args.teacher:
     config.distillation.type = 'hard'

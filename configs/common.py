@@ -145,6 +145,17 @@ def quick_run(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return config
 
 
+def quick_model(model: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
+  """A 4-block, 128-wide, 4-head member of a ViT-like family, 4×4 patches: the quick default."""
+  model.name = name
+  model.patch_size = 4
+  model.hidden_size = 128
+  model.depth = 4
+  model.num_heads = 4
+  model.mlp_dim = 256
+  return model
+
+
 def use_imagenet(config: ml_collections.ConfigDict, image_size: int = 224
                  ) -> ml_collections.ConfigDict:
   """ImageNet at `image_size` with the full DeiT recipe (SPEC §7), the base of every family's.

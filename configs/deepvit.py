@@ -54,9 +54,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.drop_path_rate = 0.2
   else:
     common.quick_run(config)
-    config.model.name = 'deepvit_vit_ti4' if args.baseline else 'deepvit_ti4'
-    config.model.patch_size = 4
-    config.model.hidden_size = 128
-    config.model.depth = 4
-    config.model.num_heads = 4
+    common.quick_model(config.model, 'deepvit_vit_ti4' if args.baseline else 'deepvit_ti4')
   return config

@@ -46,12 +46,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.drop_path_rate = 0.1
   else:
     common.quick_run(config)
-    config.model.name = f'deit_ti16{suffix}'
-    config.model.patch_size = 4
-    config.model.hidden_size = 128
-    config.model.depth = 4
-    config.model.num_heads = 4
-    config.model.mlp_dim = 256
+    common.quick_model(config.model, f'deit_ti16{suffix}')
   if args.teacher:
     config.distillation.type = args.distillation
     config.distillation.teacher_workdir = args.teacher

@@ -28,6 +28,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   args = common.parse_arg(arg, variant='', dataset='digits', image_size=224)
   config = common.get_config()
   config.dataset = args.dataset
+  # The Performer's frozen random features get no gradient; decoupled decay must not shrink them.
+  config.no_decay_names = tuple(config.no_decay_names) + ('random_features',)
   if args.variant:
     if args.variant not in VARIANTS:
       raise ValueError(f'Unknown T2T-ViT variant {args.variant!r}; valid: {list(VARIANTS)}.')

@@ -44,12 +44,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   if not args.variant:  # The quick default: a 4-layer, 128-wide ViT, 16 patches of 4×4.
     common.quick_run(config)
-    config.model.name = 'vit_ti4'
-    config.model.patch_size = 4
-    config.model.hidden_size = 128
-    config.model.depth = 4
-    config.model.num_heads = 4
-    config.model.mlp_dim = 256
+    common.quick_model(config.model, 'vit_ti4')
     return config
 
   config.model.name = model_name(args.variant)

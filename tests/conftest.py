@@ -36,3 +36,48 @@ def timm_model(timm):
     return model.eval(), state_dict
 
   return build
+
+
+@pytest.fixture
+def train_losses(monkeypatch):
+  """The mean training loss of every logging window of the runs made in the test, in order."""
+  from vit_jax import train  # pylint: disable=g-import-not-at-top
+  losses = []
+  original = train.SummaryWriter.scalars
+
+  def record(self, step, values):
+    if 'train/loss' in values:
+      losses.append(values['train/loss'])
+    return original(self, step, values)
+
+  monkeypatch.setattr(train.SummaryWriter, 'scalars', record)
+  return losses
+
+
+@pytest.fixture
+def fit_one_batch():
+  """Takes `steps` Adam steps of `model` (train=True, dropout on) on one batch; returns the losses."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+
+  def fit(model, images, labels, steps: int = 15, learning_rate: float = 3e-3) -> list[float]:
+    params = jax.jit(model.init)(jax.random.key(0), images)['params']
+    optimizer = optax.adam(learning_rate)
+    opt_state = optimizer.init(params)
+
+    @jax.jit
+    def step(params, opt_state, rng):
+      def loss_fn(p):
+        logits = model.apply({'params': p}, images, train=True, rngs={'dropout': rng})
+        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+      loss, grads = jax.value_and_grad(loss_fn)(params)
+      updates, opt_state = optimizer.update(grads, opt_state)
+      return optax.apply_updates(params, updates), opt_state, loss
+
+    losses = []
+    for i in range(steps):
+      params, opt_state, loss = step(params, opt_state, jax.random.key(i))
+      losses.append(float(loss))
+    return losses
+
+  return fit

@@ -5,7 +5,6 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 from vit_jax import models
@@ -37,10 +36,15 @@ def test_layer_scale_init_official_values_and_paper_rule(name, official, paper):
   assert models.create(name, paper_layer_scale=True).layer_scale == paper
 
 
-def test_structure_stages_and_sown_probabilities():
-  model = cait.CaiT(**TINY, layer_scale_init=0.3, drop_path_rate=0.1)
+@pytest.fixture(scope='module')
+def tiny_variables():
+  model = cait.CaiT(**TINY, layer_scale_init=0.3)
+  return model, jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 16, 16, 3)))
+
+
+def test_structure_stages_and_sown_probabilities(tiny_variables):
+  model, variables = tiny_variables
   images = jax.random.normal(jax.random.key(1), (2, 16, 16, 3))
-  variables = jax.jit(model.init)(jax.random.key(0), images)
   params = variables['params']
   assert params['pos_embed'].shape == (1, 16, 24)  # No class slot.
   assert params['cls_token'].shape == (1, 1, 24)
@@ -89,9 +93,8 @@ def test_logits_match_timm_cait_xxs24_224(timm):
   np.testing.assert_allclose(logits, expected, atol=1e-5, rtol=0)
 
 
-def test_from_timm_and_to_timm_are_inverses():
-  model = cait.CaiT(**TINY)
-  variables = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 16, 16, 3)))
+def test_from_timm_and_to_timm_are_inverses(tiny_variables):
+  _, variables = tiny_variables
   state_dict = cait.to_timm(variables)
   assert state_dict['blocks.1.attn.proj_w.weight'].shape == (4, 4)
   assert state_dict['blocks_token_only.0.attn.q.weight'].shape == (24, 24)
@@ -112,26 +115,10 @@ def test_bad_configuration_raises_value_error():
                    jnp.zeros((1, 16, 16, 3)))
 
 
-def test_tiny_model_trains():
+def test_tiny_model_trains(fit_one_batch):
   model = cait.CaiT(**dict(TINY, depth=1), class_attention_depth=1, layer_scale_init=0.1,
                     dropout_rate=0.1, drop_path_rate=0.1)
   images = jax.random.normal(jax.random.key(1), (8, 8, 8, 3))
   labels = jnp.arange(8) % 5
-  params = jax.jit(model.init)(jax.random.key(0), images)['params']
-  optimizer = optax.adam(3e-3)
-  opt_state = optimizer.init(params)
-
-  @jax.jit
-  def step(params, opt_state, rng):
-    def loss_fn(p):
-      logits = model.apply({'params': p}, images, train=True, rngs={'dropout': rng})
-      return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-    loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt_state = optimizer.update(grads, opt_state)
-    return optax.apply_updates(params, updates), opt_state, loss
-
-  losses = []
-  for i in range(15):
-    params, opt_state, loss = step(params, opt_state, jax.random.key(i))
-    losses.append(float(loss))
+  losses = fit_one_batch(model, images, labels)
   assert np.mean(losses[-3:]) < 0.7 * np.mean(losses[:3])

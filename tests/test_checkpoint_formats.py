@@ -115,7 +115,8 @@ def _google_npz(state_dict: dict, num_heads: int, path: str) -> str:
       arrays[f'{google}MlpBlock_3/Dense_{j}/kernel'] = state_dict[f'{block}mlp.{fc}.weight'].T
       arrays[f'{google}MlpBlock_3/Dense_{j}/bias'] = state_dict[f'{block}mlp.{fc}.bias']
     attention = f'{google}MultiHeadDotProductAttention_1/'
-    qkv_weight, qkv_bias = state_dict[f'{block}attn.qkv.weight'], state_dict[f'{block}attn.qkv.bias']
+    qkv_weight = state_dict[f'{block}attn.qkv.weight']
+    qkv_bias = state_dict[f'{block}attn.qkv.bias']
     for j, name in enumerate(('query', 'key', 'value')):
       rows = slice(j * width, (j + 1) * width)
       arrays[f'{attention}{name}/kernel'] = qkv_weight[rows].T.reshape(width, num_heads, head_dim)
@@ -144,11 +145,33 @@ def test_google_npz_gives_timm_logits(timm, timm_model, tmp_path):
   assert np.abs(logits - _timm_logits(model, images)).max() <= 1e-5
 
 
+def test_google_npz_pre_logits_load_or_drop_for_fine_tuning(timm_model, tmp_path):
+  _, state_dict = timm_model('vit_tiny_patch16_224', img_size=32, **TINY)
+  path = _google_npz(state_dict, 3, str(tmp_path / 'ViT-Ti_8.npz'))
+  with np.load(path) as arrays:
+    arrays = dict(arrays)
+  rng = np.random.default_rng(0)
+  arrays['pre_logits/kernel'] = rng.normal(size=(192, 32)).astype(np.float32)
+  arrays['pre_logits/bias'] = rng.normal(size=(32,)).astype(np.float32)
+  arrays['head/kernel'] = rng.normal(size=(32, 10)).astype(np.float32)
+  np.savez(path, **arrays)
+  with_representation = _ours('vit_ti16', **TINY, representation_size=32)
+  params = checkpoints.load(path, with_representation, image_size=32)['params']
+  np.testing.assert_array_equal(params['pre_logits']['kernel'], arrays['pre_logits/kernel'])
+  np.testing.assert_array_equal(params['head']['kernel'], arrays['head/kernel'])
+  plain = _ours('vit_ti16', **TINY)
+  with pytest.raises(ValueError, match='unexpected in the checkpoint(.|\n)*params/pre_logits'):
+    checkpoints.load(path, plain, image_size=32)
+  params = checkpoints.load(path, plain, image_size=32, reset_head=True)['params']
+  assert 'pre_logits' not in params and params['head']['kernel'].shape == (192, 10)
+  np.testing.assert_array_equal(params['norm']['scale'], state_dict['norm.weight'])
+
+
 def test_export_round_trip_is_exact_and_timm_reads_it(timm, tmp_path):
   from safetensors import torch as safetensors_torch  # pylint: disable=g-import-not-at-top
   ours = _ours('deit_ti16_distilled', **TINY)
   images = _images(32)
-  variables = _random_variables(ours, 32, seed=3)
+  variables = _random_variables(ours, 32, seed=3, scale=0.1)
   path = str(tmp_path / 'export' / 'deit.safetensors')
   keys = checkpoints.export_timm(variables, ours, path)
   reloaded = checkpoints.load(path, ours, image_size=32)
@@ -202,13 +225,13 @@ def test_load_at_384_resizes_224_position_embedding(timm, timm_model, case, pref
   assert np.abs(variables['params']['pos_embed'] - expected).max() <= 1e-4
 
 
-def _random_variables(model, image_size: int, seed: int = 0) -> dict:
-  """Every variable of `model` drawn at random (running variances positive)."""
+def _random_variables(model, image_size: int, seed: int = 0, scale: float = 1.0) -> dict:
+  """Every variable of `model` drawn at random, N(0, scale^2) (running variances positive)."""
   shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), np.zeros(
       (1, image_size, image_size, 3), np.float32), train=False))
   rng = np.random.default_rng(seed)
   draw = lambda path, s: (np.abs(rng.normal(size=s.shape)) + 0.5 if path[-1].key == 'var'
-                          else rng.normal(size=s.shape)).astype(np.float32)
+                          else scale * rng.normal(size=s.shape)).astype(np.float32)
   return {c: jax.tree_util.tree_map_with_path(draw, shapes[c])
           for c in ('params', 'batch_stats') if c in shapes}
 

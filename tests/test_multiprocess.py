@@ -1,7 +1,9 @@
 """Multi-process training: two processes on one machine equal one process with two devices.
 
-Two `python -m vit_jax.main` processes join over 127.0.0.1 (one CPU device each, gloo collectives)
-and train the tiny ViT of `test_train.tiny_config`. A reference process with two CPU devices runs
+Two `python -m vit_jax.main` processes, started with the environment that srun gives the tasks of
+a two-task SLURM job step, find each other through vit_jax.main's detection and JAX's SLURM
+support, join over 127.0.0.1 (one CPU device each, gloo collectives) and train the tiny ViT of
+`test_train.tiny_config`. A reference process with two CPU devices runs
 `train.train_and_evaluate` on the same global batches (each process's input stream, concatenated in
 process order). Every subprocess has a hard timeout and is killed with SIGKILL (JAX traps SIGTERM).
 """
@@ -14,7 +16,6 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 
 import jax
@@ -23,7 +24,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from vit_jax import checkpoints
-from vit_jax import main as vit_main
+from vit_jax import distributed
 from vit_jax import train
 from vit_jax.datasets import digits
 
@@ -77,14 +78,24 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def run_all(commands: list[list[str]], logs: list[str], timeout: float) -> list[int]:
+def slurm_task(task: int, tasks: int, port: int) -> dict[str, str]:
+  """The variables srun sets for task `task` of a one-node job step (JAX reads these)."""
+  return {'SLURM_JOB_ID': '4242', 'SLURM_NTASKS': str(tasks), 'SLURM_STEP_NUM_TASKS': str(tasks),
+          'SLURM_PROCID': str(task), 'SLURM_LOCALID': str(task), 'SLURM_NODEID': '0',
+          'SLURM_STEP_NODELIST': '127.0.0.1', 'SLURM_STEP_NUM_NODES': '1',
+          'JAX_COORDINATOR_PORT': str(port)}
+
+
+def run_all(commands: list[list[str]], envs: list[dict[str, str]], logs: list[str],
+            timeout: float) -> list[int]:
   """Runs the commands at once; returns their exit codes, SIGKILLing every one still alive."""
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2', XLA_FLAGS='', JAX_PLATFORMS='cpu')
+  base = {k: v for k, v in os.environ.items() if not k.startswith(('SLURM_', 'JAX_'))}
+  base.update(TF_CPP_MIN_LOG_LEVEL='2', XLA_FLAGS='', JAX_PLATFORMS='cpu')
   processes = []
   try:
-    for command, log in zip(commands, logs):
+    for command, env, log in zip(commands, envs, logs):
       with open(log, 'w') as f:
-        processes.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=f,
+        processes.append(subprocess.Popen(command, cwd=REPO, env={**base, **env}, stdout=f,
                                           stderr=subprocess.STDOUT, start_new_session=True))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and any(p.poll() is None for p in processes):
@@ -135,14 +146,14 @@ def runs(tmp_path_factory):
   with open(config_file, 'w') as f:
     f.write(CONFIG_FILE.format(tests=TESTS, data_dir=data_dir, steps=STEPS))
   two, one = str(root / 'two_processes'), str(root / 'reference')
-  address = f'127.0.0.1:{free_port()}'
+  port = free_port()
   commands = [[sys.executable, '-m', 'vit_jax.main', f'--config={config_file}',
-               f'--workdir={two}', f'--coordinator_address={address}', '--num_processes=2',
-               f'--process_id={i}'] for i in range(2)]
+               f'--workdir={two}']] * 2
   commands.append([sys.executable, '-c', REFERENCE.format(
       repo=REPO, config_file=config_file, workdir=one)])
+  envs = [slurm_task(0, 2, port), slurm_task(1, 2, port), {}]
   logs = [str(root / name) for name in ('process0.log', 'process1.log', 'reference.log')]
-  codes = run_all(commands, logs, TIMEOUT_S)
+  codes = run_all(commands, envs, logs, TIMEOUT_S)
   for code, log in zip(codes, logs):
     assert code == 0, f'{log} exited with {code}:\n{read_log(log)[-4000:]}'
   return {'two': two, 'one': one, 'logs': logs, 'config': load_config(config_file)}
@@ -151,7 +162,9 @@ def runs(tmp_path_factory):
 @pytest.mark.slow
 def test_two_processes_train_like_one_process_with_two_devices(runs):
   log0, log1, _ = (read_log(log) for log in runs['logs'])
-  assert 'num_processes=2, process_id=0' in log0 and 'num_processes=2, process_id=1' in log1
+  assert 'jax.distributed.initialize(num_processes=2, process_id=0)' in log0
+  assert 'jax.distributed.initialize(num_processes=2, process_id=1)' in log1
+  assert 'Connecting to JAX distributed service on 127.0.0.1' in log1
   assert 'JAX process 0 of 2; 1 local / 2 global devices' in log0
   config = runs['config']
   two, one = saved_state(runs['two'], config).params, saved_state(runs['one'], config).params
@@ -210,7 +223,7 @@ def test_two_process_checkpoint_restores_and_resumes_in_one_process(runs, tmp_pa
 
 
 def arguments(environ, **flags):
-  return vit_main.distributed_arguments(environ, **flags)
+  return distributed.distributed_arguments(environ, **flags)
 
 
 def test_a_plain_process_runs_alone():

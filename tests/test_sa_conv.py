@@ -3,7 +3,6 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 from vit_jax import models
@@ -124,25 +123,9 @@ def test_bad_downsample_raises_value_error():
                                                                   jnp.zeros((1, 8, 8, 3)))
 
 
-def test_tiny_model_trains():
+def test_tiny_model_trains(fit_one_batch):
   model = models.create('sa_conv_gaussian', num_classes=4, **dict(TINY, num_layers=1))
   images = jax.random.normal(jax.random.key(1), (8, 8, 8, 3))
   labels = jnp.arange(8) % 4
-  params = jax.jit(model.init)(jax.random.key(0), images)['params']
-  optimizer = optax.adam(3e-3)
-  opt_state = optimizer.init(params)
-
-  @jax.jit
-  def step(params, opt_state, rng):
-    def loss_fn(p):
-      logits = model.apply({'params': p}, images, train=True, rngs={'dropout': rng})
-      return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-    loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt_state = optimizer.update(grads, opt_state)
-    return optax.apply_updates(params, updates), opt_state, loss
-
-  losses = []
-  for i in range(15):
-    params, opt_state, loss = step(params, opt_state, jax.random.key(i))
-    losses.append(float(loss))
+  losses = fit_one_batch(model, images, labels)
   assert np.mean(losses[-3:]) < 0.7 * np.mean(losses[:3])

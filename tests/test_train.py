@@ -21,8 +21,8 @@ def tiny_config(data_dir: str, **overrides):
   """A ViT small enough to take a training step in milliseconds, on the embedded digits."""
   config = common.get_config()
   config.data_dir = data_dir
-  config.image_size = 8
-  config.crop_padding = 1
+  config.image_size = 16
+  config.crop_padding = 2
   config.flip = False
   config.normalization = 'digits'
   config.batch_size = 32
@@ -33,7 +33,7 @@ def tiny_config(data_dir: str, **overrides):
   config.eval_every = 1000
   config.checkpoint_every = 1000
   config.model.name = 'vit_ti4'
-  config.model.patch_size = 2
+  config.model.patch_size = 4
   config.model.hidden_size = 32
   config.model.depth = 2
   config.model.num_heads = 2
@@ -64,11 +64,10 @@ def data_dir(tmp_path_factory):
 
 
 def test_loss_falls_and_accuracy_rises(data_dir, tmp_path):
-  config = tiny_config(data_dir, total_steps=120, warmup_steps=5, base_lr=5e-3, batch_size=64,
-                       crop_padding=0, log_every=40)
+  config = tiny_config(data_dir, total_steps=100, base_lr=3e-3, log_every=20)
   metrics = train.train_and_evaluate(config, str(tmp_path))
   assert metrics['count'] == 360
-  assert metrics['accuracy'] > 0.5  # 10 classes: chance is 0.1.
+  assert metrics['accuracy'] > 0.25  # 10 classes: chance is 0.1; 95 % is the slow test's.
   assert os.path.exists(tmp_path / 'config.json')
   assert os.path.exists(tmp_path / 'results.json')
   assert any(name.startswith('events.out.tfevents') for name in os.listdir(tmp_path))
@@ -126,7 +125,7 @@ def test_eight_devices_equal_one_device(data_dir):
       model = train.create_model(config, 10)
       tx = train.create_optimizer(config, train.learning_rate_schedule(config, 10, 0))
       rng = np.random.default_rng(0)
-      batch = {{'image': rng.normal(size=(32, 8, 8, 3)).astype(np.float32),
+      batch = {{'image': rng.normal(size=(32, 16, 16, 3)).astype(np.float32),
                'label': rng.integers(0, 10, size=(32,)).astype(np.int32)}}
       results = []
       for devices in (jax.devices()[:1], jax.devices()):
@@ -197,3 +196,14 @@ def test_unknown_config_key_is_refused_by_the_command_line(tmp_path):
   assert out.returncode != 0
   assert 'not_a_field' in out.stderr
   assert not (tmp_path / 'run').exists()
+
+
+@pytest.mark.slow
+def test_default_config_reaches_95_percent(data_dir, tmp_path):
+  """The README's main command: configs/vit.py with no argument, on the embedded digits."""
+  from tests.test_configs import load  # pylint: disable=g-import-not-at-top
+  config = load('vit').get_config()
+  config.data_dir = data_dir
+  metrics = train.train_and_evaluate(config, str(tmp_path))
+  assert metrics['count'] == 360
+  assert metrics['accuracy'] >= 0.95

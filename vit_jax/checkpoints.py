@@ -27,6 +27,7 @@ import zipfile
 from typing import Any, Mapping
 
 from absl import logging
+from etils import epath
 import flax
 import flax.linen as nn
 import jax
@@ -34,6 +35,8 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import orbax.checkpoint as ocp
+
+from vit_jax import models
 
 CHECKPOINT_DIR = 'checkpoints'
 
@@ -47,19 +50,23 @@ def param_shapes(params: Any) -> dict[str, list[int]]:
   }
 
 
+def checkpoint_directory(workdir: str) -> epath.Path:
+  """`workdir/checkpoints`: local paths made absolute (orbax needs that), URIs (gs://) kept."""
+  return epath.Path(workdir if '://' in workdir else os.path.abspath(workdir)) / CHECKPOINT_DIR
+
+
 def checkpoint_manager(workdir: str, *, keep: int, read_only: bool = False
                        ) -> ocp.CheckpointManager:
   """An orbax manager over `workdir/checkpoints`, keeping the newest `keep` steps."""
   options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only,
                                          read_only=read_only)
-  return ocp.CheckpointManager(os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR),
-                               options=options, item_names=('state', 'meta'))
+  return ocp.CheckpointManager(checkpoint_directory(workdir), options=options,
+                               item_names=('state', 'meta'))
 
 
 def has_checkpoint(workdir: str) -> bool:
   """Whether `workdir` holds at least one finished training checkpoint."""
-  directory = os.path.join(workdir, CHECKPOINT_DIR)
-  if not os.path.isdir(directory):
+  if not checkpoint_directory(workdir).is_dir():
     return False
   return checkpoint_manager(workdir, keep=1, read_only=True).latest_step() is not None
 
@@ -126,11 +133,10 @@ def restore_arrays(workdir: str, step: int | None = None) -> dict[str, Any]:
 
 def read_config(workdir: str) -> dict[str, Any] | None:
   """The resolved config a run saved in its work directory, or None."""
-  path = os.path.join(workdir, 'config.json')
-  if not os.path.exists(path):
+  path = epath.Path(workdir) / 'config.json'
+  if not path.exists():
     return None
-  with open(path) as f:
-    return json.load(f)
+  return json.loads(path.read_text())
 
 
 # Foreign weights ---------------------------------------------------------------------------------
@@ -148,7 +154,7 @@ _LAYOUT_HINTS = (
     ('reatten_matrix', 'DeepViT', ('deepvit',)),
     ('tokens_to_token.', 'T2T-ViT', ('t2t',)),
     ('dist_token', 'distilled DeiT', ('deit',)),
-    ('blocks.0.attn.qkv.weight', 'ViT/DeiT', ('vit', 'deit')),
+    ('blocks.0.attn.qkv.weight', 'ViT/DeiT', ('vit', 'deit', 'deepvit')),
 )
 
 
@@ -190,7 +196,7 @@ def _corrupt(path: str, what: str, detail: str) -> ValueError:
 
 
 def _read_safetensors(path: str) -> dict[str, np.ndarray]:
-  """The tensors of a .safetensors file (bfloat16 included), checking the header against the size."""
+  """The tensors of a .safetensors file (bfloat16 included), checked against the file size."""
   size = os.path.getsize(path)
   with open(path, 'rb') as f:
     (header_size,) = struct.unpack('<Q', f.read(8))
@@ -232,7 +238,7 @@ def _read_torch(path: str) -> Any:
     # Training checkpoints of deit/timm carry their argparse arguments beside the weights.
     with torch.serialization.safe_globals([argparse.Namespace]):
       return torch.load(path, map_location='cpu', weights_only=True)
-  except Exception as e:  # RuntimeError, UnpicklingError, EOFError, ... # pylint: disable=broad-except
+  except Exception as e:  # RuntimeError, UnpicklingError, EOFError... pylint: disable=broad-except
     text = str(e)
     found = re.search(r'Unsupported global: GLOBAL ([\w.]+)', text)
     if found:
@@ -289,8 +295,8 @@ _GOOGLE_RULES = (
     (r'Transformer/encoderblock_(\d+)/MultiHeadDotProductAttention_1/out/bias',
      'blocks.{0}.attn.proj.bias', 'copy'),
 )
-_GOOGLE_QKV = re.compile(
-    r'Transformer/encoderblock_(\d+)/MultiHeadDotProductAttention_1/(query|key|value)/(kernel|bias)')
+_GOOGLE_QKV = re.compile(r'Transformer/encoderblock_(\d+)/MultiHeadDotProductAttention_1/'
+                         r'(query|key|value)/(kernel|bias)')
 
 
 def google_to_timm(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -384,26 +390,25 @@ def read_state_dict(path: str, *, use_ema: bool = True) -> dict[str, np.ndarray]
 
 
 def read_workdir(workdir: str) -> tuple[dict[str, Any], dict[str, Any]]:
-  """The variables of `workdir`'s newest training checkpoint, and its metadata (model, step).
+  """The variables of `workdir`'s newest checkpoint, and {'model': name, 'fields', 'step'}.
 
   Variables come in the unrolled layout (blocks_i) even from a run with scan_layers=True.
   """
-  if not has_checkpoint(workdir):
-    raise ValueError(f'{workdir!r} is a directory without training checkpoints (expected '
-                     f'{os.path.join(workdir, CHECKPOINT_DIR)}/<step> written by vit_jax.main).')
-  manager = checkpoint_manager(workdir, keep=1, read_only=True)
-  step = manager.latest_step()
+  config = read_config(workdir)
+  if config is None or not has_checkpoint(workdir):
+    raise ValueError(f'{workdir!r} is not a work directory of vit_jax.main (expected config.json '
+                     f'and {os.path.join(workdir, CHECKPOINT_DIR)}/<step>).')
   try:
-    restored = manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+    state = restore_arrays(workdir)
   except Exception as e:  # orbax/tensorstore raise many kinds. # pylint: disable=broad-except
-    raise _corrupt(workdir, f'training checkpoint (step {step})', f'{type(e).__name__}: {e}') from e
-  state = restored['state']
+    raise _corrupt(workdir, 'training checkpoint', f'{type(e).__name__}: {e}') from e
   variables = {'params': state['params']}
   if state.get('batch_stats'):
     variables['batch_stats'] = state['batch_stats']
+  fields = {k: v for k, v in config['model'].items() if k != 'name'}
   from vit_jax.models import vit  # pylint: disable=g-import-not-at-top
-  return jax.device_get(vit.unstack_layers(variables)), restored['meta']
+  return vit.unstack_layers(variables), {'model': config['model']['name'], 'fields': fields,
+                                         'step': int(state['step'])}
 
 
 # Adapting to the target model.
@@ -509,9 +514,9 @@ def _check_fit(flat: dict, target: dict, source: str, model: nn.Module, image_si
                     for k in set(flat) & set(target) if tuple(flat[k].shape) != target[k].shape)
   if not (missing or unexpected or reshaped):
     return
-  heads = [k for k in set(flat) & set(target)
-           if _is_head(k) and tuple(flat[k].shape) != target[k].shape]
-  if heads and not hint:
+  classes_differ = any(_is_head(k) and flat[k].shape[-1] != target[k].shape[-1]
+                       for k in set(flat) & set(target))
+  if classes_differ and not hint:
     hint = (f'The checkpoint\'s head has a different class count than the model '
             f'(num_classes={model.num_classes}); pass reset_head=True (init_from does) to '
             'fine-tune with a fresh head. ')
@@ -544,8 +549,8 @@ def load(path: str, model: nn.Module, *, image_size: int, reset_head: bool = Fal
   family = _family_name(model)
   if os.path.isdir(path):
     variables, meta = read_workdir(path)
-    source = f'Work directory {path!r} (model {meta["model"]!r}, step {meta["step"]})'
-    from vit_jax import models  # pylint: disable=g-import-not-at-top
+    source = (f'Work directory {path!r} (model {meta["model"]!r} with fields {meta["fields"]}, '
+              f'step {meta["step"]})')
     saved_family = _family_name(models.create(meta['model']))
     hint = (f'It holds a {saved_family!r} model but the model is of family {family!r}. '
             if saved_family != family else '')
@@ -556,13 +561,14 @@ def load(path: str, model: nn.Module, *, image_size: int, reset_head: bool = Fal
     try:
       variables = family_module(model).from_timm(state_dict)
     except (ValueError, KeyError) as e:
+      detail = str(e) if len(str(e)) <= 1000 else str(e)[:1000] + ' …'
       raise ValueError(f'{source} cannot be converted for {type(model).__name__} ({family}). '
-                       f'{hint}{e}') from e
+                       f'{hint}{detail}') from e
   flat = flax.traverse_util.flatten_dict(
       {c: dict(variables[c]) for c in _VARIABLE_COLLECTIONS if c in variables})
   flat = {key: np.asarray(value) for key, value in flat.items()}
   _resize_position_embeddings(flat, target, model, pos_embed_resize)
-  if reset_head and not hint:
+  if reset_head:
     _reset_head(flat, target, model, image_size, rng)
   _check_fit(flat, target, source, model, image_size, hint)
   cast = {key: np.asarray(value, dtype=target[key].dtype) for key, value in flat.items()}
@@ -570,7 +576,7 @@ def load(path: str, model: nn.Module, *, image_size: int, reset_head: bool = Fal
 
 
 def export_timm(variables: Mapping[str, Any], model: nn.Module, path: str) -> list[str]:
-  """Writes `variables` as a timm-layout .safetensors file (the inverse of `load`); returns its keys.
+  """Writes `variables` as a timm-layout .safetensors file (inverse of `load`); returns its keys.
 
   `timm.create_model(<matching name>, num_classes=..., img_size=...)` accepts the file with
   `model.load_state_dict(safetensors.torch.load_file(path))`.

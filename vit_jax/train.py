@@ -9,12 +9,12 @@ import dataclasses
 import functools
 import json
 import math
-import os
 import signal
 import time
 from typing import Any, Callable, Iterator
 
 from absl import logging
+from etils import epath
 import flax
 import flax.linen as nn
 import jax
@@ -505,9 +505,8 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
   report = {'source': source, 'model': config.model.name, 'dataset': config.dataset,
             'split': config.eval_split, 'image_size': config.image_size, **metrics}
   if jax.process_index() == 0:
-    os.makedirs(workdir, exist_ok=True)
-    with open(os.path.join(workdir, 'eval_report.json'), 'w') as f:
-      json.dump(report, f, indent=2)
+    epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+    (epath.Path(workdir) / 'eval_report.json').write_text(json.dumps(report, indent=2))
     print(f'Top-1 on {config.dataset}/{config.eval_split}: {metrics["accuracy"]:.4f} '
           f'({metrics["count"]} examples; {source}).')
   return report
@@ -533,9 +532,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   is_main = jax.process_index() == 0
   if is_main:
-    os.makedirs(workdir, exist_ok=True)
-    with open(os.path.join(workdir, 'config.json'), 'w') as f:
-      f.write(config.to_json_best_effort(indent=2))
+    epath.Path(workdir).mkdir(parents=True, exist_ok=True)  # Local, or a gs:// URI.
+    (epath.Path(workdir) / 'config.json').write_text(config.to_json_best_effort(indent=2))
   logging.info('Model %s: %s parameters; %d classes; %d train / %d eval examples; %d steps.',
                config.model.name,
                f'{sum(np.prod(x.shape) for x in jax.tree.leaves(abstract_state.params)):,}',
@@ -625,8 +623,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   eval_metrics = evaluate_with_ema(eval_step, state, eval_batches, data_sharding)
   writer.scalars(total_steps, {f'eval/{k}': v for k, v in eval_metrics.items()})
   if is_main:
-    with open(os.path.join(workdir, 'results.json'), 'w') as f:
-      json.dump({'step': total_steps, **{f'test_{k}': v for k, v in eval_metrics.items()}}, f)
+    results = {'step': total_steps, **{f'test_{k}': v for k, v in eval_metrics.items()}}
+    (epath.Path(workdir) / 'results.json').write_text(json.dumps(results))
   logging.info('Final test accuracy: %.4f (%d examples, step %d)%s.', eval_metrics['accuracy'],
                eval_metrics['count'], total_steps, _ema_note(eval_metrics))
   return eval_metrics

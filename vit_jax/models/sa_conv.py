@@ -71,11 +71,16 @@ class BertLayer(nn.Module):
 
 
 class SAConv(nn.Module):
-  """Cordonnier et al.'s fully attentional CIFAR model (BertImage with positional attention)."""
+  """Cordonnier et al.'s fully attentional CIFAR model (BertImage with positional attention).
+
+  `layer_heads` gives every layer its own head count (a head-pruned model); None uses
+  `num_heads` everywhere.
+  """
   num_classes: int = 10
   attention: str = 'quadratic'
   num_heads: int = 9
   num_layers: int = 6
+  layer_heads: tuple[int, ...] | None = None  # Per-layer head counts (pruned models).
   hidden_size: int = 400
   intermediate_size: int = 512
   dropout_rate: float = 0.1
@@ -94,6 +99,10 @@ class SAConv(nn.Module):
     for name in ('num_classes', 'num_heads', 'num_layers', 'hidden_size', 'intermediate_size'):
       if getattr(self, name) < 1:
         raise ValueError(f'{name}={getattr(self, name)} must be >= 1.')
+    if self.layer_heads is not None and (len(self.layer_heads) != self.num_layers
+                                         or min(self.layer_heads) < 1):
+      raise ValueError(f'layer_heads={self.layer_heads} must be None or {self.num_layers} '
+                       'head counts (one per layer), each >= 1.')
     for name in ('dropout_rate', 'attention_dropout_rate'):
       rate = getattr(self, name)
       if not 0.0 <= rate < 1.0:
@@ -118,9 +127,11 @@ class SAConv(nn.Module):
         spread_init_std=self.spread_init_std, attention_dropout_rate=self.attention_dropout_rate,
         dtype=self.dtype, param_dtype=self.param_dtype)
     for i in range(self.num_layers):
-      x = BertLayer(attention, self.intermediate_size, dropout_rate=self.dropout_rate,
-                    layer_norm_eps=self.layer_norm_eps, dtype=self.dtype,
-                    param_dtype=self.param_dtype, name=f'layers_{i}')(x, train=train)
+      heads = self.num_heads if self.layer_heads is None else int(self.layer_heads[i])
+      x = BertLayer(functools.partial(attention, num_heads=heads), self.intermediate_size,
+                    dropout_rate=self.dropout_rate, layer_norm_eps=self.layer_norm_eps,
+                    dtype=self.dtype, param_dtype=self.param_dtype,
+                    name=f'layers_{i}')(x, train=train)
     pooled = jnp.mean(x.astype(jnp.float32), axis=(1, 2)).astype(self.dtype)
     return self._dense(self.num_classes, self.hidden_size, 'head')(pooled).astype(jnp.float32)
 

@@ -1,0 +1,90 @@
+"""`python -m vit_jax.analyze` on trained runs: every output is written; pruned runs fine-tune."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from test_train import tiny_config
+from vit_jax import analyze
+from vit_jax import checkpoints
+from vit_jax import models
+from vit_jax import train
+from vit_jax.analysis import pruning
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+  return str(tmp_path_factory.mktemp('tfds'))
+
+
+def test_cli_writes_every_file_for_a_trained_vit(data_dir, tmp_path):
+  workdir = str(tmp_path / 'vit')
+  train.train_and_evaluate(tiny_config(data_dir, total_steps=4), workdir)
+  result = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.analyze', f'--workdir={workdir}', '--num_images=12',
+       '--batch_size=8'], cwd=REPO, capture_output=True, text=True, timeout=600,
+      env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL='2'))
+  assert result.returncode == 0, result.stderr[-3000:]
+  out = os.path.join(workdir, 'analysis')
+  expected = ['collapse.png', 'maps.png', 'rollout.png', 'distance.png']
+  for name in expected + ['analysis.json']:
+    assert os.path.getsize(os.path.join(out, name)) > 1000, name
+  with open(os.path.join(out, 'analysis.json')) as f:
+    report = json.load(f)
+  assert report['files'] == expected and report['step'] == 4 and report['num_images'] == 12
+  assert [layer['name'] for layer in report['layers']] == ['blocks_0/attn', 'blocks_1/attn']
+  similarity = np.array(report['collapse']['main']['similarity'])
+  assert similarity.shape == (2, 2) and np.allclose(np.diag(similarity), 1.0)
+  assert list(report['rollout']) == ['cls']
+  assert len(report['distance']['blocks_1/attn']['heads']) == 2  # One distance per head.
+
+  with pytest.raises(ValueError, match='centres.*VisionTransformer'):
+    analyze.analyze(workdir, ['centres'])
+
+
+def _sa_conv_config(data_dir: str) -> ml_collections.ConfigDict:
+  config = tiny_config(data_dir, image_size=16, total_steps=2, batch_size=16)
+  config.model = ml_collections.ConfigDict(dict(
+      name='sa_conv_gaussian', num_layers=2, hidden_size=8, intermediate_size=12, num_heads=4))
+  return config
+
+
+@pytest.mark.slow  # About 30 s: eight small compilations and a short fine-tuning run.
+def test_sa_conv_run_gets_centres_and_a_pruned_run_that_fine_tunes(data_dir, tmp_path):
+  config = _sa_conv_config(data_dir)
+  model = train.create_model(config, 10)
+  params = model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)))['params']
+  params = jax.tree.map(np.array, params)
+  params['layers_1']['attention']['attention_spreads'][2] = np.diag([1.0, 1e-3])  # Degenerate.
+  workdir = str(tmp_path / 'sa')
+  pruning.write_run(config, params, workdir, 10)
+
+  report = analyze.analyze(workdir, num_images=8, batch_size=8, finetune_steps=2)
+  assert report['files'] == ['collapse.png', 'maps.png', 'rollout.png', 'distance.png',
+                             'centres.png']
+  for name in report['files']:
+    assert os.path.getsize(os.path.join(workdir, 'analysis', name)) > 1000, name
+  assert len(report['centres']['layer 1']) == 4
+  np.testing.assert_allclose([h['mu'] for h in report['centres']['layer 0']],
+                             params['layers_0']['attention']['attention_centers'], atol=1e-4)
+  result = report['pruning']
+  assert result['pruned_heads'] == [[], [2]] and result['layer_heads'] == [4, 3]
+  assert result['parameters'][0] - result['parameters'][1] == 2 + 4 + 8 * 8
+  assert result['flops'][1] < result['flops'][0]
+
+  pruned_dir = result['pruned_workdir']
+  assert os.path.exists(os.path.join(pruned_dir, 'results.json'))  # Fine-tuned by train.py.
+  manager = checkpoints.checkpoint_manager(pruned_dir, keep=1, read_only=True)
+  assert manager.latest_step() == 2
+  pruned_report = analyze.analyze(pruned_dir, 'centres', num_images=4, batch_size=4)
+  assert [len(pruned_report['centres'][f'layer {i}']) for i in range(2)] == [4, 3]
+  assert models.create('sa_conv_gaussian', layer_heads=(4, 3)).layer_heads == (4, 3)
