@@ -12,7 +12,7 @@ from vit_jax import train
 
 def _batch(size: int = 32):
   rng = np.random.default_rng(0)
-  return {'image': jnp.asarray(rng.normal(size=(size, 8, 8, 3)), jnp.float32),
+  return {'image': jnp.asarray(rng.normal(size=(size, 16, 16, 3)), jnp.float32),
           'label': jnp.asarray(rng.integers(0, 10, size=(size,)), jnp.int32)}
 
 

@@ -23,7 +23,7 @@ IMAGENET_TRAIN = 1_281_167
 
 def _batch(size: int = 16, seed: int = 0) -> dict[str, jax.Array]:
   rng = np.random.default_rng(seed)
-  return {'image': jnp.asarray(rng.normal(size=(size, 8, 8, 3)), jnp.float32),
+  return {'image': jnp.asarray(rng.normal(size=(size, 16, 16, 3)), jnp.float32),
           'label': jnp.asarray(rng.integers(0, 10, size=(size,)), jnp.int32)}
 
 

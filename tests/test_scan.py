@@ -132,7 +132,7 @@ def test_scanned_run_checkpoint_loads_into_either_layout(tmp_path):
   variables, _ = checkpoints.read_workdir(workdir)
   assert 'blocks_2' in variables['params'] and 'blocks_0_to_2' not in variables['params']
 
-  images = jax.random.normal(jax.random.key(1), (2, 8, 8, 3))
+  images = jax.random.normal(jax.random.key(1), (2, 16, 16, 3))
   scanned = train.create_model(config, 10)
   config.model.scan_layers = False
   unrolled = train.create_model(config, 10)
