@@ -78,5 +78,6 @@ def test_bfloat16_training_matches_float32_within_one_point(tmp_path):
                          log_every=200, **{'model.patch_size': 4, 'model.hidden_size': 64,
                                            'model.num_heads': 4, 'model.mlp_dim': 128})
     accuracies[dtype] = train.train_and_evaluate(config, str(tmp_path / dtype))['accuracy']
+  print('test accuracy by dtype:', accuracies)
   assert accuracies['float32'] > 0.9, accuracies
   assert abs(accuracies['bfloat16'] - accuracies['float32']) <= 0.01, accuracies

@@ -122,7 +122,8 @@ def test_training_mode_draws_per_layer_stochastic_depth():
 
 
 def test_scanned_run_checkpoint_loads_into_either_layout(tmp_path):
-  """A work directory trained with scan_layers reads as unrolled variables (init_from, export)."""
+  """A work directory trained with scan_layers reads as unrolled variables (init_from, export,
+  analysis)."""
   config = tiny_config(str(tmp_path / 'tfds'), total_steps=2, **{
       'model.scan_layers': True, 'model.depth': 3, 'model.init_scheme': 'timm'})
   workdir = str(tmp_path / 'run')
@@ -141,3 +142,10 @@ def test_scanned_run_checkpoint_loads_into_either_layout(tmp_path):
                                             images), expected, atol=1e-5)
   np.testing.assert_allclose(scanned.apply(train.load_variables(workdir, scanned, config),
                                            images), expected, atol=1e-5)
+
+  from vit_jax import analyze  # pylint: disable=g-import-not-at-top
+  run = analyze.load_run(workdir)  # Analysis reads per-block maps, so it runs the model unrolled.
+  assert not run.model.scan_layers
+  _, state = run.model.apply(run.variables, images, mutable=['intermediates'])
+  assert {'blocks_0', 'blocks_2'} <= set(state['intermediates'])
+  np.testing.assert_allclose(run.model.apply(run.variables, images), expected, atol=1e-5)
