@@ -25,6 +25,17 @@ def get_config() -> ml_collections.ConfigDict:
   config.normalization = 'imagenet'  # 'imagenet' | 'inception' (0.5/0.5) | 'cifar10' | 'digits'.
   config.shuffle_buffer = 10_000
   config.prefetch = 2
+  # Recipe augmentations (vit_jax.augment). In the tf.data pipeline, per example:
+  config.randaugment = ''           # timm spec, e.g. 'rand-m9-mstd0.5-inc1'; '' = off.
+  config.random_erase_prob = 0.0    # Random erasing (one box, per-pixel normal noise).
+  config.repeated_aug = 1           # Copies of each example per batch (DeiT: 3); batch_size counts
+                                    # the copies and an epoch stays num_train_examples long.
+  # On device, per device's share of the batch (timm Mixup, mode 'batch'; label smoothing folded
+  # into the mixed targets):
+  config.mixup_alpha = 0.0          # 0 = no mixup (DeiT: 0.8).
+  config.cutmix_alpha = 0.0         # 0 = no CutMix (DeiT: 1.0).
+  config.mix_switch_prob = 0.5      # P(CutMix) when both are on.
+  config.mix_prob = 1.0             # P(a batch is mixed at all).
 
   # Optimisation.
   config.batch_size = 128           # Global batch, summed over every device of every process.
@@ -33,10 +44,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.base_lr = 1e-3
   config.lr_scaling_batch = 0       # If > 0, lr = base_lr * batch_size / lr_scaling_batch.
   config.min_lr = 0.0
+  config.warmup_lr = 0.0            # lr at the first warm-up step (DeiT: 1e-6).
   config.warmup_steps = 100
   config.total_steps = 1000
-  config.num_epochs = ml_collections.FieldReference(None, field_type=float)  # Overrides total_steps.
-  config.warmup_epochs = ml_collections.FieldReference(None, field_type=float)  # Overrides warmup_steps.
+  # Epochs, when set, override the step counts.
+  config.num_epochs = ml_collections.FieldReference(None, field_type=float)
+  config.warmup_epochs = ml_collections.FieldReference(None, field_type=float)
   config.weight_decay = 0.05
   config.momentum = 0.9             # SGD momentum.
   config.b1 = 0.9
@@ -44,6 +57,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.eps = 1e-8
   config.grad_clip_norm = 0.0       # 0 disables clipping.
   config.label_smoothing = 0.0
+  config.grad_accum_steps = 1       # Micro-batches per optimizer step (batch_size is per step).
+  config.ema_decay = 0.0            # Per-step EMA of the variables, evaluated beside them; 0 = off.
+
+  # Precision. Parameters, softmax, norms and the loss stay float32.
+  config.dtype = 'float32'          # Compute dtype of the model: 'float32' | 'bfloat16'.
+  config.mu_dtype = ''              # Adam first moment / SGD momentum dtype; '' = the parameters'.
   # Never decayed (besides every 1-D parameter). DeiT's official code does decay dist_token.
   config.no_decay_names = ('bias', 'scale', 'pos_embed', 'cls_token')
 
@@ -139,19 +158,42 @@ def quick_model(model: ml_collections.ConfigDict, name: str) -> ml_collections.C
 
 def use_imagenet(config: ml_collections.ConfigDict, image_size: int = 224
                  ) -> ml_collections.ConfigDict:
-  """ImageNet-sized inputs and the DeiT recipe's backbone (SPEC §7): AdamW, 300 epochs."""
+  """ImageNet at `image_size` with the full DeiT recipe (SPEC §7), the base of every family's.
+
+  deit/main.py defaults: AdamW (eps 1e-8) at lr 5e-4 × batch / 512 (1e-3 at batch 1024), weight
+  decay 0.05 (not on 1-D parameters, pos_embed, cls_token), 300 epochs, 5 warm-up epochs from
+  1e-6, cosine to 1e-5; bicubic inception crop + flip, RandAugment rand-m9-mstd0.5-inc1, random
+  erasing 0.25, repeated augmentation ×3; mixup 0.8 / CutMix 1.0 (switch 0.5) with label
+  smoothing 0.1; no dropout or clipping (drop path is the family config's); EMA 0.99996; mixed
+  precision (AMP there, bfloat16 here). Eval: resize to 224 / 0.875 and centre crop.
+  Differences: the lr changes every step (timm: every epoch); ColorJitter is off, as it is in
+  DeiT whenever RandAugment is on.
+  """
   config.image_size = image_size
   config.augment = 'inception_crop'
+  config.flip = True
   config.eval_crop_ratio = 0.875 if image_size == 224 else 1.0
   config.normalization = 'imagenet'
+  config.randaugment = 'rand-m9-mstd0.5-inc1'
+  config.random_erase_prob = 0.25
+  config.repeated_aug = 3
+  config.mixup_alpha = 0.8
+  config.cutmix_alpha = 1.0
+  config.mix_switch_prob = 0.5
+  config.mix_prob = 1.0
+  config.label_smoothing = 0.1
+  config.optimizer = 'adamw'
   config.batch_size = 1024
   config.base_lr = 5e-4
   config.lr_scaling_batch = 512
+  config.warmup_lr = 1e-6
   config.min_lr = 1e-5
   config.num_epochs = 300
   config.warmup_epochs = 5
   config.weight_decay = 0.05
-  config.label_smoothing = 0.1
+  config.grad_clip_norm = 0.0
+  config.ema_decay = 0.99996
+  config.dtype = 'bfloat16'
   config.log_every = 100
   config.eval_every = 5000
   config.checkpoint_every = 2000

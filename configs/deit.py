@@ -11,8 +11,11 @@ here, for example, the default ViT of configs/vit.py):
   python -m vit_jax.main --config=configs/vit.py --workdir=/tmp/teacher
   python -m vit_jax.main --config=configs/deit.py:teacher=/tmp/teacher --workdir=/tmp/deit_kd
 
-ImageNet with the DeiT recipe (SPEC §7: AdamW lr 5e-4 × batch/512, wd 0.05, 300 epochs, 5
-warm-up, cosine to 1e-5, label smoothing 0.1, drop path 0.1):
+ImageNet with the full DeiT recipe (configs/common.py `use_imagenet`, SPEC §7: AdamW lr 5e-4 ×
+batch/512 at batch 1024, wd 0.05, 300 epochs, 5 warm-up, cosine to 1e-5; RandAugment, random
+erasing 0.25, repeated augmentation ×3, mixup 0.8 / CutMix 1.0, label smoothing 0.1, drop path
+0.1, EMA 0.99996, bfloat16); `distilled=false` for the plain model, `teacher=WORKDIR` for hard
+distillation (DeiT's teacher is a RegNetY-16GF; here any model trained by vit_jax.main):
 
   python -m vit_jax.main --config=configs/deit.py:variant=S,dataset=imagenet2012 \
       --config.data_dir=gs://BUCKET/tfds --workdir=gs://BUCKET/deit_s

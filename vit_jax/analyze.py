@@ -41,6 +41,7 @@ from vit_jax.analysis import maps
 from vit_jax.analysis import pruning
 from vit_jax.analysis import rollout
 from vit_jax.models import sa_conv
+from vit_jax.models import vit
 
 ANALYSES = ('collapse', 'maps', 'rollout', 'distance', 'centres', 'pruning')
 OUTPUT_DIR = 'analysis'
@@ -82,6 +83,9 @@ def load_run(workdir: str, step: int | None = None) -> Run:
     raise ValueError(f'No checkpoint at step {step} in {workdir!r}; steps: {list(steps)}.')
   # JSON turned tuple fields (SA-conv `layer_heads`) into lists; models must stay hashable.
   saved['model'] = {k: tuple(v) if isinstance(v, list) else v for k, v in saved['model'].items()}
+  # Analysis reads per-block intermediates, so a run that scanned its layers is analysed unrolled.
+  for field in ('scan_layers', 'remat'):
+    saved['model'].pop(field, None)
   config = ml_collections.ConfigDict(saved)
   info = input_pipeline.get_dataset_info(config)
   model = train.create_model(config, info.num_classes)
@@ -89,7 +93,7 @@ def load_run(workdir: str, step: int | None = None) -> Run:
   variables = {'params': state['params']}
   if state.get('batch_stats'):
     variables['batch_stats'] = state['batch_stats']
-  return Run(config, model, variables, info, int(state['step']))
+  return Run(config, model, vit.unstack_layers(variables), info, int(state['step']))
 
 
 def eval_images(config: ml_collections.ConfigDict, count: int) -> np.ndarray:

@@ -390,7 +390,10 @@ def read_state_dict(path: str, *, use_ema: bool = True) -> dict[str, np.ndarray]
 
 
 def read_workdir(workdir: str) -> tuple[dict[str, Any], dict[str, Any]]:
-  """The variables of `workdir`'s newest checkpoint, and {'model': name, 'fields', 'step'}."""
+  """The variables of `workdir`'s newest checkpoint, and {'model': name, 'fields', 'step'}.
+
+  Variables come in the unrolled layout (blocks_i) even from a run with scan_layers=True.
+  """
   config = read_config(workdir)
   if config is None or not has_checkpoint(workdir):
     raise ValueError(f'{workdir!r} is not a work directory of vit_jax.main (expected config.json '
@@ -403,8 +406,9 @@ def read_workdir(workdir: str) -> tuple[dict[str, Any], dict[str, Any]]:
   if state.get('batch_stats'):
     variables['batch_stats'] = state['batch_stats']
   fields = {k: v for k, v in config['model'].items() if k != 'name'}
-  return variables, {'model': config['model']['name'], 'fields': fields,
-                     'step': int(state['step'])}
+  from vit_jax.models import vit  # pylint: disable=g-import-not-at-top
+  return vit.unstack_layers(variables), {'model': config['model']['name'], 'fields': fields,
+                                         'step': int(state['step'])}
 
 
 # Adapting to the target model.

@@ -6,6 +6,7 @@ only its own share of the data. Process 0 alone logs and writes summaries.
 """
 
 import dataclasses
+import functools
 import json
 import math
 import signal
@@ -24,24 +25,40 @@ import optax
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from vit_jax import augment
 from vit_jax import checkpoints
 from vit_jax import input_pipeline
 from vit_jax import models
+from vit_jax.models import vit
 
 
 @flax.struct.dataclass
 class TrainState:
-  """Everything that determines the rest of a run: resuming from it equals never stopping."""
+  """Everything that determines the rest of a run: resuming from it equals never stopping.
+
+  `ema` holds the exponential moving average of the variables ({'params', 'batch_stats'}) when
+  `config.ema_decay > 0`, else {}.
+  """
   step: jax.Array
   params: Any
   opt_state: Any
   batch_stats: Any
   rng: jax.Array
+  ema: Any = dataclasses.field(default_factory=dict)
+
+  def ema_view(self) -> 'TrainState':
+    """This state with the EMA variables in place of the raw ones (for evaluation)."""
+    return self.replace(params=self.ema['params'], batch_stats=self.ema['batch_stats'])
 
 
 def create_model(config: ml_collections.ConfigDict, num_classes: int) -> nn.Module:
-  """The registered model `config.model.name` with the config's overrides."""
+  """The registered model `config.model.name` with the config's overrides.
+
+  `config.dtype` is the compute dtype of every model ('bfloat16': mixed precision with float32
+  parameters, softmax, norms and loss); a `model.dtype` override takes precedence.
+  """
   overrides = {k: v for k, v in config.model.items() if k != 'name'}
+  overrides.setdefault('dtype', config.get('dtype', 'float32'))
   return models.create(config.model.name, num_classes=num_classes, **overrides)
 
 
@@ -66,10 +83,10 @@ def peak_learning_rate(config: ml_collections.ConfigDict) -> float:
 
 def learning_rate_schedule(config: ml_collections.ConfigDict, total_steps: int,
                            warmup_steps: int) -> optax.Schedule:
-  """Linear warm-up from 0 to the peak, then cosine decay to `min_lr`."""
+  """Linear warm-up from `warmup_lr` to the peak, then cosine decay to `min_lr`, per step."""
   peak = peak_learning_rate(config)
   return optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=peak, warmup_steps=warmup_steps,
+      init_value=config.get('warmup_lr', 0.0), peak_value=peak, warmup_steps=warmup_steps,
       decay_steps=max(total_steps, warmup_steps + 1), end_value=config.min_lr)
 
 
@@ -83,14 +100,18 @@ def weight_decay_mask(params: Any, no_decay_names: tuple[str, ...]) -> Any:
 
 def create_optimizer(config: ml_collections.ConfigDict,
                      schedule: optax.Schedule) -> optax.GradientTransformation:
-  """AdamW or SGD with momentum, decoupled weight decay under the mask, optional clipping."""
+  """AdamW, or SGD with momentum and L2 weight decay, under the mask; optional clipping.
+
+  `mu_dtype` ('bfloat16') stores Adam's first moment or SGD's momentum in that dtype.
+  """
   mask = lambda params: weight_decay_mask(params, tuple(config.no_decay_names))
+  mu_dtype = jnp.dtype(config.mu_dtype) if config.get('mu_dtype') else None
   if config.optimizer == 'adamw':
-    tx = optax.adamw(schedule, b1=config.b1, b2=config.b2, eps=config.eps,
+    tx = optax.adamw(schedule, b1=config.b1, b2=config.b2, eps=config.eps, mu_dtype=mu_dtype,
                      weight_decay=config.weight_decay, mask=mask)
   elif config.optimizer == 'sgd':
     tx = optax.chain(optax.add_decayed_weights(config.weight_decay, mask),
-                     optax.sgd(schedule, momentum=config.momentum))
+                     optax.sgd(schedule, momentum=config.momentum, accumulator_dtype=mu_dtype))
   else:
     raise ValueError(f"Unknown optimizer {config.optimizer!r}; valid: 'adamw', 'sgd'.")
   if config.grad_clip_norm:
@@ -148,7 +169,7 @@ class Teacher:
 
 
 def load_teacher(config: ml_collections.ConfigDict, num_classes: int) -> Teacher | None:
-  """The teacher of `config.distillation`, restored from a work directory; None if not distilling."""
+  """The teacher of `config.distillation`, restored from its work directory; None if unused."""
   spec = config.distillation
   if spec.type == 'none':
     return None
@@ -175,40 +196,116 @@ def load_teacher(config: ml_collections.ConfigDict, num_classes: int) -> Teacher
   return Teacher(model, variables)
 
 
+def training_batch(rng: jax.Array, batch: dict[str, jax.Array], config: ml_collections.ConfigDict,
+                   num_classes: int, mix_groups: int = 1) -> dict[str, jax.Array]:
+  """The batch the model learns from: images, soft `targets` and the `label` scored by accuracy.
+
+  With mixup/CutMix on (`mixup_alpha` or `cutmix_alpha` > 0) the batch is split into
+  `mix_groups` consecutive groups (one per device, like timm's per-GPU Mixup), each mixed with
+  its own λ and mirror pairing; label smoothing is folded into the mixed targets, and `label` is
+  the class with the largest target weight. Without mixing, targets are the smoothed one-hot
+  labels.
+  """
+  onehot = jax.nn.one_hot(batch['label'], num_classes)
+  settings = augment.mix_settings(config)
+  if settings is None:
+    return {'image': batch['image'], 'label': batch['label'],
+            'targets': optax.smooth_labels(onehot, config.label_smoothing)}
+  group = lambda x: x.reshape((mix_groups, x.shape[0] // mix_groups) + x.shape[1:])
+  mix = functools.partial(augment.mix_batch, **settings)
+  images, targets = jax.vmap(mix)(jax.random.split(rng, mix_groups), group(batch['image']),
+                                  group(onehot))
+  targets = targets.reshape((-1, num_classes))
+  return {'image': images.reshape(batch['image'].shape), 'targets': targets,
+          'label': jnp.argmax(targets, -1).astype(batch['label'].dtype)}
+
+
+def micro_batches(batch: dict[str, jax.Array], count: int) -> dict[str, jax.Array]:
+  """Splits every array (B, ...) into (count, B / count, ...); micro-batch j takes rows j::count.
+
+  Strided rows keep each device's share of every micro-batch on that device.
+  """
+  def split(x):
+    x = x.reshape((x.shape[0] // count, count) + x.shape[1:])
+    return jnp.swapaxes(x, 0, 1)
+  return jax.tree.map(split, batch)
+
+
+def update_ema(ema: Any, variables: Any, decay: float) -> Any:
+  """ema <- decay * ema + (1 - decay) * variables (timm ModelEma, once per optimizer step)."""
+  return jax.tree.map(lambda e, v: decay * e + (1.0 - decay) * v.astype(e.dtype), ema, variables)
+
+
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
                     config: ml_collections.ConfigDict, num_classes: int,
-                    teacher: Teacher | None = None) -> Callable[..., tuple[TrainState, dict]]:
-  """The (unjitted) train step `(state, batch[, teacher_variables])`: forward, loss, update."""
-  def train_step(state: TrainState, batch: dict[str, jax.Array], teacher_variables: Any = None):
-    dropout_rng = jax.random.fold_in(state.rng, state.step)
-    targets = optax.smooth_labels(jax.nn.one_hot(batch['label'], num_classes),
-                                  config.label_smoothing)
-    if teacher is not None:  # The teacher sees exactly the student's (augmented) batch.
+                    teacher: Teacher | None = None,
+                    mix_groups: int = 1) -> Callable[..., tuple[TrainState, dict]]:
+  """The (unjitted) train step `(state, batch[, teacher_variables])`: forward, loss, update.
+
+  With `grad_accum_steps` = k > 1 the batch is cut into k micro-batches (rows j::k) whose
+  gradients are averaged by a `lax.scan` before one optimizer update: the same update as one
+  step on the whole batch, except that (i) BatchNorm normalises each micro-batch by its own
+  statistics and updates its running averages once per micro-batch, in turn, and (ii) dropout
+  and drop-path masks are drawn per micro-batch (from the step's rng folded with j). Mixing is
+  done on the whole batch before the split, so it does not depend on k.
+  """
+  accumulate = config.get('grad_accum_steps', 1)
+  ema_decay = config.get('ema_decay', 0.0)
+
+  def micro_step(params, batch_stats, batch, dropout_rng, teacher_variables):
+    """Gradients, new batch statistics, loss and accuracy of one (micro-)batch."""
+    if teacher is not None:  # The teacher sees exactly the student's (augmented, mixed) batch.
       teacher_logits = teacher.logits(teacher_variables, batch['image'])
 
     def loss_fn(params):
       variables = {'params': params}
       mutable = []
-      if state.batch_stats:
-        variables['batch_stats'] = state.batch_stats
+      if batch_stats:
+        variables['batch_stats'] = batch_stats
         mutable = ['batch_stats']
       outputs, updates = model.apply(variables, batch['image'], train=True,
                                      rngs={'dropout': dropout_rng}, mutable=mutable)
       if teacher is None:
-        loss = classification_loss(outputs, targets)
+        loss = classification_loss(outputs, batch['targets'])
       else:
-        loss = distillation_loss(outputs, targets, teacher_logits,
+        loss = distillation_loss(outputs, batch['targets'], teacher_logits,
                                  kind=config.distillation.type, alpha=config.distillation.alpha,
                                  tau=config.distillation.tau)
-      return loss, (outputs, updates.get('batch_stats', state.batch_stats))
+      return loss, (outputs, updates.get('batch_stats', batch_stats))
 
-    (loss, (outputs, batch_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    (loss, (outputs, batch_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    accuracy = jnp.mean(jnp.argmax(classifier_logits(outputs), -1) == batch['label'])
+    return grads, batch_stats, loss, accuracy
+
+  def train_step(state: TrainState, batch: dict[str, jax.Array], teacher_variables: Any = None):
+    dropout_rng, mix_rng = jax.random.split(jax.random.fold_in(state.rng, state.step))
+    batch = training_batch(mix_rng, batch, config, num_classes, mix_groups)
+    if accumulate == 1:
+      grads, batch_stats, loss, accuracy = micro_step(state.params, state.batch_stats, batch,
+                                                      dropout_rng, teacher_variables)
+    else:
+      def body(carry, micro):
+        grad_sum, batch_stats = carry
+        grads, batch_stats, loss, accuracy = micro_step(
+            state.params, batch_stats, micro, jax.random.fold_in(dropout_rng, micro['index']),
+            teacher_variables)
+        grad_sum = jax.tree.map(lambda s, g: s + g.astype(s.dtype), grad_sum, grads)
+        return (grad_sum, batch_stats), (loss, accuracy)
+
+      micros = {**micro_batches(batch, accumulate), 'index': jnp.arange(accumulate)}
+      zeros = jax.tree.map(jnp.zeros_like, state.params)
+      (grad_sum, batch_stats), (losses, accuracies) = jax.lax.scan(
+          body, (zeros, state.batch_stats), micros)
+      grads = jax.tree.map(lambda g: g / accumulate, grad_sum)
+      loss, accuracy = jnp.mean(losses), jnp.mean(accuracies)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    accuracy = jnp.mean(jnp.argmax(classifier_logits(outputs), -1) == batch['label'])
     metrics = {'loss': loss, 'accuracy': accuracy, 'grad_norm': optax.global_norm(grads)}
+    ema = state.ema
+    if ema_decay:
+      ema = update_ema(ema, {'params': params, 'batch_stats': batch_stats}, ema_decay)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
-                              batch_stats=batch_stats)
+                              batch_stats=batch_stats, ema=ema)
     return new_state, metrics
 
   return train_step
@@ -237,8 +334,17 @@ def init_state(model: nn.Module, tx: optax.GradientTransformation,
   images = jnp.zeros((1, config.image_size, config.image_size, 3), jnp.float32)
   variables = model.init({'params': params_rng}, images, train=False)
   params = variables['params']
-  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                    batch_stats=variables.get('batch_stats', {}), rng=train_rng)
+  state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                     batch_stats=variables.get('batch_stats', {}), rng=train_rng)
+  return with_fresh_ema(state, config)
+
+
+def with_fresh_ema(state: TrainState, config: ml_collections.ConfigDict) -> TrainState:
+  """The state with its EMA restarted from the current variables (none if `ema_decay` is 0)."""
+  if not config.get('ema_decay', 0.0):
+    return state.replace(ema={})
+  copy = lambda tree: jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), tree)
+  return state.replace(ema={'params': copy(state.params), 'batch_stats': copy(state.batch_stats)})
 
 
 def global_batch(batch: dict[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
@@ -257,6 +363,17 @@ def evaluate(eval_step: Callable, state: TrainState, batches: Iterator[dict[str,
   count = max(totals['count'], 1.0)
   return {'accuracy': totals['correct'] / count, 'loss': totals['loss'] / count,
           'count': int(totals['count'])}
+
+
+def evaluate_with_ema(eval_step: Callable, state: TrainState,
+                      batches: Callable[[], Iterator[dict[str, np.ndarray]]],
+                      sharding: NamedSharding) -> dict[str, float]:
+  """`evaluate` of the raw variables, plus `ema_accuracy` and `ema_loss` when there is an EMA."""
+  metrics = evaluate(eval_step, state, batches(), sharding)
+  if state.ema:
+    ema = evaluate(eval_step, state.ema_view(), batches(), sharding)
+    metrics.update({'ema_accuracy': ema['accuracy'], 'ema_loss': ema['loss']})
+  return metrics
 
 
 class SummaryWriter:
@@ -302,8 +419,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   """Raises ValueError for settings that cannot work, before anything is built."""
   devices, processes = jax.device_count(), jax.process_count()
   if config.batch_size <= 0 or config.batch_size % devices:
+    suggestion = max(devices, config.batch_size // devices * devices)
     raise ValueError(f'batch_size={config.batch_size} must be a positive multiple of the number '
-                     f'of devices ({devices}); e.g. {max(devices, config.batch_size // devices * devices)}.')
+                     f'of devices ({devices}); e.g. {suggestion}.')
   if config.eval_batch_size % devices:
     raise ValueError(f'eval_batch_size={config.eval_batch_size} must be a multiple of the number '
                      f'of devices ({devices}).')
@@ -312,6 +430,36 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
                      f'processes ({processes}).')
   if config.image_size <= 0:
     raise ValueError(f'image_size={config.image_size} must be positive.')
+  accumulate = config.get('grad_accum_steps', 1)
+  if not isinstance(accumulate, int) or accumulate < 1:
+    raise ValueError(f'grad_accum_steps={accumulate!r} must be a positive integer.')
+  if config.batch_size % (accumulate * devices):
+    raise ValueError(f'batch_size={config.batch_size} must be a multiple of grad_accum_steps × '
+                     f'devices = {accumulate} × {devices}, so that every micro-batch spans every '
+                     'device equally.')
+  augment.mix_settings(config)  # Raises for negative alphas.
+  for field in ('mix_prob', 'mix_switch_prob'):
+    if not 0.0 <= config.get(field, 0.5) <= 1.0:
+      raise ValueError(f'{field}={config[field]} must be a probability in [0, 1].')
+  if not 0.0 <= config.get('ema_decay', 0.0) < 1.0:
+    raise ValueError(f'ema_decay={config.ema_decay} must be in [0, 1); 0 turns the EMA off.')
+  for field in ('dtype', 'mu_dtype'):
+    value = config.get(field, '')
+    if value and value not in ('float32', 'bfloat16', 'float16'):
+      raise ValueError(f"{field}={value!r} is not valid; choose from 'float32', 'bfloat16', "
+                       "'float16'" + (", or '' for the parameters' dtype" if field == 'mu_dtype'
+                                      else '') + '.')
+
+
+def load_variables(source: str, model: nn.Module, config: ml_collections.ConfigDict,
+                   **kwargs) -> dict[str, Any]:
+  """`checkpoints.load` of `source` for `model`, stacked into its layout if it scans its layers."""
+  if not getattr(model, 'scan_layers', False):
+    return checkpoints.load(source, model, image_size=config.image_size, **kwargs)
+  variables = checkpoints.load(source, model.clone(scan_layers=False),
+                               image_size=config.image_size, **kwargs)
+  images = jnp.zeros((1, config.image_size, config.image_size, 3), jnp.float32)
+  return vit.stack_layers(variables, jax.eval_shape(model.init, jax.random.PRNGKey(0), images))
 
 
 def pretrained_variables(config: ml_collections.ConfigDict, model: nn.Module,
@@ -327,8 +475,7 @@ def pretrained_variables(config: ml_collections.ConfigDict, model: nn.Module,
     logging.info('Resuming %s; init_from=%s is not read again.', workdir, config.init_from)
     return None
   params_rng = jax.random.split(jax.random.PRNGKey(config.seed))[0]  # As in init_state.
-  variables = checkpoints.load(config.init_from, model, image_size=config.image_size,
-                               reset_head=True, rng=params_rng)
+  variables = load_variables(config.init_from, model, config, reset_head=True, rng=params_rng)
   logging.info('Fine-tuning from %s.', config.init_from)
   return variables
 
@@ -345,7 +492,7 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
                      f'checkpoint; {workdir!r} has none.')
   info = input_pipeline.get_dataset_info(config)
   model = create_model(config, info.num_classes)
-  variables = checkpoints.load(source, model, image_size=config.image_size)
+  variables = load_variables(source, model, config)
   mesh = Mesh(np.array(jax.devices()), ('data',))
   replicated = NamedSharding(mesh, P())
   variables = jax.tree.map(lambda x: jax.make_array_from_process_local_data(replicated, x),
@@ -366,7 +513,7 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Trains `config`'s model in `workdir`, resuming from its newest checkpoint; returns eval metrics."""
+  """Trains `config`'s model in `workdir`, resuming from its newest checkpoint; returns metrics."""
   # 1. Everything that can be wrong is checked before anything compiles or is written.
   validate_config(config)
   if config.get('eval_only'):
@@ -409,8 +556,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       place = lambda x: jax.make_array_from_process_local_data(replicated, x)
       state = state.replace(params=jax.tree.map(place, pretrained['params']),
                             batch_stats=jax.tree.map(place, pretrained.get('batch_stats', {})))
+      state = jax.jit(lambda s: with_fresh_ema(s, config), out_shardings=state_sharding)(state)
 
-  train_step = jax.jit(make_train_step(model, tx, config, info.num_classes, teacher),
+  # Mixup/CutMix pairs and draws λ within each device's share of the batch.
+  train_step = jax.jit(make_train_step(model, tx, config, info.num_classes, teacher,
+                                       mix_groups=jax.device_count()),
                        out_shardings=(state_sharding, replicated), donate_argnums=0)
   teacher_variables = None if teacher is None else jax.device_put(teacher.variables, replicated)
   eval_step = jax.jit(make_eval_step(model, info.num_classes), out_shardings=replicated)
@@ -464,17 +614,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                       'command to resume.', step, workdir)
       return {'preempted_at_step': step}
     if step % config.eval_every == 0 and step != total_steps:
-      eval_metrics = evaluate(eval_step, state, eval_batches(), data_sharding)
+      eval_metrics = evaluate_with_ema(eval_step, state, eval_batches, data_sharding)
       writer.scalars(step, {f'eval/{k}': v for k, v in eval_metrics.items()})
-      logging.info('step %d  test accuracy %.4f  test loss %.4f', step, eval_metrics['accuracy'],
-                   eval_metrics['loss'])
+      logging.info('step %d  test accuracy %.4f  test loss %.4f%s', step,
+                   eval_metrics['accuracy'], eval_metrics['loss'], _ema_note(eval_metrics))
 
   manager.wait_until_finished()
-  eval_metrics = evaluate(eval_step, state, eval_batches(), data_sharding)
+  eval_metrics = evaluate_with_ema(eval_step, state, eval_batches, data_sharding)
   writer.scalars(total_steps, {f'eval/{k}': v for k, v in eval_metrics.items()})
   if is_main:
     results = {'step': total_steps, **{f'test_{k}': v for k, v in eval_metrics.items()}}
     (epath.Path(workdir) / 'results.json').write_text(json.dumps(results))
-  logging.info('Final test accuracy: %.4f (%d examples, step %d).', eval_metrics['accuracy'],
-               eval_metrics['count'], total_steps)
+  logging.info('Final test accuracy: %.4f (%d examples, step %d)%s.', eval_metrics['accuracy'],
+               eval_metrics['count'], total_steps, _ema_note(eval_metrics))
   return eval_metrics
+
+
+def _ema_note(metrics: dict[str, float]) -> str:
+  return f'; EMA accuracy {metrics["ema_accuracy"]:.4f}' if 'ema_accuracy' in metrics else ''

@@ -99,12 +99,12 @@ class CaiT(vit.VisionTransformer):
         attention_lib.SelfAttention, num_heads=self.num_heads, qkv_bias=self.qkv_bias,
         attention_dropout_rate=self.attention_dropout_rate, dropout_rate=self.dropout_rate,
         head_mixing='talking_heads', **common)
-    for i in range(self.depth):
-      x = vit.EncoderBlock(talking_heads, mlp_dim, dropout_rate=self.dropout_rate,
-                           drop_path_rate=self.drop_path_rate, layer_scale_init=self.layer_scale,
-                           mlp_kernel_init=scheme.dense_kernel, mlp_bias_init=scheme.mlp_bias,
-                           dtype=self.dtype, param_dtype=self.param_dtype,
-                           name=f'blocks_{i}')(x, train=train)
+    block = functools.partial(
+        vit.EncoderBlock, talking_heads, mlp_dim, dropout_rate=self.dropout_rate,
+        layer_scale_init=self.layer_scale, mlp_kernel_init=scheme.dense_kernel,
+        mlp_bias_init=scheme.mlp_bias, dtype=self.dtype, param_dtype=self.param_dtype)
+    x = self.blocks(block, x, first=0, train=train,
+                    drop_path_rates=[self.drop_path_rate] * self.depth)
     batch, _, width = x.shape
     cls = self.param('cls_token', scheme.cls_token, (1, 1, width), self.param_dtype)
     cls = jnp.broadcast_to(cls.astype(x.dtype), (batch, 1, width))

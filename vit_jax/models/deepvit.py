@@ -137,14 +137,17 @@ class DeepViT(vit.VisionTransformer):
         attention_lib.SelfAttention, head_mixing='re_attention',
         re_attention_norm=self.re_attention_norm, re_attention_scale=self.transform_scale, **common)
     drop_path_rates = np.linspace(0.0, self.drop_path_rate, self.depth)
-    for i in range(self.depth):
-      attention = re_attention if i >= self.first_re_attention_block else content
-      x = DeepViTBlock(attention, self.mlp_dim or 3 * self.hidden_size,
-                       scale_adjustment=self.scale_adjustment, dropout_rate=self.dropout_rate,
-                       drop_path_rate=float(drop_path_rates[i]),
-                       mlp_kernel_init=scheme.dense_kernel, mlp_bias_init=scheme.mlp_bias,
-                       dtype=self.dtype, param_dtype=self.param_dtype,
-                       name=f'blocks_{i}')(x, train=train)
+    first = self.first_re_attention_block
+    for attention, start, stop in ((content, 0, first), (re_attention, first, self.depth)):
+      if start == stop:
+        continue
+      block = functools.partial(
+          DeepViTBlock, attention, self.mlp_dim or 3 * self.hidden_size,
+          scale_adjustment=self.scale_adjustment, dropout_rate=self.dropout_rate,
+          mlp_kernel_init=scheme.dense_kernel, mlp_bias_init=scheme.mlp_bias, dtype=self.dtype,
+          param_dtype=self.param_dtype)
+      x = self.blocks(block, x, first=start, drop_path_rates=drop_path_rates[start:stop],
+                      train=train)
     return nn.LayerNorm(epsilon=1e-6, dtype=self.dtype, param_dtype=self.param_dtype,
                         name='norm')(x)
 

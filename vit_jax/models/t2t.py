@@ -210,14 +210,12 @@ class T2TViT(vit.VisionTransformer):
         attention_dropout_rate=self.attention_dropout_rate, dropout_rate=self.dropout_rate,
         kernel_init=scheme.dense_kernel, bias_init=scheme.dense_bias, dtype=self.dtype,
         param_dtype=self.param_dtype)
-    drop_path_rates = np.linspace(0.0, self.drop_path_rate, self.depth)
-    for i in range(self.depth):
-      x = vit.EncoderBlock(attention, self.mlp_dim or 3 * self.hidden_size,
-                           dropout_rate=self.dropout_rate,
-                           drop_path_rate=float(drop_path_rates[i]), layer_norm_eps=1e-5,
-                           mlp_kernel_init=scheme.dense_kernel, mlp_bias_init=scheme.mlp_bias,
-                           dtype=self.dtype, param_dtype=self.param_dtype,
-                           name=f'blocks_{i}')(x, train=train)
+    block = functools.partial(
+        vit.EncoderBlock, attention, self.mlp_dim or 3 * self.hidden_size,
+        dropout_rate=self.dropout_rate, layer_norm_eps=1e-5, mlp_kernel_init=scheme.dense_kernel,
+        mlp_bias_init=scheme.mlp_bias, dtype=self.dtype, param_dtype=self.param_dtype)
+    x = self.blocks(block, x, first=0, train=train,
+                    drop_path_rates=np.linspace(0.0, self.drop_path_rate, self.depth))
     return nn.LayerNorm(epsilon=1e-5, dtype=self.dtype, param_dtype=self.param_dtype,
                         name='norm')(x)
 

@@ -10,7 +10,7 @@ Parameter names follow the timm layout (`patch_embed/proj`, `blocks_i/{norm1,att
 import dataclasses
 import functools
 import re
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import flax
 import flax.linen as nn
@@ -60,12 +60,15 @@ class InitScheme:
 
 
 class DropPath(nn.Module):
-  """Stochastic depth: drops whole residual branches per sample, rescaling by 1/keep."""
-  rate: float = 0.0
+  """Stochastic depth: drops whole residual branches per sample, rescaling by 1/keep.
+
+  `rate` may be a traced scalar (a per-layer rate scanned over by `VisionTransformer.blocks`).
+  """
+  rate: float | jax.Array = 0.0
 
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
-    if not train or self.rate == 0.0:
+    if not train or (isinstance(self.rate, (int, float)) and self.rate == 0.0):
       return x
     keep = 1.0 - self.rate
     mask = jax.random.bernoulli(self.make_rng('dropout'), keep, (x.shape[0],) + (1,) * (x.ndim - 1))
@@ -143,6 +146,72 @@ class EncoderBlock(nn.Module):
     return x + drop_path(self._layer_scale(y, 'gamma_2'), train=train)
 
 
+class _Layer(nn.Module):
+  """A block as one step of `nn.scan`/`nn.remat`: (x, drop_path_rate) -> (x, None).
+
+  The block shares this module's scope, so its variables sit where the plain block's would.
+  """
+  block: ModuleDef
+  train: bool
+
+  @nn.compact
+  def __call__(self, x: jax.Array, drop_path_rate: jax.Array | None = None
+               ) -> tuple[jax.Array, None]:
+    block = self.block() if drop_path_rate is None else self.block(drop_path_rate=drop_path_rate)
+    nn.share_scope(self, block)
+    return block(x, train=self.train), None
+
+
+def scanned_name(prefix: str, first: int, last: int) -> str:
+  """Name of the stack of blocks `{prefix}_{first}` .. `{prefix}_{last}` in a scanned model."""
+  return f'{prefix}_{first}_to_{last}'
+
+
+_SCANNED_NAME = re.compile(r'(.+)_(\d+)_to_(\d+)')
+
+
+def unstack_layers(tree: Any) -> Any:
+  """Scanned-model variables -> the unrolled `{prefix}_{i}` layout (inverse of `stack_layers`).
+
+  Every `{prefix}_{a}_to_{b}` stack (leading layer axis) in any nested dict (params,
+  batch_stats, intermediates, optimizer moments) becomes `{prefix}_{a}` .. `{prefix}_{b}`.
+  """
+  if not isinstance(tree, Mapping):
+    return tree
+  out = {}
+  for key, value in tree.items():
+    match = _SCANNED_NAME.fullmatch(str(key))
+    if match and isinstance(value, Mapping):
+      prefix, first, last = match.group(1), int(match.group(2)), int(match.group(3))
+      for i in range(last - first + 1):
+        out[f'{prefix}_{first + i}'] = jax.tree.map(lambda x, i=i: x[i], dict(value))
+    else:
+      out[key] = unstack_layers(value)
+  return out
+
+
+def stack_layers(tree: Any, like: Any) -> Any:
+  """Unrolled variables -> the layout of `like`, e.g. a scanned model's `jax.eval_shape(init)`.
+
+  Blocks `{prefix}_{a}` .. `{prefix}_{b}` are stacked wherever `like` has `{prefix}_{a}_to_{b}`.
+  """
+  if not isinstance(tree, Mapping) or not isinstance(like, Mapping):
+    return tree
+  out = {key: value for key, value in tree.items()}
+  for key, value in like.items():
+    match = _SCANNED_NAME.fullmatch(str(key))
+    if match and key not in tree:
+      prefix, first, last = match.group(1), int(match.group(2)), int(match.group(3))
+      names = [f'{prefix}_{i}' for i in range(first, last + 1)]
+      missing = [name for name in names if name not in tree]
+      if missing:
+        raise ValueError(f'Cannot stack {key}: the variables lack {missing}.')
+      out[key] = jax.tree.map(lambda *xs: jnp.stack(xs), *[dict(out.pop(n)) for n in names])
+    elif key in tree:
+      out[key] = stack_layers(tree[key], value)
+  return out
+
+
 def check_images(images: jax.Array, patch_size: int) -> tuple[int, int]:
   """Returns the patch grid (rows, cols), or raises for non-NHWC or non-divisible images."""
   if images.ndim != 4:
@@ -199,6 +268,8 @@ class VisionTransformer(nn.Module):
   init_scheme: str = 'google'
   head_bias_init: float = 0.0
   attention_implementation: str | None = None
+  scan_layers: bool = False
+  remat: bool = False
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -223,6 +294,38 @@ class VisionTransformer(nn.Module):
   @property
   def scheme(self) -> InitScheme:
     return InitScheme.named(self.init_scheme)
+
+  def blocks(self, block: ModuleDef, x: jax.Array, *, first: int, drop_path_rates: Sequence[float],
+             train: bool, prefix: str = 'blocks') -> jax.Array:
+    """Applies blocks `{prefix}_{first}`, ... (one per rate) in sequence; returns the tokens.
+
+    `block(drop_path_rate=r, name=...)` builds one block. `remat=True` recomputes each block's
+    activations in the backward pass (memory). `scan_layers=True` traces one block and runs it
+    with `nn.scan` (fast compilation of deep models); its variables are then stacked along a
+    leading layer axis under `{prefix}_{first}_to_{last}` (as are sown intermediates), and
+    `unstack_layers` / `stack_layers` convert to and from the unrolled `{prefix}_{i}` layout that
+    checkpoints of unrolled models, `from_timm` and analysis use (`to_timm` accepts either).
+    """
+    rates = [float(r) for r in drop_path_rates]
+    if not (self.scan_layers and len(rates) > 1):
+      for i, rate in enumerate(rates):
+        name = f'{prefix}_{first + i}'
+        if self.remat:
+          layer = nn.remat(_Layer)(functools.partial(block, drop_path_rate=rate), train, name=name)
+          x, _ = layer(x)
+        else:
+          x = block(drop_path_rate=rate, name=name)(x, train=train)
+      return x
+    constant = all(rate == rates[0] for rate in rates)
+    layer = nn.remat(_Layer, prevent_cse=False) if self.remat else _Layer
+    scan = nn.scan(layer, variable_axes={True: 0}, split_rngs={'params': True, 'dropout': True},
+                   in_axes=0, length=len(rates))
+    name = scanned_name(prefix, first, first + len(rates) - 1)
+    if constant:
+      x, _ = scan(functools.partial(block, drop_path_rate=rates[0]), train, name=name)(x)
+    else:
+      x, _ = scan(block, train, name=name)(x, jnp.asarray(rates, jnp.float32))
+    return x
 
   def patch_tokens(self, images: jax.Array, *, train: bool) -> jax.Array:
     """The image as (batch, tokens, hidden) patch tokens; families with another stem override it."""
@@ -260,13 +363,12 @@ class VisionTransformer(nn.Module):
         kernel_init=scheme.dense_kernel, bias_init=scheme.dense_bias,
         fast_path_implementation=self.attention_implementation, dtype=self.dtype,
         param_dtype=self.param_dtype)
-    drop_path_rates = np.linspace(0.0, self.drop_path_rate, self.depth)
-    for i in range(self.depth):
-      x = EncoderBlock(attention, self.mlp_dim or 4 * self.hidden_size,
-                       dropout_rate=self.dropout_rate, drop_path_rate=float(drop_path_rates[i]),
-                       mlp_kernel_init=scheme.dense_kernel, mlp_bias_init=scheme.mlp_bias,
-                       dtype=self.dtype, param_dtype=self.param_dtype,
-                       name=f'blocks_{i}')(x, train=train)
+    block = functools.partial(
+        EncoderBlock, attention, self.mlp_dim or 4 * self.hidden_size,
+        dropout_rate=self.dropout_rate, mlp_kernel_init=scheme.dense_kernel,
+        mlp_bias_init=scheme.mlp_bias, dtype=self.dtype, param_dtype=self.param_dtype)
+    x = self.blocks(block, x, first=0, train=train,
+                    drop_path_rates=np.linspace(0.0, self.drop_path_rate, self.depth))
     return nn.LayerNorm(epsilon=1e-6, dtype=self.dtype, param_dtype=self.param_dtype,
                         name='norm')(x)
 
@@ -333,8 +435,9 @@ def variables_from_torch(state_dict: Mapping[str, Any]) -> dict[str, dict]:
 
 
 def variables_to_torch(variables: Mapping[str, Any]) -> dict[str, np.ndarray]:
-  """The inverse of `variables_from_torch`: Flax variables -> PyTorch state dict of arrays."""
+  """The inverse of `variables_from_torch`: Flax variables (unrolled or scanned) -> PyTorch."""
   state_dict: dict[str, np.ndarray] = {}
+  variables = unstack_layers(variables)
   for collection in ('params', 'batch_stats'):
     flat = flax.traverse_util.flatten_dict(dict(variables.get(collection, {})))
     for path, value in flat.items():

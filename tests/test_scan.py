@@ -1,0 +1,151 @@
+"""Scan-over-layers and remat: the unrolled model's outputs and gradients; layout converters."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.test_train import tiny_config
+from vit_jax import checkpoints
+from vit_jax import models
+from vit_jax import train
+from vit_jax.models import deepvit
+from vit_jax.models import vit
+
+SWITCHES = [dict(scan_layers=True), dict(remat=True), dict(scan_layers=True, remat=True)]
+
+# Tiny members of every family with a deep block stack, at 16x16 inputs; timm init, so that the
+# head is not zero.
+TINY = {
+    'vit': ('vit_ti4', dict(hidden_size=24, depth=3, num_heads=3, mlp_dim=48, init_scheme='timm')),
+    # Constant drop path, then two unscanned class-attention blocks.
+    'cait': ('cait_ti4', dict(hidden_size=24, depth=3, num_heads=3, layer_scale_init=0.5)),
+    # Two scanned groups (content blocks 0-1, Re-attention blocks 2-4) with BatchNorm statistics.
+    'deepvit': ('deepvit_ti4', dict(hidden_size=24, depth=5, num_heads=3,
+                                    re_attention_blocks=3)),
+    't2t': ('t2t_vit_t_ti4', dict(hidden_size=24, depth=3, num_heads=3, mlp_dim=48, token_dim=8,
+                                  soft_splits=((3, 1, 1), (3, 2, 1), (3, 2, 1)))),
+}
+
+
+def _tiny(family: str, **overrides):
+  name, fields = TINY[family]
+  return models.create(name, **{'num_classes': 5, 'drop_path_rate': 0.2, **fields, **overrides})
+
+
+def _images(batch: int = 2):
+  return jax.random.normal(jax.random.key(1), (batch, 16, 16, 3))
+
+
+def _max_diff(a, b) -> float:
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  return max(float(jnp.max(jnp.abs(x - y)))
+             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+CASES = [('vit', switches) for switches in SWITCHES] + [
+    (family, SWITCHES[-1]) for family in sorted(TINY) if family != 'vit']
+
+
+def _outputs_and_gradients(model, variables):
+  """Logits, sown intermediates and the gradient of a scalar loss, in one compiled call."""
+  def loss(params):
+    logits, state = model.apply({**variables, 'params': params}, _images(),
+                                mutable=['intermediates'])
+    return jnp.sum(logits ** 2), (logits, state['intermediates'])
+  (_, (logits, intermediates)), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(
+      variables['params'])
+  return logits, intermediates, grads
+
+
+def _shapes(tree):
+  return jax.tree.map(lambda x: (tuple(x.shape), x.dtype), tree)
+
+
+def _in_layout_of(model, variables):
+  """`variables` of the unrolled model converted to `model`'s layout, checked against its init."""
+  like = jax.eval_shape(model.init, jax.random.key(0), _images())
+  converted = vit.stack_layers(variables, like)
+  assert _shapes(converted) == _shapes(like)
+  assert _max_diff(vit.unstack_layers(converted), variables) == 0.0
+  return converted
+
+
+@pytest.mark.parametrize('family, switches', CASES, ids=str)
+def test_same_outputs_and_gradients_as_unrolled(family, switches):
+  plain, switched = _tiny(family), _tiny(family, **switches)
+  variables = jax.jit(plain.init)(jax.random.key(0), _images())
+  logits, intermediates, grads = _outputs_and_gradients(plain, variables)
+  logits_s, intermediates_s, grads_s = _outputs_and_gradients(
+      switched, _in_layout_of(switched, variables))
+  assert _max_diff(logits, logits_s) <= 1e-5
+  # Sown attention maps and gradients, unstacked, match block by block.
+  assert _max_diff(intermediates, vit.unstack_layers(intermediates_s)) <= 1e-5
+  assert _max_diff(grads, vit.unstack_layers(grads_s)) <= 1e-5
+
+
+def test_scanned_variables_are_stacked_and_convert_to_timm():
+  model = _tiny('deepvit', scan_layers=True)
+  variables = jax.jit(model.init)(jax.random.key(0), _images())
+  # Two stacks: content blocks 0-1 and Re-attention blocks 2-4 (with BatchNorm statistics).
+  assert variables['params']['blocks_0_to_1']['mlp']['fc1']['kernel'].shape == (2, 24, 72)
+  assert variables['batch_stats']['blocks_2_to_4']['attn']['var_norm']['mean'].shape == (3, 3)
+  unrolled = vit.unstack_layers(variables)
+  assert 'blocks_4' in unrolled['params'] and 'blocks_0_to_1' not in unrolled['params']
+  ours, reference = deepvit.to_timm(variables), deepvit.to_timm(unrolled)
+  assert ours.keys() == reference.keys()
+  assert all(np.array_equal(ours[k], reference[k]) for k in ours)
+
+
+def test_batch_statistics_update_like_unrolled():
+  """Re-attention BatchNorm running averages: the same update through the scan."""
+  plain, scanned = _tiny('deepvit', drop_path_rate=0.0), _tiny('deepvit', drop_path_rate=0.0,
+                                                               scan_layers=True)
+  variables = jax.jit(plain.init)(jax.random.key(0), _images())
+  assert variables['batch_stats']
+  _, updates = plain.apply(variables, _images(), train=True, mutable=['batch_stats'])
+  _, updates_s = scanned.apply(_in_layout_of(scanned, variables), _images(), train=True,
+                               mutable=['batch_stats'])
+  assert _max_diff(updates, vit.unstack_layers(updates_s)) <= 1e-5
+  assert _max_diff(updates, {'batch_stats': variables['batch_stats']}) > 0
+
+
+def test_training_mode_draws_per_layer_stochastic_depth():
+  model = _tiny('vit', scan_layers=True, remat=True)
+  variables = model.init(jax.random.key(0), _images())
+  images = _images(batch=32)
+  outputs = [model.apply(variables, images, train=True, rngs={'dropout': jax.random.key(k)})
+             for k in (0, 1)]
+  assert outputs[0].shape == (32, 5)
+  # Some of the 64 drop-path draws of rates 0.1 and 0.2 differ between the two rngs.
+  assert _max_diff(outputs[0], outputs[1]) > 0
+
+
+def test_scanned_run_checkpoint_loads_into_either_layout(tmp_path):
+  """A work directory trained with scan_layers reads as unrolled variables (init_from, export,
+  analysis)."""
+  config = tiny_config(str(tmp_path / 'tfds'), total_steps=2, **{
+      'model.scan_layers': True, 'model.depth': 3, 'model.init_scheme': 'timm'})
+  workdir = str(tmp_path / 'run')
+  train.train_and_evaluate(config, workdir)
+  saved = checkpoints.restore_arrays(workdir)['params']
+  assert 'blocks_0_to_2' in saved
+  variables, _ = checkpoints.read_workdir(workdir)
+  assert 'blocks_2' in variables['params'] and 'blocks_0_to_2' not in variables['params']
+
+  images = jax.random.normal(jax.random.key(1), (2, 16, 16, 3))
+  scanned = train.create_model(config, 10)
+  config.model.scan_layers = False
+  unrolled = train.create_model(config, 10)
+  expected = scanned.apply({'params': saved}, images)
+  np.testing.assert_allclose(unrolled.apply(train.load_variables(workdir, unrolled, config),
+                                            images), expected, atol=1e-5)
+  np.testing.assert_allclose(scanned.apply(train.load_variables(workdir, scanned, config),
+                                           images), expected, atol=1e-5)
+
+  from vit_jax import analyze  # pylint: disable=g-import-not-at-top
+  run = analyze.load_run(workdir)  # Analysis reads per-block maps, so it runs the model unrolled.
+  assert not run.model.scan_layers
+  _, state = run.model.apply(run.variables, images, mutable=['intermediates'])
+  assert {'blocks_0', 'blocks_2'} <= set(state['intermediates'])
+  np.testing.assert_allclose(run.model.apply(run.variables, images), expected, atol=1e-5)
