@@ -4,20 +4,14 @@ import os
 
 import pytest
 
-_libraries = []  # Keeps the torchvision operator schemas registered for the session.
-
-
 @pytest.fixture(scope='session')
 def timm():
-  """The timm package, imported offline on CPU torch (PyPI's torchvision is a CUDA build)."""
+  """The timm package, offline, on CPU torch; skips the test where torch or timm is absent."""
   os.environ.setdefault('HF_HUB_OFFLINE', '1')
-  torch = pytest.importorskip('torch')
-  if not _libraries:
-    library = torch.library.Library('torchvision', 'DEF')
-    library.define('nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor')
-    library.define('qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor')
-    _libraries.append(library)
-  return pytest.importorskip('timm')
+  pytest.importorskip('torch')
+  pytest.importorskip('timm')
+  from vit_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  return checkpoints.import_timm()
 
 
 @pytest.fixture(scope='session')

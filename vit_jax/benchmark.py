@@ -1,8 +1,9 @@
 r"""Training and inference throughput of a config's model, optionally against timm.
 
-  python -m vit_jax.benchmark --config=configs/vit.py:variant=Ti/4 --batch=64
   python -m vit_jax.benchmark --config=configs/vit.py:variant=Ti/4 --batch=64 --vs_timm
   python -m vit_jax.benchmark --family_table --batch=32
+  python -m vit_jax.benchmark --layers_table --layers_models=cait_xxs24,deepvit_32b --batch=4
+  python -m vit_jax.benchmark --config=configs/vit.py:variant=B/16 --dtype=bfloat16 --batch=256
 
 A training step is `vit_jax.train`'s (forward, loss, gradients, optimizer update, metrics) on
 random images; an inference step is a jitted forward pass with train=False. Every step is blocked
@@ -10,12 +11,20 @@ on until its results exist. After `--warmup` untimed steps, steps run in blocks 
 reported time per step is the median over `--repeats` blocks of each block's mean. Contenders
 (ours and timm, or a family and its plain ViT) alternate block by block in this one process, so a
 busy machine slows them alike; compare ratios, and read absolute numbers with the load average.
+
+Besides images/s it prints compile times, XLA's memory account of the compiled training step, the
+peak host (and, where the runtime reports it, device) memory, XLA's FLOP count of a step and the
+achieved FLOP/s; with a known peak (`--peak_tflops`, or the table `PEAK_TFLOPS` for bfloat16 on
+accelerators) also the model FLOPs utilisation. `--layers_table` measures deep models with and
+without scan-over-layers and remat, each combination in a fresh process.
 """
 
 import dataclasses
+import json
 import os
 import resource
 import statistics
+import subprocess
 import sys
 import time
 from typing import Any, Callable
@@ -47,8 +56,22 @@ _FAMILY_TABLE = flags.DEFINE_bool('family_table', False, "Time each family's tra
                                   'to a plain ViT of equal width, depth and heads.')
 _FAMILY_MODELS = flags.DEFINE_list('family_models', None, 'Registry names for --family_table '
                                    '(default: FAMILY_MODELS).')
+_LAYERS_TABLE = flags.DEFINE_bool('layers_table', False, 'Time and size the training step of '
+                                  '--layers_models with scan_layers and remat off and on.')
+_LAYERS_MODELS = flags.DEFINE_list('layers_models', ['cait_xxs24', 'deepvit_32b'],
+                                   'Registry names for --layers_table (at --image_size, default '
+                                   '224 there).')
+_LAYERS_ROW = flags.DEFINE_string('layers_row', None, 'MODEL:SCAN:REMAT (0 or 1): one row of '
+                                  '--layers_table, printed as JSON (used by --layers_table).')
+_PEAK_TFLOPS = flags.DEFINE_float('peak_tflops', None, "The device's peak TFLOP/s at --dtype, "
+                                  'for model FLOPs utilisation (default: PEAK_TFLOPS).')
 
 # One model per family at the 32x32 scale of the ViT-Ti/4 benchmark.
+# Dense peak bfloat16 TFLOP/s per chip, by the start of `device_kind` (vendor data sheets).
+PEAK_TFLOPS = {'NVIDIA H100': 989.0, 'NVIDIA H200': 989.0, 'NVIDIA A100': 312.0,
+               'TPU v4': 275.0, 'TPU v5 lite': 197.0, 'TPU v5e': 197.0, 'TPU v5p': 459.0,
+               'TPU v6 lite': 918.0, 'TPU v6e': 918.0}
+
 FAMILY_MODELS = ('deit_ti16', 'cait_ti4', 'deepvit_ti4', 't2t_vit_t_14', 't2t_vit_14',
                  'sa_conv_quadratic', 'sa_conv_gaussian', 'sa_conv_learned',
                  'sa_conv_learned_content')
@@ -82,6 +105,8 @@ class Contender:
   compile_s: dict[str, float] = dataclasses.field(default_factory=dict)
   model: Any = None
   num_params: int = 0
+  train_flops: float | None = None  # XLA's count for one training step.
+  train_memory_mib: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -104,8 +129,27 @@ def benchmark_config(config, *, batch: int, image_size: int, dtype: str,
   return config
 
 
+def compiled_flops(compiled) -> float | None:
+  """XLA's FLOP count of a compiled computation, where the backend provides one."""
+  analysis = compiled.cost_analysis()
+  if isinstance(analysis, (list, tuple)):  # Older jax: one dict per partition.
+    analysis = analysis[0] if analysis else None
+  flops = (analysis or {}).get('flops')
+  return float(flops) if flops and flops > 0 else None
+
+
+def compiled_memory_mib(compiled) -> dict[str, float]:
+  """XLA's memory account of a compiled computation: temporaries, and everything live at once."""
+  memory = compiled.memory_analysis()
+  if memory is None:
+    return {}
+  total = (memory.temp_size_in_bytes + memory.argument_size_in_bytes
+           + memory.output_size_in_bytes - memory.alias_size_in_bytes)
+  return {'temp': memory.temp_size_in_bytes / 2**20, 'total': total / 2**20}
+
+
 def jax_contender(config, num_classes: int, name: str | None = None,
-                  compiler_options: dict[str, Any] | None = None) -> Contender:
+                  inference: bool = True) -> Contender:
   """Our model under `vit_jax.train`'s training step, jitted with the state donated."""
   # pylint: disable=g-import-not-at-top
   import jax
@@ -120,21 +164,27 @@ def jax_contender(config, num_classes: int, name: str | None = None,
   size, batch_size = config.image_size, config.batch_size
   batch = {'image': jnp.asarray(rng.standard_normal((batch_size, size, size, 3), np.float32)),
            'label': jnp.asarray(rng.integers(0, num_classes, batch_size, np.int32))}
-  state = jax.jit(lambda: train.init_state(model, tx, config))()
+  start = time.perf_counter()
+  state = jax.block_until_ready(jax.jit(lambda: train.init_state(model, tx, config))())
+  compile_s = {'init': time.perf_counter() - start}
 
   start = time.perf_counter()
-  train_step = jax.jit(train.make_train_step(model, tx, config, num_classes),
-                       donate_argnums=0).lower(state, batch).compile(compiler_options)
-  compile_s = {'train': time.perf_counter() - start}
+  lowered = jax.jit(train.make_train_step(model, tx, config, num_classes),
+                    donate_argnums=0).lower(state, batch)
+  compile_s['lower'] = time.perf_counter() - start
+  start = time.perf_counter()
+  train_step = lowered.compile()
+  compile_s['train'] = time.perf_counter() - start
 
   def forward(params, batch_stats, images):
     variables = {'params': params, **({'batch_stats': batch_stats} if batch_stats else {})}
     return train.classifier_logits(model.apply(variables, images, train=False))
 
-  start = time.perf_counter()
-  infer = jax.jit(forward).lower(state.params, state.batch_stats, batch['image']).compile(
-      compiler_options)
-  compile_s['inference'] = time.perf_counter() - start
+  infer = None
+  if inference:
+    start = time.perf_counter()
+    infer = jax.jit(forward).lower(state.params, state.batch_stats, batch['image']).compile()
+    compile_s['inference'] = time.perf_counter() - start
   holder = {'state': state}
 
   def train_steps(n: int) -> None:
@@ -148,20 +198,8 @@ def jax_contender(config, num_classes: int, name: str | None = None,
       jax.block_until_ready(infer(state.params, state.batch_stats, batch['image']))
 
   return Contender(name or config.model.name, train_steps, infer_steps, compile_s, model,
-                   sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params)))
-
-
-def import_timm():
-  """torch and timm on CPU torch; PyPI's torchvision is a CUDA build whose op schemas timm needs."""
-  os.environ.setdefault('HF_HUB_OFFLINE', '1')
-  import torch  # pylint: disable=g-import-not-at-top
-  if not hasattr(import_timm, 'library'):
-    library = torch.library.Library('torchvision', 'DEF')
-    library.define('nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor')
-    library.define('qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor')
-    import_timm.library = library
-  import timm  # pylint: disable=g-import-not-at-top
-  return torch, timm
+                   sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params)),
+                   compiled_flops(train_step), compiled_memory_mib(train_step))
 
 
 def timm_contender(config, model, num_classes: int) -> Contender:
@@ -172,7 +210,9 @@ def timm_contender(config, model, num_classes: int) -> Contender:
                      f'({type(model).__name__}) has no timm twin here.')
   if config.optimizer != 'adamw':
     raise ValueError(f'--vs_timm needs optimizer=adamw; got {config.optimizer!r}.')
-  torch, timm = import_timm()
+  import torch  # pylint: disable=g-import-not-at-top
+  from vit_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  timm = checkpoints.import_timm()
   from timm.models import vision_transformer  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   dtype = getattr(torch, np.dtype(model.dtype).name)
@@ -262,8 +302,11 @@ def run_single(config, *, num_classes: int, steps: int, warmup: int, repeats: in
   report('load average', f'{load_average()} (start)')
   ours = jax_contender(config, num_classes)
   report('parameters', f'{ours.num_params:,}')
-  report('compile', f'train {ours.compile_s["train"]:.1f} s, '
-         f'inference {ours.compile_s["inference"]:.1f} s')
+  report('compile', f'train {ours.compile_s["train"]:.1f} s (+ trace {ours.compile_s["lower"]:.1f}'
+         f' s), inference {ours.compile_s["inference"]:.1f} s, init {ours.compile_s["init"]:.1f} s')
+  if ours.train_memory_mib:
+    report('XLA train memory', f'{ours.train_memory_mib["total"]:.0f} MiB live at once, of which '
+           f'{ours.train_memory_mib["temp"]:.0f} MiB temporaries')
   report('peak host memory', f'{peak_host_memory_mib():.0f} MiB RSS (ours, after compiling)')
   contenders = [ours]
   if vs_timm:
@@ -278,6 +321,9 @@ def run_single(config, *, num_classes: int, steps: int, warmup: int, repeats: in
       results[f'{kind}_{label}_images_per_s'] = images_per_s
       report(f'{kind} {label}', f'{images_per_s:.1f} images/s ({1e3 * timing.wall_s:.0f} ms/step,'
              f' {1e3 * timing.cpu_s:.0f} ms CPU/step; median of {repeats} x {steps} steps)')
+    if kind == 'train' and ours.train_flops:
+      report('train FLOPs', flops_report(ours.train_flops, timings[0].wall_s, device,
+                                         config.model.get('dtype', 'float32')))
     if vs_timm:
       ratio = results[f'{kind}_ours_images_per_s'] / results[f'{kind}_timm_images_per_s']
       results[f'{kind}_ratio'] = ratio
@@ -287,6 +333,26 @@ def run_single(config, *, num_classes: int, steps: int, warmup: int, repeats: in
          + (' (both frameworks)' if vs_timm else ''))
   report('peak device memory', peak_device_memory())
   return results
+
+
+def peak_tflops(device, dtype: str) -> float | None:
+  """--peak_tflops, else the table's bfloat16 peak of the device (None on CPU or unknown)."""
+  if _PEAK_TFLOPS.value:
+    return _PEAK_TFLOPS.value
+  if dtype != 'bfloat16':
+    return None
+  kind = device.device_kind
+  return next((v for k, v in PEAK_TFLOPS.items() if kind.startswith(k)), None)
+
+
+def flops_report(flops: float, step_s: float, device, dtype: str) -> str:
+  """FLOPs per step, achieved TFLOP/s and, with a known peak, model FLOPs utilisation."""
+  achieved = flops / step_s / 1e12
+  text = f'{flops / 1e9:.1f} GFLOP/step (XLA count), {achieved:.3f} TFLOP/s achieved'
+  peak = peak_tflops(device, dtype)
+  if peak:
+    text += f', MFU {100 * achieved / peak:.1f} % of {peak:.0f} TFLOP/s'
+  return text
 
 
 def plain_vit_twin(model, image_size: int) -> tuple[dict[str, Any], int, int]:
@@ -320,10 +386,6 @@ def run_family_table(config, *, names: list[str], num_classes: int, steps: int, 
                      repeats: int) -> list[dict[str, Any]]:
   """Each model's training step time next to a plain ViT of equal width, depth and heads."""
   import ml_collections  # pylint: disable=g-import-not-at-top
-  from vit_jax import models  # pylint: disable=g-import-not-at-top
-  registered = set(models.names())
-  if missing := [n for n in names if n not in registered]:
-    report('not registered', ', '.join(missing))
   report('batch', f'{config.batch_size} x {config.image_size}x{config.image_size}x3, '
          f'dtype {config.model.get("dtype", "float32")}')
   report('threads', threads_description())
@@ -332,7 +394,7 @@ def run_family_table(config, *, names: list[str], num_classes: int, steps: int, 
         f'{"ViT tokens":>11}{"ViT ms":>8}{"ratio":>7}  load average', flush=True)
   dtype = {'dtype': config.model.dtype} if 'dtype' in config.model else {}
   rows = []
-  for name in (n for n in names if n in registered):
+  for name in names:
     family_config = config.copy_and_resolve_references()
     family_config.model = ml_collections.ConfigDict({'name': name, **dtype})
     family = jax_contender(family_config, num_classes)
@@ -353,6 +415,65 @@ def run_family_table(config, *, names: list[str], num_classes: int, steps: int, 
   return rows
 
 
+def layers_row(config, name: str, scan: bool, remat: bool, *, num_classes: int, steps: int,
+               warmup: int) -> dict[str, Any]:
+  """`name` with scan_layers/remat as given: init, trace and compile time, step time, memory."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  config = config.copy_and_resolve_references()
+  dtype = {'dtype': config.model.dtype} if 'dtype' in config.model else {}
+  config.model = ml_collections.ConfigDict(
+      {'name': name, 'scan_layers': scan, 'remat': remat, **dtype})
+  cpu = time.process_time()
+  contender = jax_contender(config, num_classes, inference=False)
+  compile_cpu_s = time.process_time() - cpu
+  timing = time_interleaved([contender], kind='train', steps=steps, warmup=warmup, repeats=1)[0]
+  return {'model': name, 'scan': int(scan), 'remat': int(remat),
+          'init_s': contender.compile_s['init'], 'trace_s': contender.compile_s['lower'],
+          'compile_s': contender.compile_s['train'], 'compile_cpu_s': compile_cpu_s,
+          'step_s': timing.wall_s, 'xla_total_mib': contender.train_memory_mib.get('total', 0.0),
+          'xla_temp_mib': contender.train_memory_mib.get('temp', 0.0),
+          'peak_rss_mib': peak_host_memory_mib(), 'load': os.getloadavg()[0]}
+
+
+def run_layers_table(config, *, names: list[str]) -> list[dict[str, Any]]:
+  """Each model with scan_layers and remat off and on, one fresh process per combination."""
+  report('batch', f'{config.batch_size} x {config.image_size}x{config.image_size}x3, '
+         f'dtype {config.model.get("dtype", "float32")}')
+  report('threads', threads_description())
+  print(f'{"model":<16}{"scan":>5}{"remat":>6}{"init s":>8}{"trace s":>8}{"compile s":>10}'
+        f'{"(CPU s)":>9}{"s/step":>8}{"XLA MiB":>9}{"(temp)":>8}{"RSS MiB":>9}  load',
+        flush=True)
+  forwarded = [a for a in sys.argv[1:] if not a.startswith(('--layers_table', '--layers_row'))]
+  forwarded += [f'--batch={config.batch_size}', f'--image_size={config.image_size}']
+  rows = []
+  for name in names:
+    for scan in (0, 1):
+      for remat in (0, 1):
+        result = subprocess.run(
+            [sys.executable, '-m', 'vit_jax.benchmark', *forwarded,
+             f'--layers_row={name}:{scan}:{remat}'], capture_output=True, text=True, check=False)
+        if result.returncode:
+          print(f'{name:<16}{scan:>5}{remat:>6}  failed: '
+                f'{result.stderr.strip().splitlines()[-1:]}', flush=True)
+          continue
+        row = json.loads(result.stdout.strip().splitlines()[-1])
+        rows.append(row)
+        print(f'{name:<16}{scan:>5}{remat:>6}{row["init_s"]:>8.1f}{row["trace_s"]:>8.1f}'
+              f'{row["compile_s"]:>10.1f}{row["compile_cpu_s"]:>9.1f}{row["step_s"]:>8.2f}'
+              f'{row["xla_total_mib"]:>9.0f}{row["xla_temp_mib"]:>8.0f}'
+              f'{row["peak_rss_mib"]:>9.0f}  {row["load"]:.1f}', flush=True)
+  return rows
+
+
+def parse_layers_row(value: str) -> tuple[str, bool, bool]:
+  """'MODEL:SCAN:REMAT' -> (model, scan, remat); raises UsageError for anything else."""
+  parts = value.split(':')
+  if len(parts) != 3 or parts[1] not in ('0', '1') or parts[2] not in ('0', '1'):
+    raise app.UsageError(f'--layers_row={value!r} must be MODEL:SCAN:REMAT with 0 or 1 for each '
+                         'switch, e.g. cait_xxs24:1:0.')
+  return parts[0], parts[1] == '1', parts[2] == '1'
+
+
 def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
@@ -369,17 +490,32 @@ def main(argv) -> None:
     runtime.configure()
   if _VS_TIMM.value:
     try:
-      torch, _ = import_timm()
+      from vit_jax import checkpoints  # pylint: disable=g-import-not-at-top
+      checkpoints.import_timm()
+      import torch  # pylint: disable=g-import-not-at-top
     except ImportError as e:
       raise app.UsageError(f'--vs_timm needs torch and timm installed ({e}).') from e
     torch.set_num_threads(len(os.sched_getaffinity(0)))
+  from vit_jax import models  # pylint: disable=g-import-not-at-top
+  for flag in (_LAYERS_MODELS, _FAMILY_MODELS):
+    unknown = [n for n in flag.value or () if n not in models.names()]
+    if unknown:
+      raise app.UsageError(f'--{flag.name}: unknown models {unknown}; registered: '
+                           f'{sorted(models.names())}.')
   config = _CONFIG.value
-  config = benchmark_config(config, batch=_BATCH.value or config.batch_size,
-                            image_size=_IMAGE_SIZE.value or config.image_size,
+  deep = _LAYERS_TABLE.value or _LAYERS_ROW.value  # ImageNet-sized models: smaller defaults.
+  config = benchmark_config(config, batch=_BATCH.value or (8 if deep else config.batch_size),
+                            image_size=_IMAGE_SIZE.value or (224 if deep else config.image_size),
                             dtype=_DTYPE.value, model_name=_MODEL.value)
   timing = dict(num_classes=_NUM_CLASSES.value, steps=_STEPS.value, warmup=_WARMUP.value,
                 repeats=_REPEATS.value)
-  if _FAMILY_TABLE.value:
+  if _LAYERS_ROW.value:
+    name, scan, remat = parse_layers_row(_LAYERS_ROW.value)
+    print(json.dumps(layers_row(config, name, scan, remat, num_classes=_NUM_CLASSES.value,
+                                steps=_STEPS.value, warmup=_WARMUP.value)))
+  elif _LAYERS_TABLE.value:
+    run_layers_table(config, names=_LAYERS_MODELS.value)
+  elif _FAMILY_TABLE.value:
     run_family_table(config, names=_FAMILY_MODELS.value or list(FAMILY_MODELS), **timing)
   else:
     run_single(config, vs_timm=_VS_TIMM.value, inference=_INFERENCE.value, **timing)
