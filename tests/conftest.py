@@ -1,8 +1,17 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures, and one XLA compilation cache for the session."""
 
 import os
+import tempfile
 
 import pytest
+
+# Many tests compile the same small programs (in this process, in subprocesses and in notebook
+# kernels, which inherit the environment): a session-wide persistent cache compiles each once.
+os.environ.setdefault('JAX_COMPILATION_CACHE_DIR',
+                      tempfile.mkdtemp(prefix='vit_jax_test_xla_cache_'))
+os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
+os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
+
 
 @pytest.fixture(scope='session')
 def timm():

@@ -1,5 +1,6 @@
 """`python -m vit_jax.benchmark`: every mode runs and reports its numbers (never asserts speed)."""
 
+import json
 import os
 import re
 import subprocess
@@ -47,9 +48,19 @@ def test_train_and_inference_against_timm(timm):
 def test_layers_row_times_a_scanned_rematerialised_model():
   result = _benchmark(*TINY, '--batch=4', '--layers_row=vit_ti4:1:1')
   assert result.returncode == 0, result.stderr
-  row = eval(result.stdout.strip().splitlines()[-1].replace('true', 'True'))  # pylint: disable=eval-used
+  row = json.loads(result.stdout.strip().splitlines()[-1])
   assert (row['model'], row['scan'], row['remat']) == ('vit_ti4', 1, 1)
   assert row['compile_s'] > 0 and row['step_s'] > 0 and row['peak_rss_mib'] > 0
+
+
+def test_family_table_row_beside_its_plain_vit_twin():
+  result = _benchmark('--family_table', '--family_models=sa_conv_quadratic', '--image_size=8',
+                      '--batch=2', '--steps=1', '--warmup=1', '--repeats=1')
+  assert result.returncode == 0, result.stderr
+  row = next(line for line in result.stdout.splitlines() if line.startswith('sa_conv_quadratic'))
+  size, width, depth, _, tokens, ms, vit_tokens, vit_ms, ratio, flop_ratio = row.split()[1:11]
+  assert (size, width, depth, tokens, vit_tokens) == ('8', '400', '6', '16', '17')
+  assert float(ms) > 0 and float(vit_ms) > 0 and float(ratio) > 0 and float(flop_ratio) > 1
 
 
 @pytest.mark.parametrize('args, message', [

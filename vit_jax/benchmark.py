@@ -22,6 +22,7 @@ without scan-over-layers and remat, each combination in a fresh process.
 import dataclasses
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -54,8 +55,8 @@ _VS_TIMM = flags.DEFINE_bool('vs_timm', False, "Also time timm's VisionTransform
 _INFERENCE = flags.DEFINE_bool('inference', True, 'Also time inference steps.')
 _FAMILY_TABLE = flags.DEFINE_bool('family_table', False, "Time each family's training step next "
                                   'to a plain ViT of equal width, depth and heads.')
-_FAMILY_MODELS = flags.DEFINE_list('family_models', None, 'Registry names for --family_table '
-                                   '(default: FAMILY_MODELS).')
+_FAMILY_MODELS = flags.DEFINE_list('family_models', None, 'Registry names for --family_table, '
+                                   'at --image_size (default: FAMILY_MODELS, each at its own).')
 _LAYERS_TABLE = flags.DEFINE_bool('layers_table', False, 'Time and size the training step of '
                                   '--layers_models with scan_layers and remat off and on.')
 _LAYERS_MODELS = flags.DEFINE_list('layers_models', ['cait_xxs24', 'deepvit_32b'],
@@ -72,9 +73,10 @@ PEAK_TFLOPS = {'NVIDIA H100': 989.0, 'NVIDIA H200': 989.0, 'NVIDIA A100': 312.0,
                'TPU v4': 275.0, 'TPU v5 lite': 197.0, 'TPU v5e': 197.0, 'TPU v5p': 459.0,
                'TPU v6 lite': 918.0, 'TPU v6e': 918.0}
 
-FAMILY_MODELS = ('deit_ti16', 'cait_ti4', 'deepvit_ti4', 't2t_vit_t_14', 't2t_vit_14',
-                 'sa_conv_quadratic', 'sa_conv_gaussian', 'sa_conv_learned',
-                 'sa_conv_learned_content')
+# One model per family at its native resolution (the /4 and SA-conv models are CIFAR-sized).
+FAMILY_MODELS = {'deit_ti16': 224, 'cait_ti4': 32, 'deepvit_ti4': 32, 't2t_vit_t_14': 224,
+                 't2t_vit_14': 224, 'sa_conv_quadratic': 32, 'sa_conv_gaussian': 32,
+                 'sa_conv_learned': 32, 'sa_conv_learned_content': 32}
 
 
 def load_average() -> str:
@@ -359,6 +361,7 @@ def plain_vit_twin(model, image_size: int) -> tuple[dict[str, Any], int, int]:
   """Overrides of `vit_ti4` for a plain ViT with the model's width, depth, heads and MLP, and
   the patch size whose token count is nearest the model's; also both token counts."""
   # pylint: disable=g-import-not-at-top
+  import flax.linen as nn
   import jax
   import jax.numpy as jnp
   from vit_jax.models import vit
@@ -367,12 +370,19 @@ def plain_vit_twin(model, image_size: int) -> tuple[dict[str, Any], int, int]:
   depth = getattr(model, 'depth', None) or model.num_layers
   heads = model.num_heads if width % model.num_heads == 0 else 1
   mlp_dim = getattr(model, 'mlp_dim', None) or getattr(model, 'intermediate_size', None)
-  if isinstance(model, vit.VisionTransformer):
-    images = jnp.zeros((1, image_size, image_size, 3))
-    tokens, _ = jax.eval_shape(lambda: model.init_with_output(
-        jax.random.PRNGKey(0), images, train=False,
-        method=lambda module, x, train: module.embed(x, train=train)))
-    tokens = tokens.shape[1]
+  if isinstance(model, vit.VisionTransformer):  # Tokens entering the first main block.
+    shapes = []
+
+    def record(next_fun, args, kwargs, context):
+      if context.method_name == '__call__' and re.fullmatch(r'blocks_\d+', context.module.name
+                                                             or ''):
+        shapes.append(args[0].shape)
+      return next_fun(*args, **kwargs)
+
+    with nn.intercept_methods(record):
+      jax.eval_shape(model.init, jax.random.PRNGKey(0),
+                     jnp.zeros((1, image_size, image_size, 3)))
+    tokens = shapes[0][1]
   else:  # SA-conv attends over the downsampled pixel grid.
     tokens = (image_size // getattr(model, 'downsample', 1)) ** 2
   patches = [p for p in range(1, image_size + 1) if image_size % p == 0]
@@ -382,36 +392,42 @@ def plain_vit_twin(model, image_size: int) -> tuple[dict[str, Any], int, int]:
   return overrides, tokens, (image_size // patch) ** 2 + 1
 
 
-def run_family_table(config, *, names: list[str], num_classes: int, steps: int, warmup: int,
-                     repeats: int) -> list[dict[str, Any]]:
-  """Each model's training step time next to a plain ViT of equal width, depth and heads."""
+def run_family_table(config, *, sizes: dict[str, int], num_classes: int, steps: int,
+                     warmup: int, repeats: int) -> list[dict[str, Any]]:
+  """Each model (at its image size) next to a plain ViT of equal width, depth and heads.
+
+  The FLOP ratio (XLA's counts of the two training steps) tells architecture from overhead: a
+  time ratio near the FLOP ratio is the family's extra arithmetic, not slower code.
+  """
   import ml_collections  # pylint: disable=g-import-not-at-top
-  report('batch', f'{config.batch_size} x {config.image_size}x{config.image_size}x3, '
-         f'dtype {config.model.get("dtype", "float32")}')
+  report('batch', f'{config.batch_size} images, dtype {config.model.get("dtype", "float32")}')
   report('threads', threads_description())
   report('load average', f'{load_average()} (start)')
-  print(f'{"model":<25}{"width":>6}{"depth":>6}{"heads":>6}{"tokens":>7}{"ms/step":>9}'
-        f'{"ViT tokens":>11}{"ViT ms":>8}{"ratio":>7}  load average', flush=True)
+  print(f'{"model":<25}{"size":>5}{"width":>6}{"depth":>6}{"heads":>6}{"tokens":>7}{"ms/step":>9}'
+        f'{"ViT tokens":>11}{"ViT ms":>8}{"ratio":>7}{"FLOP ratio":>11}  load average', flush=True)
   dtype = {'dtype': config.model.dtype} if 'dtype' in config.model else {}
   rows = []
-  for name in names:
+  for name, size in sizes.items():
     family_config = config.copy_and_resolve_references()
+    family_config.image_size = size
     family_config.model = ml_collections.ConfigDict({'name': name, **dtype})
     family = jax_contender(family_config, num_classes)
-    overrides, tokens, vit_tokens = plain_vit_twin(family.model, config.image_size)
-    vit_config = config.copy_and_resolve_references()
+    overrides, tokens, vit_tokens = plain_vit_twin(family.model, size)
+    vit_config = family_config.copy_and_resolve_references()
     vit_config.model = ml_collections.ConfigDict({'name': 'vit_ti4', **overrides, **dtype})
     plain = jax_contender(vit_config, num_classes, name='vit')
     family_time, vit_time = time_interleaved([family, plain], kind='train', steps=steps,
                                              warmup=warmup, repeats=repeats)
-    row = {'model': name, 'width': overrides['hidden_size'], 'depth': overrides['depth'],
+    row = {'model': name, 'image_size': size, 'width': overrides['hidden_size'], 'depth': overrides['depth'],
            'heads': family.model.num_heads, 'tokens': tokens, 'step_s': family_time.wall_s,
            'vit_tokens': vit_tokens, 'vit_step_s': vit_time.wall_s,
-           'ratio': family_time.wall_s / vit_time.wall_s}
+           'ratio': family_time.wall_s / vit_time.wall_s,
+           'flop_ratio': (family.train_flops / plain.train_flops
+                          if family.train_flops and plain.train_flops else float('nan'))}
     rows.append(row)
-    print(f'{name:<25}{row["width"]:>6}{row["depth"]:>6}{row["heads"]:>6}{tokens:>7}'
+    print(f'{name:<25}{size:>5}{row["width"]:>6}{row["depth"]:>6}{row["heads"]:>6}{tokens:>7}'
           f'{1e3 * row["step_s"]:>9.0f}{vit_tokens:>11}{1e3 * row["vit_step_s"]:>8.0f}'
-          f'{row["ratio"]:>7.2f}  {load_average()}', flush=True)
+          f'{row["ratio"]:>7.2f}{row["flop_ratio"]:>11.2f}  {load_average()}', flush=True)
   return rows
 
 
@@ -516,7 +532,9 @@ def main(argv) -> None:
   elif _LAYERS_TABLE.value:
     run_layers_table(config, names=_LAYERS_MODELS.value)
   elif _FAMILY_TABLE.value:
-    run_family_table(config, names=_FAMILY_MODELS.value or list(FAMILY_MODELS), **timing)
+    sizes = ({name: config.image_size for name in _FAMILY_MODELS.value} if _FAMILY_MODELS.value
+             else FAMILY_MODELS)
+    run_family_table(config, sizes=sizes, **timing)
   else:
     run_single(config, vs_timm=_VS_TIMM.value, inference=_INFERENCE.value, **timing)
 
