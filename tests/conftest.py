@@ -1,23 +1,26 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures, and one XLA compilation cache for the session."""
 
 import os
+import tempfile
 
 import pytest
 
-_libraries = []  # Keeps the torchvision operator schemas registered for the session.
+# Many tests compile the same small programs (in this process, in subprocesses and in notebook
+# kernels, which inherit the environment): a session-wide persistent cache compiles each once.
+os.environ.setdefault('JAX_COMPILATION_CACHE_DIR',
+                      tempfile.mkdtemp(prefix='vit_jax_test_xla_cache_'))
+os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
+os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
 
 
 @pytest.fixture(scope='session')
 def timm():
-  """The timm package, imported offline on CPU torch (PyPI's torchvision is a CUDA build)."""
+  """The timm package, offline, on CPU torch; skips the test where torch or timm is absent."""
   os.environ.setdefault('HF_HUB_OFFLINE', '1')
-  torch = pytest.importorskip('torch')
-  if not _libraries:
-    library = torch.library.Library('torchvision', 'DEF')
-    library.define('nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor')
-    library.define('qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor')
-    _libraries.append(library)
-  return pytest.importorskip('timm')
+  pytest.importorskip('torch')
+  pytest.importorskip('timm')
+  from vit_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  return checkpoints.import_timm()
 
 
 @pytest.fixture(scope='session')

@@ -55,6 +55,7 @@ def test_default_config_trains_with_falling_loss(name, tmp_path, train_losses):
   config = load(name).get_config()
   assert config.dataset == 'digits'
   config.data_dir = str(tmp_path / 'tfds')
+  config.batch_size = 64
   config.total_steps = 20
   config.warmup_steps = 5
   config.log_every = 5

@@ -227,6 +227,28 @@ def _read_safetensors(path: str) -> dict[str, np.ndarray]:
   return tensors
 
 
+_TORCHVISION_SCHEMAS = []  # Keeps the declared torchvision operators alive for the process.
+
+
+def import_timm() -> types.ModuleType:
+  """timm, also where torchvision is a CUDA build beside a CPU-only torch (as PyPI's is).
+
+  Such a torchvision fails to register its C++ operators; timm needs only their schemas, so
+  they are declared instead. Raises ImportError without torch or timm.
+  """
+  import torch  # pylint: disable=g-import-not-at-top
+  try:
+    import torchvision  # pylint: disable=g-import-not-at-top,unused-import
+  except (RuntimeError, ImportError):
+    if not _TORCHVISION_SCHEMAS:
+      library = torch.library.Library('torchvision', 'DEF')
+      library.define('nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor')
+      library.define('qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor')
+      _TORCHVISION_SCHEMAS.append(library)
+  import timm  # pylint: disable=g-import-not-at-top
+  return timm
+
+
 def _read_torch(path: str) -> Any:
   """`torch.load(path, weights_only=True)` on CPU: tensors and plain containers, nothing else."""
   try:

@@ -16,6 +16,7 @@ from absl import logging
 from ml_collections import config_flags
 
 from vit_jax import distributed
+from vit_jax import runtime
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Training configuration file.',
                                           lock_config=True)
@@ -57,6 +58,7 @@ def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+  logging.info('Process settings: %s', runtime.configure())  # Before JAX starts its backend.
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   tf.config.set_visible_devices([], 'GPU')  # tf.data only: the accelerators belong to JAX.
   try:

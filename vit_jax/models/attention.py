@@ -28,6 +28,31 @@ POSITIONAL_SCORES = ('quadratic', 'gaussian', 'learned')
 torch_default_kernel_init = nn.initializers.variance_scaling(1.0 / 3.0, 'fan_in', 'uniform')
 
 
+def dense_dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers: Any,
+                      precision: Any = None, preferred_element_type: Dtype | None = None
+                      ) -> jax.Array:
+  """`lax.dot_general` for `Dense`: on CPU, (batch, tokens, in) x (in, out) as one 2-D matmul.
+
+  With the leading axes merged, XLA's CPU compiler computes the kernel gradient as one direct
+  matmul instead of a slower one on a transposed copy of the activations (about a tenth of a
+  ViT training step). Elsewhere (TPU tiles the two minor axes) the dot is left as it is.
+  """
+  (lhs_contracting, rhs_contracting), (lhs_batch, _) = dimension_numbers
+  if (jax.default_backend() == 'cpu' and lhs.ndim > 2 and rhs.ndim == 2 and not lhs_batch
+      and tuple(lhs_contracting) == (lhs.ndim - 1,) and tuple(rhs_contracting) == (0,)):
+    out = jax.lax.dot_general(lhs.reshape(-1, lhs.shape[-1]), rhs, (((1,), (0,)), ((), ())),
+                              precision=precision,
+                              preferred_element_type=preferred_element_type)
+    return out.reshape(lhs.shape[:-1] + rhs.shape[1:])
+  return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                             preferred_element_type=preferred_element_type)
+
+
+def Dense(features: int, **kwargs: Any) -> nn.Dense:  # pylint: disable=invalid-name
+  """`nn.Dense` over the last axis of token arrays, with the CPU-friendly `dense_dot_general`."""
+  return nn.Dense(features, dot_general=dense_dot_general, **kwargs)
+
+
 def torch_default_bias_init(fan_in: int) -> Initializer:
   """PyTorch's default Linear/Conv bias: U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
   bound = 1.0 / math.sqrt(fan_in)
@@ -160,7 +185,7 @@ class SelfAttention(nn.Module):
   def _mix_heads_dense(self, t: jax.Array, name: str, kernel_init: Initializer | None = None,
                        bias_init: Initializer | None = None) -> jax.Array:
     """Dense with bias over the head axis of (batch, heads, queries, keys), in float32."""
-    mixed = nn.Dense(self.num_heads, kernel_init=kernel_init or self.kernel_init,
+    mixed = Dense(self.num_heads, kernel_init=kernel_init or self.kernel_init,
                      bias_init=bias_init or self.bias_init, dtype=jnp.float32,
                      param_dtype=self.param_dtype, name=name)(jnp.moveaxis(t, 1, -1))
     return jnp.moveaxis(mixed, -1, 1)
@@ -189,7 +214,7 @@ class SelfAttention(nn.Module):
     _check_choice(self.re_attention_norm, RE_ATTENTION_NORMS, 're_attention_norm')
     width = x.shape[-1]
     head_dim = check_heads(width, self.num_heads, 'token')
-    qkv = nn.Dense(3 * width, use_bias=self.qkv_bias,
+    qkv = Dense(3 * width, use_bias=self.qkv_bias,
                    kernel_init=split_heads_init(self.kernel_init, 3), bias_init=self.bias_init,
                    dtype=self.dtype, param_dtype=self.param_dtype, name='qkv')(x)
     qkv = qkv.reshape(x.shape[:2] + (3, self.num_heads, head_dim))
@@ -205,7 +230,7 @@ class SelfAttention(nn.Module):
         use_fast_path=self.use_fast_path, implementation=self.fast_path_implementation,
         pre_softmax=pre_softmax, post_softmax=post_softmax,
         dropout_before_post_softmax=self.head_mixing == 're_attention')
-    out = nn.Dense(width, kernel_init=self.kernel_init, bias_init=self.bias_init, dtype=self.dtype,
+    out = Dense(width, kernel_init=self.kernel_init, bias_init=self.bias_init, dtype=self.dtype,
                    param_dtype=self.param_dtype, name='proj')(_merge_heads(heads))
     return nn.Dropout(rate=self.dropout_rate, deterministic=not train)(out)
 
@@ -231,7 +256,7 @@ class ClassAttention(nn.Module):
     head_dim = check_heads(width, self.num_heads, 'token')
 
     def project(inputs: jax.Array, name: str) -> jax.Array:
-      out = nn.Dense(width, use_bias=self.qkv_bias, kernel_init=self.kernel_init,
+      out = Dense(width, use_bias=self.qkv_bias, kernel_init=self.kernel_init,
                      bias_init=self.bias_init, dtype=self.dtype, param_dtype=self.param_dtype,
                      name=name)(inputs)
       return out.reshape(out.shape[:2] + (self.num_heads, head_dim))
@@ -242,7 +267,7 @@ class ClassAttention(nn.Module):
                               dropout_rate=self.attention_dropout_rate, train=train,
                               use_fast_path=self.use_fast_path,
                               implementation=self.fast_path_implementation)
-    out = nn.Dense(width, kernel_init=self.kernel_init, bias_init=self.bias_init, dtype=self.dtype,
+    out = Dense(width, kernel_init=self.kernel_init, bias_init=self.bias_init, dtype=self.dtype,
                    param_dtype=self.param_dtype, name='proj')(_merge_heads(heads))
     return nn.Dropout(rate=self.dropout_rate, deterministic=not train)(out)
 
@@ -271,7 +296,7 @@ class TokenAttention(nn.Module):
     _check_rank(x, 3, '(batch, tokens, features)', type(self).__name__)
     head_dim = check_heads(self.features, self.num_heads, 'output')
     input_head_dim = check_heads(x.shape[-1], self.num_heads, 'input')
-    qkv = nn.Dense(3 * self.features, use_bias=self.qkv_bias,
+    qkv = Dense(3 * self.features, use_bias=self.qkv_bias,
                    kernel_init=split_heads_init(self.kernel_init, 3), bias_init=self.bias_init,
                    dtype=self.dtype, param_dtype=self.param_dtype, name='qkv')(x)
     qkv = qkv.reshape(x.shape[:2] + (3, self.num_heads, head_dim))
@@ -280,7 +305,7 @@ class TokenAttention(nn.Module):
     heads = content_attention(self, q, k, v, dropout_rate=self.attention_dropout_rate,
                               train=train, use_fast_path=self.use_fast_path,
                               implementation=self.fast_path_implementation)
-    out = nn.Dense(self.features, kernel_init=self.kernel_init, bias_init=self.bias_init,
+    out = Dense(self.features, kernel_init=self.kernel_init, bias_init=self.bias_init,
                    dtype=self.dtype, param_dtype=self.param_dtype,
                    name='proj')(_merge_heads(heads))
     out = nn.Dropout(rate=self.dropout_rate, deterministic=not train)(out)
@@ -326,7 +351,7 @@ class PositionalAttention(nn.Module):
   param_dtype: Dtype = jnp.float32
 
   def _dense(self, features: int, fan_in: int, name: str, use_bias: bool = True) -> nn.Dense:
-    return nn.Dense(features, use_bias=use_bias, kernel_init=self.kernel_init,
+    return Dense(features, use_bias=use_bias, kernel_init=self.kernel_init,
                     bias_init=self.bias_init_from_fan_in(fan_in), dtype=self.dtype,
                     param_dtype=self.param_dtype, name=name)
 

@@ -1,0 +1,74 @@
+"""`python -m vit_jax.benchmark`: every mode runs and reports its numbers (never asserts speed)."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ['--config=configs/vit.py:variant=Ti/4', '--config.model.depth=2',
+        '--config.model.hidden_size=32', '--config.model.num_heads=2',
+        '--config.model.mlp_dim=64', '--image_size=16', '--steps=1', '--warmup=1', '--repeats=1']
+
+
+def _benchmark(*args: str) -> subprocess.CompletedProcess:
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+  return subprocess.run([sys.executable, '-m', 'vit_jax.benchmark', *args], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=600, check=False)
+
+
+def _number(pattern: str, text: str) -> float:
+  match = re.search(pattern, text)
+  assert match, (pattern, text)
+  return float(match.group(1))
+
+
+def test_train_and_inference_against_timm(timm):
+  del timm  # Only to skip where timm is absent.
+  result = _benchmark(*TINY, '--batch=8', '--vs_timm')
+  assert result.returncode == 0, result.stderr
+  out = result.stdout
+  for kind in ('train', 'inference'):
+    ours = _number(rf'{kind} ours: +([\d.]+) images/s', out)
+    theirs = _number(rf'{kind} timm: +([\d.]+) images/s', out)
+    ratio = _number(rf'{kind} ratio: +([\d.]+)x', out)
+    assert ours > 0 and theirs > 0
+    assert ratio == pytest.approx(ours / theirs, rel=0.02)
+  # Our model and timm's twin have the same parameters.
+  assert out.count('parameters:') == 1
+  assert _number(r'train FLOPs: +([\d.]+) GFLOP/step', out) > 0
+  assert _number(r'XLA train memory: +([\d.]+) MiB', out) > 0
+  assert _number(r'peak host memory: +([\d.]+) MiB RSS \(both', out) > 0
+  assert 'device:' in out and 'dtype float32' in out
+
+
+def test_layers_row_times_a_scanned_rematerialised_model():
+  result = _benchmark(*TINY, '--batch=4', '--layers_row=vit_ti4:1:1')
+  assert result.returncode == 0, result.stderr
+  row = json.loads(result.stdout.strip().splitlines()[-1])
+  assert (row['model'], row['scan'], row['remat']) == ('vit_ti4', 1, 1)
+  assert row['compile_s'] > 0 and row['step_s'] > 0 and row['peak_rss_mib'] > 0
+
+
+def test_family_table_row_beside_its_plain_vit_twin():
+  result = _benchmark('--family_table', '--family_models=sa_conv_quadratic', '--image_size=8',
+                      '--batch=2', '--steps=1', '--warmup=1', '--repeats=1')
+  assert result.returncode == 0, result.stderr
+  row = next(line for line in result.stdout.splitlines() if line.startswith('sa_conv_quadratic'))
+  size, width, depth, _, tokens, ms, vit_tokens, vit_ms, ratio, flop_ratio = row.split()[1:11]
+  assert (size, width, depth, tokens, vit_tokens) == ('8', '400', '6', '16', '17')
+  assert float(ms) > 0 and float(vit_ms) > 0 and float(ratio) > 0 and float(flop_ratio) > 1
+
+
+@pytest.mark.parametrize('args, message', [
+    (['--layers_row=vit_ti4:2:0'], 'MODEL:SCAN:REMAT'),
+    (['--layers_table', '--layers_models=vit_tiny9'], 'unknown models'),
+    (['--steps=0'], '--steps=0'),
+])
+def test_bad_arguments_are_refused_before_compiling(args, message):
+  result = _benchmark(*TINY, *args)
+  assert result.returncode != 0
+  assert message in result.stderr
