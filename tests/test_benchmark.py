@@ -9,7 +9,7 @@ import sys
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ['--config=configs/vit.py:variant=Ti/4', '--config.model.depth=2',
+TINY = ['--config=configs/vit.py', '--config.model.depth=2',
         '--config.model.hidden_size=32', '--config.model.num_heads=2',
         '--config.model.mlp_dim=64', '--image_size=16', '--steps=1', '--warmup=1', '--repeats=1']
 

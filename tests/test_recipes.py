@@ -1,9 +1,7 @@
 """Training recipes: mixing as train.py uses it, gradient accumulation, EMA, stochastic-depth
 schedules, and the published recipe configs against SPEC §7."""
 
-import importlib.util
 import math
-import os
 
 import flax.linen as nn
 import jax
@@ -11,13 +9,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.test_train import assert_trees_close, tiny_config
+from tests.test_configs import load
+from tests.test_train import assert_trees_close, tiny_config, train_with_preemption
 from vit_jax import checkpoints
 from vit_jax import models
 from vit_jax import train
 from vit_jax.models import vit
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGENET_TRAIN = 1_281_167
 
 
@@ -175,12 +173,7 @@ def test_ema_survives_a_restart_and_is_evaluated(tmp_path, monkeypatch):
   assert metrics['ema_loss'] != metrics['loss']
 
   interrupted = str(tmp_path / 'interrupted')
-  original = train.PreemptionWatcher.should_stop
-  monkeypatch.setattr(train.PreemptionWatcher, 'should_stop',
-                      lambda self, manager, step: step == 5 or original(self, manager, step))
-  assert train.train_and_evaluate(config, interrupted) == {'preempted_at_step': 5}
-  monkeypatch.setattr(train.PreemptionWatcher, 'should_stop', original)
-  resumed = train.train_and_evaluate(config, interrupted)
+  resumed = train_with_preemption(config, interrupted, monkeypatch)
 
   a, b = checkpoints.restore_arrays(straight), checkpoints.restore_arrays(interrupted)
   assert_trees_close(a['ema'], b['ema'], atol=0)
@@ -228,14 +221,6 @@ def test_stochastic_depth_schedule(name, fields, schedule):
 
 
 # Published recipes (SPEC §7).
-
-
-def load(name: str):
-  spec = importlib.util.spec_from_file_location(f'configs.{name}',
-                                                os.path.join(REPO, 'configs', f'{name}.py'))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
 
 
 DEIT_RECIPE = dict(

@@ -73,18 +73,23 @@ def test_loss_falls_and_accuracy_rises(data_dir, tmp_path):
   assert any(name.startswith('events.out.tfevents') for name in os.listdir(tmp_path))
 
 
+def train_with_preemption(config, workdir: str, monkeypatch, at_step: int = 5) -> dict:
+  """Trains in `workdir`, preempted after `at_step`, then resumed; returns the final metrics."""
+  original = train.PreemptionWatcher.should_stop
+  monkeypatch.setattr(train.PreemptionWatcher, 'should_stop',
+                      lambda self, manager, step: step == at_step or original(self, manager, step))
+  assert train.train_and_evaluate(config, workdir) == {'preempted_at_step': at_step}
+  monkeypatch.setattr(train.PreemptionWatcher, 'should_stop', original)
+  return train.train_and_evaluate(config, workdir)
+
+
 def test_resume_after_preemption_equals_uninterrupted_run(data_dir, tmp_path, monkeypatch):
   config = tiny_config(data_dir, **{'model.dropout_rate': 0.1, 'model.drop_path_rate': 0.1})
   straight = str(tmp_path / 'straight')
   train.train_and_evaluate(config, straight)
 
   interrupted = str(tmp_path / 'interrupted')
-  original = train.PreemptionWatcher.should_stop
-  monkeypatch.setattr(train.PreemptionWatcher, 'should_stop',
-                      lambda self, manager, step: step == 5 or original(self, manager, step))
-  assert train.train_and_evaluate(config, interrupted) == {'preempted_at_step': 5}
-  monkeypatch.setattr(train.PreemptionWatcher, 'should_stop', original)
-  train.train_and_evaluate(config, interrupted)
+  train_with_preemption(config, interrupted, monkeypatch)
 
   assert_trees_close(final_params(straight), final_params(interrupted), atol=0)
 

@@ -350,7 +350,7 @@ def peak_tflops(device, dtype: str) -> float | None:
 def flops_report(flops: float, step_s: float, device, dtype: str) -> str:
   """FLOPs per step, achieved TFLOP/s and, with a known peak, model FLOPs utilisation."""
   achieved = flops / step_s / 1e12
-  text = f'{flops / 1e9:.1f} GFLOP/step (XLA count), {achieved:.3f} TFLOP/s achieved'
+  text = f'{flops / 1e9:.4g} GFLOP/step (XLA count), {achieved:.3g} TFLOP/s achieved'
   peak = peak_tflops(device, dtype)
   if peak:
     text += f', MFU {100 * achieved / peak:.1f} % of {peak:.0f} TFLOP/s'

@@ -15,11 +15,15 @@ settings are skipped, and the CPU flags do nothing on accelerators.
 """
 
 import ctypes
+import importlib.metadata
 import os
 import platform
+import re
+from typing import Mapping
 
-# Each flag is added unless XLA_FLAGS already names it.
-CPU_XLA_FLAGS = ('--xla_cpu_experimental_ynn_fusion_type=',)
+# Each flag is added unless XLA_FLAGS already names it, with the first jaxlib that knows it (XLA
+# aborts on flags it does not know).
+CPU_XLA_FLAGS = {'--xla_cpu_experimental_ynn_fusion_type=': (0, 10, 0)}
 
 # mallopt(3) parameters of glibc.
 _M_TRIM_THRESHOLD = -1
@@ -40,11 +44,22 @@ def keep_freed_host_memory() -> bool:
   return all(libc.mallopt(parameter, value) == 1 for parameter, value in settings)
 
 
-def add_xla_flags(flags: tuple[str, ...] = CPU_XLA_FLAGS) -> str:
-  """Appends each flag to XLA_FLAGS unless that option is already set; returns XLA_FLAGS."""
+def _jaxlib_version() -> tuple[int, ...]:
+  """The installed jaxlib's (major, minor, patch), without importing it; () if unknown."""
+  try:
+    text = importlib.metadata.version('jaxlib')
+  except importlib.metadata.PackageNotFoundError:
+    return ()
+  return tuple(int(part) for part in re.findall(r'\d+', text)[:3])
+
+
+def add_xla_flags(flags: Mapping[str, tuple[int, ...]] = CPU_XLA_FLAGS) -> str:
+  """Appends each flag that the installed jaxlib knows to XLA_FLAGS, unless that option is
+  already set; returns XLA_FLAGS."""
   current = os.environ.get('XLA_FLAGS', '')
-  for flag in flags:
-    if flag.split('=')[0] not in current:
+  version = _jaxlib_version()
+  for flag, since in flags.items():
+    if version >= since and flag.split('=')[0] not in current:
       current = f'{current} {flag}'.strip()
   os.environ['XLA_FLAGS'] = current
   return current
