@@ -66,7 +66,7 @@ def test_bad_dtype_is_refused(field, value):
 
 @pytest.mark.slow
 def test_bfloat16_training_matches_float32_within_one_point(tmp_path):
-  """800 steps of a small ViT on 16x16 digits: bfloat16 ends within 1 point of float32.
+  """800 steps of a small ViT on 16x16 digits: bfloat16 ends no more than 1 point below float32.
 
   Both runs converge (about 95 % test accuracy); 1 point is 3.6 of the 360 test images, about
   the spread between runs that differ only in rounding.
@@ -80,4 +80,6 @@ def test_bfloat16_training_matches_float32_within_one_point(tmp_path):
     accuracies[dtype] = train.train_and_evaluate(config, str(tmp_path / dtype))['accuracy']
   print('test accuracy by dtype:', accuracies)
   assert accuracies['float32'] > 0.9, accuracies
-  assert abs(accuracies['bfloat16'] - accuracies['float32']) <= 0.01, accuracies
+  # Rounding alone moves either run by a point or two either way; bfloat16 must not lose more
+  # than 1 point.
+  assert accuracies['bfloat16'] >= accuracies['float32'] - 0.01, accuracies

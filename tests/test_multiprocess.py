@@ -51,6 +51,8 @@ import os, sys
 os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=2'
 os.environ['TF_CPP_MIN_LOG_LEVEL'] = '2'
 sys.path.insert(0, {repo!r})
+from vit_jax import runtime
+runtime.configure()  # As vit_jax.main does: the same XLA flags, so the same kernels.
 import importlib.util
 import jax, numpy as np
 from vit_jax import input_pipeline, train
