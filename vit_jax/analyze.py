@@ -89,11 +89,8 @@ def load_run(workdir: str, step: int | None = None) -> Run:
   config = ml_collections.ConfigDict(saved)
   info = input_pipeline.get_dataset_info(config)
   model = train.create_model(config, info.num_classes)
-  state = checkpoints.restore_arrays(workdir, step)
-  variables = {'params': state['params']}
-  if state.get('batch_stats'):
-    variables['batch_stats'] = state['batch_stats']
-  return Run(config, model, vit.unstack_layers(variables), info, int(state['step']))
+  variables, step = checkpoints.restore_variables(workdir, step)
+  return Run(config, model, vit.unstack_layers(variables), info, step)
 
 
 def eval_images(config: ml_collections.ConfigDict, count: int) -> np.ndarray:

@@ -37,6 +37,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from vit_jax import models
+from vit_jax.models import vit
 
 CHECKPOINT_DIR = 'checkpoints'
 
@@ -129,6 +130,16 @@ def restore_arrays(workdir: str, step: int | None = None) -> dict[str, Any]:
     raise ValueError(f'{workdir!r} holds no checkpoint.')
   restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
   return jax.device_get(restored['state'])
+
+
+def restore_variables(workdir: str, step: int | None = None) -> tuple[dict[str, Any], int]:
+  """The model variables ({'params'[, 'batch_stats']}) of `workdir`'s newest (or `step`'s)
+  checkpoint, in the layout the run trained in, and that checkpoint's step."""
+  state = restore_arrays(workdir, step)
+  variables = {'params': state['params']}
+  if state.get('batch_stats'):
+    variables['batch_stats'] = state['batch_stats']
+  return variables, int(state['step'])
 
 
 def read_config(workdir: str) -> dict[str, Any] | None:
@@ -421,16 +432,12 @@ def read_workdir(workdir: str) -> tuple[dict[str, Any], dict[str, Any]]:
     raise ValueError(f'{workdir!r} is not a work directory of vit_jax.main (expected config.json '
                      f'and {os.path.join(workdir, CHECKPOINT_DIR)}/<step>).')
   try:
-    state = restore_arrays(workdir)
+    variables, step = restore_variables(workdir)
   except Exception as e:  # orbax/tensorstore raise many kinds. # pylint: disable=broad-except
     raise _corrupt(workdir, 'training checkpoint', f'{type(e).__name__}: {e}') from e
-  variables = {'params': state['params']}
-  if state.get('batch_stats'):
-    variables['batch_stats'] = state['batch_stats']
   fields = {k: v for k, v in config['model'].items() if k != 'name'}
-  from vit_jax.models import vit  # pylint: disable=g-import-not-at-top
   return vit.unstack_layers(variables), {'model': config['model']['name'], 'fields': fields,
-                                         'step': int(state['step'])}
+                                         'step': step}
 
 
 # Adapting to the target model.

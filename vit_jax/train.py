@@ -182,10 +182,7 @@ def load_teacher(config: ml_collections.ConfigDict, num_classes: int) -> Teacher
                      'directory with a config.json and a checkpoint written by vit_jax.main.')
   overrides = {k: v for k, v in saved['model'].items() if k != 'name'}
   model = models.create(saved['model']['name'], num_classes=num_classes, **overrides)
-  state = checkpoints.restore_arrays(spec.teacher_workdir)
-  variables = {'params': state['params']}
-  if state.get('batch_stats'):
-    variables['batch_stats'] = state['batch_stats']
+  variables, _ = checkpoints.restore_variables(spec.teacher_workdir)
   shapes = jax.eval_shape(lambda: model.init(
       jax.random.PRNGKey(0), jnp.zeros((1, config.image_size, config.image_size, 3)))['params'])
   if checkpoints.param_shapes(shapes) != checkpoints.param_shapes(variables['params']):
