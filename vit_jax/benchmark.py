@@ -43,8 +43,9 @@ _REPEATS = flags.DEFINE_integer('repeats', 3, 'Timed blocks per contender; the m
 _MODEL = flags.DEFINE_string('model', None, 'Registry name replacing config.model.name (the '
                              "config's model overrides are dropped).")
 _IMAGE_SIZE = flags.DEFINE_integer('image_size', None, "Input resolution (default: the config's).")
-_DTYPE = flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16', 'float16'],
-                           'Computation dtype; parameters stay float32 (timm: autocast).')
+_DTYPE = flags.DEFINE_enum('dtype', None, ['float32', 'bfloat16', 'float16'],
+                           "Computation dtype (default: the config's); parameters stay float32 "
+                           '(timm: autocast).')
 _NUM_CLASSES = flags.DEFINE_integer('num_classes', 10, 'Classes of the random labels.')
 _THREADS = flags.DEFINE_integer('threads', None, 'Run on the first N CPUs only, for XLA and torch '
                                 'alike (default: every CPU this process may use).')
@@ -67,7 +68,6 @@ _LAYERS_ROW = flags.DEFINE_string('layers_row', None, 'MODEL:SCAN:REMAT (0 or 1)
 _PEAK_TFLOPS = flags.DEFINE_float('peak_tflops', None, "The device's peak TFLOP/s at --dtype, "
                                   'for model FLOPs utilisation (default: PEAK_TFLOPS).')
 
-# One model per family at the 32x32 scale of the ViT-Ti/4 benchmark.
 # Dense peak bfloat16 TFLOP/s per chip, by the start of `device_kind` (vendor data sheets).
 PEAK_TFLOPS = {'NVIDIA H100': 989.0, 'NVIDIA H200': 989.0, 'NVIDIA A100': 312.0,
                'TPU v4': 275.0, 'TPU v5 lite': 197.0, 'TPU v5e': 197.0, 'TPU v5p': 459.0,
@@ -118,16 +118,21 @@ class Timing:
   cpu_s: float
 
 
-def benchmark_config(config, *, batch: int, image_size: int, dtype: str,
+def benchmark_config(config, *, batch: int, image_size: int, dtype: str | None,
                      model_name: str | None):
-  """A copy of `config` with the benchmark's batch, image size, model and dtype."""
+  """A copy of `config` with the benchmark's batch, image size, model and dtype.
+
+  The compute dtype ends up in `config.dtype` alone (`train.create_model` gives it to every
+  model), so the tables' models, which replace `config.model`, keep it.
+  """
   config = config.copy_and_resolve_references()
   config.batch_size = batch
   config.image_size = image_size
+  config.dtype = dtype or config.model.get('dtype') or config.get('dtype', 'float32')
   if model_name is not None:
     config.model = type(config.model)({'name': model_name})
-  if dtype != 'float32':
-    config.model.dtype = dtype
+  elif 'dtype' in config.model:
+    del config.model['dtype']
   return config
 
 
@@ -298,7 +303,7 @@ def run_single(config, *, num_classes: int, steps: int, warmup: int, repeats: in
   device = jax.devices()[0]
   report('model', f'{config.model.name} {dict(config.model)}')
   report('batch', f'{config.batch_size} x {config.image_size}x{config.image_size}x3, '
-         f'dtype {config.model.get("dtype", "float32")}, {num_classes} classes')
+         f'dtype {config.dtype}, {num_classes} classes')
   report('device', f'{device.device_kind} ({device.platform}), jax {jax.__version__}, '
          f'XLA_FLAGS={os.environ.get("XLA_FLAGS", "")!r}')
   report('load average', f'{load_average()} (start)')
@@ -325,7 +330,7 @@ def run_single(config, *, num_classes: int, steps: int, warmup: int, repeats: in
              f' {1e3 * timing.cpu_s:.0f} ms CPU/step; median of {repeats} x {steps} steps)')
     if kind == 'train' and ours.train_flops:
       report('train FLOPs', flops_report(ours.train_flops, timings[0].wall_s, device,
-                                         config.model.get('dtype', 'float32')))
+                                         config.dtype))
     if vs_timm:
       ratio = results[f'{kind}_ours_images_per_s'] / results[f'{kind}_timm_images_per_s']
       results[f'{kind}_ratio'] = ratio
@@ -400,21 +405,20 @@ def run_family_table(config, *, sizes: dict[str, int], num_classes: int, steps: 
   time ratio near the FLOP ratio is the family's extra arithmetic, not slower code.
   """
   import ml_collections  # pylint: disable=g-import-not-at-top
-  report('batch', f'{config.batch_size} images, dtype {config.model.get("dtype", "float32")}')
+  report('batch', f'{config.batch_size} images, dtype {config.dtype}')
   report('threads', threads_description())
   report('load average', f'{load_average()} (start)')
   print(f'{"model":<25}{"size":>5}{"width":>6}{"depth":>6}{"heads":>6}{"tokens":>7}{"ms/step":>9}'
         f'{"ViT tokens":>11}{"ViT ms":>8}{"ratio":>7}{"FLOP ratio":>11}  load average', flush=True)
-  dtype = {'dtype': config.model.dtype} if 'dtype' in config.model else {}
   rows = []
   for name, size in sizes.items():
     family_config = config.copy_and_resolve_references()
     family_config.image_size = size
-    family_config.model = ml_collections.ConfigDict({'name': name, **dtype})
+    family_config.model = ml_collections.ConfigDict({'name': name})
     family = jax_contender(family_config, num_classes)
     overrides, tokens, vit_tokens = plain_vit_twin(family.model, size)
     vit_config = family_config.copy_and_resolve_references()
-    vit_config.model = ml_collections.ConfigDict({'name': 'vit_ti4', **overrides, **dtype})
+    vit_config.model = ml_collections.ConfigDict({'name': 'vit_ti4', **overrides})
     plain = jax_contender(vit_config, num_classes, name='vit')
     family_time, vit_time = time_interleaved([family, plain], kind='train', steps=steps,
                                              warmup=warmup, repeats=repeats)
@@ -436,9 +440,7 @@ def layers_row(config, name: str, scan: bool, remat: bool, *, num_classes: int, 
   """`name` with scan_layers/remat as given: init, trace and compile time, step time, memory."""
   import ml_collections  # pylint: disable=g-import-not-at-top
   config = config.copy_and_resolve_references()
-  dtype = {'dtype': config.model.dtype} if 'dtype' in config.model else {}
-  config.model = ml_collections.ConfigDict(
-      {'name': name, 'scan_layers': scan, 'remat': remat, **dtype})
+  config.model = ml_collections.ConfigDict({'name': name, 'scan_layers': scan, 'remat': remat})
   cpu = time.process_time()
   contender = jax_contender(config, num_classes, inference=False)
   compile_cpu_s = time.process_time() - cpu
@@ -454,7 +456,7 @@ def layers_row(config, name: str, scan: bool, remat: bool, *, num_classes: int, 
 def run_layers_table(config, *, names: list[str]) -> list[dict[str, Any]]:
   """Each model with scan_layers and remat off and on, one fresh process per combination."""
   report('batch', f'{config.batch_size} x {config.image_size}x{config.image_size}x3, '
-         f'dtype {config.model.get("dtype", "float32")}')
+         f'dtype {config.dtype}')
   report('threads', threads_description())
   print(f'{"model":<16}{"scan":>5}{"remat":>6}{"init s":>8}{"trace s":>8}{"compile s":>10}'
         f'{"(CPU s)":>9}{"s/step":>8}{"XLA MiB":>9}{"(temp)":>8}{"RSS MiB":>9}  load',
