@@ -231,6 +231,42 @@ def test_fast_path_equals_explicit_path(module):
   np.testing.assert_allclose(fast, no_fast, atol=1e-5)
 
 
+@pytest.mark.parametrize('queries, chunk_size', [(10, 4), (12, 4), (7, 16)])
+def test_chunked_attention_equals_full_attention(queries, chunk_size):
+  q, k, v = (jax.random.normal(key, (2, n, 3, 8)) for key, n in zip(
+      jax.random.split(jax.random.key(0), 3), (queries, 9, 9)))
+  weights = jax.random.normal(jax.random.key(1), (2, queries, 3, 8))
+
+  def loss(attend, q, k, v):
+    return jnp.sum(attend(q, k, v) * weights)
+
+  chunked = lambda q, k, v: attention.chunked_attention(q, k, v, chunk_size=chunk_size)
+  full = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, scale=1.0)
+  np.testing.assert_allclose(chunked(q, k, v), full(q, k, v), atol=1e-5)
+  for a, b in zip(jax.grad(loss, argnums=(1, 2, 3))(chunked, q, k, v),
+                  jax.grad(loss, argnums=(1, 2, 3))(full, q, k, v)):
+    np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_long_sequences_take_chunked_attention_on_cpu(monkeypatch):
+  module = attention.TokenAttention(features=8, num_heads=2)
+  x = jax.random.normal(jax.random.key(1), (2, 40, 24))
+  variables = module.init(jax.random.key(0), x)
+  full = module.apply(variables, x)
+  calls, chunked = [], attention.chunked_attention
+
+  def spy(q, k, v):
+    calls.append(q.shape)
+    return chunked(q, k, v, chunk_size=7)
+
+  monkeypatch.setattr(attention, 'chunked_attention', spy)
+  monkeypatch.setattr(attention, 'CHUNKED_ATTENTION_MIN_PAIRS', 40 * 40)
+  np.testing.assert_allclose(module.apply(variables, x), full, atol=1e-5)
+  assert calls == [(2, 40, 2, 4)]
+  module.clone(fast_path_implementation='xla').apply(variables, x)
+  assert len(calls) == 1  # An explicit implementation is left to dot_product_attention.
+
+
 def test_attention_dropout_is_active_in_training_only():
   module = attention.SelfAttention(num_heads=H, attention_dropout_rate=0.5)
   variables = module.init(jax.random.key(0), X)

@@ -7,8 +7,8 @@ r"""Training and inference throughput of a config's model, optionally against ti
 
 A training step is `vit_jax.train`'s (forward, loss, gradients, optimizer update, metrics) on
 random images; an inference step is a jitted forward pass with train=False. Every step is blocked
-on until its results exist. After `--warmup` untimed steps, steps run in blocks of `--steps`; the
-reported time per step is the median over `--repeats` blocks of each block's mean. Contenders
+on until its results exist. Steps run in blocks of `--steps`, each after `--warmup` untimed steps;
+the reported time per step is the median over `--repeats` blocks of each block's mean. Contenders
 (ours and timm, or a family and its plain ViT) alternate block by block in this one process, so a
 busy machine slows them alike; compare ratios, and read absolute numbers with the load average.
 
@@ -38,7 +38,7 @@ _CONFIG = config_flags.DEFINE_config_file(
     'config', 'configs/vit.py:variant=Ti/4', 'Training configuration file.', lock_config=False)
 _BATCH = flags.DEFINE_integer('batch', None, "Batch size (default: the config's batch_size).")
 _STEPS = flags.DEFINE_integer('steps', 5, 'Timed steps per block.')
-_WARMUP = flags.DEFINE_integer('warmup', 2, 'Untimed steps after compilation.')
+_WARMUP = flags.DEFINE_integer('warmup', 2, 'Untimed steps before every timed block.')
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'Timed blocks per contender; the median counts.')
 _MODEL = flags.DEFINE_string('model', None, 'Registry name replacing config.model.name (the '
                              "config's model overrides are dropped).")
@@ -269,14 +269,18 @@ def timm_contender(config, model, num_classes: int) -> Contender:
 
 def time_interleaved(contenders: list[Contender], *, kind: str, steps: int, warmup: int,
                      repeats: int) -> list[Timing]:
-  """Per-step timings of each contender, their blocks of `steps` steps alternating."""
+  """Per-step timings of each contender, their blocks of `steps` steps alternating.
+
+  Every block starts with `warmup` untimed steps: the contenders share one process heap, and a
+  step that must first fault in memory the other contender's steps took over (seconds for a
+  ViT-Ti training step's gigabyte of temporaries on a VM) measures the allocator, not the model.
+  """
   run = lambda c, n: (c.train_steps if kind == 'train' else c.infer_steps)(n)
-  for contender in contenders:
-    run(contender, warmup)
   wall = [[] for _ in contenders]
   cpu = [[] for _ in contenders]
   for _ in range(repeats):
     for i, contender in enumerate(contenders):
+      run(contender, warmup)
       start_wall, start_cpu = time.perf_counter(), time.process_time()
       run(contender, steps)
       wall[i].append((time.perf_counter() - start_wall) / steps)

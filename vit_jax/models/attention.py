@@ -129,6 +129,34 @@ def attend(module: nn.Module, scores: jax.Array, values: jax.Array, *,
   return jnp.einsum(f'{probs_axes},{values_axes}->bqhd', probs.astype(values.dtype), values)
 
 
+# On CPU, attention over at least this many (query, key) pairs per head goes by query chunks.
+CHUNKED_ATTENTION_MIN_PAIRS = 1024 * 1024
+ATTENTION_CHUNK_SIZE = 512
+
+
+def chunked_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
+                      chunk_size: int = ATTENTION_CHUNK_SIZE) -> jax.Array:
+  """softmax(q k^T) v by query chunks, each recomputed in the backward pass (Rabe & Staats 2021).
+
+  Exactly `jax.nn.dot_product_attention(q, k, v, scale=1.0)` for q pre-scaled, all (batch, tokens,
+  heads, head_dim), holding (batch, heads, chunk, keys) scores at a time instead of all
+  queries x keys: T2T-ViT's 3136-token attention then works in cache instead of on 39 MB of
+  scores per image, and trains about a quarter faster on CPU.
+  """
+  queries = q.shape[1]
+  num_chunks = -(-queries // chunk_size)
+  bounds = [queries * i // num_chunks for i in range(num_chunks + 1)]  # Near-equal chunks.
+
+  @jax.checkpoint
+  def attend_chunk(q_chunk: jax.Array) -> jax.Array:
+    scores = jnp.einsum('bqhd,bkhd->bhqk', q_chunk, k, preferred_element_type=jnp.float32)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    return jnp.einsum('bhqk,bkhd->bqhd', probs, v)
+
+  return jnp.concatenate([attend_chunk(q[:, start:stop])
+                          for start, stop in zip(bounds[:-1], bounds[1:])], axis=1)
+
+
 def content_attention(module: nn.Module, q: jax.Array, k: jax.Array, v: jax.Array, *,
                       dropout_rate: float, train: bool, use_fast_path: bool,
                       implementation: str | None = None,
@@ -138,12 +166,15 @@ def content_attention(module: nn.Module, q: jax.Array, k: jax.Array, v: jax.Arra
   """softmax(q k^T) v for q pre-scaled, all (batch, tokens, heads, head_dim).
 
   Takes `jax.nn.dot_product_attention` when nothing needs the explicit probabilities, with
-  `implementation` None (XLA) or 'cudnn' (flash attention; GPU, float16/bfloat16); otherwise the
-  shared pipeline `attend`.
+  `implementation` None (XLA) or 'cudnn' (flash attention; GPU, float16/bfloat16), and on CPU
+  `chunked_attention` for long sequences; otherwise the shared pipeline `attend`.
   """
   fast = (use_fast_path and pre_softmax is None and post_softmax is None
           and not module.is_mutable_collection('intermediates')
           and (not train or dropout_rate == 0.0))
+  if fast and implementation is None and jax.default_backend() == 'cpu' and (
+      q.shape[1] * k.shape[1] >= CHUNKED_ATTENTION_MIN_PAIRS):
+    return chunked_attention(q, k, v)
   if fast:
     return jax.nn.dot_product_attention(q, k, v, scale=1.0, implementation=implementation)
   scores = jnp.einsum('bqhd,bkhd->bhqk', q, k, preferred_element_type=jnp.float32)

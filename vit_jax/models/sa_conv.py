@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax.models import attention as attention_lib
+from vit_jax.models import vit
 
 Dtype = Any
 
@@ -42,6 +43,12 @@ def space_to_depth(images: jax.Array, block: int) -> jax.Array:
   return x.reshape(batch, height // block, width // block, block * block * channels)
 
 
+def torch_dense(features: int, fan_in: int, **kwargs: Any) -> nn.Dense:
+  """A Linear with PyTorch's default init, which the official `BertImage` keeps."""
+  return attention_lib.Dense(features, kernel_init=attention_lib.torch_default_kernel_init,
+                             bias_init=attention_lib.torch_default_bias_init(fan_in), **kwargs)
+
+
 class BertLayer(nn.Module):
   """Post-LN layer: LN(x + Drop(Dense(SA(x)))), then LN(h + Drop(Dense(GELU(Dense(h)))))."""
   attention: functools.partial
@@ -52,9 +59,8 @@ class BertLayer(nn.Module):
   param_dtype: Dtype = jnp.float32
 
   def _dense(self, features: int, fan_in: int, name: str) -> nn.Dense:
-    return nn.Dense(features, kernel_init=attention_lib.torch_default_kernel_init,
-                    bias_init=attention_lib.torch_default_bias_init(fan_in), dtype=self.dtype,
-                    param_dtype=self.param_dtype, name=name)
+    return torch_dense(features, fan_in, dtype=self.dtype, param_dtype=self.param_dtype,
+                       name=name)
 
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
@@ -65,7 +71,7 @@ class BertLayer(nn.Module):
     y = self.attention(name='attention')(x, train=train)
     y = dropout(self._dense(width, width, 'attention_output')(y))
     h = norm(name='attention_norm')(x + y)
-    y = nn.gelu(self._dense(self.intermediate_size, width, 'intermediate')(h), approximate=False)
+    y = vit.gelu(self._dense(self.intermediate_size, width, 'intermediate')(h))
     y = dropout(self._dense(width, self.intermediate_size, 'output')(y))
     return norm(name='output_norm')(h + y)
 
@@ -109,9 +115,8 @@ class SAConv(nn.Module):
         raise ValueError(f'{name}={rate} must be in [0, 1).')
 
   def _dense(self, features: int, fan_in: int, name: str) -> nn.Dense:
-    return nn.Dense(features, kernel_init=attention_lib.torch_default_kernel_init,
-                    bias_init=attention_lib.torch_default_bias_init(fan_in), dtype=self.dtype,
-                    param_dtype=self.param_dtype, name=name)
+    return torch_dense(features, fan_in, dtype=self.dtype, param_dtype=self.param_dtype,
+                       name=name)
 
   @nn.compact
   def __call__(self, images: jax.Array, *, train: bool = False) -> jax.Array:

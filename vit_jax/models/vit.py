@@ -252,7 +252,8 @@ class VisionTransformer(nn.Module):
   xavier Dense kernels; `'timm'` is DeiT/timm's N(0, 0.02) scheme. `representation_size` adds the
   paper's tanh pre-logits layer. The position embedding length is set by the input at init.
   attention_implementation='cudnn' runs the fast attention path as cuDNN flash attention (GPU,
-  float16/bfloat16); None is XLA.
+  float16/bfloat16), 'xla' as XLA's; None is XLA's too, except that on CPU sequences of 1024+
+  tokens go by query chunks (`attention.chunked_attention`).
   """
   num_classes: int = 1000
   patch_size: int = 16
