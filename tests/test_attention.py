@@ -267,6 +267,24 @@ def test_long_sequences_take_chunked_attention_on_cpu(monkeypatch):
   assert len(calls) == 1  # An explicit implementation is left to dot_product_attention.
 
 
+@pytest.mark.parametrize('scores', ['quadratic', 'learned'])
+def test_separable_positional_attention_equals_full_scores(scores, monkeypatch):
+  module = attention.PositionalAttention(num_heads=3, scores=scores, centre_init_std=1.0)
+  x = jax.random.normal(jax.random.key(1), (2, 4, 5, 6))
+  variables = module.init(jax.random.key(0), x)
+  calls = []
+  separable_attend = attention.separable_attend
+  monkeypatch.setattr(attention, 'separable_attend',
+                      lambda *args: calls.append(1) or separable_attend(*args))
+  fast = module.apply(variables, x)
+  explicit, _ = module.apply(variables, x, mutable=['intermediates'])
+  np.testing.assert_allclose(fast, explicit, atol=1e-5)
+  assert len(calls) == 1  # Collecting probabilities takes the full (heads, N, N) scores.
+  module.clone(attention_dropout_rate=0.1).apply(variables, x, train=True,
+                                                 rngs={'dropout': jax.random.key(2)})
+  assert len(calls) == 1  # Dropout acts on the full probabilities too.
+
+
 def test_attention_dropout_is_active_in_training_only():
   module = attention.SelfAttention(num_heads=H, attention_dropout_rate=0.5)
   variables = module.init(jax.random.key(0), X)

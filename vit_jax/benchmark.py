@@ -406,14 +406,16 @@ def run_family_table(config, *, sizes: dict[str, int], num_classes: int, steps: 
   """Each model (at its image size) next to a plain ViT of equal width, depth and heads.
 
   The FLOP ratio (XLA's counts of the two training steps) tells architecture from overhead: a
-  time ratio near the FLOP ratio is the family's extra arithmetic, not slower code.
+  time ratio near the FLOP ratio is the family's extra arithmetic, not slower code; "per FLOP"
+  is their quotient, the family's time per FLOP relative to ViT's.
   """
   import ml_collections  # pylint: disable=g-import-not-at-top
   report('batch', f'{config.batch_size} images, dtype {config.dtype}')
   report('threads', threads_description())
   report('load average', f'{load_average()} (start)')
   print(f'{"model":<25}{"size":>5}{"width":>6}{"depth":>6}{"heads":>6}{"tokens":>7}{"ms/step":>9}'
-        f'{"ViT tokens":>11}{"ViT ms":>8}{"ratio":>7}{"FLOP ratio":>11}  load average', flush=True)
+        f'{"ViT tokens":>11}{"ViT ms":>8}{"ratio":>7}{"FLOP ratio":>11}{"per FLOP":>9}'
+        '  load average', flush=True)
   rows = []
   for name, size in sizes.items():
     family_config = config.copy_and_resolve_references()
@@ -426,8 +428,8 @@ def run_family_table(config, *, sizes: dict[str, int], num_classes: int, steps: 
     plain = jax_contender(vit_config, num_classes, name='vit')
     family_time, vit_time = time_interleaved([family, plain], kind='train', steps=steps,
                                              warmup=warmup, repeats=repeats)
-    row = {'model': name, 'image_size': size, 'width': overrides['hidden_size'], 'depth': overrides['depth'],
-           'heads': family.model.num_heads, 'tokens': tokens, 'step_s': family_time.wall_s,
+    row = {'model': name, 'image_size': size, 'width': overrides['hidden_size'],
+           'depth': overrides['depth'], 'heads': family.model.num_heads, 'tokens': tokens, 'step_s': family_time.wall_s,
            'vit_tokens': vit_tokens, 'vit_step_s': vit_time.wall_s,
            'ratio': family_time.wall_s / vit_time.wall_s,
            'flop_ratio': (family.train_flops / plain.train_flops
@@ -435,7 +437,8 @@ def run_family_table(config, *, sizes: dict[str, int], num_classes: int, steps: 
     rows.append(row)
     print(f'{name:<25}{size:>5}{row["width"]:>6}{row["depth"]:>6}{row["heads"]:>6}{tokens:>7}'
           f'{1e3 * row["step_s"]:>9.0f}{vit_tokens:>11}{1e3 * row["vit_step_s"]:>8.0f}'
-          f'{row["ratio"]:>7.2f}{row["flop_ratio"]:>11.2f}  {load_average()}', flush=True)
+          f'{row["ratio"]:>7.2f}{row["flop_ratio"]:>11.2f}'
+          f'{row["ratio"] / row["flop_ratio"]:>9.2f}  {load_average()}', flush=True)
   return rows
 
 

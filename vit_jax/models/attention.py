@@ -10,7 +10,7 @@ probabilities (after any head mixing) as `intermediates/attention_probs`, shape
 """
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -350,6 +350,43 @@ def relative_offsets(rows: int, cols: int) -> jax.Array:
   return grid[None, :, :] - grid[:, None, :]
 
 
+def axis_offsets(length: int) -> jax.Array:
+  """delta[q, k] = k - q along one grid axis: (length, length) ints."""
+  positions = jnp.arange(length)
+  return positions[None, :] - positions[:, None]
+
+
+class AxisScores(NamedTuple):
+  """Positional scores s[h, (q1, q2), (k1, k2)] = row[h, q1, k1] + col[h, q2, k2] + cross.
+
+  row: (heads, rows, rows); col: (heads, cols, cols); cross: (heads, N, N), or None when the
+  scores split by axis (isotropic quadratic and learned encodings).
+  """
+  row: jax.Array
+  col: jax.Array
+  cross: jax.Array | None
+
+  def full(self) -> jax.Array:
+    """The (heads, N, N) scores over the row-major grid."""
+    heads, rows, cols = self.row.shape[0], self.row.shape[1], self.col.shape[1]
+    scores = self.row[:, :, None, :, None] + self.col[:, None, :, None, :]
+    scores = scores.reshape(heads, rows * cols, rows * cols)
+    return scores if self.cross is None else scores + self.cross
+
+
+def separable_attend(scores: AxisScores, x: jax.Array) -> jax.Array:
+  """Per-head attention of a (batch, rows, cols, D) grid under scores that split by axis.
+
+  softmax over keys of row + col scores is the product of a row softmax and a column softmax, so
+  mixing goes one axis at a time: (rows + cols) instead of rows x cols multiply-adds per query.
+  Returns (batch, rows, cols, heads, D).
+  """
+  row_probs = jax.nn.softmax(scores.row, axis=-1).astype(x.dtype)
+  col_probs = jax.nn.softmax(scores.col, axis=-1).astype(x.dtype)
+  by_cols = jnp.einsum('hjl,bkld->bkjhd', col_probs, x)
+  return jnp.einsum('hik,bkjhd->bijhd', row_probs, by_cols)
+
+
 class PositionalAttention(nn.Module):
   """Cordonnier et al. self-attention with relative positional scores (SA-conv).
 
@@ -366,6 +403,8 @@ class PositionalAttention(nn.Module):
     its `col_embeddings`/`head_keys_col` index row offsets (our `row_*`) and vice versa.
   use_content adds (W_q x)_h . (W_k x)_h / sqrt(D), W_q, W_k = Dense(D -> heads * D).
   Inputs and outputs are (batch, rows, cols, features). Linears default to PyTorch's init.
+  Scores that split into row and column parts ('quadratic', 'learned' without content) attend
+  axis by axis (`separable_attend`) unless probabilities are collected or dropped out.
   """
   num_heads: int = 9
   scores: str = 'gaussian'
@@ -386,8 +425,8 @@ class PositionalAttention(nn.Module):
                     bias_init=self.bias_init_from_fan_in(fan_in), dtype=self.dtype,
                     param_dtype=self.param_dtype, name=name)
 
-  def _gaussian_scores(self, rows: int, cols: int) -> jax.Array:
-    """(heads, N, N) scores v_h . r_delta of the quadratic / Gaussian encoding."""
+  def _gaussian_scores(self, rows: int, cols: int) -> AxisScores:
+    """v_h . r_delta of the quadratic / Gaussian encoding, split by offset axis."""
     heads, std = self.num_heads, self.spread_init_std
     centres = self.param('attention_centers', nn.initializers.normal(self.centre_init_std),
                          (heads, 2), self.param_dtype).astype(jnp.float32)
@@ -396,7 +435,7 @@ class PositionalAttention(nn.Module):
                            lambda key, shape, dtype: 1 + std * jax.random.normal(key, shape, dtype),
                            (heads,), self.param_dtype).astype(jnp.float32)
       a = c = spreads ** 2
-      b = jnp.zeros_like(spreads)
+      b = None  # Isotropic: no d1 d2 term, so the scores split into row and column parts.
     else:
       spreads = self.param(
           'attention_spreads',
@@ -406,29 +445,35 @@ class PositionalAttention(nn.Module):
       a, b, c = (inverse_covariance[:, 0, 0], inverse_covariance[:, 0, 1],
                  inverse_covariance[:, 1, 1])
     mu1, mu2 = centres[:, 0], centres[:, 1]
-    target = -0.5 * jnp.stack(
-        [-2 * (a * mu1 + b * mu2), -2 * (c * mu2 + b * mu1), a, c, 2 * b], axis=-1)
-    delta = relative_offsets(rows, cols).astype(jnp.float32)
-    d1, d2 = delta[..., 0], delta[..., 1]
-    encoding = jnp.stack([d1, d2, d1 ** 2, d2 ** 2, d1 * d2], axis=-1)  # r_delta, (N, N, 5).
-    return jnp.einsum('qkr,hr->hqk', encoding, target)
+    zero = jnp.zeros_like(a)
+    # v_h . r_delta = v1 d1 + v2 d2 - a d1^2 / 2 - c d2^2 / 2 - b d1 d2.
+    v1 = a * mu1 + (zero if b is None else b * mu2)
+    v2 = c * mu2 + (zero if b is None else b * mu1)
+    d1 = axis_offsets(rows).astype(jnp.float32)
+    d2 = axis_offsets(cols).astype(jnp.float32)
+    row = v1[:, None, None] * d1 - 0.5 * a[:, None, None] * d1 ** 2
+    col = v2[:, None, None] * d2 - 0.5 * c[:, None, None] * d2 ** 2
+    cross = None
+    if b is not None:
+      delta = relative_offsets(rows, cols).astype(jnp.float32)
+      cross = -b[:, None, None] * (delta[..., 0] * delta[..., 1])
+    return AxisScores(row, col, cross)
 
-  def _learned_scores(self, rows: int, cols: int, width: int) -> jax.Array:
-    """(heads, N, N) scores from learned row and column offset embeddings."""
+  def _learned_scores(self, rows: int, cols: int, width: int) -> AxisScores:
+    """Scores from learned row and column offset embeddings, split by offset axis."""
     size = self.max_grid_size or max(rows, cols)
     if max(rows, cols) > size:
       raise ValueError(f'A {rows}x{cols} grid exceeds max_grid_size={size}; '
                        f'set max_grid_size >= {max(rows, cols)}.')
     dim = self.position_encoding_size or width
-    delta = relative_offsets(rows, cols) + size - 1
-    scores = 0.0
-    for axis, name in ((0, 'row'), (1, 'col')):
+    parts = []
+    for length, name in ((rows, 'row'), (cols, 'col')):
       table = self.param(f'{name}_embeddings', self.embedding_init, (2 * size - 1, dim),
                          self.param_dtype)
       per_offset = self._dense(self.num_heads, dim, f'head_keys_{name}', use_bias=False)(
           table.astype(jnp.float32))
-      scores = scores + per_offset[delta[..., axis]]  # (N, N, heads).
-    return jnp.moveaxis(scores, -1, 0).astype(jnp.float32)
+      parts.append(jnp.moveaxis(per_offset[axis_offsets(length) + size - 1], -1, 0))
+    return AxisScores(parts[0].astype(jnp.float32), parts[1].astype(jnp.float32), None)
 
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
@@ -438,16 +483,23 @@ class PositionalAttention(nn.Module):
       raise ValueError(f'num_heads={self.num_heads} must be >= 1.')
     batch, rows, cols, width = x.shape
     if self.scores == 'learned':
-      scores = self._learned_scores(rows, cols, width)
+      axis_scores = self._learned_scores(rows, cols, width)
     else:
-      scores = self._gaussian_scores(rows, cols)
+      axis_scores = self._gaussian_scores(rows, cols)
     tokens = x.reshape(batch, rows * cols, width)
-    if self.use_content:
-      shape = (batch, rows * cols, self.num_heads, width)
-      q = self._dense(self.num_heads * width, width, 'query')(tokens).reshape(shape)
-      k = self._dense(self.num_heads * width, width, 'key')(tokens).reshape(shape)
-      content = jnp.einsum('bqhd,bkhd->bhqk', q, k, preferred_element_type=jnp.float32)
-      scores = scores[None] + content / math.sqrt(width)
-    heads = attend(self, scores, tokens, dropout_rate=self.attention_dropout_rate, train=train)
+    separable = (axis_scores.cross is None and not self.use_content
+                 and not self.is_mutable_collection('intermediates')
+                 and (not train or self.attention_dropout_rate == 0.0))
+    if separable:
+      heads = separable_attend(axis_scores, x).reshape(batch, rows * cols, self.num_heads, width)
+    else:
+      scores = axis_scores.full()
+      if self.use_content:
+        shape = (batch, rows * cols, self.num_heads, width)
+        q = self._dense(self.num_heads * width, width, 'query')(tokens).reshape(shape)
+        k = self._dense(self.num_heads * width, width, 'key')(tokens).reshape(shape)
+        content = jnp.einsum('bqhd,bkhd->bhqk', q, k, preferred_element_type=jnp.float32)
+        scores = scores[None] + content / math.sqrt(width)
+      heads = attend(self, scores, tokens, dropout_rate=self.attention_dropout_rate, train=train)
     out = self._dense(width, self.num_heads * width, 'value')(_merge_heads(heads))
     return out.reshape(batch, rows, cols, width)
