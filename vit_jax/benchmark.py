@@ -429,7 +429,8 @@ def run_family_table(config, *, sizes: dict[str, int], num_classes: int, steps: 
     family_time, vit_time = time_interleaved([family, plain], kind='train', steps=steps,
                                              warmup=warmup, repeats=repeats)
     row = {'model': name, 'image_size': size, 'width': overrides['hidden_size'],
-           'depth': overrides['depth'], 'heads': family.model.num_heads, 'tokens': tokens, 'step_s': family_time.wall_s,
+           'depth': overrides['depth'], 'heads': family.model.num_heads, 'tokens': tokens,
+           'step_s': family_time.wall_s,
            'vit_tokens': vit_tokens, 'vit_step_s': vit_time.wall_s,
            'ratio': family_time.wall_s / vit_time.wall_s,
            'flop_ratio': (family.train_flops / plain.train_flops

@@ -343,13 +343,6 @@ class TokenAttention(nn.Module):
     return _merge_heads(v) + out
 
 
-def relative_offsets(rows: int, cols: int) -> jax.Array:
-  """delta[q, k] = position(key) - position(query) on the row-major grid: (N, N, 2) ints."""
-  grid = jnp.stack(jnp.meshgrid(jnp.arange(rows), jnp.arange(cols), indexing='ij'), -1)
-  grid = grid.reshape(-1, 2)
-  return grid[None, :, :] - grid[:, None, :]
-
-
 def axis_offsets(length: int) -> jax.Array:
   """delta[q, k] = k - q along one grid axis: (length, length) ints."""
   positions = jnp.arange(length)
@@ -357,10 +350,11 @@ def axis_offsets(length: int) -> jax.Array:
 
 
 class AxisScores(NamedTuple):
-  """Positional scores s[h, (q1, q2), (k1, k2)] = row[h, q1, k1] + col[h, q2, k2] + cross.
+  """Positional scores s[h, (q1, q2), (k1, k2)] = row[h, q1, k1] + col[h, q2, k2]
+  + cross[h] (k1 - q1) (k2 - q2).
 
-  row: (heads, rows, rows); col: (heads, cols, cols); cross: (heads, N, N), or None when the
-  scores split by axis (isotropic quadratic and learned encodings).
+  row: (heads, rows, rows); col: (heads, cols, cols); cross: (heads,), or None when the scores
+  split by axis (isotropic quadratic and learned encodings).
   """
   row: jax.Array
   col: jax.Array
@@ -370,8 +364,11 @@ class AxisScores(NamedTuple):
     """The (heads, N, N) scores over the row-major grid."""
     heads, rows, cols = self.row.shape[0], self.row.shape[1], self.col.shape[1]
     scores = self.row[:, :, None, :, None] + self.col[:, None, :, None, :]
-    scores = scores.reshape(heads, rows * cols, rows * cols)
-    return scores if self.cross is None else scores + self.cross
+    if self.cross is not None:
+      d1 = axis_offsets(rows).astype(jnp.float32)[:, None, :, None]
+      d2 = axis_offsets(cols).astype(jnp.float32)[None, :, None, :]
+      scores = scores + self.cross[:, None, None, None, None] * (d1 * d2)
+    return scores.reshape(heads, rows * cols, rows * cols)
 
 
 def separable_attend(scores: AxisScores, x: jax.Array) -> jax.Array:
@@ -445,19 +442,14 @@ class PositionalAttention(nn.Module):
       a, b, c = (inverse_covariance[:, 0, 0], inverse_covariance[:, 0, 1],
                  inverse_covariance[:, 1, 1])
     mu1, mu2 = centres[:, 0], centres[:, 1]
-    zero = jnp.zeros_like(a)
     # v_h . r_delta = v1 d1 + v2 d2 - a d1^2 / 2 - c d2^2 / 2 - b d1 d2.
-    v1 = a * mu1 + (zero if b is None else b * mu2)
-    v2 = c * mu2 + (zero if b is None else b * mu1)
+    v1 = a * mu1 if b is None else a * mu1 + b * mu2
+    v2 = c * mu2 if b is None else c * mu2 + b * mu1
     d1 = axis_offsets(rows).astype(jnp.float32)
     d2 = axis_offsets(cols).astype(jnp.float32)
     row = v1[:, None, None] * d1 - 0.5 * a[:, None, None] * d1 ** 2
     col = v2[:, None, None] * d2 - 0.5 * c[:, None, None] * d2 ** 2
-    cross = None
-    if b is not None:
-      delta = relative_offsets(rows, cols).astype(jnp.float32)
-      cross = -b[:, None, None] * (delta[..., 0] * delta[..., 1])
-    return AxisScores(row, col, cross)
+    return AxisScores(row, col, None if b is None else -b)
 
   def _learned_scores(self, rows: int, cols: int, width: int) -> AxisScores:
     """Scores from learned row and column offset embeddings, split by offset axis."""
@@ -486,13 +478,13 @@ class PositionalAttention(nn.Module):
       axis_scores = self._learned_scores(rows, cols, width)
     else:
       axis_scores = self._gaussian_scores(rows, cols)
-    tokens = x.reshape(batch, rows * cols, width)
     separable = (axis_scores.cross is None and not self.use_content
                  and not self.is_mutable_collection('intermediates')
                  and (not train or self.attention_dropout_rate == 0.0))
     if separable:
       heads = separable_attend(axis_scores, x).reshape(batch, rows * cols, self.num_heads, width)
     else:
+      tokens = x.reshape(batch, rows * cols, width)
       scores = axis_scores.full()
       if self.use_content:
         shape = (batch, rows * cols, self.num_heads, width)
