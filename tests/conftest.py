@@ -12,6 +12,12 @@ os.environ.setdefault('JAX_COMPILATION_CACHE_DIR',
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
 
+# The tests check what programs compute, not how fast they run: without its costly optimisation
+# passes XLA's CPU compiler builds the suite's many small programs in far less time. Subprocesses
+# and notebook kernels inherit it; flags the user set come after it, and so win.
+FAST_COMPILE = '--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true'
+os.environ['XLA_FLAGS'] = f"{FAST_COMPILE} {os.environ.get('XLA_FLAGS', '')}".strip()
+
 
 @pytest.fixture(scope='session')
 def timm():

@@ -48,7 +48,7 @@ def get_config():
 # One process, two CPU devices, fed the two processes' streams concatenated in process order.
 REFERENCE = '''
 import os, sys
-os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=2'
+os.environ['XLA_FLAGS'] += ' --xla_force_host_platform_device_count=2'  # After conftest's.
 os.environ['TF_CPP_MIN_LOG_LEVEL'] = '2'
 sys.path.insert(0, {repo!r})
 from vit_jax import runtime
@@ -92,7 +92,7 @@ def run_all(commands: list[list[str]], envs: list[dict[str, str]], logs: list[st
             timeout: float) -> list[int]:
   """Runs the commands at once; returns their exit codes, SIGKILLing every one still alive."""
   base = {k: v for k, v in os.environ.items() if not k.startswith(('SLURM_', 'JAX_'))}
-  base.update(TF_CPP_MIN_LOG_LEVEL='2', XLA_FLAGS='', JAX_PLATFORMS='cpu')
+  base.update(TF_CPP_MIN_LOG_LEVEL='2', JAX_PLATFORMS='cpu')
   processes = []
   try:
     for command, env, log in zip(commands, envs, logs):

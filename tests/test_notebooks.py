@@ -14,8 +14,6 @@ nbformat = pytest.importorskip('nbformat')
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = os.path.join(REPO, 'notebooks')
-# Compile speed over run speed: XLA's CPU backend without its expensive optimisation passes.
-FAST_COMPILE = '--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true'
 
 
 def run_notebook(name: str, tmp_path, monkeypatch, timeout: int = 600):
@@ -24,7 +22,6 @@ def run_notebook(name: str, tmp_path, monkeypatch, timeout: int = 600):
   monkeypatch.setenv('VIT_JAX_NOTEBOOK_DIR', str(tmp_path))
   monkeypatch.setenv('HF_HUB_OFFLINE', '1')
   monkeypatch.setenv('TF_CPP_MIN_LOG_LEVEL', '2')
-  monkeypatch.setenv('XLA_FLAGS', FAST_COMPILE)
   monkeypatch.setenv('JAX_PLATFORMS', 'cpu')
   notebook = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
   client = nbclient.NotebookClient(notebook, timeout=timeout, kernel_name='python3',

@@ -421,11 +421,11 @@ def run_family_table(config, *, sizes: dict[str, int], num_classes: int, steps: 
     family_config = config.copy_and_resolve_references()
     family_config.image_size = size
     family_config.model = ml_collections.ConfigDict({'name': name})
-    family = jax_contender(family_config, num_classes)
+    family = jax_contender(family_config, num_classes, inference=False)
     overrides, tokens, vit_tokens = plain_vit_twin(family.model, size)
     vit_config = family_config.copy_and_resolve_references()
     vit_config.model = ml_collections.ConfigDict({'name': 'vit_ti4', **overrides})
-    plain = jax_contender(vit_config, num_classes, name='vit')
+    plain = jax_contender(vit_config, num_classes, name='vit', inference=False)
     family_time, vit_time = time_interleaved([family, plain], kind='train', steps=steps,
                                              warmup=warmup, repeats=repeats)
     row = {'model': name, 'image_size': size, 'width': overrides['hidden_size'],

@@ -217,8 +217,8 @@ class SelfAttention(nn.Module):
                        bias_init: Initializer | None = None) -> jax.Array:
     """Dense with bias over the head axis of (batch, heads, queries, keys), in float32."""
     mixed = Dense(self.num_heads, kernel_init=kernel_init or self.kernel_init,
-                     bias_init=bias_init or self.bias_init, dtype=jnp.float32,
-                     param_dtype=self.param_dtype, name=name)(jnp.moveaxis(t, 1, -1))
+                  bias_init=bias_init or self.bias_init, dtype=jnp.float32,
+                  param_dtype=self.param_dtype, name=name)(jnp.moveaxis(t, 1, -1))
     return jnp.moveaxis(mixed, -1, 1)
 
   def _re_attention(self, probs: jax.Array, train: bool, head_dim: int) -> jax.Array:
@@ -246,8 +246,8 @@ class SelfAttention(nn.Module):
     width = x.shape[-1]
     head_dim = check_heads(width, self.num_heads, 'token')
     qkv = Dense(3 * width, use_bias=self.qkv_bias,
-                   kernel_init=split_heads_init(self.kernel_init, 3), bias_init=self.bias_init,
-                   dtype=self.dtype, param_dtype=self.param_dtype, name='qkv')(x)
+                kernel_init=split_heads_init(self.kernel_init, 3), bias_init=self.bias_init,
+                dtype=self.dtype, param_dtype=self.param_dtype, name='qkv')(x)
     qkv = qkv.reshape(x.shape[:2] + (3, self.num_heads, head_dim))
     q, k, v = qkv[:, :, 0] * jnp.asarray(head_dim ** -0.5, qkv.dtype), qkv[:, :, 1], qkv[:, :, 2]
     pre_softmax = post_softmax = None
@@ -262,7 +262,7 @@ class SelfAttention(nn.Module):
         pre_softmax=pre_softmax, post_softmax=post_softmax,
         dropout_before_post_softmax=self.head_mixing == 're_attention')
     out = Dense(width, kernel_init=self.kernel_init, bias_init=self.bias_init, dtype=self.dtype,
-                   param_dtype=self.param_dtype, name='proj')(_merge_heads(heads))
+                param_dtype=self.param_dtype, name='proj')(_merge_heads(heads))
     return nn.Dropout(rate=self.dropout_rate, deterministic=not train)(out)
 
 
@@ -288,8 +288,8 @@ class ClassAttention(nn.Module):
 
     def project(inputs: jax.Array, name: str) -> jax.Array:
       out = Dense(width, use_bias=self.qkv_bias, kernel_init=self.kernel_init,
-                     bias_init=self.bias_init, dtype=self.dtype, param_dtype=self.param_dtype,
-                     name=name)(inputs)
+                  bias_init=self.bias_init, dtype=self.dtype, param_dtype=self.param_dtype,
+                  name=name)(inputs)
       return out.reshape(out.shape[:2] + (self.num_heads, head_dim))
 
     q = project(x[:, :1], 'q')
@@ -299,7 +299,7 @@ class ClassAttention(nn.Module):
                               use_fast_path=self.use_fast_path,
                               implementation=self.fast_path_implementation)
     out = Dense(width, kernel_init=self.kernel_init, bias_init=self.bias_init, dtype=self.dtype,
-                   param_dtype=self.param_dtype, name='proj')(_merge_heads(heads))
+                param_dtype=self.param_dtype, name='proj')(_merge_heads(heads))
     return nn.Dropout(rate=self.dropout_rate, deterministic=not train)(out)
 
 
@@ -328,8 +328,8 @@ class TokenAttention(nn.Module):
     head_dim = check_heads(self.features, self.num_heads, 'output')
     input_head_dim = check_heads(x.shape[-1], self.num_heads, 'input')
     qkv = Dense(3 * self.features, use_bias=self.qkv_bias,
-                   kernel_init=split_heads_init(self.kernel_init, 3), bias_init=self.bias_init,
-                   dtype=self.dtype, param_dtype=self.param_dtype, name='qkv')(x)
+                kernel_init=split_heads_init(self.kernel_init, 3), bias_init=self.bias_init,
+                dtype=self.dtype, param_dtype=self.param_dtype, name='qkv')(x)
     qkv = qkv.reshape(x.shape[:2] + (3, self.num_heads, head_dim))
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     q = q * jnp.asarray(input_head_dim ** -0.5, q.dtype)
@@ -337,8 +337,8 @@ class TokenAttention(nn.Module):
                               train=train, use_fast_path=self.use_fast_path,
                               implementation=self.fast_path_implementation)
     out = Dense(self.features, kernel_init=self.kernel_init, bias_init=self.bias_init,
-                   dtype=self.dtype, param_dtype=self.param_dtype,
-                   name='proj')(_merge_heads(heads))
+                dtype=self.dtype, param_dtype=self.param_dtype,
+                name='proj')(_merge_heads(heads))
     out = nn.Dropout(rate=self.dropout_rate, deterministic=not train)(out)
     return _merge_heads(v) + out
 
@@ -419,8 +419,8 @@ class PositionalAttention(nn.Module):
 
   def _dense(self, features: int, fan_in: int, name: str, use_bias: bool = True) -> nn.Dense:
     return Dense(features, use_bias=use_bias, kernel_init=self.kernel_init,
-                    bias_init=self.bias_init_from_fan_in(fan_in), dtype=self.dtype,
-                    param_dtype=self.param_dtype, name=name)
+                 bias_init=self.bias_init_from_fan_in(fan_in), dtype=self.dtype,
+                 param_dtype=self.param_dtype, name=name)
 
   def _gaussian_scores(self, rows: int, cols: int) -> AxisScores:
     """v_h . r_delta of the quadratic / Gaussian encoding, split by offset axis."""
