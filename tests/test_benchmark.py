@@ -72,3 +72,9 @@ def test_bad_arguments_are_refused_before_compiling(args, message):
   result = _benchmark(*TINY, *args)
   assert result.returncode != 0
   assert message in result.stderr
+
+
+def test_vs_timm_is_also_spelled_with_a_dash():
+  result = _benchmark(*TINY, '--vs-timm', '--steps=0')  # Parsed, then refused for --steps.
+  assert result.returncode != 0
+  assert '--steps=0 must be' in result.stderr and 'Unknown command line flag' not in result.stderr

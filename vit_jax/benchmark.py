@@ -53,6 +53,7 @@ _CPU_TUNING = flags.DEFINE_bool('cpu_tuning', True, 'Apply vit_jax.runtime.confi
                                 'training command does; --nocpu_tuning measures stock settings.')
 _VS_TIMM = flags.DEFINE_bool('vs_timm', False, "Also time timm's VisionTransformer of the same "
                              'depth, width, heads, patch and image size with torch AdamW.')
+flags.DEFINE_alias('vs-timm', 'vs_timm')
 _INFERENCE = flags.DEFINE_bool('inference', True, 'Also time inference steps.')
 _FAMILY_TABLE = flags.DEFINE_bool('family_table', False, "Time each family's training step next "
                                   'to a plain ViT of equal width, depth and heads.')
