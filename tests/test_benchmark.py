@@ -37,6 +37,12 @@ def test_train_and_inference_against_timm(timm):
     ratio = _number(rf'{kind} ratio: +([\d.]+)x', out)
     assert ours > 0 and theirs > 0
     assert ratio == pytest.approx(ours / theirs, rel=0.02)
+    low, high = (float(x) for x in re.search(rf'{kind} ratio: .*block pairs ([\d.]+)-([\d.]+)x',
+                                             out).groups())
+    assert 0 < low <= high
+    fastest, slowest = (float(x) for x in re.search(
+        rf'{kind} ours: .*blocks (\d+)-(\d+) ms/step', out).groups())
+    assert 0 <= fastest <= slowest
   # Our model and timm's twin have the same parameters.
   assert out.count('parameters:') == 1
   assert _number(r'train FLOPs: +([\d.]+) GFLOP/step', out) > 0

@@ -11,6 +11,8 @@ on until its results exist. Steps run in blocks of `--steps`, each after `--warm
 the reported time per step is the median over `--repeats` blocks of each block's mean. Contenders
 (ours and timm, or a family and its plain ViT) alternate block by block in this one process, so a
 busy machine slows them alike; compare ratios, and read absolute numbers with the load average.
+The spread of the blocks, and of the ratios of blocks that ran back to back, is printed too: a
+wide spread means a noisy machine, and a number worth measuring again.
 
 Besides images/s it prints compile times, XLA's memory account of the compiled training step, the
 peak host (and, where the runtime reports it, device) memory, XLA's FLOP count of a step and the
@@ -114,9 +116,17 @@ class Contender:
 
 @dataclasses.dataclass
 class Timing:
-  """Median wall-clock and process CPU seconds per step over the timed blocks."""
+  """Median wall-clock and process CPU seconds per step over the timed blocks, and each block's
+  wall-clock seconds per step in the order they ran."""
   wall_s: float
   cpu_s: float
+  block_wall_s: tuple[float, ...] = ()
+
+
+def paired_ratios(ours: Timing, theirs: Timing) -> list[float]:
+  """Their time over ours, block by block: each pair ran back to back, so drift in the
+  machine's speed over the run cancels out of every ratio."""
+  return [t / o for o, t in zip(ours.block_wall_s, theirs.block_wall_s)]
 
 
 def benchmark_config(config, *, batch: int, image_size: int, dtype: str | None,
@@ -286,7 +296,7 @@ def time_interleaved(contenders: list[Contender], *, kind: str, steps: int, warm
       run(contender, steps)
       wall[i].append((time.perf_counter() - start_wall) / steps)
       cpu[i].append((time.process_time() - start_cpu) / steps)
-  return [Timing(statistics.median(w), statistics.median(c)) for w, c in zip(wall, cpu)]
+  return [Timing(statistics.median(w), statistics.median(c), tuple(w)) for w, c in zip(wall, cpu)]
 
 
 def report(key: str, value: str) -> None:
@@ -331,15 +341,19 @@ def run_single(config, *, num_classes: int, steps: int, warmup: int, repeats: in
     for label, timing in zip(('ours', 'timm'), timings):
       images_per_s = config.batch_size / timing.wall_s
       results[f'{kind}_{label}_images_per_s'] = images_per_s
+      blocks = f'{1e3 * min(timing.block_wall_s):.0f}-{1e3 * max(timing.block_wall_s):.0f}'
       report(f'{kind} {label}', f'{images_per_s:.1f} images/s ({1e3 * timing.wall_s:.0f} ms/step,'
-             f' {1e3 * timing.cpu_s:.0f} ms CPU/step; median of {repeats} x {steps} steps)')
+             f' {1e3 * timing.cpu_s:.0f} ms CPU/step; median of {repeats} x {steps} steps, '
+             f'blocks {blocks} ms/step)')
     if kind == 'train' and ours.train_flops:
       report('train FLOPs', flops_report(ours.train_flops, timings[0].wall_s, device,
                                          config.dtype))
     if vs_timm:
       ratio = results[f'{kind}_ours_images_per_s'] / results[f'{kind}_timm_images_per_s']
       results[f'{kind}_ratio'] = ratio
-      report(f'{kind} ratio', f'{ratio:.2f}x timm images/s ({contenders[1].name})')
+      paired = paired_ratios(*timings)
+      report(f'{kind} ratio', f'{ratio:.2f}x timm images/s ({contenders[1].name}); block pairs '
+             f'{min(paired):.2f}-{max(paired):.2f}x')
     report('load average', f'{load_average()} (after {kind})')
   report('peak host memory', f'{peak_host_memory_mib():.0f} MiB RSS'
          + (' (both frameworks)' if vs_timm else ''))
