@@ -4,7 +4,7 @@ Layers"): post-LN BERT layers of positional self-attention on a 2x2 space-to-dep
 The image is cut into 2x2 blocks stacked as channels in (dy, dx, c) order (einops
 `(h p1) (w p2) c -> h w (p1 p2 c)`), projected to `hidden_size`; there is no class token and no
 position embedding. Each layer: h = LN(x + Drop(Dense(SA(x)))), out = LN(h + Drop(Dense(GELU(
-                                                      Dense(h))))), LayerNorm eps 1e-12; logits = head(mean over the grid). Linears keep PyTorch's
+Dense(h))))), LayerNorm eps 1e-12; logits = head(mean over the grid). Linears keep PyTorch's
 default init, as the official `BertImage` never re-initialises them.
 
 Attention kinds (`attention`): 'quadratic' (isotropic Gaussian, the paper's quadratic encoding),
