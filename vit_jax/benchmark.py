@@ -116,11 +116,19 @@ class Contender:
 
 @dataclasses.dataclass
 class Timing:
-  """Median wall-clock and process CPU seconds per step over the timed blocks, and each block's
-  wall-clock seconds per step in the order they ran."""
-  wall_s: float
-  cpu_s: float
-  block_wall_s: tuple[float, ...] = ()
+  """Wall-clock and process CPU seconds per step of each timed block, in the order they ran."""
+  block_wall_s: tuple[float, ...]
+  block_cpu_s: tuple[float, ...]
+
+  @property
+  def wall_s(self) -> float:
+    """The median block's wall-clock seconds per step."""
+    return statistics.median(self.block_wall_s)
+
+  @property
+  def cpu_s(self) -> float:
+    """The median block's process CPU seconds per step."""
+    return statistics.median(self.block_cpu_s)
 
 
 def paired_ratios(ours: Timing, theirs: Timing) -> list[float]:
@@ -296,7 +304,7 @@ def time_interleaved(contenders: list[Contender], *, kind: str, steps: int, warm
       run(contender, steps)
       wall[i].append((time.perf_counter() - start_wall) / steps)
       cpu[i].append((time.process_time() - start_cpu) / steps)
-  return [Timing(statistics.median(w), statistics.median(c), tuple(w)) for w, c in zip(wall, cpu)]
+  return [Timing(tuple(w), tuple(c)) for w, c in zip(wall, cpu)]
 
 
 def report(key: str, value: str) -> None:
