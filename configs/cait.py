@@ -5,9 +5,9 @@ Default — a small CaiT (4 self-attention + 2 class-attention blocks) on the em
   python -m vit_jax.main --config=configs/cait.py --workdir=/tmp/cait
 
 The published sizes on ImageNet at their released resolutions: the DeiT recipe of
-configs/common.py for 400 epochs, crop ratio 1.0 at evaluation; add `teacher=WORKDIR` for hard
-distillation as the paper does (from a RegNetY-16GF there; here from any model trained by
-vit_jax.main). The paper tunes drop path per model (0.05 to 0.4) [unconfirmed]; 0.1 here:
+configs/common.py for 400 epochs, crop ratio 1.0 at evaluation; add
+`teacher=regnety_160:/path/regnety_160-a5fe301d.pth` for hard distillation from the RegNetY-16GF
+as the paper does (or `teacher=WORKDIR`, any model trained by vit_jax.main). The paper tunes drop path per model (0.05 to 0.4) [unconfirmed]; 0.1 here:
 
   python -m vit_jax.main --config=configs/cait.py:variant=XXS24,dataset=imagenet2012 \
       --config.data_dir=gs://BUCKET/tfds --workdir=gs://BUCKET/cait_xxs24
@@ -48,5 +48,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.layer_scale_init = 0.1
   if args.teacher:
     config.distillation.type = 'hard'
-    config.distillation.teacher_workdir = args.teacher
+    config.distillation.teacher = args.teacher
   return config

@@ -72,12 +72,15 @@ def get_config() -> ml_collections.ConfigDict:
   config.checkpoint_every = 500
   config.keep_checkpoints = 3
 
-  # DeiT distillation from a teacher trained by vit_jax.main (any registered model).
+  # DeiT distillation from a teacher: a run of vit_jax.main, or any registered model's weights.
   config.distillation = ml_collections.ConfigDict()
   config.distillation.type = 'none'       # 'none' | 'hard' | 'soft'.
   config.distillation.alpha = 0.5         # Weight of the distillation term.
   config.distillation.tau = 1.0           # Temperature of 'soft'.
-  config.distillation.teacher_workdir = ''  # The teacher's --workdir.
+  config.distillation.teacher = ''        # The teacher's --workdir, or MODEL:FILE (e.g.
+                                          # regnety_160:/path/regnety_160.pth).
+  config.distillation.teacher_normalization = ''  # Inputs the teacher was trained on; '' = the
+                                                  # student's (a work directory's: its own).
 
   # Pretrained weights (vit_jax.checkpoints.load): a timm/DeiT/CaiT/DeepViT/T2T .pth or
   # .safetensors file, a Google ViT .npz, or a vit_jax work directory. Training starts from these

@@ -9,7 +9,7 @@ from vit_jax import models
 from vit_jax import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIGS = ('vit', 'deit', 'cait', 'deepvit', 't2t', 'sa_conv')
+CONFIGS = ('vit', 'deit', 'cait', 'deepvit', 't2t', 'sa_conv', 'regnet')
 
 
 def load(name: str):
@@ -24,6 +24,7 @@ def load(name: str):
 PUBLISHED = [('vit', f'variant={v}') for v in load('vit').VARIANTS] + [
     ('deit', f'variant={v}') for v in ('Ti', 'S', 'B')] + [
     ('deit', 'variant=B,distilled=false')] + [
+    ('regnet', f'variant={v}') for v in load('regnet').VARIANTS] + [
     ('cait', f'variant={v}') for v in load('cait').VARIANTS] + [
     ('deepvit', f'variant={v}') for v in load('deepvit').VARIANTS] + [
     ('deepvit', f'variant={v},baseline=true') for v in load('deepvit').BASELINES] + [
@@ -42,7 +43,8 @@ def test_published_sizes_name_registered_models(name, arg):
 @pytest.mark.parametrize('name, arg, message', [
     ('vit', 'variant=X/16', 'X/16'), ('deit', 'variant=XL', 'XL'), ('cait', 'variant=XXS12', 'XXS12'),
     ('deepvit', 'variant=8B', '8B'), ('t2t', 'variant=19', '19'),
-    ('sa_conv', 'attention=cubic', 'cubic'), ('vit', 'colour=red', 'colour'),
+    ('sa_conv', 'attention=cubic', 'cubic'), ('regnet', 'variant=161', '161'),
+    ('vit', 'colour=red', 'colour'),
     ('vit', 'variant', 'key=value'),
 ])
 def test_bad_arguments_are_named(name, arg, message):

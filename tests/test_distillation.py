@@ -53,7 +53,7 @@ def test_distilled_deit_student_trains_from_a_vit_teacher(tmp_path, train_losses
   config.model.name = 'deit_ti16_distilled'
   config.model.patch_size = 2
   config.distillation.type = 'hard'
-  config.distillation.teacher_workdir = teacher_dir
+  config.distillation.teacher = teacher_dir
   metrics = train.train_and_evaluate(config, str(tmp_path / 'student'))
   assert train_losses[-1] < train_losses[0], train_losses
   assert metrics['count'] == 360
@@ -62,7 +62,7 @@ def test_distilled_deit_student_trains_from_a_vit_teacher(tmp_path, train_losses
 def test_missing_teacher_is_a_clear_error(tmp_path):
   config = tiny_config(str(tmp_path / 'tfds'))
   config.distillation.type = 'hard'
-  config.distillation.teacher_workdir = str(tmp_path / 'nowhere')
-  with pytest.raises(ValueError, match='teacher_workdir'):
+  config.distillation.teacher = str(tmp_path / 'nowhere')
+  with pytest.raises(ValueError, match='distillation.teacher='):
     train.train_and_evaluate(config, str(tmp_path / 'run'))
   assert not (tmp_path / 'run').exists()

@@ -3,8 +3,8 @@
 Training checkpoints: `checkpoint_manager`, `save`, `restore`, `check_compatible`.
 
 Foreign weights: `load(path, model, image_size=...)` returns Flax variables for `model` from
-  - a timm / DeiT / CaiT / DeepViT / T2T-ViT PyTorch checkpoint, `.safetensors` (read without
-    torch) or `.pth` (read with `torch.load(weights_only=True)`: tensors only, never arbitrary
+  - a timm / DeiT / CaiT / DeepViT / T2T-ViT / RegNet PyTorch checkpoint, `.safetensors` (read
+    without torch) or `.pth` (read with `torch.load(weights_only=True)`: tensors only, never arbitrary
     objects), plain or wrapped in `state_dict_ema` / `model_ema` / `state_dict` / `model`, with
     `module.` prefixes stripped;
   - a Google ViT `.npz` (google-research/vision_transformer layout);
@@ -165,6 +165,7 @@ _LAYOUT_HINTS = (
     ('reatten_matrix', 'DeepViT', ('deepvit',)),
     ('tokens_to_token.', 'T2T-ViT', ('t2t',)),
     ('dist_token', 'distilled DeiT', ('deit',)),
+    ('stem.conv.weight', 'RegNet', ('regnet',)),
     ('blocks.0.attn.qkv.weight', 'ViT/DeiT', ('vit', 'deit', 'deepvit')),
 )
 

@@ -9,6 +9,7 @@ import dataclasses
 import functools
 import json
 import math
+import os
 import signal
 import time
 from typing import Any, Callable, Iterator
@@ -160,37 +161,83 @@ def distillation_loss(outputs: Any, targets: jax.Array, teacher_logits: jax.Arra
 
 @dataclasses.dataclass(frozen=True)
 class Teacher:
-  """A frozen model whose predictions a student learns from (DeiT distillation)."""
+  """A frozen model whose predictions a student learns from (DeiT distillation).
+
+  `input_scale`/`input_shift` (per channel, or None) map the student's normalised images to the
+  teacher's normalisation when the two were trained with different ones.
+  """
   model: nn.Module
   variables: Any
+  input_scale: np.ndarray | None = None
+  input_shift: np.ndarray | None = None
 
   def logits(self, variables: Any, images: jax.Array) -> jax.Array:
+    """The teacher's logits in inference mode (BatchNorm on running statistics, no dropout)."""
+    if self.input_scale is not None:
+      images = images * self.input_scale.astype(images.dtype) + self.input_shift.astype(images.dtype)
     return classifier_logits(self.model.apply(variables, images, train=False))
 
 
+def teacher_source(teacher: str) -> tuple[str | None, str]:
+  """(registry name, weights file) for 'MODEL:FILE'; (None, teacher) for a work directory."""
+  name, separator, path = teacher.partition(':')
+  if separator and name in models.names():
+    return name, path
+  return None, teacher
+
+
+def normalization_change(student: str, teacher: str) -> tuple[np.ndarray, np.ndarray] | None:
+  """(scale, shift) with teacher-normalised = scale * student-normalised + shift; None if equal."""
+  if student == teacher:
+    return None
+  for name in (student, teacher):
+    if name not in input_pipeline.NORMALIZATIONS:
+      raise ValueError(f'Unknown normalization {name!r}; valid: '
+                       f'{list(input_pipeline.NORMALIZATIONS)}.')
+  (mean_s, std_s), (mean_t, std_t) = (np.asarray(input_pipeline.NORMALIZATIONS[n], np.float32)
+                                      for n in (student, teacher))
+  return std_s / std_t, (mean_s - mean_t) / std_t
+
+
 def load_teacher(config: ml_collections.ConfigDict, num_classes: int) -> Teacher | None:
-  """The teacher of `config.distillation`, restored from its work directory; None if unused."""
+  """The teacher of `config.distillation`; None if unused.
+
+  `distillation.teacher` is a work directory of vit_jax.main (its model, fields and
+  normalisation are read from its config.json) or 'MODEL:FILE', a registered model and a weights
+  file that `checkpoints.load` reads (timm .pth/.safetensors, .npz); such a teacher expects
+  `distillation.teacher_normalization` ('' = the student's). The teacher computes in the run's
+  `dtype`.
+  """
   spec = config.distillation
   if spec.type == 'none':
     return None
   if spec.type not in ('hard', 'soft'):
     raise ValueError(f"distillation.type={spec.type!r} is not valid; choose from "
                      "['none', 'hard', 'soft'].")
-  saved = checkpoints.read_config(spec.teacher_workdir) if spec.teacher_workdir else None
-  if saved is None or not checkpoints.has_checkpoint(spec.teacher_workdir):
-    raise ValueError(f'distillation.teacher_workdir={spec.teacher_workdir!r} must be a work '
-                     'directory with a config.json and a checkpoint written by vit_jax.main.')
-  overrides = {k: v for k, v in saved['model'].items() if k != 'name'}
-  model = models.create(saved['model']['name'], num_classes=num_classes, **overrides)
-  variables, _ = checkpoints.restore_variables(spec.teacher_workdir)
-  shapes = jax.eval_shape(lambda: model.init(
-      jax.random.PRNGKey(0), jnp.zeros((1, config.image_size, config.image_size, 3)))['params'])
-  if checkpoints.param_shapes(shapes) != checkpoints.param_shapes(variables['params']):
-    raise ValueError(f'The teacher in {spec.teacher_workdir!r} ({saved["model"]["name"]}) does '
-                     f'not fit {num_classes} classes at image_size={config.image_size}.')
-  logging.info('Distilling (%s, alpha=%s, tau=%s) from %s in %s.', spec.type, spec.alpha,
-               spec.tau, saved['model']['name'], spec.teacher_workdir)
-  return Teacher(model, variables)
+  model_name, source = teacher_source(spec.teacher)
+  normalization = spec.get('teacher_normalization') or config.normalization
+  if model_name is None:
+    saved = checkpoints.read_config(source) if source else None
+    if saved is None or not checkpoints.has_checkpoint(source):
+      raise ValueError(
+          f'distillation.teacher={spec.teacher!r} must be a work directory with a config.json and '
+          'a checkpoint written by vit_jax.main, or MODEL:FILE with MODEL a registered model '
+          'name and FILE its weights (e.g. regnety_160:/path/regnety_160.pth).')
+    model_name = saved['model']['name']
+    overrides = {k: v for k, v in saved['model'].items() if k != 'name'}
+    normalization = spec.get('teacher_normalization') or saved.get('normalization', normalization)
+  elif not os.path.isfile(source):
+    raise ValueError(f'distillation.teacher={spec.teacher!r}: no weights file at {source!r}.')
+  else:
+    overrides = {}
+  overrides.setdefault('dtype', config.get('dtype', 'float32'))
+  model = models.create(model_name, num_classes=num_classes, **overrides)
+  variables = load_variables(source, model, config)
+  change = normalization_change(config.normalization, normalization)
+  logging.info('Distilling (%s, alpha=%s, tau=%s) from %s in %s; the teacher sees the student\'s '
+               'batch in %s normalisation%s.', spec.type, spec.alpha, spec.tau, model_name, source,
+               normalization, '' if change is None else f' (converted from {config.normalization})')
+  return Teacher(model, variables, *(change or (None, None)))
 
 
 def training_batch(rng: jax.Array, batch: dict[str, jax.Array], config: ml_collections.ConfigDict,
@@ -540,7 +587,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   mesh = Mesh(np.array(jax.devices()), ('data',))
   replicated = NamedSharding(mesh, P())
   data_sharding = NamedSharding(mesh, P('data'))
-  state_sharding = jax.tree.map(lambda _: replicated, abstract_state)
+  # One rule places the student's and the teacher's variables alike.
+  variable_sharding = lambda tree: jax.tree.map(lambda _: replicated, tree)
+  state_sharding = variable_sharding(abstract_state)
   manager = checkpoints.checkpoint_manager(workdir, keep=config.keep_checkpoints)
   if manager.latest_step() is not None:
     abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
@@ -559,7 +608,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   train_step = jax.jit(make_train_step(model, tx, config, info.num_classes, teacher,
                                        mix_groups=jax.device_count()),
                        out_shardings=(state_sharding, replicated), donate_argnums=0)
-  teacher_variables = None if teacher is None else jax.device_put(teacher.variables, replicated)
+  teacher_variables = None if teacher is None else jax.device_put(
+      teacher.variables, variable_sharding(teacher.variables))
   eval_step = jax.jit(make_eval_step(model, info.num_classes), out_shardings=replicated)
   eval_batches = lambda: input_pipeline.eval_iterator(config)
 
