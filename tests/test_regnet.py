@@ -63,8 +63,8 @@ def test_timm_weights_give_timm_logits(timm, name):
     expected = reference(torch.from_numpy(images.transpose(0, 3, 1, 2))).numpy()
   variables = regnet.from_timm(state_dict)
   logits = jax.jit(models.create(name).apply)(variables, jnp.asarray(images))
-  assert np.abs(expected).max() > 1.0
-  np.testing.assert_allclose(np.asarray(logits), expected, rtol=0, atol=1e-5)
+  assert np.abs(expected).max() > 1.0  # Logits of order one: the tolerance is float32 noise.
+  np.testing.assert_allclose(np.asarray(logits), expected, rtol=1e-5, atol=1e-5)
 
   back = regnet.to_timm(variables)
   assert set(back) == set(state_dict)
@@ -75,11 +75,12 @@ def test_batch_stats_update_in_training_only():
   model = models.create('regnety_002', num_classes=3, w0=16, wa=8.0, wm=2.0, depth=2,
                         group_width=8)
   images = jax.random.normal(jax.random.key(0), (4, 16, 16, 3)) * 2 + 1
-  variables = model.init(jax.random.key(1), images)
-  _, updates = model.apply(variables, images, train=True, mutable=['batch_stats'])
+  variables = jax.jit(model.init)(jax.random.key(1), images)
+  apply = jax.jit(model.apply, static_argnames=('train', 'mutable'))
+  _, updates = apply(variables, images, train=True, mutable=('batch_stats',))
   moved = updates['batch_stats']['stem']['bn']['mean']
   assert not np.allclose(moved, variables['batch_stats']['stem']['bn']['mean'])
-  _, unchanged = model.apply(variables, images, train=False, mutable=['batch_stats'])
+  _, unchanged = apply(variables, images, train=False, mutable=('batch_stats',))
   np.testing.assert_array_equal(unchanged['batch_stats']['stem']['bn']['mean'],
                                 variables['batch_stats']['stem']['bn']['mean'])
 
@@ -92,6 +93,7 @@ def test_bad_design_parameters_are_clear_errors():
     jax.eval_shape(models.create('regnety_002', wm=1.0).init, jax.random.key(0), images)
 
 
+@pytest.mark.slow
 def test_deit_distils_from_a_timm_regnety_weights_file(timm, tmp_path, train_losses):
   """`teacher=MODEL:FILE`: timm's RegNetY-200MF .pth teaches a tiny distilled DeiT; the teacher
   logits the step uses are timm's on the same (normalised) batch."""
@@ -113,8 +115,8 @@ def test_deit_distils_from_a_timm_regnety_weights_file(timm, tmp_path, train_los
   timm_images = ((images * digits_std + digits_mean) - imagenet_mean) / imagenet_std
   with torch.no_grad():
     expected = reference(torch.from_numpy(timm_images.transpose(0, 3, 1, 2).astype(np.float32)))
-  np.testing.assert_allclose(np.asarray(teacher.logits(teacher.variables, jnp.asarray(images))),
-                             expected.numpy(), rtol=0, atol=1e-4)
+  logits = jax.jit(teacher.logits)(teacher.variables, jnp.asarray(images))
+  np.testing.assert_allclose(np.asarray(logits), expected.numpy(), rtol=1e-5, atol=1e-5)
 
   metrics = train.train_and_evaluate(config, str(tmp_path / 'student'))
   assert len(train_losses) == 2 and np.all(np.isfinite(train_losses))
