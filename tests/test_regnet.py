@@ -2,6 +2,7 @@
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
@@ -85,6 +86,19 @@ def test_batch_stats_update_in_training_only():
                                 variables['batch_stats']['stem']['bn']['mean'])
 
 
+def test_training_loop_updates_checkpoints_and_averages_batch_stats(tmp_path):
+  """In `train.train_and_evaluate`, BatchNorm statistics move, are saved, and get an EMA."""
+  config = tiny_config(str(tmp_path / 'tfds'), total_steps=3, ema_decay=0.5)
+  config.model = ml_collections.ConfigDict(
+      {'name': 'regnety_002', 'w0': 16, 'wa': 8.0, 'wm': 2.0, 'depth': 2, 'group_width': 8})
+  metrics = train.train_and_evaluate(config, str(tmp_path / 'run'))
+  assert 'ema_accuracy' in metrics
+  state = checkpoints.restore_arrays(str(tmp_path / 'run'))
+  raw = state['batch_stats']['stem']['bn']['var']
+  ema = state['ema']['batch_stats']['stem']['bn']['var']
+  assert not np.allclose(raw, 1.0) and not np.allclose(ema, 1.0) and not np.allclose(raw, ema)
+
+
 def test_bad_design_parameters_are_clear_errors():
   images = jnp.zeros((1, 32, 32, 3))
   with pytest.raises(ValueError, match='w0=20 must be a positive multiple of 8'):
@@ -132,6 +146,8 @@ def test_teacher_spec_errors_name_the_value(tmp_path):
   config.distillation.teacher = f'regnety_002:{tmp_path}'
   with pytest.raises(ValueError, match='no weights file at'):
     train.load_teacher(config, num_classes=10)
+  with pytest.raises(ValueError, match="Unknown normalization 'bgr'; valid: .*'imagenet'"):
+    train.normalization_change('digits', 'bgr')
 
 
 def test_checkpoints_load_reads_a_timm_file_for_the_family(timm, tmp_path):

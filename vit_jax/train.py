@@ -174,7 +174,7 @@ class Teacher:
   def logits(self, variables: Any, images: jax.Array) -> jax.Array:
     """The teacher's logits in inference mode (BatchNorm on running statistics, no dropout)."""
     if self.input_scale is not None:
-      images = images * self.input_scale.astype(images.dtype) + self.input_shift.astype(images.dtype)
+      images = (images * self.input_scale + self.input_shift).astype(images.dtype)
     return classifier_logits(self.model.apply(variables, images, train=False))
 
 

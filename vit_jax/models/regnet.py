@@ -49,7 +49,8 @@ def stage_widths(w0: int, wa: float, wm: float, depth: int, group_width: int,
   return stages
 
 
-def conv_kernel_init(kernel_size: int, features: int, groups: int = 1) -> nn.initializers.Initializer:
+def conv_kernel_init(kernel_size: int, features: int,
+                     groups: int = 1) -> nn.initializers.Initializer:
   """timm's RegNet conv init: N(0, 2 / fan_out), fan_out = k * k * out / groups."""
   return nn.initializers.normal(stddev=math.sqrt(2.0 * groups / (kernel_size ** 2 * features)))
 
