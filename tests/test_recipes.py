@@ -257,6 +257,20 @@ def test_deit_recipe(variant, distilled, tmp_path):
              for number in ('72.2', '74.5', '79.9', '81.2', '81.8', '83.4'))
 
 
+def test_deit_b_distilled_from_regnety_160_recipe():
+  """DeiT's headline recipe: DeiT-B⚗ taught by the RegNetY-16GF weights file (hard, α 0.5, τ 1)."""
+  config = load('deit').get_config(
+      'variant=B,dataset=imagenet2012,teacher=regnety_160:/weights/regnety_160-a5fe301d.pth')
+  assert config.model.name == 'deit_b16_distilled'
+  assert (config.distillation.type, config.distillation.alpha, config.distillation.tau) == (
+      'hard', 0.5, 1.0)
+  assert train.teacher_source(config.distillation.teacher) == (
+      'regnety_160', '/weights/regnety_160-a5fe301d.pth')
+  assert config.distillation.teacher_normalization == '' and config.normalization == 'imagenet'
+  assert all(text in load('deit').__doc__ for text in ('--teacher-model regnety_160', '83.4',
+                                                        'teacher=regnety_160:'))
+
+
 def test_cait_xxs24_recipe():
   config = load('cait').get_config('variant=XXS24,dataset=imagenet2012')
   _check_fields(config, DEIT_RECIPE)

@@ -123,6 +123,8 @@ def test_deit_distils_from_a_timm_regnety_weights_file(timm, tmp_path, train_los
 
 
 def test_teacher_spec_errors_name_the_value(tmp_path):
+  assert train.teacher_source('gs://bucket/run') == (None, 'gs://bucket/run')
+  assert train.teacher_source('regnety_160:gs://b/w.pth') == ('regnety_160', 'gs://b/w.pth')
   config = tiny_config(str(tmp_path / 'tfds'))
   config.distillation.type = 'hard'
   config.distillation.teacher = f'regnety_002:{tmp_path / "missing.pth"}'
