@@ -6,6 +6,9 @@ teacher of the distillation example in configs/deit.py:
   python -m vit_jax.main --config=configs/regnet.py --workdir=/tmp/regnet
   python -m vit_jax.main --config=configs/deit.py:teacher=/tmp/regnet --workdir=/tmp/deit_kd
 
+  Expected: the teacher ≈ 0.99 test accuracy (0.9917 measured), the distilled DeiT ≈ 0.99
+  (0.9917; 0.9833 for configs/deit.py without a teacher).
+
 Any RegNetY size (`variant=` the timm suffix: 002, 004, 006, 008, 016, 032, 040, 064, 080, 120,
 160, 320; the digits are GFLOPs × 10) on ImageNet with the DeiT recipe of configs/common.py, or
 evaluating released timm / DeiT weights, e.g. DeiT's RegNetY-16GF teacher
