@@ -72,6 +72,24 @@ def test_timm_weights_give_timm_logits(timm, name):
   reference.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in back.items()})
 
 
+def test_training_mode_matches_timm(timm):
+  """train=True normalises by batch statistics and moves the running mean as PyTorch does."""
+  import torch  # pylint: disable=g-import-not-at-top
+  reference, state_dict = timm_regnet(timm, 'regnety_002', num_classes=10)
+  # Large enough that no BatchNorm normalises a handful of values (1x1 maps of a batch of 4 at
+  # 32 px amplify float32 noise to 1e-3).
+  images = np.random.default_rng(0).normal(size=(8, 64, 64, 3)).astype(np.float32)
+  with torch.no_grad():
+    expected = reference.train()(torch.from_numpy(images.transpose(0, 3, 1, 2))).numpy()
+  model = models.create('regnety_002', num_classes=10)
+  apply = jax.jit(lambda v, x: model.apply(v, x, train=True, mutable=['batch_stats']))
+  logits, updates = apply(regnet.from_timm(state_dict), jnp.asarray(images))
+  np.testing.assert_allclose(np.asarray(logits), expected, rtol=1e-4, atol=1e-4)
+  moved = regnet.to_timm({'batch_stats': updates['batch_stats']})
+  for key in ('stem.bn.running_mean', 's4.b1.conv3.bn.running_mean'):
+    np.testing.assert_allclose(moved[key], reference.state_dict()[key].numpy(), atol=1e-5)
+
+
 def test_training_loop_updates_checkpoints_and_averages_batch_stats(tmp_path):
   """In `train.train_and_evaluate`, BatchNorm statistics move, are saved, and get an EMA."""
   config = tiny_config(str(tmp_path / 'tfds'), total_steps=3, ema_decay=0.5)
