@@ -12,7 +12,7 @@ teacher of the distillation example in configs/deit.py:
 Any RegNetY size (`variant=` the timm suffix: 002, 004, 006, 008, 016, 032, 040, 064, 080, 120,
 160, 320; the digits are GFLOPs × 10) on ImageNet with the DeiT recipe of configs/common.py, or
 evaluating released timm / DeiT weights, e.g. DeiT's RegNetY-16GF teacher
-(https://dl.fbaipublicfiles.com/deit/regnety_160-a5fe301d.pth, 82.9 top-1 in DeiT's Table 5;
+(https://dl.fbaipublicfiles.com/deit/regnety_160-a5fe301d.pth, 82.9 top-1 in the DeiT paper;
 timm's `regnety_160.deit_in1k`, evaluated there at crop 0.95):
 
   python -m vit_jax.main --config=configs/regnet.py:variant=160,dataset=imagenet2012 \

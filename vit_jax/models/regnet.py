@@ -1,12 +1,12 @@
 """RegNetY (Radosavovic et al., "Designing Network Design Spaces", CVPR 2020): the CNN teacher.
 
-DeiT's strongest teacher is RegNetY-16GF (Touvron et al. 2021, Table 5). The layout is timm's
+DeiT's headline results distil from RegNetY-16GF (Touvron et al. 2021). The layout is timm's
 `timm/models/regnet.py` (parameter names included, so `from_timm`/`to_timm` are renames): a
 3x3/2 conv-BN-ReLU stem of `stem_width`, then stages of bottleneck blocks — 1x1 conv-BN-ReLU,
 3x3 grouped conv-BN-ReLU (stride 2 in a stage's first block), squeeze-and-excitation, 1x1
 conv-BN, plus the shortcut (1x1/2 conv-BN where the shape changes), then ReLU — global average
 pooling and a linear head. Stage widths and depths come from the paper's quantised linear rule
-(Section 3.3, Eq. 2-3) in `stage_widths`. BatchNorm uses PyTorch's eps 1e-5 and momentum 0.1
+(Section 3.3) in `stage_widths`. BatchNorm uses PyTorch's eps 1e-5 and momentum 0.1
 (Flax momentum 0.9) and its running statistics when `train=False`; Flax averages the biased batch
 variance, PyTorch the unbiased one (a factor n/(n-1) in the running variance only).
 """
@@ -33,7 +33,7 @@ def stage_widths(w0: int, wa: float, wm: float, depth: int, group_width: int,
   `adjust_widths_groups_comp` compute them (in float32, as they do).
 
   Block j has width u_j = w0 + wa * j, snapped to w0 * wm^round(log(u_j / w0) / log(wm)) and
-  rounded to a multiple of 8 (paper Eq. 2-3); blocks of equal width form a stage. The bottleneck
+  rounded to a multiple of 8 (paper Section 3.3); blocks of equal width form a stage. The bottleneck
   width is then rounded to a multiple of the group width (clipped to the bottleneck width).
   """
   continuous = np.arange(depth, dtype=np.float32) * np.float32(wa) + np.float32(w0)
