@@ -214,11 +214,13 @@ def test_epochs_are_reshuffled(data_dir):
 
 
 def test_in_memory_rule(data_dir):
+  # Digits are read by index from ArrayRecord; their TFRecord copy would fit in memory.
   config = _config(data_dir)
   source = input_pipeline._resolve(config)
-  assert input_pipeline._reads_in_memory(config, source, 'train')
+  assert source.random_access and source.streamable
+  assert input_pipeline._fits_in_memory(config, source, 'train')
   config.in_memory = False
-  assert not input_pipeline._reads_in_memory(config, source, 'train')
+  assert not input_pipeline._fits_in_memory(config, source, 'train')
 
 
 def test_inception_crop_boxes_follow_timm_ranges():

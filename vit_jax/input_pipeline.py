@@ -3,17 +3,24 @@
 Every dataset goes through one path: a `tfds` builder, its per-process sub-split
 (`tfds.split_for_jax_process`), then `tf.data` preprocessing that is identical for all datasets.
 
-Training reads a dataset in one of two ways, chosen by `_reads_in_memory`:
-* In memory (images of a fixed shape whose per-process split fits in `IN_MEMORY_MAX_BYTES`, e.g.
-  digits, CIFAR, MNIST; `config.in_memory = True/False` forces either way): the decoded split is
-  held as one array, each epoch is a permutation drawn with `tf.random.experimental.index_shuffle`
-  seeded by (seed, process, epoch), and all augmentation is stateless, keyed by (seed, process,
-  position in the stream). Batch k is therefore a pure function of k: resuming with
-  `start_step=k` yields exactly the batches an uninterrupted run would have seen.
-* Streaming (everything else, e.g. ImageNet): seeded file order and shuffle buffer, stateless
-  augmentation keyed by stream position, and `start_step` skips the records already consumed.
-  Resume is exact only as far as TFDS reads files in the same order, and skipping reads every
-  skipped record; treat it as approximate.
+Training reads examples by index. Stream position p (counted over the process's batches, so step k
+starts at position k * B) holds draw d = p // repeated_aug; epoch e = d // N of the process's N
+examples is a permutation drawn with `tf.random.experimental.index_shuffle` seeded by (seed,
+process, e), and all augmentation is stateless, keyed by (seed, process, p). Batch k is therefore a
+pure function of (seed, process, k): `start_step=k` reads exactly the records of batch k onwards and
+yields the batches an uninterrupted run would have seen, at the same cost for every k. Records come
+from one of two random-access sources, chosen by `_random_access`:
+* ArrayRecord (`tfds.data_source`): the embedded digits, image folders, TFDS datasets that
+  vit_jax prepares itself, and TFRecord datasets converted with `python -m vit_jax.datasets.convert`.
+  Records are read in chunks by a `tf.data` map (`tf.numpy_function`), then parsed, decoded and
+  augmented by `tf.data`'s parallel map.
+* In memory: a dataset prepared as TFRecord only whose per-process split has images of a fixed shape
+  and fits in `IN_MEMORY_MAX_BYTES` (e.g. CIFAR, MNIST) is decoded once and held as one array
+  (`config.in_memory = True/False` forces either way).
+A TFRecord-only dataset that fits neither (e.g. an ImageNet prepared as TFRecord) is streamed
+instead: seeded file order and shuffle buffer, the same stateless augmentation, and `start_step`
+reads and discards every record consumed before, in an order only approximately the original; a
+log line says so and how to convert it.
 
 A training image is resized to config.image_size (or inception-cropped to it), cropped and
 flipped per config.augment, RandAugmented (config.randaugment, e.g. 'rand-m9-mstd0.5-inc1'),
@@ -24,8 +31,9 @@ random_erase_prob 0.0, repeated_aug 1, in_memory None (automatic).
 
 import dataclasses
 import math
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
+from absl import logging
 import jax
 import ml_collections
 import numpy as np
@@ -33,6 +41,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from vit_jax import augment
+from vit_jax.datasets import convert
 from vit_jax.datasets import digits
 from vit_jax.datasets import folder
 
@@ -75,6 +84,16 @@ class _Source:
   def name(self) -> str:
     return self.builder.name
 
+  @property
+  def random_access(self) -> bool:
+    """True if stored as ArrayRecord: read by example index."""
+    return convert.has_array_record(self.builder)
+
+  @property
+  def streamable(self) -> bool:
+    """True unless stored as ArrayRecord only, which `as_dataset` cannot read."""
+    return self.builder.info.available_file_formats() != {convert.ARRAY_RECORD}
+
   def image_feature(self) -> tfds.features.Image:
     return self.builder.info.features[self.image_key]
 
@@ -95,7 +114,7 @@ def _resolve(config: ml_collections.ConfigDict) -> _Source:
                  "e.g. 'cifar10', 'cifar100', 'imagenet2012' (tfds.list_builders()).")
       raise ValueError(message) from None
     if not builder.is_prepared():
-      builder.download_and_prepare()
+      builder.download_and_prepare(file_format=convert.ARRAY_RECORD)
   keys = builder.info.supervised_keys
   image_key, label_key = keys if (isinstance(keys, tuple) and len(keys) == 2
                                   and all(isinstance(k, str) for k in keys)) else ('image', 'label')
@@ -293,11 +312,43 @@ def _eval_image(image: tf.Tensor, config: ml_collections.ConfigDict) -> tf.Tenso
   return _normalize(image, config.normalization)
 
 
-# Training.
+# Reading examples by index.
+
+# Records per `tf.numpy_function` read of an ArrayRecord source: enough that the Python call costs
+# little per record, few enough that the first batch waits for little beyond its own records.
+_READ_CHUNK = 32
+
+# Maps a dataset of int64 example indices to one of (image uint8 (H, W, C), label) in that order.
+Lookup = Callable[[tf.data.Dataset], tf.data.Dataset]
 
 
-def _reads_in_memory(config: ml_collections.ConfigDict, source: _Source, split: Any) -> bool:
-  """True if the train split is held in memory (exact resume), False if it is streamed."""
+def _array_record_lookup(source: _Source, split: Any) -> tuple[int, Lookup]:
+  """(N, lookup) over the ArrayRecord records of `split`: reads only the records asked for."""
+  records = source.builder.as_data_source(
+      split=split, deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES,
+      file_format=convert.ARRAY_RECORD)
+  features = source.builder.info.features
+  feature = source.image_feature()
+
+  def read(indices: np.ndarray) -> np.ndarray:
+    return np.array(records.__getitems__(indices.tolist()), dtype=object)
+
+  def parse(serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    example = features.deserialize_example(
+        serialized, decoders={source.image_key: tfds.decode.SkipDecoding()})
+    return feature.decode_example(example[source.image_key]), example[source.label_key]
+
+  def lookup(indices: tf.data.Dataset) -> tf.data.Dataset:
+    chunks = indices.batch(_READ_CHUNK).map(
+        lambda i: tf.ensure_shape(tf.numpy_function(read, [i], tf.string, stateful=False), [None]),
+        num_parallel_calls=tf.data.AUTOTUNE)
+    return chunks.unbatch().map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+
+  return len(records), lookup
+
+
+def _fits_in_memory(config: ml_collections.ConfigDict, source: _Source, split: Any) -> bool:
+  """True if a TFRecord-only split is held in memory (exact resume), False if it is streamed."""
   forced = config.get('in_memory', None)
   if forced is not None:
     return bool(forced)
@@ -307,37 +358,74 @@ def _reads_in_memory(config: ml_collections.ConfigDict, source: _Source, split: 
   return _num_examples(source, split) * math.prod(shape) <= IN_MEMORY_MAX_BYTES
 
 
+def _in_memory_lookup(source: _Source, split: Any) -> tuple[int, Lookup]:
+  """(N, lookup) over `split` decoded once into one array."""
+  chunks = list(source.builder.as_dataset(split=split).batch(4096).as_numpy_iterator())
+  if not chunks:
+    raise ValueError(f'Split {split} of {source.name!r} is empty.')
+  # Variables are captured by reference; constants would be copied into the tf.data graph.
+  images = tf.Variable(np.concatenate([chunk[source.image_key] for chunk in chunks]),
+                       trainable=False)
+  labels = tf.Variable(np.concatenate([chunk[source.label_key] for chunk in chunks]),
+                       trainable=False)
+
+  def lookup(indices: tf.data.Dataset) -> tf.data.Dataset:
+    return indices.map(lambda i: (tf.gather(images, i), tf.gather(labels, i)),
+                       num_parallel_calls=tf.data.AUTOTUNE)
+
+  return int(labels.shape[0]), lookup
+
+
+def _random_access(config: ml_collections.ConfigDict, source: _Source,
+                   split: Any) -> tuple[int, Lookup] | None:
+  """`split` read by example index, or None where it can only be streamed (module docstring)."""
+  forced = config.get('in_memory', None)
+  if forced is not None and not source.streamable:
+    raise ValueError(f'config.in_memory={forced} chooses between holding a TFRecord dataset in '
+                     f'memory and streaming it, but {source.name!r} is stored as ArrayRecord only '
+                     'and read by index; leave config.in_memory unset (None).')
+  if source.random_access and forced is None:
+    return _array_record_lookup(source, split)
+  if _fits_in_memory(config, source, split):
+    return _in_memory_lookup(source, split)
+  return None
+
+
+# Training.
+
+
 def _seed(config: ml_collections.ConfigDict, process_index: int, salt: int) -> tf.Tensor:
   base = tf.constant([config.seed, process_index], tf.int64)
   return tf.random.experimental.stateless_fold_in(base, salt)
 
 
-def _in_memory_examples(config, source, split, start, process_index) -> tf.data.Dataset:
+def _shuffled_examples(config, num, lookup, start, process_index) -> tf.data.Dataset:
   """Stream positions start, start+1, ... → (image, label, position), shuffled per epoch."""
-  chunks = list(source.builder.as_dataset(split=split).batch(4096).as_numpy_iterator())
-  images = np.concatenate([chunk[source.image_key] for chunk in chunks]) if chunks else []
-  labels = np.concatenate([chunk[source.label_key] for chunk in chunks]) if chunks else []
-  num = len(labels)
   if num == 0:
-    raise ValueError(f'Split {split} of {source.name!r} is empty for process {process_index}.')
-  # Variables are captured by reference; constants would be copied into the tf.data graph.
-  images = tf.Variable(images, trainable=False)
-  labels = tf.Variable(labels, trainable=False)
+    raise ValueError(f'The train split is empty for process {process_index}.')
   repeats = config.get('repeated_aug', 1)
   shuffle_seed = _seed(config, process_index, _SHUFFLE_SALT)
 
-  def example(position):
-    draw = position // repeats  # Each drawn example fills `repeats` consecutive positions.
+  def index(draw):
     epoch_seed = tf.random.experimental.stateless_fold_in(shuffle_seed, draw // num)
-    index = tf.random.experimental.index_shuffle(draw % num, epoch_seed,
-                                                 tf.constant(num - 1, tf.int64))
-    return tf.gather(images, index), tf.gather(labels, index), position
+    return tf.random.experimental.index_shuffle(draw % num, epoch_seed,
+                                                tf.constant(num - 1, tf.int64))
 
-  return tf.data.Dataset.counter(start).map(example, num_parallel_calls=tf.data.AUTOTUNE)
+  # Each drawn example fills `repeats` consecutive positions; it is read and decoded once.
+  draws = tf.data.Dataset.counter(start // repeats)
+  examples = tf.data.Dataset.zip(lookup(draws.map(index)), draws)
+
+  def copies(example, draw):
+    positions = tf.data.Dataset.range(draw * repeats, (draw + 1) * repeats)
+    return tf.data.Dataset.zip(tf.data.Dataset.from_tensors(example).repeat(), positions)
+
+  if repeats > 1:
+    examples = examples.flat_map(copies)
+  return examples.map(lambda example, position: (*example, position))
 
 
 def _streamed_examples(config, source, split, start, process_index) -> tf.data.Dataset:
-  """As `_in_memory_examples`, from a seeded file order and shuffle buffer."""
+  """As `_shuffled_examples`, from a seeded file order and shuffle buffer (TFRecord only)."""
   records = source.builder.as_dataset(
       split=split, shuffle_files=True, decoders={source.image_key: tfds.decode.SkipDecoding()},
       read_config=tfds.ReadConfig(shuffle_seed=config.seed + process_index))
@@ -360,9 +448,9 @@ def train_iterator(config: ml_collections.ConfigDict, *, start_step: int = 0,
   """Infinite training batches of this process: 'image' (B, S, S, 3) float32, 'label' (B,) int32.
 
   B = config.batch_size // process_count. Batches from `start_step=k` equal batches k, k+1, ...
-  of a run from step 0 with the same config (see the module docstring for streamed datasets).
-  With config.repeated_aug = r > 1, each batch holds B / r examples, each r times in a row,
-  differently augmented.
+  of a run from step 0 with the same config, and cost the same to start at any k (except for a
+  streamed TFRecord dataset; see the module docstring). With config.repeated_aug = r > 1, each
+  batch holds B / r examples, each r times in a row, differently augmented.
   """
   process_index, process_count = _process(process_index, process_count)
   local_batch = _local_batch(config.batch_size, process_count, 'batch_size')
@@ -377,9 +465,18 @@ def train_iterator(config: ml_collections.ConfigDict, *, start_step: int = 0,
   _check_split(source, config.train_split)
   split = _process_split(config.train_split, process_index, process_count)
   start = start_step * local_batch
-  if _reads_in_memory(config, source, split):
-    examples = _in_memory_examples(config, source, split, start, process_index)
+  access = _random_access(config, source, split)
+  if access is not None:
+    examples = _shuffled_examples(config, *access, start, process_index)
   else:
+    logging.warning(
+        'Dataset %r is stored as TFRecord only and is too large to hold in memory, so it is '
+        'streamed: resuming at step k reads and discards the k x %d records consumed before '
+        '(on the order of 10,000 records/s, e.g. about an hour late in a 300-epoch ImageNet run), '
+        'and the resumed order is only approximately the original. Add an ArrayRecord copy for '
+        'exact resume at the same cost at any step: python -m vit_jax.datasets.convert '
+        '--dataset=%s%s', source.name, local_batch, source.name,
+        f' --data_dir={config.data_dir}' if config.data_dir else '')
     examples = _streamed_examples(config, source, split, start, process_index)
   augment_seed = _seed(config, process_index, _AUGMENT_SALT)
 
@@ -413,19 +510,23 @@ def eval_iterator(config: ml_collections.ConfigDict, *, split: str | None = None
   most = max(_num_examples(source, _process_split(split, p, process_count))
              for p in range(process_count))
   num_batches = -(-most // local_batch)
-  records = source.builder.as_dataset(split=_process_split(split, process_index, process_count),
-                                      shuffle_files=False)
+  local_split = _process_split(split, process_index, process_count)
+  if source.random_access:
+    num, lookup = _array_record_lookup(source, local_split)
+    examples = lookup(tf.data.Dataset.range(num))
+  else:
+    examples = source.builder.as_dataset(split=local_split, shuffle_files=False).map(
+        lambda record: (record[source.image_key], record[source.label_key]))
   size = config.image_size
 
-  def preprocess(record):
-    return {'image': _eval_image(record[source.image_key], config),
-            'label': tf.cast(record[source.label_key], tf.int32),
+  def preprocess(image, label):
+    return {'image': _eval_image(image, config), 'label': tf.cast(label, tf.int32),
             'mask': tf.constant(1.0, tf.float32)}
 
   padding = tf.data.Dataset.from_tensors({
       'image': tf.zeros([size, size, 3], tf.float32),
       'label': tf.constant(0, tf.int32),
       'mask': tf.constant(0.0, tf.float32)}).repeat()
-  batches = records.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE).concatenate(padding)
+  batches = examples.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE).concatenate(padding)
   batches = batches.take(num_batches * local_batch).batch(local_batch).prefetch(config.prefetch)
   return batches.as_numpy_iterator()

@@ -8,9 +8,9 @@ The folder holds one directory per split and, inside each, one directory per cla
 Classes are the sorted class-directory names, which must be the same in every split. On first use
 the images are copied, still encoded, into a TFDS dataset under the TFDS data dir, keyed by a
 fingerprint of the folder's file names, sizes and modification times (so an edited folder is
-prepared afresh); from there they take the same `tfds` -> `tf.data` path as every other dataset.
-Grayscale and RGBA images are decoded to RGB. If every image has the same size the dataset has a
-fixed image shape, which lets training hold it in memory and resume exactly.
+prepared afresh). They are stored as ArrayRecord, which training reads by example index (exact
+resume in constant time, however large the folder), and from there take the same `tfds` ->
+`tf.data` path as every other dataset. Grayscale and RGBA images are decoded to RGB.
 """
 
 import dataclasses
@@ -19,6 +19,8 @@ import os
 
 from PIL import Image as pil_image
 import tensorflow_datasets as tfds
+
+from vit_jax.datasets import convert
 
 PREFIX = 'folder:'
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png')
@@ -125,5 +127,6 @@ def prepare(root: str, data_dir: str | None = None) -> tfds.core.DatasetBuilder:
   """The builder for the image folder `root`, prepared under `data_dir` on first use."""
   builder = Folder(config=scan(root), data_dir=data_dir)
   if not builder.is_prepared():
-    builder.download_and_prepare()
+    builder.download_and_prepare(file_format=convert.ARRAY_RECORD)
+  convert.add_array_record(builder)  # A folder prepared as TFRecord by an earlier version.
   return builder

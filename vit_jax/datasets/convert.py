@@ -1,0 +1,62 @@
+r"""Adds an ArrayRecord copy to a TFDS dataset prepared as TFRecord, so training reads it by index.
+
+Training reads ArrayRecord datasets example by example (exact resume at any step in constant
+time); a dataset stored as TFRecord only is streamed, and resuming it reads every record consumed
+before. This copies each TFRecord shard, record for record, into an ArrayRecord shard beside it and
+registers the format in the dataset's `dataset_info.json` (TFDS's "alternative file format"), so
+both `tfds.load` and `tfds.data_source` work afterwards. Nothing is downloaded or re-decoded:
+
+  python -m vit_jax.datasets.convert --dataset=imagenet2012 --data_dir=/path/to/tfds
+
+(`tfds build imagenet2012 --file_format=array_record` prepares a dataset afresh in that format.)
+"""
+
+from absl import app
+from absl import flags
+from absl import logging
+import tensorflow as tf
+import tensorflow_datasets as tfds
+from tensorflow_datasets.core import file_adapters
+
+ARRAY_RECORD = file_adapters.FileFormat.ARRAY_RECORD
+
+
+def has_array_record(builder: tfds.core.DatasetBuilder) -> bool:
+  """True if `builder`'s prepared data can be read by example index (ArrayRecord)."""
+  return ARRAY_RECORD in builder.info.available_file_formats()
+
+
+def add_array_record(builder: tfds.core.DatasetBuilder) -> None:
+  """Writes an ArrayRecord copy of every TFRecord shard of the prepared `builder` and registers it."""
+  if has_array_record(builder):
+    return
+  adapter = file_adapters.ADAPTER_FOR_FORMAT[ARRAY_RECORD]
+  for split in builder.info.splits.values():
+    template = split.filename_template.replace(filetype_suffix=ARRAY_RECORD.file_suffix)
+    targets = template.sharded_filepaths(len(split.shard_lengths))
+    for source, target in zip(split.filepaths, targets):
+      logging.info('Copying %s to %s.', source, target)
+      records = tf.data.TFRecordDataset(str(source)).as_numpy_iterator()
+      adapter.write_examples(target, enumerate(records))
+  builder.info.add_alternative_file_format(ARRAY_RECORD)
+  builder.info.write_to_directory(builder.data_dir)
+
+
+_DATASET = flags.DEFINE_string('dataset', None, 'TFDS name of a prepared dataset, e.g. cifar10.')
+_DATA_DIR = flags.DEFINE_string('data_dir', None, "TFDS data dir (default: TFDS's own).")
+
+
+def main(argv) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  builder = tfds.builder(_DATASET.value, data_dir=_DATA_DIR.value)
+  if not builder.is_prepared():
+    raise app.UsageError(f'Dataset {_DATASET.value!r} is not prepared in {builder.data_dir}; '
+                         'prepare it first (tfds build, or its own instructions).')
+  add_array_record(builder)
+  print(f'{builder.data_dir}: formats {sorted(f.value for f in builder.info.available_file_formats())}.')
+
+
+if __name__ == '__main__':
+  flags.mark_flags_as_required(['dataset'])
+  app.run(main)
