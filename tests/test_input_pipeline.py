@@ -4,6 +4,7 @@ import collections
 import itertools
 
 import numpy as np
+from PIL import Image
 import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
@@ -261,3 +262,112 @@ def test_bad_choices_raise(data_dir):
     input_pipeline.train_iterator(_config(data_dir, augment='random_crop'))
   with pytest.raises(ValueError, match="'mnist'.*imagenet"):
     input_pipeline.eval_iterator(_config(data_dir, normalization='mnist'))
+
+
+# Random access on a dataset that is not held in memory: a folder of JPEGs of varied sizes.
+
+FOLDER_CLASSES, FOLDER_TRAIN_PER_CLASS = 3, 10
+
+
+@pytest.fixture(scope='module')
+def jpeg_folder(tmp_path_factory):
+  """(root, data_dir): 3 classes x (10 train + 2 test) JPEGs, 17..40 px on a side."""
+  root = tmp_path_factory.mktemp('jpegs')
+  rng = np.random.default_rng(0)
+  for split, count in (('train', FOLDER_TRAIN_PER_CLASS), ('test', 2)):
+    for c in range(FOLDER_CLASSES):
+      (root / split / f'class{c}').mkdir(parents=True)
+      for i in range(count):
+        height, width = rng.integers(17, 41, 2)
+        pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(root / split / f'class{c}' / f'{i}.jpg')
+  data_dir = str(tmp_path_factory.mktemp('tfds_jpegs'))
+  return str(root), data_dir
+
+
+def _folder_config(jpeg_folder, **overrides):
+  root, data_dir = jpeg_folder
+  config = common.get_config()
+  config.dataset = f'folder:{root}'
+  config.data_dir = data_dir
+  config.normalization = 'inception'
+  config.image_size = 16
+  config.update(overrides)
+  return config
+
+
+def _deit_recipe(jpeg_folder, **overrides):
+  """DeiT's per-example augmentations (RandAugment left out: it only slows the tests down)."""
+  # Two examples per batch, three copies each; 30 train examples: an epoch is 15 batches.
+  recipe = dict(augment='inception_crop', random_erase_prob=0.25, repeated_aug=3, batch_size=6)
+  return _folder_config(jpeg_folder, **{**recipe, **overrides})
+
+
+def _islice(config, start_step, count, process_index=0, process_count=1):
+  iterator = input_pipeline.train_iterator(config, start_step=start_step,
+                                           process_index=process_index,
+                                           process_count=process_count)
+  return list(itertools.islice(iterator, count))
+
+
+def test_folder_is_read_by_index(jpeg_folder):
+  source = input_pipeline._resolve(_folder_config(jpeg_folder))
+  assert source.random_access and not source.streamable
+  assert source.image_feature().shape == (None, None, 3)
+  with pytest.raises(ValueError, match='in_memory=False.*ArrayRecord only.*unset'):
+    input_pipeline.train_iterator(_folder_config(jpeg_folder, in_memory=False))
+
+
+def test_resume_from_any_step_is_exact_across_epochs(jpeg_folder):
+  config = _deit_recipe(jpeg_folder)
+  uninterrupted = _islice(config, 0, 17)
+  # From step 13 the batches run into the second epoch (step 15).
+  for expected, actual in zip(uninterrupted[13:], _islice(config, 13, 4)):
+    np.testing.assert_array_equal(expected['image'], actual['image'])
+    np.testing.assert_array_equal(expected['label'], actual['label'])
+  # Repeated augmentation: three consecutive copies of one example, each augmented differently.
+  for batch in uninterrupted:
+    copies = batch['image'].reshape((2, 3) + batch['image'].shape[1:])
+    assert np.all(batch['label'].reshape(2, 3) == batch['label'][::3, None])
+    assert not np.array_equal(copies[:, 0], copies[:, 1])
+  other_seed = _islice(_deit_recipe(jpeg_folder, seed=1), 13, 1)[0]
+  assert not np.array_equal(other_seed['image'], uninterrupted[13]['image'])
+
+
+def test_two_processes_read_every_example_once_per_epoch(jpeg_folder):
+  # Unaugmented training images equal the eval view (resize and centre crop at ratio 1).
+  config = _folder_config(jpeg_folder, augment='none', batch_size=30, eval_batch_size=30)
+  everything = next(input_pipeline.eval_iterator(config, split='train', process_index=0,
+                                                 process_count=1))
+  assert everything['mask'].sum() == 30
+  expected = _multiset(everything['image'], everything['label'])
+  epochs = [collections.Counter(), collections.Counter()]
+  for process in range(2):  # 15 examples each: one batch is one epoch of this process.
+    for epoch, batch in enumerate(_islice(config, 0, 2, process, 2)):
+      assert batch['image'].shape == (15, 16, 16, 3)
+      local = _multiset(batch['image'], batch['label'])
+      assert sum(local.values()) == 15
+      epochs[epoch] += local
+  assert epochs[0] == expected and epochs[1] == expected
+
+
+def test_records_read_for_the_first_batch_do_not_depend_on_the_step(jpeg_folder, monkeypatch):
+  from array_record.python import array_record_data_source  # pylint: disable=g-import-not-at-top
+  reads = []
+  original = array_record_data_source.ArrayRecordDataSource.__getitems__
+
+  def counted(self, keys):
+    reads.append(len(keys))
+    return original(self, keys)
+
+  monkeypatch.setattr(array_record_data_source.ArrayRecordDataSource, '__getitems__', counted)
+  config = _deit_recipe(jpeg_folder, prefetch=1)
+  read_at = {}
+  for start_step in (0, 17_000):  # 17,000 steps of 6: 102,000 examples consumed before.
+    reads.clear()
+    batch = next(input_pipeline.train_iterator(config, start_step=start_step, process_index=0,
+                                               process_count=1))
+    assert batch['image'].shape == (6, 16, 16, 3)
+    read_at[start_step] = sum(reads)
+  # A batch needs 2 records; reading ahead (prefetch, parallel reads) adds a bounded amount.
+  assert all(2 <= n <= 8 * input_pipeline._READ_CHUNK for n in read_at.values()), read_at
