@@ -20,6 +20,24 @@ os.environ['XLA_FLAGS'] = f"{FAST_COMPILE} {os.environ.get('XLA_FLAGS', '')}".st
 
 
 @pytest.fixture(scope='session')
+def jpeg_folder(tmp_path_factory):
+  """(root, data_dir): an image folder of 3 classes x (10 train + 2 test) JPEGs of random pixels,
+  17..40 px on a side, and an empty TFDS data dir to prepare it in."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  root = tmp_path_factory.mktemp('jpegs')
+  rng = np.random.default_rng(0)
+  for split, count in (('train', 10), ('test', 2)):
+    for c in range(3):
+      (root / split / f'class{c}').mkdir(parents=True)
+      for i in range(count):
+        height, width = rng.integers(17, 41, 2)
+        pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(root / split / f'class{c}' / f'{i}.jpg')
+  return str(root), str(tmp_path_factory.mktemp('tfds_jpegs'))
+
+
+@pytest.fixture(scope='session')
 def timm():
   """The timm package, offline, on CPU torch; skips the test where torch or timm is absent."""
   os.environ.setdefault('HF_HUB_OFFLINE', '1')

@@ -4,7 +4,6 @@ import collections
 import itertools
 
 import numpy as np
-from PIL import Image
 import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
@@ -265,25 +264,6 @@ def test_bad_choices_raise(data_dir):
 
 
 # Random access on a dataset that is not held in memory: a folder of JPEGs of varied sizes.
-
-FOLDER_CLASSES, FOLDER_TRAIN_PER_CLASS = 3, 10
-
-
-@pytest.fixture(scope='module')
-def jpeg_folder(tmp_path_factory):
-  """(root, data_dir): 3 classes x (10 train + 2 test) JPEGs, 17..40 px on a side."""
-  root = tmp_path_factory.mktemp('jpegs')
-  rng = np.random.default_rng(0)
-  for split, count in (('train', FOLDER_TRAIN_PER_CLASS), ('test', 2)):
-    for c in range(FOLDER_CLASSES):
-      (root / split / f'class{c}').mkdir(parents=True)
-      for i in range(count):
-        height, width = rng.integers(17, 41, 2)
-        pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
-        Image.fromarray(pixels).save(root / split / f'class{c}' / f'{i}.jpg')
-  data_dir = str(tmp_path_factory.mktemp('tfds_jpegs'))
-  return str(root), data_dir
-
 
 def _folder_config(jpeg_folder, **overrides):
   root, data_dir = jpeg_folder
