@@ -226,20 +226,45 @@ def _resize(image: tf.Tensor, height: Any, width: Any) -> tf.Tensor:
   return tf.clip_by_value(resized, 0.0, 255.0)
 
 
-def _resize_centre_crop(image: tf.Tensor, size: int, crop_ratio: float) -> tf.Tensor:
-  """Resizes the shorter side to floor(size / crop_ratio), then takes the central size x size."""
+def centre_crop_window(height: Any, width: Any, size: int, crop_ratio: float
+                       ) -> tuple[Any, Any, Any, Any]:
+  """(resized height, resized width, top, left) of timm's eval transform of a height x width image.
+
+  timm's `transforms_imagenet_eval(size, crop_pct=crop_ratio)` is torchvision's
+  `Resize(floor(size / crop_ratio))` of the shorter side, whose long side is
+  int(short * long / shorter side), truncated (`_compute_resized_output_size`), then
+  `CenterCrop(size)` at offsets round((resized - size) / 2), halves to even (`center_crop`).
+  Works on Python ints and on int32 tensors alike (TensorFlow's round is half to even too).
+  """
+  if not 0 < crop_ratio <= 1:
+    raise ValueError(f'config.eval_crop_ratio={crop_ratio} must be in (0, 1]: the resized shorter '
+                     'side floor(image_size / ratio) must cover the crop.')
   short = math.floor(size / crop_ratio)
-  if image.shape[0] == image.shape[1] and image.shape[0] is not None:
-    height = width = short
-  else:
-    shape = tf.shape(image)
-    h, w = tf.cast(shape[0], tf.float32), tf.cast(shape[1], tf.float32)
-    scale = short / tf.minimum(h, w)
-    height = tf.maximum(short, tf.cast(tf.round(h * scale), tf.int32))
-    width = tf.maximum(short, tf.cast(tf.round(w * scale), tf.int32))
-  image = _resize(image, height, width)
-  top = (height - size) // 2
-  left = (width - size) // 2
+  if isinstance(height, int) and isinstance(width, int):
+    long_side = short * max(height, width) // min(height, width)
+    resized = (short, long_side) if height <= width else (long_side, short)
+    top, left = (round((side - size) / 2) for side in resized)
+    return resized[0], resized[1], top, left
+  shorter = tf.minimum(height, width)
+  long_side = tf.cast(short * tf.cast(tf.maximum(height, width), tf.int64)
+                      // tf.cast(shorter, tf.int64), tf.int32)
+  resized_h = tf.where(height <= width, short, long_side)
+  resized_w = tf.where(height <= width, long_side, short)
+  offset = lambda side: tf.cast(tf.round(tf.cast(side - size, tf.float64) / 2), tf.int32)
+  return resized_h, resized_w, offset(resized_h), offset(resized_w)
+
+
+def _resize_centre_crop(image: tf.Tensor, size: int, crop_ratio: float) -> tf.Tensor:
+  """timm's eval transform: shorter side to floor(size / crop_ratio), then the central size x size.
+
+  Window arithmetic in `centre_crop_window`; bicubic, antialiased when shrinking, like PIL's
+  bicubic resize that timm's `interpolation='bicubic'` runs, and rounded to whole pixel values
+  as PIL's 8-bit output is.
+  """
+  static = image.shape[0] is not None and image.shape[1] is not None
+  shape = (image.shape[0], image.shape[1]) if static else tf.unstack(tf.shape(image)[:2])
+  height, width, top, left = centre_crop_window(*shape, size, crop_ratio)
+  image = tf.round(_resize(image, height, width))
   return image[top:top + size, left:left + size]
 
 
