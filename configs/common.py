@@ -90,6 +90,9 @@ def get_config() -> ml_collections.ConfigDict:
   # Only evaluate (init_from, else --workdir's newest checkpoint) on eval_split: logs top-1, writes
   # nothing but workdir/eval_report.json.
   config.eval_only = False
+  # Where a run's or a checkpoint's weights are read (eval_only, init_from, the teacher): its EMA
+  # where it kept one (DeiT's and CaiT's published numbers are the EMA model's); False: the raw.
+  config.use_ema = True
 
   # Model: `name` is a key of the registry (vit_jax.models.names()); every other field is passed
   # to vit_jax.models.create() as an override.

@@ -15,7 +15,8 @@ Reads W/config.json and the newest checkpoint of W (or --step), runs the model o
              accuracy, and a run in W/analysis/pruned_RULE that the ordinary loop fine-tunes
              (--finetune_steps; analyse it with --workdir=W/analysis/pruned_RULE)
 
---what=all (default) runs those that apply to the model.
+--what=all (default) runs those that apply to the model. The run's EMA weights are analysed where
+it kept an EMA (analysis.json says which); --nouse_ema analyses the raw ones.
 """
 
 import json
@@ -60,6 +61,8 @@ _FINETUNE_STEPS = flags.DEFINE_integer('finetune_steps', 0,
                                        'Steps to fine-tune the pruned model (0: only write it).')
 _FINETUNE_LR_FACTOR = flags.DEFINE_float('finetune_lr_factor', 0.1,
                                          'Fine-tuning learning rate as a fraction of base_lr.')
+_USE_EMA = flags.DEFINE_bool('use_ema', True, 'Analyse the run\'s EMA weights where it kept an '
+                             'EMA; --nouse_ema analyses the raw ones.')
 flags.mark_flags_as_required(['workdir'])
 
 
@@ -70,10 +73,11 @@ class Run(NamedTuple):
   variables: dict[str, Any]
   info: input_pipeline.DatasetInfo
   step: int
+  ema: bool  # Whether `variables` are the run's EMA.
 
 
-def load_run(workdir: str, step: int | None = None) -> Run:
-  """The config, model and variables of `workdir`'s checkpoint at `step` (default: newest)."""
+def load_run(workdir: str, step: int | None = None, *, use_ema: bool = True) -> Run:
+  """The config, model and variables (EMA first) of `workdir`'s checkpoint at `step` (newest)."""
   saved = checkpoints.read_config(workdir)
   if saved is None or not checkpoints.has_checkpoint(workdir):
     raise ValueError(f'{workdir!r} is not a trained work directory (expected config.json and a '
@@ -89,8 +93,8 @@ def load_run(workdir: str, step: int | None = None) -> Run:
   config = ml_collections.ConfigDict(saved)
   info = input_pipeline.get_dataset_info(config)
   model = train.create_model(config, info.num_classes)
-  variables, step = checkpoints.restore_variables(workdir, step)
-  return Run(config, model, vit.unstack_layers(variables), info, step)
+  variables, step, ema = checkpoints.restore_variables(workdir, step, use_ema=use_ema)
+  return Run(config, model, vit.unstack_layers(variables), info, step, ema)
 
 
 def eval_images(config: ml_collections.ConfigDict, count: int) -> np.ndarray:
@@ -184,12 +188,14 @@ class _Outputs:
 def analyze(workdir: str, what: Sequence[str] | str = 'all', *, step: int | None = None,
             num_images: int = 64, batch_size: int = 16, window: int = 11,
             threshold: float = 0.9, neighbours: int = 3, pruning_rule: str = 'official',
-            finetune_steps: int = 0, finetune_lr_factor: float = 0.1) -> dict[str, Any]:
-  """Runs the analyses on `workdir`'s checkpoint, writes PNGs and analysis.json, returns it."""
+            finetune_steps: int = 0, finetune_lr_factor: float = 0.1,
+            use_ema: bool = True) -> dict[str, Any]:
+  """Runs the analyses on `workdir`'s checkpoint (its EMA weights where it kept an EMA, unless
+  `use_ema=False`), writes PNGs and analysis.json, returns it."""
   if num_images < 1 or batch_size < 1 or window < 1:
     raise ValueError(f'num_images={num_images}, batch_size={batch_size} and window={window} '
                      'must be >= 1.')
-  run = load_run(workdir, step)
+  run = load_run(workdir, step, use_ema=use_ema)
   what, explicit = _resolve(what, run.model)
   out = _Outputs(os.path.join(workdir, OUTPUT_DIR), explicit)
   os.makedirs(out.directory, exist_ok=True)
@@ -211,7 +217,8 @@ def analyze(workdir: str, what: Sequence[str] | str = 'all', *, step: int | None
   means = {key: value / len(images) for key, value in sums.items()}
 
   report: dict[str, Any] = {
-      'model': name, 'step': run.step, 'num_images': len(images),
+      'model': name, 'step': run.step, 'weights': 'ema' if run.ema else 'raw',
+      'num_images': len(images),
       'layers': [{'name': layer.name, 'heads': layer.shape[0], 'queries': layer.shape[1],
                   'keys': layer.shape[2]} for layer in layers]}
   if 'collapse' in what:
@@ -310,7 +317,7 @@ def _centres(variables, layers, means, image_shape, window, out) -> dict[str, An
 def _pruning(run: Run, out_dir: str, rule: str, finetune_steps: int,
              lr_factor: float) -> dict[str, Any]:
   """Prunes degenerate heads, compares size, FLOPs and accuracy, writes the pruned run."""
-  config, model, variables, info, _ = run
+  config, model, variables, info = run.config, run.model, run.variables, run.info
   params = variables['params']
   heads = pruning.degenerate_heads(params, model.attention, rule=rule)
   pruned_params, layer_heads = pruning.prune(params, heads)
@@ -354,7 +361,7 @@ def main(argv) -> None:
                      batch_size=_BATCH_SIZE.value, window=_WINDOW.value,
                      threshold=_THRESHOLD.value, neighbours=_NEIGHBOURS.value,
                      pruning_rule=_PRUNING_RULE.value, finetune_steps=_FINETUNE_STEPS.value,
-                     finetune_lr_factor=_FINETUNE_LR_FACTOR.value)
+                     finetune_lr_factor=_FINETUNE_LR_FACTOR.value, use_ema=_USE_EMA.value)
   except ValueError as e:
     logging.debug('Stopped by an error.', exc_info=True)
     sys.exit(f'error: {e}')

@@ -8,7 +8,9 @@ Foreign weights: `load(path, model, image_size=...)` returns Flax variables for 
     objects), plain or wrapped in `state_dict_ema` / `model_ema` / `state_dict` / `model`, with
     `module.` prefixes stripped;
   - a Google ViT `.npz` (google-research/vision_transformer layout);
-  - a work directory written by `vit_jax.main` (its newest checkpoint's params / batch_stats).
+  - a work directory written by `vit_jax.main` (its newest checkpoint's EMA variables where the
+    run kept an EMA, else its params / batch_stats; `restore_variables`).
+`use_ema=False` reads the raw weights of both instead of their EMA.
 The PyTorch key layout is converted by the `from_timm` of the target model's family module. The
 position embedding is resized when the resolution differs, and with `reset_head=True` a head whose
 class count differs is initialised afresh. `export_timm` writes the inverse: a timm `.safetensors`.
@@ -132,14 +134,21 @@ def restore_arrays(workdir: str, step: int | None = None) -> dict[str, Any]:
   return jax.device_get(restored['state'])
 
 
-def restore_variables(workdir: str, step: int | None = None) -> tuple[dict[str, Any], int]:
+def restore_variables(workdir: str, step: int | None = None, *, use_ema: bool = True
+                      ) -> tuple[dict[str, Any], int, bool]:
   """The model variables ({'params'[, 'batch_stats']}) of `workdir`'s newest (or `step`'s)
-  checkpoint, in the layout the run trained in, and that checkpoint's step."""
+  checkpoint, in the layout the run trained in, that checkpoint's step, and whether they are the
+  EMA: the run's EMA of the variables when it kept one (`ema_decay` > 0) and `use_ema`, as the
+  published DeiT/CaiT/T2T numbers are the EMA model's; else the trained variables themselves."""
   state = restore_arrays(workdir, step)
-  variables = {'params': state['params']}
-  if state.get('batch_stats'):
-    variables['batch_stats'] = state['batch_stats']
-  return variables, int(state['step'])
+  ema = bool(use_ema and state.get('ema'))
+  source = state['ema'] if ema else state
+  variables = {'params': source['params']}
+  if source.get('batch_stats'):
+    variables['batch_stats'] = source['batch_stats']
+  logging.info('Read the %s weights of %s (step %d).', 'EMA' if ema else 'raw', workdir,
+               int(state['step']))
+  return variables, int(state['step']), ema
 
 
 def read_config(workdir: str) -> dict[str, Any] | None:
@@ -301,6 +310,8 @@ def _unwrap(checkpoint: Mapping[str, Any], *, use_ema: bool) -> Mapping[str, Any
   for wrapper in (_EMA_WRAPPERS if use_ema else ()) + _WRAPPERS:
     inner = checkpoint.get(wrapper)
     if isinstance(inner, Mapping) and inner:
+      logging.info('Read the %s weights (%r) of the checkpoint.',
+                   'EMA' if wrapper in _EMA_WRAPPERS else 'raw', wrapper)
       return inner
   return checkpoint
 
@@ -423,8 +434,9 @@ def read_state_dict(path: str, *, use_ema: bool = True) -> dict[str, np.ndarray]
           for key, value in state_dict.items()}
 
 
-def read_workdir(workdir: str) -> tuple[dict[str, Any], dict[str, Any]]:
-  """The variables of `workdir`'s newest checkpoint, and {'model': name, 'fields', 'step'}.
+def read_workdir(workdir: str, *, use_ema: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
+  """The variables of `workdir`'s newest checkpoint (EMA first, see `restore_variables`), and
+  {'model': name, 'fields', 'step', 'weights': 'ema' or 'raw'}.
 
   Variables come in the unrolled layout (blocks_i) even from a run with scan_layers=True.
   """
@@ -433,12 +445,12 @@ def read_workdir(workdir: str) -> tuple[dict[str, Any], dict[str, Any]]:
     raise ValueError(f'{workdir!r} is not a work directory of vit_jax.main (expected config.json '
                      f'and {os.path.join(workdir, CHECKPOINT_DIR)}/<step>).')
   try:
-    variables, step = restore_variables(workdir)
+    variables, step, ema = restore_variables(workdir, use_ema=use_ema)
   except Exception as e:  # orbax/tensorstore raise many kinds. # pylint: disable=broad-except
     raise _corrupt(workdir, 'training checkpoint', f'{type(e).__name__}: {e}') from e
   fields = {k: v for k, v in config['model'].items() if k != 'name'}
   return vit.unstack_layers(variables), {'model': config['model']['name'], 'fields': fields,
-                                         'step': step}
+                                         'step': step, 'weights': 'ema' if ema else 'raw'}
 
 
 # Adapting to the target model.
@@ -568,7 +580,8 @@ def load(path: str, model: nn.Module, *, image_size: int, reset_head: bool = Fal
          ) -> dict[str, Any]:
   """Flax variables ({'params', maybe 'batch_stats'}) for `model` at `image_size` from `path`.
 
-  `path` is a weights file (see the module docstring) or a vit_jax work directory. PyTorch and
+  `path` is a weights file (see the module docstring) or a vit_jax work directory, read EMA first
+  unless `use_ema=False` (the log says which weights were read). PyTorch and
   Google layouts go through the `from_timm` of `model`'s family. A position embedding for another
   resolution is resized (`resize_pos_embed`, `pos_embed_resize` method). With `reset_head`, heads
   whose class count differs from `model.num_classes` are initialised afresh from `rng` (and a
@@ -578,9 +591,9 @@ def load(path: str, model: nn.Module, *, image_size: int, reset_head: bool = Fal
   target = _abstract_variables(model, image_size)
   family = _family_name(model)
   if os.path.isdir(path):
-    variables, meta = read_workdir(path)
+    variables, meta = read_workdir(path, use_ema=use_ema)
     source = (f'Work directory {path!r} (model {meta["model"]!r} with fields {meta["fields"]}, '
-              f'step {meta["step"]})')
+              f'step {meta["step"]}, {meta["weights"]} weights)')
     saved_family = _family_name(models.create(meta['model']))
     hint = (f'It holds a {saved_family!r} model but the model is of family {family!r}. '
             if saved_family != family else '')

@@ -1,5 +1,7 @@
 r"""Exports a work directory's newest checkpoint as a timm `.safetensors` file, for PyTorch.
 
+The run's EMA weights where it kept an EMA (`--nouse_ema`: the raw ones).
+
   python -m vit_jax.export --workdir=/tmp/deit --out=/tmp/deit.safetensors
 
 In PyTorch: `model = timm.create_model(NAME, num_classes=..., img_size=...)` with the architecture
@@ -13,6 +15,8 @@ from absl import flags
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Work directory written by vit_jax.main.')
 _OUT = flags.DEFINE_string('out', None, 'The .safetensors file to write.')
+_USE_EMA = flags.DEFINE_bool('use_ema', True, 'Export the run\'s EMA weights where it kept an EMA; '
+                             '--nouse_ema exports the raw ones.')
 flags.mark_flags_as_required(['workdir', 'out'])
 
 
@@ -22,11 +26,12 @@ def main(argv) -> None:
   from vit_jax import checkpoints  # pylint: disable=g-import-not-at-top
   from vit_jax import models  # pylint: disable=g-import-not-at-top
   try:
-    variables, meta = checkpoints.read_workdir(_WORKDIR.value)
+    variables, meta = checkpoints.read_workdir(_WORKDIR.value, use_ema=_USE_EMA.value)
     keys = checkpoints.export_timm(variables, models.create(meta['model']), _OUT.value)
   except ValueError as e:
     sys.exit(f'error: {e}')
-  print(f'Wrote {len(keys)} tensors of {meta["model"]} (step {meta["step"]}) to {_OUT.value}.')
+  print(f'Wrote {len(keys)} tensors of {meta["model"]} (step {meta["step"]}, {meta["weights"]} '
+        f'weights) to {_OUT.value}.')
 
 
 if __name__ == '__main__':

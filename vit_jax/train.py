@@ -234,8 +234,10 @@ def load_teacher(config: ml_collections.ConfigDict, num_classes: int) -> Teacher
   model = models.create(model_name, num_classes=num_classes, **overrides)
   variables = load_variables(source, model, config)
   change = normalization_change(config.normalization, normalization)
-  logging.info('Distilling (%s, alpha=%s, tau=%s) from %s in %s; the teacher sees the student\'s '
-               'batch in %s normalisation%s.', spec.type, spec.alpha, spec.tau, model_name, source,
+  logging.info('Distilling (%s, alpha=%s, tau=%s) from %s in %s (%s); the teacher sees the '
+               'student\'s batch in %s normalisation%s.', spec.type, spec.alpha, spec.tau,
+               model_name, source,
+               'EMA weights where kept' if config.get('use_ema', True) else 'raw weights',
                normalization, '' if change is None else f' (converted from {config.normalization})')
   return Teacher(model, variables, *(change or (None, None)))
 
@@ -497,7 +499,11 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
 
 def load_variables(source: str, model: nn.Module, config: ml_collections.ConfigDict,
                    **kwargs) -> dict[str, Any]:
-  """`checkpoints.load` of `source` for `model`, stacked into its layout if it scans its layers."""
+  """`checkpoints.load` of `source` for `model`, stacked into its layout if it scans its layers.
+
+  EMA weights first, unless `config.use_ema` is False.
+  """
+  kwargs.setdefault('use_ema', config.get('use_ema', True))
   if not getattr(model, 'scan_layers', False):
     return checkpoints.load(source, model, image_size=config.image_size, **kwargs)
   variables = checkpoints.load(source, model.clone(scan_layers=False),
@@ -527,7 +533,7 @@ def pretrained_variables(config: ml_collections.ConfigDict, model: nn.Module,
 def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Top-1 on the eval split of `config.init_from`, else of `workdir`'s newest checkpoint.
 
-  Trains nothing and writes nothing but `workdir/eval_report.json`; a class count that differs
+  Reads the EMA weights where the source kept them (`config.use_ema`). Trains nothing and writes nothing but `workdir/eval_report.json`; a class count that differs
   from the dataset's is an error (no head is re-initialised).
   """
   source = config.get('init_from') or workdir
@@ -546,13 +552,16 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
   eval_step = jax.jit(make_eval_step(model, info.num_classes), out_shardings=replicated)
   metrics = evaluate(eval_step, state, input_pipeline.eval_iterator(config),
                      NamedSharding(mesh, P('data')))
-  report = {'source': source, 'model': config.model.name, 'dataset': config.dataset,
-            'split': config.eval_split, 'image_size': config.image_size, **metrics}
+  use_ema = config.get('use_ema', True)
+  report = {'source': source, 'use_ema': use_ema, 'model': config.model.name,
+            'dataset': config.dataset, 'split': config.eval_split,
+            'image_size': config.image_size, **metrics}
   if jax.process_index() == 0:
     epath.Path(workdir).mkdir(parents=True, exist_ok=True)
     (epath.Path(workdir) / 'eval_report.json').write_text(json.dumps(report, indent=2))
     print(f'Top-1 on {config.dataset}/{config.eval_split}: {metrics["accuracy"]:.4f} '
-          f'({metrics["count"]} examples; {source}).')
+          f'({metrics["count"]} examples; {"EMA weights where kept" if use_ema else "raw weights"} '
+          f'of {source}).')
   return report
 
 

@@ -1,0 +1,64 @@
+"""A run's weights are read EMA first everywhere (eval_only, init_from, teacher, export, analysis),
+and `use_ema=False` reads the raw ones."""
+
+import json
+import os
+
+import pytest
+
+from tests.test_train import assert_trees_close, tiny_config
+from vit_jax import analyze
+from vit_jax import checkpoints
+from vit_jax import train
+
+
+@pytest.fixture(scope='module')
+def run(tmp_path_factory):
+  """A tiny trained run that kept an EMA: (config, workdir, final metrics, saved state)."""
+  root = tmp_path_factory.mktemp('ema')
+  config = tiny_config(str(root / 'tfds'), ema_decay=0.9)
+  workdir = str(root / 'run')
+  metrics = train.train_and_evaluate(config, workdir)
+  return config, workdir, metrics, checkpoints.restore_arrays(workdir)
+
+
+def test_restore_variables_reads_the_ema_unless_told_otherwise(run):
+  _, workdir, _, state = run
+  variables, step, ema = checkpoints.restore_variables(workdir)
+  assert ema and step == state['step']
+  assert_trees_close(variables['params'], state['ema']['params'], atol=0)
+  variables, _, ema = checkpoints.restore_variables(workdir, use_ema=False)
+  assert not ema
+  assert_trees_close(variables['params'], state['params'], atol=0)
+  assert checkpoints.read_workdir(workdir)[1]['weights'] == 'ema'  # What export writes.
+  assert checkpoints.read_workdir(workdir, use_ema=False)[1]['weights'] == 'raw'
+
+
+@pytest.mark.parametrize('use_ema', [True, False])
+def test_eval_only_of_a_workdir_scores_what_training_reported(run, tmp_path, use_ema):
+  config, workdir, metrics, _ = run
+  config = config.copy_and_resolve_references()
+  config.eval_only, config.use_ema = True, use_ema
+  report = train.train_and_evaluate(config, workdir)
+  assert report['accuracy'] == pytest.approx(metrics['ema_accuracy' if use_ema else 'accuracy'])
+  assert report['loss'] == pytest.approx(metrics['ema_loss' if use_ema else 'loss'], rel=1e-5)
+  with open(os.path.join(workdir, 'eval_report.json')) as f:
+    assert json.load(f)['use_ema'] is use_ema
+
+
+def test_init_from_teacher_and_analysis_read_the_ema(run, tmp_path):
+  config, workdir, _, state = run
+  config = config.copy_and_resolve_references()
+  config.init_from = workdir
+  model = train.create_model(config, 10)
+  pretrained = train.pretrained_variables(config, model, str(tmp_path / 'finetune'))
+  assert_trees_close(pretrained['params'], state['ema']['params'], atol=1e-7)
+  config.distillation.type, config.distillation.teacher = 'hard', workdir
+  assert_trees_close(train.load_teacher(config, 10).variables['params'], state['ema']['params'],
+                     atol=0)
+  config.use_ema = False
+  assert_trees_close(train.load_teacher(config, 10).variables['params'], state['params'], atol=0)
+  loaded = analyze.load_run(workdir)
+  assert loaded.ema
+  assert_trees_close(loaded.variables['params'], state['ema']['params'], atol=0)
+  assert not analyze.load_run(workdir, use_ema=False).ema
