@@ -15,17 +15,22 @@ ImageNet (data prepared in --config.data_dir beforehand):
 
 Published (ViT paper, ImageNet-1k only, 300 epochs): ViT-B/16 77.9, ViT-L/16 76.5 top-1 —
 ImageNet-21k pre-training is what makes ViT shine; the DeiT recipe (configs/deit.py) reaches 81.8
-with ViT-B/16 on ImageNet-1k alone.
+with ViT-B/16 on ImageNet-1k alone. ViT-H/14 (632M parameters) is published only after JFT-300M
+pre-training: 88.55 top-1 on ImageNet fine-tuned at 518 px (paper Table 2); fine-tune such weights
+with --config.init_from=FILE.npz --config.image_size=518, or train it here from scratch:
 
-Variants: Ti, S, B, L at /16 and /32 for 224-pixel inputs, and /4 for 32-pixel inputs.
+  python -m vit_jax.main --config=configs/vit.py:variant=H/14,dataset=imagenet2012 \
+      --config.data_dir=gs://BUCKET/tfds --config.model.scan_layers=true --workdir=gs://BUCKET/h14
+
+Variants: Ti, S, B, L at /16 and /32, and H/14, for 224-pixel inputs; /4 for 32-pixel inputs.
 """
 
 import ml_collections
 
 from configs import common
 
-VARIANTS = ('Ti/16', 'S/16', 'B/16', 'L/16', 'Ti/32', 'S/32', 'B/32', 'L/32', 'Ti/4', 'S/4',
-            'B/4')
+VARIANTS = ('Ti/16', 'S/16', 'B/16', 'L/16', 'H/14', 'Ti/32', 'S/32', 'B/32', 'L/32', 'Ti/4',
+            'S/4', 'B/4')
 
 
 def model_name(variant: str) -> str:

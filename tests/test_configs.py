@@ -28,7 +28,7 @@ PUBLISHED = [('vit', f'variant={v}') for v in load('vit').VARIANTS] + [
     ('cait', f'variant={v}') for v in load('cait').VARIANTS] + [
     ('deepvit', f'variant={v}') for v in load('deepvit').VARIANTS] + [
     ('deepvit', f'variant={v},baseline=true') for v in load('deepvit').BASELINES] + [
-    ('t2t', 'variant=14'), ('t2t', 'variant=t-14')] + [
+    ('t2t', f'variant={v}') for v in load('t2t').VARIANTS] + [
     ('sa_conv', f'attention={a},heads={h},dataset=cifar10')
     for a in load('sa_conv').KINDS for h in (9, 16)]
 
@@ -42,7 +42,7 @@ def test_published_sizes_name_registered_models(name, arg):
 
 @pytest.mark.parametrize('name, arg, message', [
     ('vit', 'variant=X/16', 'X/16'), ('deit', 'variant=XL', 'XL'), ('cait', 'variant=XXS12', 'XXS12'),
-    ('deepvit', 'variant=8B', '8B'), ('t2t', 'variant=19', '19'),
+    ('deepvit', 'variant=8B', '8B'), ('t2t', 'variant=16', '16'),
     ('sa_conv', 'attention=cubic', 'cubic'), ('regnet', 'variant=161', '161'),
     ('vit', 'colour=red', 'colour'),
     ('vit', 'variant', 'key=value'),

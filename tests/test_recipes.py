@@ -307,6 +307,16 @@ def test_t2t_vit_14_recipe():
   assert '81.5' in load('t2t').__doc__
 
 
+@pytest.mark.parametrize('variant, lr, weight_decay, top1', [
+    ('7', 1e-3, 0.03, '71.7'), ('12', 1e-3, 0.03, '76.5'), ('24', 5e-4, 0.065, '82.3'),
+    ('t-19', 5e-4, 0.065, '82.4')])
+def test_t2t_vit_sizes_follow_the_official_commands(variant, lr, weight_decay, top1):
+  config = load('t2t').get_config(f'variant={variant},dataset=imagenet2012')
+  assert train.peak_learning_rate(config) == pytest.approx(lr)
+  _check_fields(config, dict(weight_decay=weight_decay, eval_crop_ratio=0.9, batch_size=512))
+  assert top1 in load('t2t').__doc__
+
+
 @pytest.mark.parametrize('attention', ['quadratic', 'gaussian', 'learned', 'learned_content'])
 def test_sa_conv_cifar10_recipe(attention):
   config = load('sa_conv').get_config(f'attention={attention},dataset=cifar10')

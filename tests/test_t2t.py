@@ -234,3 +234,45 @@ def test_bad_configuration_raises_value_error(overrides, image_size, message):
   with pytest.raises(ValueError, match=message):
     jax.eval_shape(t2t.T2TViT(**dict(TINY, **overrides)).init, jax.random.key(0),
                    jnp.zeros((1, image_size, image_size, 3)))
+
+
+# Published parameter counts (official README), every parameter counted as the official code's
+# `model.parameters()` does, the fixed sinusoid table and Performer features included.
+PUBLISHED_MILLIONS = {'t2t_vit_7': 4.3, 't2t_vit_10': 5.9, 't2t_vit_12': 6.9, 't2t_vit_14': 21.5,
+                      't2t_vit_19': 39.2, 't2t_vit_24': 64.1, 't2t_vit_t_14': 21.5,
+                      't2t_vit_t_19': 39.2, 't2t_vit_t_24': 64.1}
+
+
+@pytest.mark.parametrize('name', sorted(PUBLISHED_MILLIONS))
+def test_every_published_size_has_its_parameter_count(name):
+  assert round(sum(_counts(name)) / 1e6, 1) == PUBLISHED_MILLIONS[name]
+
+
+@pytest.mark.parametrize('name', ['t2t_vit_7', 't2t_vit_t_14'])
+def test_official_model_code_and_released_checkpoint_layout(name, tmp_path):
+  """The official T2T_ViT of the same size, randomised, saved as the released .pth.tar files are
+  (`state_dict_ema` beside `state_dict`), loads with the same logits (64 px: 16 tokens)."""
+  torch = pytest.importorskip('torch')
+  from vit_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  checkpoints.import_timm()
+  from tests.reference import t2t_vit as official  # pylint: disable=g-import-not-at-top
+  width, depth, heads, mlp_ratio = t2t.SIZES[name.rsplit('_', 1)[-1]]
+  torch.manual_seed(0)
+  reference = official.T2T_ViT(img_size=64, tokens_type='transformer' if '_t_' in name else
+                               'performer', num_classes=7, embed_dim=width, depth=depth,
+                               num_heads=heads, mlp_ratio=mlp_ratio).eval()
+  with torch.no_grad():
+    for key, value in reference.state_dict().items():
+      if key != 'pos_embed' and not key.endswith('.w'):
+        value.add_(0.05 * torch.randn_like(value))
+  ema = reference.state_dict()
+  raw = {key: torch.zeros_like(value) for key, value in ema.items()}
+  path = str(tmp_path / 'released.pth.tar')
+  torch.save({'state_dict': raw, 'state_dict_ema': ema, 'epoch': 309}, path)
+  model = models.create(name, num_classes=7)
+  images = np.random.default_rng(0).normal(size=(2, 64, 64, 3)).astype(np.float32)
+  logits = jax.jit(model.apply)(checkpoints.load(path, model, image_size=64), images)
+  with torch.no_grad():
+    expected = reference(torch.from_numpy(images.transpose(0, 3, 1, 2))).numpy()
+  assert np.abs(expected).max() > 0.1
+  np.testing.assert_allclose(logits, expected, atol=2e-4, rtol=1e-4)

@@ -5,8 +5,9 @@ patches, `torch.nn.Unfold`'s (C, kh, kw) feature order) makes tokens, a one-head
 reduces each to `token_dim` features, the tokens are laid back on their grid and split again; a
 final soft split and a Linear (`project`) give the backbone tokens.
 
-`tokens_type='performer'` is the released T2T-ViT-14 (81.5 %): `Token_performer` with a frozen
-orthogonal random-feature kernel. `'transformer'` is T2T-ViT_t-14 (token attention with a V skip).
+`tokens_type='performer'` is T2T-ViT-n (7, 10, 12, 14, 19, 24): `Token_performer` with a frozen
+orthogonal random-feature kernel. `'transformer'` is T2T-ViT_t-n (14, 19, 24): token attention
+with a V skip. Every published size is registered (`SIZES`, `MODELS`).
 
 Fixed, untrained parameters live in `params` and are read through `stop_gradient`, so they reach
 checkpoints and `to_timm` like the official `requires_grad=False` Parameters but get zero gradient:
@@ -227,7 +228,7 @@ class T2TViT(vit.VisionTransformer):
                         name='norm')(x)
 
 
-# Official T2T-ViT keys (SPEC §9): ViT backbone without qkv bias, Transformer-T2T
+# Official T2T-ViT keys (models/t2t_vit.py): ViT backbone without qkv bias, Transformer-T2T
 # `attention{i}.{norm1,attn.qkv,attn.proj,norm2,mlp.fc1,mlp.fc2}`, Performer-T2T
 # `attention{i}.{kqv,proj,norm1,norm2,mlp.0,mlp.2,w}`, `project`, fixed `pos_embed`.
 _TIMM_KEY = re.compile(
@@ -242,7 +243,7 @@ def from_timm(state_dict: Mapping[str, Any]) -> dict[str, dict]:
   """Official T2T-ViT state dict (`state_dict_ema`, no `module.` prefix) -> Flax variables."""
   unknown = [key for key in state_dict if not _TIMM_KEY.fullmatch(key)]
   if unknown:
-    raise ValueError(f'Keys outside the T2T-ViT layout of SPEC §9: {unknown}.')
+    raise ValueError(f'Keys outside the official T2T-ViT layout (yitu-opensource/T2T-ViT, models/t2t_vit.py): {unknown}.')
   return vit.variables_from_torch(
       {_PERFORMER_FEATURES.sub(r'\1.random_features', key): value
        for key, value in state_dict.items()})
@@ -254,15 +255,30 @@ def to_timm(variables: Mapping[str, Any]) -> dict[str, np.ndarray]:
           for key, value in vit.variables_to_torch(variables).items()}
 
 
-# T2T-ViT-14 (Performer T2T, the released 81.5 % model) and T2T-ViT_t-14 (Transformer T2T) for
-# 224x224 inputs. The `_ti4` pair is for 32x32 inputs: soft splits (7, 2, 3), (3, 2, 1),
-# (3, 1, 1) take 32 -> 16 -> 8 -> 8 (64 tokens, stride 4) into the official T2T-ViT-7 backbone
-# (width 256, 7 blocks, 4 heads, MLP 2x).
+# The published sizes for 224x224 inputs (official `models/t2t_vit.py`): (width, depth, heads,
+# MLP ratio) of the backbone; all take token_dim 64 and soft splits (7, 4, 2), (3, 2, 1), (3, 2, 1).
+# T2T-ViT-n uses the Performer T2T module, T2T-ViT_t-n the Transformer one. The released weights
+# were trained and evaluated with the default qk scale, head_dim^-0.5 (their `pretrained=True`
+# branch, which sets width^-0.5, loads timm-hosted weights that were never published).
+SIZES = {
+    '7': (256, 7, 4, 2), '10': (256, 10, 4, 2), '12': (256, 12, 4, 2),
+    '14': (384, 14, 6, 3), '19': (448, 19, 7, 3), '24': (512, 24, 8, 3),
+}
+TRANSFORMER_T2T_SIZES = ('14', '19', '24')
+
+
+def _t2t(size: str, tokens_type: str) -> functools.partial:
+  width, depth, heads, mlp_ratio = SIZES[size]
+  return functools.partial(T2TViT, tokens_type=tokens_type, hidden_size=width, depth=depth,
+                           num_heads=heads, mlp_dim=mlp_ratio * width)
+
+
+# The `_ti4` pair is for 32x32 inputs: soft splits (7, 2, 3), (3, 2, 1), (3, 1, 1) take
+# 32 -> 16 -> 8 -> 8 (64 tokens, stride 4) into the T2T-ViT-7 backbone.
 _SPLITS_32 = ((7, 2, 3), (3, 2, 1), (3, 1, 1))
 MODELS = {
-    't2t_vit_14': functools.partial(T2TViT, tokens_type='performer'),
-    't2t_vit_t_14': functools.partial(T2TViT, tokens_type='transformer'),
-    **{name: functools.partial(T2TViT, tokens_type=tokens_type, hidden_size=256, depth=7,
-                               num_heads=4, mlp_dim=512, soft_splits=_SPLITS_32)
+    **{f't2t_vit_{size}': _t2t(size, 'performer') for size in SIZES},
+    **{f't2t_vit_t_{size}': _t2t(size, 'transformer') for size in TRANSFORMER_T2T_SIZES},
+    **{name: functools.partial(_t2t('7', tokens_type), soft_splits=_SPLITS_32)
        for name, tokens_type in (('t2t_vit_ti4', 'performer'), ('t2t_vit_t_ti4', 'transformer'))},
 }
