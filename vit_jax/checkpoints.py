@@ -316,82 +316,118 @@ def _unwrap(checkpoint: Mapping[str, Any], *, use_ema: bool) -> Mapping[str, Any
   return checkpoint
 
 
-# Google ViT .npz (google-research/vision_transformer) -> timm keys; the inverse of timm's
-# `_load_weights` (SPEC §9).
+# Google ViT .npz -> timm keys; the inverse of timm's `_load_weights`. Two layouts:
+# google-research/vision_transformer (`opt/target/` prefix, LayerNorm_0/2, MlpBlock_3,
+# MultiHeadDotProductAttention_1, `Transformer/posembed_input/pos_embedding` with the class slot)
+# and big_vision's `models/vit.py` (`params/` or `params/img/` prefix, LayerNorm_0/1, MlpBlock_0,
+# MultiHeadDotProductAttention_0, a top-level `pos_embedding` without one: the class token gets
+# no position embedding there, a zero row here; `MAPHead_0` for pool_type='map').
+_GOOGLE_PREFIXES = ('opt/target/', 'params/img/', 'params/')
+_BLOCK = r'Transformer/encoderblock_(\d+)/'
+_MAP = r'MAPHead_0/'
 _GOOGLE_RULES = (
     (r'embedding/kernel', 'patch_embed.proj.weight', 'conv'),
     (r'embedding/bias', 'patch_embed.proj.bias', 'copy'),
     (r'cls', 'cls_token', 'copy'),
     (r'Transformer/posembed_input/pos_embedding', 'pos_embed', 'copy'),
+    (r'pos_embedding', 'pos_embed', 'copy'),
     (r'Transformer/encoder_norm/(scale|bias)', 'norm.{0}', 'norm'),
     (r'(head|pre_logits)/kernel', '{0}.weight', 'dense'),
     (r'(head|pre_logits)/bias', '{0}.bias', 'copy'),
-    (r'Transformer/encoderblock_(\d+)/LayerNorm_0/(scale|bias)', 'blocks.{0}.norm1.{1}', 'norm'),
-    (r'Transformer/encoderblock_(\d+)/LayerNorm_2/(scale|bias)', 'blocks.{0}.norm2.{1}', 'norm'),
-    (r'Transformer/encoderblock_(\d+)/MlpBlock_3/Dense_0/kernel', 'blocks.{0}.mlp.fc1.weight',
-     'dense'),
-    (r'Transformer/encoderblock_(\d+)/MlpBlock_3/Dense_0/bias', 'blocks.{0}.mlp.fc1.bias', 'copy'),
-    (r'Transformer/encoderblock_(\d+)/MlpBlock_3/Dense_1/kernel', 'blocks.{0}.mlp.fc2.weight',
-     'dense'),
-    (r'Transformer/encoderblock_(\d+)/MlpBlock_3/Dense_1/bias', 'blocks.{0}.mlp.fc2.bias', 'copy'),
+    (_BLOCK + r'LayerNorm_0/(scale|bias)', 'blocks.{0}.norm1.{1}', 'norm'),
+    (_BLOCK + r'LayerNorm_[12]/(scale|bias)', 'blocks.{0}.norm2.{1}', 'norm'),
+    (_BLOCK + r'MlpBlock_[03]/Dense_([01])/kernel', 'blocks.{0}.mlp.fc{1}.weight', 'dense'),
+    (_BLOCK + r'MlpBlock_[03]/Dense_([01])/bias', 'blocks.{0}.mlp.fc{1}.bias', 'copy'),
     # (H, hd, D) -> Linear weight (D, H * hd)
-    (r'Transformer/encoderblock_(\d+)/MultiHeadDotProductAttention_1/out/kernel',
-     'blocks.{0}.attn.proj.weight', 'out'),
-    (r'Transformer/encoderblock_(\d+)/MultiHeadDotProductAttention_1/out/bias',
-     'blocks.{0}.attn.proj.bias', 'copy'),
+    (_BLOCK + r'MultiHeadDotProductAttention_[01]/out/kernel', 'blocks.{0}.attn.proj.weight',
+     'out'),
+    (_BLOCK + r'MultiHeadDotProductAttention_[01]/out/bias', 'blocks.{0}.attn.proj.bias', 'copy'),
+    (_MAP + r'probe', 'attn_pool.latent', 'copy'),
+    (_MAP + r'LayerNorm_0/(scale|bias)', 'attn_pool.norm.{0}', 'norm'),
+    (_MAP + r'MlpBlock_0/Dense_([01])/kernel', 'attn_pool.mlp.fc{0}.weight', 'dense'),
+    (_MAP + r'MlpBlock_0/Dense_([01])/bias', 'attn_pool.mlp.fc{0}.bias', 'copy'),
+    (_MAP + r'MultiHeadDotProductAttention_0/query/kernel', 'attn_pool.q.weight', 'in'),
+    (_MAP + r'MultiHeadDotProductAttention_0/query/bias', 'attn_pool.q.bias', 'flat'),
+    (_MAP + r'MultiHeadDotProductAttention_0/out/kernel', 'attn_pool.proj.weight', 'out'),
+    (_MAP + r'MultiHeadDotProductAttention_0/out/bias', 'attn_pool.proj.bias', 'copy'),
 )
-_GOOGLE_QKV = re.compile(r'Transformer/encoderblock_(\d+)/MultiHeadDotProductAttention_1/'
-                         r'(query|key|value)/(kernel|bias)')
+# Projections packed into one Linear: (pattern, timm name, parts in order).
+_GOOGLE_PACKED = (
+    (re.compile(_BLOCK + r'MultiHeadDotProductAttention_[01]/(query|key|value)/(kernel|bias)'),
+     'blocks.{0}.attn.qkv', ('query', 'key', 'value')),
+    (re.compile(r'()' + _MAP + r'MultiHeadDotProductAttention_0/(key|value)/(kernel|bias)'),
+     'attn_pool.kv', ('key', 'value')),
+)
 
 
 def google_to_timm(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-  """Google ViT .npz arrays -> timm ViT state dict; query/key/value are packed into one qkv.
+  """Google ViT .npz arrays (either layout above) -> timm ViT state dict.
 
-  query kernel (D, H, hd) -> rows [0:D] of qkv.weight as W[0:D] = kernel.reshape(D, D).T; biases
-  (H, hd) are flattened; out kernel (H, hd, D) -> proj.weight = kernel.reshape(D, D).T.
+  query/key/value are packed into one qkv (the MAP head's key/value into kv): a kernel
+  (D, H, hd) gives rows W[0:D] = kernel.reshape(D, D).T; biases (H, hd) are flattened; an out
+  kernel (H, hd, D) gives proj.weight = kernel.reshape(D, D).T.
   """
   state_dict: dict[str, np.ndarray] = {}
-  qkv: dict[tuple[str, str], dict[str, np.ndarray]] = {}
+  packed: dict[tuple[str, str], dict[str, np.ndarray]] = {}
   unknown = []
   for key, value in arrays.items():
-    key = key.removeprefix('opt/target/')
+    key = next((key[len(p):] for p in _GOOGLE_PREFIXES if key.startswith(p)), key)
     value = np.asarray(value)
-    found = _GOOGLE_QKV.fullmatch(key)
-    if found:
-      block, part, leaf = found.groups()
-      qkv.setdefault((block, leaf), {})[part] = value
-      continue
-    for pattern, target, rule in _GOOGLE_RULES:
-      found = re.fullmatch(pattern, key)
-      if not found:
-        continue
-      groups = [{'scale': 'weight', 'pre_logits': 'pre_logits.fc'}.get(g, g)
-                for g in found.groups()]
-      if rule == 'conv':
-        value = value.transpose(3, 2, 0, 1)
-      elif rule == 'dense':
-        value = value.T
-      elif rule == 'out':
-        value = value.reshape(-1, value.shape[-1]).T
-      state_dict[target.format(*groups)] = value
-      break
+    for pattern, target, parts in _GOOGLE_PACKED:
+      found = pattern.fullmatch(key)
+      if found:
+        index, part, leaf = found.groups()
+        packed.setdefault((target.format(index), leaf), {})[part] = value
+        break
     else:
-      unknown.append(key)
-  for (block, leaf), parts in sorted(qkv.items()):
-    if set(parts) != {'query', 'key', 'value'}:
-      unknown += [f'Transformer/encoderblock_{block}/MultiHeadDotProductAttention_1/{p}/{leaf}'
-                  for p in parts]
+      for pattern, target, rule in _GOOGLE_RULES:
+        found = re.fullmatch(pattern, key)
+        if not found:
+          continue
+        groups = _google_groups(pattern, found.groups())
+        if rule == 'conv':
+          value = value.transpose(3, 2, 0, 1)
+        elif rule == 'dense':
+          value = value.T
+        elif rule == 'out':
+          value = value.reshape(-1, value.shape[-1]).T
+        elif rule == 'in':
+          value = value.reshape(value.shape[0], -1).T
+        elif rule == 'flat':
+          value = value.reshape(-1)
+        state_dict[target.format(*groups)] = value
+        break
+      else:
+        unknown.append(key)
+  layouts = {target.split('.')[-1]: parts for _, target, parts in _GOOGLE_PACKED}
+  for (target, leaf), found in sorted(packed.items()):
+    parts = layouts[target.split('.')[-1]]
+    if set(found) != set(parts):
+      unknown += [f'{target} {p}/{leaf}' for p in found]
       continue
     if leaf == 'kernel':
-      packed = np.concatenate([parts[p].reshape(parts[p].shape[0], -1).T
-                               for p in ('query', 'key', 'value')], axis=0)
-      state_dict[f'blocks.{block}.attn.qkv.weight'] = packed
+      state_dict[f'{target}.weight'] = np.concatenate(
+          [found[p].reshape(found[p].shape[0], -1).T for p in parts], axis=0)
     else:
-      packed = np.concatenate([parts[p].reshape(-1) for p in ('query', 'key', 'value')])
-      state_dict[f'blocks.{block}.attn.qkv.bias'] = packed
+      state_dict[f'{target}.bias'] = np.concatenate([found[p].reshape(-1) for p in parts])
   if unknown:
-    raise ValueError(f'Arrays outside the Google ViT layout (SPEC §9): {sorted(unknown)}.')
+    raise ValueError('Arrays outside the Google ViT layouts (google-research/vision_transformer, '
+                     f'big_vision models/vit.py): {sorted(unknown)}.')
+  if {'cls_token', 'pos_embed'} <= set(state_dict) and not any('posembed_input' in k for k in arrays):
+    pos_embed = state_dict['pos_embed']  # big_vision's: no class slot.
+    state_dict['pos_embed'] = np.concatenate([np.zeros_like(pos_embed[:, :1]), pos_embed], 1)
   return state_dict
+
+
+def _google_groups(pattern: str, groups: tuple[str, ...]) -> list[str]:
+  """Regex groups as timm names: scale -> weight, pre_logits -> pre_logits.fc, Dense_0/1 -> fc1/2."""
+  names = []
+  dense_group = pattern.count('(', 0, pattern.find('Dense_(')) if 'Dense_(' in pattern else -1
+  for index, group in enumerate(groups):
+    if index == dense_group:
+      group = str(int(group) + 1)
+    names.append({'scale': 'weight', 'pre_logits': 'pre_logits.fc'}.get(group, group))
+  return names
 
 
 def read_state_dict(path: str, *, use_ema: bool = True) -> dict[str, np.ndarray]:

@@ -84,11 +84,17 @@ def gelu(x: jax.Array) -> jax.Array:
   return 0.5 * x * (1 + jax.lax.erf(x * np.asarray(np.sqrt(0.5), x.dtype)))
 
 
+# timm's `act_layer` names: exact GELU (PyTorch, timm) and its tanh approximation (flax's
+# `nn.gelu` default, which big_vision's and google-research/vision_transformer's models use).
+ACTIVATIONS = {'gelu': gelu, 'gelu_tanh': functools.partial(nn.gelu, approximate=True)}
+
+
 class Mlp(nn.Module):
-  """fc1 -> exact-erf GELU -> dropout -> fc2 -> dropout (timm `Mlp`)."""
+  """fc1 -> GELU (`activation`, exact by default) -> dropout -> fc2 -> dropout (timm `Mlp`)."""
   hidden_dim: int
   out_dim: int | None = None
   dropout_rate: float = 0.0
+  activation: str = 'gelu'
   kernel_init: Initializer = attention_lib.DEFAULT_KERNEL_INIT
   bias_init: Initializer = nn.initializers.zeros
   dtype: Dtype = jnp.float32
@@ -101,7 +107,7 @@ class Mlp(nn.Module):
                               bias_init=self.bias_init, dtype=self.dtype,
                               param_dtype=self.param_dtype)
     dropout = nn.Dropout(rate=self.dropout_rate, deterministic=not train)
-    x = dropout(gelu(dense(self.hidden_dim, name='fc1')(x)))
+    x = dropout(ACTIVATIONS[self.activation](dense(self.hidden_dim, name='fc1')(x)))
     return dropout(dense(out_dim, name='fc2')(x))
 
 
@@ -120,6 +126,7 @@ class EncoderBlock(nn.Module):
   layer_norm_eps: float = 1e-6
   layer_scale_init: float | None = None
   attention_residual: bool = True
+  mlp_activation: str = 'gelu'
   mlp_kernel_init: Initializer = attention_lib.DEFAULT_KERNEL_INIT
   mlp_bias_init: Initializer = nn.initializers.zeros
   dtype: Dtype = jnp.float32
@@ -140,8 +147,8 @@ class EncoderBlock(nn.Module):
     y = self.attention(name='attn')(norm(name='norm1')(x), train=train)
     y = self._layer_scale(y, 'gamma_1')
     x = x + drop_path(y, train=train) if self.attention_residual else y
-    y = Mlp(self.mlp_dim, dropout_rate=self.dropout_rate, kernel_init=self.mlp_kernel_init,
-            bias_init=self.mlp_bias_init, dtype=self.dtype, param_dtype=self.param_dtype,
+    y = Mlp(self.mlp_dim, dropout_rate=self.dropout_rate, activation=self.mlp_activation,
+            kernel_init=self.mlp_kernel_init, bias_init=self.mlp_bias_init, dtype=self.dtype, param_dtype=self.param_dtype,
             name='mlp')(norm(name='norm2')(x), train=train)
     return x + drop_path(self._layer_scale(y, 'gamma_2'), train=train)
 
@@ -245,6 +252,44 @@ class PatchEmbedding(nn.Module):
     return x.reshape(x.shape[0], -1, x.shape[-1])
 
 
+GLOBAL_POOLS = ('token', 'avg', 'map')
+
+
+class AttentionPool(nn.Module):
+  """Multihead attention pooling: big_vision's `MAPHead` in timm's `AttentionPoolLatent` layout.
+
+  A learned `latent` query attends to the tokens (`q`, `kv`, `proj`); then y + MLP(LN(y)).
+  Returns (batch, width); the attention probabilities are sown like every attention's.
+  """
+  num_heads: int
+  mlp_dim: int
+  mlp_activation: str = 'gelu'
+  layer_norm_eps: float = 1e-6
+  kernel_init: Initializer = attention_lib.DEFAULT_KERNEL_INIT
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
+    batch, tokens, width = x.shape
+    head_dim = attention_lib.check_heads(width, self.num_heads, 'hidden')
+    dense = functools.partial(attention_lib.Dense, kernel_init=self.kernel_init, dtype=self.dtype,
+                              param_dtype=self.param_dtype)
+    latent = self.param('latent', self.kernel_init, (1, 1, width), self.param_dtype)
+    q = dense(width, name='q')(latent.astype(x.dtype)).reshape(1, self.num_heads, 1, head_dim)
+    k, v = jnp.split(dense(2 * width, name='kv')(x).reshape(
+        batch, tokens, 2 * self.num_heads, head_dim), 2, axis=2)
+    scores = jnp.einsum('bhqd,bkhd->bhqk', jnp.broadcast_to(q * head_dim ** -0.5,
+                                                          (batch,) + q.shape[1:]), k)
+    y = attention_lib.attend(self, scores, v, dropout_rate=0.0, train=train)
+    y = dense(width, name='proj')(y.reshape(batch, 1, width))
+    norm = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype, param_dtype=self.param_dtype,
+                        name='norm')
+    y = y + Mlp(self.mlp_dim, activation=self.mlp_activation, kernel_init=self.kernel_init,
+                dtype=self.dtype, param_dtype=self.param_dtype, name='mlp')(norm(y), train=train)
+    return y[:, 0]
+
+
 class VisionTransformer(nn.Module):
   """ViT: patches + [cls] + learned position embedding, pre-norm blocks, LN, head on cls.
 
@@ -254,6 +299,12 @@ class VisionTransformer(nn.Module):
   attention_implementation='cudnn' runs the fast attention path as cuDNN flash attention (GPU,
   float16/bfloat16), 'xla' as XLA's; None is XLA's too, except that on CPU sequences of 1024+
   tokens go by query chunks (`attention.chunked_attention`).
+
+  `global_pool` picks what the head reads, as timm's field of that name: 'token' the class token;
+  'avg' the mean of all tokens after the final LayerNorm (no class token; big_vision's 'gap',
+  timm's `global_pool='avg', class_token=False, fc_norm=False`); 'map' multihead attention
+  pooling (`AttentionPool`, no class token; big_vision's 'map'). `mlp_activation='gelu_tanh'` is
+  the tanh-approximated GELU of big_vision's and Google's JAX models.
   """
   num_classes: int = 1000
   patch_size: int = 16
@@ -266,6 +317,8 @@ class VisionTransformer(nn.Module):
   drop_path_rate: float = 0.0
   qkv_bias: bool = True
   representation_size: int | None = None
+  global_pool: str = 'token'
+  mlp_activation: str = 'gelu'
   init_scheme: str = 'google'
   head_bias_init: float = 0.0
   attention_implementation: str | None = None
@@ -274,7 +327,10 @@ class VisionTransformer(nn.Module):
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
-  prefix_tokens = ('cls_token',)
+  @property
+  def prefix_tokens(self) -> tuple[str, ...]:
+    """The tokens before the patch tokens, each a parameter of that name."""
+    return ('cls_token',) if self.global_pool == 'token' else ()
 
   def check_fields(self) -> None:
     """Raises ValueError for an inconsistent configuration."""
@@ -288,6 +344,12 @@ class VisionTransformer(nn.Module):
       if not 0.0 <= rate < 1.0:
         raise ValueError(f'{name}={rate} must be in [0, 1).')
     InitScheme.named(self.init_scheme)
+    if self.global_pool not in GLOBAL_POOLS:
+      raise ValueError(f'global_pool={self.global_pool!r} is not valid; choose from '
+                       f'{list(GLOBAL_POOLS)}.')
+    if self.mlp_activation not in ACTIVATIONS:
+      raise ValueError(f'mlp_activation={self.mlp_activation!r} is not valid; choose from '
+                       f'{list(ACTIVATIONS)}.')
     if self.attention_implementation not in (None, 'xla', 'cudnn'):
       raise ValueError(f'attention_implementation={self.attention_implementation!r} is not '
                        "valid; choose from [None, 'xla', 'cudnn'].")
@@ -366,8 +428,9 @@ class VisionTransformer(nn.Module):
         param_dtype=self.param_dtype)
     block = functools.partial(
         EncoderBlock, attention, self.mlp_dim or 4 * self.hidden_size,
-        dropout_rate=self.dropout_rate, mlp_kernel_init=scheme.dense_kernel,
-        mlp_bias_init=scheme.mlp_bias, dtype=self.dtype, param_dtype=self.param_dtype)
+        dropout_rate=self.dropout_rate, mlp_activation=self.mlp_activation,
+        mlp_kernel_init=scheme.dense_kernel, mlp_bias_init=scheme.mlp_bias, dtype=self.dtype,
+        param_dtype=self.param_dtype)
     x = self.blocks(block, x, first=0, train=train,
                     drop_path_rates=np.linspace(0.0, self.drop_path_rate, self.depth))
     return nn.LayerNorm(epsilon=1e-6, dtype=self.dtype, param_dtype=self.param_dtype,
@@ -388,7 +451,18 @@ class VisionTransformer(nn.Module):
   def __call__(self, images: jax.Array, *, train: bool = False) -> jax.Array:
     self.check_fields()
     x = self.encode(self.embed(images, train=train), train=train)
-    return self.classify(x[:, 0])
+    return self.classify(self.pool(x, train=train))
+
+  def pool(self, x: jax.Array, *, train: bool) -> jax.Array:
+    """The (batch, width) features the head reads, per `global_pool`."""
+    if self.global_pool == 'avg':
+      return jnp.mean(x, axis=1)
+    if self.global_pool == 'map':
+      return AttentionPool(self.num_heads, self.mlp_dim or 4 * self.hidden_size,
+                           mlp_activation=self.mlp_activation,
+                           kernel_init=self.scheme.dense_kernel, dtype=self.dtype,
+                           param_dtype=self.param_dtype, name='attn_pool')(x, train=train)
+    return x[:, 0]
 
 
 def _module_path(parts: list[str]) -> list[str]:
@@ -459,7 +533,8 @@ def variables_to_torch(variables: Mapping[str, Any]) -> dict[str, np.ndarray]:
 _TIMM_KEY = re.compile(
     r'(patch_embed\.proj\.(weight|bias)|cls_token|dist_token|pos_embed|(norm|head|head_dist)\.'
     r'(weight|bias)|pre_logits\.fc\.(weight|bias)|blocks\.\d+\.(norm1|norm2|attn\.qkv|attn\.proj|'
-    r'mlp\.fc1|mlp\.fc2)\.(weight|bias))')
+    r'mlp\.fc1|mlp\.fc2)\.(weight|bias)'
+    r'|attn_pool\.(latent|(q|kv|proj|norm|mlp\.fc[12])\.(weight|bias)))')
 
 
 def from_timm(state_dict: Mapping[str, Any]) -> dict[str, dict]:
