@@ -637,6 +637,10 @@ def load(path: str, model: nn.Module, *, image_size: int, reset_head: bool = Fal
     state_dict = read_state_dict(path, use_ema=use_ema)
     source = f'Checkpoint {path!r}'
     hint = _layout_hint(list(state_dict), family)
+    if 'cls_token' not in state_dict and 'cls_token' in getattr(model, 'prefix_tokens', ()):
+      hint += ('The checkpoint has no class token (big_vision pool_type \'gap\' or \'map\'): '
+               "give the model global_pool='avg' or 'map' (and big_vision's "
+               "mlp_activation='gelu_tanh'). ")
     try:
       variables = family_module(model).from_timm(state_dict)
     except (ValueError, KeyError) as e:
