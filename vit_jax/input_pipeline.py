@@ -259,7 +259,8 @@ def _resize_centre_crop(image: tf.Tensor, size: int, crop_ratio: float) -> tf.Te
 
   Window arithmetic in `centre_crop_window`; bicubic, antialiased when shrinking, like PIL's
   bicubic resize that timm's `interpolation='bicubic'` runs, and rounded to whole pixel values
-  as PIL's 8-bit output is.
+  as PIL's 8-bit output is. Training with augment='crop_flip' or 'none' resizes by the same rule
+  (crop_ratio 1).
   """
   static = image.shape[0] is not None and image.shape[1] is not None
   shape = (image.shape[0], image.shape[1]) if static else tf.unstack(tf.shape(image)[:2])

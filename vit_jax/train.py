@@ -533,8 +533,9 @@ def pretrained_variables(config: ml_collections.ConfigDict, model: nn.Module,
 def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Top-1 on the eval split of `config.init_from`, else of `workdir`'s newest checkpoint.
 
-  Reads the EMA weights where the source kept them (`config.use_ema`). Trains nothing and writes nothing but `workdir/eval_report.json`; a class count that differs
-  from the dataset's is an error (no head is re-initialised).
+  Reads the EMA weights where the source kept them (`config.use_ema`). Trains nothing and writes
+  nothing but `workdir/eval_report.json`; a class count that differs from the dataset's is an
+  error (no head is re-initialised).
   """
   source = config.get('init_from') or workdir
   if not config.get('init_from') and not checkpoints.has_checkpoint(workdir):
