@@ -336,16 +336,20 @@ _GOOGLE_RULES = (
     (r'(head|pre_logits)/bias', '{0}.bias', 'copy'),
     (_BLOCK + r'LayerNorm_0/(scale|bias)', 'blocks.{0}.norm1.{1}', 'norm'),
     (_BLOCK + r'LayerNorm_[12]/(scale|bias)', 'blocks.{0}.norm2.{1}', 'norm'),
-    (_BLOCK + r'MlpBlock_[03]/Dense_([01])/kernel', 'blocks.{0}.mlp.fc{1}.weight', 'dense'),
-    (_BLOCK + r'MlpBlock_[03]/Dense_([01])/bias', 'blocks.{0}.mlp.fc{1}.bias', 'copy'),
+    (_BLOCK + r'MlpBlock_[03]/Dense_0/kernel', 'blocks.{0}.mlp.fc1.weight', 'dense'),
+    (_BLOCK + r'MlpBlock_[03]/Dense_0/bias', 'blocks.{0}.mlp.fc1.bias', 'copy'),
+    (_BLOCK + r'MlpBlock_[03]/Dense_1/kernel', 'blocks.{0}.mlp.fc2.weight', 'dense'),
+    (_BLOCK + r'MlpBlock_[03]/Dense_1/bias', 'blocks.{0}.mlp.fc2.bias', 'copy'),
     # (H, hd, D) -> Linear weight (D, H * hd)
     (_BLOCK + r'MultiHeadDotProductAttention_[01]/out/kernel', 'blocks.{0}.attn.proj.weight',
      'out'),
     (_BLOCK + r'MultiHeadDotProductAttention_[01]/out/bias', 'blocks.{0}.attn.proj.bias', 'copy'),
     (_MAP + r'probe', 'attn_pool.latent', 'copy'),
     (_MAP + r'LayerNorm_0/(scale|bias)', 'attn_pool.norm.{0}', 'norm'),
-    (_MAP + r'MlpBlock_0/Dense_([01])/kernel', 'attn_pool.mlp.fc{0}.weight', 'dense'),
-    (_MAP + r'MlpBlock_0/Dense_([01])/bias', 'attn_pool.mlp.fc{0}.bias', 'copy'),
+    (_MAP + r'MlpBlock_0/Dense_0/kernel', 'attn_pool.mlp.fc1.weight', 'dense'),
+    (_MAP + r'MlpBlock_0/Dense_0/bias', 'attn_pool.mlp.fc1.bias', 'copy'),
+    (_MAP + r'MlpBlock_0/Dense_1/kernel', 'attn_pool.mlp.fc2.weight', 'dense'),
+    (_MAP + r'MlpBlock_0/Dense_1/bias', 'attn_pool.mlp.fc2.bias', 'copy'),
     (_MAP + r'MultiHeadDotProductAttention_0/query/kernel', 'attn_pool.q.weight', 'in'),
     (_MAP + r'MultiHeadDotProductAttention_0/query/bias', 'attn_pool.q.bias', 'flat'),
     (_MAP + r'MultiHeadDotProductAttention_0/out/kernel', 'attn_pool.proj.weight', 'out'),
@@ -377,14 +381,15 @@ def google_to_timm(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
       found = pattern.fullmatch(key)
       if found:
         index, part, leaf = found.groups()
-        packed.setdefault((target.format(index), leaf), {})[part] = value
+        packed.setdefault((target.format(index), leaf, parts), {})[part] = value
         break
     else:
       for pattern, target, rule in _GOOGLE_RULES:
         found = re.fullmatch(pattern, key)
         if not found:
           continue
-        groups = _google_groups(pattern, found.groups())
+        groups = [{'scale': 'weight', 'pre_logits': 'pre_logits.fc'}.get(g, g)
+                  for g in found.groups()]
         if rule == 'conv':
           value = value.transpose(3, 2, 0, 1)
         elif rule == 'dense':
@@ -399,9 +404,7 @@ def google_to_timm(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         break
       else:
         unknown.append(key)
-  layouts = {target.split('.')[-1]: parts for _, target, parts in _GOOGLE_PACKED}
-  for (target, leaf), found in sorted(packed.items()):
-    parts = layouts[target.split('.')[-1]]
+  for (target, leaf, parts), found in sorted(packed.items()):
     if set(found) != set(parts):
       unknown += [f'{target} {p}/{leaf}' for p in found]
       continue
@@ -413,21 +416,11 @@ def google_to_timm(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
   if unknown:
     raise ValueError('Arrays outside the Google ViT layouts (google-research/vision_transformer, '
                      f'big_vision models/vit.py): {sorted(unknown)}.')
-  if {'cls_token', 'pos_embed'} <= set(state_dict) and not any('posembed_input' in k for k in arrays):
+  unslotted = not any('posembed_input' in key for key in arrays)
+  if unslotted and {'cls_token', 'pos_embed'} <= set(state_dict):
     pos_embed = state_dict['pos_embed']  # big_vision's: no class slot.
     state_dict['pos_embed'] = np.concatenate([np.zeros_like(pos_embed[:, :1]), pos_embed], 1)
   return state_dict
-
-
-def _google_groups(pattern: str, groups: tuple[str, ...]) -> list[str]:
-  """Regex groups as timm names: scale -> weight, pre_logits -> pre_logits.fc, Dense_0/1 -> fc1/2."""
-  names = []
-  dense_group = pattern.count('(', 0, pattern.find('Dense_(')) if 'Dense_(' in pattern else -1
-  for index, group in enumerate(groups):
-    if index == dense_group:
-      group = str(int(group) + 1)
-    names.append({'scale': 'weight', 'pre_logits': 'pre_logits.fc'}.get(group, group))
-  return names
 
 
 def read_state_dict(path: str, *, use_ema: bool = True) -> dict[str, np.ndarray]:

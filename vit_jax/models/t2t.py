@@ -243,7 +243,8 @@ def from_timm(state_dict: Mapping[str, Any]) -> dict[str, dict]:
   """Official T2T-ViT state dict (`state_dict_ema`, no `module.` prefix) -> Flax variables."""
   unknown = [key for key in state_dict if not _TIMM_KEY.fullmatch(key)]
   if unknown:
-    raise ValueError(f'Keys outside the official T2T-ViT layout (yitu-opensource/T2T-ViT, models/t2t_vit.py): {unknown}.')
+    raise ValueError('Keys outside the official T2T-ViT layout (yitu-opensource/T2T-ViT, '
+                     f'models/t2t_vit.py): {unknown}.')
   return vit.variables_from_torch(
       {_PERFORMER_FEATURES.sub(r'\1.random_features', key): value
        for key, value in state_dict.items()})

@@ -148,8 +148,8 @@ class EncoderBlock(nn.Module):
     y = self._layer_scale(y, 'gamma_1')
     x = x + drop_path(y, train=train) if self.attention_residual else y
     y = Mlp(self.mlp_dim, dropout_rate=self.dropout_rate, activation=self.mlp_activation,
-            kernel_init=self.mlp_kernel_init, bias_init=self.mlp_bias_init, dtype=self.dtype, param_dtype=self.param_dtype,
-            name='mlp')(norm(name='norm2')(x), train=train)
+            kernel_init=self.mlp_kernel_init, bias_init=self.mlp_bias_init, dtype=self.dtype,
+            param_dtype=self.param_dtype, name='mlp')(norm(name='norm2')(x), train=train)
     return x + drop_path(self._layer_scale(y, 'gamma_2'), train=train)
 
 
