@@ -69,3 +69,28 @@ def test_a_class_token_model_names_the_missing_token(tmp_path):
                         num_heads=HEADS, mlp_dim=MLP)
   with pytest.raises(ValueError, match="no class token.*global_pool='avg'(.|\n)*cls_token"):
     checkpoints.load(path, model, image_size=SIZE)
+
+
+@pytest.mark.parametrize('pool_type', ['gap', 'map'])
+def test_exported_to_timm_gives_timms_logits(tmp_path, pool_type):
+  """The pooled heads in timm's layout: timm's ViT of the same pooling reads the export."""
+  torch = pytest.importorskip('torch')
+  timm = checkpoints.import_timm()
+  path = str(tmp_path / 'bv.npz')
+  reference, params = _big_vision_npz(path, pool_type)
+  model = models.create('vit_ti4', num_classes=CLASSES, hidden_size=WIDTH, depth=DEPTH,
+                        num_heads=HEADS, mlp_dim=MLP, global_pool=POOLS[pool_type],
+                        mlp_activation='gelu_tanh')
+  out = str(tmp_path / 'timm.safetensors')
+  checkpoints.export_timm(checkpoints.load(path, model, image_size=SIZE), model, out)
+  twin = timm.models.vision_transformer.VisionTransformer(
+      img_size=SIZE, patch_size=4, num_classes=CLASSES, embed_dim=WIDTH, depth=DEPTH,
+      num_heads=HEADS, mlp_ratio=MLP / WIDTH, class_token=False, fc_norm=False,
+      global_pool=POOLS[pool_type], act_layer='gelu_tanh').eval()
+  from safetensors import torch as safetensors_torch  # pylint: disable=g-import-not-at-top
+  twin.load_state_dict(safetensors_torch.load_file(out))
+  images = np.random.default_rng(2).uniform(-1, 1, size=(3, SIZE, SIZE, 3)).astype(np.float32)
+  with torch.no_grad():
+    logits = twin(torch.from_numpy(images.transpose(0, 3, 1, 2))).numpy()
+  expected, _ = jax.jit(reference.apply)({'params': params}, images)
+  np.testing.assert_allclose(logits, expected, atol=2e-5, rtol=1e-5)
