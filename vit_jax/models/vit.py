@@ -529,7 +529,7 @@ def variables_to_torch(variables: Mapping[str, Any]) -> dict[str, np.ndarray]:
   return state_dict
 
 
-# timm VisionTransformer / deit keys this family understands (SPEC §9).
+# timm VisionTransformer / deit keys this family understands (timm models/vision_transformer.py).
 _TIMM_KEY = re.compile(
     r'(patch_embed\.proj\.(weight|bias)|cls_token|dist_token|pos_embed|(norm|head|head_dist)\.'
     r'(weight|bias)|pre_logits\.fc\.(weight|bias)|blocks\.\d+\.(norm1|norm2|attn\.qkv|attn\.proj|'
@@ -541,7 +541,7 @@ def from_timm(state_dict: Mapping[str, Any]) -> dict[str, dict]:
   """timm `VisionTransformer` / deit state dict -> Flax variables {'params': ...}."""
   unknown = [key for key in state_dict if not _TIMM_KEY.fullmatch(key)]
   if unknown:
-    raise ValueError(f'Keys outside the ViT/DeiT layout of SPEC §9: {unknown}.')
+    raise ValueError(f'Keys outside the timm ViT/DeiT layout: {unknown}.')
   renamed = {key.replace('pre_logits.fc.', 'pre_logits.'): value
              for key, value in state_dict.items()}
   return variables_from_torch(renamed)
