@@ -258,14 +258,13 @@ def _resize_centre_crop(image: tf.Tensor, size: int, crop_ratio: float) -> tf.Te
   """timm's eval transform: shorter side to floor(size / crop_ratio), then the central size x size.
 
   Window arithmetic in `centre_crop_window`; bicubic, antialiased when shrinking, like PIL's
-  bicubic resize that timm's `interpolation='bicubic'` runs, and rounded to whole pixel values
-  as PIL's 8-bit output is. Training with augment='crop_flip' or 'none' resizes by the same rule
-  (crop_ratio 1).
+  bicubic resize that timm's `interpolation='bicubic'` runs. Training with augment='crop_flip' or
+  'none' resizes by the same rule (crop_ratio 1).
   """
   static = image.shape[0] is not None and image.shape[1] is not None
   shape = (image.shape[0], image.shape[1]) if static else tf.unstack(tf.shape(image)[:2])
   height, width, top, left = centre_crop_window(*shape, size, crop_ratio)
-  image = tf.round(_resize(image, height, width))
+  image = _resize(image, height, width)
   return image[top:top + size, left:left + size]
 
 
@@ -334,8 +333,9 @@ def _train_image(image: tf.Tensor, seed: tf.Tensor, config: ml_collections.Confi
 
 
 def _eval_image(image: tf.Tensor, config: ml_collections.ConfigDict) -> tf.Tensor:
+  """timm's eval transform, pixels rounded to whole values as PIL's 8-bit resize output is."""
   image = _resize_centre_crop(_to_rgb(image), config.image_size, config.eval_crop_ratio)
-  return _normalize(image, config.normalization)
+  return _normalize(tf.round(image), config.normalization)
 
 
 # Reading examples by index.
