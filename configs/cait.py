@@ -31,6 +31,7 @@ VARIANTS = {
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """CaiT on digits by default; `variant=XXS24|…|M48`, `image_size=`, `teacher=`, `dataset=`."""
   args = common.parse_arg(arg, variant='', dataset='digits', image_size=0, teacher='')
+  common.require_variant(args.variant, args.dataset, VARIANTS)
   config = common.get_config()
   config.dataset = args.dataset
   if args.variant:

@@ -25,6 +25,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.normalization = 'imagenet'  # 'imagenet' | 'inception' (0.5/0.5) | 'cifar10' | 'digits'.
   config.shuffle_buffer = 10_000
   config.prefetch = 2
+  # Image folders ('folder:/path'): skip, with a warning naming each, the files that do not decode,
+  # instead of refusing the folder.
+  config.skip_unreadable_images = False
   # Recipe augmentations (vit_jax.augment). In the tf.data pipeline, per example:
   config.randaugment = ''           # timm spec, e.g. 'rand-m9-mstd0.5-inc1'; '' = off.
   config.random_erase_prob = 0.0    # Random erasing (one box, per-pixel normal noise).
@@ -127,6 +130,17 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
     else:
       parsed[key] = type(default)(value)
   return parsed
+
+
+def require_variant(variant: str, dataset: str, variants) -> None:
+  """Raises unless a dataset other than digits comes with a published size (`variant=`).
+
+  The quick default of every family config is a small model for the embedded 8×8 digits.
+  """
+  if dataset != 'digits' and not variant:
+    raise ValueError(f'dataset={dataset} needs a published model size: add variant= with one of '
+                     f'{", ".join(variants)} after the colon, e.g. '
+                     f'variant={list(variants)[0]},dataset={dataset}.')
 
 
 def quick_run(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

@@ -35,6 +35,7 @@ BASELINES = {'16B': 'deepvit_vit_16b', '24B': 'deepvit_vit_24b', '32B': 'deepvit
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """DeepViT on digits by default; `variant=16B|24B|32B|S|L`, `baseline=true`, `dataset=`."""
   args = common.parse_arg(arg, variant='', baseline=False, dataset='digits')
+  common.require_variant(args.variant, args.dataset, VARIANTS)
   config = common.get_config()
   config.dataset = args.dataset
   if args.variant:

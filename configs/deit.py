@@ -47,6 +47,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   work directory or MODEL:FILE (`distillation.teacher`)."""
   args = common.parse_arg(arg, variant='', distilled=True, teacher='', distillation='hard',
                           dataset='digits', image_size=224)
+  common.require_variant(args.variant, args.dataset, VARIANTS)
   config = common.get_config()
   config.dataset = args.dataset
   suffix = '_distilled' if args.distilled else ''

@@ -46,6 +46,7 @@ _RECIPES = {'7': (1e-3, 0.03), '10': (1e-3, 0.03), '12': (1e-3, 0.03), '14': (5e
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """T2T-ViT on digits by default; `variant=7|10|12|14|19|24|t-14|t-19|t-24`, `dataset=`."""
   args = common.parse_arg(arg, variant='', dataset='digits', image_size=224)
+  common.require_variant(args.variant, args.dataset, VARIANTS)
   config = common.get_config()
   config.dataset = args.dataset
   # The Performer's frozen random features get no gradient; decoupled decay must not shrink them.

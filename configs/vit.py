@@ -44,6 +44,7 @@ def model_name(variant: str) -> str:
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """ViT on digits by default; `variant=B/16,dataset=imagenet2012` for the published sizes."""
   args = common.parse_arg(arg, variant='', dataset='digits')
+  common.require_variant(args.variant, args.dataset, VARIANTS)
   config = common.get_config()
   config.dataset = args.dataset
 

@@ -439,9 +439,6 @@ def mix_batch(rng: jax.Array, images: jax.Array, labels_onehot: jax.Array, *,
 def mix_settings(config) -> dict[str, float] | None:
   """`mix_batch` keyword arguments from config, or None when neither mixup nor CutMix is on."""
   mixup_alpha, cutmix_alpha = config.get('mixup_alpha', 0.0), config.get('cutmix_alpha', 0.0)
-  if mixup_alpha < 0 or cutmix_alpha < 0:
-    raise ValueError(f'config.mixup_alpha={mixup_alpha} and config.cutmix_alpha={cutmix_alpha} '
-                     'must be >= 0 (0 turns each off).')
   if mixup_alpha == 0 and cutmix_alpha == 0:
     return None
   return dict(mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha,

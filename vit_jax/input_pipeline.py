@@ -154,24 +154,6 @@ def _process_split(split: str, process_index: int, process_count: int) -> Any:
   return tfds.split_for_jax_process(split, process_index=process_index, process_count=process_count)
 
 
-def _check_choices(config: ml_collections.ConfigDict) -> None:
-  """Raises ValueError for an unknown augmentation or normalisation name."""
-  if config.augment not in AUGMENTS:
-    raise ValueError(f'Unknown config.augment {config.augment!r}; valid: {AUGMENTS}.')
-  if config.normalization not in NORMALIZATIONS:
-    raise ValueError(f'Unknown config.normalization {config.normalization!r}; '
-                     f'valid: {tuple(NORMALIZATIONS)}.')
-  if config.image_size <= 0:
-    raise ValueError(f'config.image_size must be positive, got {config.image_size}.')
-  if config.get('randaugment', ''):
-    augment.parse_randaugment(config.randaugment)
-  if not 0 <= config.get('random_erase_prob', 0.0) <= 1:
-    raise ValueError(f'config.random_erase_prob must be in [0, 1], got {config.random_erase_prob}.')
-  repeats = config.get('repeated_aug', 1)
-  if not isinstance(repeats, int) or repeats < 1:
-    raise ValueError(f'config.repeated_aug must be a positive integer, got {repeats!r}.')
-
-
 def _local_batch(batch_size: int, process_count: int, field: str) -> int:
   if batch_size <= 0 or batch_size % process_count:
     raise ValueError(f'config.{field}={batch_size} must be a positive multiple of the process '
@@ -480,7 +462,6 @@ def train_iterator(config: ml_collections.ConfigDict, *, start_step: int = 0,
   """
   process_index, process_count = _process(process_index, process_count)
   local_batch = _local_batch(config.batch_size, process_count, 'batch_size')
-  _check_choices(config)
   if local_batch % config.get('repeated_aug', 1):
     raise ValueError(f'The per-process batch {local_batch} must be a multiple of '
                      f'config.repeated_aug={config.repeated_aug}, so that all copies of an '
@@ -529,7 +510,6 @@ def eval_iterator(config: ml_collections.ConfigDict, *, split: str | None = None
   """
   process_index, process_count = _process(process_index, process_count)
   local_batch = _local_batch(config.eval_batch_size, process_count, 'eval_batch_size')
-  _check_choices(config)
   split = config.eval_split if split is None else split
   source = _resolve(config)
   _check_split(source, split)

@@ -5,9 +5,15 @@ Cloud TPU VM pod: when a multi-process run is detected (see `vit_jax.distributed
 distributed runtime is initialised first; `--distributed=on|off` overrides the detection.
 Override any config field with `--config.FIELD=VALUE`, or pass `key=value` pairs after the config
 path: `--config=configs/vit.py:variant=S/16,dataset=cifar10`.
+
+Exit status: 0 the run finished; 1 it was refused or failed (one line says why: a bad config,
+a work directory in use or of another model, missing data); 75 (`EXIT_PREEMPTED`, EX_TEMPFAIL)
+it was interrupted (SIGTERM, Ctrl-C) and, where training had started, saved a checkpoint: rerun
+the same command to resume.
 """
 
 import os
+import re
 import sys
 
 from absl import app
@@ -36,6 +42,43 @@ _PROCESS_ID = flags.DEFINE_integer(
     'process_id', None, 'This process, 0..num_processes-1, with --coordinator_address (default: '
     '$JAX_PROCESS_ID).')
 flags.mark_flags_as_required(['config', 'workdir'])
+
+EXIT_PREEMPTED = os.EX_TEMPFAIL  # 75: interrupted; rerunning the same command resumes.
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+  """`error` and the exceptions it was raised from, outermost first."""
+  chain = [error]
+  while (chain[-1].__cause__ or chain[-1].__context__) is not None:
+    chain.append(chain[-1].__cause__ or chain[-1].__context__)
+  return chain
+
+
+def _config_error(error: Exception) -> str:
+  """One line for a config that cannot be read: a missing file, a misspelt field, a bad value."""
+  chain = _chain(error)
+  root = chain[-1]
+  lines = [line.strip() for line in str(root).splitlines() if line.strip()]
+  misspelt = re.search(r'Did you mean "([\w.]+)" instead of "([\w.]+)"', ' '.join(map(str, chain)))
+  if misspelt:  # ml_collections' suggestion first.
+    return f'Did you mean "{misspelt.group(1)}"? "{misspelt.group(2)}" is not a config field.'
+  if isinstance(root, KeyError):
+    return f'{root.args[0]!r} is not a config field.'
+  if isinstance(root, OSError) and lines:  # The config file: its path and why it did not load.
+    return f'cannot load the config file: {lines[-1]}'
+  if isinstance(error, flags.Error) and 'Error whilst parsing config file' not in str(error):
+    return str(error).strip().splitlines()[0]  # Names the flag: '--config.x=abc: invalid ...'.
+  return lines[-1] if lines else type(root).__name__
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, where every unusable config is one line on stderr, not a traceback."""
+  try:
+    remaining = flags.FLAGS(argv)
+    _CONFIG.value.keys()  # A config file that failed to load raises on first access.
+  except Exception as e:  # pylint: disable=broad-except
+    sys.exit(f'error: {_config_error(e)}')
+  return remaining
 
 
 def initialize_distributed(mode: str = 'auto') -> None:
@@ -73,11 +116,17 @@ def main(argv) -> None:
                jax.process_count(), jax.local_device_count(), jax.device_count(),
                jax.devices()[0].device_kind)
   try:
-    train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except (ValueError, FloatingPointError) as e:
     logging.debug('Stopped by an error.', exc_info=True)
     sys.exit(f'error: {e}')
+  except KeyboardInterrupt:  # Before the loop could save, or a second Ctrl-C: nothing new saved.
+    logging.warning('Interrupted; the newest checkpoint in %s (if any) is intact. Rerun the same '
+                    'command to resume.', _WORKDIR.value)
+    sys.exit(EXIT_PREEMPTED)
+  if 'preempted_at_step' in result:
+    sys.exit(EXIT_PREEMPTED)
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -28,6 +28,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from vit_jax import augment
 from vit_jax import checkpoints
+from vit_jax import config as config_lib
 from vit_jax import input_pipeline
 from vit_jax import models
 from vit_jax.models import vit
@@ -461,42 +462,6 @@ class PreemptionWatcher:
     return self.requested or manager.reached_preemption(step)
 
 
-def validate_config(config: ml_collections.ConfigDict) -> None:
-  """Raises ValueError for settings that cannot work, before anything is built."""
-  devices, processes = jax.device_count(), jax.process_count()
-  if config.batch_size <= 0 or config.batch_size % devices:
-    suggestion = max(devices, config.batch_size // devices * devices)
-    raise ValueError(f'batch_size={config.batch_size} must be a positive multiple of the number '
-                     f'of devices ({devices}); e.g. {suggestion}.')
-  if config.eval_batch_size % devices:
-    raise ValueError(f'eval_batch_size={config.eval_batch_size} must be a multiple of the number '
-                     f'of devices ({devices}).')
-  if config.batch_size % processes:
-    raise ValueError(f'batch_size={config.batch_size} must be a multiple of the number of '
-                     f'processes ({processes}).')
-  if config.image_size <= 0:
-    raise ValueError(f'image_size={config.image_size} must be positive.')
-  accumulate = config.get('grad_accum_steps', 1)
-  if not isinstance(accumulate, int) or accumulate < 1:
-    raise ValueError(f'grad_accum_steps={accumulate!r} must be a positive integer.')
-  if config.batch_size % (accumulate * devices):
-    raise ValueError(f'batch_size={config.batch_size} must be a multiple of grad_accum_steps × '
-                     f'devices = {accumulate} × {devices}, so that every micro-batch spans every '
-                     'device equally.')
-  augment.mix_settings(config)  # Raises for negative alphas.
-  for field in ('mix_prob', 'mix_switch_prob'):
-    if not 0.0 <= config.get(field, 0.5) <= 1.0:
-      raise ValueError(f'{field}={config[field]} must be a probability in [0, 1].')
-  if not 0.0 <= config.get('ema_decay', 0.0) < 1.0:
-    raise ValueError(f'ema_decay={config.ema_decay} must be in [0, 1); 0 turns the EMA off.')
-  for field in ('dtype', 'mu_dtype'):
-    value = config.get(field, '')
-    if value and value not in ('float32', 'bfloat16', 'float16'):
-      raise ValueError(f"{field}={value!r} is not valid; choose from 'float32', 'bfloat16', "
-                       "'float16'" + (", or '' for the parameters' dtype" if field == 'mu_dtype'
-                                      else '') + '.')
-
-
 def load_variables(source: str, model: nn.Module, config: ml_collections.ConfigDict,
                    **kwargs) -> dict[str, Any]:
   """`checkpoints.load` of `source` for `model`, stacked into its layout if it scans its layers.
@@ -569,7 +534,7 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Trains `config`'s model in `workdir`, resuming from its newest checkpoint; returns metrics."""
   # 1. Everything that can be wrong is checked before anything compiles or is written.
-  validate_config(config)
+  config_lib.validate(config)
   if config.get('eval_only'):
     return evaluate_only(config, workdir)
   info = input_pipeline.get_dataset_info(config)
