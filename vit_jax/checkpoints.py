@@ -24,9 +24,10 @@ import os
 import re
 import struct
 import sys
+import time
 import types
 import zipfile
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from absl import logging
 from etils import epath
@@ -37,11 +38,13 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from vit_jax import models
 from vit_jax.models import vit
 
 CHECKPOINT_DIR = 'checkpoints'
+UNREADABLE_DIR = 'unreadable_checkpoints'  # Beside CHECKPOINT_DIR: checkpoints set aside.
 
 
 def param_shapes(params: Any) -> dict[str, list[int]]:
@@ -61,8 +64,9 @@ def checkpoint_directory(workdir: str) -> epath.Path:
 def checkpoint_manager(workdir: str, *, keep: int, read_only: bool = False
                        ) -> ocp.CheckpointManager:
   """An orbax manager over `workdir/checkpoints`, keeping the newest `keep` steps."""
-  options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only,
-                                         read_only=read_only)
+  options = ocp.CheckpointManagerOptions(  # Read-only: nothing to keep or save, as orbax wants.
+      max_to_keep=None if read_only else keep, save_interval_steps=0 if read_only else 1,
+      create=not read_only, read_only=read_only)
   return ocp.CheckpointManager(checkpoint_directory(workdir), options=options,
                                item_names=('state', 'meta'))
 
@@ -83,8 +87,11 @@ def check_compatible(workdir: str, model_name: str, params: Any) -> None:
   if not has_checkpoint(workdir):
     return
   manager = checkpoint_manager(workdir, keep=1, read_only=True)
-  step = manager.latest_step()
-  meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta']
+  found = newest_readable(manager, lambda step: manager.restore(
+      step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta'], quiet=True)
+  if found is None:  # None readable: training says so where it restores.
+    return
+  step, meta = found
   saved, wanted = meta['param_shapes'], param_shapes(params)
   missing = sorted(set(wanted) - set(saved))
   unexpected = sorted(set(saved) - set(wanted))
@@ -111,6 +118,79 @@ def save(manager: ocp.CheckpointManager, step: int, state: Any, *, model_name: s
   meta = {'model': model_name, 'step': int(step), 'param_shapes': param_shapes(state.params)}
   manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                              meta=ocp.args.JsonSave(meta)), force=force)
+
+
+def newest_readable(manager: ocp.CheckpointManager, read: Callable[[int], Any], *,
+                    on_unreadable: Callable[[int, str], None] | None = None,
+                    quiet: bool = False) -> tuple[int, Any] | None:
+  """(step, read(step)) of the newest checkpoint that `read` can read, or None if none can.
+
+  Each newer checkpoint that fails to read is logged (unless `quiet`) with its path and the
+  reason, then passed to `on_unreadable(step, reason)` when given; nothing is deleted here.
+  """
+  for step in sorted(manager.all_steps(), reverse=True):
+    try:
+      return step, read(step)
+    except Exception as e:  # orbax, tensorstore and json raise many kinds. pylint: disable=broad-except
+      reason = _reason(e)
+      if not quiet:
+        logging.warning('Skipping the checkpoint of step %d in %s, which cannot be read (%s).',
+                        step, manager.directory / str(step), reason)
+      if on_unreadable is not None:
+        on_unreadable(step, reason)
+  return None
+
+
+def _reason(error: Exception) -> str:
+  """The first line of an error, without tensorstore's spec dump."""
+  lines = str(error).strip().splitlines()
+  text = re.split(r' \[tensorstore_spec| See full TensorStore details', lines[0])[0] if lines else ''
+  return f'{type(error).__name__}: {text[:300]}'
+
+
+def set_aside(workdir: str, manager: ocp.CheckpointManager, step: int, reason: str) -> str:
+  """Moves step `step`'s unreadable checkpoint to `workdir/unreadable_checkpoints/`; its path.
+
+  Out of orbax's directory it is never restored, counted or deleted by the retention policy,
+  and a later save of the same step number writes a fresh checkpoint. A `reason.txt` beside it
+  says why it was moved; delete the folder when done with it.
+  """
+  target = (checkpoint_directory(workdir).parent / UNREADABLE_DIR
+            / f'{step}.{time.strftime("%Y%m%d-%H%M%S")}')
+  if jax.process_index() == 0:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    (manager.directory / str(step)).rename(target)
+    (target / 'reason.txt').write_text(f'step {step} could not be read: {reason}\n')
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(f'vit_jax.checkpoints:set_aside_{step}')
+  manager.reload()
+  logging.warning('Moved the unreadable checkpoint of step %d to %s (kept; nothing deleted).',
+                  step, target)
+  return str(target)
+
+
+def restore_newest_readable(workdir: str, manager: ocp.CheckpointManager,
+                            abstract_state: Any) -> Any | None:
+  """The newest readable training state of `workdir`, None if it has no checkpoint.
+
+  Unreadable newer checkpoints (truncated or garbage files, lost metadata, an empty step
+  directory) are skipped and set aside (`set_aside`); if none is readable, ValueError.
+  """
+  steps = manager.all_steps()
+  if not steps:
+    return None
+  def read(step):  # Both items: a checkpoint whose metadata is lost cannot be checked.
+    return manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))['state']
+  found = newest_readable(manager, read,
+                          on_unreadable=lambda step, reason: set_aside(workdir, manager, step,
+                                                                       reason))
+  if found is None:
+    raise ValueError(
+        f'None of the {len(steps)} checkpoints in {checkpoint_directory(workdir)} could be read '
+        f'(steps {sorted(steps)}); each was moved to {UNREADABLE_DIR}/ beside it, see the warnings '
+        'above. Rerun to train afresh from step 0, or move a repaired one back.')
+  return found[1]
 
 
 def restore(manager: ocp.CheckpointManager, abstract_state: Any, step: int | None = None) -> Any:

@@ -566,10 +566,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   variable_sharding = lambda tree: jax.tree.map(lambda _: replicated, tree)
   state_sharding = variable_sharding(abstract_state)
   manager = checkpoints.checkpoint_manager(workdir, keep=config.keep_checkpoints)
-  if manager.latest_step() is not None:
-    abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                            abstract_state, state_sharding)
-    state = checkpoints.restore(manager, abstract)
+  abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                          abstract_state, state_sharding)
+  state = checkpoints.restore_newest_readable(workdir, manager, abstract)
+  if state is not None:
     logging.info('Resumed from step %d of %s.', int(state.step), workdir)
   else:
     state = jax.jit(lambda: init_state(model, tx, config), out_shardings=state_sharding)()
