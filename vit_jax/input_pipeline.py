@@ -113,8 +113,7 @@ def _resolve(config: ml_collections.ConfigDict) -> _Source:
                  f"'{folder.PREFIX}/path/to/images' (your own images) or any TFDS dataset name, "
                  "e.g. 'cifar10', 'cifar100', 'imagenet2012' (tfds.list_builders()).")
       raise ValueError(message) from None
-    if not builder.is_prepared():
-      builder.download_and_prepare(file_format=convert.ARRAY_RECORD)
+    _prepare_tfds(builder)
   keys = builder.info.supervised_keys
   image_key, label_key = keys if (isinstance(keys, tuple) and len(keys) == 2
                                   and all(isinstance(k, str) for k in keys)) else ('image', 'label')
@@ -125,6 +124,29 @@ def _resolve(config: ml_collections.ConfigDict) -> _Source:
     raise ValueError(f'Dataset {name!r} is not an image-classification dataset: it needs an Image '
                      f'feature and a ClassLabel feature, but its features are {features}.')
   return _Source(builder, image_key, label_key)
+
+
+def _prepare_tfds(builder: tfds.core.DatasetBuilder) -> None:
+  """Prepares a TFDS dataset on first use; where that fails, one error that says how to."""
+  if builder.is_prepared():
+    return
+  name, root = builder.name, builder.data_dir_root
+  try:
+    builder.download_and_prepare(file_format=convert.ARRAY_RECORD)
+  except Exception as e:  # No network, no archives, no write access... pylint: disable=broad-except
+    reason = f'{type(e).__name__}: {(str(e).strip().splitlines() or [""])[0][:300]}'
+    if builder.MANUAL_DOWNLOAD_INSTRUCTIONS:
+      what, how = 'TFDS cannot download it', (
+          f'Put its archives in {root}/downloads/manual '
+          f'({" ".join(builder.MANUAL_DOWNLOAD_INSTRUCTIONS.split())}), then run '
+          f'`tfds build {name} --data_dir={root} --file_format=array_record`')
+    else:
+      what, how = 'preparing it failed', (
+          f'Prepare it once where the network is reachable, `tfds build {name} '
+          f'--data_dir={root} --file_format=array_record` (copy that directory here if this '
+          'machine is offline)')
+    raise ValueError(f'Dataset {name!r} is not prepared in data_dir={root}, and {what} ({reason}). '
+                     f'{how}, then train with --config.data_dir={root}.') from None
 
 
 def _check_split(source: _Source, split: str) -> None:

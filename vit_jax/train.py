@@ -5,6 +5,7 @@ every process; parameters are replicated, batches are sharded along `data`, and 
 only its own share of the data. Process 0 alone logs and writes summaries.
 """
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -31,6 +32,7 @@ from vit_jax import checkpoints
 from vit_jax import config as config_lib
 from vit_jax import input_pipeline
 from vit_jax import models
+from vit_jax import workdir as workdir_lib
 from vit_jax.models import vit
 
 
@@ -443,19 +445,38 @@ class SummaryWriter:
 
 
 class PreemptionWatcher:
-  """Turns SIGTERM into a request to checkpoint and exit at the next step boundary."""
+  """Turns SIGTERM and Ctrl-C (SIGINT) into a request to checkpoint and exit at the next step.
+
+  A second Ctrl-C stops at once (KeyboardInterrupt, nothing saved). On several processes only
+  SIGTERM is watched, through orbax, which agrees on one step across all of them. A context
+  manager: the previous signal handlers come back when the run ends.
+  """
 
   def __init__(self):
     self.requested = False
+    self._previous = {}
+
+  def __enter__(self) -> 'PreemptionWatcher':
     if jax.process_count() == 1:
       try:
-        signal.signal(signal.SIGTERM, self._on_signal)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+          self._previous[signum] = signal.signal(signum, self._on_signal)
       except ValueError:  # Not the main thread (e.g. in a notebook worker); rely on orbax.
         pass
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    for signum, handler in self._previous.items():
+      signal.signal(signum, handler)
 
   def _on_signal(self, signum, frame):
-    del signum, frame
+    del frame
+    if signum == signal.SIGINT and self.requested:
+      raise KeyboardInterrupt
     self.requested = True
+    logging.warning('%s: saving a checkpoint after this step, then exiting%s.',
+                    signal.Signals(signum).name,
+                    ' (Ctrl-C again stops at once)' if signum == signal.SIGINT else '')
 
   def should_stop(self, manager, step: int) -> bool:
     # On several processes, orbax agrees on one step across all of them.
@@ -532,7 +553,18 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Trains `config`'s model in `workdir`, resuming from its newest checkpoint; returns metrics."""
+  """Trains `config`'s model in `workdir`, resuming from its newest checkpoint; returns metrics.
+
+  Returns {'preempted_at_step': step} instead when SIGTERM or Ctrl-C stopped it after saving.
+  The work directory's lock and the signal handlers are held until it returns.
+  """
+  with contextlib.ExitStack() as run_scope:
+    return _train_and_evaluate(config, workdir, run_scope)
+
+
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                        run_scope: contextlib.ExitStack) -> dict[str, float]:
+  """`train_and_evaluate`; what the run holds (lock, signal handlers) enters `run_scope`."""
   # 1. Everything that can be wrong is checked before anything compiles or is written.
   config_lib.validate(config)
   if config.get('eval_only'):
@@ -550,8 +582,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     multihost_utils.sync_global_devices('vit_jax.train:checked_workdir')
 
   is_main = jax.process_index() == 0
+  workdir_lib.hold(workdir, run_scope)  # Before the first write; creates the directory.
+  watcher = run_scope.enter_context(PreemptionWatcher())
   if is_main:
-    epath.Path(workdir).mkdir(parents=True, exist_ok=True)  # Local, or a gs:// URI.
     (epath.Path(workdir) / 'config.json').write_text(config.to_json_best_effort(indent=2))
   logging.info('Model %s: %s parameters; %d classes; %d train / %d eval examples; %d steps.',
                config.model.name,
@@ -590,7 +623,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   # 3. The loop.
   writer = SummaryWriter(workdir, active=is_main)
-  watcher = PreemptionWatcher()
   start_step = int(state.step)
   train_batches = input_pipeline.train_iterator(config, start_step=start_step)
   pending, last_saved = [], start_step
@@ -611,8 +643,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       if not np.all(np.isfinite(losses)):
         raise FloatingPointError(
             f'The training loss became {losses[~np.isfinite(losses)][0]} at or before step {step}; '
-            f'stopping without saving. The last good checkpoint (step {last_saved}) is kept in '
-            f'{workdir}. Lower base_lr, enable grad_clip_norm, or check the data.')
+            'stopping without saving. '
+            + (f'The last good checkpoint (step {last_saved}) is kept in {workdir}. '
+               if last_saved else 'No checkpoint had been saved yet. ')
+            + 'Lower base_lr, enable grad_clip_norm, or check the data.')
       if at_log:
         elapsed = time.time() - window_start
         images_per_s = (step - window_step) * config.batch_size / max(elapsed, 1e-9)
