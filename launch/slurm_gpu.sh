@@ -16,8 +16,9 @@
 #   --config [configs/vit.py:variant=S/16,dataset=imagenet2012]
 #   --workdir (required for submit; shared storage)  --data_dir [TFDS's default]
 # MAIN_FLAGS go to vit_jax.main, e.g. -- --config.batch_size=1024.
-# The job gets SIGTERM 5 minutes before its time limit: training saves a checkpoint and exits,
-# and submitting the same job again resumes it.
+# The job gets SIGTERM 5 minutes before its time limit: training saves a checkpoint and exits
+# with status 75 ("preempted, rerun to resume"), on which the job requeues itself and resumes;
+# any other status ends it (0: finished).
 # --dry-run prints the batch script and every command instead of running them.
 set -euo pipefail
 
@@ -108,6 +109,7 @@ batch_script() {
 #SBATCH --cpus-per-task=$cpus_per_task
 #SBATCH --time=$time_limit
 #SBATCH --signal=TERM@300
+#SBATCH --requeue
 #SBATCH --output=$workdir/slurm-%j.out
 EOF
   [[ -z "$partition" ]] || echo "#SBATCH --partition=$partition"
@@ -118,7 +120,11 @@ cd $(quote "$REPO")
 source $(quote "$venv/bin/activate")
 export TF_CPP_MIN_LOG_LEVEL=2
 # One task per GPU; every task sees the node's GPUs and JAX keeps the one of its SLURM_LOCALID.
-srun --kill-on-bad-exit=1 $(quote "${train[@]}")
+status=0
+srun --kill-on-bad-exit=1 $(quote "${train[@]}") || status=\$?
+# 75: interrupted after saving a checkpoint (vit_jax.main's EXIT_PREEMPTED): run again.
+if [[ \$status -eq 75 ]]; then scontrol requeue "\$SLURM_JOB_ID"; fi
+exit \$status
 EOF
 }
 

@@ -363,12 +363,14 @@ def _read_torch(path: str) -> Any:
       return torch.load(path, map_location='cpu', weights_only=True)
   except Exception as e:  # RuntimeError, UnpicklingError, EOFError... pylint: disable=broad-except
     text = str(e)
-    found = re.search(r'Unsupported global: GLOBAL ([\w.]+)', text)
-    if found:
+    found = re.search(r'unsupported (?:global: )?GLOBAL ([\w.]+)', text, re.IGNORECASE)
+    if found or 'Weights only load failed' in text:
+      culprit = found.group(1) if found else 'see torch.load'
       raise ValueError(
-          f'{path!r} holds Python objects besides tensors ({found.group(1)}); they are not '
-          'unpickled (torch.load(weights_only=True)). Save only the state dict, or convert the '
-          'file to .safetensors.') from e
+          f'{path!r} was refused as unsafe: it holds Python objects besides tensors ({culprit}), '
+          'which could run code when unpickled, so it is not unpickled (torch.load with '
+          'weights_only=True). If you trust its source, save only its state dict, or convert it '
+          'to .safetensors.') from e
     first_line = text.strip().splitlines()[0] if text.strip() else ''
     raise _corrupt(path, 'PyTorch checkpoint', f'{type(e).__name__}: {first_line}') from e
 

@@ -104,7 +104,8 @@ def _resolve(config: ml_collections.ConfigDict) -> _Source:
   if name == digits.NAME:
     builder = digits.prepare(config.data_dir)
   elif name.startswith(folder.PREFIX):
-    builder = folder.prepare(name[len(folder.PREFIX):], config.data_dir)
+    builder = folder.prepare(name[len(folder.PREFIX):], config.data_dir,
+                             skip_unreadable=config.skip_unreadable_images)
   else:
     try:
       builder = tfds.builder(name, data_dir=config.data_dir)

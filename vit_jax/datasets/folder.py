@@ -11,13 +11,21 @@ fingerprint of the folder's file names, sizes and modification times (so an edit
 prepared afresh). They are stored as ArrayRecord, which training reads by example index (exact
 resume in constant time, however large the folder), and from there take the same `tfds` ->
 `tf.data` path as every other dataset. Grayscale and RGBA images are decoded to RGB.
+
+Before the copy every image is decoded once, by the decoder training uses (`tf.io.decode_image`):
+a file that does not decode (truncated, corrupt, not really an image) would otherwise stop the
+run at whatever step reads it. Such files are named in one error, or, with
+`skip_unreadable=True` (config field `skip_unreadable_images`), left out with a warning naming
+each; the two settings prepare separate datasets.
 """
 
 import dataclasses
 import hashlib
 import os
 
+from absl import logging
 from PIL import Image as pil_image
+import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from vit_jax.datasets import convert
@@ -41,8 +49,12 @@ def _list_dirs(path: str) -> list[str]:
                 if os.path.isdir(os.path.join(path, name)) and not name.startswith('.'))
 
 
-def scan(root: str) -> FolderConfig:
-  """Checks the folder layout and returns its description; ValueError on any problem."""
+def scan(root: str, skip_unreadable: bool = False) -> FolderConfig:
+  """Checks the folder layout and returns its description; ValueError on any problem.
+
+  `skip_unreadable` is part of the fingerprint: a dataset prepared without the files that do
+  not decode is not the one prepared with all of them.
+  """
   root = os.path.abspath(os.path.expanduser(root))
   if not os.path.isdir(root):
     raise ValueError(f'Image folder {root!r} does not exist; expected the layout {_LAYOUT}.')
@@ -85,7 +97,7 @@ def scan(root: str) -> FolderConfig:
         split_files.append((name, path))
     files.append((split, tuple(split_files)))
   width, height = next(iter(sizes)) if len(sizes) == 1 else (None, None)
-  fingerprint.update(root.encode())
+  fingerprint.update(root.encode() + (b'\0skip_unreadable' if skip_unreadable else b''))
   return FolderConfig(
       name=f'f{fingerprint.hexdigest()[:16]}', description=f'Images under {root}.', root=root,
       classes=tuple(classes), files=tuple(files), image_shape=(height, width, 3))
@@ -123,10 +135,44 @@ class Folder(tfds.core.GeneratorBasedBuilder):
       yield relative, {'image': path, 'label': name, 'filename': relative}
 
 
-def prepare(root: str, data_dir: str | None = None) -> tfds.core.DatasetBuilder:
-  """The builder for the image folder `root`, prepared under `data_dir` on first use."""
-  builder = Folder(config=scan(root), data_dir=data_dir)
+def _decode_error(path: str) -> str | None:
+  """Why `path` does not decode as training decodes it, or None if it does."""
+  try:
+    tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
+  except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as error:
+    return (error.message.strip().splitlines() or ['cannot be decoded'])[0]
+  return None
+
+
+def _without_undecodable(config: FolderConfig, skip_unreadable: bool) -> FolderConfig:
+  """`config` with every file decoded once; ValueError naming those that fail, unless skipping."""
+  failures = [(path, reason) for _, files in config.files for _, path in files
+              if (reason := _decode_error(path)) is not None]
+  if not failures:
+    return config
+  listing = '; '.join(f'{path} ({reason})' for path, reason in failures)
+  if not skip_unreadable:
+    raise ValueError(f'{len(failures)} file(s) in the image folder {config.root!r} cannot be '
+                     f'decoded: {listing}. Repair or remove them, or set '
+                     '--config.skip_unreadable_images=true to train without them.')
+  for path, reason in failures:
+    logging.warning('Leaving out %s, which cannot be decoded (%s).', path, reason)
+  bad = {path for path, _ in failures}
+  files = tuple((split, tuple((name, path) for name, path in split_files if path not in bad))
+                for split, split_files in config.files)
+  return dataclasses.replace(config, files=files)
+
+
+def prepare(root: str, data_dir: str | None = None, *,
+            skip_unreadable: bool = False) -> tfds.core.DatasetBuilder:
+  """The builder for the image folder `root`, prepared under `data_dir` on first use.
+
+  Preparing decodes every image once (see the module docstring for files that do not decode).
+  """
+  config = scan(root, skip_unreadable)
+  builder = Folder(config=config, data_dir=data_dir)
   if not builder.is_prepared():
+    builder = Folder(config=_without_undecodable(config, skip_unreadable), data_dir=data_dir)
     builder.download_and_prepare(file_format=convert.ARRAY_RECORD)
   convert.add_array_record(builder)  # A folder prepared as TFRecord by an earlier version.
   return builder
