@@ -257,13 +257,7 @@ def test_recipe_pipeline_repeats_examples_and_resumes_exactly(data_dir):
   np.testing.assert_array_equal(augmented[2]['image'], resumed[0]['image'])
 
 
-def test_recipe_config_errors(data_dir):
+def test_copies_of_an_example_must_share_a_batch(data_dir):
   with pytest.raises(ValueError, match='multiple of config.repeated_aug=5'):
     input_pipeline.train_iterator(_config(data_dir, repeated_aug=5), process_index=0,
-                                  process_count=1)
-  with pytest.raises(ValueError, match="Unknown section 'x3'"):
-    input_pipeline.train_iterator(_config(data_dir, randaugment='rand-m9-x3'), process_index=0,
-                                  process_count=1)
-  with pytest.raises(ValueError, match='random_erase_prob'):
-    input_pipeline.train_iterator(_config(data_dir, random_erase_prob=1.5), process_index=0,
                                   process_count=1)

@@ -1,6 +1,7 @@
 """Foreign weights: file formats, family dispatch, position-embedding resizing, export, errors."""
 
 import os
+import pickle
 
 import jax
 import numpy as np
@@ -321,8 +322,15 @@ def test_pickled_objects_are_refused_not_executed(timm_model, tmp_path):
   payload.marker = str(tmp_path / 'executed')
   path = _save_pth({'model': _tensors(state_dict), 'extra': payload}, str(tmp_path / 'evil.pth'))
   assert not os.path.exists(payload.marker)
-  with pytest.raises(ValueError, match='Python objects besides tensors'):
+  with pytest.raises(ValueError, match='refused as unsafe: it holds Python objects besides tensors'):
     checkpoints.load(path, ours, image_size=32)
+  assert not os.path.exists(payload.marker)
+  bare = str(tmp_path / 'evil.pkl')  # A bare pickle (PyTorch's legacy format) that calls a function.
+  with open(bare, 'wb') as f:
+    pickle.dump({'w': payload}, f, protocol=2)
+  with pytest.raises(ValueError, match=r'refused as unsafe: it holds Python objects besides '
+                                       r'tensors \(io\.open\)'):
+    checkpoints.load(bare, ours, image_size=32)
   assert not os.path.exists(payload.marker)
 
 

@@ -256,13 +256,6 @@ def test_indivisible_batch_raises_before_touching_the_dataset():
     input_pipeline.eval_iterator(config, process_index=0, process_count=3)
 
 
-def test_bad_choices_raise(data_dir):
-  with pytest.raises(ValueError, match="'random_crop'.*crop_flip"):
-    input_pipeline.train_iterator(_config(data_dir, augment='random_crop'))
-  with pytest.raises(ValueError, match="'mnist'.*imagenet"):
-    input_pipeline.eval_iterator(_config(data_dir, normalization='mnist'))
-
-
 # Random access on a dataset that is not held in memory: a folder of JPEGs of varied sizes.
 
 def _folder_config(jpeg_folder, **overrides):

@@ -157,7 +157,10 @@ def test_slurm_dry_run_prints_the_batch_script_and_sbatch(recorder, tmp_path):
   assert srun == ['srun', '--kill-on-bad-exit=1', 'python', '-m', 'vit_jax.main',
                   '--config=configs/vit.py:variant=S/16,dataset=imagenet2012',
                   f'--workdir={workdir}', '--config.data_dir=/shared/tfds',
-                  '--config.batch_size=1024']
+                  '--config.batch_size=1024', '||', 'status=$?']
+  # Exit status 75 (saved and interrupted: the time limit's SIGTERM) requeues the job.
+  assert '#SBATCH --requeue\n' in script
+  assert 'if [[ $status -eq 75 ]]; then scontrol requeue "$SLURM_JOB_ID"; fi\nexit $status\n' in script
   assert f'source {env["HOME"]}/.venvs/vit_jax/bin/activate' in script
 
   # The real run writes that script and submits it.

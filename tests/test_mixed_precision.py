@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from tests.test_train import tiny_config
+from vit_jax import config as config_lib
 from vit_jax import train
 
 
@@ -61,7 +62,7 @@ def test_train_step_keeps_float32_state_and_bfloat16_first_moment():
 @pytest.mark.parametrize('field, value', [('dtype', 'bfloat17'), ('mu_dtype', 'int8')])
 def test_bad_dtype_is_refused(field, value):
   with pytest.raises(ValueError, match=value):
-    train.validate_config(tiny_config('unused', **{field: value}))
+    config_lib.validate(tiny_config('unused', **{field: value}))
 
 
 @pytest.mark.slow

@@ -95,13 +95,16 @@ def test_resume_after_preemption_equals_uninterrupted_run(data_dir, tmp_path, mo
   assert_trees_close(final_params(straight), final_params(interrupted), atol=0)
 
 
-def test_sigterm_requests_a_checkpoint():
-  watcher = train.PreemptionWatcher()
-  try:
-    os.kill(os.getpid(), signal.SIGTERM)
+@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_and_ctrl_c_request_a_checkpoint_and_restore_the_handlers(signum):
+  previous = signal.getsignal(signum)
+  with train.PreemptionWatcher() as watcher:
+    os.kill(os.getpid(), signum)
     assert watcher.requested
-  finally:
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if signum == signal.SIGINT:  # A second Ctrl-C stops at once.
+      with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signum)
+  assert signal.getsignal(signum) is previous
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path):
@@ -172,16 +175,16 @@ def test_batch_not_divisible_by_devices():
       os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'
       import sys; sys.path.insert(0, {REPO!r})
       from configs import common
-      from vit_jax import train
+      from vit_jax import config as config_lib
       config = common.get_config()
       config.batch_size = 100
       try:
-        train.validate_config(config)
+        config_lib.validate(config)
       except ValueError as e:
         print('ERROR', e)
       """)
   out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, timeout=120)
-  assert 'ERROR batch_size=100 must be a positive multiple of the number of devices (8)' in out.stdout
+  assert 'batch_size=100: must be a multiple of the 8 device(s)' in out.stdout
 
 
 def test_workdir_of_another_model_is_refused_and_left_untouched(data_dir, tmp_path):

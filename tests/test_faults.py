@@ -1,0 +1,314 @@
+"""Faults: unreadable checkpoints, two runs on one work directory, signals, missing or bad data.
+
+Every test checks the message a user sees and that no file of the run was lost. The checkpoint
+tests share one tiny trained run and corrupt copies of it.
+"""
+
+import json
+import logging as std_logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+from PIL import Image
+import pytest
+
+from test_train import tiny_config
+from vit_jax import checkpoints
+from vit_jax import input_pipeline
+from vit_jax import train
+from vit_jax import workdir as workdir_lib
+from vit_jax.datasets import folder
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = (2, 4, 6)
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+  return str(tmp_path_factory.mktemp('tfds'))
+
+
+def _run_config(data_dir, **overrides):
+  return tiny_config(data_dir, **{'total_steps': STEPS[-1], 'checkpoint_every': 2,
+                                  'keep_checkpoints': 5, **overrides})
+
+
+@pytest.fixture(scope='module')
+def trained(data_dir, tmp_path_factory):
+  """A finished tiny run with checkpoints at steps 2, 4 and 6."""
+  workdir = str(tmp_path_factory.mktemp('trained') / 'run')
+  train.train_and_evaluate(_run_config(data_dir), workdir)
+  assert sorted(int(s) for s in os.listdir(os.path.join(workdir, 'checkpoints'))) == list(STEPS)
+  return workdir
+
+
+def _files(root: str) -> dict[str, bytes]:
+  return {os.path.relpath(os.path.join(d, f), root): open(os.path.join(d, f), 'rb').read()
+          for d, _, names in os.walk(root) for f in names}
+
+
+def _largest_array_file(step_dir: str) -> str:
+  arrays = os.path.join(step_dir, 'state', 'ocdbt.process_0', 'd')
+  return max((os.path.join(arrays, f) for f in os.listdir(arrays)), key=os.path.getsize)
+
+
+def _truncate(step_dir):
+  path = _largest_array_file(step_dir)
+  with open(path, 'r+b') as f:
+    f.truncate(os.path.getsize(path) // 3)
+
+
+def _garbage_arrays(step_dir):
+  path = _largest_array_file(step_dir)
+  with open(path, 'wb') as f:
+    f.write(np.random.default_rng(0).bytes(os.path.getsize(path) or 100))
+
+
+def _delete_manifests(step_dir):
+  os.remove(os.path.join(step_dir, 'state', 'manifest.ocdbt'))
+  os.remove(os.path.join(step_dir, 'state', 'ocdbt.process_0', 'manifest.ocdbt'))
+
+
+def _delete_metadata(step_dir):
+  os.remove(os.path.join(step_dir, 'state', '_METADATA'))
+  os.remove(os.path.join(step_dir, '_CHECKPOINT_METADATA'))
+
+
+def _garbage_metadata(step_dir):
+  for path in (os.path.join(step_dir, 'state', '_METADATA'),
+               os.path.join(step_dir, 'meta', 'metadata')):
+    with open(path, 'wb') as f:
+      f.write(b'\xf4\x88garbage\x00' * 20)
+
+
+def _empty_step_directory(step_dir):
+  shutil.rmtree(step_dir)
+  os.mkdir(step_dir)
+
+
+CORRUPTIONS = {'truncated_array': _truncate, 'garbage_array': _garbage_arrays,
+               'deleted_manifests': _delete_manifests, 'deleted_metadata': _delete_metadata,
+               'garbage_metadata': _garbage_metadata, 'empty_step_directory': _empty_step_directory}
+
+
+def _abstract_state(config):
+  model = train.create_model(config, 10)
+  tx = train.create_optimizer(config, lambda _: 1e-3)
+  return jax.eval_shape(lambda: train.init_state(model, tx, config))
+
+
+@pytest.mark.parametrize('kind', CORRUPTIONS)
+def test_resume_falls_back_past_an_unreadable_checkpoint(trained, data_dir, tmp_path, caplog,
+                                                         kind):
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(trained, workdir)
+  newest = os.path.join(workdir, 'checkpoints', str(STEPS[-1]))
+  CORRUPTIONS[kind](newest)
+  corrupted = _files(newest)
+  intact = {step: _files(os.path.join(workdir, 'checkpoints', str(step))) for step in STEPS[:-1]}
+  config = _run_config(data_dir)
+  manager = checkpoints.checkpoint_manager(workdir, keep=config.keep_checkpoints)
+  with caplog.at_level(std_logging.WARNING):
+    state = checkpoints.restore_newest_readable(workdir, manager, _abstract_state(config))
+  assert int(state.step) == STEPS[-2]
+  assert (f'Skipping the checkpoint of step {STEPS[-1]} in {newest}, which cannot be read ('
+          in caplog.text)
+  # Set aside, byte for byte, where orbax neither restores nor deletes it; the others untouched.
+  aside_root = os.path.join(workdir, checkpoints.UNREADABLE_DIR)
+  (aside,) = os.listdir(aside_root)
+  assert aside.startswith(f'{STEPS[-1]}.')
+  assert f'Moved the unreadable checkpoint of step {STEPS[-1]} to {aside_root}/{aside}' in (
+      caplog.text)
+  moved = _files(os.path.join(aside_root, aside))
+  assert moved.pop('reason.txt').startswith(f'step {STEPS[-1]} could not be read: '.encode())
+  assert moved == corrupted
+  assert sorted(manager.all_steps()) == list(STEPS[:-1])
+  for step, files in intact.items():
+    assert _files(os.path.join(workdir, 'checkpoints', str(step))) == files
+  assert 'Traceback' not in caplog.text
+
+
+def test_training_resumes_and_retention_keeps_intact_checkpoints(trained, data_dir, tmp_path):
+  """The run passes the set-aside step again: a fresh checkpoint there, the broken one kept."""
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(trained, workdir)
+  _truncate(os.path.join(workdir, 'checkpoints', str(STEPS[-1])))
+  config = _run_config(data_dir, total_steps=10, keep_checkpoints=3)
+  train.train_and_evaluate(config, workdir)
+  assert sorted(int(s) for s in os.listdir(os.path.join(workdir, 'checkpoints'))) == [6, 8, 10]
+  assert len(os.listdir(os.path.join(workdir, checkpoints.UNREADABLE_DIR))) == 1
+  assert json.loads(open(os.path.join(workdir, 'results.json')).read())['step'] == 10
+
+
+def test_no_readable_checkpoint_is_an_error_not_a_silent_restart(trained, data_dir, tmp_path):
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(trained, workdir)
+  for step in STEPS:
+    _empty_step_directory(os.path.join(workdir, 'checkpoints', str(step)))
+  config = _run_config(data_dir)
+  manager = checkpoints.checkpoint_manager(workdir, keep=config.keep_checkpoints)
+  with pytest.raises(ValueError, match=r'None of the 3 checkpoints .* could be read'):
+    checkpoints.restore_newest_readable(workdir, manager, _abstract_state(config))
+  assert len(os.listdir(os.path.join(workdir, checkpoints.UNREADABLE_DIR))) == 3
+
+
+# Two runs on one work directory.
+
+
+def test_a_second_run_is_refused_naming_the_holder(trained, data_dir, tmp_path):
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(trained, workdir)
+  before = _files(workdir)
+  with workdir_lib.lock(workdir):
+    holder = json.loads(open(os.path.join(workdir, workdir_lib.LOCK_FILE)).read())
+    assert holder['pid'] == os.getpid() and holder['host'] and holder['started']
+    with pytest.raises(workdir_lib.WorkdirInUse,
+                       match=rf"'{workdir}' is in use by another run: pid {os.getpid()} on "):
+      train.train_and_evaluate(_run_config(data_dir, total_steps=8), workdir)
+    after = _files(workdir)
+    after.pop(workdir_lib.LOCK_FILE)
+    before.pop(workdir_lib.LOCK_FILE, None)
+    assert after == before  # Not a file of the first run touched.
+
+
+def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path, caplog):
+  workdir = str(tmp_path / 'run')
+  script = textwrap.dedent(f"""
+      import sys, time
+      sys.path.insert(0, {REPO!r})
+      from vit_jax import workdir
+      with workdir.lock({workdir!r}):
+        print('LOCKED', flush=True)
+        time.sleep(60)
+      """)
+  holder = subprocess.Popen([sys.executable, '-c', script], stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == 'LOCKED'
+    with pytest.raises(workdir_lib.WorkdirInUse, match=f'pid {holder.pid} on .*command: '):
+      with workdir_lib.lock(workdir):
+        pass
+  finally:
+    holder.kill()  # SIGKILL: the lock file still names it, but the kernel freed the lock.
+    holder.wait()
+  with caplog.at_level(std_logging.WARNING):
+    with workdir_lib.lock(workdir):
+      pass
+  assert f'Taking over the lock of pid {holder.pid} on ' in caplog.text
+  assert open(os.path.join(workdir, workdir_lib.LOCK_FILE)).read() == ''  # Released cleanly.
+
+
+# Signals: SIGTERM and Ctrl-C save and exit 75; the rerun finishes and exits 0.
+
+
+def _start_main(workdir: str, data_dir: str) -> subprocess.Popen:
+  flags = ['--config=configs/vit.py', f'--workdir={workdir}', f'--config.data_dir={data_dir}',
+           '--config.total_steps=100000', '--config.log_every=1', '--config.model.depth=1',
+           '--config.model.hidden_size=16', '--config.model.num_heads=1',
+           '--config.model.mlp_dim=16', '--config.batch_size=16']
+  return subprocess.Popen([sys.executable, '-m', 'vit_jax.main', *flags], cwd=REPO,
+                          stderr=subprocess.PIPE, text=True,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+
+
+def _stop_after_first_step(process: subprocess.Popen, signum: int) -> tuple[int, str]:
+  lines = []
+  for line in process.stderr:
+    lines.append(line)
+    if ' step 1/' in line:
+      process.send_signal(signum)
+      break
+  _, rest = process.communicate(timeout=120)
+  return process.returncode, ''.join(lines) + rest
+
+
+@pytest.mark.slow  # 30-50 s each on 2 shared cores: a process, a compile, one step.
+@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_and_ctrl_c_save_and_exit_75(data_dir, tmp_path, signum):
+  workdir = str(tmp_path / 'run')
+  code, log = _stop_after_first_step(_start_main(workdir, data_dir), signum)
+  assert code == 75, log[-3000:]
+  assert 'Traceback' not in log and 'KeyboardInterrupt' not in log
+  assert f'{signal.Signals(signum).name}: saving a checkpoint after this step' in log
+  assert 'Rerun the same command to resume.' in log
+  (saved,) = os.listdir(os.path.join(workdir, 'checkpoints'))
+  assert int(saved) >= 1
+  assert open(os.path.join(workdir, workdir_lib.LOCK_FILE)).read() == ''
+
+
+# Misleading messages.
+
+
+def test_nan_without_any_checkpoint_says_so(data_dir, tmp_path):
+  config = tiny_config(data_dir, total_steps=40, log_every=2, base_lr=1e30, warmup_steps=0)
+  with pytest.raises(FloatingPointError, match='No checkpoint had been saved yet') as raised:
+    train.train_and_evaluate(config, str(tmp_path))
+  assert 'last good checkpoint' not in str(raised.value)
+
+
+# Data that is missing or broken.
+
+
+def test_unprepared_manual_dataset_says_where_the_archives_go(tmp_path):
+  config = tiny_config(str(tmp_path), dataset='imagenet2012')
+  with pytest.raises(ValueError) as raised:
+    input_pipeline.get_dataset_info(config)
+  message = str(raised.value)
+  assert message.startswith(f"Dataset 'imagenet2012' is not prepared in data_dir={tmp_path}, "
+                            'and TFDS cannot download it')
+  assert f'Put its archives in {tmp_path}/downloads/manual (manual_dir should contain' in message
+  assert f'`tfds build imagenet2012 --data_dir={tmp_path}`' in message
+
+
+def test_unprepared_dataset_without_network_names_the_command(tmp_path, monkeypatch):
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
+  def offline(self, *args, **kwargs):
+    raise ConnectionError("HTTPSConnectionPool(host='www.cs.toronto.edu'): Max retries exceeded")
+
+  monkeypatch.setattr(tfds.core.DatasetBuilder, 'download_and_prepare', offline)
+  with pytest.raises(ValueError) as raised:
+    input_pipeline.get_dataset_info(tiny_config(str(tmp_path), dataset='cifar10'))
+  assert str(raised.value) == (
+      f"Dataset 'cifar10' is not prepared in data_dir={tmp_path}, and preparing it failed "
+      "(ConnectionError: HTTPSConnectionPool(host='www.cs.toronto.edu'): Max retries exceeded). "
+      f'Prepare it once where the network is reachable, `tfds build cifar10 '
+      f'--data_dir={tmp_path}` (copy that directory here if this machine is offline), then train '
+      f'with --config.data_dir={tmp_path}.')
+
+
+def _folder_with_a_truncated_jpeg(root: str) -> str:
+  rng = np.random.default_rng(0)
+  for split in ('train', 'test'):
+    for name in ('a', 'b'):
+      os.makedirs(os.path.join(root, split, name))
+      for i in range(2):
+        Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(
+            os.path.join(root, split, name, f'{i}.jpg'), quality=90)
+  broken = os.path.join(root, 'train', 'b', '1.jpg')
+  with open(broken, 'r+b') as f:
+    f.truncate(os.path.getsize(broken) // 2)
+  return broken
+
+
+def test_a_truncated_jpeg_is_named_at_preparation(tmp_path):
+  broken = _folder_with_a_truncated_jpeg(str(tmp_path / 'images'))
+  with pytest.raises(ValueError, match=(
+      rf"1 file\(s\) in the image folder '{tmp_path}/images' cannot be decoded: {broken} \(")):
+    folder.prepare(str(tmp_path / 'images'), str(tmp_path / 'tfds'))
+  assert os.path.exists(broken)
+
+
+def test_a_truncated_jpeg_is_skipped_with_a_warning_when_asked(tmp_path, caplog):
+  broken = _folder_with_a_truncated_jpeg(str(tmp_path / 'images'))
+  with caplog.at_level(std_logging.WARNING):
+    builder = folder.prepare(str(tmp_path / 'images'), str(tmp_path / 'tfds'),
+                             skip_unreadable=True)
+  assert f'Leaving out {broken}, which cannot be decoded' in caplog.text
+  assert builder.info.splits['train'].num_examples == 3
+  assert builder.info.splits['test'].num_examples == 4
