@@ -11,21 +11,15 @@ import sys
 import pytest
 
 from configs import cait, common, deepvit, deit, sa_conv, t2t, vit
+from test_train import tiny_config
 from vit_jax import config as config_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _config(**overrides):
-  """configs/vit.py's default with `overrides` ('distillation.alpha' reaches into sub-configs)."""
-  config = vit.get_config()
-  for key, value in overrides.items():
-    target = config
-    *parents, leaf = key.split('.')
-    for parent in parents:
-      target = target[parent]
-    target[leaf] = value
-  return config
+  """A small valid config with `overrides` ('distillation.alpha' reaches into sub-configs)."""
+  return tiny_config('unused', **overrides)
 
 
 def _problems(config, devices=1, processes=1) -> list[str]:
@@ -161,7 +155,7 @@ def test_the_digits_default_on_another_dataset_says_which_variant():
 
 def test_model_fields_are_checked_by_the_model():
   assert _problems(_config(**{'model.num_heads': 3}))[0].startswith(
-      'model: num_heads=3 must divide the hidden width 128')
+      'model: num_heads=3 must divide the hidden width 32')
   assert _problems(_config(**{'model.name': 'vit_nonexistent'}))[0].startswith(
       "model.name='vit_nonexistent': Unknown model")
   assert _problems(_config(**{'model.drop_path_rate': 1.0}))[0] == (

@@ -146,6 +146,16 @@ def test_training_resumes_and_retention_keeps_intact_checkpoints(trained, data_d
   assert json.loads(open(os.path.join(workdir, 'results.json')).read())['step'] == 10
 
 
+def test_readers_of_a_run_skip_an_unreadable_checkpoint_and_move_nothing(trained, tmp_path):
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(trained, workdir)
+  _truncate(os.path.join(workdir, 'checkpoints', str(STEPS[-1])))
+  before = _files(workdir)
+  _, step = checkpoints.restore_variables(workdir)  # What analysis, teachers and init_from read.
+  assert step == STEPS[-2]
+  assert _files(workdir) == before
+
+
 def test_no_readable_checkpoint_is_an_error_not_a_silent_restart(trained, data_dir, tmp_path):
   workdir = str(tmp_path / 'run')
   shutil.copytree(trained, workdir)

@@ -202,16 +202,19 @@ def restore(manager: ocp.CheckpointManager, abstract_state: Any, step: int | Non
 
 
 def restore_arrays(workdir: str, step: int | None = None) -> dict[str, Any]:
-  """The newest (or `step`'s) training state of `workdir` as a plain tree of host arrays.
+  """The newest readable (or `step`'s) training state of `workdir` as a tree of host arrays.
 
   Needs no model or optimizer: for teachers, fine-tuning and analysis, which use the parameters.
+  Unreadable newer checkpoints are skipped with a warning and left where they are.
   """
   manager = checkpoint_manager(workdir, keep=1, read_only=True)
-  step = manager.latest_step() if step is None else step
-  if step is None:
-    raise ValueError(f'{workdir!r} holds no checkpoint.')
-  restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
-  return jax.device_get(restored['state'])
+  read = lambda s: manager.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+  if step is not None:
+    return jax.device_get(read(step)['state'])
+  found = newest_readable(manager, read)
+  if found is None:
+    raise ValueError(f'{workdir!r} holds no readable checkpoint.')
+  return jax.device_get(found[1]['state'])
 
 
 def restore_variables(workdir: str, step: int | None = None, *, use_ema: bool = True
