@@ -25,7 +25,9 @@ def _config(**overrides):
 def _problems(config, devices=1, processes=1) -> list[str]:
   with pytest.raises(config_lib.ConfigError) as raised:
     config_lib.validate(config, devices=devices, processes=processes)
-  assert str(raised.value).count('\n') == len(raised.value.problems)  # One line each.
+  lines = str(raised.value).splitlines()  # One line for one problem, else a header and one each.
+  assert lines == ([f'Config field not valid: {raised.value.problems[0]}']
+                   if len(lines) == 1 else lines[:1] + [f'  {p}' for p in raised.value.problems])
   return raised.value.problems
 
 

@@ -30,8 +30,11 @@ class ConfigError(ValueError):
 
   def __init__(self, problems: list[str]):
     self.problems = problems
-    count = f'{len(problems)} config fields are' if len(problems) > 1 else 'A config field is'
-    super().__init__(f'{count} not valid:\n' + '\n'.join(f'  {p}' for p in problems))
+    if len(problems) == 1:
+      super().__init__(f'Config field not valid: {problems[0]}')
+    else:
+      super().__init__(f'{len(problems)} config fields are not valid:\n'
+                       + '\n'.join(f'  {p}' for p in problems))
 
 
 @dataclasses.dataclass(frozen=True)
