@@ -22,6 +22,7 @@ from typing import Any, Iterator
 
 from absl import logging
 from etils import epath
+import numpy as np
 
 LOCK_FILE = 'run.lock'
 
@@ -95,7 +96,8 @@ def hold(workdir: str, run_scope: contextlib.ExitStack) -> None:
       run_scope.enter_context(lock(workdir))
     except WorkdirInUse as e:
       error = e
-  if jax.process_count() > 1 and not multihost_utils.broadcast_one_to_all(error is None):
+  if jax.process_count() > 1 and not int(
+      multihost_utils.broadcast_one_to_all(np.int32(error is None))):
     error = error or WorkdirInUse(f'Process 0 found the work directory {workdir!r} in use by '
                                   'another run (its log names the holder).')
   if error is not None:
