@@ -1,6 +1,8 @@
 """Checkpoints: the training state in the work directory (orbax), and weights from elsewhere.
 
-Training checkpoints: `checkpoint_manager`, `save`, `restore`, `check_compatible`.
+Training checkpoints: `checkpoint_manager`, `save`, `restore`, `check_compatible`, and
+`restore_newest_readable`, which resumes from the newest checkpoint that can be read and sets the
+unreadable newer ones aside in `unreadable_checkpoints/` (never deleting them).
 
 Foreign weights: `load(path, model, image_size=...)` returns Flax variables for `model` from
   - a timm / DeiT / CaiT / DeepViT / T2T-ViT / RegNet PyTorch checkpoint, `.safetensors` (read
