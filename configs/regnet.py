@@ -32,6 +32,7 @@ VARIANTS = ('002', '004', '006', '008', '016', '032', '040', '064', '080', '120'
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """A small RegNetY on digits by default; `variant=160,dataset=imagenet2012` for the others."""
   args = common.parse_arg(arg, variant='', dataset='digits', image_size=224)
+  common.require_variant(args.variant, args.dataset, VARIANTS)
   config = common.get_config()
   config.dataset = args.dataset
   if args.variant:

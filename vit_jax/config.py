@@ -149,7 +149,10 @@ RULES: dict[str, Rule] = {
     'distillation.type': choice(DISTILLATION_TYPES),
     'distillation.alpha': PROBABILITY,
     'distillation.tau': number(0.0, low_open=True),
-    'distillation.teacher_workdir': text(empty=True),
+    'distillation.teacher': text(empty=True),
+    'distillation.teacher_normalization': Rule(
+        lambda v: v == '' or v in input_pipeline.NORMALIZATIONS,
+        f"'' (the student's) or one of {list(input_pipeline.NORMALIZATIONS)}"),
     'init_from': text(empty=True),
     'eval_only': BOOLEAN,
     'skip_unreadable_images': BOOLEAN,
@@ -223,10 +226,10 @@ def _schedule_problems(c: dict[str, Any]) -> list[str]:
 def _distillation_problems(c: dict[str, Any]) -> list[str]:
   """Distillation without a teacher."""
   problems = []
-  if c['distillation.type'] != 'none' and not c['distillation.teacher_workdir']:
-    problems.append(f"distillation.type={c['distillation.type']!r}: needs "
-                    'distillation.teacher_workdir, the --workdir of a run of vit_jax.main '
-                    "(or distillation.type='none').")
+  if c['distillation.type'] != 'none' and not c['distillation.teacher']:
+    problems.append(f"distillation.type={c['distillation.type']!r}: needs distillation.teacher, "
+                    'the --workdir of a run of vit_jax.main or MODEL:FILE (or '
+                    "distillation.type='none').")
   return problems
 
 
@@ -245,7 +248,7 @@ def _dataset_problems(c: dict[str, Any]) -> list[str]:
 _BATCH_FIELDS = ('batch_size', 'eval_batch_size', 'grad_accum_steps', 'repeated_aug')
 _JOINT_CHECKS = (
     (('num_epochs', 'warmup_epochs', 'warmup_steps', 'total_steps'), _schedule_problems),
-    (('distillation.type', 'distillation.teacher_workdir'), _distillation_problems),
+    (('distillation.type', 'distillation.teacher'), _distillation_problems),
     (('normalization', 'dataset'), _dataset_problems),
 )
 
