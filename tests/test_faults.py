@@ -151,7 +151,7 @@ def test_readers_of_a_run_skip_an_unreadable_checkpoint_and_move_nothing(trained
   shutil.copytree(trained, workdir)
   _truncate(os.path.join(workdir, 'checkpoints', str(STEPS[-1])))
   before = _files(workdir)
-  _, step = checkpoints.restore_variables(workdir)  # What analysis, teachers and init_from read.
+  _, step, _ = checkpoints.restore_variables(workdir)  # What analysis, teachers, init_from read.
   assert step == STEPS[-2]
   assert _files(workdir) == before
 

@@ -155,6 +155,7 @@ RULES: dict[str, Rule] = {
         f"'' (the student's) or one of {list(input_pipeline.NORMALIZATIONS)}"),
     'init_from': text(empty=True),
     'eval_only': BOOLEAN,
+    'use_ema': BOOLEAN,
     'skip_unreadable_images': BOOLEAN,
 }
 
