@@ -272,7 +272,7 @@ def test_unprepared_manual_dataset_says_where_the_archives_go(tmp_path):
   assert message.startswith(f"Dataset 'imagenet2012' is not prepared in data_dir={tmp_path}, "
                             'and TFDS cannot download it')
   assert f'Put its archives in {tmp_path}/downloads/manual (manual_dir should contain' in message
-  assert f'`tfds build imagenet2012 --data_dir={tmp_path}`' in message
+  assert f'`tfds build imagenet2012 --data_dir={tmp_path} --file_format=array_record`' in message
 
 
 def test_unprepared_dataset_without_network_names_the_command(tmp_path, monkeypatch):
@@ -288,8 +288,8 @@ def test_unprepared_dataset_without_network_names_the_command(tmp_path, monkeypa
       f"Dataset 'cifar10' is not prepared in data_dir={tmp_path}, and preparing it failed "
       "(ConnectionError: HTTPSConnectionPool(host='www.cs.toronto.edu'): Max retries exceeded). "
       f'Prepare it once where the network is reachable, `tfds build cifar10 '
-      f'--data_dir={tmp_path}` (copy that directory here if this machine is offline), then train '
-      f'with --config.data_dir={tmp_path}.')
+      f'--data_dir={tmp_path} --file_format=array_record` (copy that directory here if this '
+      f'machine is offline), then train with --config.data_dir={tmp_path}.')
 
 
 def _folder_with_a_truncated_jpeg(root: str) -> str:
