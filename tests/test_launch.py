@@ -202,7 +202,7 @@ def test_pins_satisfy_the_package_requirements():
   dependencies = text.split('dependencies = [', 1)[1].split(']', 1)[0]
   pins = requirement_pins()
   for line in dependencies.splitlines():
-    line = line.strip().strip(',').strip('"')
+    line = line.split('#', 1)[0].strip().strip(',').strip('"')
     if not line:
       continue
     requirement = packaging.Requirement(line)
