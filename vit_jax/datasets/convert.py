@@ -42,21 +42,21 @@ def add_array_record(builder: tfds.core.DatasetBuilder) -> None:
   builder.info.write_to_directory(builder.data_dir)
 
 
-_DATASET = flags.DEFINE_string('dataset', None, 'TFDS name of a prepared dataset, e.g. cifar10.')
-_DATA_DIR = flags.DEFINE_string('data_dir', None, "TFDS data dir (default: TFDS's own).")
-
-
 def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  builder = tfds.builder(_DATASET.value, data_dir=_DATA_DIR.value)
+  dataset = flags.FLAGS.dataset
+  builder = tfds.builder(dataset, data_dir=flags.FLAGS.data_dir)
   if not builder.is_prepared():
-    raise app.UsageError(f'Dataset {_DATASET.value!r} is not prepared in {builder.data_dir}; '
+    raise app.UsageError(f'Dataset {dataset!r} is not prepared in {builder.data_dir}; '
                          'prepare it first (tfds build, or its own instructions).')
   add_array_record(builder)
   print(f'{builder.data_dir}: formats {sorted(f.value for f in builder.info.available_file_formats())}.')
 
 
 if __name__ == '__main__':
+  # Defined here, not at import: the pipeline imports this module beside other commands' flags.
+  flags.DEFINE_string('dataset', None, 'TFDS name of a prepared dataset, e.g. cifar10.')
+  flags.DEFINE_string('data_dir', None, "TFDS data dir (default: TFDS's own).")
   flags.mark_flags_as_required(['dataset'])
   app.run(main)
