@@ -257,7 +257,11 @@ def test_recipe_pipeline_repeats_examples_and_resumes_exactly(data_dir):
   np.testing.assert_array_equal(augmented[2]['image'], resumed[0]['image'])
 
 
-def test_copies_of_an_example_must_share_a_batch(data_dir):
-  with pytest.raises(ValueError, match='multiple of config.repeated_aug=5'):
-    input_pipeline.train_iterator(_config(data_dir, repeated_aug=5), process_index=0,
-                                  process_count=1)
+def test_copies_of_an_example_may_span_two_batches(data_dir):
+  config = _config(data_dir, repeated_aug=3, augment='none', batch_size=10)
+  batches = _batches(config, 3)  # 30 positions: 10 examples, 3 copies each, in a row.
+  images = np.concatenate([b['image'] for b in batches]).reshape(10, 3, -1)
+  labels = np.concatenate([b['label'] for b in batches]).reshape(10, 3)
+  assert (labels == labels[:, :1]).all() and (images == images[:, :1]).all()
+  assert len({image.tobytes() for image in images[:, 0]}) == 10
+  np.testing.assert_array_equal(_batches(config, 1, start_step=2)[0]['image'], batches[2]['image'])

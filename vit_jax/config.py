@@ -192,17 +192,13 @@ def _field_problems(fields: dict[str, Any]) -> list[str]:
 def _batch_problems(c: dict[str, Any], devices: int, processes: int) -> list[str]:
   """Global batches that do not split evenly over processes, devices and micro-batches."""
   problems = []
-  batch, accumulate, repeats = c['batch_size'], c['grad_accum_steps'], c['repeated_aug']
+  batch, accumulate = c['batch_size'], c['grad_accum_steps']
   if batch % (devices * accumulate) or batch % processes:
     step = math.lcm(devices * accumulate, processes)
     problems.append(
         f'batch_size={batch}: must be a multiple of the {devices} device(s) × grad_accum_steps='
         f'{accumulate} and of the {processes} process(es), i.e. of {step} (e.g. '
         f'{max(step, batch // step * step)}), so that every micro-batch spans every device equally.')
-  elif (batch // processes) % repeats:
-    problems.append(f'batch_size={batch}: each process\'s share ({batch // processes}) must be a '
-                    f'multiple of repeated_aug={repeats}, so that all copies of an example share a '
-                    'batch.')
   eval_batch = c['eval_batch_size']
   if eval_batch % math.lcm(devices, processes):
     step = math.lcm(devices, processes)

@@ -450,8 +450,8 @@ def _shuffled_examples(config, num, lookup, start, process_index) -> tf.data.Dat
     positions = tf.data.Dataset.range(draw * repeats, (draw + 1) * repeats)
     return tf.data.Dataset.zip(tf.data.Dataset.from_tensors(example).repeat(), positions)
 
-  if repeats > 1:
-    examples = examples.flat_map(copies)
+  if repeats > 1:  # The first draw's copies may begin before `start`.
+    examples = examples.flat_map(copies).skip(start % repeats)
   return examples.map(lambda example, position: (*example, position))
 
 
@@ -481,14 +481,11 @@ def train_iterator(config: ml_collections.ConfigDict, *, start_step: int = 0,
   B = config.batch_size // process_count. Batches from `start_step=k` equal batches k, k+1, ...
   of a run from step 0 with the same config, and cost the same to start at any k (except for a
   streamed TFRecord dataset; see the module docstring). With config.repeated_aug = r > 1, each
-  batch holds B / r examples, each r times in a row, differently augmented.
+  drawn example fills r consecutive positions, differently augmented; where r does not divide B
+  the copies of an example may span two batches (DeiT's RASampler spreads them over devices).
   """
   process_index, process_count = _process(process_index, process_count)
   local_batch = _local_batch(config.batch_size, process_count, 'batch_size')
-  if local_batch % config.get('repeated_aug', 1):
-    raise ValueError(f'The per-process batch {local_batch} must be a multiple of '
-                     f'config.repeated_aug={config.repeated_aug}, so that all copies of an '
-                     'example share a batch.')
   if start_step < 0:
     raise ValueError(f'start_step must be >= 0, got {start_step}.')
   source = _resolve(config)
