@@ -1,18 +1,22 @@
-"""The DeiT recipe's augmentations (SPEC §7), with timm's semantics, seeded and stateless.
+"""The DeiT recipe's augmentations (Touvron et al. 2021, Table 9), with timm's semantics, seeded
+and stateless.
 
 * RandAugment (`'rand-m9-mstd0.5-inc1'` strings, timm's `rand_augment_transform`) and random
   erasing (timm's `RandomErasing`) act on one image inside the tf.data pipeline, keyed by a
   stateless seed, so each example's augmentation is a pure function of (seed, process, position).
 * Mixup / CutMix (timm's `Mixup`, mode 'batch') act on a whole batch on device: `mix_batch`.
 
-RandAugment ops work on uint8 RGB images with PIL's conventions (what timm runs): affine ops sample
-at output pixel centres, fill outside the image with the mean colour, and interpolate bicubically
-(Keys, a = -0.5) or bilinearly with edge clamping.
+RandAugment ops work on uint8 RGB images of static shape with PIL's conventions (what timm runs):
+affine ops sample at output pixel centres, fill outside the image with the mean colour, and
+interpolate bicubically (cubic convolution, a = -1) or bilinearly with edge clamping. Each op is
+one XLA program per image shape, compiled on first use; the random draws stay TensorFlow kernels,
+whose values XLA would not reproduce.
 """
 
 import dataclasses
 import functools
 import math
+import os
 import re
 
 import jax
@@ -299,6 +303,22 @@ _COMPILED_OPS = {name: tf.function(functools.partial(_pixel_op, name), jit_compi
                  for name in sorted(set(RAND_OPS + RAND_INCREASING_OPS))}
 
 
+@functools.cache
+def _ignore_jax_xla_flags() -> None:
+  """Has TensorFlow's XLA read its flags while XLA_FLAGS is unset.
+
+  XLA_FLAGS holds flags for JAX's XLA; TensorFlow bundles another, often older XLA, which aborts
+  the process on a flag it does not know. Each XLA reads the variable once, at its first
+  compilation, which this triggers.
+  """
+  jax_flags = os.environ.pop('XLA_FLAGS', None)
+  try:
+    tf.function(lambda: tf.zeros([]), jit_compile=True)()
+  finally:
+    if jax_flags is not None:
+      os.environ['XLA_FLAGS'] = jax_flags
+
+
 def apply_op(name: str, image: tf.Tensor, arg: tf.Tensor, fill: tf.Tensor | tuple[int, int, int],
              bicubic: bool | tf.Tensor) -> tf.Tensor:
   """timm's NAME_TO_OP[name](image, arg) on a uint8 (H, W, 3) image of static shape."""
@@ -307,6 +327,7 @@ def apply_op(name: str, image: tf.Tensor, arg: tf.Tensor, fill: tf.Tensor | tupl
   if not image.shape.is_fully_defined():
     raise ValueError(f'RandAugment needs an image of static shape, got {image.shape}; resize or '
                      'crop to a fixed size first.')
+  _ignore_jax_xla_flags()
   return _COMPILED_OPS[name](image, tf.cast(arg, tf.float64), tf.cast(fill, tf.uint8), bicubic)
 
 
@@ -324,8 +345,9 @@ def sample_magnitude(seed: tf.Tensor, spec: RandAugmentSpec) -> tf.Tensor:
 @tf.autograph.experimental.do_not_convert
 def randaugment(image: tf.Tensor, seed: tf.Tensor, spec: RandAugmentSpec, *,
                 fill: tuple[int, int, int], interpolation: str = 'bicubic') -> tf.Tensor:
-  """timm's RandAugment on one uint8 (H, W, 3) image: `num_layers` ops drawn with replacement,
-  each applied with probability `prob` at a freshly sampled magnitude.
+  """timm's RandAugment on one uint8 (H, W, 3) image of static shape: `num_layers` ops drawn
+  with replacement, each applied (and only then computed) with probability `prob` at a freshly
+  sampled magnitude.
 
   `interpolation` for the geometric ops: 'bicubic' (DeiT), 'bilinear', or 'random' (timm's
   default when no interpolation is given: one of the two per op).
