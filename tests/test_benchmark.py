@@ -116,7 +116,8 @@ def test_input_pipeline_against_timm_on_a_jpeg_folder(timm, tmp_path):
   for label in ('ours', 'timm'):
     images_per_s = _number(rf'{label}: +([\d.]+) images/s', out)
     per_core[label] = _number(rf'{label}: .* ([\d.]+) per core', out)
-    assert images_per_s > 0 and _number(rf'{label}: .* ([\d.]+) ms CPU/image', out) > 0
+    # CPU clocks tick in 10 ms: a tiny batch may well read 0.
+    assert images_per_s > 0 and _number(rf'{label}: .* ([\d.]+) ms CPU/image', out) >= 0
     assert per_core[label] == pytest.approx(images_per_s / len(os.sched_getaffinity(0)), rel=0.01)
   ratio = _number(r'ratio: +([\d.]+)x timm', out)
   assert ratio == pytest.approx(per_core['ours'] / per_core['timm'], rel=0.02)
