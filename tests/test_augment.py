@@ -70,6 +70,19 @@ def test_ops_match_timm(timm, interpolation, monkeypatch):
       assert difference.mean() < 0.15, (name, magnitude, negate, difference.mean())
 
 
+def test_every_op_compiles_once_per_image_shape():
+  # An op whose program needed the image's or argument's values at compile time (as
+  # tf.math.bincount's output size does) would be compiled afresh for every image. A traced
+  # `bicubic` compiles both interpolations.
+  image = tf.TensorSpec([20, 24, 3], tf.uint8)
+  arg, fill = tf.TensorSpec([], tf.float64), tf.TensorSpec([3], tf.uint8)
+  bicubic = tf.TensorSpec([], tf.bool)
+  for name in ALL_OPS:
+    hlo = augment._COMPILED_OPS[name].experimental_get_compiler_ir(image, arg, fill, bicubic)(
+        stage='hlo')
+    assert 'u8[20,24,3]' in hlo, name
+
+
 def test_op_arguments_stay_in_their_ranges():
   ranges = {'Rotate': (-30, 30), 'ShearX': (-0.3, 0.3), 'ShearY': (-0.3, 0.3),
             'TranslateXRel': (-0.45, 0.45), 'TranslateYRel': (-0.45, 0.45),

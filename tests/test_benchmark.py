@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 
+import numpy as np
+from PIL import Image
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -73,6 +75,8 @@ def test_family_table_row_beside_its_plain_vit_twin():
     (['--layers_row=vit_ti4:2:0'], 'MODEL:SCAN:REMAT'),
     (['--layers_table', '--layers_models=vit_tiny9'], 'unknown models'),
     (['--steps=0'], '--steps=0'),
+    (['--input_pipeline', '--late_step=0'], '--late_step=0'),
+    (['--input_pipeline', '--vs_timm'], "--vs_timm needs config.augment='inception_crop'"),
 ])
 def test_bad_arguments_are_refused_before_compiling(args, message):
   result = _benchmark(*TINY, *args)
@@ -84,3 +88,39 @@ def test_vs_timm_is_also_spelled_with_a_dash():
   result = _benchmark(*TINY, '--vs-timm', '--steps=0')  # Parsed, then refused for --steps.
   assert result.returncode != 0
   assert '--steps=0 must be' in result.stderr and 'Unknown command line flag' not in result.stderr
+
+
+def _jpeg_folder(root, classes=2, per_class=4):
+  rng = np.random.default_rng(0)
+  for c in range(classes):
+    os.makedirs(os.path.join(root, 'train', f'class{c}'))
+    for i in range(per_class):
+      size = (48, 36) if i % 2 else (36, 48)
+      pixels = rng.integers(0, 256, (*size, 3), dtype=np.uint8)
+      Image.fromarray(pixels).save(os.path.join(root, 'train', f'class{c}', f'{i}.jpg'))
+  return root
+
+
+def test_input_pipeline_against_timm_on_a_jpeg_folder(timm, tmp_path):
+  del timm  # Only to skip where timm is absent.
+  root = _jpeg_folder(str(tmp_path / 'images'))
+  result = _benchmark('--input_pipeline', '--vs_timm',
+                      f'--config=configs/deit.py:variant=Ti,image_size=32,dataset=folder:{root}',
+                      f'--data_dir={tmp_path / "tfds"}', '--batch=6', '--steps=1', '--warmup=0',
+                      '--repeats=1', '--late_step=4')
+  assert result.returncode == 0, result.stderr
+  out = result.stdout
+  assert 'rand-m9-mstd0.5-inc1, random erasing 0.25, repeated augmentation x3' in out
+  assert _number(r'first batch: +([\d.]+) s \(the process', out) > 0
+  per_core = {}
+  for label in ('ours', 'timm'):
+    images_per_s = _number(rf'{label}: +([\d.]+) images/s', out)
+    per_core[label] = _number(rf'{label}: .* ([\d.]+) per core', out)
+    # CPU clocks tick in 10 ms: a tiny batch may well read 0.
+    assert images_per_s > 0 and _number(rf'{label}: .* ([\d.]+) ms CPU/image', out) >= 0
+    assert per_core[label] == pytest.approx(images_per_s / len(os.sched_getaffinity(0)), rel=0.01)
+  ratio = _number(r'ratio: +([\d.]+)x timm', out)
+  assert ratio == pytest.approx(per_core['ours'] / per_core['timm'], rel=0.02)
+  early = _number(r'first batch: +step 0: ([\d.]+) s', out)
+  late = _number(r'step 4 \(24 examples consumed\): ([\d.]+) s', out)
+  assert early > 0 and late > 0

@@ -236,6 +236,41 @@ def test_inception_crop_boxes_follow_timm_ranges():
   assert max(areas) - min(areas) > 0.5  # The range is actually explored.
 
 
+def _photo_like(height=60, width=80):
+  rows, cols = np.mgrid[0:height, 0:width]
+  noise = np.random.default_rng(3).integers(0, 40, (height, width, 3))
+  return (np.stack([cols * 3, rows * 4, cols + rows], -1) % 200 + noise).astype(np.uint8)
+
+
+@pytest.mark.parametrize('augment', ['inception_crop', 'crop_flip'])
+def test_train_image_from_encoded_bytes_is_the_decoded_images(augment):
+  pixels = _photo_like()
+  config = _config(None, image_size=24, augment=augment, normalization='imagenet',
+                   random_erase_prob=0.5)
+  train = tf.function(lambda image, seed: input_pipeline._train_image(image, seed, config))
+  png, jpeg = tf.io.encode_png(pixels), tf.io.encode_jpeg(pixels, quality=95)
+  decoded_jpeg = tf.io.decode_jpeg(jpeg)
+  for i in range(6):
+    seed = tf.constant([i, 2], tf.int64)
+    # The same pixels, up to the float rounding of resizing an image of static or dynamic shape.
+    np.testing.assert_allclose(train(png, seed), train(pixels, seed), atol=1e-5)
+    if augment == 'crop_flip':  # Decoded whole, as tf.io.decode_jpeg does.
+      np.testing.assert_allclose(train(jpeg, seed), train(decoded_jpeg, seed), atol=1e-5)
+
+
+def test_inception_crop_of_a_jpeg_decodes_the_same_window():
+  jpeg = tf.io.encode_jpeg(_photo_like(), quality=95)
+  decoded = tf.io.decode_jpeg(jpeg)
+  for i in range(20):
+    seed = tf.constant([i, 5], tf.int64)
+    window = input_pipeline._inception_crop(jpeg, seed).numpy().astype(int)
+    expected = input_pipeline._inception_crop(decoded, seed).numpy().astype(int)
+    assert window.shape == expected.shape
+    # Chroma upsampling differs only along the window's edges.
+    assert np.abs(window - expected)[1:-1, 1:-1].max() <= 1
+    assert np.abs(window - expected).mean() < 0.5
+
+
 def test_bad_dataset_name_raises():
   with pytest.raises(ValueError, match=r"'no_such_dataset'.*'digits'.*'cifar10'"):
     input_pipeline.get_dataset_info(_config(None, dataset='no_such_dataset'))

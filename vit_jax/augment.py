@@ -1,17 +1,22 @@
-"""The DeiT recipe's augmentations (SPEC §7), with timm's semantics, seeded and stateless.
+"""The DeiT recipe's augmentations (Touvron et al. 2021, Table 9), with timm's semantics, seeded
+and stateless.
 
 * RandAugment (`'rand-m9-mstd0.5-inc1'` strings, timm's `rand_augment_transform`) and random
   erasing (timm's `RandomErasing`) act on one image inside the tf.data pipeline, keyed by a
   stateless seed, so each example's augmentation is a pure function of (seed, process, position).
 * Mixup / CutMix (timm's `Mixup`, mode 'batch') act on a whole batch on device: `mix_batch`.
 
-RandAugment ops work on uint8 RGB images with PIL's conventions (what timm runs): affine ops sample
-at output pixel centres, fill outside the image with the mean colour, and interpolate bicubically
-(Keys, a = -0.5) or bilinearly with edge clamping.
+RandAugment ops work on uint8 RGB images of static shape with PIL's conventions (what timm runs):
+affine ops sample at output pixel centres, fill outside the image with the mean colour, and
+interpolate bicubically (cubic convolution, a = -1) or bilinearly with edge clamping. Each op is
+one XLA program per image shape, compiled on first use; the random draws stay TensorFlow kernels,
+whose values XLA would not reproduce.
 """
 
 import dataclasses
+import functools
 import math
+import os
 import re
 
 import jax
@@ -124,8 +129,10 @@ def _lut(image: tf.Tensor, table: tf.Tensor) -> tf.Tensor:
 
 def _histograms(image: tf.Tensor) -> tf.Tensor:
   """(3, 256) per-channel histograms."""
-  return tf.stack([tf.math.bincount(tf.cast(image[..., c], tf.int32), minlength=256, maxlength=256)
-                   for c in range(3)])
+  # A segment sum of fixed size: XLA would compile tf.math.bincount afresh for every image.
+  bins = tf.cast(image, tf.int32) + tf.constant([0, 256, 512])
+  counts = tf.math.unsorted_segment_sum(tf.ones_like(bins), bins, 3 * 256)
+  return tf.reshape(counts, [3, 256])
 
 
 def _auto_contrast(image: tf.Tensor) -> tf.Tensor:
@@ -172,15 +179,19 @@ def _solarize_add(image: tf.Tensor, add: tf.Tensor) -> tf.Tensor:
 
 def _smooth(image: tf.Tensor) -> tf.Tensor:
   """ImageFilter.SMOOTH: 3x3 kernel [[1,1,1],[1,5,1],[1,1,1]] / 13, border pixels kept."""
-  kernel = tf.constant([[1, 1, 1], [1, 5, 1], [1, 1, 1]], tf.float32) / 13.0
-  kernel = tf.tile(kernel[:, :, None, None], [1, 1, 3, 1])
-  smoothed = tf.nn.depthwise_conv2d(tf.cast(image, tf.float32)[None], kernel, [1, 1, 1, 1],
-                                    'SAME')[0]
-  smoothed = tf.cast(tf.clip_by_value(tf.floor(smoothed + 0.5), 0.0, 255.0), tf.uint8)
-  height, width = tf.shape(image)[0], tf.shape(image)[1]
+  height, width = image.shape[0], image.shape[1]
+  if height < 3 or width < 3:
+    return image
+  values = tf.cast(image, tf.int32)
+  window = 4 * values[1:-1, 1:-1]
+  for dy in range(3):
+    for dx in range(3):
+      window += values[dy:dy + height - 2, dx:dx + width - 2]
+  # round(window / 13), in integers: the sum is exact and no quotient is a tie.
+  smoothed = tf.cast((2 * window + 13) // 26, tf.uint8)
   rows, cols = tf.range(height)[:, None], tf.range(width)[None, :]
   interior = (rows > 0) & (rows < height - 1) & (cols > 0) & (cols < width - 1)
-  return tf.where(interior[..., None], smoothed, image)
+  return tf.where(interior[..., None], tf.pad(smoothed, [[1, 1], [1, 1], [0, 0]]), image)
 
 
 def _cubic_weights(t: tf.Tensor) -> tf.Tensor:
@@ -246,11 +257,10 @@ def _rotate_matrix(degrees: tf.Tensor, height: tf.Tensor, width: tf.Tensor):
   return (cos, sin, cx - cos * cx - sin * cy, -sin, cos, cy + sin * cx - cos * cy)
 
 
-def apply_op(name: str, image: tf.Tensor, arg: tf.Tensor, fill: tf.Tensor,
-             bicubic: bool | tf.Tensor) -> tf.Tensor:
-  """timm's NAME_TO_OP[name](image, arg) on a uint8 (H, W, 3) image."""
-  arg = tf.cast(arg, tf.float64)
-  height, width = tf.shape(image)[0], tf.shape(image)[1]
+def _pixel_op(name: str, image: tf.Tensor, arg: tf.Tensor, fill: tf.Tensor,
+              bicubic: bool | tf.Tensor) -> tf.Tensor:
+  """The pixel work of `apply_op`, on an image of static shape."""
+  height, width = image.shape[0], image.shape[1]
   one, zero = tf.constant(1.0, tf.float64), tf.constant(0.0, tf.float64)
   if name == 'AutoContrast':
     return _auto_contrast(image)
@@ -281,13 +291,44 @@ def apply_op(name: str, image: tf.Tensor, arg: tf.Tensor, fill: tf.Tensor,
   if name == 'ShearY':
     return _affine(image, (one, zero, zero, arg, one, zero), fill, bicubic, along='y')
   if name == 'TranslateXRel':
-    return _affine(image, (one, zero, arg * tf.cast(width, tf.float64), zero, one, zero), fill,
-                   bicubic, along='x')
-  if name == 'TranslateYRel':
-    return _affine(image, (one, zero, zero, zero, one, arg * tf.cast(height, tf.float64)), fill,
-                   bicubic, along='y')
-  valid = sorted(set(RAND_OPS + RAND_INCREASING_OPS))
-  raise ValueError(f'Unknown RandAugment op {name!r}; valid: {valid}.')
+    return _affine(image, (one, zero, arg * width, zero, one, zero), fill, bicubic, along='x')
+  assert name == 'TranslateYRel', name
+  return _affine(image, (one, zero, zero, zero, one, arg * height), fill, bicubic, along='y')
+
+
+# One XLA program per op and image shape: fused, the per-pixel work of the geometric ops costs a
+# fifth of what TensorFlow's kernels spend on it, one op at a time, and every op gets cheaper.
+_COMPILED_OPS = {name: tf.function(functools.partial(_pixel_op, name), jit_compile=True,
+                                   autograph=False)
+                 for name in sorted(set(RAND_OPS + RAND_INCREASING_OPS))}
+
+
+@functools.cache
+def _ignore_jax_xla_flags() -> None:
+  """Has TensorFlow's XLA read its flags while XLA_FLAGS is unset.
+
+  XLA_FLAGS holds flags for JAX's XLA; TensorFlow bundles another, often older XLA, which aborts
+  the process on a flag it does not know. Each XLA reads the variable once, at its first
+  compilation, which this triggers.
+  """
+  jax_flags = os.environ.pop('XLA_FLAGS', None)
+  try:
+    tf.function(lambda: tf.zeros([]), jit_compile=True)()
+  finally:
+    if jax_flags is not None:
+      os.environ['XLA_FLAGS'] = jax_flags
+
+
+def apply_op(name: str, image: tf.Tensor, arg: tf.Tensor, fill: tf.Tensor | tuple[int, int, int],
+             bicubic: bool | tf.Tensor) -> tf.Tensor:
+  """timm's NAME_TO_OP[name](image, arg) on a uint8 (H, W, 3) image of static shape."""
+  if name not in _COMPILED_OPS:
+    raise ValueError(f'Unknown RandAugment op {name!r}; valid: {sorted(_COMPILED_OPS)}.')
+  if not image.shape.is_fully_defined():
+    raise ValueError(f'RandAugment needs an image of static shape, got {image.shape}; resize or '
+                     'crop to a fixed size first.')
+  _ignore_jax_xla_flags()
+  return _COMPILED_OPS[name](image, tf.cast(arg, tf.float64), tf.cast(fill, tf.uint8), bicubic)
 
 
 def sample_magnitude(seed: tf.Tensor, spec: RandAugmentSpec) -> tf.Tensor:
@@ -304,8 +345,9 @@ def sample_magnitude(seed: tf.Tensor, spec: RandAugmentSpec) -> tf.Tensor:
 @tf.autograph.experimental.do_not_convert
 def randaugment(image: tf.Tensor, seed: tf.Tensor, spec: RandAugmentSpec, *,
                 fill: tuple[int, int, int], interpolation: str = 'bicubic') -> tf.Tensor:
-  """timm's RandAugment on one uint8 (H, W, 3) image: `num_layers` ops drawn with replacement,
-  each applied with probability `prob` at a freshly sampled magnitude.
+  """timm's RandAugment on one uint8 (H, W, 3) image of static shape: `num_layers` ops drawn
+  with replacement, each applied (and only then computed) with probability `prob` at a freshly
+  sampled magnitude.
 
   `interpolation` for the geometric ops: 'bicubic' (DeiT), 'bilinear', or 'random' (timm's
   default when no interpolation is given: one of the two per op).
@@ -331,8 +373,8 @@ def randaugment(image: tf.Tensor, seed: tf.Tensor, spec: RandAugmentSpec, *,
         (lambda name=name: apply_op(name, image, level_to_arg(name, magnitude, negate), fill,
                                     bicubic))
         for name in ops]
-    augmented = tf.ensure_shape(tf.switch_case(choice, branches), image.shape)
-    return index + 1, tf.where(apply, augmented, image)
+    augmented = tf.cond(apply, lambda: tf.switch_case(choice, branches), lambda: image)
+    return index + 1, tf.ensure_shape(augmented, image.shape)
 
   # One traced layer, looped: the graph holds each op once however many layers there are.
   _, image = tf.while_loop(lambda index, _: index < spec.num_layers, layer,
@@ -370,16 +412,21 @@ def erase_box(seed: tf.Tensor, height: int, width: int) -> tuple[tf.Tensor, ...]
 @tf.autograph.experimental.do_not_convert
 def random_erase(image: tf.Tensor, seed: tf.Tensor, probability: float) -> tf.Tensor:
   """timm's RandomErasing(mode='pixel', max_count=1) on a normalised (H, W, C) float image:
-  with `probability`, one box (area 2-33 %, log-uniform aspect 0.3-3.3) becomes N(0, 1) noise."""
+  with `probability`, one box (area 2-33 %, log-uniform aspect 0.3-3.3) becomes N(0, 1) noise,
+  drawn for the box alone (as timm draws it)."""
   apply_seed, box_seed, noise_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 3))
-  height, width = image.shape[0], image.shape[1]
-  top, left, box_h, box_w = erase_box(box_seed, height, width)
-  rows = tf.range(height)[:, None]
-  cols = tf.range(width)[None, :]
-  box = (rows >= top) & (rows < top + box_h) & (cols >= left) & (cols < left + box_w)
-  box &= tf.random.stateless_uniform([], apply_seed) < probability
-  noise = tf.random.stateless_normal(tf.shape(image), noise_seed, dtype=image.dtype)
-  return tf.where(box[..., None], noise, image)
+  height, width, channels = image.shape
+
+  def erase():
+    top, left, box_h, box_w = erase_box(box_seed, height, width)
+    noise = tf.random.stateless_normal([box_h, box_w, channels], noise_seed, dtype=image.dtype)
+    noise = tf.pad(noise, [[top, height - top - box_h], [left, width - left - box_w], [0, 0]])
+    rows = tf.range(height)[:, None]
+    cols = tf.range(width)[None, :]
+    box = (rows >= top) & (rows < top + box_h) & (cols >= left) & (cols < left + box_w)
+    return tf.where(box[..., None], noise, image)
+
+  return tf.cond(tf.random.stateless_uniform([], apply_seed) < probability, erase, lambda: image)
 
 
 # Mixup / CutMix, on a batch on device.

@@ -4,6 +4,8 @@ r"""Training and inference throughput of a config's model, optionally against ti
   python -m vit_jax.benchmark --family_table --batch=32
   python -m vit_jax.benchmark --layers_table --layers_models=cait_xxs24,deepvit_32b --batch=4
   python -m vit_jax.benchmark --config=configs/vit.py:variant=B/16 --dtype=bfloat16 --batch=256
+  python -m vit_jax.benchmark --input_pipeline --batch=96 --vs_timm \
+      --config=configs/deit.py:variant=S,dataset=folder:/path/to/images
 
 A training step is `vit_jax.train`'s (forward, loss, gradients, optimizer update, metrics) on
 random images; an inference step is a jitted forward pass with train=False. Every step is blocked
@@ -18,7 +20,8 @@ Besides images/s it prints compile times, XLA's memory account of the compiled t
 peak host (and, where the runtime reports it, device) memory, XLA's FLOP count of a step and the
 achieved FLOP/s; with a known peak (`--peak_tflops`, or the table `PEAK_TFLOPS` for bfloat16 on
 accelerators) also the model FLOPs utilisation. `--layers_table` measures deep models with and
-without scan-over-layers and remat, each combination in a fresh process.
+without scan-over-layers and remat, each combination in a fresh process. `--input_pipeline` times
+the training input pipeline instead, alone (`vit_jax.input_benchmark`).
 """
 
 import dataclasses
@@ -26,15 +29,16 @@ import json
 import os
 import re
 import resource
-import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from absl import app
 from absl import flags
 from ml_collections import config_flags
+
+from vit_jax import stopwatch
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', 'configs/vit.py:variant=Ti/4', 'Training configuration file.', lock_config=False)
@@ -70,6 +74,14 @@ _LAYERS_ROW = flags.DEFINE_string('layers_row', None, 'MODEL:SCAN:REMAT (0 or 1)
                                   '--layers_table, printed as JSON (used by --layers_table).')
 _PEAK_TFLOPS = flags.DEFINE_float('peak_tflops', None, "The device's peak TFLOP/s at --dtype, "
                                   'for model FLOPs utilisation (default: PEAK_TFLOPS).')
+_INPUT_PIPELINE = flags.DEFINE_bool('input_pipeline', False, 'Time the training input pipeline '
+                                    'alone (vit_jax.input_benchmark): images/s and the time to a '
+                                    'first batch; with --vs_timm beside timm\'s transforms and a '
+                                    'torch DataLoader on the same images.')
+_LATE_STEP = flags.DEFINE_integer('late_step', None, '--input_pipeline: the late start step whose '
+                                  'first batch is timed (default: the first step after 100,000 '
+                                  'consumed examples).')
+_DATA_DIR = flags.DEFINE_string('data_dir', None, "TFDS data directory (default: the config's).")
 
 # Dense peak bfloat16 TFLOP/s per chip, by the start of `device_kind` (vendor data sheets).
 PEAK_TFLOPS = {'NVIDIA H100': 989.0, 'NVIDIA H200': 989.0, 'NVIDIA A100': 312.0,
@@ -80,11 +92,6 @@ PEAK_TFLOPS = {'NVIDIA H100': 989.0, 'NVIDIA H200': 989.0, 'NVIDIA A100': 312.0,
 FAMILY_MODELS = {'deit_ti16': 224, 'cait_ti4': 32, 'deepvit_ti4': 32, 't2t_vit_t_14': 224,
                  't2t_vit_14': 224, 'sa_conv_quadratic': 32, 'sa_conv_gaussian': 32,
                  'sa_conv_learned': 32, 'sa_conv_learned_content': 32}
-
-
-def load_average() -> str:
-  """The 1-, 5- and 15-minute load averages, to judge how busy the machine was."""
-  return ' '.join(f'{x:.2f}' for x in os.getloadavg())
 
 
 def peak_host_memory_mib() -> float:
@@ -112,29 +119,6 @@ class Contender:
   num_params: int = 0
   train_flops: float | None = None  # XLA's count for one training step.
   train_memory_mib: dict[str, float] = dataclasses.field(default_factory=dict)
-
-
-@dataclasses.dataclass
-class Timing:
-  """Wall-clock and process CPU seconds per step of each timed block, in the order they ran."""
-  block_wall_s: tuple[float, ...]
-  block_cpu_s: tuple[float, ...]
-
-  @property
-  def wall_s(self) -> float:
-    """The median block's wall-clock seconds per step."""
-    return statistics.median(self.block_wall_s)
-
-  @property
-  def cpu_s(self) -> float:
-    """The median block's process CPU seconds per step."""
-    return statistics.median(self.block_cpu_s)
-
-
-def paired_ratios(ours: Timing, theirs: Timing) -> list[float]:
-  """Their time over ours, block by block: each pair ran back to back, so drift in the
-  machine's speed over the run cancels out of every ratio."""
-  return [t / o for o, t in zip(ours.block_wall_s, theirs.block_wall_s)]
 
 
 def benchmark_config(config, *, batch: int, image_size: int, dtype: str | None,
@@ -287,28 +271,15 @@ def timm_contender(config, model, num_classes: int) -> Contender:
 
 
 def time_interleaved(contenders: list[Contender], *, kind: str, steps: int, warmup: int,
-                     repeats: int) -> list[Timing]:
+                     repeats: int) -> list[stopwatch.Timing]:
   """Per-step timings of each contender, their blocks of `steps` steps alternating.
 
   Every block starts with `warmup` untimed steps: the contenders share one process heap, and a
   step that must first fault in memory the other contender's steps took over (seconds for a
   ViT-Ti training step's gigabyte of temporaries on a VM) measures the allocator, not the model.
   """
-  run = lambda c, n: (c.train_steps if kind == 'train' else c.infer_steps)(n)
-  wall = [[] for _ in contenders]
-  cpu = [[] for _ in contenders]
-  for _ in range(repeats):
-    for i, contender in enumerate(contenders):
-      run(contender, warmup)
-      start_wall, start_cpu = time.perf_counter(), time.process_time()
-      run(contender, steps)
-      wall[i].append((time.perf_counter() - start_wall) / steps)
-      cpu[i].append((time.process_time() - start_cpu) / steps)
-  return [Timing(tuple(w), tuple(c)) for w, c in zip(wall, cpu)]
-
-
-def report(key: str, value: str) -> None:
-  print(f'{key + ":":<20}{value}', flush=True)
+  runs = [c.train_steps if kind == 'train' else c.infer_steps for c in contenders]
+  return stopwatch.time_blocks(runs, steps=steps, warmups=[warmup] * len(runs), repeats=repeats)
 
 
 def threads_description() -> str:
@@ -324,24 +295,26 @@ def run_single(config, *, num_classes: int, steps: int, warmup: int, repeats: in
   """Benchmarks the config's model (and timm's twin); prints and returns images/s and ratios."""
   import jax  # pylint: disable=g-import-not-at-top
   device = jax.devices()[0]
-  report('model', f'{config.model.name} {dict(config.model)}')
-  report('batch', f'{config.batch_size} x {config.image_size}x{config.image_size}x3, '
-         f'dtype {config.dtype}, {num_classes} classes')
-  report('device', f'{device.device_kind} ({device.platform}), jax {jax.__version__}, '
-         f'XLA_FLAGS={os.environ.get("XLA_FLAGS", "")!r}')
-  report('load average', f'{load_average()} (start)')
+  stopwatch.report('model', f'{config.model.name} {dict(config.model)}')
+  stopwatch.report('batch', f'{config.batch_size} x {config.image_size}x{config.image_size}x3, '
+                   f'dtype {config.dtype}, {num_classes} classes')
+  stopwatch.report('device', f'{device.device_kind} ({device.platform}), jax {jax.__version__}, '
+                   f'XLA_FLAGS={os.environ.get("XLA_FLAGS", "")!r}')
+  stopwatch.report('load average', f'{stopwatch.load_average()} (start)')
   ours = jax_contender(config, num_classes)
-  report('parameters', f'{ours.num_params:,}')
-  report('compile', f'train {ours.compile_s["train"]:.1f} s (+ trace {ours.compile_s["lower"]:.1f}'
-         f' s), inference {ours.compile_s["inference"]:.1f} s, init {ours.compile_s["init"]:.1f} s')
+  stopwatch.report('parameters', f'{ours.num_params:,}')
+  compile_s = ours.compile_s
+  stopwatch.report('compile', f'train {compile_s["train"]:.1f} s (+ trace {compile_s["lower"]:.1f}'
+                   f' s), inference {compile_s["inference"]:.1f} s, init {compile_s["init"]:.1f} s')
   if ours.train_memory_mib:
-    report('XLA train memory', f'{ours.train_memory_mib["total"]:.0f} MiB live at once, of which '
-           f'{ours.train_memory_mib["temp"]:.0f} MiB temporaries')
-  report('peak host memory', f'{peak_host_memory_mib():.0f} MiB RSS (ours, after compiling)')
+    stopwatch.report('XLA train memory', f'{ours.train_memory_mib["total"]:.0f} MiB live at once, '
+                     f'of which {ours.train_memory_mib["temp"]:.0f} MiB temporaries')
+  stopwatch.report('peak host memory',
+                   f'{peak_host_memory_mib():.0f} MiB RSS (ours, after compiling)')
   contenders = [ours]
   if vs_timm:
     contenders.append(timm_contender(config, ours.model, num_classes))
-  report('threads', threads_description())
+  stopwatch.report('threads', threads_description())
   results = {}
   for kind in ('train', 'inference') if inference else ('train',):
     timings = time_interleaved(contenders, kind=kind, steps=steps, warmup=warmup,
@@ -350,22 +323,23 @@ def run_single(config, *, num_classes: int, steps: int, warmup: int, repeats: in
       images_per_s = config.batch_size / timing.wall_s
       results[f'{kind}_{label}_images_per_s'] = images_per_s
       blocks = f'{1e3 * min(timing.block_wall_s):.0f}-{1e3 * max(timing.block_wall_s):.0f}'
-      report(f'{kind} {label}', f'{images_per_s:.1f} images/s ({1e3 * timing.wall_s:.0f} ms/step,'
-             f' {1e3 * timing.cpu_s:.0f} ms CPU/step; median of {repeats} x {steps} steps, '
-             f'blocks {blocks} ms/step)')
+      stopwatch.report(f'{kind} {label}',
+                       f'{images_per_s:.1f} images/s ({1e3 * timing.wall_s:.0f} ms/step, '
+                       f'{1e3 * timing.cpu_s:.0f} ms CPU/step; median of {repeats} x {steps} '
+                       f'steps, blocks {blocks} ms/step)')
     if kind == 'train' and ours.train_flops:
-      report('train FLOPs', flops_report(ours.train_flops, timings[0].wall_s, device,
-                                         config.dtype))
+      stopwatch.report('train FLOPs', flops_report(ours.train_flops, timings[0].wall_s, device,
+                                                   config.dtype))
     if vs_timm:
       ratio = results[f'{kind}_ours_images_per_s'] / results[f'{kind}_timm_images_per_s']
       results[f'{kind}_ratio'] = ratio
-      paired = paired_ratios(*timings)
-      report(f'{kind} ratio', f'{ratio:.2f}x timm images/s ({contenders[1].name}); block pairs '
-             f'{min(paired):.2f}-{max(paired):.2f}x')
-    report('load average', f'{load_average()} (after {kind})')
-  report('peak host memory', f'{peak_host_memory_mib():.0f} MiB RSS'
-         + (' (both frameworks)' if vs_timm else ''))
-  report('peak device memory', peak_device_memory())
+      paired = stopwatch.paired_ratios(*timings)
+      stopwatch.report(f'{kind} ratio', f'{ratio:.2f}x timm images/s ({contenders[1].name}); '
+                       f'block pairs {min(paired):.2f}-{max(paired):.2f}x')
+    stopwatch.report('load average', f'{stopwatch.load_average()} (after {kind})')
+  stopwatch.report('peak host memory', f'{peak_host_memory_mib():.0f} MiB RSS'
+                   + (' (both frameworks)' if vs_timm else ''))
+  stopwatch.report('peak device memory', peak_device_memory())
   return results
 
 
@@ -433,9 +407,9 @@ def run_family_table(config, *, sizes: dict[str, int], num_classes: int, steps: 
   is their quotient, the family's time per FLOP relative to ViT's.
   """
   import ml_collections  # pylint: disable=g-import-not-at-top
-  report('batch', f'{config.batch_size} images, dtype {config.dtype}')
-  report('threads', threads_description())
-  report('load average', f'{load_average()} (start)')
+  stopwatch.report('batch', f'{config.batch_size} images, dtype {config.dtype}')
+  stopwatch.report('threads', threads_description())
+  stopwatch.report('load average', f'{stopwatch.load_average()} (start)')
   print(f'{"model":<25}{"size":>5}{"width":>6}{"depth":>6}{"heads":>6}{"tokens":>7}{"ms/step":>9}'
         f'{"ViT tokens":>11}{"ViT ms":>8}{"ratio":>7}{"FLOP ratio":>11}{"per FLOP":>9}'
         '  load average', flush=True)
@@ -462,7 +436,7 @@ def run_family_table(config, *, sizes: dict[str, int], num_classes: int, steps: 
     print(f'{name:<25}{size:>5}{row["width"]:>6}{row["depth"]:>6}{row["heads"]:>6}{tokens:>7}'
           f'{1e3 * row["step_s"]:>9.0f}{vit_tokens:>11}{1e3 * row["vit_step_s"]:>8.0f}'
           f'{row["ratio"]:>7.2f}{row["flop_ratio"]:>11.2f}'
-          f'{row["ratio"] / row["flop_ratio"]:>9.2f}  {load_average()}', flush=True)
+          f'{row["ratio"] / row["flop_ratio"]:>9.2f}  {stopwatch.load_average()}', flush=True)
   return rows
 
 
@@ -486,9 +460,9 @@ def layers_row(config, name: str, scan: bool, remat: bool, *, num_classes: int, 
 
 def run_layers_table(config, *, names: list[str]) -> list[dict[str, Any]]:
   """Each model with scan_layers and remat off and on, one fresh process per combination."""
-  report('batch', f'{config.batch_size} x {config.image_size}x{config.image_size}x3, '
-         f'dtype {config.dtype}')
-  report('threads', threads_description())
+  stopwatch.report('batch', f'{config.batch_size} x {config.image_size}x{config.image_size}x3, '
+                   f'dtype {config.dtype}')
+  stopwatch.report('threads', threads_description())
   print(f'{"model":<16}{"scan":>5}{"remat":>6}{"init s":>8}{"trace s":>8}{"compile s":>10}'
         f'{"(CPU s)":>9}{"s/step":>8}{"XLA MiB":>9}{"(temp)":>8}{"RSS MiB":>9}  load',
         flush=True)
@@ -526,9 +500,16 @@ def parse_layers_row(value: str) -> tuple[str, bool, bool]:
 def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  for name in ('steps', 'repeats'):
-    if flags.FLAGS[name].value < 1:
+  for name in ('steps', 'repeats', 'late_step'):
+    if flags.FLAGS[name].value is not None and flags.FLAGS[name].value < 1:
       raise app.UsageError(f'--{name}={flags.FLAGS[name].value} must be >= 1.')
+  if _INPUT_PIPELINE.value:
+    from vit_jax import input_benchmark  # pylint: disable=g-import-not-at-top
+    if _VS_TIMM.value:
+      try:
+        input_benchmark.check_vs_timm(_CONFIG.value)
+      except ValueError as e:
+        raise app.UsageError(str(e)) from e
   if _THREADS.value is not None:
     cpus = sorted(os.sched_getaffinity(0))
     if not 1 <= _THREADS.value <= len(cpus):
@@ -542,16 +523,27 @@ def main(argv) -> None:
       from vit_jax import checkpoints  # pylint: disable=g-import-not-at-top
       checkpoints.import_timm()
       import torch  # pylint: disable=g-import-not-at-top
+      if _INPUT_PIPELINE.value:
+        import psutil  # pylint: disable=g-import-not-at-top,unused-import
     except ImportError as e:
       raise app.UsageError(f'--vs_timm needs torch and timm installed ({e}).') from e
     torch.set_num_threads(len(os.sched_getaffinity(0)))
+  config = _CONFIG.value
+  if _DATA_DIR.value:
+    config.data_dir = _DATA_DIR.value
+  if _INPUT_PIPELINE.value:
+    config = benchmark_config(config, batch=_BATCH.value or config.batch_size,
+                              image_size=_IMAGE_SIZE.value or config.image_size, dtype=None,
+                              model_name=None)
+    input_benchmark.run(config, steps=_STEPS.value, warmup=_WARMUP.value, repeats=_REPEATS.value,
+                        vs_timm=_VS_TIMM.value, late_step=_LATE_STEP.value)
+    return
   from vit_jax import models  # pylint: disable=g-import-not-at-top
   for flag in (_LAYERS_MODELS, _FAMILY_MODELS):
     unknown = [n for n in flag.value or () if n not in models.names()]
     if unknown:
       raise app.UsageError(f'--{flag.name}: unknown models {unknown}; registered: '
                            f'{sorted(models.names())}.')
-  config = _CONFIG.value
   deep = _LAYERS_TABLE.value or _LAYERS_ROW.value  # ImageNet-sized models: smaller defaults.
   config = benchmark_config(config, batch=_BATCH.value or (8 if deep else config.batch_size),
                             image_size=_IMAGE_SIZE.value or (224 if deep else config.image_size),

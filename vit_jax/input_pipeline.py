@@ -303,25 +303,58 @@ def _inception_crop_box(image_shape: tf.Tensor, seed: tf.Tensor) -> tuple[tf.Ten
 
 
 def _normalize(image: tf.Tensor, normalization: str) -> tf.Tensor:
-  mean, std = NORMALIZATIONS[normalization]
-  return (image / 255.0 - tf.constant(mean)) / tf.constant(std)
+  """(image / 255 - mean) / std, as one multiply-add per value."""
+  mean, std = (np.array(v, np.float64) for v in NORMALIZATIONS[normalization])
+  scale, offset = 1.0 / (255.0 * std), -mean / std
+  return image * tf.constant(scale, tf.float32) + tf.constant(offset, tf.float32)
+
+
+def _decode(image: tf.Tensor) -> tf.Tensor:
+  """uint8 RGB (H, W, 3) from an image (any channel count) or its encoded bytes."""
+  if image.dtype == tf.string:
+    return tf.io.decode_image(image, channels=3, expand_animations=False)
+  return _to_rgb(image)
+
+
+def _inception_crop(image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+  """The `_inception_crop_box` window of `image`; of an encoded JPEG, only that window is decoded.
+
+  `tf.io.decode_and_crop_jpeg` skips the rest of the image (as big_vision's
+  `decode_jpeg_and_inception_crop` does); chroma upsampling makes a few pixels along the window's
+  edge differ by a few levels from those of a full decode.
+  """
+  def crop(decoded):
+    top, left, height, width = _inception_crop_box(tf.shape(decoded), seed)
+    return decoded[top:top + height, left:left + width]
+
+  if image.dtype != tf.string:
+    return crop(_to_rgb(image))
+
+  def jpeg_window():
+    window = tf.stack(_inception_crop_box(tf.io.extract_jpeg_shape(image), seed))
+    return tf.io.decode_and_crop_jpeg(image, window, channels=3)
+
+  return tf.cond(tf.io.is_jpeg(image), jpeg_window, lambda: crop(_decode(image)))
 
 
 def _train_image(image: tf.Tensor, seed: tf.Tensor, config: ml_collections.ConfigDict) -> tf.Tensor:
-  """Resize, augment (stateless, keyed by `seed`) and normalise one training image."""
+  """Crop, resize, augment (stateless, keyed by `seed`) and normalise one training image.
+
+  `image` is uint8 (H, W, C) or its encoded bytes (a scalar string: JPEG, PNG, ...); an
+  inception crop of a JPEG decodes only the crop window.
+  """
   size = config.image_size
   crop_seed, flip_seed, randaugment_seed, erase_seed = tf.unstack(
       tf.random.experimental.stateless_split(seed, 4))
-  image = _to_rgb(image)
   if config.augment == 'inception_crop':
-    top, left, height, width = _inception_crop_box(tf.shape(image), crop_seed)
-    image = _resize(image[top:top + height, left:left + width], size, size)
+    image = _resize(_inception_crop(image, crop_seed), size, size)
   else:
-    image = _resize_centre_crop(image, size, 1.0)
+    image = _resize_centre_crop(_decode(image), size, 1.0)
     if config.augment == 'crop_flip' and config.crop_padding > 0:
       pad = config.crop_padding
       image = tf.pad(image, [[pad, pad], [pad, pad], [0, 0]])
       image = tf.image.stateless_random_crop(image, [size, size, 3], crop_seed)
+  image = tf.ensure_shape(image, [size, size, 3])
   if config.flip and config.augment != 'none':
     image = tf.image.stateless_random_flip_left_right(image, flip_seed)
   if config.get('randaugment', ''):
@@ -465,10 +498,9 @@ def _streamed_examples(config, source, split, start, process_index) -> tf.data.D
                                      reshuffle_each_iteration=True)
   records = records.flat_map(lambda r: tf.data.Dataset.from_tensors(r).repeat(repeats))
   records = records.enumerate().skip(start)
-  feature = source.image_feature()
 
-  def example(position, record):
-    return feature.decode_example(record[source.image_key]), record[source.label_key], position
+  def example(position, record):  # Images stay encoded: `_train_image` decodes what it needs.
+    return record[source.image_key], record[source.label_key], position
 
   return records.map(example, num_parallel_calls=tf.data.AUTOTUNE)
 

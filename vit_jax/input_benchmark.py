@@ -1,0 +1,270 @@
+r"""Images/s of the training input pipeline alone, and its time to a first batch; with
+`--vs_timm`, timm's transforms and a torch `DataLoader` on the same images beside it.
+
+  python -m vit_jax.benchmark --input_pipeline --batch=96 --vs_timm \
+      --config=configs/deit.py:variant=S,dataset=folder:/path/to/images
+
+Ours is `input_pipeline.train_iterator(config)`, which parallelises over as many threads as this
+process may use CPUs. timm's is `timm.data.create_transform(image_size, is_training=True, ...)`
+with the config's recipe (inception crop with our scale and ratio ranges, flip, the RandAugment
+string, pixel-mode random erasing, bicubic resizing, the config's normalisation, no colour jitter)
+in a `DataLoader` with one worker process per such CPU, repeated augmentation by timm's
+`RepeatAugSampler`. It reads the same images: `ImageFolder` on the split's directory of a folder
+dataset, otherwise the split's first `TIMM_RECORDS` encoded images, held in memory.
+
+Blocks of `--steps` batches alternate between the pipelines (`--repeats` each). Before every
+block, both pipelines are left to fill their buffers and fall idle, then the timed one is drained
+of what it holds ready (its prefetched batches) and runs `--warmup` batches untimed, so that a
+block times production, not a buffer. Images/s per core divide by the number of CPUs; CPU time
+per image counts every thread of this process and, for timm, its worker processes.
+
+Time to the first batch is `train_iterator(config, start_step=k)` until its first batch arrives,
+at k = 0 and k = `--late_step` (default: the first step after `LATE_EXAMPLES` consumed examples),
+alternating, after the process's first pipeline has compiled the augmentation ops (XLA), whose
+time to its first batch is reported on its own.
+"""
+
+import dataclasses
+import functools
+import io
+import itertools
+import math
+import os
+import statistics
+import time
+from typing import Any, Callable, Iterable
+
+import ml_collections
+
+from vit_jax import input_pipeline
+from vit_jax import stopwatch
+from vit_jax.datasets import folder
+
+LATE_EXAMPLES = 100_000  # Examples consumed before the default --late_step.
+TIMM_RECORDS = 4096  # Encoded images timm's side holds when the dataset is not a folder.
+_TIMM_PREFETCH_FACTOR = 2  # Batches each DataLoader worker holds ready (torch's default).
+
+
+@dataclasses.dataclass
+class Pipeline:
+  """A source of training batches, and what timing it needs to know."""
+  name: str
+  take: Callable[[int], None]  # Draws n batches.
+  buffered: int  # Batches it may hold ready while idle.
+  cpu_clock: Callable[[], float]  # CPU seconds of every process and thread that works for it.
+
+
+def default_late_step(batch_size: int) -> int:
+  """The first step after `LATE_EXAMPLES` examples were consumed at `batch_size` per step."""
+  return math.ceil(LATE_EXAMPLES / batch_size)
+
+
+def check_vs_timm(config: ml_collections.ConfigDict) -> None:
+  """Raises ValueError if timm's training transform cannot reproduce the config's recipe."""
+  if config.augment != 'inception_crop':
+    raise ValueError(f"--vs_timm needs config.augment='inception_crop' (timm's training crop); "
+                     f'got {config.augment!r}.')
+
+
+def _ours(config: ml_collections.ConfigDict) -> tuple[Pipeline, float]:
+  """`train_iterator` from step 0, and the seconds to its first batch (compiling included)."""
+  start = time.perf_counter()
+  batches = input_pipeline.train_iterator(config, process_index=0, process_count=1)
+  next(batches)
+  first_batch_s = time.perf_counter() - start
+
+  def take(n: int) -> None:
+    for _ in range(n):
+      next(batches)
+
+  return Pipeline('ours (tf.data)', take, config.prefetch + 1, time.process_time), first_batch_s
+
+
+def _posterize_in_range(image, bits_to_keep, **kwargs):
+  """timm's posterize with its bit count clamped to 1..8, as current Pillow requires."""
+  from timm.data import auto_augment  # pylint: disable=g-import-not-at-top
+  return auto_augment.posterize(image, min(max(int(bits_to_keep), 1), 8), **kwargs)
+
+
+class _EncodedImages:
+  """A map-style dataset of (encoded image, label) pairs, decoded by PIL as `ImageFolder` does."""
+
+  def __init__(self, records: list[tuple[bytes, int]], transform: Callable[[Any], Any]):
+    self.records, self.transform = records, transform
+
+  def __len__(self) -> int:
+    return len(self.records)
+
+  def __getitem__(self, index: int):
+    from PIL import Image  # pylint: disable=g-import-not-at-top
+    encoded, label = self.records[index]
+    return self.transform(Image.open(io.BytesIO(encoded)).convert('RGB')), label
+
+
+class _Epochs:
+  """A sampler's epochs one after another, without end (each reshuffled)."""
+
+  def __init__(self, sampler: Iterable[int]):
+    self.sampler = sampler
+
+  def __iter__(self):
+    for epoch in itertools.count():
+      if hasattr(self.sampler, 'set_epoch'):
+        self.sampler.set_epoch(epoch)
+      yield from self.sampler
+
+
+def _timm_images(config: ml_collections.ConfigDict, transform: Callable[[Any], Any]):
+  """The train split's images for timm: `ImageFolder` on a folder dataset's split directory."""
+  split = config.train_split.split('[')[0]
+  if config.dataset.startswith(folder.PREFIX):
+    import torchvision  # pylint: disable=g-import-not-at-top
+    root = folder.scan(config.dataset[len(folder.PREFIX):]).root
+    return torchvision.datasets.ImageFolder(os.path.join(root, split), transform=transform)
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  builder = tfds.builder(config.dataset, data_dir=config.data_dir)
+  image_key, label_key = builder.info.supervised_keys
+  records = builder.as_dataset(split=config.train_split,
+                               decoders={image_key: tfds.decode.SkipDecoding()})
+  records = tfds.as_numpy(records.take(TIMM_RECORDS))
+  return _EncodedImages([(r[image_key], int(r[label_key])) for r in records], transform)
+
+
+def _timm(config: ml_collections.ConfigDict, workers: int) -> tuple[Pipeline, Callable[[], None]]:
+  """timm's transforms for the config's recipe in a `DataLoader`; and what shuts it down."""
+  # pylint: disable=g-import-not-at-top
+  import psutil
+  import torch
+  from vit_jax import checkpoints
+  timm = checkpoints.import_timm()
+  from timm.data import auto_augment
+  from timm.data import create_transform
+  from timm.data.distributed_sampler import RepeatAugSampler
+  # pylint: enable=g-import-not-at-top
+  for name in ('Posterize', 'PosterizeIncreasing', 'PosterizeOriginal'):
+    auto_augment.NAME_TO_OP[name] = _posterize_in_range
+  mean, std = input_pipeline.NORMALIZATIONS[config.normalization]
+  transform = create_transform(
+      config.image_size, is_training=True, scale=input_pipeline.INCEPTION_CROP_AREA,
+      ratio=input_pipeline.INCEPTION_CROP_RATIO, hflip=0.5 if config.flip else 0.0,
+      color_jitter=None, auto_augment=config.get('randaugment', '') or None,
+      interpolation='bicubic', re_prob=config.get('random_erase_prob', 0.0), re_mode='pixel',
+      mean=mean, std=std)
+  images = _timm_images(config, transform)
+  repeats = config.get('repeated_aug', 1)
+  sampler = (RepeatAugSampler(images, num_replicas=1, rank=0, num_repeats=repeats,
+                              selected_round=0)
+             if repeats > 1 else torch.utils.data.RandomSampler(images))
+  loader = torch.utils.data.DataLoader(
+      images, batch_size=config.batch_size, sampler=_Epochs(sampler), num_workers=workers,
+      prefetch_factor=_TIMM_PREFETCH_FACTOR, drop_last=True)
+  holder = {'batches': iter(loader)}
+
+  def take(n: int) -> None:
+    for _ in range(n):
+      next(holder['batches'])
+
+  process = psutil.Process()
+
+  def cpu_seconds() -> float:
+    total = 0.0
+    for member in (process, *process.children(recursive=True)):
+      try:
+        times = member.cpu_times()
+      except psutil.NoSuchProcess:
+        continue
+      total += times.user + times.system
+    return total
+
+  pipeline = Pipeline(f'timm {timm.__version__} (DataLoader)', take,
+                      _TIMM_PREFETCH_FACTOR * workers, cpu_seconds)
+  return pipeline, holder.clear  # The iterator's deletion stops its workers.
+
+
+def wait_until_idle(cpu_clock: Callable[[], float], *, interval_s: float = 0.25,
+                    idle_cores: float = 0.1, timeout_s: float = 60.0) -> None:
+  """Waits until `cpu_clock` advances by less than `idle_cores` per second: the pipelines have
+  filled their buffers and stopped working."""
+  deadline = time.perf_counter() + timeout_s
+  while time.perf_counter() < deadline:
+    before = cpu_clock()
+    time.sleep(interval_s)
+    if cpu_clock() - before < idle_cores * interval_s:
+      return
+
+
+def time_to_first_batch(config: ml_collections.ConfigDict, start_step: int) -> float:
+  """Seconds from `train_iterator(config, start_step=...)` to its first batch."""
+  start = time.perf_counter()
+  next(input_pipeline.train_iterator(config, start_step=start_step, process_index=0,
+                                     process_count=1))
+  return time.perf_counter() - start
+
+
+def _recipe(config: ml_collections.ConfigDict) -> str:
+  parts = [config.augment] + (['flip'] if config.flip else [])
+  parts += [config.get('randaugment', '') or 'no RandAugment',
+            f"random erasing {config.get('random_erase_prob', 0.0)}",
+            f"repeated augmentation x{config.get('repeated_aug', 1)}",
+            f'{config.normalization} normalisation']
+  return ', '.join(parts)
+
+
+def run(config: ml_collections.ConfigDict, *, steps: int, warmup: int, repeats: int,
+        vs_timm: bool, late_step: int | None) -> dict[str, float]:
+  """Benchmarks the training input pipeline (and timm's); prints and returns the numbers."""
+  if vs_timm:
+    check_vs_timm(config)
+  late_step = late_step or default_late_step(config.batch_size)
+  workers = len(os.sched_getaffinity(0))
+  batch = config.batch_size
+  stopwatch.report('dataset',
+                   f'{config.dataset} ({config.train_split}), data_dir {config.data_dir}')
+  stopwatch.report('batch', f'{batch} x {config.image_size}x{config.image_size}x3 float32')
+  stopwatch.report('recipe', _recipe(config))
+  stopwatch.report('workers', f'{workers} CPUs: as many tf.data threads'
+                   + (' and DataLoader worker processes' if vs_timm else ''))
+  stopwatch.report('load average', f'{stopwatch.load_average()} (start)')
+  ours, cold_s = _ours(config)
+  stopwatch.report('first batch', f"{cold_s:.1f} s (the process's first pipeline, compiling the "
+                   'augmentation ops)')
+  pipelines, close = [ours], None
+  if vs_timm:
+    timm_pipeline, close = _timm(config, workers)
+    pipelines.append(timm_pipeline)
+  settle = functools.partial(wait_until_idle, pipelines[-1].cpu_clock) if vs_timm else (
+      lambda: None)
+  timings = stopwatch.time_blocks(
+      [p.take for p in pipelines], steps=steps, warmups=[warmup + p.buffered for p in pipelines],
+      repeats=repeats, cpu_clocks=[p.cpu_clock for p in pipelines], settle=settle)
+  results = {}
+  for label, pipeline, timing in zip(('ours', 'timm'), pipelines, timings):
+    images_per_s = batch / timing.wall_s
+    results[f'{label}_images_per_s'] = images_per_s
+    results[f'{label}_cpu_ms_per_image'] = 1e3 * timing.cpu_s / batch
+    slowest, fastest = (batch / t for t in (max(timing.block_wall_s), min(timing.block_wall_s)))
+    stopwatch.report(label, f'{images_per_s:.1f} images/s, {images_per_s / workers:.1f} per core, '
+                     f'{1e3 * timing.cpu_s / batch:.2f} ms CPU/image ({pipeline.name}; median of '
+                     f'{repeats} x {steps} batches, blocks {slowest:.0f}-{fastest:.0f} images/s)')
+  if vs_timm:
+    close()
+    results['ratio'] = results['ours_images_per_s'] / results['timm_images_per_s']
+    results['cpu_ratio'] = results['timm_cpu_ms_per_image'] / results['ours_cpu_ms_per_image']
+    paired = stopwatch.paired_ratios(*timings)
+    stopwatch.report('ratio', f"{results['ratio']:.2f}x timm's images/s (block pairs "
+                     f"{min(paired):.2f}-{max(paired):.2f}x); {results['cpu_ratio']:.2f}x timm's "
+                     'images per CPU second')
+  stopwatch.report('load average', f'{stopwatch.load_average()} (after throughput)')
+  firsts = {0: [], late_step: []}
+  for _ in range(repeats):
+    for step, seconds in firsts.items():
+      settle()
+      seconds.append(time_to_first_batch(config, step))
+  results['first_batch_s'] = statistics.median(firsts[0])
+  results['late_first_batch_s'] = statistics.median(firsts[late_step])
+  early, late = (', '.join(f'{s:.2f}' for s in firsts[step]) for step in firsts)
+  stopwatch.report('first batch', f'step 0: {early} s; step {late_step} ({late_step * batch:,} '
+                   f'examples consumed): {late} s; median ratio '
+                   f"{results['late_first_batch_s'] / results['first_batch_s']:.2f}x")
+  stopwatch.report('load average', f'{stopwatch.load_average()} (end)')
+  return results
