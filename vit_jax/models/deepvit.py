@@ -81,7 +81,9 @@ class DeepViTBlock(nn.Module):
     y = vit.Mlp(self.mlp_dim, dropout_rate=self.dropout_rate, kernel_init=self.mlp_kernel_init,
                 bias_init=self.mlp_bias_init, dtype=self.dtype, param_dtype=self.param_dtype,
                 name='mlp')(norm(name='norm2')(x * s), train=train)
-    return x + drop_path(y, train=train) / s
+    x = x + drop_path(y, train=train) / s
+    self.sow(vit.FEATURES, 'tokens', x)
+    return x
 
 
 class DeepViT(vit.VisionTransformer):

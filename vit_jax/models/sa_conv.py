@@ -73,7 +73,9 @@ class BertLayer(nn.Module):
     h = norm(name='attention_norm')(x + y)
     y = vit.gelu(self._dense(self.intermediate_size, width, 'intermediate')(h))
     y = dropout(self._dense(width, self.intermediate_size, 'output')(y))
-    return norm(name='output_norm')(h + y)
+    x = norm(name='output_norm')(h + y)
+    self.sow(vit.FEATURES, 'tokens', x)
+    return x
 
 
 class SAConv(nn.Module):
@@ -138,6 +140,8 @@ class SAConv(nn.Module):
                     dtype=self.dtype, param_dtype=self.param_dtype,
                     name=f'layers_{i}')(x, train=train)
     pooled = jnp.mean(x.astype(jnp.float32), axis=(1, 2)).astype(self.dtype)
+    self.sow(vit.FEATURES, 'encoded', x)
+    self.sow(vit.FEATURES, 'pre_logits', pooled)
     return self._dense(self.num_classes, self.hidden_size, 'head')(pooled).astype(jnp.float32)
 
 

@@ -25,6 +25,10 @@ ModuleDef = Callable[..., nn.Module]
 Dtype = Any
 
 INIT_SCHEMES = ('google', 'timm')
+# The collection every family sows its features to (`vit_jax.models.features` reads it): each
+# block's output tokens as `<block>/tokens`, the final normalised tokens as `encoded` and what the
+# head reads as `pre_logits`. Sowing costs nothing unless the collection is mutable.
+FEATURES = 'features'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,7 +154,9 @@ class EncoderBlock(nn.Module):
     y = Mlp(self.mlp_dim, dropout_rate=self.dropout_rate, activation=self.mlp_activation,
             kernel_init=self.mlp_kernel_init, bias_init=self.mlp_bias_init, dtype=self.dtype,
             param_dtype=self.param_dtype, name='mlp')(norm(name='norm2')(x), train=train)
-    return x + drop_path(self._layer_scale(y, 'gamma_2'), train=train)
+    x = x + drop_path(self._layer_scale(y, 'gamma_2'), train=train)
+    self.sow(FEATURES, 'tokens', x)
+    return x
 
 
 class _Layer(nn.Module):
@@ -437,10 +443,14 @@ class VisionTransformer(nn.Module):
                         name='norm')(x)
 
   def classify(self, features: jax.Array, name: str = 'head') -> jax.Array:
-    """Optional tanh pre-logits, then the linear head; logits in float32."""
+    """Optional tanh pre-logits, then the linear head; logits in float32.
+
+    What the head reads is sown as `pre_logits` (once per head: twice in a distilled DeiT).
+    """
     if self.representation_size is not None:
       features = nn.tanh(nn.Dense(self.representation_size, dtype=self.dtype,
                                   param_dtype=self.param_dtype, name='pre_logits')(features))
+    self.sow(FEATURES, 'pre_logits', features)
     scheme = self.scheme
     logits = nn.Dense(self.num_classes, kernel_init=scheme.head_kernel,
                       bias_init=nn.initializers.constant(self.head_bias_init), dtype=self.dtype,
@@ -451,6 +461,7 @@ class VisionTransformer(nn.Module):
   def __call__(self, images: jax.Array, *, train: bool = False) -> jax.Array:
     self.check_fields()
     x = self.encode(self.embed(images, train=train), train=train)
+    self.sow(FEATURES, 'encoded', x)
     return self.classify(self.pool(x, train=train))
 
   def pool(self, x: jax.Array, *, train: bool) -> jax.Array:
