@@ -97,6 +97,15 @@ def get_config() -> ml_collections.ConfigDict:
   # where it kept one (DeiT's and CaiT's published numbers are the EMA model's); False: the raw.
   config.use_ema = True
 
+  # Evaluators of frozen pre-logits (vit_jax/evaluators), run every `every` steps and at the end
+  # when `every` > 0; their metrics go to TensorBoard and results.json. `python -m
+  # vit_jax.evaluate` runs them on any run or weights. Datasets: 'digits', TFDS names, 'folder:…'.
+  config.evaluators = ml_collections.ConfigDict()
+  config.evaluators.fewshot = ml_collections.ConfigDict(dict(  # big_vision's few-shot ridge.
+      every=0, datasets=('digits',), shots=(1, 5, 10, 25), seeds=3))
+  config.evaluators.linear_probe = ml_collections.ConfigDict(dict(  # Logistic regression.
+      every=0, datasets=('digits',)))
+
   # Model: `name` is a key of the registry (vit_jax.models.names()); every other field is passed
   # to vit_jax.models.create() as an override.
   config.model = ml_collections.ConfigDict()

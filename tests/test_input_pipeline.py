@@ -50,7 +50,8 @@ def _multiset(images, labels):
 def test_dataset_info(data_dir):
   info = input_pipeline.get_dataset_info(_config(data_dir, image_size=16))
   assert info == input_pipeline.DatasetInfo(
-      name='digits', num_classes=10, num_train_examples=1437, num_eval_examples=360, image_size=16)
+      name='digits', num_classes=10, num_train_examples=1437, num_eval_examples=360, image_size=16,
+      class_names=tuple(str(i) for i in range(10)))
 
 
 def test_digits_statistics_are_the_train_split_statistics(data_dir):

@@ -143,8 +143,8 @@ def test_scanned_run_checkpoint_loads_into_either_layout(tmp_path):
   np.testing.assert_allclose(scanned.apply(train.load_variables(workdir, scanned, config),
                                            images), expected, atol=1e-5)
 
-  from vit_jax import analyze  # pylint: disable=g-import-not-at-top
-  run = analyze.load_run(workdir)  # Analysis reads per-block maps, so it runs the model unrolled.
+  from vit_jax import inference  # pylint: disable=g-import-not-at-top
+  run = inference.load_run(workdir, unroll=True)  # As analysis reads it: per-block maps.
   assert not run.model.scan_layers
   _, state = run.model.apply(run.variables, images, mutable=['intermediates'])
   assert {'blocks_0', 'blocks_2'} <= set(state['intermediates'])

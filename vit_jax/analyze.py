@@ -22,7 +22,7 @@ it kept an EMA (analysis.json says which); --nouse_ema analyses the raw ones.
 import json
 import os
 import sys
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Sequence
 
 from absl import app
 from absl import flags
@@ -34,6 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 from vit_jax import checkpoints
+from vit_jax import inference
 from vit_jax import input_pipeline
 from vit_jax import train
 from vit_jax.analysis import centres
@@ -42,7 +43,6 @@ from vit_jax.analysis import maps
 from vit_jax.analysis import pruning
 from vit_jax.analysis import rollout
 from vit_jax.models import sa_conv
-from vit_jax.models import vit
 
 ANALYSES = ('collapse', 'maps', 'rollout', 'distance', 'centres', 'pruning')
 OUTPUT_DIR = 'analysis'
@@ -64,37 +64,6 @@ _FINETUNE_LR_FACTOR = flags.DEFINE_float('finetune_lr_factor', 0.1,
 _USE_EMA = flags.DEFINE_bool('use_ema', True, 'Analyse the run\'s EMA weights where it kept an '
                              'EMA; --nouse_ema analyses the raw ones.')
 flags.mark_flags_as_required(['workdir'])
-
-
-class Run(NamedTuple):
-  """A training run restored from its work directory."""
-  config: ml_collections.ConfigDict
-  model: nn.Module
-  variables: dict[str, Any]
-  info: input_pipeline.DatasetInfo
-  step: int
-  ema: bool  # Whether `variables` are the run's EMA.
-
-
-def load_run(workdir: str, step: int | None = None, *, use_ema: bool = True) -> Run:
-  """The config, model and variables (EMA first) of `workdir`'s checkpoint at `step` (newest)."""
-  saved = checkpoints.read_config(workdir)
-  if saved is None or not checkpoints.has_checkpoint(workdir):
-    raise ValueError(f'{workdir!r} is not a trained work directory (expected config.json and a '
-                     'checkpoint); point --workdir at a run of vit_jax.main.')
-  steps = checkpoints.checkpoint_manager(workdir, keep=1, read_only=True).all_steps()
-  if step is not None and step not in steps:
-    raise ValueError(f'No checkpoint at step {step} in {workdir!r}; steps: {list(steps)}.')
-  # JSON turned tuple fields (SA-conv `layer_heads`) into lists; models must stay hashable.
-  saved['model'] = {k: tuple(v) if isinstance(v, list) else v for k, v in saved['model'].items()}
-  # Analysis reads per-block intermediates, so a run that scanned its layers is analysed unrolled.
-  for field in ('scan_layers', 'remat'):
-    saved['model'].pop(field, None)
-  config = ml_collections.ConfigDict(saved)
-  info = input_pipeline.get_dataset_info(config)
-  model = train.create_model(config, info.num_classes)
-  variables, step, ema = checkpoints.restore_variables(workdir, step, use_ema=use_ema)
-  return Run(config, model, vit.unstack_layers(variables), info, step, ema)
 
 
 def eval_images(config: ml_collections.ConfigDict, count: int) -> np.ndarray:
@@ -195,7 +164,7 @@ def analyze(workdir: str, what: Sequence[str] | str = 'all', *, step: int | None
   if num_images < 1 or batch_size < 1 or window < 1:
     raise ValueError(f'num_images={num_images}, batch_size={batch_size} and window={window} '
                      'must be >= 1.')
-  run = load_run(workdir, step, use_ema=use_ema)
+  run = inference.load_run(workdir, step, use_ema=use_ema, unroll=True)  # Per-block maps.
   what, explicit = _resolve(what, run.model)
   out = _Outputs(os.path.join(workdir, OUTPUT_DIR), explicit)
   os.makedirs(out.directory, exist_ok=True)
@@ -205,7 +174,7 @@ def analyze(workdir: str, what: Sequence[str] | str = 'all', *, step: int | None
 
   # Every average over images is accumulated batch by batch, so memory stays at one batch of maps.
   sums: dict[str, np.ndarray] = {}
-  relevance_parts = []
+  relevance_parts, attention_parts = [], []
   prefix_names = [p.removesuffix('_token') for p in getattr(run.model, 'prefix_tokens', ())]
   for start in range(0, len(images), batch_size):
     batch = images[start:start + batch_size]
@@ -214,6 +183,7 @@ def analyze(workdir: str, what: Sequence[str] | str = 'all', *, step: int | None
       sums[key] = sums.get(key, 0.0) + len(batch) * np.asarray(value, np.float64)
     if 'rollout' in what:
       relevance_parts.append(rollout.token_relevance(layers, image_shape, prefix_names))
+      attention_parts.append(rollout.final_attention(layers, image_shape, prefix_names))
   means = {key: value / len(images) for key, value in sums.items()}
 
   report: dict[str, Any] = {
@@ -229,9 +199,9 @@ def analyze(workdir: str, what: Sequence[str] | str = 'all', *, step: int | None
                            f'{name}: attention of the centre token (class token for class '
                            f'attention) per layer x head, mean over {len(images)} images')
   if 'rollout' in what:
-    relevance = [rollout.Relevance(parts[0].token, np.concatenate([p.maps for p in parts]))
-                 for parts in zip(*relevance_parts)]
-    rollout.plot_relevance(relevance, images, out.path('rollout.png'))
+    relevance = rollout.concatenate(relevance_parts)
+    rollout.plot_relevance(relevance, images, out.path('rollout.png'),
+                           attention=rollout.concatenate(attention_parts))
     report['rollout'] = rollout.relevance_json(relevance)
   if 'distance' in what:
     report['distance'] = _distance(layers, means, image_shape, out)
@@ -314,16 +284,17 @@ def _centres(variables, layers, means, image_shape, window, out) -> dict[str, An
   return report
 
 
-def _pruning(run: Run, out_dir: str, rule: str, finetune_steps: int,
+def _pruning(run: inference.Run, out_dir: str, rule: str, finetune_steps: int,
              lr_factor: float) -> dict[str, Any]:
   """Prunes degenerate heads, compares size, FLOPs and accuracy, writes the pruned run."""
-  config, model, variables, info = run.config, run.model, run.variables, run.info
+  config, model, variables = run.config, run.model, run.variables
+  num_classes = len(run.class_names)
   params = variables['params']
   heads = pruning.degenerate_heads(params, model.attention, rule=rule)
   pruned_params, layer_heads = pruning.prune(params, heads)
   pruned_config = pruning.pruned_config(config, layer_heads, steps=finetune_steps,
                                         lr_factor=lr_factor)
-  pruned_model = train.create_model(pruned_config, info.num_classes)
+  pruned_model = train.create_model(pruned_config, num_classes)
   before = pruning.forward_cost(model, params, config.image_size)
   after = pruning.forward_cost(pruned_model, pruned_params, config.image_size)
   report = {
@@ -344,7 +315,7 @@ def _pruning(run: Run, out_dir: str, rule: str, finetune_steps: int,
       raise ValueError(f'{run_dir!r} holds a model pruned to {saved} heads per layer, not '
                        f'{list(layer_heads)}; remove it to prune again.')
   else:
-    pruning.write_run(pruned_config, pruned_params, run_dir, info.num_classes)
+    pruning.write_run(pruned_config, pruned_params, run_dir, num_classes)
   report['pruned_workdir'] = run_dir
   if finetune_steps > 0:
     metrics = train.train_and_evaluate(pruned_config, run_dir)

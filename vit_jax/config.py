@@ -4,7 +4,7 @@
 rule in `RULES` (type and range), then the settings that only make sense together (batch sizes
 over devices, processes, micro-batches and repeated augmentation; warm-up within training; a
 teacher for distillation; the digits default on another dataset), then the model's own fields
-(`check_fields` of the registered model). It raises one `ConfigError` that lists every bad field
+(`check_fields` of the registered model) and the evaluators' settings. It raises one `ConfigError` that lists every bad field
 with its value and what would be valid, so a run never starts, compiles or writes with a setting
 that cannot work. Defaults live in the config files only; this module knows ranges, not values.
 """
@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable
 import ml_collections
 
 from vit_jax import augment
+from vit_jax import evaluators
 from vit_jax import input_pipeline
 from vit_jax import models
 from vit_jax.datasets import digits
@@ -161,11 +162,11 @@ RULES: dict[str, Rule] = {
 
 
 def _flatten(config: ml_collections.ConfigDict, prefix: str = '') -> dict[str, Any]:
-  """'distillation.alpha' -> value for every leaf field except the model's."""
+  """'distillation.alpha' -> value for every leaf field except the model's and evaluators'."""
   flat = {}
   for key, value in config.items():
     path = f'{prefix}{key}'
-    if path == 'model':
+    if path in ('model', 'evaluators'):  # Checked by their owners: `_model_problems`, `_evaluator…`.
       continue
     if isinstance(value, ml_collections.ConfigDict):
       flat.update(_flatten(value, f'{path}.'))
@@ -261,6 +262,17 @@ def _model_problems(model: ml_collections.ConfigDict) -> list[str]:
   return []
 
 
+def _evaluator_problems(config: ml_collections.ConfigDict) -> list[str]:
+  """Every evaluator's settings, checked by the evaluator itself (`vit_jax.evaluators`)."""
+  problems = []
+  for name, settings in config.get('evaluators', {}).items():
+    try:
+      evaluators.create(name, settings)
+    except ValueError as e:
+      problems.append(f'evaluators.{name}: {e}')
+  return problems
+
+
 def validate(config: ml_collections.ConfigDict, *, devices: int | None = None,
              processes: int | None = None) -> None:
   """Raises `ConfigError` listing every bad field of `config`; compiles and reads nothing.
@@ -283,5 +295,6 @@ def validate(config: ml_collections.ConfigDict, *, devices: int | None = None,
     if not bad & set(needed):
       problems += check(fields)
   problems += _model_problems(config.model)
+  problems += _evaluator_problems(config)
   if problems:
     raise ConfigError(problems)

@@ -71,6 +71,7 @@ class DatasetInfo:
   num_train_examples: int
   num_eval_examples: int
   image_size: int
+  class_names: tuple[str, ...]  # Index -> name: TFDS label names, folder names, digits '0'..'9'.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,12 +198,14 @@ def get_dataset_info(config: ml_collections.ConfigDict) -> DatasetInfo:
   source = _resolve(config)
   _check_split(source, config.train_split)
   _check_split(source, config.eval_split)
+  labels = source.builder.info.features[source.label_key]
   return DatasetInfo(
       name=config.dataset,
-      num_classes=source.builder.info.features[source.label_key].num_classes,
+      num_classes=labels.num_classes,
       num_train_examples=_num_examples(source, config.train_split),
       num_eval_examples=_num_examples(source, config.eval_split),
-      image_size=config.image_size)
+      image_size=config.image_size,
+      class_names=tuple(labels.names))
 
 
 # Preprocessing. Images enter as uint8 (H, W, C) and leave as normalised float32 (S, S, 3).
@@ -370,8 +373,9 @@ def _train_image(image: tf.Tensor, seed: tf.Tensor, config: ml_collections.Confi
   return image
 
 
-def _eval_image(image: tf.Tensor, config: ml_collections.ConfigDict) -> tf.Tensor:
-  """timm's eval transform, pixels rounded to whole values as PIL's 8-bit resize output is."""
+def eval_image(image: tf.Tensor, config: ml_collections.ConfigDict) -> tf.Tensor:
+  """One decoded uint8 (H, W, C) image as the model sees it in evaluation and prediction: timm's
+  eval transform, pixels rounded to whole values as PIL's 8-bit resize output is."""
   image = _resize_centre_crop(_to_rgb(image), config.image_size, config.eval_crop_ratio)
   return _normalize(tf.round(image), config.normalization)
 
@@ -578,7 +582,7 @@ def eval_iterator(config: ml_collections.ConfigDict, *, split: str | None = None
   size = config.image_size
 
   def preprocess(image, label):
-    return {'image': _eval_image(image, config), 'label': tf.cast(label, tf.int32),
+    return {'image': eval_image(image, config), 'label': tf.cast(label, tf.int32),
             'mask': tf.constant(1.0, tf.float32)}
 
   padding = tf.data.Dataset.from_tensors({

@@ -30,6 +30,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from vit_jax import augment
 from vit_jax import checkpoints
 from vit_jax import config as config_lib
+from vit_jax import evaluators as evaluators_lib
 from vit_jax import input_pipeline
 from vit_jax import models
 from vit_jax import workdir as workdir_lib
@@ -552,6 +553,21 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
   return report
 
 
+def run_evaluators(evaluators: dict[str, Any], model: nn.Module, state: TrainState,
+                   config: ml_collections.ConfigDict) -> dict[str, float]:
+  """The metrics of `evaluators` (`vit_jax.evaluators`) on the state's frozen variables."""
+  variables = {'params': state.params}
+  if state.batch_stats:
+    variables['batch_stats'] = state.batch_stats
+  variables = multihost_utils.process_allgather(variables, tiled=True)  # Host arrays, any mesh.
+  metrics = {}
+  for name, evaluator in evaluators.items():
+    metrics.update(evaluator.run(model, variables, config))
+    logging.info('step %d  %s: %s', int(state.step), name,
+                 ', '.join(f'{k} {v:.4g}' for k, v in metrics.items() if k.startswith(name)))
+  return metrics
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Trains `config`'s model in `workdir`, resuming from its newest checkpoint; returns metrics.
 
@@ -578,6 +594,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   abstract_state = jax.eval_shape(lambda: init_state(model, tx, config))
   checkpoints.check_compatible(workdir, config.model.name, abstract_state.params)
   teacher = load_teacher(config, info.num_classes)
+  evaluators = evaluators_lib.periodic(config)
   if jax.process_count() > 1:  # Every process reads the work directory before any writes to it.
     multihost_utils.sync_global_devices('vit_jax.train:checked_workdir')
 
@@ -627,7 +644,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   train_batches = input_pipeline.train_iterator(config, start_step=start_step)
   pending, last_saved = [], start_step
   window_start, window_step = time.time(), start_step
-  eval_metrics = {}
+  eval_metrics, frozen_metrics = {}, {}
   for step in range(start_step + 1, total_steps + 1):
     batch = global_batch(next(train_batches), data_sharding)
     state, metrics = train_step(state, batch, teacher_variables)
@@ -669,6 +686,11 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       logging.warning('Preemption requested: saved step %d to %s; exiting. Rerun the same '
                       'command to resume.', step, workdir)
       return {'preempted_at_step': step}
+    due = evaluators_lib.due(evaluators, step, total_steps)
+    if due:
+      latest = run_evaluators(due, model, state, config)
+      frozen_metrics.update(latest)
+      writer.scalars(step, latest)
     if step % config.eval_every == 0 and step != total_steps:
       eval_metrics = evaluate_with_ema(eval_step, state, eval_batches, data_sharding)
       writer.scalars(step, {f'eval/{k}': v for k, v in eval_metrics.items()})
@@ -679,7 +701,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   eval_metrics = evaluate_with_ema(eval_step, state, eval_batches, data_sharding)
   writer.scalars(total_steps, {f'eval/{k}': v for k, v in eval_metrics.items()})
   if is_main:
-    results = {'step': total_steps, **{f'test_{k}': v for k, v in eval_metrics.items()}}
+    results = {'step': total_steps, **{f'test_{k}': v for k, v in eval_metrics.items()},
+               **frozen_metrics}
     (epath.Path(workdir) / 'results.json').write_text(json.dumps(results))
   logging.info('Final test accuracy: %.4f (%d examples, step %d)%s.', eval_metrics['accuracy'],
                eval_metrics['count'], total_steps, _ema_note(eval_metrics))

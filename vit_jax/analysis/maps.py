@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 import flax
 import flax.linen as nn
 import jax
+import matplotlib
 from matplotlib import figure
 from matplotlib import patches
 import numpy as np
@@ -217,3 +218,27 @@ def plot_query_maps(maps: Sequence[QueryMaps], path: str, title: str = '') -> No
                'mean over images', fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
+
+
+def display_image(image: np.ndarray) -> np.ndarray:
+  """(H, W, 3) RGB in [0, 1] of an image in any range (a normalised model input) or grayscale."""
+  image = np.asarray(image, np.float64)
+  if image.ndim == 2 or image.shape[-1] == 1:
+    image = np.repeat(image.reshape(image.shape[:2] + (1,)), 3, axis=-1)
+  return (image - image.min()) / max(image.max() - image.min(), 1e-12)
+
+
+def overlay(image: np.ndarray, heatmap: np.ndarray, alpha: float = 0.6,
+            cmap: str = 'inferno') -> np.ndarray:
+  """(H, W, 3) RGB in [0, 1]: `image` (any range) alpha-blended with `heatmap` (rows, cols).
+
+  Each heatmap cell covers its patch of the image (nearest upsampling); the heatmap is scaled to
+  [0, 1] and coloured by `cmap`, and `alpha` is its weight over the image.
+  """
+  if not 0 <= alpha <= 1:
+    raise ValueError(f'alpha={alpha} must be in [0, 1].')
+  image = display_image(image)
+  heat = np.asarray(jax.image.resize(np.asarray(heatmap, np.float32), image.shape[:2], 'nearest'))
+  heat = (heat - heat.min()) / max(heat.max() - heat.min(), 1e-12)
+  colours = matplotlib.colormaps[cmap](heat)[..., :3]
+  return (1 - alpha) * image + alpha * colours

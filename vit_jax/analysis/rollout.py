@@ -67,6 +67,12 @@ class Relevance:
   maps: np.ndarray
 
 
+def concatenate(batches: Sequence[list[Relevance]]) -> list[Relevance]:
+  """The relevance maps of several image batches joined along the image axis."""
+  return [Relevance(parts[0].token, np.concatenate([p.maps for p in parts]))
+          for parts in zip(*batches)]
+
+
 def token_relevance(layers: Sequence[maps_lib.LayerMaps], image_shape: tuple[int, int],
                     prefix_names: Sequence[str] = (), residual: float = 0.5) -> list[Relevance]:
   """Rollout of the tokens a model classifies from, over the input patches of its main stage.
@@ -97,30 +103,51 @@ def token_relevance(layers: Sequence[maps_lib.LayerMaps], image_shape: tuple[int
   return [Relevance('centre', to_grid(rolled[:, row * grid.cols + col]))]
 
 
+def final_attention(layers: Sequence[maps_lib.LayerMaps], image_shape: tuple[int, int],
+                    prefix_names: Sequence[str] = ()) -> list[Relevance]:
+  """The last layer's head-mean attention over the image grid, of the tokens the model classifies
+  from: each prefix token (CaiT: the class token of its last class-attention layer), or the
+  centre token when there is none (SA-conv)."""
+  last = layers[-1]
+  _, queries, keys = last.shape
+  grid = maps_lib.key_grid(keys, image_shape)
+  if grid is None:
+    raise ValueError(f'The {keys} keys of {last.name} do not form a grid on a {image_shape} '
+                     'image.')
+  spatial = _row_distributions(_row_distributions(last.probs[..., grid.prefix:]).mean(1))
+  to_grid = lambda a: a.reshape(-1, grid.rows, grid.cols)
+  if grid.prefix:
+    count = min(grid.prefix, queries)
+    names = list(prefix_names)[:count] if len(prefix_names) >= count else ['class'][:count]
+    return [Relevance(name, to_grid(spatial[:, i])) for i, name in enumerate(names)]
+  row, col = grid.centre
+  return [Relevance('centre', to_grid(spatial[:, row * grid.cols + col]))]
+
+
 def plot_relevance(relevance: Sequence[Relevance], images: np.ndarray, path: str,
-                   examples: int = 4) -> None:
-  """Mean rollout over images, then a few images with their rollout maps."""
+                   examples: int = 4, attention: Sequence[Relevance] = (),
+                   alpha: float = 0.6) -> None:
+  """Mean rollout over images, then a few images with their rollout maps (and the last layer's
+  `attention`, when given) alpha-blended over them."""
+  panels = [(f'rollout: {r.token}', r) for r in relevance]
+  panels += [(f'last layer: {a.token}', a) for a in attention]
   examples = min(examples, len(images))
-  fig = figure.Figure(figsize=(max(2.2 * (1 + len(relevance)), 5.0), 2.2 * (1 + examples)))
-  axes = fig.subplots(1 + examples, 1 + len(relevance), squeeze=False)
+  fig = figure.Figure(figsize=(max(2.2 * (1 + len(panels)), 5.0), 2.2 * (1 + examples)))
+  axes = fig.subplots(1 + examples, 1 + len(panels), squeeze=False)
   for ax in axes.ravel():
     ax.set_xticks([])
     ax.set_yticks([])
   axes[0, 0].axis('off')
   axes[0, 0].text(0.5, 0.5, f'mean over\n{len(images)} images', ha='center', va='center')
-  for j, r in enumerate(relevance, start=1):
+  for j, (title, r) in enumerate(panels, start=1):
     axes[0, j].imshow(r.maps.mean(0), cmap='inferno')
-    axes[0, j].set_title(f'rollout: {r.token}', fontsize=8)
-  height, width = images.shape[1:3]
+    axes[0, j].set_title(title, fontsize=8)
   for i in range(examples):
-    image = images[i].astype(np.float64)
-    image = (image - image.min()) / max(image.max() - image.min(), _EPS)
-    axes[1 + i, 0].imshow(image, interpolation='nearest')
-    for j, r in enumerate(relevance, start=1):
-      axes[1 + i, j].imshow(r.maps[i], cmap='inferno', interpolation='nearest',
-                            extent=(-0.5, width - 0.5, height - 0.5, -0.5))
-  fig.suptitle('Attention rollout (Abnar & Zuidema)\nmean over images, then single images',
-               fontsize=9)
+    axes[1 + i, 0].imshow(maps_lib.display_image(images[i]))
+    for j, (_, r) in enumerate(panels, start=1):
+      axes[1 + i, j].imshow(maps_lib.overlay(images[i], r.maps[i], alpha))
+  fig.suptitle('Attention rollout (Abnar & Zuidema) and last-layer attention\nmean over images, '
+               'then over single images', fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
 

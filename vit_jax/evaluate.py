@@ -1,0 +1,88 @@
+r"""Few-shot and linear-probe evaluation of frozen features, for any run or weights.
+
+  python -m vit_jax.evaluate --workdir=/tmp/vit          # both evaluators, on the embedded digits
+  python -m vit_jax.evaluate --workdir=/tmp/vit --evaluators=fewshot --datasets=digits,cifar10
+  python -m vit_jax.evaluate --init_from=deit_small_patch16_224-cd65a155.pth --model=deit_s16 \
+      --datasets=folder:/data/flowers --out_dir=/tmp/deit_s_probe
+
+The evaluators are those of `vit_jax.evaluators` (the ones training runs periodically through
+`config.evaluators`), on the pre-logits of images preprocessed as the run or weights evaluate.
+Metrics are printed and merged into OUT_DIR/results.json and TensorBoard event files in OUT_DIR
+(default: the run's --workdir) at the checkpoint's step.
+"""
+
+import json
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+from etils import epath
+import tensorflow as tf
+
+from vit_jax import evaluators as evaluators_lib
+from vit_jax import inference
+from vit_jax import train
+
+_LOAD = inference.define_flags()
+_EVALUATORS = flags.DEFINE_list('evaluators', list(evaluators_lib.EVALUATORS),
+                                f'Any of {", ".join(evaluators_lib.EVALUATORS)}.')
+_DATASETS = flags.DEFINE_list('datasets', ['digits'],
+                              "Datasets: 'digits', TFDS names, 'folder:/path/to/images'.")
+_DATA_DIR = flags.DEFINE_string('data_dir', None, 'TFDS data directory (default: the run\'s).')
+_TRAIN_SPLIT = flags.DEFINE_string('train_split', 'train', 'Split the classifiers are fitted on.')
+_TEST_SPLIT = flags.DEFINE_string('test_split', 'test', 'Split they are scored on.')
+_SHOTS = flags.DEFINE_list('shots', ['1', '5', '10', '25'], 'Few-shot: examples per class.')
+_SEEDS = flags.DEFINE_integer('seeds', 3, 'Few-shot: draws of the shots, averaged.')
+_OUT_DIR = flags.DEFINE_string('out_dir', None, 'Where results.json and TensorBoard files go '
+                               '(default: --workdir; required with --init_from).')
+
+
+def settings(name: str) -> dict:
+  """The flags' settings of evaluator `name`."""
+  common = {'datasets': tuple(_DATASETS.value), 'train_split': _TRAIN_SPLIT.value,
+            'test_split': _TEST_SPLIT.value}
+  if name == 'fewshot':
+    try:
+      shots = tuple(int(k) for k in _SHOTS.value)
+    except ValueError:
+      raise ValueError(f'--shots={",".join(_SHOTS.value)} must be integers.') from None
+    return {**common, 'shots': shots, 'seeds': _SEEDS.value}
+  return common
+
+
+def main(argv) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  tf.config.set_visible_devices([], 'GPU')  # tf.data only: the accelerators belong to JAX.
+  try:
+    evaluators = {name: evaluators_lib.create(name, settings(name))
+                  for name in _EVALUATORS.value}
+    run = _LOAD()
+    out_dir = _OUT_DIR.value or (run.source if run.step is not None else None)
+    if out_dir is None:
+      raise ValueError('--init_from needs --out_dir=DIR for results.json.')
+    config = run.config
+    if _DATA_DIR.value:
+      config = config.copy_and_resolve_references()
+      config.data_dir = _DATA_DIR.value
+    metrics = {}
+    for name, evaluator in evaluators.items():
+      metrics.update(evaluator.run(run.model, run.variables, config))
+  except ValueError as e:
+    logging.debug('Stopped by an error.', exc_info=True)
+    sys.exit(f'error: {e}')
+  for key, value in metrics.items():
+    print(f'{key:40s} {value:.4g}')
+  path = epath.Path(out_dir)
+  path.mkdir(parents=True, exist_ok=True)
+  results_file = path / 'results.json'
+  results = json.loads(results_file.read_text()) if results_file.exists() else {}
+  results.update(metrics)
+  results_file.write_text(json.dumps(results))
+  train.SummaryWriter(str(path), active=True).scalars(run.step or 0, metrics)
+  print(f'Wrote {len(metrics)} metrics of {run.source} (step {run.step}) to {results_file}.')
+
+
+if __name__ == '__main__':
+  app.run(main)

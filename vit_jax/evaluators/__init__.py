@@ -1,0 +1,43 @@
+"""Evaluators of frozen features, run by name.
+
+Each evaluator is a frozen dataclass built from its settings, with `every` (training steps
+between runs; 0: only when asked for) and `run(model, variables, config) -> {metric: value}`,
+where `config` gives the evaluation preprocessing of the model's images. The training loop runs
+those of `config.evaluators` whose `every` is set (and at the end), writing their metrics to
+TensorBoard and results.json; `python -m vit_jax.evaluate` runs any of them on a run or weights.
+"""
+
+from typing import Any, Mapping
+
+from vit_jax.evaluators import fewshot
+from vit_jax.evaluators import linear_probe
+
+EVALUATORS = {'fewshot': fewshot.FewShot, 'linear_probe': linear_probe.LinearProbe}
+
+
+def create(name: str, settings: Mapping[str, Any] | None = None) -> Any:
+  """The evaluator `name` with `settings` (its fields); ValueError for unknown names or fields."""
+  if name not in EVALUATORS:
+    raise ValueError(f'Unknown evaluator {name!r}; valid: {list(EVALUATORS)}.')
+  settings = dict(settings or {})
+  cls = EVALUATORS[name]
+  valid = list(cls.__dataclass_fields__)
+  unknown = [key for key in settings if key not in valid]
+  if unknown:
+    raise ValueError(f'Unknown settings {unknown} of evaluator {name!r}; valid: {valid}.')
+  settings = {key: tuple(value) if isinstance(value, list) else value
+              for key, value in settings.items()}
+  return cls(**settings)
+
+
+def periodic(config: Any) -> dict[str, Any]:
+  """The evaluators of `config.evaluators` that training runs (those with `every` > 0)."""
+  evaluators = {name: create(name, settings)
+                for name, settings in config.get('evaluators', {}).items()}
+  return {name: evaluator for name, evaluator in evaluators.items() if evaluator.every > 0}
+
+
+def due(evaluators: Mapping[str, Any], step: int, last_step: int) -> dict[str, Any]:
+  """The evaluators to run after `step`: every `every` steps, and all of them at the last."""
+  return {name: evaluator for name, evaluator in evaluators.items()
+          if step % evaluator.every == 0 or step == last_step}

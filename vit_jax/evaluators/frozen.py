@@ -1,0 +1,69 @@
+"""Frozen pre-logits features of a dataset split: what every evaluator fits its classifier on."""
+
+import dataclasses
+import functools
+import os
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import ml_collections
+import numpy as np
+
+from vit_jax import input_pipeline
+from vit_jax.datasets import folder
+from vit_jax.models import features
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+  """The frozen pre-logits (examples, width) and labels (examples,) of one split."""
+  features: np.ndarray
+  labels: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+  """The train and test splits of one dataset, as an evaluator fits and scores on them."""
+  name: str  # For metric names: the dataset, or a folder's base name.
+  num_classes: int
+  train: Split
+  test: Split
+
+
+def metric_name(dataset: str) -> str:
+  """'cifar10' -> 'cifar10'; 'folder:/data/flowers/' -> 'flowers'."""
+  if dataset.startswith(folder.PREFIX):
+    return os.path.basename(os.path.normpath(dataset[len(folder.PREFIX):]))
+  return dataset.replace('/', '_')
+
+
+@functools.cache
+def _pre_logits_fn(model: nn.Module) -> Callable[[Any, jax.Array], jax.Array]:
+  return jax.jit(lambda variables, images: features.extract(model, variables, images,
+                                                            blocks=0).pre_logits)
+
+
+def _split(model: nn.Module, variables: Any, config: ml_collections.ConfigDict,
+           split: str) -> Split:
+  """Every example of `split` of `config.dataset`, preprocessed as in evaluation."""
+  outputs, labels = [], []
+  for batch in input_pipeline.eval_iterator(config, split=split, process_index=0,
+                                            process_count=1):
+    real = batch['mask'] > 0
+    outputs.append(np.asarray(_pre_logits_fn(model)(variables, batch['image']),
+                              np.float32)[real])
+    labels.append(batch['label'][real])
+  return Split(np.concatenate(outputs), np.concatenate(labels))
+
+
+def dataset(model: nn.Module, variables: Any, config: ml_collections.ConfigDict, name: str, *,
+            train_split: str, test_split: str) -> Dataset:
+  """The frozen features of dataset `name` (digits, a TFDS name or 'folder:PATH'), its images
+  preprocessed as `config` (the model's run or weights) evaluates."""
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.dataset, config.train_split, config.eval_split = name, train_split, test_split
+  info = input_pipeline.get_dataset_info(config)
+  return Dataset(metric_name(name), info.num_classes,
+                 _split(model, variables, config, train_split),
+                 _split(model, variables, config, test_split))
