@@ -106,6 +106,6 @@ def extract(model: nn.Module, variables: Any, images: jax.Array, *,
   patches = math.prod(last.shape[1:3]) if last.ndim == 4 else last.shape[1] - num_prefix
   encoded_prefix = 0 if encoded.ndim == 4 else encoded.shape[1] - patches
   prefix[ENCODED], grid[ENCODED] = _split(encoded, encoded_prefix, images.shape[1:3])
-  head_inputs = tuple(sown['pre_logits'])
+  head_inputs = tuple(sown['head_input'])
   return Features(pre_logits=jnp.mean(jnp.stack(head_inputs), axis=0), prefix_tokens=prefix,
                   patch_grid=grid, head_inputs=head_inputs)

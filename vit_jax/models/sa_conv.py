@@ -141,7 +141,7 @@ class SAConv(nn.Module):
                     name=f'layers_{i}')(x, train=train)
     pooled = jnp.mean(x.astype(jnp.float32), axis=(1, 2)).astype(self.dtype)
     self.sow(vit.FEATURES, 'encoded', x)
-    self.sow(vit.FEATURES, 'pre_logits', pooled)
+    self.sow(vit.FEATURES, 'head_input', pooled)
     return self._dense(self.num_classes, self.hidden_size, 'head')(pooled).astype(jnp.float32)
 
 

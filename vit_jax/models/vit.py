@@ -27,7 +27,7 @@ Dtype = Any
 INIT_SCHEMES = ('google', 'timm')
 # The collection every family sows its features to (`vit_jax.models.features` reads it): each
 # block's output tokens as `<block>/tokens`, the final normalised tokens as `encoded` and what the
-# head reads as `pre_logits`. Sowing costs nothing unless the collection is mutable.
+# head reads as `head_input`. Sowing costs nothing unless the collection is mutable.
 FEATURES = 'features'
 
 
@@ -445,12 +445,12 @@ class VisionTransformer(nn.Module):
   def classify(self, features: jax.Array, name: str = 'head') -> jax.Array:
     """Optional tanh pre-logits, then the linear head; logits in float32.
 
-    What the head reads is sown as `pre_logits` (once per head: twice in a distilled DeiT).
+    What the head reads is sown as `head_input` (once per head: twice in a distilled DeiT).
     """
     if self.representation_size is not None:
       features = nn.tanh(nn.Dense(self.representation_size, dtype=self.dtype,
                                   param_dtype=self.param_dtype, name='pre_logits')(features))
-    self.sow(FEATURES, 'pre_logits', features)
+    self.sow(FEATURES, 'head_input', features)
     scheme = self.scheme
     logits = nn.Dense(self.num_classes, kernel_init=scheme.head_kernel,
                       bias_init=nn.initializers.constant(self.head_bias_init), dtype=self.dtype,
