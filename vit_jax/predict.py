@@ -67,6 +67,13 @@ def image_paths(arguments: Sequence[str]) -> tuple[list[str], list[tuple[str, st
   return paths, missing
 
 
+def decode_for_model(path: str, config) -> np.ndarray:
+  """The image file at `path` as the model sees it: (S, S, 3) float32, preprocessed as `config`
+  evaluates. Raises tf.errors.OpError for a file that is not a readable image."""
+  image = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
+  return input_pipeline.eval_image(image, config).numpy()
+
+
 def predict(run: inference.Run, paths: Sequence[str], *, top_k: int = 5, batch_size: int = 32
             ) -> Iterator[Prediction | tuple[str, str]]:
   """Yields, per path in order, its `Prediction`, or (path, reason) when it cannot be read.
@@ -89,8 +96,7 @@ def predict(run: inference.Run, paths: Sequence[str], *, top_k: int = 5, batch_s
   batch_paths, images = [], []
   for path in paths:
     try:
-      image = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
-      images.append(input_pipeline.eval_image(image, run.config).numpy())
+      images.append(decode_for_model(path, run.config))
       batch_paths.append(path)
     except (tf.errors.OpError, ValueError) as e:
       message = getattr(e, 'message', str(e)).strip().splitlines()[0]
