@@ -72,6 +72,9 @@ def test_quickstart(tmp_path, monkeypatch):
   assert 'Test accuracy' in text and 'on 360 images' in text
   assert "'eval/accuracy'" in text and "'train/loss'" in text
   assert 'of these 24 correct' in text
+  assert 'pre-logits (24, 32)' in text and 'blocks_1   class token (24, 1, 32)' in text
+  assert number_after(text, 'fewshot/digits_5shot') > 0.1  # Chance is 0.1.
+  assert number_after(text, 'linear_probe/digits') > 0.1
   assert images(notebook) == 2  # The curves and the predictions.
   assert os.path.exists(tmp_path / 'quickstart' / 'results.json')
 
@@ -87,7 +90,7 @@ def test_attention_variants(tmp_path, monkeypatch):
     assert re.search(rf'^{re.escape(label)} +\d attention layers; main stage 3 blocks', text,
                      re.MULTILINE), label
   assert 'main stage 3 blocks of 9 heads x 64 queries x 64 keys' in text  # SA-conv: 16x16 / 2.
-  assert images(notebook) == 2 + 6  # The two summaries and one collapse plot per model.
+  assert images(notebook) == 2 + 6 + 1  # Two summaries, a collapse plot per model, overlays.
   for family in ('vit', 'deit', 'cait', 'deepvit', 't2t', 'sa_conv'):
     assert os.path.exists(tmp_path / 'variants' / f'collapse_{family}.png')
 
