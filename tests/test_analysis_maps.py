@@ -109,3 +109,18 @@ def test_model_without_sown_maps_raises():
   images = jnp.zeros((1, 4, 4, 3))
   with pytest.raises(ValueError, match='attention_probs'):
     maps.attention_maps(model, model.init(jax.random.key(0), images), images)
+
+
+def test_overlay_blends_the_upsampled_heatmap_over_the_image():
+  image = np.random.default_rng(0).normal(size=(8, 12, 3))
+  heatmap = np.array([[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]])  # A 2x3 grid: cells of 4x4 pixels.
+  shown = maps.display_image(image)
+  assert shown.min() == 0.0 and shown.max() == 1.0
+  np.testing.assert_allclose(maps.overlay(image, heatmap, alpha=0.0), shown)
+  coloured = maps.overlay(image, heatmap, alpha=1.0)
+  assert coloured.shape == (8, 12, 3)
+  np.testing.assert_allclose(coloured[:4, 4:8], np.broadcast_to(coloured[0, 4], (4, 4, 3)))
+  np.testing.assert_allclose(maps.overlay(image, heatmap, alpha=0.25),
+                             0.75 * shown + 0.25 * coloured)
+  with pytest.raises(ValueError, match='alpha=1.5 must be in'):
+    maps.overlay(image, heatmap, alpha=1.5)

@@ -8,7 +8,8 @@ Reads W/config.json and the newest checkpoint of W (or --step), runs the model o
   maps       the centre token's attention (class token's for class attention) per layer x head,
              averaged over images: maps.png
   rollout    attention rollout of the class / distillation tokens (CaiT: through class attention;
-             SA-conv: the centre token): rollout.png
+             SA-conv: the centre token) and the last layer's attention of the same tokens,
+             alpha-blended over the images: rollout.png
   distance   mean attention distance per head and layer: distance.png
   centres    SA-conv: 50 % / 90 % mass contours of every head for the centre query: centres.png
   pruning    SA-conv Gaussian heads: degenerate heads, the pruned model's size, FLOPs and
