@@ -40,7 +40,7 @@ def test_settings_are_checked_by_name():
     evaluators.create('fewshots')
   with pytest.raises(ValueError, match=r"Unknown settings \['shot'\].*valid: \[.*'shots'"):
     evaluators.create('fewshot', {'shot': (5,)})
-  with pytest.raises(ValueError, match='shots >= 1'):
+  with pytest.raises(ValueError, match="needs shots >= 1"):
     evaluators.create('fewshot', {'shots': (0, 5)})
   with pytest.raises(ValueError, match='inverse_l2s=.* must be positive'):
     evaluators.create('linear_probe', {'inverse_l2s': (-1.0,)})

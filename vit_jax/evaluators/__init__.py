@@ -1,8 +1,8 @@
 """Evaluators of frozen features, run by name.
 
-Each evaluator is a frozen dataclass built from its settings, with `every` (training steps
-between runs; 0: only when asked for) and `run(model, variables, config) -> {metric: value}`,
-where `config` gives the evaluation preprocessing of the model's images. The training loop runs
+Each evaluator is a `frozen.Evaluator`, a frozen dataclass built from its settings, with `every`
+(steps between runs; 0: only when asked for) and `run(model, variables, config) -> {metric:
+value}`, where `config` gives the evaluation preprocessing of the model's images. The loop runs
 those of `config.evaluators` whose `every` is set (and at the end), writing their metrics to
 TensorBoard and results.json; `python -m vit_jax.evaluate` runs any of them on a run or weights.
 """
@@ -10,12 +10,13 @@ TensorBoard and results.json; `python -m vit_jax.evaluate` runs any of them on a
 from typing import Any, Mapping
 
 from vit_jax.evaluators import fewshot
+from vit_jax.evaluators import frozen
 from vit_jax.evaluators import linear_probe
 
 EVALUATORS = {'fewshot': fewshot.FewShot, 'linear_probe': linear_probe.LinearProbe}
 
 
-def create(name: str, settings: Mapping[str, Any] | None = None) -> Any:
+def create(name: str, settings: Mapping[str, Any] | None = None) -> frozen.Evaluator:
   """The evaluator `name` with `settings` (its fields); ValueError for unknown names or fields."""
   if name not in EVALUATORS:
     raise ValueError(f'Unknown evaluator {name!r}; valid: {list(EVALUATORS)}.')
@@ -30,14 +31,15 @@ def create(name: str, settings: Mapping[str, Any] | None = None) -> Any:
   return cls(**settings)
 
 
-def periodic(config: Any) -> dict[str, Any]:
+def periodic(config: Any) -> dict[str, frozen.Evaluator]:
   """The evaluators of `config.evaluators` that training runs (those with `every` > 0)."""
   evaluators = {name: create(name, settings)
                 for name, settings in config.get('evaluators', {}).items()}
   return {name: evaluator for name, evaluator in evaluators.items() if evaluator.every > 0}
 
 
-def due(evaluators: Mapping[str, Any], step: int, last_step: int) -> dict[str, Any]:
+def due(evaluators: Mapping[str, frozen.Evaluator], step: int,
+        last_step: int) -> dict[str, frozen.Evaluator]:
   """The evaluators to run after `step`: every `every` steps, and all of them at the last."""
   return {name: evaluator for name, evaluator in evaluators.items()
           if step % evaluator.every == 0 or step == last_step}

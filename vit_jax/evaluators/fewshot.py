@@ -13,12 +13,9 @@ Metrics: `fewshot/{dataset}_{k}shot` (mean test accuracy over seeds) and
 """
 
 import dataclasses
-from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from vit_jax.evaluators import frozen
@@ -85,39 +82,30 @@ def fewshot_accuracy(data: frozen.Dataset, *, shots: int, seed: int, l2_regs: tu
 
 
 @dataclasses.dataclass(frozen=True)
-class FewShot:
+class FewShot(frozen.Evaluator):
   """Few-shot ridge regression on frozen pre-logits, over `datasets` and `shots`."""
-  datasets: tuple[str, ...] = ('digits',)
-  train_split: str = 'train'
-  test_split: str = 'test'
   shots: tuple[int, ...] = DEFAULT_SHOTS
   seeds: int = 3
   l2_regs: tuple[float, ...] = DEFAULT_L2_REGS
   validation_per_class: int = 10
-  every: int = 0
 
   def __post_init__(self):
-    if not self.datasets or not self.shots or min(self.shots) < 1:
-      raise ValueError(f'fewshot needs datasets and shots >= 1; got datasets={self.datasets}, '
-                       f'shots={self.shots}.')
-    if self.seeds < 1 or self.validation_per_class < 1 or self.every < 0:
+    super().__post_init__()
+    if not self.shots or min(self.shots) < 1:
+      raise ValueError(f'fewshot needs shots >= 1; got shots={self.shots}.')
+    if self.seeds < 1 or self.validation_per_class < 1:
       raise ValueError(f'fewshot seeds={self.seeds} and validation_per_class='
-                       f'{self.validation_per_class} must be >= 1, every={self.every} >= 0.')
+                       f'{self.validation_per_class} must be >= 1.')
     if not self.l2_regs or min(self.l2_regs) <= 0:
       raise ValueError(f'fewshot l2_regs={self.l2_regs} must be positive numbers.')
 
-  def run(self, model: nn.Module, variables: Any,
-          config: ml_collections.ConfigDict) -> dict[str, float]:
-    """Few-shot test accuracies of `model`'s frozen features, preprocessed as `config` evaluates."""
+  def evaluate(self, data: frozen.Dataset) -> dict[str, float]:
+    """Test accuracy (mean over seeds) and chosen l2 (median) for every shot count."""
     metrics = {}
-    for name in self.datasets:
-      data = frozen.dataset(model, variables, config, name, train_split=self.train_split,
-                            test_split=self.test_split)
-      for shots in self.shots:
-        results = [fewshot_accuracy(data, shots=shots, seed=seed,
-                                    l2_regs=tuple(self.l2_regs),
-                                    validation_per_class=self.validation_per_class)
-                   for seed in range(self.seeds)]
-        metrics[f'fewshot/{data.name}_{shots}shot'] = float(np.mean([r[0] for r in results]))
-        metrics[f'fewshot/{data.name}_{shots}shot_l2'] = float(np.median([r[1] for r in results]))
+    for shots in self.shots:
+      results = [fewshot_accuracy(data, shots=shots, seed=seed, l2_regs=tuple(self.l2_regs),
+                                  validation_per_class=self.validation_per_class)
+                 for seed in range(self.seeds)]
+      metrics[f'fewshot/{data.name}_{shots}shot'] = float(np.mean([r[0] for r in results]))
+      metrics[f'fewshot/{data.name}_{shots}shot_l2'] = float(np.median([r[1] for r in results]))
     return metrics

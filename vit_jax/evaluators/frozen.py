@@ -1,5 +1,6 @@
 """Frozen pre-logits features of a dataset split: what every evaluator fits its classifier on."""
 
+import abc
 import dataclasses
 import functools
 import os
@@ -67,3 +68,35 @@ def dataset(model: nn.Module, variables: Any, config: ml_collections.ConfigDict,
   return Dataset(metric_name(name), info.num_classes,
                  _split(model, variables, config, train_split),
                  _split(model, variables, config, test_split))
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluator(abc.ABC):
+  """What every evaluator shares: its datasets and splits, and how often training runs it.
+
+  A subclass defines `evaluate(data: Dataset) -> {metric: value}`; `run` feeds it every dataset.
+  """
+  datasets: tuple[str, ...] = ('digits',)
+  train_split: str = 'train'
+  test_split: str = 'test'
+  every: int = 0  # Training steps between runs; 0: only when asked for.
+
+  def __post_init__(self):
+    if not self.datasets or self.every < 0:
+      raise ValueError(f'{type(self).__name__} needs datasets and every >= 0; got datasets='
+                       f'{self.datasets}, every={self.every}.')
+
+  @abc.abstractmethod
+  def evaluate(self, data: Dataset) -> dict[str, float]:
+    """The metrics of one dataset's frozen features."""
+
+  def run(self, model: nn.Module, variables: Any,
+          config: ml_collections.ConfigDict) -> dict[str, float]:
+    """The metrics of `model`'s frozen features on every dataset, preprocessed as `config`
+    (the run's or the weights') evaluates."""
+    metrics = {}
+    for name in self.datasets:
+      metrics.update(self.evaluate(dataset(model, variables, config, name,
+                                           train_split=self.train_split,
+                                           test_split=self.test_split)))
+    return metrics

@@ -9,10 +9,7 @@ Metrics: `linear_probe/{dataset}` (test accuracy) and `linear_probe/{dataset}_C`
 """
 
 import dataclasses
-from typing import Any
 
-import flax.linen as nn
-import ml_collections
 import numpy as np
 from sklearn import linear_model
 from sklearn import model_selection
@@ -32,24 +29,19 @@ def fit(features: np.ndarray, labels: np.ndarray, inverse_l2: float,
 
 
 @dataclasses.dataclass(frozen=True)
-class LinearProbe:
+class LinearProbe(frozen.Evaluator):
   """Logistic regression on frozen pre-logits of `datasets`."""
-  datasets: tuple[str, ...] = ('digits',)
-  train_split: str = 'train'
-  test_split: str = 'test'
   inverse_l2s: tuple[float, ...] = (0.01, 0.1, 1.0, 10.0)
   validation_fraction: float = 0.1
   max_iter: int = 1000
-  every: int = 0
 
   def __post_init__(self):
-    if not self.datasets:
-      raise ValueError('linear_probe needs at least one dataset.')
+    super().__post_init__()
     if not self.inverse_l2s or min(self.inverse_l2s) <= 0:
       raise ValueError(f'linear_probe inverse_l2s={self.inverse_l2s} must be positive numbers.')
-    if not 0 < self.validation_fraction < 1 or self.max_iter < 1 or self.every < 0:
+    if not 0 < self.validation_fraction < 1 or self.max_iter < 1:
       raise ValueError(f'linear_probe validation_fraction={self.validation_fraction} must be in '
-                       f'(0, 1), max_iter={self.max_iter} >= 1 and every={self.every} >= 0.')
+                       f'(0, 1) and max_iter={self.max_iter} >= 1.')
 
   def choose_inverse_l2(self, data: frozen.Dataset) -> float:
     """The C of `inverse_l2s` with the best accuracy on the held-out part of the train split."""
@@ -61,16 +53,9 @@ class LinearProbe:
     scores = [fit(fit_x, fit_y, c, self.max_iter).score(val_x, val_y) for c in self.inverse_l2s]
     return float(self.inverse_l2s[int(np.argmax(scores))])
 
-  def run(self, model: nn.Module, variables: Any,
-          config: ml_collections.ConfigDict) -> dict[str, float]:
-    """Linear-probe test accuracies of `model`'s frozen features (preprocessed as `config`)."""
-    metrics = {}
-    for name in self.datasets:
-      data = frozen.dataset(model, variables, config, name, train_split=self.train_split,
-                            test_split=self.test_split)
-      inverse_l2 = self.choose_inverse_l2(data)
-      probe = fit(data.train.features, data.train.labels, inverse_l2, self.max_iter)
-      metrics[f'linear_probe/{data.name}'] = float(probe.score(data.test.features,
-                                                               data.test.labels))
-      metrics[f'linear_probe/{data.name}_C'] = inverse_l2
-    return metrics
+  def evaluate(self, data: frozen.Dataset) -> dict[str, float]:
+    """Test accuracy of the probe fitted on the whole train split, and its C."""
+    inverse_l2 = self.choose_inverse_l2(data)
+    probe = fit(data.train.features, data.train.labels, inverse_l2, self.max_iter)
+    return {f'linear_probe/{data.name}': float(probe.score(data.test.features, data.test.labels)),
+            f'linear_probe/{data.name}_C': inverse_l2}
