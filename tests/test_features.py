@@ -42,6 +42,7 @@ def test_shapes_and_the_head_of_the_pre_logits_gives_the_logits(family):
   model = _model(family)
   _, _, prefix, depth = FAMILIES[family]
   variables = jax.jit(model.init)(jax.random.key(0), IMAGES)
+  assert set(variables) <= {'params', 'batch_stats'}  # Nothing is sown at init.
   logits, out = jax.jit(lambda v, x: (model.apply(v, x), features.extract(
       model, v, x, blocks=None)))(variables, IMAGES)
   names = [f'{"layers" if family == "sa_conv" else "blocks"}_{i}' for i in range(depth)]

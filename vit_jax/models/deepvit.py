@@ -82,7 +82,7 @@ class DeepViTBlock(nn.Module):
                 bias_init=self.mlp_bias_init, dtype=self.dtype, param_dtype=self.param_dtype,
                 name='mlp')(norm(name='norm2')(x * s), train=train)
     x = x + drop_path(y, train=train) / s
-    self.sow(vit.FEATURES, 'tokens', x)
+    vit.sow_feature(self, 'tokens', x)
     return x
 
 

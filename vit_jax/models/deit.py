@@ -44,7 +44,7 @@ class DeiT(vit.VisionTransformer):
                train: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
     self.check_fields()
     x = self.encode(self.embed(images, train=train), train=train)
-    self.sow(vit.FEATURES, 'encoded', x)
+    vit.sow_feature(self, 'encoded', x)
     cls_logits = self.classify(x[:, 0], 'head')
     if not self.distilled:
       return cls_logits

@@ -74,7 +74,7 @@ class BertLayer(nn.Module):
     y = vit.gelu(self._dense(self.intermediate_size, width, 'intermediate')(h))
     y = dropout(self._dense(width, self.intermediate_size, 'output')(y))
     x = norm(name='output_norm')(h + y)
-    self.sow(vit.FEATURES, 'tokens', x)
+    vit.sow_feature(self, 'tokens', x)
     return x
 
 
@@ -140,8 +140,8 @@ class SAConv(nn.Module):
                     dtype=self.dtype, param_dtype=self.param_dtype,
                     name=f'layers_{i}')(x, train=train)
     pooled = jnp.mean(x.astype(jnp.float32), axis=(1, 2)).astype(self.dtype)
-    self.sow(vit.FEATURES, 'encoded', x)
-    self.sow(vit.FEATURES, 'head_input', pooled)
+    vit.sow_feature(self, 'encoded', x)
+    vit.sow_feature(self, 'head_input', pooled)
     return self._dense(self.num_classes, self.hidden_size, 'head')(pooled).astype(jnp.float32)
 
 

@@ -27,8 +27,15 @@ Dtype = Any
 INIT_SCHEMES = ('google', 'timm')
 # The collection every family sows its features to (`vit_jax.models.features` reads it): each
 # block's output tokens as `<block>/tokens`, the final normalised tokens as `encoded` and what the
-# head reads as `head_input`. Sowing costs nothing unless the collection is mutable.
+# head reads as `head_input` (`sow_feature`).
 FEATURES = 'features'
+
+
+def sow_feature(module: nn.Module, name: str, value: jax.Array) -> None:
+  """Sows `value` to FEATURES when an apply asked for that collection; never at init, whose
+  variables would otherwise carry activations."""
+  if module.is_mutable_collection(FEATURES) and not module.is_initializing():
+    module.sow(FEATURES, name, value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,7 +162,7 @@ class EncoderBlock(nn.Module):
             kernel_init=self.mlp_kernel_init, bias_init=self.mlp_bias_init, dtype=self.dtype,
             param_dtype=self.param_dtype, name='mlp')(norm(name='norm2')(x), train=train)
     x = x + drop_path(self._layer_scale(y, 'gamma_2'), train=train)
-    self.sow(FEATURES, 'tokens', x)
+    sow_feature(self, 'tokens', x)
     return x
 
 
@@ -450,7 +457,7 @@ class VisionTransformer(nn.Module):
     if self.representation_size is not None:
       features = nn.tanh(nn.Dense(self.representation_size, dtype=self.dtype,
                                   param_dtype=self.param_dtype, name='pre_logits')(features))
-    self.sow(FEATURES, 'head_input', features)
+    sow_feature(self, 'head_input', features)
     scheme = self.scheme
     logits = nn.Dense(self.num_classes, kernel_init=scheme.head_kernel,
                       bias_init=nn.initializers.constant(self.head_bias_init), dtype=self.dtype,
@@ -461,7 +468,7 @@ class VisionTransformer(nn.Module):
   def __call__(self, images: jax.Array, *, train: bool = False) -> jax.Array:
     self.check_fields()
     x = self.encode(self.embed(images, train=train), train=train)
-    self.sow(FEATURES, 'encoded', x)
+    sow_feature(self, 'encoded', x)
     return self.classify(self.pool(x, train=train))
 
   def pool(self, x: jax.Array, *, train: bool) -> jax.Array:
