@@ -24,6 +24,8 @@ FAMILIES = {
             1, 2),
     'sa_conv': ('sa_conv_gaussian', dict(num_layers=2, hidden_size=12, intermediate_size=16,
                                          num_heads=4), 0, 2),
+    'regnet': ('regnety_002', dict(w0=8, wa=8.0, wm=2.0, depth=2, group_width=8, stem_width=8),
+               0, None),
 }
 IMAGES = jax.random.normal(jax.random.key(1), (2, 16, 16, 3))
 
@@ -45,6 +47,15 @@ def test_shapes_and_the_head_of_the_pre_logits_gives_the_logits(family):
   assert set(variables) <= {'params', 'batch_stats'}  # Nothing is sown at init.
   logits, out = jax.jit(lambda v, x: (model.apply(v, x), features.extract(
       model, v, x, blocks=None)))(variables, IMAGES)
+  if family == 'regnet':  # Stages s1, s2, ... halve the resolution: 16 -> 8 (stem) -> 4 -> 2.
+    stages = [f's{i + 1}' for i in range(len(model.stages))]
+    assert sorted(out.patch_grid) == sorted(stages + [features.ENCODED])
+    assert [out.patch_grid[s].shape[1] for s in stages] == [4, 2][:len(stages)]
+    np.testing.assert_allclose(out.pre_logits,
+                               out.patch_grid[features.ENCODED].mean(axis=(1, 2)), atol=1e-5)
+    np.testing.assert_allclose(_head(variables['params'], 'head', out.pre_logits), logits,
+                               atol=1e-5)
+    return
   names = [f'{"layers" if family == "sa_conv" else "blocks"}_{i}' for i in range(depth)]
   assert sorted(out.patch_grid) == sorted(names + [features.ENCODED])
   rows = 8 if family == 'sa_conv' else 4  # SA-conv: a 2x2 space-to-depth grid; others: stride 4.

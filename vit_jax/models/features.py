@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from vit_jax.models import vit
 
 ENCODED = 'encoded'
-_BLOCK = re.compile(r'(blocks|layers)_(\d+)')
+_BLOCK = re.compile(r'(blocks_|layers_|s)(\d+)')  # ViTs, SA-conv, RegNet stages.
 
 
 @flax.struct.dataclass
@@ -40,7 +40,8 @@ class Features:
   pre_logits: (batch, width), what the head reads (timm's `forward_head(pre_logits=True)`: the
     mean of the class and distillation tokens for a distilled DeiT, the grid mean for SA-conv).
   prefix_tokens: (batch, prefix, width) class/distillation tokens (prefix 0 where there are none).
-  patch_grid: (batch, rows, cols, width) patch tokens on the image grid.
+  patch_grid: (batch, rows, cols, width) patch tokens on the image grid (RegNet: each stage's
+    feature map).
   head_inputs: what each head reads (class, then distillation head of a distilled DeiT).
   """
   pre_logits: jax.Array

@@ -144,6 +144,7 @@ class RegStage(nn.Module):
       x = Bottleneck(self.features, 2 if j == 0 else 1, self.group_width, self.bottleneck_ratio,
                      self.se_ratio, rate, dtype=self.dtype, param_dtype=self.param_dtype,
                      name=f'b{j + 1}')(x, train=train)
+    vit.sow_feature(self, 'tokens', x)
     return x
 
 
@@ -208,7 +209,9 @@ class RegNet(nn.Module):
       x = RegStage(width, group_width, tuple(float(r) for r in rates[first[i]:first[i + 1]]),
                    self.bottleneck_ratio, self.se_ratio, dtype=self.dtype,
                    param_dtype=self.param_dtype, name=f's{i + 1}')(x, train=train)
+    vit.sow_feature(self, 'encoded', x)
     x = jnp.mean(x.astype(jnp.float32), axis=(1, 2))
+    vit.sow_feature(self, 'head_input', x)
     x = nn.Dropout(self.dropout_rate, deterministic=not train)(x).astype(self.dtype)
     logits = nn.Dense(self.num_classes, kernel_init=nn.initializers.normal(0.01),
                       dtype=self.dtype, param_dtype=self.param_dtype, name='head')(x)
