@@ -7,8 +7,8 @@ import os
 import pytest
 
 from tests.test_train import assert_trees_close, tiny_config
-from vit_jax import analyze
 from vit_jax import checkpoints
+from vit_jax import inference
 from vit_jax import train
 
 
@@ -58,7 +58,7 @@ def test_init_from_teacher_and_analysis_read_the_ema(run, tmp_path):
                      atol=0)
   config.use_ema = False
   assert_trees_close(train.load_teacher(config, 10).variables['params'], state['params'], atol=0)
-  loaded = analyze.load_run(workdir)
+  loaded = inference.load_run(workdir, unroll=True)  # As analysis reads it.
   assert loaded.ema
   assert_trees_close(loaded.variables['params'], state['ema']['params'], atol=0)
-  assert not analyze.load_run(workdir, use_ema=False).ema
+  assert not inference.load_run(workdir, use_ema=False).ema
