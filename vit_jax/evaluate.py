@@ -11,8 +11,10 @@ Metrics are printed and merged into OUT_DIR/results.json and TensorBoard event f
 (default: the run's --workdir) at the checkpoint's step.
 """
 
+import functools
 import json
 import sys
+from typing import Any
 
 from absl import app
 from absl import flags
@@ -24,48 +26,57 @@ from vit_jax import evaluators as evaluators_lib
 from vit_jax import inference
 from vit_jax import train
 
-_LOAD = inference.define_flags()
-_EVALUATORS = flags.DEFINE_list('evaluators', list(evaluators_lib.EVALUATORS),
-                                f'Any of {", ".join(evaluators_lib.EVALUATORS)}.')
-_DATASETS = flags.DEFINE_list('datasets', ['digits'],
-                              "Datasets: 'digits', TFDS names, 'folder:/path/to/images'.")
-_DATA_DIR = flags.DEFINE_string('data_dir', None, 'TFDS data directory (default: the run\'s).')
-_TRAIN_SPLIT = flags.DEFINE_string('train_split', 'train', 'Split the classifiers are fitted on.')
-_TEST_SPLIT = flags.DEFINE_string('test_split', 'test', 'Split they are scored on.')
-_SHOTS = flags.DEFINE_list('shots', ['1', '5', '10', '25'], 'Few-shot: examples per class.')
-_SEEDS = flags.DEFINE_integer('seeds', 3, 'Few-shot: draws of the shots, averaged.')
-_OUT_DIR = flags.DEFINE_string('out_dir', None, 'Where results.json and TensorBoard files go '
-                               '(default: --workdir; required with --init_from).')
+def define_flags() -> dict[str, Any]:
+  """The command's flags, defined when it runs (importing the module defines none, so it imports
+  beside the other commands)."""
+  return {
+      'load': inference.define_flags(),
+      'evaluators': flags.DEFINE_list('evaluators', list(evaluators_lib.EVALUATORS),
+                                      f'Any of {", ".join(evaluators_lib.EVALUATORS)}.'),
+      'datasets': flags.DEFINE_list(
+          'datasets', ['digits'], "Datasets: 'digits', TFDS names, 'folder:/path/to/images'."),
+      'data_dir': flags.DEFINE_string('data_dir', None,
+                                      "TFDS data directory (default: the run's)."),
+      'train_split': flags.DEFINE_string('train_split', 'train',
+                                         'Split the classifiers are fitted on.'),
+      'test_split': flags.DEFINE_string('test_split', 'test', 'Split they are scored on.'),
+      'shots': flags.DEFINE_list('shots', ['1', '5', '10', '25'],
+                                 'Few-shot: examples per class.'),
+      'seeds': flags.DEFINE_integer('seeds', 3, 'Few-shot: draws of the shots, averaged.'),
+      'out_dir': flags.DEFINE_string('out_dir', None, 'Where results.json and TensorBoard files '
+                                     'go (default: --workdir; required with --init_from).'),
+  }
 
 
-def settings(name: str) -> dict:
+def settings(name: str, flag: dict[str, Any]) -> dict:
   """The flags' settings of evaluator `name`."""
-  common = {'datasets': tuple(_DATASETS.value), 'train_split': _TRAIN_SPLIT.value,
-            'test_split': _TEST_SPLIT.value}
+  common = {'datasets': tuple(flag['datasets'].value), 'train_split': flag['train_split'].value,
+            'test_split': flag['test_split'].value}
   if name == 'fewshot':
+    given = flag['shots'].value
     try:
-      shots = tuple(int(k) for k in _SHOTS.value)
+      shots = tuple(int(k) for k in given)
     except ValueError:
-      raise ValueError(f'--shots={",".join(_SHOTS.value)} must be integers.') from None
-    return {**common, 'shots': shots, 'seeds': _SEEDS.value}
+      raise ValueError(f'--shots={",".join(given)} must be integers.') from None
+    return {**common, 'shots': shots, 'seeds': flag['seeds'].value}
   return common
 
 
-def main(argv) -> None:
+def main(argv, flag: dict[str, Any]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   tf.config.set_visible_devices([], 'GPU')  # tf.data only: the accelerators belong to JAX.
   try:
-    evaluators = {name: evaluators_lib.create(name, settings(name))
-                  for name in _EVALUATORS.value}
-    run = _LOAD()
-    out_dir = _OUT_DIR.value or (run.source if run.step is not None else None)
+    evaluators = {name: evaluators_lib.create(name, settings(name, flag))
+                  for name in flag['evaluators'].value}
+    run = flag['load']()
+    out_dir = flag['out_dir'].value or (run.source if run.step is not None else None)
     if out_dir is None:
       raise ValueError('--init_from needs --out_dir=DIR for results.json.')
     config = run.config
-    if _DATA_DIR.value:
+    if flag['data_dir'].value:
       config = config.copy_and_resolve_references()
-      config.data_dir = _DATA_DIR.value
+      config.data_dir = flag['data_dir'].value
     metrics = {}
     for name, evaluator in evaluators.items():
       metrics.update(evaluator.run(run.model, run.variables, config))
@@ -85,4 +96,4 @@ def main(argv) -> None:
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(functools.partial(main, flag=define_flags()))

@@ -14,12 +14,13 @@ reported on one line of stderr and skipped; the exit status is 1 only when no im
 """
 
 import dataclasses
+import functools
 import glob
 import json
 import os
 import re
 import sys
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from absl import app
 from absl import flags
@@ -32,10 +33,15 @@ from vit_jax import inference
 from vit_jax import input_pipeline
 from vit_jax.datasets import folder
 
-_LOAD = inference.define_flags()
-_TOP_K = flags.DEFINE_integer('top_k', 5, 'Classes printed per image.')
-_BATCH_SIZE = flags.DEFINE_integer('batch_size', 32, 'Images per forward pass.')
-_JSON = flags.DEFINE_bool('json', False, 'Print one JSON document instead of text lines.')
+
+
+def define_flags() -> dict[str, Any]:
+  """The command's flags, defined when it runs (importing the module defines none, so it imports
+  beside the other commands)."""
+  return {'load': inference.define_flags(),
+          'top_k': flags.DEFINE_integer('top_k', 5, 'Classes printed per image.'),
+          'batch_size': flags.DEFINE_integer('batch_size', 32, 'Images per forward pass.'),
+          'json': flags.DEFINE_bool('json', False, 'Print one JSON document, not text lines.')}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,20 +115,21 @@ def predict(run: inference.Run, paths: Sequence[str], *, top_k: int = 5, batch_s
     yield from classify(batch_paths, images)
 
 
-def main(argv) -> None:
+def main(argv, flag: dict[str, Any]) -> None:
   tf.config.set_visible_devices([], 'GPU')  # Decoding only: the accelerators belong to JAX.
   if not argv[1:]:
     raise app.UsageError('Name at least one image file, folder or glob.')
   try:
-    run = _LOAD()
+    run = flag['load']()
     paths, failures = image_paths(argv[1:])
     for path, reason in failures:
       print(f'skipped {path}: {reason}', file=sys.stderr)
     predictions = []
-    for result in predict(run, paths, top_k=_TOP_K.value, batch_size=_BATCH_SIZE.value):
+    for result in predict(run, paths, top_k=flag['top_k'].value,
+                          batch_size=flag['batch_size'].value):
       if isinstance(result, Prediction):
         predictions.append(result)
-        if not _JSON.value:
+        if not flag['json'].value:
           print(f'{result.path}: ' + ', '.join(f'{name} {p:.3f}' for _, name, p in result.top_k))
       else:
         failures.append(result)
@@ -130,7 +137,7 @@ def main(argv) -> None:
   except ValueError as e:
     logging.debug('Stopped by an error.', exc_info=True)
     sys.exit(f'error: {e}')
-  if _JSON.value:
+  if flag['json'].value:
     print(json.dumps({'source': run.source, 'model': run.config.model.name,
                       'predictions': [p.to_json() for p in predictions],
                       'skipped': [{'file': f, 'reason': r} for f, r in failures]}, indent=1))
@@ -139,4 +146,4 @@ def main(argv) -> None:
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(functools.partial(main, flag=define_flags()))
