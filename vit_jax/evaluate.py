@@ -7,6 +7,7 @@ r"""Few-shot and linear-probe evaluation of frozen features, for any run or weig
 
 The evaluators are those of `vit_jax.evaluators` (the ones training runs periodically through
 `config.evaluators`), on the pre-logits of images preprocessed as the run or weights evaluate.
+TFDS datasets are read from the run's `data_dir` (weights: TFDS's default data directory).
 Metrics are printed and merged into OUT_DIR/results.json and TensorBoard event files in OUT_DIR
 (default: the run's --workdir) at the checkpoint's step.
 """
@@ -35,8 +36,6 @@ def define_flags() -> dict[str, Any]:
                                       f'Any of {", ".join(evaluators_lib.EVALUATORS)}.'),
       'datasets': flags.DEFINE_list(
           'datasets', ['digits'], "Datasets: 'digits', TFDS names, 'folder:/path/to/images'."),
-      'data_dir': flags.DEFINE_string('data_dir', None,
-                                      "TFDS data directory (default: the run's)."),
       'train_split': flags.DEFINE_string('train_split', 'train',
                                          'Split the classifiers are fitted on.'),
       'test_split': flags.DEFINE_string('test_split', 'test', 'Split they are scored on.'),
@@ -73,13 +72,9 @@ def main(argv, flag: dict[str, Any]) -> None:
     out_dir = flag['out_dir'].value or (run.source if run.step is not None else None)
     if out_dir is None:
       raise ValueError('--init_from needs --out_dir=DIR for results.json.')
-    config = run.config
-    if flag['data_dir'].value:
-      config = config.copy_and_resolve_references()
-      config.data_dir = flag['data_dir'].value
     metrics = {}
     for name, evaluator in evaluators.items():
-      metrics.update(evaluator.run(run.model, run.variables, config))
+      metrics.update(evaluator.run(run.model, run.variables, run.config))
   except ValueError as e:
     logging.debug('Stopped by an error.', exc_info=True)
     sys.exit(f'error: {e}')
