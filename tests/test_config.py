@@ -163,6 +163,13 @@ def test_model_fields_are_checked_by_the_model():
       'model: drop_path_rate=1.0 must be in [0, 1).')
 
 
+def test_evaluator_settings_are_checked_by_the_evaluators():
+  assert _problems(_config(**{'evaluators.fewshot.shots': (0, 5)})) == [
+      'evaluators.fewshot: fewshot needs shots >= 1; got shots=(0, 5).']
+  assert _problems(_config(**{'evaluators.linear_probe.every': -1}))[0].startswith(
+      'evaluators.linear_probe: LinearProbe needs datasets and every >= 0')
+
+
 @pytest.mark.parametrize('flags, first_line', [
     (['--config=configs/no_such.py'],
      "error: cannot load the config file: [Errno 2] No such file or directory: "

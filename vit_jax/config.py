@@ -4,9 +4,9 @@
 rule in `RULES` (type and range), then the settings that only make sense together (batch sizes
 over devices, processes, micro-batches and repeated augmentation; warm-up within training; a
 teacher for distillation; the digits default on another dataset), then the model's own fields
-(`check_fields` of the registered model) and the evaluators' settings. It raises one `ConfigError` that lists every bad field
-with its value and what would be valid, so a run never starts, compiles or writes with a setting
-that cannot work. Defaults live in the config files only; this module knows ranges, not values.
+(`check_fields` of the registered model) and the evaluators' settings (checked by the evaluators).
+It raises one `ConfigError` that lists every bad field with its value and what would be valid, so
+a run never starts, compiles or writes with a setting that cannot work. Defaults live in the config files only; this module knows ranges, not values.
 """
 
 import dataclasses
@@ -166,8 +166,8 @@ def _flatten(config: ml_collections.ConfigDict, prefix: str = '') -> dict[str, A
   flat = {}
   for key, value in config.items():
     path = f'{prefix}{key}'
-    if path in ('model', 'evaluators'):  # Checked by their owners: `_model_problems`, `_evaluator…`.
-      continue
+    if path in ('model', 'evaluators'):  # Checked by their owners (`_model_problems` and
+      continue                           # `_evaluator_problems`).
     if isinstance(value, ml_collections.ConfigDict):
       flat.update(_flatten(value, f'{path}.'))
     else:
