@@ -115,14 +115,14 @@ def fit_one_batch():
 @pytest.fixture(scope='session')
 def trained_digits_run(tmp_path_factory):
   """A small ViT trained on the embedded digits (~0.9 test accuracy in about a minute), with the
-  few-shot evaluator run by the loop at steps 250 and 500 and the linear probe at the end."""
+  few-shot evaluator run by the loop at steps 400 and 800 and the linear probe at the end."""
   from test_train import tiny_config  # pylint: disable=g-import-not-at-top
   from vit_jax import train  # pylint: disable=g-import-not-at-top
   workdir = str(tmp_path_factory.mktemp('trained_digits_run'))
-  config = tiny_config(str(tmp_path_factory.mktemp('tfds')), total_steps=500, warmup_steps=40,
+  config = tiny_config(str(tmp_path_factory.mktemp('tfds')), total_steps=800, warmup_steps=40,
                        batch_size=64, base_lr=3e-3, log_every=100, **{
                            'model.hidden_size': 64, 'model.mlp_dim': 128, 'model.num_heads': 4,
-                           'evaluators.fewshot.every': 250, 'evaluators.fewshot.shots': (10,),
-                           'evaluators.fewshot.seeds': 2, 'evaluators.linear_probe.every': 500})
+                           'evaluators.fewshot.every': 400, 'evaluators.fewshot.shots': (10,),
+                           'evaluators.fewshot.seeds': 2, 'evaluators.linear_probe.every': 800})
   train.train_and_evaluate(config, workdir)
   return workdir

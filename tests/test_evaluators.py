@@ -71,8 +71,8 @@ def test_training_writes_periodic_evaluator_metrics(trained_digits_run):
       for event in tf.compat.v1.train.summary_iterator(os.path.join(trained_digits_run, name)):
         for value in event.summary.value:
           steps.setdefault(value.tag, []).append(event.step)
-  assert steps['fewshot/digits_10shot'] == [250, 500]
-  assert steps['linear_probe/digits'] == [500]
+  assert steps['fewshot/digits_10shot'] == [400, 800]
+  assert steps['linear_probe/digits'] == [800]
 
 
 @pytest.mark.slow
@@ -89,4 +89,4 @@ def test_cli_on_a_run_writes_results(trained_digits_run, tmp_path):
                           'fewshot/digits_5shot', 'fewshot/digits_5shot_l2',
                           'linear_probe/digits', 'linear_probe/digits_C'}
   assert results['fewshot/digits_5shot'] > results['fewshot/digits_1shot'] - 0.05
-  assert 'fewshot/digits_5shot' in result.stdout and 'step 500' in result.stdout
+  assert 'fewshot/digits_5shot' in result.stdout and 'step 800' in result.stdout
