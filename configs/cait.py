@@ -7,13 +7,15 @@ Default — a small CaiT (4 self-attention + 2 class-attention blocks) on the em
 The published sizes on ImageNet at their released resolutions: the DeiT recipe of
 configs/common.py for 400 epochs, crop ratio 1.0 at evaluation; add
 `teacher=regnety_160:/path/regnety_160-a5fe301d.pth` for hard distillation from the RegNetY-16GF
-as the paper does (or `teacher=WORKDIR`, any model trained by vit_jax.main). The paper tunes drop path per model (0.05 to 0.4) [unconfirmed]; 0.1 here:
+as the paper does (or `teacher=WORKDIR`, any model trained by vit_jax.main). The paper tunes drop
+path per model (0.05 to 0.4); 0.1 here:
 
   python -m vit_jax.main --config=configs/cait.py:variant=XXS24,dataset=imagenet2012 \
       --config.data_dir=gs://BUCKET/tfds --workdir=gs://BUCKET/cait_xxs24
 
-Published top-1 (ImageNet, distilled; SPEC §7): XXS24 78.4 (224) / 81.0 (384), XXS36 79.75 /
-82.2, XS24-384 84.1, S24 83.5 (224) / 85.1 (384), S36-384 85.4, M36-384 86.1, M48-448 86.5.
+Published top-1 (ImageNet, distilled; CaiT paper, Table 5): XXS24 78.4 (224) / 81.0 (384),
+XXS36 79.75 / 82.2, XS24-384 84.1, S24 83.5 (224) / 85.1 (384), S36-384 85.4, M36-384 86.1,
+M48-448 86.5.
 """
 
 import ml_collections

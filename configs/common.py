@@ -187,7 +187,7 @@ def quick_model(model: ml_collections.ConfigDict, name: str) -> ml_collections.C
 
 def use_imagenet(config: ml_collections.ConfigDict, image_size: int = 224
                  ) -> ml_collections.ConfigDict:
-  """ImageNet at `image_size` with the full DeiT recipe (SPEC §7), the base of every family's.
+  """ImageNet at `image_size` with the full DeiT recipe (DeiT Table 9), the base of every family's.
 
   deit/main.py defaults: AdamW (eps 1e-8) at lr 5e-4 × batch / 512 (1e-3 at batch 1024), weight
   decay 0.05 (not on 1-D parameters, pos_embed, cls_token), 300 epochs, 5 warm-up epochs from

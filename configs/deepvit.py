@@ -9,7 +9,7 @@ Its plain-ViT twin (same blocks without Re-attention), to compare collapse with
 
   python -m vit_jax.main --config=configs/deepvit.py:baseline=true --workdir=/tmp/deepvit_vit
 
-ImageNet with the official recipe (dvit_repo scripts/*.yaml, SPEC §7): the DeiT recipe of
+ImageNet with the official recipe (dvit_repo scripts/*.yaml): the DeiT recipe of
 configs/common.py with AdamW lr 5e-4 not scaled by the batch (32 per GPU; 8 GPUs assumed, the
 count is unconfirmed), drop path 0.2, no repeated augmentation, EMA 0.99996; DeepViT-32B and
 ViT-32B use mixup 0.1 and no CutMix. Not reproduced: the 32B yaml's attention-similarity

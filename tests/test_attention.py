@@ -1,4 +1,4 @@
-"""Attention variants against direct NumPy evaluations of the SPEC equations."""
+"""Attention variants against direct NumPy evaluations of the papers' equations."""
 
 import jax
 import jax.numpy as jnp

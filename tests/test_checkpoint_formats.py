@@ -250,7 +250,7 @@ def test_deepvit_official_layout_with_batch_norm_statistics(tmp_path):
   variables = _random_variables(ours, 32)
   state_dict = family.to_timm(variables)
   heads = ours.num_heads
-  # The key names of zhoudaquan/dvit_repo (SPEC §9), BatchNorm statistics included.
+  # The key names of zhoudaquan/dvit_repo, BatchNorm statistics included.
   assert state_dict['blocks.0.attn.reatten_matrix.weight'].shape == (heads, heads, 1, 1)
   for leaf in ('weight', 'bias', 'running_mean', 'running_var'):
     assert state_dict[f'blocks.0.attn.var_norm.{leaf}'].shape == (heads,)
@@ -268,7 +268,7 @@ def test_t2t_vit_14_official_layout(tmp_path):
   family = checkpoints.family_module(ours)
   variables = _random_variables(ours, 224)
   state_dict = family.to_timm(variables)
-  # The key names of yitu-opensource/T2T-ViT (SPEC §9).
+  # The key names of yitu-opensource/T2T-ViT.
   for key in ('tokens_to_token.project.weight', 'pos_embed', 'cls_token', 'blocks.13.mlp.fc2.bias'):
     assert key in state_dict, key
   assert any(key.startswith('tokens_to_token.attention1.') for key in state_dict)

@@ -1,4 +1,4 @@
-"""DeepViT: sizes, official checkpoint layout, NumPy reference of SPEC §3, training with BN."""
+"""DeepViT: sizes, official checkpoint layout, NumPy reference of the DeepViT paper's Eq. 3, training with BN."""
 
 import functools
 
@@ -84,7 +84,7 @@ def _linear(sd, name, x):
 
 
 def _block(sd, i, x, s, re_attention, transform_scale):
-  """SPEC §3: x + Attn(LN1(s x)) / s, x + MLP(LN2(s x)) / s; A' = BN(Theta A) c, BN in eval."""
+  """DeepViT, Eq. 3 and dvit_repo: x + Attn(LN1(s x)) / s, x + MLP(LN2(s x)) / s; A' = BN(Theta A) c, BN in eval."""
   p = f'blocks.{i}.'
   b, n, _ = x.shape
   hd = D // H

@@ -1,5 +1,5 @@
 """Training recipes: mixing as train.py uses it, gradient accumulation, EMA, stochastic-depth
-schedules, and the published recipe configs against SPEC §7."""
+schedules, and the published recipe configs against the papers' tables."""
 
 import math
 
@@ -220,7 +220,7 @@ def test_stochastic_depth_schedule(name, fields, schedule):
              if not k.startswith('blocks_') or k.startswith('blocks_token_only'))
 
 
-# Published recipes (SPEC §7).
+# Published recipes (DeiT Table 9, CaiT Section 4, T2T-ViT and DeepViT official scripts).
 
 
 DEIT_RECIPE = dict(

@@ -1,4 +1,4 @@
-"""T2T-ViT: Unfold order, sinusoid table, sizes, official layout vs NumPy of SPEC §4, training."""
+"""T2T-ViT: Unfold order, sinusoid table, sizes, official layout vs NumPy of the T2T-ViT paper's Eq. 1-4, training."""
 
 import functools
 import math
@@ -84,7 +84,7 @@ def _softmax(x):
 
 
 def _token_transformer(sd, p, x):
-  """SPEC §4: y = LN1(x); A = softmax((q d_in^-1/2) k^T); x = v + proj(A v); x + MLP(LN2(x))."""
+  """T2T-ViT official token_transformer.py: y = LN1(x); A = softmax((q d_in^-1/2) k^T); x = v + proj(A v); x + MLP(LN2(x))."""
   q, k, v = np.split(_linear(sd, p + 'attn.qkv', _layer_norm(x, sd, p + 'norm1')), 3, axis=-1)
   attn = _softmax((q * x.shape[-1] ** -0.5) @ k.transpose(0, 2, 1))
   x = v + _linear(sd, p + 'attn.proj', attn @ v)

@@ -28,7 +28,7 @@ def test_vit_b16_has_exactly_86567656_params():
   assert _param_count(models.create('vit_b16'), 224) == 86_567_656
 
 
-# timm's vit_large_patch32_224 defaults to its headless in21k config: SPEC's L/32 row has no head.
+# timm's vit_large_patch32_224 defaults to its headless in21k config: the ViT paper's L/32 is compared headless.
 @pytest.mark.parametrize('name, millions, with_head', [
     ('vit_ti16', 5.72, True), ('vit_ti32', 6.14, True), ('vit_s16', 22.05, True),
     ('vit_s32', 22.88, True), ('vit_b16', 86.57, True), ('vit_b32', 88.22, True),
@@ -40,7 +40,7 @@ def test_param_counts_match_spec_table(name, millions, with_head):
 
 
 def test_param_count_matches_paper_formula():
-  # (P^2 C + N + 5) D + L (12 D^2 + 13 D) + head (SPEC §0), for ViT-H/14.
+  # (P^2 C + N + 5) D + L (12 D^2 + 13 D) + head (ViT paper, Eq. 1-4 and Table 1), for ViT-H/14.
   p, c, n, d, layers, classes = 14, 3, 256, 1280, 32, 1000
   expected = (p * p * c + n + 5) * d + layers * (12 * d * d + 13 * d) + (d + 1) * classes
   assert _param_count(models.create('vit_h14'), 224) == expected

@@ -119,7 +119,8 @@ class CaiT(vit.VisionTransformer):
                         name='norm')(jnp.concatenate([cls, x], axis=1))
 
 
-# timm/deit CaiT keys (SPEC §9); the talking-heads `proj_l`/`proj_w` (H, H) are Linears over heads.
+# timm/deit CaiT keys (facebookresearch/deit cait_models.py); the talking-heads `proj_l`/`proj_w`
+# (H, H) are Linears over heads.
 _TIMM_KEY = re.compile(
     r'cls_token|pos_embed|(patch_embed\.proj|norm|head)\.(weight|bias)'
     r'|blocks\.\d+\.(gamma_[12]|(norm[12]|attn\.(qkv|proj|proj_l|proj_w)|mlp\.fc[12])'
@@ -132,7 +133,7 @@ def from_timm(state_dict: Mapping[str, Any]) -> dict[str, dict]:
   """timm/deit `Cait` state dict (without the `module.` prefix) -> Flax variables {'params'}."""
   unknown = [key for key in state_dict if not _TIMM_KEY.fullmatch(key)]
   if unknown:
-    raise ValueError(f'Keys outside the CaiT layout of SPEC §9: {unknown}.')
+    raise ValueError(f'Keys outside the CaiT layout of timm/deit (cait_models.py): {unknown}.')
   return vit.variables_from_torch(state_dict)
 
 

@@ -154,8 +154,9 @@ class DeepViT(vit.VisionTransformer):
                         name='norm')(x)
 
 
-# dvit_repo keys (SPEC §9): the ViT layout, the CNN stem, and per Re-attention block the 1x1 conv
-# `reatten_matrix` (H, H, 1, 1) and BatchNorm2d `var_norm` over heads.
+# zhoudaquan/dvit_repo keys (models/deep_vision_transformer.py): the ViT layout, the CNN stem, and
+# per Re-attention block the 1x1 conv `reatten_matrix` (H, H, 1, 1) and BatchNorm2d `var_norm`
+# over heads.
 _TIMM_KEY = re.compile(
     r'cls_token|pos_embed|(norm|head|patch_embed\.proj)\.(weight|bias)'
     r'|patch_embed\.(conv[12]\.weight|bn[12]\.(weight|bias|running_mean|running_var'
@@ -173,7 +174,7 @@ def from_timm(state_dict: Mapping[str, Any]) -> dict[str, dict]:
   """
   unknown = [key for key in state_dict if not _TIMM_KEY.fullmatch(key)]
   if unknown:
-    raise ValueError(f'Keys outside the DeepViT layout of SPEC §9: {unknown}.')
+    raise ValueError(f'Keys outside the DeepViT layout of zhoudaquan/dvit_repo: {unknown}.')
   return vit.variables_from_torch(
       {key: np.asarray(value)[:, :, 0, 0] if key.endswith(_THETA) else value
        for key, value in state_dict.items()})

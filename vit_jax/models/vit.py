@@ -495,7 +495,9 @@ def _module_path(parts: list[str]) -> list[str]:
 
 
 def variables_from_torch(state_dict: Mapping[str, Any]) -> dict[str, dict]:
-  """PyTorch state dict -> Flax variables by the generic rules of SPEC §9.
+  """PyTorch state dict -> Flax variables by timm's `VisionTransformer` key names.
+
+  The key names are timm/models/vision_transformer.py's.
 
   Linear weight -> kernel W^T; Conv weight (O, I, kh, kw) -> kernel (kh, kw, I, O); 1-D weight
   (LayerNorm, BatchNorm) -> scale; BatchNorm running_mean/var -> batch_stats mean/var
@@ -571,7 +573,7 @@ def to_timm(variables: Mapping[str, Any]) -> dict[str, np.ndarray]:
           for key, value in variables_to_torch(variables).items()}
 
 
-# (depth, hidden_size, num_heads, mlp_dim) of the paper's sizes (SPEC §0, §6).
+# (depth, hidden_size, num_heads, mlp_dim) of the papers' sizes (ViT Table 1; DeiT Table 1).
 SIZES = {
     'ti': (12, 192, 3, 768),
     's': (12, 384, 6, 1536),
