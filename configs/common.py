@@ -69,6 +69,13 @@ def get_config() -> ml_collections.ConfigDict:
   # Never decayed (besides every 1-D parameter). DeiT's official code does decay dist_token.
   config.no_decay_names = ('bias', 'scale', 'pos_embed', 'cls_token')
 
+  # Devices: a (data × fsdp) mesh over every device (vit_jax.sharding). Parameters, gradients,
+  # optimizer state and EMA are split over `fsdp` devices (1 = replicated: data parallelism);
+  # the batch over all of them.
+  config.mesh = ml_collections.ConfigDict()
+  config.mesh.fsdp = 1              # Must divide the number of devices.
+  config.mesh.fsdp_min_size = 2**18  # Arrays with fewer elements (1 MiB in float32) stay replicated.
+
   # Logging, evaluation and checkpoints.
   config.log_every = 50
   config.eval_every = 500

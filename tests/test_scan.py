@@ -10,6 +10,7 @@ from vit_jax import checkpoints
 from vit_jax import models
 from vit_jax import train
 from vit_jax.models import deepvit
+from vit_jax.models import sa_conv
 from vit_jax.models import vit
 
 SWITCHES = [dict(scan_layers=True), dict(remat=True), dict(scan_layers=True, remat=True)]
@@ -17,20 +18,29 @@ SWITCHES = [dict(scan_layers=True), dict(remat=True), dict(scan_layers=True, rem
 # Tiny members of every family with a deep block stack, at 16x16 inputs; timm init, so that the
 # head is not zero.
 TINY = {
-    'vit': ('vit_ti4', dict(hidden_size=24, depth=3, num_heads=3, mlp_dim=48, init_scheme='timm')),
+    'vit': ('vit_ti4', dict(hidden_size=24, depth=3, num_heads=3, mlp_dim=48, init_scheme='timm',
+                            drop_path_rate=0.2)),
     # Constant drop path, then two unscanned class-attention blocks.
-    'cait': ('cait_ti4', dict(hidden_size=24, depth=3, num_heads=3, layer_scale_init=0.5)),
+    'cait': ('cait_ti4', dict(hidden_size=24, depth=3, num_heads=3, layer_scale_init=0.5,
+                              drop_path_rate=0.2)),
     # Two scanned groups (content blocks 0-1, Re-attention blocks 2-4) with BatchNorm statistics.
-    'deepvit': ('deepvit_ti4', dict(hidden_size=24, depth=5, num_heads=3,
-                                    re_attention_blocks=3)),
+    'deepvit': ('deepvit_ti4', dict(hidden_size=24, depth=5, num_heads=3, re_attention_blocks=3,
+                                    drop_path_rate=0.2)),
     't2t': ('t2t_vit_t_ti4', dict(hidden_size=24, depth=3, num_heads=3, mlp_dim=48, token_dim=8,
-                                  soft_splits=((3, 1, 1), (3, 2, 1), (3, 2, 1)))),
+                                  soft_splits=((3, 1, 1), (3, 2, 1), (3, 2, 1)),
+                                  drop_path_rate=0.2)),
+    # Positional attention with content on the 8x8 grid; no drop path in this family.
+    'sa_conv': ('sa_conv_learned_content', dict(hidden_size=24, num_heads=4, num_layers=3,
+                                                intermediate_size=32)),
+    # A head-pruned model: layers 0-1 (2 heads) scan together, layer 2 (3 heads) stays alone.
+    'sa_conv_pruned': ('sa_conv_gaussian', dict(hidden_size=24, num_heads=4, num_layers=3,
+                                                layer_heads=(2, 2, 3), intermediate_size=32)),
 }
 
 
 def _tiny(family: str, **overrides):
   name, fields = TINY[family]
-  return models.create(name, **{'num_classes': 5, 'drop_path_rate': 0.2, **fields, **overrides})
+  return models.create(name, **{'num_classes': 5, **fields, **overrides})
 
 
 def _images(batch: int = 2):
@@ -149,3 +159,13 @@ def test_scanned_run_checkpoint_loads_into_either_layout(tmp_path):
   _, state = run.model.apply(run.variables, images, mutable=['intermediates'])
   assert {'blocks_0', 'blocks_2'} <= set(state['intermediates'])
   np.testing.assert_allclose(run.model.apply(run.variables, images), expected, atol=1e-5)
+
+
+def test_sa_conv_scans_runs_of_equal_head_counts():
+  model = _tiny('sa_conv_pruned', scan_layers=True)
+  params = jax.jit(model.init)(jax.random.key(0), _images())['params']
+  assert {k for k in params if k.startswith('layers')} == {'layers_0_to_1', 'layers_2'}
+  assert params['layers_0_to_1']['attention']['attention_centers'].shape == (2, 2, 2)
+  # The analyses read per-layer heads from either layout.
+  heads = sa_conv.attention_heads(params)
+  assert [h['attention_centers'].shape for h in heads] == [(2, 2), (2, 2), (3, 2)]

@@ -207,16 +207,27 @@ def restore_arrays(workdir: str, step: int | None = None) -> dict[str, Any]:
   """The newest readable (or `step`'s) training state of `workdir` as a tree of host arrays.
 
   Needs no model or optimizer: for teachers, fine-tuning and analysis, which use the parameters.
-  Unreadable newer checkpoints are skipped with a warning and left where they are.
+  Unreadable newer checkpoints are skipped with a warning and left where they are. Arrays are
+  read whole into host memory, whatever mesh, device count or process count wrote them (a sharded
+  run reads as a replicated one), and never pass through a device.
   """
-  manager = checkpoint_manager(workdir, keep=1, read_only=True)
-  read = lambda s: manager.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+  manager = ocp.CheckpointManager(checkpoint_directory(workdir),
+                                  options=ocp.CheckpointManagerOptions(read_only=True),
+                                  item_handlers={'state': ocp.PyTreeCheckpointHandler(),
+                                                 'meta': ocp.JsonCheckpointHandler()})
+
+  def read(step: int) -> Any:
+    saved = manager.item_metadata(step)['state']
+    as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), saved.tree)
+    return manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.PyTreeRestore(restore_args=as_numpy)))['state']
+
   if step is not None:
-    return jax.device_get(read(step)['state'])
+    return read(step)
   found = newest_readable(manager, read)
   if found is None:
     raise ValueError(f'{workdir!r} holds no readable checkpoint.')
-  return jax.device_get(found[1]['state'])
+  return found[1]
 
 
 def restore_variables(workdir: str, step: int | None = None, *, use_ema: bool = True

@@ -19,6 +19,7 @@ from vit_jax import augment
 from vit_jax import evaluators
 from vit_jax import input_pipeline
 from vit_jax import models
+from vit_jax import sharding
 from vit_jax.datasets import digits
 
 DTYPES = ('float32', 'bfloat16', 'float16')
@@ -147,6 +148,8 @@ RULES: dict[str, Rule] = {
     'eval_every': integer(1),
     'checkpoint_every': integer(1),
     'keep_checkpoints': integer(1),
+    'mesh.fsdp': integer(1),
+    'mesh.fsdp_min_size': integer(0),
     'distillation.type': choice(DISTILLATION_TYPES),
     'distillation.alpha': PROBABILITY,
     'distillation.tau': number(0.0, low_open=True),
@@ -291,6 +294,11 @@ def validate(config: ml_collections.ConfigDict, *, devices: int | None = None,
   # Each joint check runs only when the fields it reads are valid on their own.
   if not bad & set(_BATCH_FIELDS):
     problems += _batch_problems(fields, devices, processes)
+  if 'mesh.fsdp' not in bad:
+    try:
+      sharding.check_mesh(fields['mesh.fsdp'], devices)
+    except ValueError as e:
+      problems.append(str(e))
   for needed, check in _JOINT_CHECKS:
     if not bad & set(needed):
       problems += check(fields)

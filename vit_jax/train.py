@@ -1,8 +1,9 @@
 """Training and evaluation: one linear function from a config to a trained, checkpointed model.
 
-Every process runs the same program. A device mesh with one `data` axis spans every device of
-every process; parameters are replicated, batches are sharded along `data`, and each process feeds
-only its own share of the data. Process 0 alone logs and writes summaries.
+Every process runs the same program. A (data × fsdp) device mesh spans every device of every
+process (`vit_jax.sharding`): batches are split over all of it, and the training state over its
+`fsdp` axis (`config.mesh.fsdp`; 1 replicates it, as plain data parallelism does). Each process
+feeds only its own share of the data. Process 0 alone logs and writes summaries.
 """
 
 import contextlib
@@ -25,7 +26,7 @@ import ml_collections
 import numpy as np
 import optax
 from jax.experimental import multihost_utils
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
 
 from vit_jax import augment
 from vit_jax import checkpoints
@@ -33,6 +34,7 @@ from vit_jax import config as config_lib
 from vit_jax import evaluators as evaluators_lib
 from vit_jax import input_pipeline
 from vit_jax import models
+from vit_jax import sharding
 from vit_jax import workdir as workdir_lib
 from vit_jax.models import vit
 
@@ -288,9 +290,12 @@ def update_ema(ema: Any, variables: Any, decay: float) -> Any:
 
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
                     config: ml_collections.ConfigDict, num_classes: int,
-                    teacher: Teacher | None = None,
-                    mix_groups: int = 1) -> Callable[..., tuple[TrainState, dict]]:
+                    teacher: Teacher | None = None, mix_groups: int = 1,
+                    param_shardings: Any = None) -> Callable[..., tuple[TrainState, dict]]:
   """The (unjitted) train step `(state, batch[, teacher_variables])`: forward, loss, update.
+
+  `param_shardings` (the parameters' `NamedSharding`s, under `jax.jit`) lays out the gradients,
+  and their sum over micro-batches, like the parameters: each device reduces only its shard.
 
   With `grad_accum_steps` = k > 1 the batch is cut into k micro-batches (rows j::k) whose
   gradients are averaged by a `lax.scan` before one optimizer update: the same update as one
@@ -301,6 +306,11 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
   """
   accumulate = config.get('grad_accum_steps', 1)
   ema_decay = config.get('ema_decay', 0.0)
+
+  def like_params(tree):
+    if param_shardings is None:
+      return tree
+    return jax.lax.with_sharding_constraint(tree, param_shardings)
 
   def micro_step(params, batch_stats, batch, dropout_rng, teacher_variables):
     """Gradients, new batch statistics, loss and accuracy of one (micro-)batch."""
@@ -324,6 +334,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
       return loss, (outputs, updates.get('batch_stats', batch_stats))
 
     (loss, (outputs, batch_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    grads = like_params(grads)
     accuracy = jnp.mean(jnp.argmax(classifier_logits(outputs), -1) == batch['label'])
     return grads, batch_stats, loss, accuracy
 
@@ -343,7 +354,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
         return (grad_sum, batch_stats), (loss, accuracy)
 
       micros = {**micro_batches(batch, accumulate), 'index': jnp.arange(accumulate)}
-      zeros = jax.tree.map(jnp.zeros_like, state.params)
+      zeros = like_params(jax.tree.map(jnp.zeros_like, state.params))
       (grad_sum, batch_stats), (losses, accuracies) = jax.lax.scan(
           body, (zeros, state.batch_stats), micros)
       grads = jax.tree.map(lambda g: g / accumulate, grad_sum)
@@ -397,17 +408,18 @@ def with_fresh_ema(state: TrainState, config: ml_collections.ConfigDict) -> Trai
   return state.replace(ema={'params': copy(state.params), 'batch_stats': copy(state.batch_stats)})
 
 
-def global_batch(batch: dict[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
+def global_batch(batch: dict[str, np.ndarray],
+                 data_sharding: NamedSharding) -> dict[str, jax.Array]:
   """Assembles one global array per key from this process's share of the batch."""
-  return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
+  return {k: jax.make_array_from_process_local_data(data_sharding, v) for k, v in batch.items()}
 
 
 def evaluate(eval_step: Callable, state: TrainState, batches: Iterator[dict[str, np.ndarray]],
-             sharding: NamedSharding) -> dict[str, float]:
+             data_sharding: NamedSharding) -> dict[str, float]:
   """Top-1 accuracy and mean loss over every real example of the eval split."""
   totals = {'correct': 0.0, 'loss': 0.0, 'count': 0.0}
   for batch in batches:
-    sums = jax.device_get(eval_step(state, global_batch(batch, sharding)))
+    sums = jax.device_get(eval_step(state, global_batch(batch, data_sharding)))
     for k in totals:
       totals[k] += float(sums[k])
   count = max(totals['count'], 1.0)
@@ -417,11 +429,11 @@ def evaluate(eval_step: Callable, state: TrainState, batches: Iterator[dict[str,
 
 def evaluate_with_ema(eval_step: Callable, state: TrainState,
                       batches: Callable[[], Iterator[dict[str, np.ndarray]]],
-                      sharding: NamedSharding) -> dict[str, float]:
+                      data_sharding: NamedSharding) -> dict[str, float]:
   """`evaluate` of the raw variables, plus `ema_accuracy` and `ema_loss` when there is an EMA."""
-  metrics = evaluate(eval_step, state, batches(), sharding)
+  metrics = evaluate(eval_step, state, batches(), data_sharding)
   if state.ema:
-    ema = evaluate(eval_step, state.ema_view(), batches(), sharding)
+    ema = evaluate(eval_step, state.ema_view(), batches(), data_sharding)
     metrics.update({'ema_accuracy': ema['accuracy'], 'ema_loss': ema['loss']})
   return metrics
 
@@ -531,15 +543,15 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
   info = input_pipeline.get_dataset_info(config)
   model = create_model(config, info.num_classes)
   variables = load_variables(source, model, config)
-  mesh = Mesh(np.array(jax.devices()), ('data',))
-  replicated = NamedSharding(mesh, P())
-  variables = jax.tree.map(lambda x: jax.make_array_from_process_local_data(replicated, x),
-                           variables)
+  mesh = sharding.make_mesh(config.mesh.fsdp)
+  variables = sharding.place(
+      variables, sharding.fsdp_shardings(variables, mesh, config.mesh.fsdp_min_size))
   state = TrainState(step=jnp.zeros((), jnp.int32), params=variables['params'], opt_state=None,
                      batch_stats=variables.get('batch_stats', {}), rng=None)
-  eval_step = jax.jit(make_eval_step(model, info.num_classes), out_shardings=replicated)
+  eval_step = jax.jit(make_eval_step(model, info.num_classes),
+                      out_shardings=sharding.replicated(mesh))
   metrics = evaluate(eval_step, state, input_pipeline.eval_iterator(config),
-                     NamedSharding(mesh, P('data')))
+                     sharding.batch_sharding(mesh))
   use_ema = config.get('use_ema', True)
   report = {'source': source, 'use_ema': use_ema, 'model': config.model.name,
             'dataset': config.dataset, 'split': config.eval_split,
@@ -609,32 +621,41 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                info.num_classes, info.num_train_examples, info.num_eval_examples, total_steps)
 
   # 2. Devices, state and steps.
-  mesh = Mesh(np.array(jax.devices()), ('data',))
-  replicated = NamedSharding(mesh, P())
-  data_sharding = NamedSharding(mesh, P('data'))
+  mesh = sharding.make_mesh(config.mesh.fsdp)
+  replicated = sharding.replicated(mesh)
+  data_sharding = sharding.batch_sharding(mesh)
   # One rule places the student's and the teacher's variables alike.
-  variable_sharding = lambda tree: jax.tree.map(lambda _: replicated, tree)
+  variable_sharding = lambda tree: sharding.fsdp_shardings(tree, mesh, config.mesh.fsdp_min_size)
   state_sharding = variable_sharding(abstract_state)
   manager = checkpoints.checkpoint_manager(workdir, keep=config.keep_checkpoints)
-  abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                          abstract_state, state_sharding)
-  state = checkpoints.restore_newest_readable(workdir, manager, abstract)
+  # Saved on any mesh; restored onto this one's layout.
+  state = checkpoints.restore_newest_readable(workdir, manager,
+                                              sharding.abstract(abstract_state, state_sharding))
   if state is not None:
     logging.info('Resumed from step %d of %s.', int(state.step), workdir)
   else:
     state = jax.jit(lambda: init_state(model, tx, config), out_shardings=state_sharding)()
     if pretrained is not None:
-      place = lambda x: jax.make_array_from_process_local_data(replicated, x)
-      state = state.replace(params=jax.tree.map(place, pretrained['params']),
-                            batch_stats=jax.tree.map(place, pretrained.get('batch_stats', {})))
+      state = state.replace(
+          params=sharding.place(pretrained['params'], state_sharding.params),
+          batch_stats=sharding.place(pretrained.get('batch_stats', {}),
+                                     state_sharding.batch_stats))
       state = jax.jit(lambda s: with_fresh_ema(s, config), out_shardings=state_sharding)(state)
+  teacher_variables = teacher_sharding = None
+  if teacher is not None:
+    teacher_sharding = variable_sharding(teacher.variables)
+    teacher_variables = sharding.place(teacher.variables, teacher_sharding)
+  logging.info('Mesh %s; per device: %.1f MiB of parameters, %.1f MiB of training state.',
+               dict(mesh.shape),
+               sharding.bytes_per_device(abstract_state.params, state_sharding.params) / 2**20,
+               sharding.bytes_per_device(abstract_state, state_sharding) / 2**20)
 
   # Mixup/CutMix pairs and draws λ within each device's share of the batch.
-  train_step = jax.jit(make_train_step(model, tx, config, info.num_classes, teacher,
-                                       mix_groups=jax.device_count()),
-                       out_shardings=(state_sharding, replicated), donate_argnums=0)
-  teacher_variables = None if teacher is None else jax.device_put(
-      teacher.variables, variable_sharding(teacher.variables))
+  train_step = jax.jit(
+      make_train_step(model, tx, config, info.num_classes, teacher,
+                      mix_groups=jax.device_count(), param_shardings=state_sharding.params),
+      in_shardings=(state_sharding, data_sharding, teacher_sharding),
+      out_shardings=(state_sharding, replicated), donate_argnums=0)
   eval_step = jax.jit(make_eval_step(model, info.num_classes), out_shardings=replicated)
   eval_batches = lambda: input_pipeline.eval_iterator(config)
 

@@ -17,6 +17,7 @@ Sigma_h^-1/2 for 'gaussian'; `row_embeddings`, `col_embeddings`, `head_keys_row`
 """
 
 import functools
+import itertools
 from typing import Any
 
 import flax.linen as nn
@@ -82,7 +83,9 @@ class SAConv(nn.Module):
   """Cordonnier et al.'s fully attentional CIFAR model (BertImage with positional attention).
 
   `layer_heads` gives every layer its own head count (a head-pruned model); None uses
-  `num_heads` everywhere.
+  `num_heads` everywhere. `scan_layers` and `remat` act as in every other family
+  (`vit.apply_blocks`); scanning stacks each run of consecutive layers with equal head counts
+  under `layers_{first}_to_{last}`.
   """
   num_classes: int = 10
   attention: str = 'quadratic'
@@ -97,6 +100,8 @@ class SAConv(nn.Module):
   layer_norm_eps: float = 1e-12
   centre_init_std: float = 2.0
   spread_init_std: float = 0.01
+  scan_layers: bool = False
+  remat: bool = False
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -133,12 +138,17 @@ class SAConv(nn.Module):
         use_content=self.attention == 'learned_content', centre_init_std=self.centre_init_std,
         spread_init_std=self.spread_init_std, attention_dropout_rate=self.attention_dropout_rate,
         dtype=self.dtype, param_dtype=self.param_dtype)
-    for i in range(self.num_layers):
-      heads = self.num_heads if self.layer_heads is None else int(self.layer_heads[i])
-      x = BertLayer(functools.partial(attention, num_heads=heads), self.intermediate_size,
-                    dropout_rate=self.dropout_rate, layer_norm_eps=self.layer_norm_eps,
-                    dtype=self.dtype, param_dtype=self.param_dtype,
-                    name=f'layers_{i}')(x, train=train)
+    heads = self.layer_heads or (self.num_heads,) * self.num_layers
+    first = 0
+    for group_heads, group in itertools.groupby(heads):
+      count = len(list(group))
+      layer = functools.partial(
+          BertLayer, functools.partial(attention, num_heads=int(group_heads)),
+          self.intermediate_size, dropout_rate=self.dropout_rate,
+          layer_norm_eps=self.layer_norm_eps, dtype=self.dtype, param_dtype=self.param_dtype)
+      x = vit.apply_blocks(layer, x, count=count, first=first, train=train,
+                           scan_layers=self.scan_layers, remat=self.remat, prefix='layers')
+      first += count
     pooled = jnp.mean(x.astype(jnp.float32), axis=(1, 2)).astype(self.dtype)
     vit.sow_feature(self, 'encoded', x)
     vit.sow_feature(self, 'head_input', pooled)
@@ -146,7 +156,9 @@ class SAConv(nn.Module):
 
 
 def attention_heads(params: dict) -> list[dict[str, jax.Array]]:
-  """The per-head positional parameters of every layer, in layer order (see the module doc)."""
+  """The per-head positional parameters of every layer, in layer order (see the module doc);
+  `params` of a model with `scan_layers` are read unstacked."""
+  params = vit.unstack_layers(params)
   layers = sorted((k for k in params if k.startswith('layers_')), key=lambda k: int(k[7:]))
   return [dict(params[k]['attention']) for k in layers]
 

@@ -182,6 +182,46 @@ class _Layer(nn.Module):
     return block(x, train=self.train), None
 
 
+def apply_blocks(block: ModuleDef, x: jax.Array, *, count: int, first: int, train: bool,
+                 scan_layers: bool, remat: bool, prefix: str = 'blocks',
+                 drop_path_rates: Sequence[float] | None = None) -> jax.Array:
+  """Applies `count` blocks `{prefix}_{first}`, ... in sequence (inside a compact method).
+
+  The one place where every family's block stack is scanned or rematerialised. `block(name=...)`
+  builds one block, given `drop_path_rate=` too when `drop_path_rates` (one per block) are given.
+  `remat=True` recomputes each block's activations in the backward pass (memory).
+  `scan_layers=True` traces one block and runs it with `nn.scan` (fast compilation of deep
+  models); its variables are then stacked along a leading layer axis under
+  `{prefix}_{first}_to_{last}` (as are sown intermediates), and `unstack_layers` / `stack_layers`
+  convert to and from the unrolled `{prefix}_{i}` layout that checkpoints of unrolled models,
+  `from_timm` and analysis use (`to_timm` accepts either).
+  """
+  rates = None if drop_path_rates is None else [float(r) for r in drop_path_rates]
+  if rates is not None and len(rates) != count:
+    raise ValueError(f'{len(rates)} drop-path rates for {count} blocks.')
+
+  def one_block(i: int) -> ModuleDef:
+    return block if rates is None else functools.partial(block, drop_path_rate=rates[i])
+
+  if not (scan_layers and count > 1):
+    for i in range(count):
+      name = f'{prefix}_{first + i}'
+      if remat:
+        x, _ = nn.remat(_Layer)(one_block(i), train, name=name)(x)
+      else:
+        x = one_block(i)(name=name)(x, train=train)
+    return x
+  layer = nn.remat(_Layer, prevent_cse=False) if remat else _Layer
+  scan = nn.scan(layer, variable_axes={True: 0}, split_rngs={'params': True, 'dropout': True},
+                 in_axes=0, length=count)
+  name = scanned_name(prefix, first, first + count - 1)
+  if rates is None or all(rate == rates[0] for rate in rates):
+    x, _ = scan(one_block(0), train, name=name)(x)
+  else:
+    x, _ = scan(block, train, name=name)(x, jnp.asarray(rates, jnp.float32))
+  return x
+
+
 def scanned_name(prefix: str, first: int, last: int) -> str:
   """Name of the stack of blocks `{prefix}_{first}` .. `{prefix}_{last}` in a scanned model."""
   return f'{prefix}_{first}_to_{last}'
@@ -373,35 +413,10 @@ class VisionTransformer(nn.Module):
 
   def blocks(self, block: ModuleDef, x: jax.Array, *, first: int, drop_path_rates: Sequence[float],
              train: bool, prefix: str = 'blocks') -> jax.Array:
-    """Applies blocks `{prefix}_{first}`, ... (one per rate) in sequence; returns the tokens.
-
-    `block(drop_path_rate=r, name=...)` builds one block. `remat=True` recomputes each block's
-    activations in the backward pass (memory). `scan_layers=True` traces one block and runs it
-    with `nn.scan` (fast compilation of deep models); its variables are then stacked along a
-    leading layer axis under `{prefix}_{first}_to_{last}` (as are sown intermediates), and
-    `unstack_layers` / `stack_layers` convert to and from the unrolled `{prefix}_{i}` layout that
-    checkpoints of unrolled models, `from_timm` and analysis use (`to_timm` accepts either).
-    """
-    rates = [float(r) for r in drop_path_rates]
-    if not (self.scan_layers and len(rates) > 1):
-      for i, rate in enumerate(rates):
-        name = f'{prefix}_{first + i}'
-        if self.remat:
-          layer = nn.remat(_Layer)(functools.partial(block, drop_path_rate=rate), train, name=name)
-          x, _ = layer(x)
-        else:
-          x = block(drop_path_rate=rate, name=name)(x, train=train)
-      return x
-    constant = all(rate == rates[0] for rate in rates)
-    layer = nn.remat(_Layer, prevent_cse=False) if self.remat else _Layer
-    scan = nn.scan(layer, variable_axes={True: 0}, split_rngs={'params': True, 'dropout': True},
-                   in_axes=0, length=len(rates))
-    name = scanned_name(prefix, first, first + len(rates) - 1)
-    if constant:
-      x, _ = scan(functools.partial(block, drop_path_rate=rates[0]), train, name=name)(x)
-    else:
-      x, _ = scan(block, train, name=name)(x, jnp.asarray(rates, jnp.float32))
-    return x
+    """`apply_blocks` with this model's `scan_layers` and `remat`, one block per drop-path rate."""
+    return apply_blocks(block, x, count=len(drop_path_rates), first=first, train=train,
+                        scan_layers=self.scan_layers, remat=self.remat, prefix=prefix,
+                        drop_path_rates=drop_path_rates)
 
   def patch_tokens(self, images: jax.Array, *, train: bool) -> jax.Array:
     """The image as (batch, tokens, hidden) patch tokens; families with another stem override it."""
