@@ -1,0 +1,183 @@
+"""Fully sharded training: the sharding rule, and runs on 8 CPU devices that equal replicated ones.
+
+The runs need 8 devices, which XLA only creates before JAX starts, so one subprocess trains them
+all (`RUNS`) and this process, with its one device, reads their checkpoints: which also shows
+that a sharded run reads back whole on any other mesh.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from tests.test_train import final_params, tiny_config
+from vit_jax import checkpoints
+from vit_jax import sharding
+from vit_jax import train
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 20
+TOLERANCE = 1e-5  # float32; the two layouts only reduce gradients in another order.
+
+
+@pytest.mark.parametrize('shape, fsdp, min_size, expected', [
+    ((24, 96), 8, 0, P(None, 'fsdp')),          # The largest divisible axis...
+    ((96, 24), 8, 0, P('fsdp')),
+    ((12, 40, 3), 4, 0, P(None, 'fsdp')),
+    ((30, 16), 8, 0, P(None, 'fsdp')),          # ... skipping a larger one that is not.
+    ((64, 64), 8, 0, P('fsdp')),                # Ties: the first.
+    ((3, 10), 8, 0, P()),                       # Nothing divisible: replicated.
+    ((8, 8), 8, 65, P()),                       # Too small: replicated.
+    ((8, 8), 8, 64, P('fsdp')),
+    ((), 8, 0, P()),                            # Scalars (step, counts).
+    ((1024, 4096), 1, 0, P()),                  # fsdp=1: plain data parallelism.
+])
+def test_fsdp_rule(shape, fsdp, min_size, expected):
+  assert sharding.fsdp_spec(shape, fsdp, min_size) == expected
+
+
+def test_mesh_of_one_device_replicates_everything():
+  mesh = sharding.make_mesh(1)
+  assert dict(mesh.shape) == {'data': 1, 'fsdp': 1}
+  tree = {'kernel': np.zeros((64, 32), np.float32), 'mu': np.zeros((64, 32), jax.numpy.bfloat16)}
+  shardings = sharding.fsdp_shardings(tree, mesh, min_size=0)
+  assert all(s.spec == P() for s in jax.tree.leaves(shardings))
+  assert sharding.bytes_per_device(tree, shardings) == 64 * 32 * (4 + 2)
+
+
+@pytest.mark.parametrize('fsdp', [3, 0])
+def test_fsdp_that_does_not_divide_the_devices_is_refused(fsdp, tmp_path):
+  with pytest.raises(ValueError, match=rf'mesh.fsdp={fsdp!r} must divide the number of devices '
+                                       r'\(1\); valid: \[1\]'):
+    train.train_and_evaluate(tiny_config(str(tmp_path / 'tfds'), **{'mesh.fsdp': fsdp}),
+                             str(tmp_path / 'run'))
+  assert not (tmp_path / 'run').exists()
+
+
+# Every run shards arrays of any size (`fsdp_min_size=0`), so that these tiny models are split.
+SMALL = {'mesh.fsdp_min_size': 0, 'total_steps': STEPS, 'log_every': 5, 'checkpoint_every': 10,
+         'model.dropout_rate': 0.1, 'model.drop_path_rate': 0.1}
+MODELS = {
+    'vit': {},
+    'cait': {'model.name': 'cait_ti4', 'model.depth': 3, 'model.scan_layers': True,
+             'model.class_attention_depth': 1},
+    'deepvit': {'model.name': 'deepvit_ti4', 'model.depth': 3, 'model.re_attention_blocks': 2},
+    # The rest of the recipe at once: a distilled DeiT learning from the replicated ViT run
+    # (its teacher sharded like itself), with EMA, micro-batches, remat and mixup/CutMix.
+    'recipe': {'model.name': 'deit_ti16_distilled', 'model.patch_size': 4, 'model.remat': True,
+               'distillation.type': 'soft', 'ema_decay': 0.9, 'grad_accum_steps': 2,
+               'mixup_alpha': 0.8, 'cutmix_alpha': 1.0},
+}
+
+
+def runs(root: str) -> list[dict]:
+  """Every run of the subprocess, in order: name, work directory, config overrides, stop step."""
+  items = []
+  for name, overrides in MODELS.items():
+    for fsdp in (1, 8):
+      items.append({'name': f'{name}_fsdp{fsdp}',
+                    'overrides': {**SMALL, **overrides, 'mesh.fsdp': fsdp}})
+      if 'distillation.type' in overrides:
+        items[-1]['overrides']['distillation.teacher_workdir'] = os.path.join(root, 'vit_fsdp1')
+  # Saved at fsdp=8, stopped (as by a preemption) at step 10, resumed at fsdp=2.
+  items.append({'name': 'resumed', 'overrides': {**SMALL, 'mesh.fsdp': 8}, 'stop_at': 10})
+  items.append({'name': 'resumed', 'overrides': {**SMALL, 'mesh.fsdp': 2}})
+  for item in items:
+    item['workdir'] = os.path.join(root, item['name'])
+  return items
+
+
+SCRIPT = '''
+import json, os, sys, time
+os.environ['XLA_FLAGS'] += ' --xla_force_host_platform_device_count=8'  # After conftest's.
+os.environ['TF_CPP_MIN_LOG_LEVEL'] = '2'
+sys.path.insert(0, {repo!r})
+import jax
+from tests.test_train import tiny_config
+from vit_jax import train
+assert jax.device_count() == 8
+original = train.PreemptionWatcher.should_stop
+for run in json.loads({runs!r}):
+  stop_at = run.get('stop_at')
+  train.PreemptionWatcher.should_stop = (
+      lambda self, manager, step, stop_at=stop_at: step == stop_at or original(self, manager, step))
+  start = time.time()
+  train.train_and_evaluate(tiny_config({data_dir!r}, **run['overrides']), run['workdir'])
+  print(run['name'], round(time.time() - start, 1), 's', flush=True)
+'''
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory) -> dict[str, str]:
+  """Trains every run of `runs` on 8 CPU devices; returns the work directory of each name."""
+  root = str(tmp_path_factory.mktemp('fsdp'))
+  items = runs(root)
+  script = SCRIPT.format(repo=REPO, runs=json.dumps(items), data_dir=os.path.join(root, 'tfds'))
+  result = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
+                          cwd=REPO, timeout=1500, check=False)
+  assert result.returncode == 0, result.stderr[-4000:]
+  print(result.stdout)
+  return {item['name']: item['workdir'] for item in items}
+
+
+def max_difference(a, b) -> float:
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  return max((float(np.max(np.abs(np.asarray(x, np.float32) - np.asarray(y, np.float32))))
+              for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))), default=0.0)
+
+
+def saved_layout(workdir: str) -> tuple[dict[str, tuple], dict[str, tuple]]:
+  """The shape and the partition spec with which every parameter of the newest checkpoint of
+  `workdir` was written, by path."""
+  manager = ocp.CheckpointManager(checkpoints.checkpoint_directory(workdir),
+                                  item_handlers={'state': ocp.PyTreeCheckpointHandler()})
+  tree = manager.item_metadata(manager.latest_step())['state'].tree
+  flat = jax.tree_util.tree_flatten_with_path(tree['params'])[0]
+  paths = [jax.tree_util.keystr(path) for path, _ in flat]
+  return ({p: tuple(leaf.shape) for p, (_, leaf) in zip(paths, flat)},
+          {p: tuple(leaf.sharding.partition_spec) for p, (_, leaf) in zip(paths, flat)})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name', MODELS)
+def test_fsdp_8_trains_like_fsdp_1(trained, name):
+  replicated, sharded = trained[f'{name}_fsdp1'], trained[f'{name}_fsdp8']
+  # The sharded run really was: every kernel with an axis that 8 divides was written split.
+  shapes, specs = saved_layout(sharded)
+  kernels = [path for path in specs
+             if path.endswith("['kernel']") and any(n % 8 == 0 for n in shapes[path])]
+  assert kernels and all('fsdp' in specs[path] for path in kernels), specs
+  assert all('fsdp' not in spec for spec in saved_layout(replicated)[1].values())
+  state_1, state_8 = (checkpoints.restore_arrays(w) for w in (replicated, sharded))
+  assert int(state_1['step']) == int(state_8['step']) == STEPS
+  for part in ('params', 'opt_state', 'ema', 'batch_stats'):
+    assert max_difference(state_1[part], state_8[part]) <= TOLERANCE, part
+  # Training moved the parameters, so the agreement is not that of two idle models.
+  assert max_difference(state_1['params'], checkpoints.restore_arrays(replicated, step=10)[
+      'params']) > 1e-3
+
+
+@pytest.mark.slow
+def test_saved_at_fsdp_8_resumed_at_fsdp_2_equals_an_uninterrupted_run(trained):
+  workdir = trained['resumed']
+  manager = checkpoints.checkpoint_manager(workdir, keep=3, read_only=True)
+  assert manager.all_steps() == [10, STEPS]
+  assert 'fsdp' in saved_layout(workdir)[1]["['head']['kernel']"]  # Written at fsdp=2.
+  assert max_difference(final_params(workdir), final_params(trained['vit_fsdp8'])) <= TOLERANCE
+
+
+@pytest.mark.slow
+def test_exported_weights_of_a_sharded_run_equal_a_replicated_ones(trained, tmp_path):
+  model = train.create_model(tiny_config(''), 10)
+  exported = []
+  for name in ('vit_fsdp1', 'vit_fsdp8'):
+    path = str(tmp_path / f'{name}.safetensors')
+    checkpoints.export_timm(checkpoints.load(trained[name], model, image_size=16), model, path)
+    exported.append(checkpoints.load(path, model, image_size=16))
+  assert max_difference(*exported) <= TOLERANCE
