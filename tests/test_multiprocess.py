@@ -158,7 +158,8 @@ def runs(tmp_path_factory):
   codes = run_all(commands, envs, logs, TIMEOUT_S)
   for code, log in zip(codes, logs):
     assert code == 0, f'{log} exited with {code}:\n{read_log(log)[-4000:]}'
-  return {'two': two, 'one': one, 'logs': logs, 'config': load_config(config_file)}
+  return {'two': two, 'one': one, 'logs': logs, 'config': load_config(config_file),
+          'config_file': config_file}
 
 
 @pytest.mark.slow
@@ -219,6 +220,32 @@ def test_two_process_checkpoint_restores_and_resumes_in_one_process(runs, tmp_pa
   resumed = saved_state(workdir, config)
   assert int(resumed.step) == STEPS + 2
   assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(resumed.params))
+
+
+@pytest.fixture(scope='module')
+def fsdp_run(runs, tmp_path_factory):
+  """The same two-process run with the training state sharded over both processes (fsdp=2)."""
+  root = tmp_path_factory.mktemp('multiprocess_fsdp')
+  workdir = str(root / 'fsdp')
+  port = free_port()
+  commands = [[sys.executable, '-m', 'vit_jax.main', f'--config={runs["config_file"]}',
+               f'--workdir={workdir}', '--config.mesh.fsdp=2',
+               '--config.mesh.fsdp_min_size=0']] * 2
+  logs = [str(root / f'process{i}.log') for i in range(2)]
+  codes = run_all(commands, [slurm_task(0, 2, port), slurm_task(1, 2, port)], logs, TIMEOUT_S)
+  for code, log in zip(codes, logs):
+    assert code == 0, f'{log} exited with {code}:\n{read_log(log)[-4000:]}'
+  return workdir
+
+
+@pytest.mark.slow
+def test_two_processes_sharing_the_state_train_like_one_process(runs, fsdp_run):
+  assert "Mesh {'data': 1, 'fsdp': 2}" in read_log(os.path.join(os.path.dirname(fsdp_run),
+                                                                 'process0.log'))
+  config = runs['config']
+  sharded, one = saved_state(fsdp_run, config).params, saved_state(runs['one'], config).params
+  for a, b in zip(jax.tree.leaves(sharded), jax.tree.leaves(one)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=0)
 
 
 # Which environments start a multi-process run, and with which arguments.
