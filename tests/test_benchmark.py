@@ -124,3 +124,41 @@ def test_input_pipeline_against_timm_on_a_jpeg_folder(timm, tmp_path):
   early = _number(r'first batch: +step 0: ([\d.]+) s', out)
   late = _number(r'step 4 \(24 examples consumed\): ([\d.]+) s', out)
   assert early > 0 and late > 0
+
+
+def _bytes(pattern: str, text: str) -> float:
+  """The size that `pattern` (one group: '12.5 MiB') finds in `text`, in bytes."""
+  match = re.search(pattern + r' +([\d.,]+) (KiB|MiB|GiB)', text)
+  assert match, (pattern, text)
+  unit = {'KiB': 2**10, 'MiB': 2**20, 'GiB': 2**30}[match.group(2)]
+  return float(match.group(1).replace(',', '')) * unit
+
+
+def test_memory_only_sizes_the_state_of_each_device_of_a_mesh():
+  sizes = {}
+  for fsdp in (1, 8):
+    result = _benchmark(*TINY, '--batch=16', '--memory_only', '--devices=8',
+                        f'--config.mesh.fsdp={fsdp}', '--config.mesh.fsdp_min_size=0',
+                        '--config.mu_dtype=bfloat16')
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert f'data {8 // fsdp} x fsdp {fsdp} = 8 devices' in out
+    sizes[fsdp] = {part: _bytes(rf'{part}:', out) for part in (
+        'parameters', 'optimizer state', 'training state', 'XLA step memory')}
+    sizes[fsdp]['arguments'] = _bytes('arguments', out)
+  one, eight = sizes[1], sizes[8]
+  # Replicated, each device holds every parameter; AdamW's moments (bfloat16 mu, float32 nu)
+  # take 1.5 times as much, and are split exactly like the parameters.
+  assert one['optimizer state'] == pytest.approx(1.5 * one['parameters'], rel=0.02)
+  assert eight['optimizer state'] == pytest.approx(1.5 * eight['parameters'], rel=0.02)
+  # Split 8 ways, except the few arrays with no axis that 8 divides (10 classes' head bias).
+  assert one['parameters'] / 8 <= eight['parameters'] < one['parameters'] / 6
+  # XLA's step takes the state as laid out (its arguments: the state and 2 images per device).
+  for size in (one, eight):
+    assert size['training state'] <= size['arguments'] <= size['XLA step memory']
+
+
+def test_memory_only_refuses_a_mesh_that_does_not_divide_the_devices():
+  result = _benchmark(*TINY, '--memory_only', '--devices=8', '--config.mesh.fsdp=3')
+  assert result.returncode != 0
+  assert 'mesh.fsdp=3 must divide the number of devices (8); valid: [1, 2, 4, 8]' in result.stderr

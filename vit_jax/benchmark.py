@@ -6,6 +6,8 @@ r"""Training and inference throughput of a config's model, optionally against ti
   python -m vit_jax.benchmark --config=configs/vit.py:variant=B/16 --dtype=bfloat16 --batch=256
   python -m vit_jax.benchmark --input_pipeline --batch=96 --vs_timm \
       --config=configs/deit.py:variant=S,dataset=folder:/path/to/images
+  python -m vit_jax.benchmark --config=configs/vit.py:variant=L/16 --memory_only --devices=8 \
+      --config.mesh.fsdp=8
 
 A training step is `vit_jax.train`'s (forward, loss, gradients, optimizer update, metrics) on
 random images; an inference step is a jitted forward pass with train=False. Every step is blocked
@@ -22,6 +24,13 @@ achieved FLOP/s; with a known peak (`--peak_tflops`, or the table `PEAK_TFLOPS` 
 accelerators) also the model FLOPs utilisation. `--layers_table` measures deep models with and
 without scan-over-layers and remat, each combination in a fresh process. `--input_pipeline` times
 the training input pipeline instead, alone (`vit_jax.input_benchmark`).
+
+`--memory_only` runs nothing: for a mesh of `--devices` devices with the config's `mesh.fsdp`, it
+prints what one device holds (parameters, optimizer state, EMA, all of the training state, in
+their `vit_jax.sharding` layouts) and XLA's account of the compiled training step (arguments,
+temporaries, all live at once), compiled for as many forced CPU devices from abstract shapes. So
+what fits on a GPU or TPU can be seen on a laptop before renting it; the state's bytes are exact
+on every backend, the temporaries are the CPU compiler's (an accelerator's fusions differ).
 """
 
 import dataclasses
@@ -72,6 +81,12 @@ _LAYERS_MODELS = flags.DEFINE_list('layers_models', ['cait_xxs24', 'deepvit_32b'
                                    '224 there).')
 _LAYERS_ROW = flags.DEFINE_string('layers_row', None, 'MODEL:SCAN:REMAT (0 or 1): one row of '
                                   '--layers_table, printed as JSON (used by --layers_table).')
+_MEMORY_ONLY = flags.DEFINE_bool('memory_only', False, 'Print what one device of a mesh of '
+                                  '--devices devices (config.mesh.fsdp of them in each fsdp '
+                                  'group) holds for a training step, from compilation alone on '
+                                  'as many forced CPU devices: nothing is allocated or run.')
+_DEVICES = flags.DEFINE_integer('devices', None, 'Devices of the mesh sized by --memory_only '
+                                '(default: config.mesh.fsdp).')
 _PEAK_TFLOPS = flags.DEFINE_float('peak_tflops', None, "The device's peak TFLOP/s at --dtype, "
                                   'for model FLOPs utilisation (default: PEAK_TFLOPS).')
 _INPUT_PIPELINE = flags.DEFINE_bool('input_pipeline', False, 'Time the training input pipeline '
@@ -148,14 +163,22 @@ def compiled_flops(compiled) -> float | None:
   return float(flops) if flops and flops > 0 else None
 
 
-def compiled_memory_mib(compiled) -> dict[str, float]:
-  """XLA's memory account of a compiled computation: temporaries, and everything live at once."""
+def compiled_memory_bytes(compiled) -> dict[str, int]:
+  """XLA's memory account of a compiled computation, per device: its arguments, temporaries,
+  and everything live at once (donated arguments are reused by the outputs)."""
   memory = compiled.memory_analysis()
   if memory is None:
     return {}
   total = (memory.temp_size_in_bytes + memory.argument_size_in_bytes
            + memory.output_size_in_bytes - memory.alias_size_in_bytes)
-  return {'temp': memory.temp_size_in_bytes / 2**20, 'total': total / 2**20}
+  return {'arguments': memory.argument_size_in_bytes, 'temp': memory.temp_size_in_bytes,
+          'total': total}
+
+
+def compiled_memory_mib(compiled) -> dict[str, float]:
+  """`compiled_memory_bytes`' temporaries and total in MiB."""
+  memory = compiled_memory_bytes(compiled)
+  return {key: memory[key] / 2**20 for key in ('temp', 'total') if key in memory}
 
 
 def jax_contender(config, num_classes: int, name: str | None = None,
@@ -210,6 +233,74 @@ def jax_contender(config, num_classes: int, name: str | None = None,
   return Contender(name or config.model.name, train_steps, infer_steps, compile_s, model,
                    sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params)),
                    compiled_flops(train_step), compiled_memory_mib(train_step))
+
+
+def byte_size(count: int) -> str:
+  """'1.5 GiB', '20.0 MiB', '3.2 KiB'."""
+  for unit, size in (('GiB', 2**30), ('MiB', 2**20)):
+    if count >= size:
+      return f'{count / size:,.1f} {unit}'
+  return f'{count / 2**10:,.1f} KiB'
+
+
+def memory_per_device(config, num_classes: int) -> dict[str, int]:
+  """Bytes that one device of a (data × fsdp) mesh over every device holds for a training step.
+
+  The training state's parts from their shapes and layouts (`vit_jax.sharding`), and XLA's
+  account of the compiled step: its arguments (state and batch), its temporaries, and all that
+  is live at once (the state is donated, so outputs reuse it). Abstract evaluation and
+  compilation only: no array is allocated, so any model can be sized on any machine.
+  """
+  # pylint: disable=g-import-not-at-top
+  import jax
+  import jax.numpy as jnp
+  from vit_jax import sharding
+  from vit_jax import train
+  # pylint: enable=g-import-not-at-top
+  model = train.create_model(config, num_classes)
+  tx = train.create_optimizer(config, train.learning_rate_schedule(config, 2, 1))
+  mesh = sharding.make_mesh(config.mesh.fsdp)
+  state = jax.eval_shape(lambda: train.init_state(model, tx, config))
+  layout = sharding.fsdp_shardings(state, mesh, config.mesh.fsdp_min_size)
+  size, batch_size = config.image_size, config.batch_size
+  spread = sharding.batch_sharding(mesh)
+  batch = {'image': jax.ShapeDtypeStruct((batch_size, size, size, 3), jnp.float32,
+                                         sharding=spread),
+           'label': jax.ShapeDtypeStruct((batch_size,), jnp.int32, sharding=spread)}
+  step = train.sharded_train_step(model, tx, config, num_classes, mesh, layout)
+  memory = compiled_memory_bytes(step.lower(sharding.abstract(state, layout), batch,
+                                             None).compile())
+  parts = {name: sharding.bytes_per_device(getattr(state, name), getattr(layout, name))
+           for name in ('params', 'opt_state', 'ema', 'batch_stats')}
+  return {**parts, 'state': sharding.bytes_per_device(state, layout),
+          'all_params': sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state.params)),
+          'num_params': sum(x.size for x in jax.tree.leaves(state.params)),
+          **memory}
+
+
+def run_memory(config, *, num_classes: int) -> dict[str, int]:
+  """Prints `memory_per_device` of the config's model on this process's mesh."""
+  import jax  # pylint: disable=g-import-not-at-top
+  devices, fsdp = jax.device_count(), config.mesh.fsdp
+  report('model', f'{config.model.name} {dict(config.model)}')
+  report('mesh', f'data {devices // fsdp} x fsdp {fsdp} = {devices} devices '
+         f'({jax.devices()[0].platform}; XLA\'s account on this backend)')
+  report('batch', f'{config.batch_size} x {config.image_size}x{config.image_size}x3 '
+         f'({config.batch_size // devices} per device), dtype {config.dtype}, '
+         f'optimizer {config.optimizer}, mu_dtype {config.mu_dtype or "as parameters"}')
+  sizes = memory_per_device(config, num_classes)
+  per_device = lambda key: f'{byte_size(sizes[key])} per device'
+  report('parameters', f'{per_device("params")}, of {byte_size(sizes["all_params"])} '
+         f'({sizes["num_params"]:,} parameters)')
+  report('optimizer state', per_device('opt_state'))
+  if sizes['ema'] or sizes['batch_stats']:
+    report('EMA', per_device('ema'))
+    report('batch statistics', per_device('batch_stats'))
+  report('training state', per_device('state'))
+  report('XLA step memory', f'{per_device("total")} live at once: arguments '
+         f'{byte_size(sizes["arguments"])} (state and batch), temporaries '
+         f'{byte_size(sizes["temp"])}')
+  return sizes
 
 
 def timm_contender(config, model, num_classes: int) -> Contender:
@@ -515,6 +606,13 @@ def main(argv) -> None:
     if not 1 <= _THREADS.value <= len(cpus):
       raise app.UsageError(f'--threads={_THREADS.value} must be in [1, {len(cpus)}].')
     os.sched_setaffinity(0, cpus[:_THREADS.value])  # XLA sizes its thread pool from this.
+  if _MEMORY_ONLY.value:  # Before JAX starts: the mesh's devices, forced on the CPU backend.
+    devices = _DEVICES.value or _CONFIG.value.mesh.fsdp
+    if devices < 1:
+      raise app.UsageError(f'--devices={devices} must be >= 1.')
+    os.environ['JAX_PLATFORMS'] = 'cpu'
+    os.environ['XLA_FLAGS'] = (f'{os.environ.get("XLA_FLAGS", "")} '
+                               f'--xla_force_host_platform_device_count={devices}').strip()
   if _CPU_TUNING.value:
     from vit_jax import runtime  # pylint: disable=g-import-not-at-top
     runtime.configure()
@@ -550,7 +648,15 @@ def main(argv) -> None:
                             dtype=_DTYPE.value, model_name=_MODEL.value)
   timing = dict(num_classes=_NUM_CLASSES.value, steps=_STEPS.value, warmup=_WARMUP.value,
                 repeats=_REPEATS.value)
-  if _LAYERS_ROW.value:
+  if _MEMORY_ONLY.value:
+    from vit_jax import sharding  # pylint: disable=g-import-not-at-top
+    import jax  # pylint: disable=g-import-not-at-top
+    try:
+      sharding.check_mesh(config.mesh.fsdp, jax.device_count())
+    except ValueError as e:
+      raise app.UsageError(str(e)) from e
+    run_memory(config, num_classes=_NUM_CLASSES.value)
+  elif _LAYERS_ROW.value:
     name, scan, remat = parse_layers_row(_LAYERS_ROW.value)
     print(json.dumps(layers_row(config, name, scan, remat, num_classes=_NUM_CLASSES.value,
                                 steps=_STEPS.value, warmup=_WARMUP.value)))

@@ -26,7 +26,7 @@ import ml_collections
 import numpy as np
 import optax
 from jax.experimental import multihost_utils
-from jax.sharding import NamedSharding
+from jax.sharding import Mesh, NamedSharding
 
 from vit_jax import augment
 from vit_jax import checkpoints
@@ -372,6 +372,22 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
   return train_step
 
 
+def sharded_train_step(model: nn.Module, tx: optax.GradientTransformation,
+                       config: ml_collections.ConfigDict, num_classes: int, mesh: Mesh,
+                       state_sharding: Any, teacher: Teacher | None = None,
+                       teacher_sharding: Any = None) -> Callable[..., tuple[TrainState, dict]]:
+  """`make_train_step` jitted for `mesh`: the state (donated) and the teacher's variables in
+  their layouts, the batch over every device, metrics replicated.
+
+  Mixup/CutMix pairs and draws λ within each device's share of the batch.
+  """
+  step = make_train_step(model, tx, config, num_classes, teacher, mix_groups=mesh.size,
+                         param_shardings=state_sharding.params)
+  return jax.jit(step, in_shardings=(state_sharding, sharding.batch_sharding(mesh),
+                                     teacher_sharding),
+                 out_shardings=(state_sharding, sharding.replicated(mesh)), donate_argnums=0)
+
+
 def make_eval_step(model: nn.Module, num_classes: int
                    ) -> Callable[[TrainState, dict[str, jax.Array]], dict[str, jax.Array]]:
   """The (unjitted) eval step: sums of correct predictions, loss and real examples."""
@@ -622,7 +638,6 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
   # 2. Devices, state and steps.
   mesh = sharding.make_mesh(config.mesh.fsdp)
-  replicated = sharding.replicated(mesh)
   data_sharding = sharding.batch_sharding(mesh)
   # One rule places the student's and the teacher's variables alike.
   variable_sharding = lambda tree: sharding.fsdp_shardings(tree, mesh, config.mesh.fsdp_min_size)
@@ -650,13 +665,10 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                sharding.bytes_per_device(abstract_state.params, state_sharding.params) / 2**20,
                sharding.bytes_per_device(abstract_state, state_sharding) / 2**20)
 
-  # Mixup/CutMix pairs and draws λ within each device's share of the batch.
-  train_step = jax.jit(
-      make_train_step(model, tx, config, info.num_classes, teacher,
-                      mix_groups=jax.device_count(), param_shardings=state_sharding.params),
-      in_shardings=(state_sharding, data_sharding, teacher_sharding),
-      out_shardings=(state_sharding, replicated), donate_argnums=0)
-  eval_step = jax.jit(make_eval_step(model, info.num_classes), out_shardings=replicated)
+  train_step = sharded_train_step(model, tx, config, info.num_classes, mesh, state_sharding,
+                                  teacher, teacher_sharding)
+  eval_step = jax.jit(make_eval_step(model, info.num_classes),
+                      out_shardings=sharding.replicated(mesh))
   eval_batches = lambda: input_pipeline.eval_iterator(config)
 
   # 3. The loop.
