@@ -117,6 +117,10 @@ def get_config() -> ml_collections.ConfigDict:
   # to vit_jax.models.create() as an override.
   config.model = ml_collections.ConfigDict()
   config.model.name = 'vit_ti4'
+  # Fields of every family: one traced block run by nn.scan (fast compiles of deep models), and
+  # activations recomputed in the backward pass (memory).
+  config.model.scan_layers = False
+  config.model.remat = False
   return config
 
 
