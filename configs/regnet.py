@@ -35,6 +35,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   common.require_variant(args.variant, args.dataset, VARIANTS)
   config = common.get_config()
   config.dataset = args.dataset
+  # Stages of differently shaped blocks: no scan-over-layers or remat fields in this family.
+  del config.model['scan_layers'], config.model['remat']
   if args.variant:
     if args.variant not in VARIANTS:
       raise ValueError(f'Unknown RegNetY variant {args.variant!r}; valid: {list(VARIANTS)}.')

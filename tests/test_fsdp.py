@@ -84,7 +84,7 @@ def runs(root: str) -> list[dict]:
       items.append({'name': f'{name}_fsdp{fsdp}',
                     'overrides': {**SMALL, **overrides, 'mesh.fsdp': fsdp}})
       if 'distillation.type' in overrides:
-        items[-1]['overrides']['distillation.teacher_workdir'] = os.path.join(root, 'vit_fsdp1')
+        items[-1]['overrides']['distillation.teacher'] = os.path.join(root, 'vit_fsdp1')
   # Saved at fsdp=8, stopped (as by a preemption) at step 10, resumed at fsdp=2.
   items.append({'name': 'resumed', 'overrides': {**SMALL, 'mesh.fsdp': 8}, 'stop_at': 10})
   items.append({'name': 'resumed', 'overrides': {**SMALL, 'mesh.fsdp': 2}})
