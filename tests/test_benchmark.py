@@ -161,4 +161,4 @@ def test_memory_only_sizes_the_state_of_each_device_of_a_mesh():
 def test_memory_only_refuses_a_mesh_that_does_not_divide_the_devices():
   result = _benchmark(*TINY, '--memory_only', '--devices=8', '--config.mesh.fsdp=3')
   assert result.returncode != 0
-  assert 'mesh.fsdp=3 must divide the number of devices (8); valid: [1, 2, 4, 8]' in result.stderr
+  assert 'mesh.fsdp=3: must divide the number of devices (8); valid: [1, 2, 4, 8]' in result.stderr
