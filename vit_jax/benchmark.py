@@ -282,24 +282,24 @@ def run_memory(config, *, num_classes: int) -> dict[str, int]:
   """Prints `memory_per_device` of the config's model on this process's mesh."""
   import jax  # pylint: disable=g-import-not-at-top
   devices, fsdp = jax.device_count(), config.mesh.fsdp
-  report('model', f'{config.model.name} {dict(config.model)}')
-  report('mesh', f'data {devices // fsdp} x fsdp {fsdp} = {devices} devices '
-         f'({jax.devices()[0].platform}; XLA\'s account on this backend)')
-  report('batch', f'{config.batch_size} x {config.image_size}x{config.image_size}x3 '
-         f'({config.batch_size // devices} per device), dtype {config.dtype}, '
-         f'optimizer {config.optimizer}, mu_dtype {config.mu_dtype or "as parameters"}')
+  stopwatch.report('model', f'{config.model.name} {dict(config.model)}')
+  stopwatch.report('mesh', f'data {devices // fsdp} x fsdp {fsdp} = {devices} devices '
+                   f'({jax.devices()[0].platform}; XLA\'s account on this backend)')
+  stopwatch.report('batch', f'{config.batch_size} x {config.image_size}x{config.image_size}x3 '
+                   f'({config.batch_size // devices} per device), dtype {config.dtype}, '
+                   f'optimizer {config.optimizer}, mu_dtype {config.mu_dtype or "as parameters"}')
   sizes = memory_per_device(config, num_classes)
   per_device = lambda key: f'{byte_size(sizes[key])} per device'
-  report('parameters', f'{per_device("params")}, of {byte_size(sizes["all_params"])} '
-         f'({sizes["num_params"]:,} parameters)')
-  report('optimizer state', per_device('opt_state'))
+  stopwatch.report('parameters', f'{per_device("params")}, of {byte_size(sizes["all_params"])} '
+                   f'({sizes["num_params"]:,} parameters)')
+  stopwatch.report('optimizer state', per_device('opt_state'))
   if sizes['ema'] or sizes['batch_stats']:
-    report('EMA', per_device('ema'))
-    report('batch statistics', per_device('batch_stats'))
-  report('training state', per_device('state'))
-  report('XLA step memory', f'{per_device("total")} live at once: arguments '
-         f'{byte_size(sizes["arguments"])} (state and batch), temporaries '
-         f'{byte_size(sizes["temp"])}')
+    stopwatch.report('EMA', per_device('ema'))
+    stopwatch.report('batch statistics', per_device('batch_stats'))
+  stopwatch.report('training state', per_device('state'))
+  stopwatch.report('XLA step memory', f'{per_device("total")} live at once: arguments '
+                   f'{byte_size(sizes["arguments"])} (state and batch), temporaries '
+                   f'{byte_size(sizes["temp"])}')
   return sizes
 
 
