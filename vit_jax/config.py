@@ -21,6 +21,7 @@ from vit_jax import input_pipeline
 from vit_jax import models
 from vit_jax import sharding
 from vit_jax.datasets import digits
+from vit_jax.datasets import folder
 
 DTYPES = ('float32', 'bfloat16', 'float16')
 OPTIMIZERS = ('adamw', 'sgd')
@@ -235,9 +236,13 @@ def _distillation_problems(c: dict[str, Any]) -> list[str]:
 
 
 def _dataset_problems(c: dict[str, Any]) -> list[str]:
-  """The quick digits default (its model and normalization) asked to train on another dataset."""
+  """The quick digits default (its model and normalization) asked to train on another named dataset.
+
+  An image folder may hold digits itself (or anything the user chose the digits settings for).
+  """
   problems = []
-  if c['normalization'] == digits.NAME and c['dataset'] != digits.NAME:
+  if (c['normalization'] == digits.NAME and c['dataset'] != digits.NAME
+      and not c['dataset'].startswith(folder.PREFIX)):
     problems.append(
         f"dataset={c['dataset']!r}: the config's default is the quick model for the embedded "
         "digits (normalization='digits'); pick a published size with the config's variant= "
