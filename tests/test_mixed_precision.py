@@ -67,20 +67,24 @@ def test_bad_dtype_is_refused(field, value):
 
 @pytest.mark.slow
 def test_bfloat16_training_matches_float32_within_one_point(tmp_path):
-  """800 steps of a small ViT on 16x16 digits: bfloat16 ends no more than 1 point below float32.
+  """800 steps of a small ViT on 16x16 digits, two seeds: bfloat16 ends no more than 1 point below
+  float32 on average.
 
-  Both runs converge (about 95 % test accuracy); 1 point is 3.6 of the 360 test images, about
-  the spread between runs that differ only in rounding.
+  Both converge (about 95 % test accuracy); 1 point is 3.6 of the 360 test images, about the
+  spread between single runs that differ only in rounding, hence the mean of two seeds.
   """
-  accuracies = {}
-  for dtype in ('float32', 'bfloat16'):
-    config = tiny_config(str(tmp_path / 'tfds'), dtype=dtype, image_size=16, crop_padding=2,
-                         batch_size=64, total_steps=800, warmup_steps=30, base_lr=3e-3,
-                         log_every=200, **{'model.patch_size': 4, 'model.hidden_size': 64,
-                                           'model.num_heads': 4, 'model.mlp_dim': 128})
-    accuracies[dtype] = train.train_and_evaluate(config, str(tmp_path / dtype))['accuracy']
+  accuracies = {'float32': [], 'bfloat16': []}
+  for dtype in accuracies:
+    for seed in (0, 1):
+      config = tiny_config(str(tmp_path / 'tfds'), dtype=dtype, image_size=16, crop_padding=2,
+                           batch_size=64, total_steps=800, warmup_steps=30, base_lr=3e-3,
+                           log_every=200, seed=seed,
+                           **{'model.patch_size': 4, 'model.hidden_size': 64,
+                              'model.num_heads': 4, 'model.mlp_dim': 128})
+      workdir = str(tmp_path / f'{dtype}_{seed}')
+      accuracies[dtype].append(train.train_and_evaluate(config, workdir)['accuracy'])
   print('test accuracy by dtype:', accuracies)
-  assert accuracies['float32'] > 0.9, accuracies
+  assert min(accuracies['float32']) > 0.9, accuracies
   # Rounding alone moves either run by a point or two either way; bfloat16 must not lose more
-  # than 1 point.
-  assert accuracies['bfloat16'] >= accuracies['float32'] - 0.01, accuracies
+  # than 1 point on average.
+  assert np.mean(accuracies['bfloat16']) >= np.mean(accuracies['float32']) - 0.01, accuracies
