@@ -225,14 +225,19 @@ def test_two_process_checkpoint_restores_and_resumes_in_one_process(runs, tmp_pa
 @pytest.fixture(scope='module')
 def fsdp_run(runs, tmp_path_factory):
   """The same two-process run with the training state sharded over both processes (fsdp=2)."""
-  root = tmp_path_factory.mktemp('multiprocess_fsdp')
-  workdir = str(root / 'fsdp')
-  port = free_port()
-  commands = [[sys.executable, '-m', 'vit_jax.main', f'--config={runs["config_file"]}',
-               f'--workdir={workdir}', '--config.mesh.fsdp=2',
-               '--config.mesh.fsdp_min_size=0']] * 2
-  logs = [str(root / f'process{i}.log') for i in range(2)]
-  codes = run_all(commands, [slurm_task(0, 2, port), slurm_task(1, 2, port)], logs, TIMEOUT_S)
+  # A second attempt, from scratch, only when gloo's shutdown barrier aborts a finished process.
+  for attempt in range(2):
+    root = tmp_path_factory.mktemp('multiprocess_fsdp')
+    workdir = str(root / 'fsdp')
+    port = free_port()
+    commands = [[sys.executable, '-m', 'vit_jax.main', f'--config={runs["config_file"]}',
+                 f'--workdir={workdir}', '--config.mesh.fsdp=2',
+                 '--config.mesh.fsdp_min_size=0']] * 2
+    logs = [str(root / f'process{i}.log') for i in range(2)]
+    codes = run_all(commands, [slurm_task(0, 2, port), slurm_task(1, 2, port)], logs, TIMEOUT_S)
+    barrier_failed = any('Shutdown barrier' in read_log(log) for log in logs)
+    if all(code == 0 for code in codes) or attempt or not barrier_failed:
+      break
   for code, log in zip(codes, logs):
     assert code == 0, f'{log} exited with {code}:\n{read_log(log)[-4000:]}'
   return workdir
