@@ -117,6 +117,19 @@ def read_log(path: str) -> str:
     return f.read()
 
 
+def assert_all_succeeded(codes: list[int], logs: list[str]) -> None:
+  """Fails with every process's exit code and the end of each failed log (errors first)."""
+  failed = [(code, log) for code, log in zip(codes, logs) if code != 0]
+  report = []
+  for code, log in failed:
+    # A fatal abort ends with Python's list of extension modules: drop it, keep what came before.
+    text = read_log(log).split('\nExtension modules:')[0]
+    errors = [line for line in text.splitlines() if line.startswith(('error:', 'F1', 'E1'))]
+    report.append(f'{log} exited with {code}; error lines:\n' + '\n'.join(errors[:20]) +
+                  f'\n... end of log:\n{text[-3000:]}')
+  assert not failed, f'exit codes {codes}\n' + '\n\n'.join(report)
+
+
 def load_config(config_file: str):
   spec = importlib.util.spec_from_file_location('tiny', config_file)
   module = importlib.util.module_from_spec(spec)
@@ -156,8 +169,7 @@ def runs(tmp_path_factory):
   envs = [slurm_task(0, 2, port), slurm_task(1, 2, port), {}]
   logs = [str(root / name) for name in ('process0.log', 'process1.log', 'reference.log')]
   codes = run_all(commands, envs, logs, TIMEOUT_S)
-  for code, log in zip(codes, logs):
-    assert code == 0, f'{log} exited with {code}:\n{read_log(log)[-4000:]}'
+  assert_all_succeeded(codes, logs)
   return {'two': two, 'one': one, 'logs': logs, 'config': load_config(config_file),
           'config_file': config_file}
 
@@ -225,21 +237,15 @@ def test_two_process_checkpoint_restores_and_resumes_in_one_process(runs, tmp_pa
 @pytest.fixture(scope='module')
 def fsdp_run(runs, tmp_path_factory):
   """The same two-process run with the training state sharded over both processes (fsdp=2)."""
-  # A second attempt, from scratch, only when gloo's shutdown barrier aborts a finished process.
-  for attempt in range(2):
-    root = tmp_path_factory.mktemp('multiprocess_fsdp')
-    workdir = str(root / 'fsdp')
-    port = free_port()
-    commands = [[sys.executable, '-m', 'vit_jax.main', f'--config={runs["config_file"]}',
-                 f'--workdir={workdir}', '--config.mesh.fsdp=2',
-                 '--config.mesh.fsdp_min_size=0']] * 2
-    logs = [str(root / f'process{i}.log') for i in range(2)]
-    codes = run_all(commands, [slurm_task(0, 2, port), slurm_task(1, 2, port)], logs, TIMEOUT_S)
-    barrier_failed = any('Shutdown barrier' in read_log(log) for log in logs)
-    if all(code == 0 for code in codes) or attempt or not barrier_failed:
-      break
-  for code, log in zip(codes, logs):
-    assert code == 0, f'{log} exited with {code}:\n{read_log(log)[-4000:]}'
+  root = tmp_path_factory.mktemp('multiprocess_fsdp')
+  workdir = str(root / 'fsdp')
+  port = free_port()
+  commands = [[sys.executable, '-m', 'vit_jax.main', f'--config={runs["config_file"]}',
+               f'--workdir={workdir}', '--config.mesh.fsdp=2',
+               '--config.mesh.fsdp_min_size=0']] * 2
+  logs = [str(root / f'process{i}.log') for i in range(2)]
+  codes = run_all(commands, [slurm_task(0, 2, port), slurm_task(1, 2, port)], logs, TIMEOUT_S)
+  assert_all_succeeded(codes, logs)
   return workdir
 
 

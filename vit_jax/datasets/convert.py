@@ -23,7 +23,15 @@ ARRAY_RECORD = file_adapters.FileFormat.ARRAY_RECORD
 
 def has_array_record(builder: tfds.core.DatasetBuilder) -> bool:
   """True if `builder`'s prepared data can be read by example index (ArrayRecord)."""
-  return ARRAY_RECORD in builder.info.available_file_formats()
+  info = builder.info
+  # TFDS restores `dataset_info.json`'s alternative formats into the proto only, not into the list
+  # that `available_file_formats()` and `as_data_source()` read: a freshly opened builder would
+  # miss the ArrayRecord copy (and every process would write it again, racing the others' reads).
+  for value in info.as_proto.alternative_file_formats:
+    fmt = file_adapters.FileFormat.from_value(value)
+    if fmt not in info.alternative_file_formats:
+      info.alternative_file_formats.append(fmt)
+  return ARRAY_RECORD in info.available_file_formats()
 
 
 def add_array_record(builder: tfds.core.DatasetBuilder) -> None:
