@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from tests.test_train import tiny_config
+from vit_jax import steps
 from vit_jax import train
 
 
@@ -30,7 +31,7 @@ def test_distillation_loss_matches_deit(kind, alpha, tau):
   rng = np.random.default_rng(0)
   cls_logits, dist_logits, teacher = (rng.normal(size=(6, 5)) * 3 for _ in range(3))
   targets = rng.dirichlet(np.ones(5), size=6)
-  ours = train.distillation_loss((jnp.asarray(cls_logits), jnp.asarray(dist_logits)),
+  ours = steps.distillation_loss((jnp.asarray(cls_logits), jnp.asarray(dist_logits)),
                                  jnp.asarray(targets), jnp.asarray(teacher), kind=kind,
                                  alpha=alpha, tau=tau)
   expected = reference_loss(cls_logits, dist_logits, targets, teacher, kind, alpha, tau)
@@ -39,7 +40,7 @@ def test_distillation_loss_matches_deit(kind, alpha, tau):
 
 def test_teacher_gets_no_gradient():
   teacher = jnp.array([[2.0, -1.0, 0.5]])
-  grad = jax.grad(lambda t: train.distillation_loss(
+  grad = jax.grad(lambda t: steps.distillation_loss(
       jnp.zeros((1, 3)), jnp.eye(3)[:1], t, kind='soft', alpha=0.5, tau=2.0))(teacher)
   assert np.all(grad == 0)
 

@@ -21,6 +21,8 @@ import pytest
 from test_train import tiny_config
 from vit_jax import checkpoints
 from vit_jax import input_pipeline
+from vit_jax import optim
+from vit_jax import steps
 from vit_jax import train
 from vit_jax import workdir as workdir_lib
 from vit_jax.datasets import folder
@@ -99,8 +101,8 @@ CORRUPTIONS = {'truncated_array': _truncate, 'garbage_array': _garbage_arrays,
 
 def _abstract_state(config):
   model = train.create_model(config, 10)
-  tx = train.create_optimizer(config, lambda _: 1e-3)
-  return jax.eval_shape(lambda: train.init_state(model, tx, config))
+  tx = optim.create_optimizer(config, lambda _: 1e-3)
+  return jax.eval_shape(lambda: steps.init_state(model, tx, config))
 
 
 @pytest.mark.parametrize('kind', CORRUPTIONS)

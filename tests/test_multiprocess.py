@@ -25,6 +25,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from vit_jax import checkpoints
 from vit_jax import distributed
+from vit_jax import optim
+from vit_jax import steps
 from vit_jax import train
 from vit_jax.datasets import digits
 
@@ -137,16 +139,16 @@ def load_config(config_file: str):
   return module.get_config()
 
 
-def one_device_state(config) -> train.TrainState:
+def one_device_state(config) -> steps.TrainState:
   """The abstract training state, replicated on this process's one-device mesh."""
   model = train.create_model(config, digits.NUM_CLASSES)
-  tx = train.create_optimizer(config, train.learning_rate_schedule(config, STEPS, 2))
+  tx = optim.create_optimizer(config, optim.learning_rate_schedule(config, STEPS, 2))
   sharding = NamedSharding(Mesh(np.array(jax.devices()[:1]), ('data',)), P())
   return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
-                      jax.eval_shape(lambda: train.init_state(model, tx, config)))
+                      jax.eval_shape(lambda: steps.init_state(model, tx, config)))
 
 
-def saved_state(workdir: str, config, step: int | None = None) -> train.TrainState:
+def saved_state(workdir: str, config, step: int | None = None) -> steps.TrainState:
   manager = checkpoints.checkpoint_manager(workdir, keep=3, read_only=True)
   return checkpoints.restore(manager, one_device_state(config), step)
 

@@ -9,7 +9,7 @@ r"""Training and inference throughput of a config's model, optionally against ti
   python -m vit_jax.benchmark --config=configs/vit.py:variant=L/16 --memory_only --devices=8 \
       --config.mesh.fsdp=8
 
-A training step is `vit_jax.train`'s (forward, loss, gradients, optimizer update, metrics) on
+A training step is `vit_jax.steps`'s (forward, loss, gradients, optimizer update, metrics) on
 random images; an inference step is a jitted forward pass with train=False. Every step is blocked
 on until its results exist. Steps run in blocks of `--steps`, each after `--warmup` untimed steps;
 the reported time per step is the median over `--repeats` blocks of each block's mean. Contenders
@@ -183,26 +183,28 @@ def compiled_memory_mib(compiled) -> dict[str, float]:
 
 def jax_contender(config, num_classes: int, name: str | None = None,
                   inference: bool = True) -> Contender:
-  """Our model under `vit_jax.train`'s training step, jitted with the state donated."""
+  """Our model under `vit_jax.steps`'s training step, jitted with the state donated."""
   # pylint: disable=g-import-not-at-top
   import jax
   import jax.numpy as jnp
   import numpy as np
+  from vit_jax import optim
+  from vit_jax import steps
   from vit_jax import train
   # pylint: enable=g-import-not-at-top
   model = train.create_model(config, num_classes)
-  schedule = train.learning_rate_schedule(config, max(int(config.total_steps), 2), 1)
-  tx = train.create_optimizer(config, schedule)
+  schedule = optim.learning_rate_schedule(config, max(int(config.total_steps), 2), 1)
+  tx = optim.create_optimizer(config, schedule)
   rng = np.random.default_rng(0)
   size, batch_size = config.image_size, config.batch_size
   batch = {'image': jnp.asarray(rng.standard_normal((batch_size, size, size, 3), np.float32)),
            'label': jnp.asarray(rng.integers(0, num_classes, batch_size, np.int32))}
   start = time.perf_counter()
-  state = jax.block_until_ready(jax.jit(lambda: train.init_state(model, tx, config))())
+  state = jax.block_until_ready(jax.jit(lambda: steps.init_state(model, tx, config))())
   compile_s = {'init': time.perf_counter() - start}
 
   start = time.perf_counter()
-  lowered = jax.jit(train.make_train_step(model, tx, config, num_classes),
+  lowered = jax.jit(steps.make_train_step(model, tx, config, num_classes),
                     donate_argnums=0).lower(state, batch)
   compile_s['lower'] = time.perf_counter() - start
   start = time.perf_counter()
@@ -211,7 +213,7 @@ def jax_contender(config, num_classes: int, name: str | None = None,
 
   def forward(params, batch_stats, images):
     variables = {'params': params, **({'batch_stats': batch_stats} if batch_stats else {})}
-    return train.classifier_logits(model.apply(variables, images, train=False))
+    return steps.classifier_logits(model.apply(variables, images, train=False))
 
   infer = None
   if inference:
@@ -255,19 +257,21 @@ def memory_per_device(config, num_classes: int) -> dict[str, int]:
   import jax
   import jax.numpy as jnp
   from vit_jax import sharding
+  from vit_jax import optim
+  from vit_jax import steps
   from vit_jax import train
   # pylint: enable=g-import-not-at-top
   model = train.create_model(config, num_classes)
-  tx = train.create_optimizer(config, train.learning_rate_schedule(config, 2, 1))
+  tx = optim.create_optimizer(config, optim.learning_rate_schedule(config, 2, 1))
   mesh = sharding.make_mesh(config.mesh.fsdp)
-  state = jax.eval_shape(lambda: train.init_state(model, tx, config))
+  state = jax.eval_shape(lambda: steps.init_state(model, tx, config))
   layout = sharding.fsdp_shardings(state, mesh, config.mesh.fsdp_min_size)
   size, batch_size = config.image_size, config.batch_size
   spread = sharding.batch_sharding(mesh)
   batch = {'image': jax.ShapeDtypeStruct((batch_size, size, size, 3), jnp.float32,
                                          sharding=spread),
            'label': jax.ShapeDtypeStruct((batch_size,), jnp.int32, sharding=spread)}
-  step = train.sharded_train_step(model, tx, config, num_classes, mesh, layout)
+  step = steps.sharded_train_step(model, tx, config, num_classes, mesh, layout)
   memory = compiled_memory_bytes(step.lower(sharding.abstract(state, layout), batch,
                                              None).compile())
   parts = {name: sharding.bytes_per_device(getattr(state, name), getattr(layout, name))

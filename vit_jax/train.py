@@ -1,4 +1,8 @@
-"""Training and evaluation: one linear function from a config to a trained, checkpointed model.
+"""The training loop: from a config to a trained, checkpointed and evaluated model.
+
+The loop asks the owners instead of restating them: `vit_jax.optim` for the schedule and the
+optimizer, `vit_jax.steps` for the state and the jitted train and eval steps,
+`vit_jax.input_pipeline` for batches and `vit_jax.checkpoints` for the run's saved state.
 
 Every process runs the same program. A (data × fsdp) device mesh spans every device of every
 process (`vit_jax.sharding`): batches are split over all of it, and the training state over its
@@ -7,55 +11,31 @@ feeds only its own share of the data. Process 0 alone logs and writes summaries.
 """
 
 import contextlib
-import dataclasses
-import functools
 import json
-import math
 import os
 import signal
 import time
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from absl import logging
 from etils import epath
-import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 from jax.experimental import multihost_utils
-from jax.sharding import Mesh, NamedSharding
 
-from vit_jax import augment
 from vit_jax import checkpoints
 from vit_jax import config as config_lib
 from vit_jax import evaluators as evaluators_lib
 from vit_jax import input_pipeline
 from vit_jax import models
+from vit_jax import optim
 from vit_jax import sharding
+from vit_jax import steps
 from vit_jax import workdir as workdir_lib
 from vit_jax.models import vit
-
-
-@flax.struct.dataclass
-class TrainState:
-  """Everything that determines the rest of a run: resuming from it equals never stopping.
-
-  `ema` holds the exponential moving average of the variables ({'params', 'batch_stats'}) when
-  `config.ema_decay > 0`, else {}.
-  """
-  step: jax.Array
-  params: Any
-  opt_state: Any
-  batch_stats: Any
-  rng: jax.Array
-  ema: Any = dataclasses.field(default_factory=dict)
-
-  def ema_view(self) -> 'TrainState':
-    """This state with the EMA variables in place of the raw ones (for evaluation)."""
-    return self.replace(params=self.ema['params'], batch_stats=self.ema['batch_stats'])
 
 
 def create_model(config: ml_collections.ConfigDict, num_classes: int) -> nn.Module:
@@ -67,121 +47,6 @@ def create_model(config: ml_collections.ConfigDict, num_classes: int) -> nn.Modu
   overrides = {k: v for k, v in config.model.items() if k != 'name'}
   overrides.setdefault('dtype', config.get('dtype', 'float32'))
   return models.create(config.model.name, num_classes=num_classes, **overrides)
-
-
-def training_steps(config: ml_collections.ConfigDict, num_train_examples: int) -> tuple[int, int]:
-  """Total and warm-up steps, from epochs when the config gives epochs."""
-  steps_per_epoch = num_train_examples / config.batch_size
-  total = config.total_steps
-  if config.get('num_epochs') is not None:
-    total = math.ceil(config.num_epochs * steps_per_epoch)
-  warmup = config.warmup_steps
-  if config.get('warmup_epochs') is not None:
-    warmup = math.ceil(config.warmup_epochs * steps_per_epoch)
-  return int(total), int(min(warmup, total))
-
-
-def peak_learning_rate(config: ml_collections.ConfigDict) -> float:
-  """base_lr, scaled linearly with the global batch when `lr_scaling_batch` is set (DeiT rule)."""
-  if config.get('lr_scaling_batch', 0):
-    return config.base_lr * config.batch_size / config.lr_scaling_batch
-  return config.base_lr
-
-
-def learning_rate_schedule(config: ml_collections.ConfigDict, total_steps: int,
-                           warmup_steps: int) -> optax.Schedule:
-  """Linear warm-up from `warmup_lr` to the peak, then cosine decay to `min_lr`, per step."""
-  peak = peak_learning_rate(config)
-  return optax.warmup_cosine_decay_schedule(
-      init_value=config.get('warmup_lr', 0.0), peak_value=peak, warmup_steps=warmup_steps,
-      decay_steps=max(total_steps, warmup_steps + 1), end_value=config.min_lr)
-
-
-def weight_decay_mask(params: Any, no_decay_names: tuple[str, ...]) -> Any:
-  """True where weight decay applies: not on 1-D parameters nor on names in `no_decay_names`."""
-  def decays(path, leaf):
-    names = [str(getattr(k, 'key', k)) for k in path]
-    return np.ndim(leaf) > 1 and not any(n in no_decay_names for n in names)
-  return jax.tree_util.tree_map_with_path(decays, params)
-
-
-def create_optimizer(config: ml_collections.ConfigDict,
-                     schedule: optax.Schedule) -> optax.GradientTransformation:
-  """AdamW, or SGD with momentum and L2 weight decay, under the mask; optional clipping.
-
-  `mu_dtype` ('bfloat16') stores Adam's first moment or SGD's momentum in that dtype.
-  """
-  mask = lambda params: weight_decay_mask(params, tuple(config.no_decay_names))
-  mu_dtype = jnp.dtype(config.mu_dtype) if config.get('mu_dtype') else None
-  if config.optimizer == 'adamw':
-    tx = optax.adamw(schedule, b1=config.b1, b2=config.b2, eps=config.eps, mu_dtype=mu_dtype,
-                     weight_decay=config.weight_decay, mask=mask)
-  elif config.optimizer == 'sgd':
-    tx = optax.chain(optax.add_decayed_weights(config.weight_decay, mask),
-                     optax.sgd(schedule, momentum=config.momentum, accumulator_dtype=mu_dtype))
-  else:
-    raise ValueError(f"Unknown optimizer {config.optimizer!r}; valid: 'adamw', 'sgd'.")
-  if config.grad_clip_norm:
-    tx = optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), tx)
-  return tx
-
-
-def classifier_logits(outputs: Any) -> jax.Array:
-  """The logits to score: distilled models in training mode return (cls, dist); average them."""
-  if isinstance(outputs, tuple):
-    return (outputs[0] + outputs[1]) / 2
-  return outputs
-
-
-def classification_loss(outputs: Any, targets: jax.Array) -> jax.Array:
-  """Mean cross-entropy against (soft) targets, averaged over both heads of a distilled model."""
-  heads = outputs if isinstance(outputs, tuple) else (outputs,)
-  losses = [optax.softmax_cross_entropy(logits.astype(jnp.float32), targets) for logits in heads]
-  return jnp.mean(sum(losses) / len(losses))
-
-
-def distillation_loss(outputs: Any, targets: jax.Array, teacher_logits: jax.Array, *, kind: str,
-                      alpha: float, tau: float) -> jax.Array:
-  """DeiT's loss (deit/losses.py): (1 - alpha) CE(cls, targets) + alpha KD(dist, teacher).
-
-  'hard': CE against the teacher's argmax. 'soft': KL(teacher || student) at temperature tau,
-  summed and divided by the number of logits, times tau². A model without a distillation token
-  distils through its only head.
-  """
-  cls_logits, dist_logits = outputs if isinstance(outputs, tuple) else (outputs, outputs)
-  base = jnp.mean(optax.softmax_cross_entropy(cls_logits.astype(jnp.float32), targets))
-  teacher_logits = jax.lax.stop_gradient(teacher_logits.astype(jnp.float32))
-  dist_logits = dist_logits.astype(jnp.float32)
-  if kind == 'hard':
-    kd = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(
-        dist_logits, jnp.argmax(teacher_logits, -1)))
-  elif kind == 'soft':
-    log_p_student = jax.nn.log_softmax(dist_logits / tau, -1)
-    log_p_teacher = jax.nn.log_softmax(teacher_logits / tau, -1)
-    kd = jnp.sum(jnp.exp(log_p_teacher) * (log_p_teacher - log_p_student))
-    kd = kd * tau ** 2 / dist_logits.size
-  else:
-    raise ValueError(f"Unknown distillation type {kind!r}; valid: 'none', 'hard', 'soft'.")
-  return (1 - alpha) * base + alpha * kd
-
-
-@dataclasses.dataclass(frozen=True)
-class Teacher:
-  """A frozen model whose predictions a student learns from (DeiT distillation).
-
-  `input_scale`/`input_shift` (per channel, or None) map the student's normalised images to the
-  teacher's normalisation when the two were trained with different ones.
-  """
-  model: nn.Module
-  variables: Any
-  input_scale: np.ndarray | None = None
-  input_shift: np.ndarray | None = None
-
-  def logits(self, variables: Any, images: jax.Array) -> jax.Array:
-    """The teacher's logits in inference mode (BatchNorm on running statistics, no dropout)."""
-    if self.input_scale is not None:
-      images = (images * self.input_scale + self.input_shift).astype(images.dtype)
-    return classifier_logits(self.model.apply(variables, images, train=False))
 
 
 def teacher_source(teacher: str) -> tuple[str | None, str]:
@@ -205,7 +70,7 @@ def normalization_change(student: str, teacher: str) -> tuple[np.ndarray, np.nda
   return std_s / std_t, (mean_s - mean_t) / std_t
 
 
-def load_teacher(config: ml_collections.ConfigDict, num_classes: int) -> Teacher | None:
+def load_teacher(config: ml_collections.ConfigDict, num_classes: int) -> steps.Teacher | None:
   """The teacher of `config.distillation`; None if unused.
 
   `distillation.teacher` is a work directory of vit_jax.main (its model, fields and
@@ -245,213 +110,7 @@ def load_teacher(config: ml_collections.ConfigDict, num_classes: int) -> Teacher
                model_name, source,
                'EMA weights where kept' if config.get('use_ema', True) else 'raw weights',
                normalization, '' if change is None else f' (converted from {config.normalization})')
-  return Teacher(model, variables, *(change or (None, None)))
-
-
-def training_batch(rng: jax.Array, batch: dict[str, jax.Array], config: ml_collections.ConfigDict,
-                   num_classes: int, mix_groups: int = 1) -> dict[str, jax.Array]:
-  """The batch the model learns from: images, soft `targets` and the `label` scored by accuracy.
-
-  With mixup/CutMix on (`mixup_alpha` or `cutmix_alpha` > 0) the batch is split into
-  `mix_groups` consecutive groups (one per device, like timm's per-GPU Mixup), each mixed with
-  its own λ and mirror pairing; label smoothing is folded into the mixed targets, and `label` is
-  the class with the largest target weight. Without mixing, targets are the smoothed one-hot
-  labels.
-  """
-  onehot = jax.nn.one_hot(batch['label'], num_classes)
-  settings = augment.mix_settings(config)
-  if settings is None:
-    return {'image': batch['image'], 'label': batch['label'],
-            'targets': optax.smooth_labels(onehot, config.label_smoothing)}
-  group = lambda x: x.reshape((mix_groups, x.shape[0] // mix_groups) + x.shape[1:])
-  mix = functools.partial(augment.mix_batch, **settings)
-  images, targets = jax.vmap(mix)(jax.random.split(rng, mix_groups), group(batch['image']),
-                                  group(onehot))
-  targets = targets.reshape((-1, num_classes))
-  return {'image': images.reshape(batch['image'].shape), 'targets': targets,
-          'label': jnp.argmax(targets, -1).astype(batch['label'].dtype)}
-
-
-def micro_batches(batch: dict[str, jax.Array], count: int) -> dict[str, jax.Array]:
-  """Splits every array (B, ...) into (count, B / count, ...); micro-batch j takes rows j::count.
-
-  Strided rows keep each device's share of every micro-batch on that device.
-  """
-  def split(x):
-    x = x.reshape((x.shape[0] // count, count) + x.shape[1:])
-    return jnp.swapaxes(x, 0, 1)
-  return jax.tree.map(split, batch)
-
-
-def update_ema(ema: Any, variables: Any, decay: float) -> Any:
-  """ema <- decay * ema + (1 - decay) * variables (timm ModelEma, once per optimizer step)."""
-  return jax.tree.map(lambda e, v: decay * e + (1.0 - decay) * v.astype(e.dtype), ema, variables)
-
-
-def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
-                    config: ml_collections.ConfigDict, num_classes: int,
-                    teacher: Teacher | None = None, mix_groups: int = 1,
-                    param_shardings: Any = None) -> Callable[..., tuple[TrainState, dict]]:
-  """The (unjitted) train step `(state, batch[, teacher_variables])`: forward, loss, update.
-
-  `param_shardings` (the parameters' `NamedSharding`s, under `jax.jit`) lays out the gradients,
-  and their sum over micro-batches, like the parameters: each device reduces only its shard.
-
-  With `grad_accum_steps` = k > 1 the batch is cut into k micro-batches (rows j::k) whose
-  gradients are averaged by a `lax.scan` before one optimizer update: the same update as one
-  step on the whole batch, except that (i) BatchNorm normalises each micro-batch by its own
-  statistics and updates its running averages once per micro-batch, in turn, and (ii) dropout
-  and drop-path masks are drawn per micro-batch (from the step's rng folded with j). Mixing is
-  done on the whole batch before the split, so it does not depend on k.
-  """
-  accumulate = config.get('grad_accum_steps', 1)
-  ema_decay = config.get('ema_decay', 0.0)
-
-  def like_params(tree):
-    if param_shardings is None:
-      return tree
-    return jax.lax.with_sharding_constraint(tree, param_shardings)
-
-  def micro_step(params, batch_stats, batch, dropout_rng, teacher_variables):
-    """Gradients, new batch statistics, loss and accuracy of one (micro-)batch."""
-    if teacher is not None:  # The teacher sees exactly the student's (augmented, mixed) batch.
-      teacher_logits = teacher.logits(teacher_variables, batch['image'])
-
-    def loss_fn(params):
-      variables = {'params': params}
-      mutable = []
-      if batch_stats:
-        variables['batch_stats'] = batch_stats
-        mutable = ['batch_stats']
-      outputs, updates = model.apply(variables, batch['image'], train=True,
-                                     rngs={'dropout': dropout_rng}, mutable=mutable)
-      if teacher is None:
-        loss = classification_loss(outputs, batch['targets'])
-      else:
-        loss = distillation_loss(outputs, batch['targets'], teacher_logits,
-                                 kind=config.distillation.type, alpha=config.distillation.alpha,
-                                 tau=config.distillation.tau)
-      return loss, (outputs, updates.get('batch_stats', batch_stats))
-
-    (loss, (outputs, batch_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-    grads = like_params(grads)
-    accuracy = jnp.mean(jnp.argmax(classifier_logits(outputs), -1) == batch['label'])
-    return grads, batch_stats, loss, accuracy
-
-  def train_step(state: TrainState, batch: dict[str, jax.Array], teacher_variables: Any = None):
-    dropout_rng, mix_rng = jax.random.split(jax.random.fold_in(state.rng, state.step))
-    batch = training_batch(mix_rng, batch, config, num_classes, mix_groups)
-    if accumulate == 1:
-      grads, batch_stats, loss, accuracy = micro_step(state.params, state.batch_stats, batch,
-                                                      dropout_rng, teacher_variables)
-    else:
-      def body(carry, micro):
-        grad_sum, batch_stats = carry
-        grads, batch_stats, loss, accuracy = micro_step(
-            state.params, batch_stats, micro, jax.random.fold_in(dropout_rng, micro['index']),
-            teacher_variables)
-        grad_sum = jax.tree.map(lambda s, g: s + g.astype(s.dtype), grad_sum, grads)
-        return (grad_sum, batch_stats), (loss, accuracy)
-
-      micros = {**micro_batches(batch, accumulate), 'index': jnp.arange(accumulate)}
-      zeros = like_params(jax.tree.map(jnp.zeros_like, state.params))
-      (grad_sum, batch_stats), (losses, accuracies) = jax.lax.scan(
-          body, (zeros, state.batch_stats), micros)
-      grads = jax.tree.map(lambda g: g / accumulate, grad_sum)
-      loss, accuracy = jnp.mean(losses), jnp.mean(accuracies)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics = {'loss': loss, 'accuracy': accuracy, 'grad_norm': optax.global_norm(grads)}
-    ema = state.ema
-    if ema_decay:
-      ema = update_ema(ema, {'params': params, 'batch_stats': batch_stats}, ema_decay)
-    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
-                              batch_stats=batch_stats, ema=ema)
-    return new_state, metrics
-
-  return train_step
-
-
-def sharded_train_step(model: nn.Module, tx: optax.GradientTransformation,
-                       config: ml_collections.ConfigDict, num_classes: int, mesh: Mesh,
-                       state_sharding: Any, teacher: Teacher | None = None,
-                       teacher_sharding: Any = None) -> Callable[..., tuple[TrainState, dict]]:
-  """`make_train_step` jitted for `mesh`: the state (donated) and the teacher's variables in
-  their layouts, the batch over every device, metrics replicated.
-
-  Mixup/CutMix pairs and draws λ within each device's share of the batch.
-  """
-  step = make_train_step(model, tx, config, num_classes, teacher, mix_groups=mesh.size,
-                         param_shardings=state_sharding.params)
-  return jax.jit(step, in_shardings=(state_sharding, sharding.batch_sharding(mesh),
-                                     teacher_sharding),
-                 out_shardings=(state_sharding, sharding.replicated(mesh)), donate_argnums=0)
-
-
-def make_eval_step(model: nn.Module, num_classes: int
-                   ) -> Callable[[TrainState, dict[str, jax.Array]], dict[str, jax.Array]]:
-  """The (unjitted) eval step: sums of correct predictions, loss and real examples."""
-  def eval_step(state: TrainState, batch: dict[str, jax.Array]):
-    variables = {'params': state.params}
-    if state.batch_stats:
-      variables['batch_stats'] = state.batch_stats
-    logits = model.apply(variables, batch['image'], train=False).astype(jnp.float32)
-    mask = batch['mask']
-    loss = optax.softmax_cross_entropy(logits, jax.nn.one_hot(batch['label'], num_classes))
-    return {'correct': jnp.sum((jnp.argmax(logits, -1) == batch['label']) * mask),
-            'loss': jnp.sum(loss * mask), 'count': jnp.sum(mask)}
-
-  return eval_step
-
-
-def init_state(model: nn.Module, tx: optax.GradientTransformation,
-               config: ml_collections.ConfigDict) -> TrainState:
-  """A fresh training state: parameters initialised from `config.seed`."""
-  params_rng, train_rng = jax.random.split(jax.random.PRNGKey(config.seed))
-  images = jnp.zeros((1, config.image_size, config.image_size, 3), jnp.float32)
-  variables = model.init({'params': params_rng}, images, train=False)
-  params = variables['params']
-  state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                     batch_stats=variables.get('batch_stats', {}), rng=train_rng)
-  return with_fresh_ema(state, config)
-
-
-def with_fresh_ema(state: TrainState, config: ml_collections.ConfigDict) -> TrainState:
-  """The state with its EMA restarted from the current variables (none if `ema_decay` is 0)."""
-  if not config.get('ema_decay', 0.0):
-    return state.replace(ema={})
-  copy = lambda tree: jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), tree)
-  return state.replace(ema={'params': copy(state.params), 'batch_stats': copy(state.batch_stats)})
-
-
-def global_batch(batch: dict[str, np.ndarray],
-                 data_sharding: NamedSharding) -> dict[str, jax.Array]:
-  """Assembles one global array per key from this process's share of the batch."""
-  return {k: jax.make_array_from_process_local_data(data_sharding, v) for k, v in batch.items()}
-
-
-def evaluate(eval_step: Callable, state: TrainState, batches: Iterator[dict[str, np.ndarray]],
-             data_sharding: NamedSharding) -> dict[str, float]:
-  """Top-1 accuracy and mean loss over every real example of the eval split."""
-  totals = {'correct': 0.0, 'loss': 0.0, 'count': 0.0}
-  for batch in batches:
-    sums = jax.device_get(eval_step(state, global_batch(batch, data_sharding)))
-    for k in totals:
-      totals[k] += float(sums[k])
-  count = max(totals['count'], 1.0)
-  return {'accuracy': totals['correct'] / count, 'loss': totals['loss'] / count,
-          'count': int(totals['count'])}
-
-
-def evaluate_with_ema(eval_step: Callable, state: TrainState,
-                      batches: Callable[[], Iterator[dict[str, np.ndarray]]],
-                      data_sharding: NamedSharding) -> dict[str, float]:
-  """`evaluate` of the raw variables, plus `ema_accuracy` and `ema_loss` when there is an EMA."""
-  metrics = evaluate(eval_step, state, batches(), data_sharding)
-  if state.ema:
-    ema = evaluate(eval_step, state.ema_view(), batches(), data_sharding)
-    metrics.update({'ema_accuracy': ema['accuracy'], 'ema_loss': ema['loss']})
-  return metrics
+  return steps.Teacher(model, variables, *(change or (None, None)))
 
 
 class SummaryWriter:
@@ -532,14 +191,14 @@ def pretrained_variables(config: ml_collections.ConfigDict, model: nn.Module,
   """`config.init_from`'s variables for a run that starts afresh; None when unset or resuming.
 
   The position embedding is resized to `config.image_size`; a head for another class count is
-  initialised exactly as `init_state` would. The optimizer state starts fresh.
+  initialised exactly as `steps.init_state` would. The optimizer state starts fresh.
   """
   if not config.get('init_from'):
     return None
   if checkpoints.has_checkpoint(workdir):
     logging.info('Resuming %s; init_from=%s is not read again.', workdir, config.init_from)
     return None
-  params_rng = jax.random.split(jax.random.PRNGKey(config.seed))[0]  # As in init_state.
+  params_rng = jax.random.split(jax.random.PRNGKey(config.seed))[0]  # As in steps.init_state.
   variables = load_variables(config.init_from, model, config, reset_head=True, rng=params_rng)
   logging.info('Fine-tuning from %s.', config.init_from)
   return variables
@@ -562,11 +221,11 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
   mesh = sharding.make_mesh(config.mesh.fsdp)
   variables = sharding.place(
       variables, sharding.fsdp_shardings(variables, mesh, config.mesh.fsdp_min_size))
-  state = TrainState(step=jnp.zeros((), jnp.int32), params=variables['params'], opt_state=None,
+  state = steps.TrainState(step=jnp.zeros((), jnp.int32), params=variables['params'], opt_state=None,
                      batch_stats=variables.get('batch_stats', {}), rng=None)
-  eval_step = jax.jit(make_eval_step(model, info.num_classes),
+  eval_step = jax.jit(steps.make_eval_step(model, info.num_classes),
                       out_shardings=sharding.replicated(mesh))
-  metrics = evaluate(eval_step, state, input_pipeline.eval_iterator(config),
+  metrics = steps.evaluate(eval_step, state, input_pipeline.eval_iterator(config),
                      sharding.batch_sharding(mesh))
   use_ema = config.get('use_ema', True)
   report = {'source': source, 'use_ema': use_ema, 'model': config.model.name,
@@ -581,7 +240,7 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
   return report
 
 
-def run_evaluators(evaluators: dict[str, Any], model: nn.Module, state: TrainState,
+def run_evaluators(evaluators: dict[str, Any], model: nn.Module, state: steps.TrainState,
                    config: ml_collections.ConfigDict) -> dict[str, float]:
   """The metrics of `evaluators` (`vit_jax.evaluators`) on the state's frozen variables."""
   variables = {'params': state.params}
@@ -616,10 +275,10 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   info = input_pipeline.get_dataset_info(config)
   model = create_model(config, info.num_classes)
   pretrained = pretrained_variables(config, model, workdir)
-  total_steps, warmup_steps = training_steps(config, info.num_train_examples)
-  schedule = learning_rate_schedule(config, total_steps, warmup_steps)
-  tx = create_optimizer(config, schedule)
-  abstract_state = jax.eval_shape(lambda: init_state(model, tx, config))
+  total_steps, warmup_steps = optim.training_steps(config, info.num_train_examples)
+  schedule = optim.learning_rate_schedule(config, total_steps, warmup_steps)
+  tx = optim.create_optimizer(config, schedule)
+  abstract_state = jax.eval_shape(lambda: steps.init_state(model, tx, config))
   checkpoints.check_compatible(workdir, config.model.name, abstract_state.params)
   teacher = load_teacher(config, info.num_classes)
   evaluators = evaluators_lib.periodic(config)
@@ -649,13 +308,13 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   if state is not None:
     logging.info('Resumed from step %d of %s.', int(state.step), workdir)
   else:
-    state = jax.jit(lambda: init_state(model, tx, config), out_shardings=state_sharding)()
+    state = jax.jit(lambda: steps.init_state(model, tx, config), out_shardings=state_sharding)()
     if pretrained is not None:
       state = state.replace(
           params=sharding.place(pretrained['params'], state_sharding.params),
           batch_stats=sharding.place(pretrained.get('batch_stats', {}),
                                      state_sharding.batch_stats))
-      state = jax.jit(lambda s: with_fresh_ema(s, config), out_shardings=state_sharding)(state)
+      state = jax.jit(lambda s: steps.with_fresh_ema(s, config), out_shardings=state_sharding)(state)
   teacher_variables = teacher_sharding = None
   if teacher is not None:
     teacher_sharding = variable_sharding(teacher.variables)
@@ -665,9 +324,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                sharding.bytes_per_device(abstract_state.params, state_sharding.params) / 2**20,
                sharding.bytes_per_device(abstract_state, state_sharding) / 2**20)
 
-  train_step = sharded_train_step(model, tx, config, info.num_classes, mesh, state_sharding,
+  train_step = steps.sharded_train_step(model, tx, config, info.num_classes, mesh, state_sharding,
                                   teacher, teacher_sharding)
-  eval_step = jax.jit(make_eval_step(model, info.num_classes),
+  eval_step = jax.jit(steps.make_eval_step(model, info.num_classes),
                       out_shardings=sharding.replicated(mesh))
   eval_batches = lambda: input_pipeline.eval_iterator(config)
 
@@ -679,7 +338,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   window_start, window_step = time.time(), start_step
   eval_metrics, frozen_metrics = {}, {}
   for step in range(start_step + 1, total_steps + 1):
-    batch = global_batch(next(train_batches), data_sharding)
+    batch = steps.global_batch(next(train_batches), data_sharding)
     state, metrics = train_step(state, batch, teacher_variables)
     pending.append(metrics)
 
@@ -725,13 +384,13 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       frozen_metrics.update(latest)
       writer.scalars(step, latest)
     if step % config.eval_every == 0 and step != total_steps:
-      eval_metrics = evaluate_with_ema(eval_step, state, eval_batches, data_sharding)
+      eval_metrics = steps.evaluate_with_ema(eval_step, state, eval_batches, data_sharding)
       writer.scalars(step, {f'eval/{k}': v for k, v in eval_metrics.items()})
       logging.info('step %d  test accuracy %.4f  test loss %.4f%s', step,
                    eval_metrics['accuracy'], eval_metrics['loss'], _ema_note(eval_metrics))
 
   manager.wait_until_finished()
-  eval_metrics = evaluate_with_ema(eval_step, state, eval_batches, data_sharding)
+  eval_metrics = steps.evaluate_with_ema(eval_step, state, eval_batches, data_sharding)
   writer.scalars(total_steps, {f'eval/{k}': v for k, v in eval_metrics.items()})
   if is_main:
     results = {'step': total_steps, **{f'test_{k}': v for k, v in eval_metrics.items()},

@@ -17,6 +17,8 @@ import ml_collections
 import numpy as np
 
 from vit_jax import checkpoints
+from vit_jax import optim
+from vit_jax import steps
 from vit_jax import train
 
 PRUNING_RULES = {'official': 1e3, 'paper': 1e5}
@@ -124,8 +126,8 @@ def write_run(config: ml_collections.ConfigDict, params: Any, workdir: str,
                      'directory.')
   model = train.create_model(config, num_classes)
   total, warmup = config.total_steps, config.warmup_steps
-  tx = train.create_optimizer(config, train.learning_rate_schedule(config, total, warmup))
-  abstract = jax.eval_shape(lambda: train.init_state(model, tx, config))
+  tx = optim.create_optimizer(config, optim.learning_rate_schedule(config, total, warmup))
+  abstract = jax.eval_shape(lambda: steps.init_state(model, tx, config))
   params = jax.tree.map(lambda x, s: jnp.asarray(x, s.dtype), params, abstract.params)
   state = abstract.replace(
       step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),

@@ -1,0 +1,71 @@
+"""The optimizer of a run: learning-rate schedule, weight-decay mask and optimizer.
+
+Durations come in steps or epochs (`training_steps`); the peak learning rate scales with the
+global batch when `lr_scaling_batch` is set (DeiT's rule).
+"""
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+
+def training_steps(config: ml_collections.ConfigDict, num_train_examples: int) -> tuple[int, int]:
+  """Total and warm-up steps, from epochs when the config gives epochs."""
+  steps_per_epoch = num_train_examples / config.batch_size
+  total = config.total_steps
+  if config.get('num_epochs') is not None:
+    total = math.ceil(config.num_epochs * steps_per_epoch)
+  warmup = config.warmup_steps
+  if config.get('warmup_epochs') is not None:
+    warmup = math.ceil(config.warmup_epochs * steps_per_epoch)
+  return int(total), int(min(warmup, total))
+
+
+def peak_learning_rate(config: ml_collections.ConfigDict) -> float:
+  """base_lr, scaled linearly with the global batch when `lr_scaling_batch` is set (DeiT rule)."""
+  if config.get('lr_scaling_batch', 0):
+    return config.base_lr * config.batch_size / config.lr_scaling_batch
+  return config.base_lr
+
+
+def learning_rate_schedule(config: ml_collections.ConfigDict, total_steps: int,
+                           warmup_steps: int) -> optax.Schedule:
+  """Linear warm-up from `warmup_lr` to the peak, then cosine decay to `min_lr`, per step."""
+  peak = peak_learning_rate(config)
+  return optax.warmup_cosine_decay_schedule(
+      init_value=config.get('warmup_lr', 0.0), peak_value=peak, warmup_steps=warmup_steps,
+      decay_steps=max(total_steps, warmup_steps + 1), end_value=config.min_lr)
+
+
+def weight_decay_mask(params: Any, no_decay_names: tuple[str, ...]) -> Any:
+  """True where weight decay applies: not on 1-D parameters nor on names in `no_decay_names`."""
+  def decays(path, leaf):
+    names = [str(getattr(k, 'key', k)) for k in path]
+    return np.ndim(leaf) > 1 and not any(n in no_decay_names for n in names)
+  return jax.tree_util.tree_map_with_path(decays, params)
+
+
+def create_optimizer(config: ml_collections.ConfigDict,
+                     schedule: optax.Schedule) -> optax.GradientTransformation:
+  """AdamW, or SGD with momentum and L2 weight decay, under the mask; optional clipping.
+
+  `mu_dtype` ('bfloat16') stores Adam's first moment or SGD's momentum in that dtype.
+  """
+  mask = lambda params: weight_decay_mask(params, tuple(config.no_decay_names))
+  mu_dtype = jnp.dtype(config.mu_dtype) if config.get('mu_dtype') else None
+  if config.optimizer == 'adamw':
+    tx = optax.adamw(schedule, b1=config.b1, b2=config.b2, eps=config.eps, mu_dtype=mu_dtype,
+                     weight_decay=config.weight_decay, mask=mask)
+  elif config.optimizer == 'sgd':
+    tx = optax.chain(optax.add_decayed_weights(config.weight_decay, mask),
+                     optax.sgd(schedule, momentum=config.momentum, accumulator_dtype=mu_dtype))
+  else:
+    raise ValueError(f"Unknown optimizer {config.optimizer!r}; valid: 'adamw', 'sgd'.")
+  if config.grad_clip_norm:
+    tx = optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), tx)
+  return tx
