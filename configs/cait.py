@@ -33,7 +33,6 @@ VARIANTS = {
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """CaiT on digits by default; `variant=XXS24|…|M48`, `image_size=`, `teacher=`, `dataset=`."""
   args = common.parse_arg(arg, variant='', dataset='digits', image_size=0, teacher='')
-  common.require_variant(args.variant, args.dataset, VARIANTS)
   config = common.get_config()
   config.dataset = args.dataset
   if args.variant:
@@ -46,7 +45,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.name = name
     config.model.drop_path_rate = 0.1
   else:
-    common.quick_run(config)
+    common.quick_run(config, VARIANTS)
     common.quick_model(config.model, 'cait_ti4')
     config.model.layer_scale_init = 0.1
   if args.teacher:

@@ -35,7 +35,6 @@ BASELINES = {'16B': 'deepvit_vit_16b', '24B': 'deepvit_vit_24b', '32B': 'deepvit
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """DeepViT on digits by default; `variant=16B|24B|32B|S|L`, `baseline=true`, `dataset=`."""
   args = common.parse_arg(arg, variant='', baseline=False, dataset='digits')
-  common.require_variant(args.variant, args.dataset, VARIANTS)
   config = common.get_config()
   config.dataset = args.dataset
   if args.variant:
@@ -54,6 +53,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.name = table[args.variant]
     config.model.drop_path_rate = 0.2
   else:
-    common.quick_run(config)
+    common.quick_run(config, VARIANTS)
     common.quick_model(config.model, 'deepvit_vit_ti4' if args.baseline else 'deepvit_ti4')
   return config

@@ -47,7 +47,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   work directory or MODEL:FILE (`distillation.teacher`)."""
   args = common.parse_arg(arg, variant='', distilled=True, teacher='', distillation='hard',
                           dataset='digits', image_size=224)
-  common.require_variant(args.variant, args.dataset, VARIANTS)
   config = common.get_config()
   config.dataset = args.dataset
   suffix = '_distilled' if args.distilled else ''
@@ -58,7 +57,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.name = f'deit_{VARIANTS[args.variant]}16{suffix}'
     config.model.drop_path_rate = 0.1
   else:
-    common.quick_run(config)
+    common.quick_run(config, VARIANTS)
     common.quick_model(config.model, f'deit_ti16{suffix}')
   if args.teacher:
     config.distillation.type = args.distillation

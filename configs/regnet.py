@@ -32,7 +32,6 @@ VARIANTS = ('002', '004', '006', '008', '016', '032', '040', '064', '080', '120'
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """A small RegNetY on digits by default; `variant=160,dataset=imagenet2012` for the others."""
   args = common.parse_arg(arg, variant='', dataset='digits', image_size=224)
-  common.require_variant(args.variant, args.dataset, VARIANTS)
   config = common.get_config()
   config.dataset = args.dataset
   # Stages of differently shaped blocks: no scan-over-layers or remat fields in this family.
@@ -45,7 +44,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.drop_path_rate = 0.05
     config.no_decay_names = ('bias', 'scale')
   else:
-    common.quick_run(config)
+    common.quick_run(config, VARIANTS)
     # A RegNetY of the paper's design space sized for 16×16 digits: stages of 32, 64 and 128
     # channels (1, 2, 3 blocks), group width 16, SE 0.25 (stride 16: 1×1 after the last stage).
     config.model.name = 'regnety_002'

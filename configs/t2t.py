@@ -46,7 +46,6 @@ _RECIPES = {'7': (1e-3, 0.03), '10': (1e-3, 0.03), '12': (1e-3, 0.03), '14': (5e
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """T2T-ViT on digits by default; `variant=7|10|12|14|19|24|t-14|t-19|t-24`, `dataset=`."""
   args = common.parse_arg(arg, variant='', dataset='digits', image_size=224)
-  common.require_variant(args.variant, args.dataset, VARIANTS)
   config = common.get_config()
   config.dataset = args.dataset
   # The Performer's frozen random features get no gradient; decoupled decay must not shrink them.
@@ -64,7 +63,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.name = VARIANTS[args.variant]
     config.model.drop_path_rate = 0.1
   else:
-    common.quick_run(config)
+    common.quick_run(config, VARIANTS)
     config.model.name = 't2t_vit_t_ti4'
     config.model.soft_splits = ((3, 1, 1), (3, 2, 1), (3, 2, 1))
     config.model.token_dim = 32

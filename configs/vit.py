@@ -44,12 +44,11 @@ def model_name(variant: str) -> str:
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """ViT on digits by default; `variant=B/16,dataset=imagenet2012` for the published sizes."""
   args = common.parse_arg(arg, variant='', dataset='digits')
-  common.require_variant(args.variant, args.dataset, VARIANTS)
   config = common.get_config()
   config.dataset = args.dataset
 
   if not args.variant:  # The quick default: a 4-layer, 128-wide ViT, 16 patches of 4×4.
-    common.quick_run(config)
+    common.quick_run(config, VARIANTS)
     common.quick_model(config.model, 'vit_ti4')
     return config
 

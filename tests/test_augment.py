@@ -217,10 +217,18 @@ def test_mix_switch_probability_smoothing_and_mix_prob():
 
 def test_mix_settings_from_config():
   config = common.get_config()
-  assert augment.mix_settings(config) is None
+  assert augment.MixSettings.from_config(config) is None
   config.mixup_alpha, config.cutmix_alpha, config.label_smoothing = 0.8, 1.0, 0.1
-  assert augment.mix_settings(config) == dict(mixup_alpha=0.8, cutmix_alpha=1.0, switch_prob=0.5,
-                                              mix_prob=1.0, label_smoothing=0.1)
+  settings = augment.MixSettings.from_config(config)
+  assert settings == augment.MixSettings(mixup_alpha=0.8, cutmix_alpha=1.0, switch_prob=0.5,
+                                         mix_prob=1.0, label_smoothing=0.1)
+  images = jnp.arange(4 * 8 * 8 * 3, dtype=jnp.float32).reshape(4, 8, 8, 3)
+  labels = jax.nn.one_hot(jnp.arange(4), 10)
+  rng = jax.random.PRNGKey(3)
+  for ours, theirs in zip(settings.mix(rng, images, labels), augment.mix_batch(
+      rng, images, labels, mixup_alpha=0.8, cutmix_alpha=1.0, switch_prob=0.5, mix_prob=1.0,
+      label_smoothing=0.1)):
+    np.testing.assert_array_equal(ours, theirs)
 
 
 # Inside the input pipeline.

@@ -12,7 +12,9 @@ import pytest
 
 from configs import cait, common, deepvit, deit, regnet, sa_conv, t2t, vit
 from test_train import tiny_config
+from vit_jax import augment
 from vit_jax import config as config_lib
+from vit_jax import input_pipeline
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -52,7 +54,7 @@ def test_family_configs_are_valid(module, arg):
 
 def test_every_shared_field_has_a_rule_and_nothing_else_does():
   fields = set(config_lib._flatten(common.get_config()))  # pylint: disable=protected-access
-  assert fields == set(config_lib.RULES)
+  assert fields == {field.name for field in config_lib.FIELDS}
 
 
 @pytest.mark.parametrize('field, value, valid', [
@@ -109,7 +111,7 @@ def test_every_shared_field_has_a_rule_and_nothing_else_does():
 def test_each_bad_value_is_named_with_what_is_valid(field, value, valid):
   problems = _problems(_config(**{field: value}))
   assert len(problems) == 1, problems
-  assert problems[0].startswith(f'{field}={value!r}: ')
+  assert problems[0].startswith(f'--config.{field}={value!r}: ')
   assert re.search(valid, problems[0]), problems[0]
 
 
@@ -120,15 +122,16 @@ def test_every_bad_field_is_listed_in_one_error():
   problems = _problems(_config(**bad))
   assert len(problems) == len(bad)
   for field in bad:
-    assert any(p.startswith(f'{field}=') or field == 'model.depth' and 'depth=0' in p
+    assert any(p.startswith(f'--config.{field}=') or field == 'model.depth' and 'depth=0' in p
                for p in problems), field
 
 
 def test_batches_must_split_over_devices_processes_and_micro_batches():
   problems = _problems(_config(batch_size=100, eval_batch_size=100), devices=8, processes=2)
-  assert problems[0].startswith('batch_size=100: must be a multiple of the 8 device(s)')
+  assert problems[0].startswith('--config.batch_size=100: must be a multiple of the 8 device(s)')
   assert 'e.g. 96' in problems[0]
-  assert problems[1].startswith('eval_batch_size=100: must be a multiple of the 8 device(s)')
+  assert problems[1].startswith(
+      '--config.eval_batch_size=100: must be a multiple of the 8 device(s)')
   problems = _problems(_config(batch_size=64, grad_accum_steps=16), devices=8, processes=1)
   assert 'grad_accum_steps=16' in problems[0] and 'of 128' in problems[0]
   config_lib.validate(_config(batch_size=64, repeated_aug=3), devices=1, processes=2)
@@ -137,37 +140,44 @@ def test_batches_must_split_over_devices_processes_and_micro_batches():
 
 def test_settings_that_do_not_fit_together():
   assert _problems(_config(warmup_steps=900, total_steps=800)) == [
-      'warmup_steps=900: must be <= total_steps=800.']
-  assert 'warmup_epochs=10.0: must be <= num_epochs=5.0' in _problems(
+      '--config.warmup_steps=900: must be <= --config.total_steps=800.']
+  assert '--config.warmup_epochs=10.0: must be <= --config.num_epochs=5.0' in _problems(
       _config(num_epochs=5.0, warmup_epochs=10.0))[0]
-  assert 'needs distillation.teacher' in _problems(_config(**{
+  assert 'needs --config.distillation.teacher' in _problems(_config(**{
       'distillation.type': 'hard', 'distillation.teacher': ''}))[0]
 
 
 def test_the_digits_default_on_another_dataset_says_which_variant():
-  problems = _problems(_config(dataset='cifar10'))
-  assert problems[0].startswith("dataset='cifar10': the config's default is the quick model")
-  assert 'variant=' in problems[0]
+  problems = _problems(_config(dataset='cifar10'))  # --config.dataset=cifar10 after loading.
+  assert problems[0].startswith("--config.dataset='cifar10': does not fit the config's default, "
+                                'the quick model for the embedded digits')
+  assert "configs/vit.py:variant=S/4,dataset=cifar10'" in problems[0]
+  config_lib.validate(_config(dataset='folder:/images/of/digits'), devices=1, processes=1)
   for module in (vit, deit, cait, deepvit, t2t, regnet):
-    with pytest.raises(ValueError, match=r'dataset=imagenet2012 needs a published model size: '
-                                         r'add variant= with one of'):
+    first = list(module.VARIANTS)[0]
+    with pytest.raises(ValueError, match=rf"^dataset='imagenet2012': does not fit the config's "
+                                         rf"default.*: add variant= with one of "
+                                         rf"{re.escape(', '.join(module.VARIANTS))} after the "
+                                         rf"config file's colon, e.g. variant={re.escape(first)},"
+                                         r"dataset=imagenet2012;"):
       module.get_config('dataset=imagenet2012')
+    module.get_config('dataset=folder:/images/of/digits')
 
 
 def test_model_fields_are_checked_by_the_model():
   assert _problems(_config(**{'model.num_heads': 3}))[0].startswith(
-      'model: num_heads=3 must divide the hidden width 32')
+      '--config.model: num_heads=3 must divide the hidden width 32')
   assert _problems(_config(**{'model.name': 'vit_nonexistent'}))[0].startswith(
-      "model.name='vit_nonexistent': Unknown model")
+      "--config.model.name='vit_nonexistent': Unknown model")
   assert _problems(_config(**{'model.drop_path_rate': 1.0}))[0] == (
-      'model: drop_path_rate=1.0 must be in [0, 1).')
+      '--config.model: drop_path_rate=1.0 must be in [0, 1).')
 
 
 def test_evaluator_settings_are_checked_by_the_evaluators():
   assert _problems(_config(**{'evaluators.fewshot.shots': (0, 5)})) == [
-      'evaluators.fewshot: fewshot needs shots >= 1; got shots=(0, 5).']
+      '--config.evaluators.fewshot: fewshot needs shots >= 1; got shots=(0, 5).']
   assert _problems(_config(**{'evaluators.linear_probe.every': -1}))[0].startswith(
-      'evaluators.linear_probe: LinearProbe needs datasets and every >= 0')
+      '--config.evaluators.linear_probe: LinearProbe needs datasets and every >= 0')
 
 
 @pytest.mark.parametrize('flags, first_line', [
@@ -177,7 +187,8 @@ def test_evaluator_settings_are_checked_by_the_evaluators():
     (['--config=configs/vit.py', '--config.batchsize=3'],
      'error: Did you mean "batch_size"? "batchsize" is not a config field.'),
     (['--config=configs/vit.py:dataset=imagenet2012'],
-     'error: dataset=imagenet2012 needs a published model size: add variant= with one of Ti/16'),
+     "error: dataset='imagenet2012': does not fit the config's default, the quick model for "
+     'the embedded digits'),
     (['--config=configs/vit.py', '--config.keep_checkpoints=0', '--config.eval_every=0'],
      'error: 2 config fields are not valid:'),
 ])
@@ -190,3 +201,78 @@ def test_the_command_line_prints_one_clear_error(tmp_path, flags, first_line):
   assert errors[0].startswith(first_line), out.stderr[-2000:]
   assert 'Traceback' not in out.stderr
   assert not (tmp_path / 'run').exists()
+
+
+# The schema itself.
+
+
+def test_every_default_obeys_its_rule_and_reaches_the_config():
+  config = config_lib.defaults()
+  for field in config_lib.FIELDS:
+    assert field.rule.accepts(field.default), field.name
+    value = config
+    for key in field.name.split('.'):
+      value = value[key]
+    assert value == field.default, field.name
+  config_lib.validate(config, devices=1, processes=1)
+
+
+def test_fields_without_a_default_can_be_set_from_the_command_line():
+  config = config_lib.defaults()
+  for field in config_lib.FIELDS:
+    if field.default is None:
+      assert field.field_type is not None, field.name
+  config.in_memory, config.num_epochs, config.data_dir = True, 3.0, '/tfds'
+  config_lib.validate(config, devices=1, processes=1)
+  with pytest.raises(TypeError):
+    config.in_memory = 'yes'
+
+
+def test_three_bad_fields_are_one_error_in_the_flags_words():
+  with pytest.raises(config_lib.ConfigError) as raised:
+    config_lib.validate(_config(mix_prob=1.5, optimizer='adagrad', **{'mesh.fsdp': 0}),
+                        devices=1, processes=1)
+  assert str(raised.value) == (
+      '3 config fields are not valid:\n'
+      '  --config.mix_prob=1.5: must be a number in [0, 1].\n'
+      "  --config.optimizer='adagrad': must be one of ['adamw', 'sgd'].\n"
+      '  --config.mesh.fsdp=0: must be an integer >= 1.')
+
+
+def test_unknown_and_missing_fields_are_named():
+  config = _config()
+  del config['mix_prob']
+  with config.unlocked():
+    config.mixprob = 0.5
+  problems = _problems(config)
+  assert problems[0].startswith("--config.mixprob=0.5: not a known field; valid fields: ['augment'")
+  assert problems[1] == '--config.mix_prob: missing; every config needs it (see vit_jax/config.py).'
+
+
+def test_typed_settings_read_the_config_once():
+  config = _config(randaugment='rand-m9-mstd0.5-inc1', random_erase_prob=0.25,
+                   eval_crop_ratio=0.875, mixup_alpha=0.8)
+  train = input_pipeline.TrainTransform.from_config(config)
+  assert train.randaugment == augment.parse_randaugment('rand-m9-mstd0.5-inc1')
+  assert (train.image_size, train.augment, train.crop_padding, train.flip, train.normalization,
+          train.random_erase_prob) == (16, 'crop_flip', 2, False, 'digits', 0.25)
+  assert input_pipeline.TrainTransform.from_config(_config()).randaugment is None
+  assert input_pipeline.EvalTransform.from_config(config) == input_pipeline.EvalTransform(
+      image_size=16, crop_ratio=0.875, normalization='digits')
+  assert augment.MixSettings.from_config(config) == augment.MixSettings(
+      mixup_alpha=0.8, cutmix_alpha=0.0, switch_prob=0.5, mix_prob=1.0, label_smoothing=0.0)
+
+
+def test_reading_a_config_file_imports_neither_tensorflow_nor_jax():
+  script = ('import sys; from configs import deit; deit.get_config(); '
+            "print(sorted({'tensorflow', 'jax'} & set(sys.modules)))")
+  out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, cwd=REPO,
+                       timeout=60, check=True)
+  assert out.stdout.strip() == '[]'
+
+
+def test_the_schema_prints_every_field_with_default_and_rule():
+  text = config_lib.describe()
+  for field in config_lib.FIELDS:
+    assert f'--config.{field.name}={field.default!r}\n    {field.rule.valid}. {field.doc}' in text
+  assert "--config.model={'name': 'vit_ti4', 'scan_layers': False, 'remat': False}" in text

@@ -248,7 +248,8 @@ def test_train_image_from_encoded_bytes_is_the_decoded_images(augment):
   pixels = _photo_like()
   config = _config(None, image_size=24, augment=augment, normalization='imagenet',
                    random_erase_prob=0.5)
-  train = tf.function(lambda image, seed: input_pipeline._train_image(image, seed, config))
+  transform = input_pipeline.TrainTransform.from_config(config)
+  train = tf.function(lambda image, seed: input_pipeline._train_image(image, seed, transform))
   png, jpeg = tf.io.encode_png(pixels), tf.io.encode_jpeg(pixels, quality=95)
   decoded_jpeg = tf.io.decode_jpeg(jpeg)
   for i in range(6):

@@ -483,11 +483,25 @@ def mix_batch(rng: jax.Array, images: jax.Array, labels_onehot: jax.Array, *,
   return images, lam * targets + (1.0 - lam) * targets[::-1]
 
 
-def mix_settings(config) -> dict[str, float] | None:
-  """`mix_batch` keyword arguments from config, or None when neither mixup nor CutMix is on."""
-  mixup_alpha, cutmix_alpha = config.get('mixup_alpha', 0.0), config.get('cutmix_alpha', 0.0)
-  if mixup_alpha == 0 and cutmix_alpha == 0:
-    return None
-  return dict(mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha,
-              switch_prob=config.get('mix_switch_prob', 0.5), mix_prob=config.get('mix_prob', 1.0),
-              label_smoothing=config.label_smoothing)
+@dataclasses.dataclass(frozen=True)
+class MixSettings:
+  """`mix_batch`'s settings (timm's Mixup arguments), from a run config by `from_config`."""
+  mixup_alpha: float
+  cutmix_alpha: float
+  switch_prob: float
+  mix_prob: float
+  label_smoothing: float
+
+  @classmethod
+  def from_config(cls, config) -> 'MixSettings | None':
+    """The config's mixup/CutMix, or None when neither is on (both alphas 0)."""
+    if config.mixup_alpha == 0 and config.cutmix_alpha == 0:
+      return None
+    return cls(mixup_alpha=config.mixup_alpha, cutmix_alpha=config.cutmix_alpha,
+               switch_prob=config.mix_switch_prob, mix_prob=config.mix_prob,
+               label_smoothing=config.label_smoothing)
+
+  def mix(self, rng: jax.Array, images: jax.Array,
+          labels_onehot: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`mix_batch` with these settings."""
+    return mix_batch(rng, images, labels_onehot, **dataclasses.asdict(self))

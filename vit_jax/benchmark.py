@@ -146,7 +146,7 @@ def benchmark_config(config, *, batch: int, image_size: int, dtype: str | None,
   config = config.copy_and_resolve_references()
   config.batch_size = batch
   config.image_size = image_size
-  config.dtype = dtype or config.model.get('dtype') or config.get('dtype', 'float32')
+  config.dtype = dtype or config.model.get('dtype') or config.dtype
   if model_name is not None:
     config.model = type(config.model)({'name': model_name})
   elif 'dtype' in config.model:

@@ -1,31 +1,36 @@
-"""The run config's one validation pass: every field range-checked before anything is built.
+"""The run config's schema: every field declared once, with its default, rule and meaning.
 
-`validate(config)` checks each field of `configs/common.py` and the family configs against its
-rule in `RULES` (type and range), then the settings that only make sense together (batch sizes
-over devices, processes, micro-batches and repeated augmentation; warm-up within training; a
-teacher for distillation; the digits default on another dataset), then the model's own fields
-(`check_fields` of the registered model) and the evaluators' settings (checked by the evaluators).
-It raises one `ConfigError` that lists every bad field with its value and what would be valid, so
-a run never starts, compiles or writes with a setting that cannot work. Defaults live in the config files only; this module knows ranges, not values.
+`FIELDS` declares each field a config may hold: its name as typed after `--config.`, its default,
+its rule (type and range) and what it does. `defaults()` builds the ConfigDict that every family
+config starts from (`configs/common.py`), and `validate(config)` checks a finished config once,
+before anything reads data or compiles: each field against its rule, then the settings that only
+make sense together (batch sizes over devices, processes, micro-batches and repeated augmentation;
+warm-up within training; a teacher for distillation; the quick digits model on another dataset),
+then the model's own fields (`check_fields` of the registered model) and the evaluators' settings.
+It raises one `ConfigError` that lists every bad field with its value and what would be valid.
+
+Code reads a validated config's fields directly (`config.mix_prob`); no default is restated
+anywhere else. Print every field with its default and rule:
+
+  python -m vit_jax.config
+
+Reading a config file imports only this module and ml_collections; the owners of the values some
+rules accept (the input pipeline's normalisations, the models, the evaluators) are imported when a
+config is checked.
 """
 
 import dataclasses
 import math
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import ml_collections
 
-from vit_jax import augment
-from vit_jax import evaluators
-from vit_jax import input_pipeline
-from vit_jax import models
-from vit_jax import sharding
-from vit_jax.datasets import digits
-from vit_jax.datasets import folder
+from vit_jax import datasets
 
 DTYPES = ('float32', 'bfloat16', 'float16')
 OPTIMIZERS = ('adamw', 'sgd')
 DISTILLATION_TYPES = ('none', 'hard', 'soft')
+FLAG = '--config.'  # How a field is named on the command line, and in every message about it.
 
 
 class ConfigError(ValueError):
@@ -42,9 +47,17 @@ class ConfigError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Rule:
-  """What one field accepts: a predicate, and the words that tell a user what is valid."""
+  """What one field accepts: a predicate, and the words that tell a user what is valid.
+
+  `describe` is called when the words are needed, so that a rule may name values owned by a
+  module that is only imported when a config is checked.
+  """
   accepts: Callable[[Any], bool]
-  valid: str
+  describe: Callable[[], str]
+
+  @property
+  def valid(self) -> str:
+    return self.describe()
 
 
 def _is_number(value: Any) -> bool:
@@ -55,7 +68,7 @@ def integer(low: int | None = None) -> Rule:
   """An int (not a bool) of at least `low`."""
   return Rule(lambda v: isinstance(v, int) and not isinstance(v, bool)
               and (low is None or v >= low),
-              'an integer' if low is None else f'an integer >= {low}')
+              lambda: 'an integer' if low is None else f'an integer >= {low}')
 
 
 def number(low: float, high: float = math.inf, *, low_open: bool = False,
@@ -70,108 +83,228 @@ def number(low: float, high: float = math.inf, *, low_open: bool = False,
     words = f'a number {">" if low_open else ">="} {low:g}'
   else:
     words = f'a number in {"(" if low_open else "["}{low:g}, {high:g}{")" if high_open else "]"}'
-  return Rule(accepts, words + (', or None (unset)' if optional else ''))
+  return Rule(accepts, lambda: words + (', or None (unset)' if optional else ''))
 
 
-def choice(values: Iterable[Any]) -> Rule:
-  values = tuple(values)
-  return Rule(lambda v: v in values, f'one of {list(values)}')
+def choice(values: Iterable[Any] | Callable[[], Iterable[Any]], *, unset: str = '') -> Rule:
+  """One of `values` (or of what the callable returns, for values owned elsewhere); with `unset`,
+  also '' meaning what `unset` says."""
+  read = values if callable(values) else (lambda fixed=tuple(values): fixed)
+  words = lambda: f'one of {list(read())}'
+  if not unset:
+    return Rule(lambda v: v in tuple(read()), words)
+  return Rule(lambda v: v == '' or v in tuple(read()), lambda: f"'' ({unset}) or {words()}")
 
 
 def text(*, empty: bool = False, optional: bool = False) -> Rule:
   """A string (non-empty unless `empty`); `optional` also accepts None."""
   return Rule(lambda v: (v is None and optional) or (isinstance(v, str) and (empty or bool(v))),
-              ('a string' if empty else 'a non-empty string') + (' or None' if optional else ''))
+              lambda: ('a string' if empty else 'a non-empty string')
+              + (' or None' if optional else ''))
 
 
-BOOLEAN = Rule(lambda v: isinstance(v, bool), 'true or false')
+def boolean(*, optional: bool = False) -> Rule:
+  """True or false; `optional` also accepts None (unset: decided automatically)."""
+  return Rule(lambda v: isinstance(v, bool) or (v is None and optional),
+              lambda: 'true or false' + (', or None (unset: automatic)' if optional else ''))
+
+
 PROBABILITY = number(0.0, 1.0)
 RATE_BELOW_ONE = number(0.0, 1.0, high_open=True)
 NAMES = Rule(lambda v: isinstance(v, (tuple, list)) and all(isinstance(n, str) for n in v),
-             'a tuple of parameter names')
+             lambda: 'a tuple of parameter names')
+
+
+def _normalizations() -> tuple[str, ...]:
+  from vit_jax import input_pipeline  # pylint: disable=g-import-not-at-top
+  return tuple(input_pipeline.NORMALIZATIONS)
+
+
+def _augments() -> tuple[str, ...]:
+  from vit_jax import input_pipeline  # pylint: disable=g-import-not-at-top
+  return input_pipeline.AUGMENTS
 
 
 def _randaugment(spec: Any) -> bool:
   if not isinstance(spec, str):
     return False
   if spec:
+    from vit_jax import augment  # pylint: disable=g-import-not-at-top
     augment.parse_randaugment(spec)  # Its ValueError says what is wrong with the spec.
   return True
 
 
-# Every field of configs/common.py and the family configs ('model.*' belongs to the model).
-RULES: dict[str, Rule] = {
-    'seed': integer(),
-    'dataset': text(),
-    'data_dir': text(optional=True),
-    'train_split': text(),
-    'eval_split': text(),
-    'image_size': integer(1),
-    'augment': choice(input_pipeline.AUGMENTS),
-    'crop_padding': integer(0),
-    'flip': BOOLEAN,
-    'eval_crop_ratio': number(0.0, 1.0, low_open=True),
-    'normalization': choice(input_pipeline.NORMALIZATIONS),
-    'shuffle_buffer': integer(1),
-    'prefetch': integer(1),
-    'randaugment': Rule(_randaugment, "'' (off) or a timm spec such as 'rand-m9-mstd0.5-inc1'"),
-    'random_erase_prob': PROBABILITY,
-    'repeated_aug': integer(1),
-    'mixup_alpha': number(0.0),
-    'cutmix_alpha': number(0.0),
-    'mix_switch_prob': PROBABILITY,
-    'mix_prob': PROBABILITY,
-    'batch_size': integer(1),
-    'eval_batch_size': integer(1),
-    'optimizer': choice(OPTIMIZERS),
-    'base_lr': number(0.0, low_open=True),
-    'lr_scaling_batch': integer(0),
-    'min_lr': number(0.0),
-    'warmup_lr': number(0.0),
-    'warmup_steps': integer(0),
-    'total_steps': integer(1),
-    'num_epochs': number(0.0, low_open=True, optional=True),
-    'warmup_epochs': number(0.0, optional=True),
-    'weight_decay': number(0.0),
-    'momentum': RATE_BELOW_ONE,
-    'b1': RATE_BELOW_ONE,
-    'b2': RATE_BELOW_ONE,
-    'eps': number(0.0, low_open=True),
-    'grad_clip_norm': number(0.0),
-    'label_smoothing': RATE_BELOW_ONE,
-    'grad_accum_steps': integer(1),
-    'ema_decay': RATE_BELOW_ONE,
-    'dtype': choice(DTYPES),
-    'mu_dtype': Rule(lambda v: v == '' or v in DTYPES,
-                     f"'' (the parameters' dtype) or one of {list(DTYPES)}"),
-    'no_decay_names': NAMES,
-    'log_every': integer(1),
-    'eval_every': integer(1),
-    'checkpoint_every': integer(1),
-    'keep_checkpoints': integer(1),
-    'mesh.fsdp': integer(1),
-    'mesh.fsdp_min_size': integer(0),
-    'distillation.type': choice(DISTILLATION_TYPES),
-    'distillation.alpha': PROBABILITY,
-    'distillation.tau': number(0.0, low_open=True),
-    'distillation.teacher': text(empty=True),
-    'distillation.teacher_normalization': Rule(
-        lambda v: v == '' or v in input_pipeline.NORMALIZATIONS,
-        f"'' (the student's) or one of {list(input_pipeline.NORMALIZATIONS)}"),
-    'init_from': text(empty=True),
-    'eval_only': BOOLEAN,
-    'use_ema': BOOLEAN,
-    'skip_unreadable_images': BOOLEAN,
-}
+@dataclasses.dataclass(frozen=True)
+class Field:
+  """One config field: `name` as typed after --config., its default, rule and meaning.
+
+  `field_type` is needed only where the default is None (ml_collections must know what the field
+  will hold to accept it from the command line).
+  """
+  name: str
+  default: Any
+  rule: Rule
+  doc: str
+  field_type: type | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Section:
+  """A sub-config checked by its owner (the model family, the evaluators), not by a `Rule`."""
+  name: str
+  default: dict[str, Any]
+  owner: str
+  doc: str
+
+
+FIELDS: tuple[Field, ...] = (
+    Field('seed', 0, integer(), 'Seeds parameters, data order and augmentation.'),
+    # Data.
+    Field('dataset', datasets.DIGITS, text(),
+          "'digits' (embedded, nothing to download), 'folder:/path/to/images' or a TFDS name."),
+    Field('data_dir', None, text(optional=True), 'TFDS data directory; None: TFDS default.',
+          field_type=str),
+    Field('train_split', 'train', text(), "TFDS split to train on, e.g. 'train[:90%]'."),
+    Field('eval_split', 'test', text(), 'TFDS split to evaluate on.'),
+    Field('image_size', 32, integer(1), 'Model input resolution; the pipeline resizes to it.'),
+    Field('augment', 'crop_flip', choice(_augments),
+          'Training crop: pad and random crop, inception crop, or resize only.'),
+    Field('crop_padding', 4, integer(0), "Zero padding before the random crop ('crop_flip')."),
+    Field('flip', True, boolean(), 'Random horizontal flips during training.'),
+    Field('eval_crop_ratio', 1.0, number(0.0, 1.0, low_open=True),
+          'Evaluation: resize to image_size / ratio, then centre crop.'),
+    Field('normalization', 'imagenet', choice(_normalizations),
+          "Per-channel mean and std: 'imagenet', 'inception' (0.5/0.5), 'cifar10', 'digits'."),
+    Field('shuffle_buffer', 10_000, integer(1), 'Shuffle buffer of a streamed TFRecord dataset.'),
+    Field('prefetch', 2, integer(1), 'Batches prepared ahead.'),
+    Field('in_memory', None, boolean(optional=True),
+          'A TFRecord-only dataset held in memory (True) or streamed (False); None: held when '
+          'its images are of one shape and fit in input_pipeline.IN_MEMORY_MAX_BYTES.', field_type=bool),
+    Field('skip_unreadable_images', False, boolean(),
+          'Image folders: leave out, with a warning naming each, files that do not decode.'),
+    # Recipe augmentations, per example in the tf.data pipeline.
+    Field('randaugment', '',
+          Rule(_randaugment, lambda: "'' (off) or a timm spec such as 'rand-m9-mstd0.5-inc1'"),
+          "timm RandAugment spec, e.g. 'rand-m9-mstd0.5-inc1'; '' = off."),
+    Field('random_erase_prob', 0.0, PROBABILITY,
+          'Random erasing (one box, per-pixel normal noise).'),
+    Field('repeated_aug', 1, integer(1),
+          'Copies of each example per batch (DeiT: 3); batch_size counts the copies.'),
+    # Mixup / CutMix on device, per device's share of the batch (timm Mixup, mode 'batch').
+    Field('mixup_alpha', 0.0, number(0.0), 'Mixup Beta(alpha, alpha); 0 = off (DeiT: 0.8).'),
+    Field('cutmix_alpha', 0.0, number(0.0), 'CutMix Beta(alpha, alpha); 0 = off (DeiT: 1.0).'),
+    Field('mix_switch_prob', 0.5, PROBABILITY, 'P(CutMix) when both are on.'),
+    Field('mix_prob', 1.0, PROBABILITY, 'P(a batch is mixed at all).'),
+    # Optimisation.
+    Field('batch_size', 128, integer(1),
+          'Global batch, summed over every device of every process.'),
+    Field('eval_batch_size', 256, integer(1), 'Global evaluation batch.'),
+    Field('optimizer', 'adamw', choice(OPTIMIZERS), "'adamw', or 'sgd' with momentum."),
+    Field('base_lr', 1e-3, number(0.0, low_open=True), 'Peak learning rate.'),
+    Field('lr_scaling_batch', 0, integer(0),
+          'If > 0, lr = base_lr * batch_size / lr_scaling_batch.'),
+    Field('min_lr', 0.0, number(0.0), 'Learning rate at the end of the cosine.'),
+    Field('warmup_lr', 0.0, number(0.0), 'Learning rate at the first warm-up step (DeiT: 1e-6).'),
+    Field('warmup_steps', 100, integer(0), 'Linear warm-up steps.'),
+    Field('total_steps', 1000, integer(1), 'Optimizer steps.'),
+    Field('num_epochs', None, number(0.0, low_open=True, optional=True),
+          'Epochs; when set, overrides total_steps.', field_type=float),
+    Field('warmup_epochs', None, number(0.0, optional=True),
+          'Warm-up epochs; when set, overrides warmup_steps.', field_type=float),
+    Field('weight_decay', 0.05, number(0.0), 'Decoupled weight decay.'),
+    Field('momentum', 0.9, RATE_BELOW_ONE, 'SGD momentum.'),
+    Field('b1', 0.9, RATE_BELOW_ONE, 'Adam beta1.'),
+    Field('b2', 0.999, RATE_BELOW_ONE, 'Adam beta2.'),
+    Field('eps', 1e-8, number(0.0, low_open=True), 'Adam epsilon.'),
+    Field('grad_clip_norm', 0.0, number(0.0), 'Global gradient-norm clipping; 0 = off.'),
+    Field('label_smoothing', 0.0, RATE_BELOW_ONE, 'Label smoothing (folded into mixed targets).'),
+    Field('grad_accum_steps', 1, integer(1),
+          'Micro-batches per optimizer step (batch_size is per step).'),
+    Field('ema_decay', 0.0, RATE_BELOW_ONE,
+          'Per-step EMA of the variables, evaluated beside them; 0 = off.'),
+    # Precision: parameters, softmax, norms and the loss stay float32.
+    Field('dtype', 'float32', choice(DTYPES), 'Compute dtype of the model.'),
+    Field('mu_dtype', '', choice(DTYPES, unset="the parameters' dtype"),
+          "Adam first moment / SGD momentum dtype; '' = the parameters'."),
+    Field('no_decay_names', ('bias', 'scale', 'pos_embed', 'cls_token'), NAMES,
+          'Parameters never decayed (besides every 1-D one). DeiT does decay dist_token.'),
+    # Devices: a (data x fsdp) mesh over every device (vit_jax.sharding).
+    Field('mesh.fsdp', 1, integer(1),
+          'Devices that split parameters, gradients, optimizer state and EMA; 1 = replicated. '
+          'Must divide the number of devices.'),
+    Field('mesh.fsdp_min_size', 2**18, integer(0),
+          'Arrays with fewer elements (1 MiB in float32) stay replicated.'),
+    # Logging, evaluation and checkpoints.
+    Field('log_every', 50, integer(1), 'Steps between progress lines.'),
+    Field('eval_every', 500, integer(1), 'Steps between evaluations.'),
+    Field('checkpoint_every', 500, integer(1), 'Steps between checkpoints.'),
+    Field('keep_checkpoints', 3, integer(1), 'Checkpoints kept.'),
+    # DeiT distillation from a teacher.
+    Field('distillation.type', 'none', choice(DISTILLATION_TYPES), 'Distillation loss.'),
+    Field('distillation.alpha', 0.5, PROBABILITY, 'Weight of the distillation term.'),
+    Field('distillation.tau', 1.0, number(0.0, low_open=True), "Temperature of 'soft'."),
+    Field('distillation.teacher', '', text(empty=True),
+          "The teacher: a run's --workdir, or MODEL:FILE (e.g. regnety_160:/path/regnety.pth)."),
+    Field('distillation.teacher_normalization', '',
+          choice(_normalizations, unset="the student's"),
+          "Inputs the teacher was trained on; '' = the student's (a work directory's: its own)."),
+    # Weights to start from, or to evaluate.
+    Field('init_from', '', text(empty=True),
+          'Pretrained weights (timm/DeiT/CaiT/DeepViT/T2T .pth or .safetensors, Google ViT .npz, '
+          'or a work directory) to start from; a --workdir holding a checkpoint resumes instead.'),
+    Field('eval_only', False, boolean(),
+          "Only evaluate init_from (else --workdir's newest checkpoint) on eval_split."),
+    Field('use_ema', True, boolean(),
+          "Read a run's EMA weights where it kept them (eval_only, init_from, the teacher)."),
+)
+
+SECTIONS: tuple[Section, ...] = (
+    Section('evaluators', {
+        'fewshot': {'every': 0, 'datasets': ('digits',), 'shots': (1, 5, 10, 25), 'seeds': 3},
+        'linear_probe': {'every': 0, 'datasets': ('digits',)},
+    }, 'vit_jax.evaluators',
+            'Evaluators of frozen pre-logits, run every `every` steps and at the end when '
+            '`every` > 0.'),
+    Section('model', {'name': 'vit_ti4', 'scan_layers': False, 'remat': False}, 'vit_jax.models',
+            'name: a registry key (vit_jax.models.names()); every other field is passed to '
+            'vit_jax.models.create(). scan_layers: one traced block run by nn.scan; remat: '
+            'activations recomputed in the backward pass.'),
+)
+
+_BY_NAME = {field.name: field for field in FIELDS}
+
+
+def _config_dict(tree: dict[str, Any]) -> ml_collections.ConfigDict:
+  """Nested dicts as nested ConfigDicts (tuples stay tuples)."""
+  return ml_collections.ConfigDict(
+      {k: _config_dict(v) if isinstance(v, dict) else v for k, v in tree.items()})
+
+
+def defaults() -> ml_collections.ConfigDict:
+  """A ConfigDict of every field at its default: the start of every family config."""
+  config = ml_collections.ConfigDict()
+  for field in FIELDS:
+    *parents, leaf = field.name.split('.')
+    target = config
+    for parent in parents:
+      if parent not in target:
+        target[parent] = ml_collections.ConfigDict()
+      target = target[parent]
+    target[leaf] = (field.default if field.default is not None
+                    else ml_collections.FieldReference(None, field_type=field.field_type))
+  for section in SECTIONS:
+    config[section.name] = _config_dict(section.default)
+  return config
 
 
 def _flatten(config: ml_collections.ConfigDict, prefix: str = '') -> dict[str, Any]:
-  """'distillation.alpha' -> value for every leaf field except the model's and evaluators'."""
+  """'distillation.alpha' -> value for every leaf field, sections (model, evaluators) excepted."""
   flat = {}
+  sections = {section.name for section in SECTIONS}
   for key, value in config.items():
     path = f'{prefix}{key}'
-    if path in ('model', 'evaluators'):  # Checked by their owners (`_model_problems` and
-      continue                           # `_evaluator_problems`).
+    if path in sections:  # Checked by their owners (`_model_problems`, `_evaluator_problems`).
+      continue
     if isinstance(value, ml_collections.ConfigDict):
       flat.update(_flatten(value, f'{path}.'))
     else:
@@ -180,17 +313,20 @@ def _flatten(config: ml_collections.ConfigDict, prefix: str = '') -> dict[str, A
 
 
 def _field_problems(fields: dict[str, Any]) -> list[str]:
+  """Each field against its rule, in the order `FIELDS` declares them (unknown fields last)."""
   problems = []
-  for path, value in fields.items():
-    rule = RULES.get(path)
-    if rule is None:
-      problems.append(f'{path}={value!r}: not a known field; valid fields: {sorted(RULES)}.')
+  rank = {name: i for i, name in enumerate(_BY_NAME)}
+  for path, value in sorted(fields.items(), key=lambda item: rank.get(item[0], len(rank))):
+    field = _BY_NAME.get(path)
+    if field is None:
+      problems.append(f'{FLAG}{path}={value!r}: not a known field; valid fields: '
+                      f'{sorted(_BY_NAME)} (python -m vit_jax.config lists them).')
       continue
     try:
-      if not rule.accepts(value):
-        problems.append(f'{path}={value!r}: must be {rule.valid}.')
+      if not field.rule.accepts(value):
+        problems.append(f'{FLAG}{path}={value!r}: must be {field.rule.valid}.')
     except ValueError as e:
-      problems.append(f'{path}={value!r}: {e}')
+      problems.append(f'{FLAG}{path}={value!r}: {e}')
   return problems
 
 
@@ -201,14 +337,15 @@ def _batch_problems(c: dict[str, Any], devices: int, processes: int) -> list[str
   if batch % (devices * accumulate) or batch % processes:
     step = math.lcm(devices * accumulate, processes)
     problems.append(
-        f'batch_size={batch}: must be a multiple of the {devices} device(s) × grad_accum_steps='
-        f'{accumulate} and of the {processes} process(es), i.e. of {step} (e.g. '
-        f'{max(step, batch // step * step)}), so that every micro-batch spans every device equally.')
+        f'{FLAG}batch_size={batch}: must be a multiple of the {devices} device(s) × '
+        f'{FLAG}grad_accum_steps={accumulate} and of the {processes} process(es), i.e. of {step} '
+        f'(e.g. {max(step, batch // step * step)}), so that every micro-batch spans every device '
+        'equally.')
   eval_batch = c['eval_batch_size']
   if eval_batch % math.lcm(devices, processes):
     step = math.lcm(devices, processes)
-    problems.append(f'eval_batch_size={eval_batch}: must be a multiple of the {devices} device(s) '
-                    f'and {processes} process(es), i.e. of {step} (e.g. '
+    problems.append(f'{FLAG}eval_batch_size={eval_batch}: must be a multiple of the {devices} '
+                    f'device(s) and {processes} process(es), i.e. of {step} (e.g. '
                     f'{max(step, eval_batch // step * step)}).')
   return problems
 
@@ -217,11 +354,12 @@ def _schedule_problems(c: dict[str, Any]) -> list[str]:
   """A warm-up longer than the training it belongs to."""
   problems = []
   if c['num_epochs'] is None and c['warmup_epochs'] is None and c['warmup_steps'] > c['total_steps']:
-    problems.append(f'warmup_steps={c["warmup_steps"]}: must be <= total_steps='
+    problems.append(f'{FLAG}warmup_steps={c["warmup_steps"]}: must be <= {FLAG}total_steps='
                     f'{c["total_steps"]}.')
   if c['num_epochs'] is not None and c['warmup_epochs'] is not None and (
       c['warmup_epochs'] > c['num_epochs']):
-    problems.append(f'warmup_epochs={c["warmup_epochs"]}: must be <= num_epochs={c["num_epochs"]}.')
+    problems.append(f'{FLAG}warmup_epochs={c["warmup_epochs"]}: must be <= {FLAG}num_epochs='
+                    f'{c["num_epochs"]}.')
   return problems
 
 
@@ -229,55 +367,71 @@ def _distillation_problems(c: dict[str, Any]) -> list[str]:
   """Distillation without a teacher."""
   problems = []
   if c['distillation.type'] != 'none' and not c['distillation.teacher']:
-    problems.append(f"distillation.type={c['distillation.type']!r}: needs distillation.teacher, "
-                    'the --workdir of a run of vit_jax.main or MODEL:FILE (or '
-                    "distillation.type='none').")
+    problems.append(f"{FLAG}distillation.type={c['distillation.type']!r}: needs "
+                    f'{FLAG}distillation.teacher, the --workdir of a run of vit_jax.main or '
+                    f"MODEL:FILE (or {FLAG}distillation.type='none').")
   return problems
 
 
-def _dataset_problems(c: dict[str, Any]) -> list[str]:
-  """The quick digits default (its model and normalization) asked to train on another named dataset.
+def quick_default_problems(dataset: str, normalization: str, variants: Sequence[str] = (),
+                           *, name: str = f'{FLAG}dataset') -> list[str]:
+  """The quick model of a family config (for the embedded 8×8 digits, normalization='digits')
+  asked to train on another named dataset, which it does not fit; an image folder may hold
+  digits itself. `variants` (the family's published sizes) are named as the ones to pick."""
+  if (normalization != 'digits' or dataset == datasets.DIGITS
+      or dataset.startswith(datasets.FOLDER_PREFIX)):
+    return []
+  if variants:
+    pick = (f'add variant= with one of {", ".join(variants)} after the config file\'s colon, '
+            f'e.g. variant={list(variants)[0]},dataset={dataset}')
+  else:
+    pick = ("add variant= (a published size; the config file's docstring lists them) after the "
+            f"config file's colon, e.g. --config='configs/vit.py:variant=S/4,dataset={dataset}'")
+  return [f"{name}={dataset!r}: does not fit the config's default, the quick model for the "
+          f"embedded digits (normalization='digits'): {pick}; or set every field for it "
+          f'yourself (at least {FLAG}normalization).']
 
-  An image folder may hold digits itself (or anything the user chose the digits settings for).
-  """
-  problems = []
-  if (c['normalization'] == digits.NAME and c['dataset'] != digits.NAME
-      and not c['dataset'].startswith(folder.PREFIX)):
-    problems.append(
-        f"dataset={c['dataset']!r}: the config's default is the quick model for the embedded "
-        "digits (normalization='digits'); pick a published size with the config's variant= "
-        f"argument, e.g. --config='configs/vit.py:variant=S/4,dataset={c['dataset']}', or set "
-        'every field for it yourself (at least --config.normalization).')
-  return problems
+
+def require_fit(config: ml_collections.ConfigDict, variants: Sequence[str]) -> None:
+  """Raises ValueError when a family config's quick digits default got another dataset (as the
+  `dataset=` argument after the config file's colon)."""
+  problems = quick_default_problems(config.dataset, config.normalization, variants,
+                                    name='dataset')
+  if problems:
+    raise ValueError(problems[0])
 
 
 _BATCH_FIELDS = ('batch_size', 'eval_batch_size', 'grad_accum_steps', 'repeated_aug')
 _JOINT_CHECKS = (
     (('num_epochs', 'warmup_epochs', 'warmup_steps', 'total_steps'), _schedule_problems),
     (('distillation.type', 'distillation.teacher'), _distillation_problems),
-    (('normalization', 'dataset'), _dataset_problems),
+    (('normalization', 'dataset'),
+     lambda c: quick_default_problems(c['dataset'], c['normalization'])),
 )
 
 
 def _model_problems(model: ml_collections.ConfigDict) -> list[str]:
   """The registered model's own field checks (`check_fields`), as one problem."""
+  from vit_jax import models  # pylint: disable=g-import-not-at-top
   name = model.get('name')
   overrides = {k: v for k, v in model.items() if k != 'name'}
   try:
     models.create(name, num_classes=1, **overrides).check_fields()
   except (ValueError, TypeError) as e:
-    return [f'model.name={name!r}: {e}' if name not in models.names() else f'model: {e}']
+    return [f'{FLAG}model.name={name!r}: {e}' if name not in models.names()
+            else f'{FLAG}model: {e}']
   return []
 
 
 def _evaluator_problems(config: ml_collections.ConfigDict) -> list[str]:
   """Every evaluator's settings, checked by the evaluator itself (`vit_jax.evaluators`)."""
+  from vit_jax import evaluators  # pylint: disable=g-import-not-at-top
   problems = []
-  for name, settings in config.get('evaluators', {}).items():
+  for name, settings in config.evaluators.items():
     try:
       evaluators.create(name, settings)
     except ValueError as e:
-      problems.append(f'evaluators.{name}: {e}')
+      problems.append(f'{FLAG}evaluators.{name}: {e}')
   return problems
 
 
@@ -287,15 +441,17 @@ def validate(config: ml_collections.ConfigDict, *, devices: int | None = None,
 
   `devices` and `processes` (default: JAX's global counts) are what the batches must divide.
   """
-  if devices is None or processes is None:
-    import jax  # pylint: disable=g-import-not-at-top
-    devices = jax.device_count() if devices is None else devices
-    processes = jax.process_count() if processes is None else processes
+  import jax  # pylint: disable=g-import-not-at-top
+  from vit_jax import sharding  # pylint: disable=g-import-not-at-top
+  devices = jax.device_count() if devices is None else devices
+  processes = jax.process_count() if processes is None else processes
   fields = _flatten(config)
   problems = _field_problems(fields)
-  problems += [f'{path}: missing; every config needs it (see configs/common.py).'
-               for path in sorted(set(RULES) - set(fields))]
-  bad = {p.split('=', 1)[0].split(':', 1)[0] for p in problems}
+  problems += [f'{FLAG}{path}: missing; every config needs it (see vit_jax/config.py).'
+               for path in sorted(set(_BY_NAME) - set(fields))]
+  problems += [f'{FLAG}{section.name}: missing; every config needs it (see vit_jax/config.py).'
+               for section in SECTIONS if section.name not in config]
+  bad = {p.removeprefix(FLAG).split('=', 1)[0].split(':', 1)[0] for p in problems}
   # Each joint check runs only when the fields it reads are valid on their own.
   if not bad & set(_BATCH_FIELDS):
     problems += _batch_problems(fields, devices, processes)
@@ -303,11 +459,29 @@ def validate(config: ml_collections.ConfigDict, *, devices: int | None = None,
     try:
       sharding.check_mesh(fields['mesh.fsdp'], devices)
     except ValueError as e:
-      problems.append(str(e))
+      problems.append(f'{FLAG}{e}')
   for needed, check in _JOINT_CHECKS:
     if not bad & set(needed):
       problems += check(fields)
-  problems += _model_problems(config.model)
-  problems += _evaluator_problems(config)
+  if 'model' not in bad:
+    problems += _model_problems(config.model)
+  if 'evaluators' not in bad:
+    problems += _evaluator_problems(config)
   if problems:
     raise ConfigError(problems)
+
+
+def describe() -> str:
+  """Every field with its default, rule and meaning, as `python -m vit_jax.config` prints it."""
+  lines = []
+  for field in FIELDS:
+    lines.append(f'{FLAG}{field.name}={field.default!r}')
+    lines.append(f'    {field.rule.valid}. {field.doc}')
+  for section in SECTIONS:
+    lines.append(f'{FLAG}{section.name}={section.default!r}')
+    lines.append(f'    checked by {section.owner}. {section.doc}')
+  return '\n'.join(lines)
+
+
+if __name__ == '__main__':
+  print(describe())

@@ -15,6 +15,7 @@ import ml_collections
 from tensorflow_datasets.datasets.imagenet2012 import imagenet_common
 
 from vit_jax import checkpoints
+from vit_jax import config as config_lib
 from vit_jax import input_pipeline
 from vit_jax import models
 from vit_jax import train
@@ -94,12 +95,12 @@ def load_weights(path: str, model_name: str, *, num_classes: int = IMAGENET_CLAS
     raise ValueError(f'image_size={image_size} and num_classes={num_classes} must be >= 1.')
   model = models.create(model_name, num_classes=num_classes)
   variables = checkpoints.load(path, model, image_size=image_size)
-  # The fields `input_pipeline.eval_iterator` reads, for evaluators on any dataset.
-  config = ml_collections.ConfigDict({
-      'image_size': image_size, 'eval_crop_ratio': eval_crop_ratio,
-      'normalization': normalization, 'augment': 'none', 'dataset': 'imagenet2012',
-      'data_dir': None, 'train_split': 'train', 'eval_split': 'validation',
-      'eval_batch_size': 64, 'prefetch': 2, 'model': {'name': model_name}})
+  # The weights' evaluation on ImageNet, for evaluators on any dataset.
+  config = config_lib.defaults()
+  config.update(dict(image_size=image_size, eval_crop_ratio=eval_crop_ratio,
+                     normalization=normalization, augment='none', dataset='imagenet2012',
+                     eval_split='validation', eval_batch_size=64))
+  config.model = ml_collections.ConfigDict({'name': model_name})
   names = (imagenet_class_names() if num_classes == IMAGENET_CLASSES
            else tuple(str(i) for i in range(num_classes)))
   return Run(config, model, variables, names, None, path)

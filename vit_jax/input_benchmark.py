@@ -62,7 +62,7 @@ def default_late_step(batch_size: int) -> int:
 def check_vs_timm(config: ml_collections.ConfigDict) -> None:
   """Raises ValueError if timm's training transform cannot reproduce the config's recipe."""
   if config.augment != 'inception_crop':
-    raise ValueError(f"--vs_timm needs config.augment='inception_crop' (timm's training crop); "
+    raise ValueError(f"--vs_timm needs --config.augment='inception_crop' (timm's training crop); "
                      f'got {config.augment!r}.')
 
 
@@ -147,11 +147,11 @@ def _timm(config: ml_collections.ConfigDict, workers: int) -> tuple[Pipeline, Ca
   transform = create_transform(
       config.image_size, is_training=True, scale=input_pipeline.INCEPTION_CROP_AREA,
       ratio=input_pipeline.INCEPTION_CROP_RATIO, hflip=0.5 if config.flip else 0.0,
-      color_jitter=None, auto_augment=config.get('randaugment', '') or None,
-      interpolation='bicubic', re_prob=config.get('random_erase_prob', 0.0), re_mode='pixel',
+      color_jitter=None, auto_augment=config.randaugment or None,
+      interpolation='bicubic', re_prob=config.random_erase_prob, re_mode='pixel',
       mean=mean, std=std)
   images = _timm_images(config, transform)
-  repeats = config.get('repeated_aug', 1)
+  repeats = config.repeated_aug
   sampler = (RepeatAugSampler(images, num_replicas=1, rank=0, num_repeats=repeats,
                               selected_round=0)
              if repeats > 1 else torch.utils.data.RandomSampler(images))
@@ -203,9 +203,9 @@ def time_to_first_batch(config: ml_collections.ConfigDict, start_step: int) -> f
 
 def _recipe(config: ml_collections.ConfigDict) -> str:
   parts = [config.augment] + (['flip'] if config.flip else [])
-  parts += [config.get('randaugment', '') or 'no RandAugment',
-            f"random erasing {config.get('random_erase_prob', 0.0)}",
-            f"repeated augmentation x{config.get('repeated_aug', 1)}",
+  parts += [config.randaugment or 'no RandAugment',
+            f'random erasing {config.random_erase_prob}',
+            f'repeated augmentation x{config.repeated_aug}',
             f'{config.normalization} normalisation']
   return ', '.join(parts)
 

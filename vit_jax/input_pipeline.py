@@ -16,17 +16,17 @@ from one of two random-access sources, chosen by `_random_access`:
   augmented by `tf.data`'s parallel map.
 * In memory: a dataset prepared as TFRecord only whose per-process split has images of a fixed shape
   and fits in `IN_MEMORY_MAX_BYTES` (e.g. CIFAR, MNIST) is decoded once and held as one array
-  (`config.in_memory = True/False` forces either way).
+  (`--config.in_memory=true/false` forces either way).
 A TFRecord-only dataset that fits neither (e.g. an ImageNet prepared as TFRecord) is streamed
 instead: seeded file order and shuffle buffer, the same stateless augmentation, and `start_step`
 reads and discards every record consumed before, in an order only approximately the original; a
 log line says so and how to convert it.
 
-A training image is resized to config.image_size (or inception-cropped to it), cropped and
-flipped per config.augment, RandAugmented (config.randaugment, e.g. 'rand-m9-mstd0.5-inc1'),
-normalised, then randomly erased (config.random_erase_prob), as timm orders them. Mixup/CutMix
-run on device (`augment.mix_batch`). Optional config fields and their defaults: randaugment '',
-random_erase_prob 0.0, repeated_aug 1, in_memory None (automatic).
+A training image is resized to image_size (or inception-cropped to it), cropped and flipped per
+`augment`, RandAugmented (`randaugment`, e.g. 'rand-m9-mstd0.5-inc1'), normalised, then randomly
+erased (`random_erase_prob`), as timm orders them: `TrainTransform`, built once from the run config;
+evaluation and prediction use `EvalTransform`. Mixup/CutMix run on device (`augment.mix_batch`).
+The config fields and their defaults are declared in `vit_jax.config`.
 """
 
 import dataclasses
@@ -180,8 +180,8 @@ def _process_split(split: str, process_index: int, process_count: int) -> Any:
 
 def _local_batch(batch_size: int, process_count: int, field: str) -> int:
   if batch_size <= 0 or batch_size % process_count:
-    raise ValueError(f'config.{field}={batch_size} must be a positive multiple of the process '
-                     f'count {process_count}.')
+    raise ValueError(f'--config.{field}={batch_size} must be a positive multiple of the '
+                     f'process count {process_count}.')
   return batch_size // process_count
 
 
@@ -245,8 +245,8 @@ def centre_crop_window(height: Any, width: Any, size: int, crop_ratio: float
   Works on Python ints and on int32 tensors alike (TensorFlow's round is half to even too).
   """
   if not 0 < crop_ratio <= 1:
-    raise ValueError(f'config.eval_crop_ratio={crop_ratio} must be in (0, 1]: the resized shorter '
-                     'side floor(image_size / ratio) must cover the crop.')
+    raise ValueError(f'--config.eval_crop_ratio={crop_ratio} must be in (0, 1]: the resized '
+                     'shorter side floor(image_size / ratio) must cover the crop.')
   short = math.floor(size / crop_ratio)
   if isinstance(height, int) and isinstance(width, int):
     long_side = short * max(height, width) // min(height, width)
@@ -340,44 +340,77 @@ def _inception_crop(image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
   return tf.cond(tf.io.is_jpeg(image), jpeg_window, lambda: crop(_decode(image)))
 
 
-def _train_image(image: tf.Tensor, seed: tf.Tensor, config: ml_collections.ConfigDict) -> tf.Tensor:
+@dataclasses.dataclass(frozen=True)
+class TrainTransform:
+  """How one training image is cropped, augmented and normalised (`from_config` reads a run's)."""
+  image_size: int
+  augment: str  # One of AUGMENTS.
+  crop_padding: int
+  flip: bool
+  normalization: str  # A key of NORMALIZATIONS.
+  randaugment: augment.RandAugmentSpec | None  # None: off.
+  random_erase_prob: float
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict) -> 'TrainTransform':
+    return cls(image_size=config.image_size, augment=config.augment,
+               crop_padding=config.crop_padding, flip=config.flip,
+               normalization=config.normalization,
+               randaugment=(augment.parse_randaugment(config.randaugment)
+                            if config.randaugment else None),
+               random_erase_prob=config.random_erase_prob)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalTransform:
+  """How one image is resized, centre-cropped and normalised for evaluation and prediction."""
+  image_size: int
+  crop_ratio: float  # In (0, 1]: resize to image_size / crop_ratio, then centre crop.
+  normalization: str  # A key of NORMALIZATIONS.
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict) -> 'EvalTransform':
+    return cls(image_size=config.image_size, crop_ratio=config.eval_crop_ratio,
+               normalization=config.normalization)
+
+
+def _train_image(image: tf.Tensor, seed: tf.Tensor, transform: TrainTransform) -> tf.Tensor:
   """Crop, resize, augment (stateless, keyed by `seed`) and normalise one training image.
 
   `image` is uint8 (H, W, C) or its encoded bytes (a scalar string: JPEG, PNG, ...); an
   inception crop of a JPEG decodes only the crop window.
   """
-  size = config.image_size
+  size = transform.image_size
   crop_seed, flip_seed, randaugment_seed, erase_seed = tf.unstack(
       tf.random.experimental.stateless_split(seed, 4))
-  if config.augment == 'inception_crop':
+  if transform.augment == 'inception_crop':
     image = _resize(_inception_crop(image, crop_seed), size, size)
   else:
     image = _resize_centre_crop(_decode(image), size, 1.0)
-    if config.augment == 'crop_flip' and config.crop_padding > 0:
-      pad = config.crop_padding
+    if transform.augment == 'crop_flip' and transform.crop_padding > 0:
+      pad = transform.crop_padding
       image = tf.pad(image, [[pad, pad], [pad, pad], [0, 0]])
       image = tf.image.stateless_random_crop(image, [size, size, 3], crop_seed)
   image = tf.ensure_shape(image, [size, size, 3])
-  if config.flip and config.augment != 'none':
+  if transform.flip and transform.augment != 'none':
     image = tf.image.stateless_random_flip_left_right(image, flip_seed)
-  if config.get('randaugment', ''):
-    mean = NORMALIZATIONS[config.normalization][0]
+  if transform.randaugment is not None:
+    mean = NORMALIZATIONS[transform.normalization][0]
     pixels = tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8)
-    pixels = augment.randaugment(pixels, randaugment_seed,
-                                 augment.parse_randaugment(config.randaugment),
+    pixels = augment.randaugment(pixels, randaugment_seed, transform.randaugment,
                                  fill=tuple(min(255, round(255 * m)) for m in mean))
     image = tf.cast(pixels, tf.float32)
-  image = _normalize(image, config.normalization)
-  if config.get('random_erase_prob', 0.0) > 0:
-    image = augment.random_erase(image, erase_seed, config.random_erase_prob)
+  image = _normalize(image, transform.normalization)
+  if transform.random_erase_prob > 0:
+    image = augment.random_erase(image, erase_seed, transform.random_erase_prob)
   return image
 
 
-def eval_image(image: tf.Tensor, config: ml_collections.ConfigDict) -> tf.Tensor:
+def eval_image(image: tf.Tensor, transform: EvalTransform) -> tf.Tensor:
   """One decoded uint8 (H, W, C) image as the model sees it in evaluation and prediction: timm's
   eval transform, pixels rounded to whole values as PIL's 8-bit resize output is."""
-  image = _resize_centre_crop(_to_rgb(image), config.image_size, config.eval_crop_ratio)
-  return _normalize(tf.round(image), config.normalization)
+  image = _resize_centre_crop(_to_rgb(image), transform.image_size, transform.crop_ratio)
+  return _normalize(tf.round(image), transform.normalization)
 
 
 # Reading examples by index.
@@ -417,9 +450,8 @@ def _array_record_lookup(source: _Source, split: Any) -> tuple[int, Lookup]:
 
 def _fits_in_memory(config: ml_collections.ConfigDict, source: _Source, split: Any) -> bool:
   """True if a TFRecord-only split is held in memory (exact resume), False if it is streamed."""
-  forced = config.get('in_memory', None)
-  if forced is not None:
-    return bool(forced)
+  if config.in_memory is not None:
+    return config.in_memory
   shape = source.image_feature().shape
   if any(d is None for d in shape):
     return False
@@ -447,11 +479,11 @@ def _in_memory_lookup(source: _Source, split: Any) -> tuple[int, Lookup]:
 def _random_access(config: ml_collections.ConfigDict, source: _Source,
                    split: Any) -> tuple[int, Lookup] | None:
   """`split` read by example index, or None where it can only be streamed (module docstring)."""
-  forced = config.get('in_memory', None)
+  forced = config.in_memory
   if forced is not None and not source.streamable:
-    raise ValueError(f'config.in_memory={forced} chooses between holding a TFRecord dataset in '
+    raise ValueError(f'--config.in_memory={forced} chooses between holding a TFRecord dataset in '
                      f'memory and streaming it, but {source.name!r} is stored as ArrayRecord only '
-                     'and read by index; leave config.in_memory unset (None).')
+                     'and read by index; leave --config.in_memory unset (None).')
   if source.random_access and forced is None:
     return _array_record_lookup(source, split)
   if _fits_in_memory(config, source, split):
@@ -471,7 +503,7 @@ def _shuffled_examples(config, num, lookup, start, process_index) -> tf.data.Dat
   """Stream positions start, start+1, ... → (image, label, position), shuffled per epoch."""
   if num == 0:
     raise ValueError(f'The train split is empty for process {process_index}.')
-  repeats = config.get('repeated_aug', 1)
+  repeats = config.repeated_aug
   shuffle_seed = _seed(config, process_index, _SHUFFLE_SALT)
 
   def index(draw):
@@ -497,7 +529,7 @@ def _streamed_examples(config, source, split, start, process_index) -> tf.data.D
   records = source.builder.as_dataset(
       split=split, shuffle_files=True, decoders={source.image_key: tfds.decode.SkipDecoding()},
       read_config=tfds.ReadConfig(shuffle_seed=config.seed + process_index))
-  repeats = config.get('repeated_aug', 1)
+  repeats = config.repeated_aug
   records = records.repeat().shuffle(config.shuffle_buffer, seed=config.seed + process_index,
                                      reshuffle_each_iteration=True)
   records = records.flat_map(lambda r: tf.data.Dataset.from_tensors(r).repeat(repeats))
@@ -542,10 +574,11 @@ def train_iterator(config: ml_collections.ConfigDict, *, start_step: int = 0,
         f' --data_dir={config.data_dir}' if config.data_dir else '')
     examples = _streamed_examples(config, source, split, start, process_index)
   augment_seed = _seed(config, process_index, _AUGMENT_SALT)
+  transform = TrainTransform.from_config(config)
 
   def preprocess(image, label, position):
     seed = tf.random.experimental.stateless_fold_in(augment_seed, position)
-    return {'image': _train_image(image, seed, config), 'label': tf.cast(label, tf.int32)}
+    return {'image': _train_image(image, seed, transform), 'label': tf.cast(label, tf.int32)}
 
   batches = examples.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
   batches = batches.batch(local_batch, drop_remainder=True).prefetch(config.prefetch)
@@ -580,9 +613,10 @@ def eval_iterator(config: ml_collections.ConfigDict, *, split: str | None = None
     examples = source.builder.as_dataset(split=local_split, shuffle_files=False).map(
         lambda record: (record[source.image_key], record[source.label_key]))
   size = config.image_size
+  transform = EvalTransform.from_config(config)
 
   def preprocess(image, label):
-    return {'image': eval_image(image, config), 'label': tf.cast(label, tf.int32),
+    return {'image': eval_image(image, transform), 'label': tf.cast(label, tf.int32),
             'mask': tf.constant(1.0, tf.float32)}
 
   padding = tf.data.Dataset.from_tensors({

@@ -77,7 +77,8 @@ def decode_for_model(path: str, config) -> np.ndarray:
   """The image file at `path` as the model sees it: (S, S, 3) float32, preprocessed as `config`
   evaluates. Raises tf.errors.OpError for a file that is not a readable image."""
   image = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
-  return input_pipeline.eval_image(image, config).numpy()
+  transform = input_pipeline.EvalTransform.from_config(config)
+  return input_pipeline.eval_image(image, transform).numpy()
 
 
 def predict(run: inference.Run, paths: Sequence[str], *, top_k: int = 5, batch_size: int = 32

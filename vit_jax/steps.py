@@ -5,7 +5,6 @@ in its loop.
 """
 
 import dataclasses
-import functools
 from typing import Any, Callable, Iterator
 
 import flax
@@ -109,14 +108,13 @@ def training_batch(rng: jax.Array, batch: dict[str, jax.Array], config: ml_colle
   labels.
   """
   onehot = jax.nn.one_hot(batch['label'], num_classes)
-  settings = augment.mix_settings(config)
+  settings = augment.MixSettings.from_config(config)
   if settings is None:
     return {'image': batch['image'], 'label': batch['label'],
             'targets': optax.smooth_labels(onehot, config.label_smoothing)}
   group = lambda x: x.reshape((mix_groups, x.shape[0] // mix_groups) + x.shape[1:])
-  mix = functools.partial(augment.mix_batch, **settings)
-  images, targets = jax.vmap(mix)(jax.random.split(rng, mix_groups), group(batch['image']),
-                                  group(onehot))
+  images, targets = jax.vmap(settings.mix)(jax.random.split(rng, mix_groups),
+                                           group(batch['image']), group(onehot))
   targets = targets.reshape((-1, num_classes))
   return {'image': images.reshape(batch['image'].shape), 'targets': targets,
           'label': jnp.argmax(targets, -1).astype(batch['label'].dtype)}

@@ -22,9 +22,10 @@ from sklearn import datasets as sk_datasets
 from sklearn import model_selection
 import tensorflow_datasets as tfds
 
+from vit_jax import datasets
 from vit_jax.datasets import convert
 
-NAME = 'digits'
+NAME = datasets.DIGITS
 NUM_CLASSES = 10
 TEST_FRACTION = 0.2
 SPLIT_SEED = 0

@@ -28,9 +28,10 @@ from PIL import Image as pil_image
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from vit_jax import datasets
 from vit_jax.datasets import convert
 
-PREFIX = 'folder:'
+PREFIX = datasets.FOLDER_PREFIX
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png')
 _LAYOUT = '<root>/<split>/<class>/*.jpg|*.jpeg|*.png, e.g. <root>/train/cat/1.jpg'
 

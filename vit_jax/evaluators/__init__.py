@@ -34,7 +34,7 @@ def create(name: str, settings: Mapping[str, Any] | None = None) -> frozen.Evalu
 def periodic(config: Any) -> dict[str, frozen.Evaluator]:
   """The evaluators of `config.evaluators` that training runs (those with `every` > 0)."""
   evaluators = {name: create(name, settings)
-                for name, settings in config.get('evaluators', {}).items()}
+                for name, settings in config.evaluators.items()}
   return {name: evaluator for name, evaluator in evaluators.items() if evaluator.every > 0}
 
 
