@@ -65,14 +65,14 @@ def test_eval_images_match_timm_on_photographs(photos, size, ratio):
   from PIL import Image  # pylint: disable=g-import-not-at-top
   transform = _timm_transform(size, ratio)
   mean, std = (np.asarray(v, np.float32) for v in input_pipeline.NORMALIZATIONS['imagenet'])
-  transform = input_pipeline.EvalTransform(image_size=size, crop_ratio=ratio,
-                                           normalization='imagenet')
-  unknown_shape = tf.function(lambda x: input_pipeline.eval_image(x, transform),
+  ours_transform = input_pipeline.EvalTransform(image_size=size, crop_ratio=ratio,
+                                                normalization='imagenet')
+  unknown_shape = tf.function(lambda x: input_pipeline.eval_image(x, ours_transform),
                               input_signature=[tf.TensorSpec([None, None, 3], tf.uint8)])
   errors = []
   for photo in photos:
     expected = transform(Image.fromarray(photo)).numpy().transpose(1, 2, 0)
-    ours = input_pipeline.eval_image(tf.constant(photo), transform).numpy()
+    ours = input_pipeline.eval_image(tf.constant(photo), ours_transform).numpy()
     # Shapes known only at run time (a folder of photographs): the same window; the rounding
     # of a few values on a half differs by one pixel level between the two kernels.
     assert np.abs((unknown_shape(tf.constant(photo)).numpy() - ours) * std * 255).max() < 1.001
