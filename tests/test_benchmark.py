@@ -76,7 +76,7 @@ def test_family_table_row_beside_its_plain_vit_twin():
     (['--layers_table', '--layers_models=vit_tiny9'], 'unknown models'),
     (['--steps=0'], '--steps=0'),
     (['--input_pipeline', '--late_step=0'], '--late_step=0'),
-    (['--input_pipeline', '--vs_timm'], "--vs_timm needs config.augment='inception_crop'"),
+    (['--input_pipeline', '--vs_timm'], "--vs_timm needs --config.augment='inception_crop'"),
 ])
 def test_bad_arguments_are_refused_before_compiling(args, message):
   result = _benchmark(*TINY, *args)
