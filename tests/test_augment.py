@@ -162,7 +162,7 @@ def test_mixup_weight_is_the_label_weight():
   images = jnp.asarray(np.random.default_rng(0).normal(size=(6, 8, 8, 3)), jnp.float32)
   labels = jnp.arange(6)
   mix = jax.jit(functools.partial(augment.mix_batch, mixup_alpha=0.8, cutmix_alpha=0.0,
-                                  label_smoothing=0.0))
+                                  switch_prob=0.5, mix_prob=1.0, label_smoothing=0.0))
   for i in range(20):
     mixed, targets = mix(jax.random.PRNGKey(i), images, _onehot(labels))
     lam = float(targets[0, 0])
@@ -176,7 +176,7 @@ def test_cutmix_box_area_is_the_label_weight():
   labels = jnp.array([0, 1, 2, 3])
   areas = []
   mix = jax.jit(functools.partial(augment.mix_batch, mixup_alpha=0.0, cutmix_alpha=1.0,
-                                  label_smoothing=0.0))
+                                  switch_prob=0.5, mix_prob=1.0, label_smoothing=0.0))
   for i in range(40):
     mixed, targets = mix(jax.random.PRNGKey(i), images, _onehot(labels))
     pasted = np.all(np.asarray(mixed[0]) == np.asarray(images[3]), -1)
@@ -212,7 +212,8 @@ def test_mix_switch_probability_smoothing_and_mix_prob():
   np.testing.assert_array_equal(unmixed, np.broadcast_to(images, unmixed.shape))
   np.testing.assert_allclose(targets[0, 0], [0.9 + 0.1 / 10] + [0.1 / 10] * 9, atol=1e-6)
   with pytest.raises(ValueError, match='mixup_alpha > 0 or cutmix_alpha > 0'):
-    augment.mix_batch(jax.random.PRNGKey(0), images, labels, mixup_alpha=0.0, cutmix_alpha=0.0)
+    augment.mix_batch(jax.random.PRNGKey(0), images, labels, mixup_alpha=0.0, cutmix_alpha=0.0,
+                      switch_prob=0.5, mix_prob=1.0, label_smoothing=0.1)
 
 
 def test_mix_settings_from_config():

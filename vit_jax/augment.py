@@ -4,7 +4,8 @@ and stateless.
 * RandAugment (`'rand-m9-mstd0.5-inc1'` strings, timm's `rand_augment_transform`) and random
   erasing (timm's `RandomErasing`) act on one image inside the tf.data pipeline, keyed by a
   stateless seed, so each example's augmentation is a pure function of (seed, process, position).
-* Mixup / CutMix (timm's `Mixup`, mode 'batch') act on a whole batch on device: `mix_batch`.
+* Mixup / CutMix (timm's `Mixup`, mode 'batch') act on a whole batch on device: `mix_batch`, with
+  a run's settings in `MixSettings` (their defaults are the config's, `vit_jax.config`).
 
 RandAugment ops work on uint8 RGB images of static shape with PIL's conventions (what timm runs):
 affine ops sample at output pixel centres, fill outside the image with the mean colour, and
@@ -433,9 +434,8 @@ def random_erase(image: tf.Tensor, seed: tf.Tensor, probability: float) -> tf.Te
 
 
 def mix_batch(rng: jax.Array, images: jax.Array, labels_onehot: jax.Array, *,
-              mixup_alpha: float = 0.8, cutmix_alpha: float = 1.0, switch_prob: float = 0.5,
-              mix_prob: float = 1.0, label_smoothing: float = 0.1,
-              correct_lam: bool = True) -> tuple[jax.Array, jax.Array]:
+              mixup_alpha: float, cutmix_alpha: float, switch_prob: float, mix_prob: float,
+              label_smoothing: float, correct_lam: bool = True) -> tuple[jax.Array, jax.Array]:
   """timm's Mixup(mode='batch'): one λ per batch, each image mixed with its mirror in the batch.
 
   images: (B, H, W, C); labels_onehot: (B, K). With probability `mix_prob` the batch is mixed:
