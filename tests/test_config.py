@@ -151,7 +151,7 @@ def test_the_digits_default_on_another_dataset_says_which_variant():
   problems = _problems(_config(dataset='cifar10'))  # --config.dataset=cifar10 after loading.
   assert problems[0].startswith("--config.dataset='cifar10': does not fit the config's default, "
                                 'the quick model for the embedded digits')
-  assert "configs/vit.py:variant=S/4,dataset=cifar10'" in problems[0]
+  assert "e.g. --config='configs/vit.py:variant=S/16,dataset=cifar10'" in problems[0]
   config_lib.validate(_config(dataset='folder:/images/of/digits'), devices=1, processes=1)
   for module in (vit, deit, cait, deepvit, t2t, regnet):
     first = list(module.VARIANTS)[0]

@@ -385,8 +385,9 @@ def quick_default_problems(dataset: str, normalization: str, variants: Sequence[
     pick = (f'add variant= with one of {", ".join(variants)} after the config file\'s colon, '
             f'e.g. variant={list(variants)[0]},dataset={dataset}')
   else:
-    pick = ("add variant= (a published size; the config file's docstring lists them) after the "
-            f"config file's colon, e.g. --config='configs/vit.py:variant=S/4,dataset={dataset}'")
+    pick = ("add variant= after the config file's colon (its docstring lists the published "
+            f"sizes), e.g. --config='configs/vit.py:variant=S/16,dataset={dataset}' (S/4 for "
+            '32-pixel images)')
   return [f"{name}={dataset!r}: does not fit the config's default, the quick model for the "
           f"embedded digits (normalization='digits'): {pick}; or set every field for it "
           f'yourself (at least {FLAG}normalization).']
