@@ -260,8 +260,9 @@ FIELDS: tuple[Field, ...] = (
 
 SECTIONS: tuple[Section, ...] = (
     Section('evaluators', {
-        'fewshot': {'every': 0, 'datasets': ('digits',), 'shots': (1, 5, 10, 25), 'seeds': 3},
-        'linear_probe': {'every': 0, 'datasets': ('digits',)},
+        'fewshot': {'every': 0, 'datasets': (datasets.DIGITS,), 'shots': (1, 5, 10, 25),
+                    'seeds': 3},
+        'linear_probe': {'every': 0, 'datasets': (datasets.DIGITS,)},
     }, 'vit_jax.evaluators',
             'Evaluators of frozen pre-logits, run every `every` steps and at the end when '
             '`every` > 0.'),
