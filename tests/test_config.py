@@ -276,3 +276,16 @@ def test_the_schema_prints_every_field_with_default_and_rule():
   for field in config_lib.FIELDS:
     assert f'--config.{field.name}={field.default!r}\n    {field.rule.valid}. {field.doc}' in text
   assert "--config.model={'name': 'vit_ti4', 'scan_layers': False, 'remat': False}" in text
+
+
+def test_section_defaults_are_their_owners_defaults():
+  """The command line can set the sections' fields only where the schema lists them; the values
+  it lists must be what the evaluators and the model would use unset."""
+  from vit_jax import evaluators, models  # pylint: disable=g-import-not-at-top
+  sections = {section.name: section.default for section in config_lib.SECTIONS}
+  for name, settings in sections['evaluators'].items():
+    assert evaluators.create(name, settings) == evaluators.create(name), name
+  model = sections['model']
+  plain = models.create(model['name'], num_classes=10)
+  assert {key: getattr(plain, key) for key in model if key != 'name'} == {
+      key: value for key, value in model.items() if key != 'name'}
