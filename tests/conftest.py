@@ -70,16 +70,16 @@ def timm_model(timm):
 @pytest.fixture
 def train_losses(monkeypatch):
   """The mean training loss of every logging window of the runs made in the test, in order."""
-  from vit_jax import train  # pylint: disable=g-import-not-at-top
+  from clu import metric_writers  # pylint: disable=g-import-not-at-top
   losses = []
-  original = train.SummaryWriter.scalars
+  original = metric_writers.SummaryWriter.write_scalars
 
   def record(self, step, values):
     if 'train/loss' in values:
       losses.append(values['train/loss'])
     return original(self, step, values)
 
-  monkeypatch.setattr(train.SummaryWriter, 'scalars', record)
+  monkeypatch.setattr(metric_writers.SummaryWriter, 'write_scalars', record)
   return losses
 
 

@@ -63,7 +63,7 @@ def test_default_config_trains_with_falling_loss(name, tmp_path, train_losses):
   config.log_every = 5
   config.eval_every = 1000
   config.checkpoint_every = 1000
-  metrics = train.train_and_evaluate(config, str(tmp_path / 'run'))
+  metrics = train.train_and_evaluate(config, str(tmp_path / 'run')).metrics
   assert len(train_losses) == 4
   assert train_losses[-1] < train_losses[0], train_losses
   assert metrics['count'] == 360

@@ -55,7 +55,7 @@ def test_distilled_deit_student_trains_from_a_vit_teacher(tmp_path, train_losses
   config.model.patch_size = 2
   config.distillation.type = 'hard'
   config.distillation.teacher = teacher_dir
-  metrics = train.train_and_evaluate(config, str(tmp_path / 'student'))
+  metrics = train.train_and_evaluate(config, str(tmp_path / 'student')).metrics
   assert train_losses[-1] < train_losses[0], train_losses
   assert metrics['count'] == 360
 

@@ -18,7 +18,7 @@ def run(tmp_path_factory):
   root = tmp_path_factory.mktemp('ema')
   config = tiny_config(str(root / 'tfds'), ema_decay=0.9)
   workdir = str(root / 'run')
-  metrics = train.train_and_evaluate(config, workdir)
+  metrics = train.train_and_evaluate(config, workdir).metrics
   return config, workdir, metrics, checkpoints.restore_arrays(workdir)
 
 
@@ -39,7 +39,7 @@ def test_eval_only_of_a_workdir_scores_what_training_reported(run, tmp_path, use
   config, workdir, metrics, _ = run
   config = config.copy_and_resolve_references()
   config.eval_only, config.use_ema = True, use_ema
-  report = train.train_and_evaluate(config, workdir)
+  report = train.train_and_evaluate(config, workdir).metrics
   assert report['accuracy'] == pytest.approx(metrics['ema_accuracy' if use_ema else 'accuracy'])
   assert report['loss'] == pytest.approx(metrics['ema_loss' if use_ema else 'loss'], rel=1e-5)
   with open(os.path.join(workdir, 'eval_report.json')) as f:

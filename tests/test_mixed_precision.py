@@ -84,7 +84,7 @@ def test_bfloat16_training_matches_float32_within_one_point(tmp_path):
                            **{'model.patch_size': 4, 'model.hidden_size': 64,
                               'model.num_heads': 4, 'model.mlp_dim': 128})
       workdir = str(tmp_path / f'{dtype}_{seed}')
-      accuracies[dtype].append(train.train_and_evaluate(config, workdir)['accuracy'])
+      accuracies[dtype].append(train.train_and_evaluate(config, workdir).metrics['accuracy'])
   print('test accuracy by dtype:', accuracies)
   assert min(accuracies['float32']) > 0.9, accuracies
   # Rounding alone moves either run by a point or two either way; bfloat16 must not lose more

@@ -227,7 +227,7 @@ def test_two_process_checkpoint_restores_and_resumes_in_one_process(runs, tmp_pa
   # Training resumes from the two-process checkpoint and carries on to a later step.
   config = config.copy_and_resolve_references()
   config.total_steps = STEPS + 2
-  metrics = train.train_and_evaluate(config, workdir)
+  metrics = train.train_and_evaluate(config, workdir).metrics
   assert metrics['count'] == digits.NUM_TEST_EXAMPLES
   manager = checkpoints.checkpoint_manager(workdir, keep=3, read_only=True)
   assert manager.latest_step() == STEPS + 2

@@ -80,7 +80,7 @@ def pretrained(tmp_path_factory):
   """A work directory of the tiny ViT trained on digits, and its final test metrics."""
   data_dir = str(tmp_path_factory.mktemp('tfds'))
   workdir = str(tmp_path_factory.mktemp('pretrained'))
-  metrics = train.train_and_evaluate(digits_config(data_dir), workdir)
+  metrics = train.train_and_evaluate(digits_config(data_dir), workdir).metrics
   assert metrics['accuracy'] >= 0.95
   return workdir, data_dir, metrics
 
@@ -121,7 +121,7 @@ def test_image_folder_fine_tunes_at_a_new_resolution_and_evaluates(pretrained, t
                          batch_size=21, eval_batch_size=9, total_steps=30, warmup_steps=5,
                          base_lr=1e-3, init_from=workdir)
   run = str(tmp_path / 'fine_tuned')
-  metrics = train.train_and_evaluate(config, run)
+  metrics = train.train_and_evaluate(config, run).metrics
   assert metrics['count'] == 9
   params = checkpoints.read_workdir(run)[0]['params']
   assert params['pos_embed'].shape == (1, 1 + 16, 64)
@@ -131,7 +131,7 @@ def test_image_folder_fine_tunes_at_a_new_resolution_and_evaluates(pretrained, t
   evaluation.eval_only = True
   evaluation.init_from = ''
   files_before = sorted(os.listdir(run))
-  report = train.train_and_evaluate(evaluation, run)
+  report = train.train_and_evaluate(evaluation, run).metrics
   assert report['accuracy'] == metrics['accuracy'] and report['count'] == 9
   assert sorted(os.listdir(run)) == sorted(files_before + ['eval_report.json'])
   with open(os.path.join(run, 'eval_report.json')) as f:
@@ -147,7 +147,7 @@ def test_image_folder_fine_tunes_at_a_new_resolution_and_evaluates(pretrained, t
 def test_eval_only_reproduces_the_final_test_accuracy(pretrained, tmp_path):
   workdir, data_dir, metrics = pretrained
   config = digits_config(data_dir, eval_only=True, init_from=workdir)
-  report = train.train_and_evaluate(config, str(tmp_path / 'report'))
+  report = train.train_and_evaluate(config, str(tmp_path / 'report')).metrics
   assert report['accuracy'] == metrics['accuracy'] and report['count'] == 360
   assert os.listdir(tmp_path / 'report') == ['eval_report.json']
   with pytest.raises(ValueError, match='eval_only needs'):

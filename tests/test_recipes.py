@@ -170,7 +170,7 @@ def test_ema_survives_a_restart_and_is_evaluated(tmp_path, monkeypatch):
   data_dir = str(tmp_path / 'tfds')
   config = tiny_config(data_dir, ema_decay=0.9, **{'model.drop_path_rate': 0.1})
   straight = str(tmp_path / 'straight')
-  metrics = train.train_and_evaluate(config, straight)
+  metrics = train.train_and_evaluate(config, straight).metrics
   assert {'ema_accuracy', 'ema_loss'} <= set(metrics)
   assert metrics['ema_loss'] != metrics['loss']
 
@@ -180,7 +180,7 @@ def test_ema_survives_a_restart_and_is_evaluated(tmp_path, monkeypatch):
   a, b = checkpoints.restore_arrays(straight), checkpoints.restore_arrays(interrupted)
   assert_trees_close(a['ema'], b['ema'], atol=0)
   assert_trees_close(a['params'], b['params'], atol=0)
-  assert resumed == metrics
+  assert resumed.metrics == metrics
 
 
 # Stochastic depth in every family.

@@ -95,7 +95,7 @@ def test_training_loop_updates_checkpoints_and_averages_batch_stats(tmp_path):
   config = tiny_config(str(tmp_path / 'tfds'), total_steps=3, ema_decay=0.5)
   config.model = ml_collections.ConfigDict(
       {'name': 'regnety_002', 'w0': 16, 'wa': 8.0, 'wm': 2.0, 'depth': 2, 'group_width': 8})
-  metrics = train.train_and_evaluate(config, str(tmp_path / 'run'))
+  metrics = train.train_and_evaluate(config, str(tmp_path / 'run')).metrics
   assert 'ema_accuracy' in metrics
   state = checkpoints.restore_arrays(str(tmp_path / 'run'))
   raw = state['batch_stats']['stem']['bn']['var']
@@ -135,7 +135,7 @@ def test_deit_distils_from_a_timm_regnety_weights_file(timm, tmp_path, train_los
   logits = jax.jit(teacher.logits)(teacher.variables, jnp.asarray(images))
   np.testing.assert_allclose(np.asarray(logits), expected.numpy(), rtol=1e-5, atol=1e-5)
 
-  metrics = train.train_and_evaluate(config, str(tmp_path / 'student'))
+  metrics = train.train_and_evaluate(config, str(tmp_path / 'student')).metrics
   assert len(train_losses) == 2 and np.all(np.isfinite(train_losses))
   assert metrics['count'] == 360
 

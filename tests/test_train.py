@@ -66,7 +66,7 @@ def data_dir(tmp_path_factory):
 
 def test_loss_falls_and_accuracy_rises(data_dir, tmp_path):
   config = tiny_config(data_dir, total_steps=100, base_lr=3e-3, log_every=20)
-  metrics = train.train_and_evaluate(config, str(tmp_path))
+  metrics = train.train_and_evaluate(config, str(tmp_path)).metrics
   assert metrics['count'] == 360
   assert metrics['accuracy'] > 0.25  # 10 classes: chance is 0.1; 95 % is the slow test's.
   assert os.path.exists(tmp_path / 'config.json')
@@ -74,12 +74,13 @@ def test_loss_falls_and_accuracy_rises(data_dir, tmp_path):
   assert any(name.startswith('events.out.tfevents') for name in os.listdir(tmp_path))
 
 
-def train_with_preemption(config, workdir: str, monkeypatch, at_step: int = 5) -> dict:
-  """Trains in `workdir`, preempted after `at_step`, then resumed; returns the final metrics."""
+def train_with_preemption(config, workdir: str, monkeypatch, at_step: int = 5) -> train.RunResult:
+  """Trains in `workdir`, preempted after `at_step`, then resumed; returns the final result."""
   original = train.PreemptionWatcher.should_stop
   monkeypatch.setattr(train.PreemptionWatcher, 'should_stop',
                       lambda self, manager, step: step == at_step or original(self, manager, step))
-  assert train.train_and_evaluate(config, workdir) == {'preempted_at_step': at_step}
+  assert train.train_and_evaluate(config, workdir) == train.RunResult(
+      step=at_step, metrics={}, preempted=True)
   monkeypatch.setattr(train.PreemptionWatcher, 'should_stop', original)
   return train.train_and_evaluate(config, workdir)
 

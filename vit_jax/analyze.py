@@ -319,7 +319,7 @@ def _pruning(run: inference.Run, out_dir: str, rule: str, finetune_steps: int,
     pruning.write_run(pruned_config, pruned_params, run_dir, num_classes)
   report['pruned_workdir'] = run_dir
   if finetune_steps > 0:
-    metrics = train.train_and_evaluate(pruned_config, run_dir)
+    metrics = train.train_and_evaluate(pruned_config, run_dir).metrics
     report['finetuned_accuracy'] = metrics['accuracy']
   return report
 

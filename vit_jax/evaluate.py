@@ -20,12 +20,12 @@ from typing import Any
 from absl import app
 from absl import flags
 from absl import logging
+from clu import metric_writers
 from etils import epath
 import tensorflow as tf
 
 from vit_jax import evaluators as evaluators_lib
 from vit_jax import inference
-from vit_jax import train
 
 def define_flags() -> dict[str, Any]:
   """The command's flags, defined when it runs (importing the module defines none, so it imports
@@ -86,7 +86,9 @@ def main(argv, flag: dict[str, Any]) -> None:
   results = json.loads(results_file.read_text()) if results_file.exists() else {}
   results.update(metrics)
   results_file.write_text(json.dumps(results))
-  train.SummaryWriter(str(path), active=True).scalars(run.step or 0, metrics)
+  writer = metric_writers.SummaryWriter(str(path))  # TensorBoard; the lines above are printed.
+  writer.write_scalars(run.step or 0, metrics)
+  writer.close()
   print(f'Wrote {len(metrics)} metrics of {run.source} (step {run.step}) to {results_file}.')
 
 

@@ -97,6 +97,7 @@ def silence_closed_event_loops() -> None:
 
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, where every unusable config is one line on stderr, not a traceback."""
+  runtime.quiet_library_logs()  # Before the config file is read, which imports TensorFlow.
   try:
     remaining = flags.FLAGS(argv)
     _CONFIG.value.keys()  # A config file that failed to load raises on first access.
@@ -124,9 +125,8 @@ def initialize_distributed(mode: str = 'auto') -> None:
 def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   silence_closed_event_loops()
-  logging.info('Process settings: %s', runtime.configure())  # Before JAX starts its backend.
+  logging.debug('Process settings: %s', runtime.configure())  # Before JAX starts its backend.
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   tf.config.set_visible_devices([], 'GPU')  # tf.data only: the accelerators belong to JAX.
   try:
@@ -137,9 +137,9 @@ def main(argv) -> None:
   from vit_jax import train  # pylint: disable=g-import-not-at-top
   if jax.process_index() != 0:  # Process 0 speaks for all; the others report only problems.
     logging.set_verbosity(logging.WARNING)
-  logging.info('JAX process %d of %d; %d local / %d global devices (%s).', jax.process_index(),
-               jax.process_count(), jax.local_device_count(), jax.device_count(),
-               jax.devices()[0].device_kind)
+  logging.debug('JAX process %d of %d; %d local / %d global devices (%s).', jax.process_index(),
+                jax.process_count(), jax.local_device_count(), jax.device_count(),
+                jax.devices()[0].device_kind)
   try:
     result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except (ValueError, FloatingPointError) as e:
@@ -149,7 +149,7 @@ def main(argv) -> None:
     logging.warning('Interrupted; the newest checkpoint in %s (if any) is intact. Rerun the same '
                     'command to resume.', _WORKDIR.value)
     sys.exit(EXIT_PREEMPTED)
-  if 'preempted_at_step' in result:
+  if result.preempted:
     sys.exit(EXIT_PREEMPTED)
 
 

@@ -18,17 +18,17 @@ def training_steps(config: ml_collections.ConfigDict, num_train_examples: int) -
   """Total and warm-up steps, from epochs when the config gives epochs."""
   steps_per_epoch = num_train_examples / config.batch_size
   total = config.total_steps
-  if config.get('num_epochs') is not None:
+  if config.num_epochs is not None:
     total = math.ceil(config.num_epochs * steps_per_epoch)
   warmup = config.warmup_steps
-  if config.get('warmup_epochs') is not None:
+  if config.warmup_epochs is not None:
     warmup = math.ceil(config.warmup_epochs * steps_per_epoch)
   return int(total), int(min(warmup, total))
 
 
 def peak_learning_rate(config: ml_collections.ConfigDict) -> float:
   """base_lr, scaled linearly with the global batch when `lr_scaling_batch` is set (DeiT rule)."""
-  if config.get('lr_scaling_batch', 0):
+  if config.lr_scaling_batch:
     return config.base_lr * config.batch_size / config.lr_scaling_batch
   return config.base_lr
 
@@ -38,7 +38,7 @@ def learning_rate_schedule(config: ml_collections.ConfigDict, total_steps: int,
   """Linear warm-up from `warmup_lr` to the peak, then cosine decay to `min_lr`, per step."""
   peak = peak_learning_rate(config)
   return optax.warmup_cosine_decay_schedule(
-      init_value=config.get('warmup_lr', 0.0), peak_value=peak, warmup_steps=warmup_steps,
+      init_value=config.warmup_lr, peak_value=peak, warmup_steps=warmup_steps,
       decay_steps=max(total_steps, warmup_steps + 1), end_value=config.min_lr)
 
 
@@ -57,7 +57,7 @@ def create_optimizer(config: ml_collections.ConfigDict,
   `mu_dtype` ('bfloat16') stores Adam's first moment or SGD's momentum in that dtype.
   """
   mask = lambda params: weight_decay_mask(params, tuple(config.no_decay_names))
-  mu_dtype = jnp.dtype(config.mu_dtype) if config.get('mu_dtype') else None
+  mu_dtype = jnp.dtype(config.mu_dtype) if config.mu_dtype else None
   if config.optimizer == 'adamw':
     tx = optax.adamw(schedule, b1=config.b1, b2=config.b2, eps=config.eps, mu_dtype=mu_dtype,
                      weight_decay=config.weight_decay, mask=mask)

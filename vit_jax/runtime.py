@@ -1,4 +1,4 @@
-"""Process-wide settings under which XLA trains fast on CPU hosts.
+"""Process-wide settings: XLA's on CPU hosts, and which libraries' log lines are shown.
 
 `configure()` must run before JAX starts its backend (before the first computation or device
 query), so entry points call it first thing:
@@ -12,14 +12,24 @@ query), so entry points call it first thing:
 
 Options already given in `XLA_FLAGS` are kept; on other platforms and C libraries the malloc
 settings are skipped, and the CPU flags do nothing on accelerators.
+
+`quiet_library_logs()` keeps the libraries' INFO lines (orbax's a dozen per checkpoint, clu's
+copy of every summary, TensorFlow's start-up notices) out of a run's log.
 """
 
+import contextlib
 import ctypes
 import importlib.metadata
+import logging
 import os
 import platform
 import re
-from typing import Mapping
+import sys
+from typing import Iterator, Mapping
+
+from absl import logging as absl_logging
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 # Each flag is added unless XLA_FLAGS already names it, with the first jaxlib that knows it (XLA
 # aborts on flags it does not know).
@@ -68,3 +78,44 @@ def add_xla_flags(flags: Mapping[str, tuple[int, ...]] = CPU_XLA_FLAGS) -> str:
 def configure() -> dict[str, object]:
   """Applies both settings; returns what was applied, for logs and benchmark reports."""
   return {'keep_freed_host_memory': keep_freed_host_memory(), 'XLA_FLAGS': add_xla_flags()}
+
+
+def _own_or_important(record: logging.LogRecord) -> bool:
+  """vit_jax's records, every library's warnings and errors, and everything at --verbosity ≥ 1."""
+  return (record.levelno >= logging.WARNING or absl_logging.get_verbosity() >= 1
+          or record.pathname.startswith(_PACKAGE_DIR))
+
+
+@contextlib.contextmanager
+def _native_stderr_discarded() -> Iterator[None]:
+  """Points file descriptor 2 at /dev/null for the block (Python exceptions still propagate)."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  try:
+    os.dup2(devnull, 2)
+    yield
+  finally:
+    sys.stderr.flush()
+    os.dup2(saved, 2)
+    os.close(saved)
+    os.close(devnull)
+
+
+def quiet_library_logs() -> None:
+  """Shows below WARNING only vit_jax's own lines, unless --verbosity is 1 or more.
+
+  Libraries that log through absl (orbax, clu, TFDS) share its logger with vit_jax, so the
+  filter sits on absl's handler and tells them apart by the file that logged. TensorFlow writes
+  its C++ start-up notices (oneDNN, CPU features) while it loads, before absl's C++ logging is
+  set up and whatever `TF_CPP_MIN_LOG_LEVEL` says, so it is imported here with them discarded;
+  call this before anything imports TensorFlow. Setting `TF_CPP_MIN_LOG_LEVEL` yourself keeps
+  them.
+  """
+  if 'TF_CPP_MIN_LOG_LEVEL' not in os.environ:
+    os.environ['TF_CPP_MIN_LOG_LEVEL'] = '2'
+    with _native_stderr_discarded():
+      import tensorflow  # pylint: disable=g-import-not-at-top,unused-import
+  handler = absl_logging.get_absl_handler()
+  if _own_or_important not in handler.filters:
+    handler.addFilter(_own_or_important)

@@ -132,8 +132,14 @@ def micro_batches(batch: dict[str, jax.Array], count: int) -> dict[str, jax.Arra
 
 
 def update_ema(ema: Any, variables: Any, decay: float) -> Any:
-  """ema <- decay * ema + (1 - decay) * variables (timm ModelEma, once per optimizer step)."""
-  return jax.tree.map(lambda e, v: decay * e + (1.0 - decay) * v.astype(e.dtype), ema, variables)
+  """ema <- decay * ema + (1 - decay) * variables: `optax.ema`'s update, once per optimizer step.
+
+  timm's ModelEma starts the average from the model's variables (`with_fresh_ema`) and never
+  debiases it; `optax.ema` starts from zeros, which only its debiasing (1 - decay^t) corrects.
+  So optax's update runs undebiased on a state that holds our average, and its `init` is unused.
+  """
+  state = optax.EmaState(count=jnp.zeros([], jnp.int32), ema=ema)
+  return optax.ema(decay, debias=False).update(variables, state)[1].ema
 
 
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
@@ -152,8 +158,8 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
   and drop-path masks are drawn per micro-batch (from the step's rng folded with j). Mixing is
   done on the whole batch before the split, so it does not depend on k.
   """
-  accumulate = config.get('grad_accum_steps', 1)
-  ema_decay = config.get('ema_decay', 0.0)
+  accumulate = config.grad_accum_steps
+  ema_decay = config.ema_decay
 
   def like_params(tree):
     if param_shardings is None:
@@ -266,7 +272,7 @@ def init_state(model: nn.Module, tx: optax.GradientTransformation,
 
 def with_fresh_ema(state: TrainState, config: ml_collections.ConfigDict) -> TrainState:
   """The state with its EMA restarted from the current variables (none if `ema_decay` is 0)."""
-  if not config.get('ema_decay', 0.0):
+  if not config.ema_decay:
     return state.replace(ema={})
   copy = lambda tree: jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), tree)
   return state.replace(ema={'params': copy(state.params), 'batch_stats': copy(state.batch_stats)})

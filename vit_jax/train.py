@@ -11,20 +11,26 @@ feeds only its own share of the data. Process 0 alone logs and writes summaries.
 """
 
 import contextlib
+import dataclasses
 import json
+import math
 import os
 import signal
 import time
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from absl import logging
+from clu import metric_writers
+from clu import periodic_actions
 from etils import epath
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding
 
 from vit_jax import checkpoints
 from vit_jax import config as config_lib
@@ -45,7 +51,7 @@ def create_model(config: ml_collections.ConfigDict, num_classes: int) -> nn.Modu
   parameters, softmax, norms and loss); a `model.dtype` override takes precedence.
   """
   overrides = {k: v for k, v in config.model.items() if k != 'name'}
-  overrides.setdefault('dtype', config.get('dtype', 'float32'))
+  overrides.setdefault('dtype', config.dtype)
   return models.create(config.model.name, num_classes=num_classes, **overrides)
 
 
@@ -86,7 +92,7 @@ def load_teacher(config: ml_collections.ConfigDict, num_classes: int) -> steps.T
     raise ValueError(f"distillation.type={spec.type!r} is not valid; choose from "
                      "['none', 'hard', 'soft'].")
   model_name, source = teacher_source(spec.teacher)
-  normalization = spec.get('teacher_normalization') or config.normalization
+  normalization = spec.teacher_normalization or config.normalization
   if model_name is None:
     saved = checkpoints.read_config(source) if source else None
     if saved is None or not checkpoints.has_checkpoint(source):
@@ -96,40 +102,21 @@ def load_teacher(config: ml_collections.ConfigDict, num_classes: int) -> steps.T
           'name and FILE its weights (e.g. regnety_160:/path/regnety_160.pth).')
     model_name = saved['model']['name']
     overrides = {k: v for k, v in saved['model'].items() if k != 'name'}
-    normalization = spec.get('teacher_normalization') or saved.get('normalization', normalization)
+    normalization = spec.teacher_normalization or saved.get('normalization', normalization)
   elif not os.path.isfile(source):
     raise ValueError(f'distillation.teacher={spec.teacher!r}: no weights file at {source!r}.')
   else:
     overrides = {}
-  overrides.setdefault('dtype', config.get('dtype', 'float32'))
+  overrides.setdefault('dtype', config.dtype)
   model = models.create(model_name, num_classes=num_classes, **overrides)
   variables = load_variables(source, model, config)
   change = normalization_change(config.normalization, normalization)
   logging.info('Distilling (%s, alpha=%s, tau=%s) from %s in %s (%s); the teacher sees the '
                'student\'s batch in %s normalisation%s.', spec.type, spec.alpha, spec.tau,
                model_name, source,
-               'EMA weights where kept' if config.get('use_ema', True) else 'raw weights',
+               'EMA weights where kept' if config.use_ema else 'raw weights',
                normalization, '' if change is None else f' (converted from {config.normalization})')
   return steps.Teacher(model, variables, *(change or (None, None)))
-
-
-class SummaryWriter:
-  """TensorBoard event files in the work directory; a no-op on every process but 0."""
-
-  def __init__(self, logdir: str, active: bool):
-    self._writer = None
-    if active:
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top
-      self._tf = tf
-      self._writer = tf.summary.create_file_writer(logdir)
-
-  def scalars(self, step: int, values: dict[str, float]) -> None:
-    if self._writer is None:
-      return
-    with self._writer.as_default():
-      for name, value in values.items():
-        self._tf.summary.scalar(name, value, step=step)
-    self._writer.flush()
 
 
 class PreemptionWatcher:
@@ -177,7 +164,7 @@ def load_variables(source: str, model: nn.Module, config: ml_collections.ConfigD
 
   EMA weights first, unless `config.use_ema` is False.
   """
-  kwargs.setdefault('use_ema', config.get('use_ema', True))
+  kwargs.setdefault('use_ema', config.use_ema)
   if not getattr(model, 'scan_layers', False):
     return checkpoints.load(source, model, image_size=config.image_size, **kwargs)
   variables = checkpoints.load(source, model.clone(scan_layers=False),
@@ -193,7 +180,7 @@ def pretrained_variables(config: ml_collections.ConfigDict, model: nn.Module,
   The position embedding is resized to `config.image_size`; a head for another class count is
   initialised exactly as `steps.init_state` would. The optimizer state starts fresh.
   """
-  if not config.get('init_from'):
+  if not config.init_from:
     return None
   if checkpoints.has_checkpoint(workdir):
     logging.info('Resuming %s; init_from=%s is not read again.', workdir, config.init_from)
@@ -204,15 +191,28 @@ def pretrained_variables(config: ml_collections.ConfigDict, model: nn.Module,
   return variables
 
 
-def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+  """How `train_and_evaluate` ended.
+
+  `metrics`: on the eval split 'accuracy', 'loss', 'count' ('ema_accuracy', 'ema_loss' with an
+  EMA) and the evaluators' metrics (`fewshot/…`); empty when `preempted` (SIGTERM or Ctrl-C), the
+  run having saved `step` to resume from. `step` is None for `eval_only` of a weights file.
+  """
+  step: int | None
+  metrics: dict[str, Any]
+  preempted: bool = False
+
+
+def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> RunResult:
   """Top-1 on the eval split of `config.init_from`, else of `workdir`'s newest checkpoint.
 
   Reads the EMA weights where the source kept them (`config.use_ema`). Trains nothing and writes
   nothing but `workdir/eval_report.json`; a class count that differs from the dataset's is an
   error (no head is re-initialised).
   """
-  source = config.get('init_from') or workdir
-  if not config.get('init_from') and not checkpoints.has_checkpoint(workdir):
+  source = config.init_from or workdir
+  if not config.init_from and not checkpoints.has_checkpoint(workdir):
     raise ValueError(f'eval_only needs --config.init_from=PATH or a --workdir with a training '
                      f'checkpoint; {workdir!r} has none.')
   info = input_pipeline.get_dataset_info(config)
@@ -221,13 +221,13 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
   mesh = sharding.make_mesh(config.mesh.fsdp)
   variables = sharding.place(
       variables, sharding.fsdp_shardings(variables, mesh, config.mesh.fsdp_min_size))
-  state = steps.TrainState(step=jnp.zeros((), jnp.int32), params=variables['params'], opt_state=None,
-                     batch_stats=variables.get('batch_stats', {}), rng=None)
+  state = steps.TrainState(step=jnp.zeros((), jnp.int32), params=variables['params'],
+                           opt_state=None, batch_stats=variables.get('batch_stats', {}), rng=None)
   eval_step = jax.jit(steps.make_eval_step(model, info.num_classes),
                       out_shardings=sharding.replicated(mesh))
   metrics = steps.evaluate(eval_step, state, input_pipeline.eval_iterator(config),
-                     sharding.batch_sharding(mesh))
-  use_ema = config.get('use_ema', True)
+                           sharding.batch_sharding(mesh))
+  use_ema = config.use_ema
   report = {'source': source, 'use_ema': use_ema, 'model': config.model.name,
             'dataset': config.dataset, 'split': config.eval_split,
             'image_size': config.image_size, **metrics}
@@ -237,7 +237,7 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
     print(f'Top-1 on {config.dataset}/{config.eval_split}: {metrics["accuracy"]:.4f} '
           f'({metrics["count"]} examples; {"EMA weights where kept" if use_ema else "raw weights"} '
           f'of {source}).')
-  return report
+  return RunResult(step=None, metrics=metrics)
 
 
 def run_evaluators(evaluators: dict[str, Any], model: nn.Module, state: steps.TrainState,
@@ -255,23 +255,72 @@ def run_evaluators(evaluators: dict[str, Any], model: nn.Module, state: steps.Tr
   return metrics
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Trains `config`'s model in `workdir`, resuming from its newest checkpoint; returns metrics.
 
-  Returns {'preempted_at_step': step} instead when SIGTERM or Ctrl-C stopped it after saving.
-  The work directory's lock and the signal handlers are held until it returns.
+class Progress(periodic_actions.ReportProgress):
+  """clu's ReportProgress on a clock that stops inside `timed` sections.
+
+  clu divides the steps between two reports by the wall time between them, so an evaluation, a
+  checkpoint or the first step's compilation in between would lower steps/s and raise the ETA;
+  here their time is left out. `steps_per_s` is the rate of the latest report.
   """
-  with contextlib.ExitStack() as run_scope:
-    return _train_and_evaluate(config, workdir, run_scope)
+
+  def __init__(self, *, num_train_steps: int, writer: metric_writers.MetricWriter,
+               every_steps: int):
+    super().__init__(num_train_steps=num_train_steps, writer=writer, every_steps=every_steps,
+                     every_secs=None)
+    self.steps_per_s = math.nan
+
+  def __call__(self, step: int, t: float | None = None) -> bool:
+    t = time.monotonic() if t is None else t
+    return super().__call__(step, t - sum(self._time_per_part.values()))
+
+  def _apply(self, step: int, t: float) -> None:
+    self.steps_per_s = (step - self._previous_step) / max(t - self._previous_time, 1e-9)
+    super()._apply(step, t)
+
+  @contextlib.contextmanager
+  def timed(self, name: str, after: Any = None) -> Iterator[None]:
+    """Times the block as `name` once `after` (the training state) is computed: the steps
+    dispatched before the block are training time, not the section's."""
+    jax.block_until_ready(after)
+    with super().timed(name, wait_jax_async_dispatch=False):
+      yield
 
 
-def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
-                        run_scope: contextlib.ExitStack) -> dict[str, float]:
-  """`train_and_evaluate`; what the run holds (lock, signal handlers) enters `run_scope`."""
-  # 1. Everything that can be wrong is checked before anything compiles or is written.
+@dataclasses.dataclass
+class _Run:
+  """What the loop works with: built once by `_start`, before the first step."""
+  model: nn.Module
+  schedule: optax.Schedule
+  total_steps: int
+  state: steps.TrainState
+  train_step: Callable[..., tuple[steps.TrainState, dict[str, jax.Array]]]
+  eval_step: Callable[..., dict[str, jax.Array]]
+  data_sharding: NamedSharding
+  teacher_variables: Any
+  manager: Any  # orbax.checkpoint.CheckpointManager
+  evaluators: dict[str, Any]
+  watcher: PreemptionWatcher
+  writer: metric_writers.MetricWriter
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunResult:
+  """Trains `config`'s model in `workdir`, resuming from its newest checkpoint, and evaluates it.
+
+  With `config.eval_only` it only evaluates (`evaluate_only`). The work directory's lock and the
+  signal handlers are held until it returns.
+  """
   config_lib.validate(config)
-  if config.get('eval_only'):
+  if config.eval_only:
     return evaluate_only(config, workdir)
+  with contextlib.ExitStack() as run_scope:
+    return _loop(_start(config, workdir, run_scope), config, workdir)
+
+
+def _start(config: ml_collections.ConfigDict, workdir: str,
+           run_scope: contextlib.ExitStack) -> _Run:
+  """Checks everything that can be wrong before anything compiles or is written, then holds the
+  work directory (in `run_scope`) and builds the state, on the mesh, and the steps."""
   info = input_pipeline.get_dataset_info(config)
   model = create_model(config, info.num_classes)
   pretrained = pretrained_variables(config, model, workdir)
@@ -285,121 +334,162 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   if jax.process_count() > 1:  # Every process reads the work directory before any writes to it.
     multihost_utils.sync_global_devices('vit_jax.train:checked_workdir')
 
-  is_main = jax.process_index() == 0
   workdir_lib.hold(workdir, run_scope)  # Before the first write; creates the directory.
   watcher = run_scope.enter_context(PreemptionWatcher())
-  if is_main:
+  writer = metric_writers.create_default_writer(workdir, just_logging=jax.process_index() > 0)
+  run_scope.callback(writer.close)
+  if jax.process_index() == 0:
     (epath.Path(workdir) / 'config.json').write_text(config.to_json_best_effort(indent=2))
-  logging.info('Model %s: %s parameters; %d classes; %d train / %d eval examples; %d steps.',
-               config.model.name,
-               f'{sum(np.prod(x.shape) for x in jax.tree.leaves(abstract_state.params)):,}',
-               info.num_classes, info.num_train_examples, info.num_eval_examples, total_steps)
+  logging.debug('Model %s: %s parameters; %d classes; %d train / %d eval examples; %d steps.',
+                config.model.name,
+                f'{sum(np.prod(x.shape) for x in jax.tree.leaves(abstract_state.params)):,}',
+                info.num_classes, info.num_train_examples, info.num_eval_examples, total_steps)
 
-  # 2. Devices, state and steps.
   mesh = sharding.make_mesh(config.mesh.fsdp)
-  data_sharding = sharding.batch_sharding(mesh)
   # One rule places the student's and the teacher's variables alike.
-  variable_sharding = lambda tree: sharding.fsdp_shardings(tree, mesh, config.mesh.fsdp_min_size)
-  state_sharding = variable_sharding(abstract_state)
+  layout = lambda tree: sharding.fsdp_shardings(tree, mesh, config.mesh.fsdp_min_size)
+  state_sharding = layout(abstract_state)
   manager = checkpoints.checkpoint_manager(workdir, keep=config.keep_checkpoints)
-  # Saved on any mesh; restored onto this one's layout.
-  state = checkpoints.restore_newest_readable(workdir, manager,
-                                              sharding.abstract(abstract_state, state_sharding))
-  if state is not None:
-    logging.info('Resumed from step %d of %s.', int(state.step), workdir)
-  else:
-    state = jax.jit(lambda: steps.init_state(model, tx, config), out_shardings=state_sharding)()
-    if pretrained is not None:
-      state = state.replace(
-          params=sharding.place(pretrained['params'], state_sharding.params),
-          batch_stats=sharding.place(pretrained.get('batch_stats', {}),
-                                     state_sharding.batch_stats))
-      state = jax.jit(lambda s: steps.with_fresh_ema(s, config), out_shardings=state_sharding)(state)
+  state = _restore_or_init(workdir, manager, lambda: steps.init_state(model, tx, config),
+                           state_sharding, pretrained, config)
   teacher_variables = teacher_sharding = None
   if teacher is not None:
-    teacher_sharding = variable_sharding(teacher.variables)
+    teacher_sharding = layout(teacher.variables)
     teacher_variables = sharding.place(teacher.variables, teacher_sharding)
-  logging.info('Mesh %s; per device: %.1f MiB of parameters, %.1f MiB of training state.',
-               dict(mesh.shape),
-               sharding.bytes_per_device(abstract_state.params, state_sharding.params) / 2**20,
-               sharding.bytes_per_device(abstract_state, state_sharding) / 2**20)
+  logging.debug('Mesh %s; per device: %.1f MiB of parameters, %.1f MiB of training state.',
+                dict(mesh.shape),
+                sharding.bytes_per_device(abstract_state.params, state_sharding.params) / 2**20,
+                sharding.bytes_per_device(abstract_state, state_sharding) / 2**20)
+  return _Run(
+      model=model, schedule=schedule, total_steps=total_steps, state=state,
+      train_step=steps.sharded_train_step(model, tx, config, info.num_classes, mesh,
+                                          state_sharding, teacher, teacher_sharding),
+      eval_step=jax.jit(steps.make_eval_step(model, info.num_classes),
+                        out_shardings=sharding.replicated(mesh)),
+      data_sharding=sharding.batch_sharding(mesh), teacher_variables=teacher_variables,
+      manager=manager, evaluators=evaluators, watcher=watcher, writer=writer)
 
-  train_step = steps.sharded_train_step(model, tx, config, info.num_classes, mesh, state_sharding,
-                                  teacher, teacher_sharding)
-  eval_step = jax.jit(steps.make_eval_step(model, info.num_classes),
-                      out_shardings=sharding.replicated(mesh))
-  eval_batches = lambda: input_pipeline.eval_iterator(config)
 
-  # 3. The loop.
-  writer = SummaryWriter(workdir, active=is_main)
-  start_step = int(state.step)
+def _restore_or_init(workdir: str, manager: Any, init: Callable[[], steps.TrainState],
+                     state_sharding: Any, pretrained: dict[str, Any] | None,
+                     config: ml_collections.ConfigDict) -> steps.TrainState:
+  """The newest readable checkpoint of `workdir` (saved on any mesh) in `state_sharding`'s
+  layout; else a fresh state, with `pretrained`'s variables when fine-tuning."""
+  abstract = sharding.abstract(jax.eval_shape(init), state_sharding)
+  state = checkpoints.restore_newest_readable(workdir, manager, abstract)
+  if state is not None:
+    logging.debug('Resumed from step %d of %s.', int(state.step), workdir)
+    return state
+  state = jax.jit(init, out_shardings=state_sharding)()
+  if pretrained is None:
+    return state
+  state = state.replace(
+      params=sharding.place(pretrained['params'], state_sharding.params),
+      batch_stats=sharding.place(pretrained.get('batch_stats', {}), state_sharding.batch_stats))
+  return jax.jit(lambda s: steps.with_fresh_ema(s, config), out_shardings=state_sharding)(state)
+
+
+def _loop(run: _Run, config: ml_collections.ConfigDict, workdir: str) -> RunResult:
+  """Steps from the state's step to the last, logging, checkpointing and evaluating on the way;
+  then evaluates the final state and writes `results.json`."""
+  progress = Progress(num_train_steps=run.total_steps, writer=run.writer,
+                      every_steps=config.log_every)
+  state, start_step = run.state, int(run.state.step)
   train_batches = input_pipeline.train_iterator(config, start_step=start_step)
-  pending, last_saved = [], start_step
-  window_start, window_step = time.time(), start_step
-  eval_metrics, frozen_metrics = {}, {}
-  for step in range(start_step + 1, total_steps + 1):
-    batch = steps.global_batch(next(train_batches), data_sharding)
-    state, metrics = train_step(state, batch, teacher_variables)
+  pending, last_saved, frozen_metrics = [], start_step, {}
+  for step in range(start_step + 1, run.total_steps + 1):
+    batch = steps.global_batch(next(train_batches), run.data_sharding)
+    if step == start_step + 1:  # Compiles the step: not training time.
+      with progress.timed('compile', state):
+        state, metrics = jax.block_until_ready(
+            run.train_step(state, batch, run.teacher_variables))
+    else:
+      state, metrics = run.train_step(state, batch, run.teacher_variables)
     pending.append(metrics)
-
-    at_log = step % config.log_every == 0 or step == total_steps
-    at_ckpt = step % config.checkpoint_every == 0 or step == total_steps
-    stop = watcher.should_stop(manager, step)
+    at_log = step % config.log_every == 0 or step == run.total_steps
+    at_ckpt = step % config.checkpoint_every == 0 or step == run.total_steps
+    stop = run.watcher.should_stop(run.manager, step)
     if at_log or at_ckpt or stop:
-      fetched = jax.device_get(pending)
-      pending = []
-      losses = np.array([m['loss'] for m in fetched])
-      if not np.all(np.isfinite(losses)):
-        raise FloatingPointError(
-            f'The training loss became {losses[~np.isfinite(losses)][0]} at or before step {step}; '
-            'stopping without saving. '
-            + (f'The last good checkpoint (step {last_saved}) is kept in {workdir}. '
-               if last_saved else 'No checkpoint had been saved yet. ')
-            + 'Lower base_lr, enable grad_clip_norm, or check the data.')
-      if at_log:
-        elapsed = time.time() - window_start
-        images_per_s = (step - window_step) * config.batch_size / max(elapsed, 1e-9)
-        eta = (total_steps - step) * elapsed / max(step - window_step, 1)
-        summary = {'train/loss': float(np.mean(losses)),
-                   'train/accuracy': float(np.mean([m['accuracy'] for m in fetched])),
-                   'train/grad_norm': float(fetched[-1]['grad_norm']),
-                   'train/lr': float(schedule(step - 1)), 'train/images_per_s': images_per_s}
-        writer.scalars(step, summary)
-        logging.info('step %d/%d  loss %.4f  acc %.3f  lr %.2e  %.0f img/s  ETA %s', step,
-                     total_steps, summary['train/loss'], summary['train/accuracy'],
-                     summary['train/lr'], images_per_s, time.strftime('%H:%M:%S', time.gmtime(eta)))
-        window_start, window_step = time.time(), step
-
+      fetched, pending = _finite(jax.device_get(pending), step, last_saved, workdir), []
+    progress(step)
+    if at_log:
+      _log_progress(run, progress, fetched, step, config.batch_size)
     if at_ckpt or stop:
-      checkpoints.save(manager, step, state, model_name=config.model.name, force=True)
+      with progress.timed('checkpoint', state):
+        checkpoints.save(run.manager, step, state, model_name=config.model.name, force=True)
       last_saved = step
+      logging.info('step %d  saved checkpoint %s', step, run.manager.directory / str(step))
     if stop:
-      manager.wait_until_finished()
+      run.manager.wait_until_finished()
       logging.warning('Preemption requested: saved step %d to %s; exiting. Rerun the same '
                       'command to resume.', step, workdir)
-      return {'preempted_at_step': step}
-    due = evaluators_lib.due(evaluators, step, total_steps)
+      return RunResult(step=step, metrics={}, preempted=True)
+    due = evaluators_lib.due(run.evaluators, step, run.total_steps)
     if due:
-      latest = run_evaluators(due, model, state, config)
+      with progress.timed('evaluators', state):
+        latest = run_evaluators(due, run.model, state, config)
       frozen_metrics.update(latest)
-      writer.scalars(step, latest)
-    if step % config.eval_every == 0 and step != total_steps:
-      eval_metrics = steps.evaluate_with_ema(eval_step, state, eval_batches, data_sharding)
-      writer.scalars(step, {f'eval/{k}': v for k, v in eval_metrics.items()})
-      logging.info('step %d  test accuracy %.4f  test loss %.4f%s', step,
-                   eval_metrics['accuracy'], eval_metrics['loss'], _ema_note(eval_metrics))
+      run.writer.write_scalars(step, latest)
+    if step % config.eval_every == 0 and step != run.total_steps:
+      with progress.timed('eval', state):
+        _evaluate(run, state, config, step)
 
-  manager.wait_until_finished()
-  eval_metrics = steps.evaluate_with_ema(eval_step, state, eval_batches, data_sharding)
-  writer.scalars(total_steps, {f'eval/{k}': v for k, v in eval_metrics.items()})
-  if is_main:
-    results = {'step': total_steps, **{f'test_{k}': v for k, v in eval_metrics.items()},
+  run.manager.wait_until_finished()
+  eval_metrics = _evaluate(run, state, config, run.total_steps, final=True)
+  if jax.process_index() == 0:
+    results = {'step': run.total_steps, **{f'test_{k}': v for k, v in eval_metrics.items()},
                **frozen_metrics}
     (epath.Path(workdir) / 'results.json').write_text(json.dumps(results))
-  logging.info('Final test accuracy: %.4f (%d examples, step %d)%s.', eval_metrics['accuracy'],
-               eval_metrics['count'], total_steps, _ema_note(eval_metrics))
-  return eval_metrics
+  run.writer.flush()
+  return RunResult(step=run.total_steps, metrics={**eval_metrics, **frozen_metrics})
 
 
-def _ema_note(metrics: dict[str, float]) -> str:
-  return f'; EMA accuracy {metrics["ema_accuracy"]:.4f}' if 'ema_accuracy' in metrics else ''
+def _finite(fetched: list[dict[str, np.ndarray]], step: int, last_saved: int,
+            workdir: str) -> list[dict[str, np.ndarray]]:
+  """`fetched` (the steps' metrics since the last fetch); raises if a loss is not finite."""
+  losses = np.array([m['loss'] for m in fetched])
+  if not np.all(np.isfinite(losses)):
+    raise FloatingPointError(
+        f'The training loss became {losses[~np.isfinite(losses)][0]} at or before step {step}; '
+        'stopping without saving. '
+        + (f'The last good checkpoint (step {last_saved}) is kept in {workdir}. '
+           if last_saved else 'No checkpoint had been saved yet. ')
+        + 'Lower base_lr, enable grad_clip_norm, or check the data.')
+  return fetched
+
+
+def _log_progress(run: _Run, progress: Progress, fetched: list[dict[str, np.ndarray]],
+                  step: int, batch_size: int) -> None:
+  """Writes the training summaries of the steps in `fetched` and logs the progress line."""
+  images_per_s = progress.steps_per_s * batch_size
+  summary = {'train/loss': float(np.mean([m['loss'] for m in fetched])),
+             'train/accuracy': float(np.mean([m['accuracy'] for m in fetched])),
+             'train/grad_norm': float(fetched[-1]['grad_norm']),
+             'train/lr': float(run.schedule(step - 1))}
+  if math.isfinite(images_per_s):
+    summary['train/images_per_s'] = images_per_s
+  run.writer.write_scalars(step, summary)
+  speed = ''
+  if math.isfinite(images_per_s):
+    eta = (run.total_steps - step) / progress.steps_per_s
+    speed = f'  {images_per_s:.0f} img/s  ETA {time.strftime("%H:%M:%S", time.gmtime(eta))}'
+  logging.info('step %d/%d  loss %.4f  acc %.3f  lr %.2e%s', step, run.total_steps,
+               summary['train/loss'], summary['train/accuracy'], summary['train/lr'], speed)
+
+
+def _evaluate(run: _Run, state: steps.TrainState, config: ml_collections.ConfigDict, step: int,
+              final: bool = False) -> dict[str, float]:
+  """Top-1 and loss on the eval split (and of the EMA), written and logged."""
+  metrics = steps.evaluate_with_ema(run.eval_step, state,
+                                    lambda: input_pipeline.eval_iterator(config),
+                                    run.data_sharding)
+  run.writer.write_scalars(step, {f'eval/{k}': v for k, v in metrics.items()})
+  ema_note = (f'; EMA accuracy {metrics["ema_accuracy"]:.4f}' if 'ema_accuracy' in metrics
+              else '')
+  if final:
+    logging.info('Final test accuracy: %.4f (%d examples, step %d)%s.', metrics['accuracy'],
+                 metrics['count'], step, ema_note)
+  else:
+    logging.info('step %d  test accuracy %.4f  test loss %.4f%s', step, metrics['accuracy'],
+                 metrics['loss'], ema_note)
+  return metrics
