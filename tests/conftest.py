@@ -74,10 +74,10 @@ def train_losses(monkeypatch):
   losses = []
   original = metric_writers.SummaryWriter.write_scalars
 
-  def record(self, step, values):
-    if 'train/loss' in values:
-      losses.append(values['train/loss'])
-    return original(self, step, values)
+  def record(self, step, scalars):
+    if 'train/loss' in scalars:
+      losses.append(scalars['train/loss'])
+    return original(self, step, scalars)
 
   monkeypatch.setattr(metric_writers.SummaryWriter, 'write_scalars', record)
   return losses
