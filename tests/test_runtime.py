@@ -1,12 +1,17 @@
-"""Process settings for fast CPU training: XLA flags that this jaxlib knows, glibc malloc reuse."""
+"""Process settings: XLA flags that this jaxlib knows, glibc malloc reuse, quiet libraries."""
 
+import logging as std_logging
+import os
 import platform
 import subprocess
 import sys
 
+from absl import logging as absl_logging
+import orbax.checkpoint
 import pytest
 
 from vit_jax import runtime
+from vit_jax import train
 
 
 def test_flags_are_added_once_and_never_override_the_user(monkeypatch):
@@ -35,3 +40,32 @@ def test_configure_keeps_freed_memory_and_jax_still_runs():
                           check=False, timeout=300)
   assert result.returncode == 0, result.stderr
   assert "'keep_freed_host_memory': True" in result.stdout
+
+
+def _record(pathname: str, level: int) -> std_logging.LogRecord:
+  return std_logging.LogRecord('absl', level, pathname, 1, 'message', None, None)
+
+
+def test_library_info_lines_are_dropped_unless_verbosity_is_raised():
+  orbax_file = os.path.join(os.path.dirname(orbax.checkpoint.__file__), 'checkpoint_manager.py')
+  ours = os.path.abspath(train.__file__)
+  keep = runtime._own_or_important  # pylint: disable=protected-access
+  assert keep(_record(ours, std_logging.INFO))
+  assert not keep(_record(orbax_file, std_logging.INFO))
+  assert keep(_record(orbax_file, std_logging.WARNING))
+  verbosity = absl_logging.get_verbosity()
+  try:
+    absl_logging.set_verbosity(1)  # --verbosity=1
+    assert keep(_record(orbax_file, std_logging.INFO))
+  finally:
+    absl_logging.set_verbosity(verbosity)
+
+
+def test_tensorflow_loads_without_start_up_notices():
+  env = {k: v for k, v in os.environ.items() if k != 'TF_CPP_MIN_LOG_LEVEL'}
+  code = ('import sys; from vit_jax import runtime; runtime.quiet_library_logs(); '
+          'import tensorflow as tf; tf.constant(1); print("after", file=sys.stderr)')
+  result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                          check=False, timeout=300, env=env)
+  assert result.returncode == 0, result.stderr
+  assert result.stderr == 'after\n'  # Written to stderr after the import: stderr is back.

@@ -6,7 +6,9 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
+from clu import metric_writers
 import jax
 import numpy as np
 import pytest
@@ -224,3 +226,17 @@ def test_default_config_reaches_95_percent(data_dir, tmp_path):
   results = json.loads((workdir / 'results.json').read_text())
   assert results['test_count'] == 360
   assert results['test_accuracy'] >= 0.95, results
+
+
+def test_progress_rate_leaves_out_timed_sections():
+  """Evaluation, checkpoints and compilation in `timed` do not lower steps/s or raise the ETA."""
+  progress = train.Progress(num_train_steps=10, writer=metric_writers.MultiWriter([]),
+                            every_steps=1)
+  progress(1)
+  with progress.timed('eval'):
+    time.sleep(0.5)
+  progress(2)
+  assert progress.steps_per_s > 10  # The 0.5 s of evaluation is not the step's.
+  time.sleep(0.3)
+  progress(3)
+  assert progress.steps_per_s < 1 / 0.3  # Time outside the sections is.

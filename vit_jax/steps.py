@@ -142,6 +142,29 @@ def update_ema(ema: Any, variables: Any, decay: float) -> Any:
   return optax.ema(decay, debias=False).update(variables, state)[1].ema
 
 
+def accumulated(micro_step: Callable, params: Any, batch_stats: Any, batch: dict[str, jax.Array],
+                dropout_rng: jax.Array, count: int,
+                zeros: Any) -> tuple[Any, Any, jax.Array, jax.Array]:
+  """`micro_step`'s (gradients, batch statistics, loss, accuracy) over `count` micro-batches.
+
+  A `lax.scan` sums the gradients (from `zeros`, laid out like the parameters) and threads the
+  batch statistics through the micro-batches in turn; micro-batch j draws its dropout from
+  `dropout_rng` folded with j. Gradients, loss and accuracy are their means.
+  """
+  def body(carry, micro):
+    grad_sum, batch_stats = carry
+    grads, batch_stats, loss, accuracy = micro_step(
+        params, batch_stats, micro, jax.random.fold_in(dropout_rng, micro['index']))
+    grad_sum = jax.tree.map(lambda s, g: s + g.astype(s.dtype), grad_sum, grads)
+    return (grad_sum, batch_stats), (loss, accuracy)
+
+  micros = {**micro_batches(batch, count), 'index': jnp.arange(count)}
+  (grad_sum, batch_stats), (losses, accuracies) = jax.lax.scan(
+      body, (zeros, batch_stats), micros)
+  grads = jax.tree.map(lambda g: g / count, grad_sum)
+  return grads, batch_stats, jnp.mean(losses), jnp.mean(accuracies)
+
+
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
                     config: ml_collections.ConfigDict, num_classes: int,
                     teacher: Teacher | None = None, mix_groups: int = 1,
@@ -195,24 +218,14 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
   def train_step(state: TrainState, batch: dict[str, jax.Array], teacher_variables: Any = None):
     dropout_rng, mix_rng = jax.random.split(jax.random.fold_in(state.rng, state.step))
     batch = training_batch(mix_rng, batch, config, num_classes, mix_groups)
+    one_batch = functools.partial(micro_step, teacher_variables=teacher_variables)
     if accumulate == 1:
-      grads, batch_stats, loss, accuracy = micro_step(state.params, state.batch_stats, batch,
-                                                      dropout_rng, teacher_variables)
+      grads, batch_stats, loss, accuracy = one_batch(state.params, state.batch_stats, batch,
+                                                     dropout_rng)
     else:
-      def body(carry, micro):
-        grad_sum, batch_stats = carry
-        grads, batch_stats, loss, accuracy = micro_step(
-            state.params, batch_stats, micro, jax.random.fold_in(dropout_rng, micro['index']),
-            teacher_variables)
-        grad_sum = jax.tree.map(lambda s, g: s + g.astype(s.dtype), grad_sum, grads)
-        return (grad_sum, batch_stats), (loss, accuracy)
-
-      micros = {**micro_batches(batch, accumulate), 'index': jnp.arange(accumulate)}
       zeros = like_params(jax.tree.map(jnp.zeros_like, state.params))
-      (grad_sum, batch_stats), (losses, accuracies) = jax.lax.scan(
-          body, (zeros, state.batch_stats), micros)
-      grads = jax.tree.map(lambda g: g / accumulate, grad_sum)
-      loss, accuracy = jnp.mean(losses), jnp.mean(accuracies)
+      grads, batch_stats, loss, accuracy = accumulated(one_batch, state.params, state.batch_stats,
+                                                       batch, dropout_rng, accumulate, zeros)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = {'loss': loss, 'accuracy': accuracy, 'grad_norm': optax.global_norm(grads)}
