@@ -164,8 +164,9 @@ def runs(tmp_path_factory):
     f.write(CONFIG_FILE.format(tests=TESTS, data_dir=data_dir, steps=STEPS))
   two, one = str(root / 'two_processes'), str(root / 'reference')
   port = free_port()
+  # --verbosity=1: the connection and device lines checked below are kept out of a default log.
   commands = [[sys.executable, '-m', 'vit_jax.main', f'--config={config_file}',
-               f'--workdir={two}']] * 2
+               f'--workdir={two}', '--verbosity=1']] * 2
   commands.append([sys.executable, '-c', REFERENCE.format(
       repo=REPO, config_file=config_file, workdir=one)])
   envs = [slurm_task(0, 2, port), slurm_task(1, 2, port), {}]
