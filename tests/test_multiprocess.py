@@ -245,7 +245,7 @@ def fsdp_run(runs, tmp_path_factory):
   port = free_port()
   commands = [[sys.executable, '-m', 'vit_jax.main', f'--config={runs["config_file"]}',
                f'--workdir={workdir}', '--config.mesh.fsdp=2',
-               '--config.mesh.fsdp_min_size=0']] * 2
+               '--config.mesh.fsdp_min_size=0', '--verbosity=1']] * 2  # For the mesh line.
   logs = [str(root / f'process{i}.log') for i in range(2)]
   codes = run_all(commands, [slurm_task(0, 2, port), slurm_task(1, 2, port)], logs, TIMEOUT_S)
   assert_all_succeeded(codes, logs)

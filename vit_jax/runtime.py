@@ -109,11 +109,10 @@ def quiet_library_logs() -> None:
   filter sits on absl's handler and tells them apart by the file that logged. TensorFlow writes
   its C++ start-up notices (oneDNN, CPU features) while it loads, before absl's C++ logging is
   set up and whatever `TF_CPP_MIN_LOG_LEVEL` says, so it is imported here with them discarded;
-  call this before anything imports TensorFlow. Setting `TF_CPP_MIN_LOG_LEVEL` yourself keeps
-  them.
+  call this before anything imports TensorFlow. `TF_CPP_MIN_LOG_LEVEL=0` keeps them.
   """
-  if 'TF_CPP_MIN_LOG_LEVEL' not in os.environ:
-    os.environ['TF_CPP_MIN_LOG_LEVEL'] = '2'
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+  if os.environ['TF_CPP_MIN_LOG_LEVEL'] != '0':
     with _native_stderr_discarded():
       import tensorflow  # pylint: disable=g-import-not-at-top,unused-import
   handler = absl_logging.get_absl_handler()
