@@ -5,6 +5,7 @@ in its loop.
 """
 
 import dataclasses
+import functools
 from typing import Any, Callable, Iterator
 
 import flax
