@@ -42,9 +42,9 @@ def timm():
   """The timm package, offline, on CPU torch; skips the test where torch or timm is absent."""
   os.environ.setdefault('HF_HUB_OFFLINE', '1')
   pytest.importorskip('torch')
-  from vit_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  from vit_jax import timm_reference  # pylint: disable=g-import-not-at-top
   try:
-    return checkpoints.import_timm()
+    return timm_reference.import_timm()
   except ImportError as e:
     pytest.skip(f'timm is not installed ({e})')
 

@@ -13,9 +13,9 @@ import pytest
 
 from test_train import tiny_config
 from vit_jax import analyze
-from vit_jax import checkpoints
 from vit_jax import models
 from vit_jax import train
+from vit_jax import workdir as workdir_lib
 from vit_jax.analysis import pruning
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -83,8 +83,7 @@ def test_sa_conv_run_gets_centres_and_a_pruned_run_that_fine_tunes(data_dir, tmp
 
   pruned_dir = result['pruned_workdir']
   assert os.path.exists(os.path.join(pruned_dir, 'results.json'))  # Fine-tuned by train.py.
-  manager = checkpoints.checkpoint_manager(pruned_dir, keep=1, read_only=True)
-  assert manager.latest_step() == 2
+  assert workdir_lib.Workdir(pruned_dir).steps()[-1] == 2
   pruned_report = analyze.analyze(pruned_dir, 'centres', num_images=4, batch_size=4)
   assert [len(pruned_report['centres'][f'layer {i}']) for i in range(2)] == [4, 3]
   assert models.create('sa_conv_gaussian', layer_heads=(4, 3)).layer_heads == (4, 3)

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from tests.reference import big_vision_vit
-from vit_jax import checkpoints
 from vit_jax import models
+from vit_jax import pretrained
+from vit_jax import timm_reference
 from vit_jax import train
 
 WIDTH, DEPTH, HEADS, MLP, CLASSES, SIZE = 32, 2, 2, 64, 5, 16
@@ -41,7 +42,7 @@ def test_logits_equal_big_visions(tmp_path, pool_type, rep_size, prefix):
   model = models.create('vit_ti4', num_classes=CLASSES, hidden_size=WIDTH, depth=DEPTH,
                         num_heads=HEADS, mlp_dim=MLP, global_pool=POOLS[pool_type],
                         mlp_activation='gelu_tanh', representation_size=rep_size or None)
-  variables = checkpoints.load(path, model, image_size=SIZE)
+  variables = pretrained.load(path, model, image_size=SIZE)
   images = np.random.default_rng(2).uniform(-1, 1, size=(3, SIZE, SIZE, 3)).astype(np.float32)
   logits = jax.jit(model.apply)(variables, images)
   expected, _ = jax.jit(reference.apply)({'params': params}, images)
@@ -68,21 +69,21 @@ def test_a_class_token_model_names_the_missing_token(tmp_path):
   model = models.create('vit_ti4', num_classes=CLASSES, hidden_size=WIDTH, depth=DEPTH,
                         num_heads=HEADS, mlp_dim=MLP)
   with pytest.raises(ValueError, match="no class token.*global_pool='avg'(.|\n)*cls_token"):
-    checkpoints.load(path, model, image_size=SIZE)
+    pretrained.load(path, model, image_size=SIZE)
 
 
 @pytest.mark.parametrize('pool_type', ['gap', 'map'])
 def test_exported_to_timm_gives_timms_logits(tmp_path, pool_type):
   """The pooled heads in timm's layout: timm's ViT of the same pooling reads the export."""
   torch = pytest.importorskip('torch')
-  timm = checkpoints.import_timm()
+  timm = timm_reference.import_timm()
   path = str(tmp_path / 'bv.npz')
   reference, params = _big_vision_npz(path, pool_type)
   model = models.create('vit_ti4', num_classes=CLASSES, hidden_size=WIDTH, depth=DEPTH,
                         num_heads=HEADS, mlp_dim=MLP, global_pool=POOLS[pool_type],
                         mlp_activation='gelu_tanh')
   out = str(tmp_path / 'timm.safetensors')
-  checkpoints.export_timm(checkpoints.load(path, model, image_size=SIZE), model, out)
+  pretrained.export_timm(pretrained.load(path, model, image_size=SIZE), model, out)
   twin = timm.models.vision_transformer.VisionTransformer(
       img_size=SIZE, patch_size=4, num_classes=CLASSES, embed_dim=WIDTH, depth=DEPTH,
       num_heads=HEADS, mlp_ratio=MLP / WIDTH, class_token=False, fc_norm=False,

@@ -7,8 +7,8 @@ import jax
 import numpy as np
 import pytest
 
-from vit_jax import checkpoints
 from vit_jax import models
+from vit_jax import pretrained
 
 # timm name, our registry name; tiny versions: 32x32 images, patch 8, two blocks, ten classes.
 TIMM_CASES = {
@@ -25,7 +25,7 @@ def _ours(name: str, **overrides):
     pytest.skip(f'{name} is not registered yet.')
   model = models.create(name, **overrides)
   try:
-    checkpoints.family_module(model)
+    pretrained.family_module(model)
   except ValueError as e:
     pytest.skip(str(e))
   return model
@@ -75,7 +75,7 @@ def test_timm_checkpoints_give_timm_logits(case, timm_model, tmp_path):
   expected = _timm_logits(model, images)
   apply = jax.jit(ours.apply)
   for path in files:
-    variables = checkpoints.load(path, ours, image_size=32)
+    variables = pretrained.load(path, ours, image_size=32)
     logits = np.asarray(apply(variables, images))
     assert np.abs(logits - expected).max() <= 1e-5, path
 
@@ -86,9 +86,9 @@ def test_ema_weights_are_preferred_like_timm(timm_model, tmp_path):
   plain = {key: value + 1.0 for key, value in state_dict.items()}
   path = _save_pth({'state_dict': _tensors(plain), 'state_dict_ema': _tensors(state_dict),
                     'epoch': 3}, str(tmp_path / 'train.pth'))
-  ema = checkpoints.load(path, ours, image_size=32)
+  ema = pretrained.load(path, ours, image_size=32)
   np.testing.assert_array_equal(ema['params']['cls_token'], state_dict['cls_token'])
-  raw = checkpoints.load(path, ours, image_size=32, use_ema=False)
+  raw = pretrained.load(path, ours, image_size=32, use_ema=False)
   np.testing.assert_array_equal(raw['params']['cls_token'], plain['cls_token'])
 
 
@@ -142,7 +142,7 @@ def test_google_npz_gives_timm_logits(timm, timm_model, tmp_path):
     np.testing.assert_allclose(value.numpy(), state_dict[key], atol=1e-7, err_msg=key)
   ours = _ours('vit_ti16', **TINY)
   images = _images(32)
-  logits = np.asarray(jax.jit(ours.apply)(checkpoints.load(path, ours, image_size=32), images))
+  logits = np.asarray(jax.jit(ours.apply)(pretrained.load(path, ours, image_size=32), images))
   assert np.abs(logits - _timm_logits(model, images)).max() <= 1e-5
 
 
@@ -157,13 +157,13 @@ def test_google_npz_pre_logits_load_or_drop_for_fine_tuning(timm_model, tmp_path
   arrays['head/kernel'] = rng.normal(size=(32, 10)).astype(np.float32)
   np.savez(path, **arrays)
   with_representation = _ours('vit_ti16', **TINY, representation_size=32)
-  params = checkpoints.load(path, with_representation, image_size=32)['params']
+  params = pretrained.load(path, with_representation, image_size=32)['params']
   np.testing.assert_array_equal(params['pre_logits']['kernel'], arrays['pre_logits/kernel'])
   np.testing.assert_array_equal(params['head']['kernel'], arrays['head/kernel'])
   plain = _ours('vit_ti16', **TINY)
   with pytest.raises(ValueError, match='unexpected in the checkpoint(.|\n)*params/pre_logits'):
-    checkpoints.load(path, plain, image_size=32)
-  params = checkpoints.load(path, plain, image_size=32, reset_head=True)['params']
+    pretrained.load(path, plain, image_size=32)
+  params = pretrained.load(path, plain, image_size=32, reset_head=True)['params']
   assert 'pre_logits' not in params and params['head']['kernel'].shape == (192, 10)
   np.testing.assert_array_equal(params['norm']['scale'], state_dict['norm.weight'])
 
@@ -174,8 +174,8 @@ def test_export_round_trip_is_exact_and_timm_reads_it(timm, tmp_path):
   images = _images(32)
   variables = _random_variables(ours, 32, seed=3, scale=0.1)
   path = str(tmp_path / 'export' / 'deit.safetensors')
-  keys = checkpoints.export_timm(variables, ours, path)
-  reloaded = checkpoints.load(path, ours, image_size=32)
+  keys = pretrained.export_timm(variables, ours, path)
+  reloaded = pretrained.load(path, ours, image_size=32)
   flat, back = (dict(jax.tree_util.tree_flatten_with_path(v)[0]) for v in (variables, reloaded))
   assert flat.keys() == back.keys()
   for key, value in flat.items():
@@ -199,7 +199,7 @@ def test_resize_matches_timm_and_pytorch(timm, prefix, grids):
   pos_embed = pos_embed.astype(np.float32)
   expected = resample_abs_pos_embed(torch.from_numpy(pos_embed), new_size=[new, new],
                                     num_prefix_tokens=prefix).numpy()
-  resized = checkpoints.resize_pos_embed(pos_embed, (new, new), prefix)
+  resized = pretrained.resize_pos_embed(pos_embed, (new, new), prefix)
   assert resized.shape == (1, prefix + new * new, 16)
   assert np.abs(resized - expected).max() <= 1e-4
   np.testing.assert_array_equal(resized[:, :prefix], pos_embed[:, :prefix])
@@ -207,7 +207,7 @@ def test_resize_matches_timm_and_pytorch(timm, prefix, grids):
   grid = torch.from_numpy(pos_embed[:, prefix:]).reshape(1, old, old, 16).permute(0, 3, 1, 2)
   plain = F.interpolate(grid, size=(new, new), mode='bicubic', align_corners=False)
   plain = plain.permute(0, 2, 3, 1).reshape(1, -1, 16).numpy()
-  resized = checkpoints.resize_pos_embed(pos_embed, (new, new), prefix, method='pytorch')
+  resized = pretrained.resize_pos_embed(pos_embed, (new, new), prefix, method='pytorch')
   assert np.abs(resized[:, prefix:] - plain).max() <= 1e-4
 
 
@@ -219,7 +219,7 @@ def test_load_at_384_resizes_224_position_embedding(timm, timm_model, case, pref
   ours = _ours(our_name, depth=1, num_classes=10)
   _, state_dict = timm_model(timm_name, depth=1, num_classes=10)
   path = _save_safetensors(state_dict, str(tmp_path / 'w224.safetensors'))
-  variables = checkpoints.load(path, ours, image_size=384)
+  variables = pretrained.load(path, ours, image_size=384)
   expected = resample_abs_pos_embed(torch.from_numpy(state_dict['pos_embed']), new_size=[24, 24],
                                     num_prefix_tokens=prefix).numpy()
   assert variables['params']['pos_embed'].shape == (1, prefix + 576, 192)
@@ -246,7 +246,7 @@ def _assert_same_variables(expected: dict, actual: dict) -> None:
 
 def test_deepvit_official_layout_with_batch_norm_statistics(tmp_path):
   ours = _ours('deepvit_ti4', depth=2, num_classes=10)
-  family = checkpoints.family_module(ours)
+  family = pretrained.family_module(ours)
   variables = _random_variables(ours, 32)
   state_dict = family.to_timm(variables)
   heads = ours.num_heads
@@ -258,14 +258,14 @@ def test_deepvit_official_layout_with_batch_norm_statistics(tmp_path):
     state_dict[f'blocks.{i}.attn.var_norm.num_batches_tracked'] = np.array(7, np.int64)
   for path in (_save_safetensors(state_dict, str(tmp_path / 'deepvit.safetensors')),
                _save_pth({'model': _tensors(state_dict)}, str(tmp_path / 'deepvit.pth'))):
-    loaded = checkpoints.load(path, ours, image_size=32)
+    loaded = pretrained.load(path, ours, image_size=32)
     assert loaded['batch_stats']
     _assert_same_variables(variables, loaded)
 
 
 def test_t2t_vit_14_official_layout(tmp_path):
   ours = _ours('t2t_vit_14', num_classes=10)
-  family = checkpoints.family_module(ours)
+  family = pretrained.family_module(ours)
   variables = _random_variables(ours, 224)
   state_dict = family.to_timm(variables)
   # The key names of yitu-opensource/T2T-ViT.
@@ -276,7 +276,7 @@ def test_t2t_vit_14_official_layout(tmp_path):
   path = _save_pth({'state_dict_ema': _tensors(state_dict, 'module.'),
                     'state_dict': _tensors({k: v * 0 for k, v in state_dict.items()}, 'module.')},
                    str(tmp_path / 't2t.pth.tar'))
-  _assert_same_variables(variables, checkpoints.load(path, ours, image_size=224))
+  _assert_same_variables(variables, pretrained.load(path, ours, image_size=224))
 
 
 # Errors.
@@ -297,14 +297,14 @@ def test_truncated_and_corrupt_files_are_named(timm_model, tmp_path):
       with open(broken, 'wb') as f:
         f.write(data[:cut])
       with pytest.raises(ValueError, match='truncated or corrupt') as error:
-        checkpoints.load(broken, ours, image_size=32)
+        pretrained.load(broken, ours, image_size=32)
       assert broken in str(error.value)
   garbage = tmp_path / 'notes.txt'
   garbage.write_text('not weights')
   with pytest.raises(ValueError, match='not a recognised checkpoint'):
-    checkpoints.load(str(garbage), ours, image_size=32)
+    pretrained.load(str(garbage), ours, image_size=32)
   with pytest.raises(ValueError, match='No checkpoint file or work directory'):
-    checkpoints.load(str(tmp_path / 'missing.pth'), ours, image_size=32)
+    pretrained.load(str(tmp_path / 'missing.pth'), ours, image_size=32)
 
 
 class _Payload:
@@ -323,14 +323,14 @@ def test_pickled_objects_are_refused_not_executed(timm_model, tmp_path):
   path = _save_pth({'model': _tensors(state_dict), 'extra': payload}, str(tmp_path / 'evil.pth'))
   assert not os.path.exists(payload.marker)
   with pytest.raises(ValueError, match='refused as unsafe: it holds Python objects besides tensors'):
-    checkpoints.load(path, ours, image_size=32)
+    pretrained.load(path, ours, image_size=32)
   assert not os.path.exists(payload.marker)
   bare = str(tmp_path / 'evil.pkl')  # A bare pickle (PyTorch's legacy format) that calls a function.
   with open(bare, 'wb') as f:
     pickle.dump({'w': payload}, f, protocol=2)
   with pytest.raises(ValueError, match=r'refused as unsafe: it holds Python objects besides '
                                        r'tensors \(io\.open\)'):
-    checkpoints.load(bare, ours, image_size=32)
+    pretrained.load(bare, ours, image_size=32)
   assert not os.path.exists(payload.marker)
 
 
@@ -338,15 +338,15 @@ def test_wrong_family_is_named(timm_model, tmp_path):
   _, cait_state = timm_model('cait_xxs24_224', img_size=32, **TINY)
   path = _save_safetensors(cait_state, str(tmp_path / 'cait.safetensors'))
   with pytest.raises(ValueError, match=r"CaiT weights but the model is of family 'vit'"):
-    checkpoints.load(path, _ours('vit_ti16', **TINY), image_size=32)
+    pretrained.load(path, _ours('vit_ti16', **TINY), image_size=32)
   _, distilled_state = timm_model('deit_tiny_distilled_patch16_224', img_size=32, **TINY)
   path = _save_safetensors(distilled_state, str(tmp_path / 'deit.safetensors'))
   with pytest.raises(ValueError, match=r"distilled DeiT weights .*'vit'(.|\n)*dist_token"):
-    checkpoints.load(path, _ours('vit_ti16', **TINY), image_size=32)
+    pretrained.load(path, _ours('vit_ti16', **TINY), image_size=32)
   _, vit_state = timm_model('vit_tiny_patch16_224', img_size=32, **TINY)
   path = _save_safetensors(vit_state, str(tmp_path / 'vit.safetensors'))
   with pytest.raises(ValueError, match="ViT/DeiT weights but the model is of family 'cait'"):
-    checkpoints.load(path, _ours('cait_xxs24', **TINY), image_size=32)
+    pretrained.load(path, _ours('cait_xxs24', **TINY), image_size=32)
 
 
 def test_wrong_class_count_without_reset_lists_the_head(timm_model, tmp_path):
@@ -355,13 +355,13 @@ def test_wrong_class_count_without_reset_lists_the_head(timm_model, tmp_path):
   ours = _ours('vit_ti16', **{**TINY, 'num_classes': 3})
   with pytest.raises(ValueError, match=r'class count(.|\n)*params/head/kernel \(192, 10\) vs '
                                        r'\(192, 3\)'):
-    checkpoints.load(path, ours, image_size=32)
-  variables = checkpoints.load(path, ours, image_size=32, reset_head=True, rng=5)
+    pretrained.load(path, ours, image_size=32)
+  variables = pretrained.load(path, ours, image_size=32, reset_head=True, rng=5)
   # The Google scheme initialises the head to zero; the checkpoint's head was not.
   assert not np.any(variables['params']['head']['kernel'])
   assert variables['params']['head']['kernel'].shape == (192, 3)
   np.testing.assert_array_equal(variables['params']['norm']['scale'], state_dict['norm.weight'])
-  deit_variables = checkpoints.load(path, _ours('deit_ti16', **{**TINY, 'num_classes': 3}),
+  deit_variables = pretrained.load(path, _ours('deit_ti16', **{**TINY, 'num_classes': 3}),
                                     image_size=32, reset_head=True, rng=5)
   kernel = deit_variables['params']['head']['kernel']  # timm/DeiT scheme: N(0, 0.02).
   assert kernel.shape == (192, 3) and 0.015 < kernel.std() < 0.025
@@ -373,7 +373,7 @@ def test_mismatch_is_one_error_listing_missing_unexpected_and_shapes(timm_model,
   path = _save_safetensors(state_dict, str(tmp_path / 'vit.safetensors'))
   ours = _ours('vit_ti16', patch_size=8, depth=1, num_classes=10, mlp_dim=384)
   with pytest.raises(ValueError) as error:
-    checkpoints.load(path, ours, image_size=32)
+    pretrained.load(path, ours, image_size=32)
   message = str(error.value)
   assert 'missing from the checkpoint' in message and 'params/norm/bias' in message
   assert 'unexpected in the checkpoint' in message and 'params/blocks_1/attn/qkv/kernel' in message

@@ -7,9 +7,9 @@ import os
 import pytest
 
 from tests.test_train import assert_trees_close, tiny_config
-from vit_jax import checkpoints
 from vit_jax import inference
 from vit_jax import train
+from vit_jax import workdir as workdir_lib
 
 
 @pytest.fixture(scope='module')
@@ -19,19 +19,20 @@ def run(tmp_path_factory):
   config = tiny_config(str(root / 'tfds'), ema_decay=0.9)
   workdir = str(root / 'run')
   metrics = train.train_and_evaluate(config, workdir).metrics
-  return config, workdir, metrics, checkpoints.restore_arrays(workdir)
+  return config, workdir, metrics, workdir_lib.Workdir(workdir).read_state()
 
 
 def test_restore_variables_reads_the_ema_unless_told_otherwise(run):
   _, workdir, _, state = run
-  variables, step, ema = checkpoints.restore_variables(workdir)
-  assert ema and step == state['step']
-  assert_trees_close(variables['params'], state['ema']['params'], atol=0)
-  variables, _, ema = checkpoints.restore_variables(workdir, use_ema=False)
-  assert not ema
-  assert_trees_close(variables['params'], state['params'], atol=0)
-  assert checkpoints.read_workdir(workdir)[1]['weights'] == 'ema'  # What export writes.
-  assert checkpoints.read_workdir(workdir, use_ema=False)[1]['weights'] == 'raw'
+  run = workdir_lib.Workdir.open(workdir)
+  saved = run.read_variables()
+  assert saved.ema and saved.step == state['step']
+  assert_trees_close(saved.variables['params'], state['ema']['params'], atol=0)
+  saved = run.read_variables(use_ema=False)
+  assert not saved.ema
+  assert_trees_close(saved.variables['params'], state['params'], atol=0)
+  assert run.read_variables(unrolled=True).ema  # What export writes.
+  assert not run.read_variables(use_ema=False, unrolled=True).ema
 
 
 @pytest.mark.parametrize('use_ema', [True, False])

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from vit_jax import checkpoints
 from vit_jax import input_pipeline
+from vit_jax import timm_reference
 
 # (height, width): common photo shapes, portrait and landscape, odd and even, square.
 PHOTO_SIZES = ((427, 640), (334, 500), (366, 500), (500, 333), (257, 311), (640, 427),
@@ -15,7 +15,7 @@ SETTINGS = ((224, 0.875), (224, 0.9), (224, 1.0), (384, 0.875), (384, 1.0), (160
 
 
 def _timm_transform(size, ratio):
-  checkpoints.import_timm()
+  timm_reference.import_timm()
   import timm.data  # pylint: disable=g-import-not-at-top
   return timm.data.create_transform(size, is_training=False, crop_pct=ratio,
                                     interpolation='bicubic')

@@ -19,7 +19,6 @@ from PIL import Image
 import pytest
 
 from test_train import tiny_config
-from vit_jax import checkpoints
 from vit_jax import input_pipeline
 from vit_jax import optim
 from vit_jax import steps
@@ -115,14 +114,14 @@ def test_resume_falls_back_past_an_unreadable_checkpoint(trained, data_dir, tmp_
   corrupted = _files(newest)
   intact = {step: _files(os.path.join(workdir, 'checkpoints', str(step))) for step in STEPS[:-1]}
   config = _run_config(data_dir)
-  manager = checkpoints.checkpoint_manager(workdir, keep=config.keep_checkpoints)
+  run = workdir_lib.Workdir(workdir, keep_checkpoints=config.keep_checkpoints)
   with caplog.at_level(std_logging.WARNING):
-    state = checkpoints.restore_newest_readable(workdir, manager, _abstract_state(config))
+    state = run.resume(_abstract_state(config))
   assert int(state.step) == STEPS[-2]
   assert (f'Skipping the checkpoint of step {STEPS[-1]} in {newest}, which cannot be read ('
           in caplog.text)
   # Set aside, byte for byte, where orbax neither restores nor deletes it; the others untouched.
-  aside_root = os.path.join(workdir, checkpoints.UNREADABLE_DIR)
+  aside_root = os.path.join(workdir, workdir_lib.UNREADABLE_DIR)
   (aside,) = os.listdir(aside_root)
   assert aside.startswith(f'{STEPS[-1]}.')
   assert f'Moved the unreadable checkpoint of step {STEPS[-1]} to {aside_root}/{aside}' in (
@@ -130,7 +129,7 @@ def test_resume_falls_back_past_an_unreadable_checkpoint(trained, data_dir, tmp_
   moved = _files(os.path.join(aside_root, aside))
   assert moved.pop('reason.txt').startswith(f'step {STEPS[-1]} could not be read: '.encode())
   assert moved == corrupted
-  assert sorted(manager.all_steps()) == list(STEPS[:-1])
+  assert run.steps() == list(STEPS[:-1])
   for step, files in intact.items():
     assert _files(os.path.join(workdir, 'checkpoints', str(step))) == files
   assert 'Traceback' not in caplog.text
@@ -144,7 +143,7 @@ def test_training_resumes_and_retention_keeps_intact_checkpoints(trained, data_d
   config = _run_config(data_dir, total_steps=10, keep_checkpoints=3)
   train.train_and_evaluate(config, workdir)
   assert sorted(int(s) for s in os.listdir(os.path.join(workdir, 'checkpoints'))) == [6, 8, 10]
-  assert len(os.listdir(os.path.join(workdir, checkpoints.UNREADABLE_DIR))) == 1
+  assert len(os.listdir(os.path.join(workdir, workdir_lib.UNREADABLE_DIR))) == 1
   assert json.loads(open(os.path.join(workdir, 'results.json')).read())['step'] == 10
 
 
@@ -153,7 +152,7 @@ def test_readers_of_a_run_skip_an_unreadable_checkpoint_and_move_nothing(trained
   shutil.copytree(trained, workdir)
   _truncate(os.path.join(workdir, 'checkpoints', str(STEPS[-1])))
   before = _files(workdir)
-  _, step, _ = checkpoints.restore_variables(workdir)  # What analysis, teachers, init_from read.
+  step = workdir_lib.Workdir(workdir).read_variables().step  # What analysis, teachers, init_from read.
   assert step == STEPS[-2]
   assert _files(workdir) == before
 
@@ -164,10 +163,10 @@ def test_no_readable_checkpoint_is_an_error_not_a_silent_restart(trained, data_d
   for step in STEPS:
     _empty_step_directory(os.path.join(workdir, 'checkpoints', str(step)))
   config = _run_config(data_dir)
-  manager = checkpoints.checkpoint_manager(workdir, keep=config.keep_checkpoints)
+  run = workdir_lib.Workdir(workdir, keep_checkpoints=config.keep_checkpoints)
   with pytest.raises(ValueError, match=r'None of the 3 checkpoints .* could be read'):
-    checkpoints.restore_newest_readable(workdir, manager, _abstract_state(config))
-  assert len(os.listdir(os.path.join(workdir, checkpoints.UNREADABLE_DIR))) == 3
+    run.resume(_abstract_state(config))
+  assert len(os.listdir(os.path.join(workdir, workdir_lib.UNREADABLE_DIR))) == 3
 
 
 # Two runs on one work directory.

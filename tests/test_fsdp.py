@@ -12,14 +12,14 @@ import sys
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import PartitionSpec as P
 
 from tests.test_train import final_params, tiny_config
-from vit_jax import checkpoints
+from vit_jax import pretrained
 from vit_jax import sharding
 from vit_jax import train
+from vit_jax import workdir as workdir_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 20
@@ -137,9 +137,8 @@ def max_difference(a, b) -> float:
 def saved_layout(workdir: str) -> tuple[dict[str, tuple], dict[str, tuple]]:
   """The shape and the partition spec with which every parameter of the newest checkpoint of
   `workdir` was written, by path."""
-  manager = ocp.CheckpointManager(checkpoints.checkpoint_directory(workdir),
-                                  item_handlers={'state': ocp.PyTreeCheckpointHandler()})
-  tree = manager.item_metadata(manager.latest_step())['state'].tree
+  run = workdir_lib.Workdir(workdir)
+  tree = run.manager.item_metadata(run.steps()[-1])['state'].tree
   flat = jax.tree_util.tree_flatten_with_path(tree['params'])[0]
   paths = [jax.tree_util.keystr(path) for path, _ in flat]
   return ({p: tuple(leaf.shape) for p, (_, leaf) in zip(paths, flat)},
@@ -156,20 +155,19 @@ def test_fsdp_8_trains_like_fsdp_1(trained, name):
              if path.endswith("['kernel']") and any(n % 8 == 0 for n in shapes[path])]
   assert kernels and all('fsdp' in specs[path] for path in kernels), specs
   assert all('fsdp' not in spec for spec in saved_layout(replicated)[1].values())
-  state_1, state_8 = (checkpoints.restore_arrays(w) for w in (replicated, sharded))
+  state_1, state_8 = (workdir_lib.Workdir(w).read_state() for w in (replicated, sharded))
   assert int(state_1['step']) == int(state_8['step']) == STEPS
   for part in ('params', 'opt_state', 'ema', 'batch_stats'):
     assert max_difference(state_1[part], state_8[part]) <= TOLERANCE, part
   # Training moved the parameters, so the agreement is not that of two idle models.
-  assert max_difference(state_1['params'], checkpoints.restore_arrays(replicated, step=10)[
+  assert max_difference(state_1['params'], workdir_lib.Workdir(replicated).read_state(10)[
       'params']) > 1e-3
 
 
 @pytest.mark.slow
 def test_saved_at_fsdp_8_resumed_at_fsdp_2_equals_an_uninterrupted_run(trained):
   workdir = trained['resumed']
-  manager = checkpoints.checkpoint_manager(workdir, keep=3, read_only=True)
-  assert manager.all_steps() == [10, STEPS]
+  assert workdir_lib.Workdir(workdir).steps() == [10, STEPS]
   assert 'fsdp' in saved_layout(workdir)[1]["['head']['kernel']"]  # Written at fsdp=2.
   assert max_difference(final_params(workdir), final_params(trained['vit_fsdp8'])) <= TOLERANCE
 
@@ -180,6 +178,6 @@ def test_exported_weights_of_a_sharded_run_equal_a_replicated_ones(trained, tmp_
   exported = []
   for name in ('vit_fsdp1', 'vit_fsdp8'):
     path = str(tmp_path / f'{name}.safetensors')
-    checkpoints.export_timm(checkpoints.load(trained[name], model, image_size=16), model, path)
-    exported.append(checkpoints.load(path, model, image_size=16))
+    pretrained.export_timm(pretrained.load(trained[name], model, image_size=16), model, path)
+    exported.append(pretrained.load(path, model, image_size=16))
   assert max_difference(*exported) <= TOLERANCE

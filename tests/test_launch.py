@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from vit_jax import checkpoints
+from vit_jax import workdir as workdir_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TPU = os.path.join(REPO, 'launch', 'tpu_vm.sh')
@@ -223,6 +223,6 @@ def test_prepare_data_prepares_the_config_dataset(tmp_path):
 
 def test_workdir_uris_stay_uris():
   """gs:// work directories (TPU VMs) are not turned into local paths; local ones are absolute."""
-  assert str(checkpoints.checkpoint_directory('gs://bucket/run')) == 'gs://bucket/run/checkpoints'
-  assert str(checkpoints.checkpoint_directory('run')) == os.path.join(os.getcwd(), 'run',
+  assert str(workdir_lib.Workdir('gs://bucket/run').file(workdir_lib.CHECKPOINT_DIR)) == 'gs://bucket/run/checkpoints'
+  assert str(workdir_lib.Workdir('run').file(workdir_lib.CHECKPOINT_DIR)) == os.path.join(os.getcwd(), 'run',
                                                                       'checkpoints')

@@ -23,11 +23,11 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from vit_jax import checkpoints
 from vit_jax import distributed
 from vit_jax import optim
 from vit_jax import steps
 from vit_jax import train
+from vit_jax import workdir as workdir_lib
 from vit_jax.datasets import digits
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -149,8 +149,7 @@ def one_device_state(config) -> steps.TrainState:
 
 
 def saved_state(workdir: str, config, step: int | None = None) -> steps.TrainState:
-  manager = checkpoints.checkpoint_manager(workdir, keep=3, read_only=True)
-  return checkpoints.restore(manager, one_device_state(config), step)
+  return workdir_lib.Workdir(workdir).read_state(step, like=one_device_state(config))
 
 
 @pytest.fixture(scope='module')
@@ -230,8 +229,7 @@ def test_two_process_checkpoint_restores_and_resumes_in_one_process(runs, tmp_pa
   config.total_steps = STEPS + 2
   metrics = train.train_and_evaluate(config, workdir).metrics
   assert metrics['count'] == digits.NUM_TEST_EXAMPLES
-  manager = checkpoints.checkpoint_manager(workdir, keep=3, read_only=True)
-  assert manager.latest_step() == STEPS + 2
+  assert workdir_lib.Workdir(workdir).steps()[-1] == STEPS + 2
   resumed = saved_state(workdir, config)
   assert int(resumed.step) == STEPS + 2
   assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(resumed.params))

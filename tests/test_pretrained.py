@@ -13,9 +13,9 @@ import pytest
 from sklearn import datasets as sk_datasets
 
 from configs import common
-from vit_jax import checkpoints
 from vit_jax import models
 from vit_jax import train
+from vit_jax import workdir as workdir_lib
 from vit_jax.datasets import digits
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -123,7 +123,7 @@ def test_image_folder_fine_tunes_at_a_new_resolution_and_evaluates(pretrained, t
   run = str(tmp_path / 'fine_tuned')
   metrics = train.train_and_evaluate(config, run).metrics
   assert metrics['count'] == 9
-  params = checkpoints.read_workdir(run)[0]['params']
+  params = workdir_lib.Workdir.open(run).read_variables(unrolled=True).variables['params']
   assert params['pos_embed'].shape == (1, 1 + 16, 64)
   assert params['head']['kernel'].shape == (64, 3)
 
@@ -165,7 +165,7 @@ def test_export_cli_writes_what_timm_runs(pretrained, timm, tmp_path):
   model = timm.models.VisionTransformer(img_size=8, patch_size=4, embed_dim=64, depth=2,
                                         num_heads=4, mlp_ratio=2.0, num_classes=10).eval()
   model.load_state_dict(safetensors_torch.load_file(out), strict=True)
-  variables = checkpoints.read_workdir(workdir)[0]
+  variables = workdir_lib.Workdir.open(workdir).read_variables(unrolled=True).variables
   ours = models.create('vit_ti4', num_classes=10, patch_size=4, hidden_size=64, depth=2,
                        num_heads=4, mlp_dim=128)
   images = np.random.default_rng(0).normal(size=(4, 8, 8, 3)).astype(np.float32)

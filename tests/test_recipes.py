@@ -11,11 +11,11 @@ import pytest
 
 from tests.test_configs import load
 from tests.test_train import assert_trees_close, tiny_config, train_with_preemption
-from vit_jax import checkpoints
 from vit_jax import models
 from vit_jax import optim
 from vit_jax import steps
 from vit_jax import train
+from vit_jax import workdir as workdir_lib
 from vit_jax.models import vit
 
 IMAGENET_TRAIN = 1_281_167
@@ -177,7 +177,7 @@ def test_ema_survives_a_restart_and_is_evaluated(tmp_path, monkeypatch):
   interrupted = str(tmp_path / 'interrupted')
   resumed = train_with_preemption(config, interrupted, monkeypatch)
 
-  a, b = checkpoints.restore_arrays(straight), checkpoints.restore_arrays(interrupted)
+  a, b = workdir_lib.Workdir(straight).read_state(), workdir_lib.Workdir(interrupted).read_state()
   assert_trees_close(a['ema'], b['ema'], atol=0)
   assert_trees_close(a['params'], b['params'], atol=0)
   assert resumed.metrics == metrics

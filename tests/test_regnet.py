@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 from tests.test_train import tiny_config
-from vit_jax import checkpoints
 from vit_jax import models
+from vit_jax import pretrained
 from vit_jax import train
+from vit_jax import workdir as workdir_lib
 from vit_jax.models import regnet
 
 REGNETY = [name for name in models.names() if name.startswith('regnety_')]
@@ -97,7 +98,7 @@ def test_training_loop_updates_checkpoints_and_averages_batch_stats(tmp_path):
       {'name': 'regnety_002', 'w0': 16, 'wa': 8.0, 'wm': 2.0, 'depth': 2, 'group_width': 8})
   metrics = train.train_and_evaluate(config, str(tmp_path / 'run')).metrics
   assert 'ema_accuracy' in metrics
-  state = checkpoints.restore_arrays(str(tmp_path / 'run'))
+  state = workdir_lib.Workdir(str(tmp_path / 'run')).read_state()
   raw = state['batch_stats']['stem']['bn']['var']
   ema = state['ema']['batch_stats']['stem']['bn']['var']
   assert not np.allclose(raw, 1.0) and not np.allclose(ema, 1.0) and not np.allclose(raw, ema)
@@ -162,8 +163,8 @@ def test_checkpoints_load_reads_a_timm_file_for_the_family(timm, tmp_path):
   path = str(tmp_path / 'regnety_002.safetensors')
   safetensors_numpy.save_file(state_dict, path)
   model = models.create('regnety_002', num_classes=10)
-  variables = checkpoints.load(path, model, image_size=32)
+  variables = pretrained.load(path, model, image_size=32)
   np.testing.assert_array_equal(variables['batch_stats']['s4']['b1']['conv1']['bn']['var'],
                                 state_dict['s4.b1.conv1.bn.running_var'])
   with pytest.raises(ValueError, match='family'):
-    checkpoints.load(path, models.create('vit_ti4', num_classes=10), image_size=32)
+    pretrained.load(path, models.create('vit_ti4', num_classes=10), image_size=32)

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from tests.test_train import tiny_config
-from vit_jax import checkpoints
 from vit_jax import models
 from vit_jax import train
+from vit_jax import workdir as workdir_lib
 from vit_jax.models import deepvit
 from vit_jax.models import sa_conv
 from vit_jax.models import vit
@@ -138,9 +138,9 @@ def test_scanned_run_checkpoint_loads_into_either_layout(tmp_path):
       'model.scan_layers': True, 'model.depth': 3, 'model.init_scheme': 'timm'})
   workdir = str(tmp_path / 'run')
   train.train_and_evaluate(config, workdir)
-  saved = checkpoints.restore_arrays(workdir)['params']
+  saved = workdir_lib.Workdir(workdir).read_state()['params']
   assert 'blocks_0_to_2' in saved
-  variables, _ = checkpoints.read_workdir(workdir)
+  variables = workdir_lib.Workdir.open(workdir).read_variables(unrolled=True).variables
   assert 'blocks_2' in variables['params'] and 'blocks_0_to_2' not in variables['params']
 
   images = jax.random.normal(jax.random.key(1), (2, 16, 16, 3))

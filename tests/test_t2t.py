@@ -253,8 +253,9 @@ def test_official_model_code_and_released_checkpoint_layout(name, tmp_path):
   """The official T2T_ViT of the same size, randomised, saved as the released .pth.tar files are
   (`state_dict_ema` beside `state_dict`), loads with the same logits (64 px: 16 tokens)."""
   torch = pytest.importorskip('torch')
-  from vit_jax import checkpoints  # pylint: disable=g-import-not-at-top
-  checkpoints.import_timm()
+  from vit_jax import pretrained  # pylint: disable=g-import-not-at-top
+  from vit_jax import timm_reference  # pylint: disable=g-import-not-at-top
+  timm_reference.import_timm()
   from tests.reference import t2t_vit as official  # pylint: disable=g-import-not-at-top
   width, depth, heads, mlp_ratio = t2t.SIZES[name.rsplit('_', 1)[-1]]
   torch.manual_seed(0)
@@ -271,7 +272,7 @@ def test_official_model_code_and_released_checkpoint_layout(name, tmp_path):
   torch.save({'state_dict': raw, 'state_dict_ema': ema, 'epoch': 309}, path)
   model = models.create(name, num_classes=7)
   images = np.random.default_rng(0).normal(size=(2, 64, 64, 3)).astype(np.float32)
-  logits = jax.jit(model.apply)(checkpoints.load(path, model, image_size=64), images)
+  logits = jax.jit(model.apply)(pretrained.load(path, model, image_size=64), images)
   with torch.no_grad():
     expected = reference(torch.from_numpy(images.transpose(0, 3, 1, 2))).numpy()
   assert np.abs(expected).max() > 0.1

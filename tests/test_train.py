@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from configs import common
-from vit_jax import checkpoints
 from vit_jax import train
+from vit_jax import workdir as workdir_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -51,7 +51,7 @@ def tiny_config(data_dir: str, **overrides):
 
 
 def final_params(workdir: str) -> dict:
-  return checkpoints.restore_arrays(workdir)['params']
+  return workdir_lib.Workdir(workdir).read_state()['params']
 
 
 def assert_trees_close(a, b, atol):

@@ -20,7 +20,6 @@ Reads W/config.json and the newest checkpoint of W (or --step), runs the model o
 it kept an EMA (analysis.json says which); --nouse_ema analyses the raw ones.
 """
 
-import json
 import os
 import sys
 from typing import Any, Sequence
@@ -34,10 +33,10 @@ import ml_collections
 import numpy as np
 import tensorflow as tf
 
-from vit_jax import checkpoints
 from vit_jax import inference
 from vit_jax import input_pipeline
 from vit_jax import train
+from vit_jax import workdir as workdir_lib
 from vit_jax.analysis import centres
 from vit_jax.analysis import collapse
 from vit_jax.analysis import maps
@@ -46,7 +45,6 @@ from vit_jax.analysis import rollout
 from vit_jax.models import sa_conv
 
 ANALYSES = ('collapse', 'maps', 'rollout', 'distance', 'centres', 'pruning')
-OUTPUT_DIR = 'analysis'
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Work directory of a training run.')
 _WHAT = flags.DEFINE_list('what', ['all'], f'Analyses: all, or any of {", ".join(ANALYSES)}.')
@@ -167,8 +165,7 @@ def analyze(workdir: str, what: Sequence[str] | str = 'all', *, step: int | None
                      'must be >= 1.')
   run = inference.load_run(workdir, step, use_ema=use_ema, unroll=True)  # Per-block maps.
   what, explicit = _resolve(what, run.model)
-  out = _Outputs(os.path.join(workdir, OUTPUT_DIR), explicit)
-  os.makedirs(out.directory, exist_ok=True)
+  out = _Outputs(workdir_lib.Workdir(workdir).analysis_dir(), explicit)
   images = eval_images(run.config, num_images)
   image_shape = images.shape[1:3]
   name = run.config.model.name
@@ -212,8 +209,8 @@ def analyze(workdir: str, what: Sequence[str] | str = 'all', *, step: int | None
     report['pruning'] = _pruning(run, out.directory, pruning_rule, finetune_steps,
                                  finetune_lr_factor)
   report['files'] = out.files
-  with open(os.path.join(out.directory, 'analysis.json'), 'w') as f:
-    json.dump(report, f, indent=1)
+  workdir_lib.Workdir(workdir).write_json(os.path.join(workdir_lib.ANALYSIS_DIR, 'analysis.json'),
+                                          report)
   return report
 
 
@@ -310,8 +307,9 @@ def _pruning(run: inference.Run, out_dir: str, rule: str, finetune_steps: int,
                    accuracy(pruned_model, {'params': pruned_params}, config)],
   }
   run_dir = os.path.join(out_dir, f'pruned_{rule}')
-  if checkpoints.has_checkpoint(run_dir):  # Pruned before: fine-tune on from where it stands.
-    saved = checkpoints.read_config(run_dir)['model'].get('layer_heads')
+  pruned = workdir_lib.Workdir(run_dir)
+  if pruned.has_checkpoint():  # Pruned before: fine-tune on from where it stands.
+    saved = pruned.config().model.get('layer_heads')
     if list(saved or ()) != list(layer_heads):
       raise ValueError(f'{run_dir!r} holds a model pruned to {saved} heads per layer, not '
                        f'{list(layer_heads)}; remove it to prune again.')
@@ -338,7 +336,7 @@ def main(argv) -> None:
     logging.debug('Stopped by an error.', exc_info=True)
     sys.exit(f'error: {e}')
   logging.info('Wrote %s to %s.', ', '.join(report['files'] + ['analysis.json']),
-               os.path.join(_WORKDIR.value, OUTPUT_DIR))
+               os.path.join(_WORKDIR.value, workdir_lib.ANALYSIS_DIR))
 
 
 if __name__ == '__main__':

@@ -316,8 +316,8 @@ def timm_contender(config, model, num_classes: int) -> Contender:
   if config.optimizer != 'adamw':
     raise ValueError(f'--vs_timm needs optimizer=adamw; got {config.optimizer!r}.')
   import torch  # pylint: disable=g-import-not-at-top
-  from vit_jax import checkpoints  # pylint: disable=g-import-not-at-top
-  timm = checkpoints.import_timm()
+  from vit_jax import timm_reference  # pylint: disable=g-import-not-at-top
+  timm = timm_reference.import_timm()
   from timm.models import vision_transformer  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   dtype = getattr(torch, np.dtype(model.dtype).name)
@@ -622,8 +622,8 @@ def main(argv) -> None:
     runtime.configure()
   if _VS_TIMM.value:
     try:
-      from vit_jax import checkpoints  # pylint: disable=g-import-not-at-top
-      checkpoints.import_timm()
+      from vit_jax import timm_reference  # pylint: disable=g-import-not-at-top
+      timm_reference.import_timm()
       import torch  # pylint: disable=g-import-not-at-top
       if _INPUT_PIPELINE.value:
         import psutil  # pylint: disable=g-import-not-at-top,unused-import

@@ -13,7 +13,6 @@ Metrics are printed and merged into OUT_DIR/results.json and TensorBoard event f
 """
 
 import functools
-import json
 import sys
 from typing import Any
 
@@ -21,11 +20,11 @@ from absl import app
 from absl import flags
 from absl import logging
 from clu import metric_writers
-from etils import epath
 import tensorflow as tf
 
 from vit_jax import evaluators as evaluators_lib
 from vit_jax import inference
+from vit_jax import workdir as workdir_lib
 
 def define_flags() -> dict[str, Any]:
   """The command's flags, defined when it runs (importing the module defines none, so it imports
@@ -80,13 +79,9 @@ def main(argv, flag: dict[str, Any]) -> None:
     sys.exit(f'error: {e}')
   for key, value in metrics.items():
     print(f'{key:40s} {value:.4g}')
-  path = epath.Path(out_dir)
-  path.mkdir(parents=True, exist_ok=True)
-  results_file = path / 'results.json'
-  results = json.loads(results_file.read_text()) if results_file.exists() else {}
-  results.update(metrics)
-  results_file.write_text(json.dumps(results))
-  writer = metric_writers.SummaryWriter(str(path))  # TensorBoard; the lines above are printed.
+  out = workdir_lib.Workdir(out_dir)
+  results_file = out.write_results({**out.results(), **metrics})
+  writer = metric_writers.SummaryWriter(out_dir)  # TensorBoard; the lines above are printed.
   writer.write_scalars(run.step or 0, metrics)
   writer.close()
   print(f'Wrote {len(metrics)} metrics of {run.source} (step {run.step}) to {results_file}.')

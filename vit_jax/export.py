@@ -23,15 +23,18 @@ flags.mark_flags_as_required(['workdir', 'out'])
 def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  from vit_jax import checkpoints  # pylint: disable=g-import-not-at-top
   from vit_jax import models  # pylint: disable=g-import-not-at-top
+  from vit_jax import pretrained  # pylint: disable=g-import-not-at-top
+  from vit_jax import workdir  # pylint: disable=g-import-not-at-top
   try:
-    variables, meta = checkpoints.read_workdir(_WORKDIR.value, use_ema=_USE_EMA.value)
-    keys = checkpoints.export_timm(variables, models.create(meta['model']), _OUT.value)
+    run = workdir.Workdir.open(_WORKDIR.value)
+    name = run.config().model.name
+    saved = run.read_variables(use_ema=_USE_EMA.value, unrolled=True)
+    keys = pretrained.export_timm(saved.variables, models.create(name), _OUT.value)
   except ValueError as e:
     sys.exit(f'error: {e}')
-  print(f'Wrote {len(keys)} tensors of {meta["model"]} (step {meta["step"]}, {meta["weights"]} '
-        f'weights) to {_OUT.value}.')
+  print(f'Wrote {len(keys)} tensors of {name} (step {saved.step}, '
+        f'{"ema" if saved.ema else "raw"} weights) to {_OUT.value}.')
 
 
 if __name__ == '__main__':

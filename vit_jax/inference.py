@@ -14,12 +14,12 @@ import flax.linen as nn
 import ml_collections
 from tensorflow_datasets.datasets.imagenet2012 import imagenet_common
 
-from vit_jax import checkpoints
 from vit_jax import config as config_lib
 from vit_jax import input_pipeline
 from vit_jax import models
+from vit_jax import pretrained
 from vit_jax import train
-from vit_jax.models import vit
+from vit_jax import workdir as workdir_lib
 
 IMAGENET_CLASSES = 1000
 
@@ -40,30 +40,21 @@ class Run:
 def load_run(workdir: str, step: int | None = None, *, use_ema: bool = True,
              unroll: bool = False) -> Run:
   """The config, model and variables of `workdir`'s checkpoint at `step` (default: newest): its
-  EMA where the run kept one and `use_ema` (`checkpoints.restore_variables`).
+  EMA where the run kept one and `use_ema` (`workdir.Workdir.read_variables`).
 
   With `unroll`, a run that stacked its blocks with `nn.scan` is restored unrolled (analysis reads
   per-block attention maps); otherwise in the layout it trained in.
   """
-  saved = checkpoints.read_config(workdir)
-  if saved is None or not checkpoints.has_checkpoint(workdir):
-    raise ValueError(f'{workdir!r} is not a trained work directory (expected config.json and a '
-                     'checkpoint); point --workdir at a run of vit_jax.main.')
-  steps = checkpoints.checkpoint_manager(workdir, keep=1, read_only=True).all_steps()
-  if step is not None and step not in steps:
-    raise ValueError(f'No checkpoint at step {step} in {workdir!r}; steps: {list(steps)}.')
-  # JSON turned tuple fields (SA-conv `layer_heads`) into lists; models must stay hashable.
-  saved['model'] = {k: tuple(v) if isinstance(v, list) else v for k, v in saved['model'].items()}
+  run = workdir_lib.Workdir.open(workdir)
+  config = run.config()
   if unroll:
     for field in ('scan_layers', 'remat'):
-      saved['model'].pop(field, None)
-  config = ml_collections.ConfigDict(saved)
+      if field in config.model:
+        del config.model[field]  # Off by default.
   info = input_pipeline.get_dataset_info(config)
   model = train.create_model(config, info.num_classes)
-  variables, step, ema = checkpoints.restore_variables(workdir, step, use_ema=use_ema)
-  if unroll:
-    variables = vit.unstack_layers(variables)
-  return Run(config, model, variables, info.class_names, step, workdir, ema)
+  saved = run.read_variables(step, use_ema=use_ema, unrolled=unroll)
+  return Run(config, model, saved.variables, info.class_names, saved.step, workdir, saved.ema)
 
 
 def imagenet_class_names() -> tuple[str, ...]:
@@ -80,7 +71,7 @@ def imagenet_class_names() -> tuple[str, ...]:
 def load_weights(path: str, model_name: str, *, num_classes: int = IMAGENET_CLASSES,
                  image_size: int = 224, eval_crop_ratio: float = 0.875,
                  normalization: str = 'imagenet') -> Run:
-  """`checkpoints.load` of a weights file for the registered `model_name`.
+  """`pretrained.load` of a weights file for the registered `model_name`.
 
   The defaults are the ImageNet evaluation of timm/DeiT weights (resize to 224 / 0.875 bicubic,
   centre crop, ImageNet mean and std); Google ViT weights use `normalization='inception'`.
@@ -94,7 +85,7 @@ def load_weights(path: str, model_name: str, *, num_classes: int = IMAGENET_CLAS
   if image_size < 1 or num_classes < 1:
     raise ValueError(f'image_size={image_size} and num_classes={num_classes} must be >= 1.')
   model = models.create(model_name, num_classes=num_classes)
-  variables = checkpoints.load(path, model, image_size=image_size)
+  variables = pretrained.load(path, model, image_size=image_size)
   # The weights' evaluation on ImageNet, for evaluators on any dataset.
   config = config_lib.defaults()
   config.update(dict(image_size=image_size, eval_crop_ratio=eval_crop_ratio,

@@ -135,8 +135,8 @@ def _timm(config: ml_collections.ConfigDict, workers: int) -> tuple[Pipeline, Ca
   # pylint: disable=g-import-not-at-top
   import psutil
   import torch
-  from vit_jax import checkpoints
-  timm = checkpoints.import_timm()
+  from vit_jax import timm_reference
+  timm = timm_reference.import_timm()
   from timm.data import auto_augment
   from timm.data import create_transform
   from timm.data.distributed_sampler import RepeatAugSampler

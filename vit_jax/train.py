@@ -2,7 +2,8 @@
 
 The loop asks the owners instead of restating them: `vit_jax.optim` for the schedule and the
 optimizer, `vit_jax.steps` for the state and the jitted train and eval steps,
-`vit_jax.input_pipeline` for batches and `vit_jax.checkpoints` for the run's saved state.
+`vit_jax.input_pipeline` for batches and `vit_jax.workdir` for the run's directory and saved
+state.
 
 Every process runs the same program. A (data × fsdp) device mesh spans every device of every
 process (`vit_jax.sharding`): batches are split over all of it, and the training state over its
@@ -12,7 +13,6 @@ feeds only its own share of the data. Process 0 alone logs and writes summaries.
 
 import contextlib
 import dataclasses
-import json
 import math
 import os
 import signal
@@ -22,7 +22,6 @@ from typing import Any, Callable, Iterator
 from absl import logging
 from clu import metric_writers
 from clu import periodic_actions
-from etils import epath
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -32,16 +31,15 @@ import optax
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
-from vit_jax import checkpoints
 from vit_jax import config as config_lib
 from vit_jax import evaluators as evaluators_lib
 from vit_jax import input_pipeline
 from vit_jax import models
 from vit_jax import optim
+from vit_jax import pretrained as pretrained_lib
 from vit_jax import sharding
 from vit_jax import steps
 from vit_jax import workdir as workdir_lib
-from vit_jax.models import vit
 
 
 def create_model(config: ml_collections.ConfigDict, num_classes: int) -> nn.Module:
@@ -81,7 +79,7 @@ def load_teacher(config: ml_collections.ConfigDict, num_classes: int) -> steps.T
 
   `distillation.teacher` is a work directory of vit_jax.main (its model, fields and
   normalisation are read from its config.json) or 'MODEL:FILE', a registered model and a weights
-  file that `checkpoints.load` reads (timm .pth/.safetensors, .npz); such a teacher expects
+  file that `pretrained.load` reads (timm .pth/.safetensors, .npz); such a teacher expects
   `distillation.teacher_normalization` ('' = the student's). The teacher computes in the run's
   `dtype`.
   """
@@ -94,14 +92,15 @@ def load_teacher(config: ml_collections.ConfigDict, num_classes: int) -> steps.T
   model_name, source = teacher_source(spec.teacher)
   normalization = spec.teacher_normalization or config.normalization
   if model_name is None:
-    saved = checkpoints.read_config(source) if source else None
-    if saved is None or not checkpoints.has_checkpoint(source):
+    try:
+      saved = workdir_lib.Workdir.open(source).config()
+    except ValueError as e:
       raise ValueError(
-          f'distillation.teacher={spec.teacher!r} must be a work directory with a config.json and '
-          'a checkpoint written by vit_jax.main, or MODEL:FILE with MODEL a registered model '
-          'name and FILE its weights (e.g. regnety_160:/path/regnety_160.pth).')
-    model_name = saved['model']['name']
-    overrides = {k: v for k, v in saved['model'].items() if k != 'name'}
+          f'distillation.teacher={spec.teacher!r} must be a work directory written by '
+          'vit_jax.main, or MODEL:FILE with MODEL a registered model name and FILE its weights '
+          f'(e.g. regnety_160:/path/regnety_160.pth). {e}') from None
+    model_name = saved.model.name
+    overrides = {k: v for k, v in saved.model.items() if k != 'name'}
     normalization = spec.teacher_normalization or saved.get('normalization', normalization)
   elif not os.path.isfile(source):
     raise ValueError(f'distillation.teacher={spec.teacher!r}: no weights file at {source!r}.')
@@ -153,24 +152,19 @@ class PreemptionWatcher:
                     signal.Signals(signum).name,
                     ' (Ctrl-C again stops at once)' if signum == signal.SIGINT else '')
 
-  def should_stop(self, manager, step: int) -> bool:
+  def should_stop(self, run_dir: workdir_lib.Workdir, step: int) -> bool:
     # On several processes, orbax agrees on one step across all of them.
-    return self.requested or manager.reached_preemption(step)
+    return self.requested or run_dir.reached_preemption(step)
 
 
 def load_variables(source: str, model: nn.Module, config: ml_collections.ConfigDict,
                    **kwargs) -> dict[str, Any]:
-  """`checkpoints.load` of `source` for `model`, stacked into its layout if it scans its layers.
+  """`pretrained.load` of `source` for `model`, in its layout (stacked if it scans its layers).
 
   EMA weights first, unless `config.use_ema` is False.
   """
   kwargs.setdefault('use_ema', config.use_ema)
-  if not getattr(model, 'scan_layers', False):
-    return checkpoints.load(source, model, image_size=config.image_size, **kwargs)
-  variables = checkpoints.load(source, model.clone(scan_layers=False),
-                               image_size=config.image_size, **kwargs)
-  images = jnp.zeros((1, config.image_size, config.image_size, 3), jnp.float32)
-  return vit.stack_layers(variables, jax.eval_shape(model.init, jax.random.PRNGKey(0), images))
+  return pretrained_lib.load(source, model, image_size=config.image_size, **kwargs)
 
 
 def pretrained_variables(config: ml_collections.ConfigDict, model: nn.Module,
@@ -182,7 +176,7 @@ def pretrained_variables(config: ml_collections.ConfigDict, model: nn.Module,
   """
   if not config.init_from:
     return None
-  if checkpoints.has_checkpoint(workdir):
+  if workdir_lib.Workdir(workdir).has_checkpoint():
     logging.info('Resuming %s; init_from=%s is not read again.', workdir, config.init_from)
     return None
   params_rng = jax.random.split(jax.random.PRNGKey(config.seed))[0]  # As in steps.init_state.
@@ -212,7 +206,7 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> RunResult:
   error (no head is re-initialised).
   """
   source = config.init_from or workdir
-  if not config.init_from and not checkpoints.has_checkpoint(workdir):
+  if not config.init_from and not workdir_lib.Workdir(workdir).has_checkpoint():
     raise ValueError(f'eval_only needs --config.init_from=PATH or a --workdir with a training '
                      f'checkpoint; {workdir!r} has none.')
   info = input_pipeline.get_dataset_info(config)
@@ -231,9 +225,8 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> RunResult:
   report = {'source': source, 'use_ema': use_ema, 'model': config.model.name,
             'dataset': config.dataset, 'split': config.eval_split,
             'image_size': config.image_size, **metrics}
+  workdir_lib.Workdir(workdir).write_json('eval_report.json', report)
   if jax.process_index() == 0:
-    epath.Path(workdir).mkdir(parents=True, exist_ok=True)
-    (epath.Path(workdir) / 'eval_report.json').write_text(json.dumps(report, indent=2))
     print(f'Top-1 on {config.dataset}/{config.eval_split}: {metrics["accuracy"]:.4f} '
           f'({metrics["count"]} examples; {"EMA weights where kept" if use_ema else "raw weights"} '
           f'of {source}).')
@@ -298,7 +291,7 @@ class _Run:
   eval_step: Callable[..., dict[str, jax.Array]]
   data_sharding: NamedSharding
   teacher_variables: Any
-  manager: Any  # orbax.checkpoint.CheckpointManager
+  run_dir: workdir_lib.Workdir
   evaluators: dict[str, Any]
   watcher: PreemptionWatcher
   writer: metric_writers.MetricWriter
@@ -328,18 +321,16 @@ def _start(config: ml_collections.ConfigDict, workdir: str,
   schedule = optim.learning_rate_schedule(config, total_steps, warmup_steps)
   tx = optim.create_optimizer(config, schedule)
   abstract_state = jax.eval_shape(lambda: steps.init_state(model, tx, config))
-  checkpoints.check_compatible(workdir, config.model.name, abstract_state.params)
+  workdir_lib.Workdir(workdir).check_compatible(config.model.name, abstract_state.params)
   teacher = load_teacher(config, info.num_classes)
   evaluators = evaluators_lib.periodic(config)
   if jax.process_count() > 1:  # Every process reads the work directory before any writes to it.
     multihost_utils.sync_global_devices('vit_jax.train:checked_workdir')
 
-  workdir_lib.hold(workdir, run_scope)  # Before the first write; creates the directory.
+  run_dir = workdir_lib.Workdir.create(workdir, config, run_scope)  # Locked; config.json written.
   watcher = run_scope.enter_context(PreemptionWatcher())
   writer = metric_writers.create_default_writer(workdir, just_logging=jax.process_index() > 0)
   run_scope.callback(writer.close)
-  if jax.process_index() == 0:
-    (epath.Path(workdir) / 'config.json').write_text(config.to_json_best_effort(indent=2))
   logging.debug('Model %s: %s parameters; %d classes; %d train / %d eval examples; %d steps.',
                 config.model.name,
                 f'{sum(np.prod(x.shape) for x in jax.tree.leaves(abstract_state.params)):,}',
@@ -349,8 +340,7 @@ def _start(config: ml_collections.ConfigDict, workdir: str,
   # One rule places the student's and the teacher's variables alike.
   layout = lambda tree: sharding.fsdp_shardings(tree, mesh, config.mesh.fsdp_min_size)
   state_sharding = layout(abstract_state)
-  manager = checkpoints.checkpoint_manager(workdir, keep=config.keep_checkpoints)
-  state = _restore_or_init(workdir, manager, lambda: steps.init_state(model, tx, config),
+  state = _restore_or_init(run_dir, lambda: steps.init_state(model, tx, config),
                            state_sharding, pretrained, config)
   teacher_variables = teacher_sharding = None
   if teacher is not None:
@@ -367,18 +357,18 @@ def _start(config: ml_collections.ConfigDict, workdir: str,
       eval_step=jax.jit(steps.make_eval_step(model, info.num_classes),
                         out_shardings=sharding.replicated(mesh)),
       data_sharding=sharding.batch_sharding(mesh), teacher_variables=teacher_variables,
-      manager=manager, evaluators=evaluators, watcher=watcher, writer=writer)
+      run_dir=run_dir, evaluators=evaluators, watcher=watcher, writer=writer)
 
 
-def _restore_or_init(workdir: str, manager: Any, init: Callable[[], steps.TrainState],
+def _restore_or_init(run_dir: workdir_lib.Workdir, init: Callable[[], steps.TrainState],
                      state_sharding: Any, pretrained: dict[str, Any] | None,
                      config: ml_collections.ConfigDict) -> steps.TrainState:
   """The newest readable checkpoint of `workdir` (saved on any mesh) in `state_sharding`'s
   layout; else a fresh state, with `pretrained`'s variables when fine-tuning."""
   abstract = sharding.abstract(jax.eval_shape(init), state_sharding)
-  state = checkpoints.restore_newest_readable(workdir, manager, abstract)
+  state = run_dir.resume(abstract)
   if state is not None:
-    logging.debug('Resumed from step %d of %s.', int(state.step), workdir)
+    logging.debug('Resumed from step %d of %s.', int(state.step), run_dir.path)
     return state
   state = jax.jit(init, out_shardings=state_sharding)()
   if pretrained is None:
@@ -408,7 +398,7 @@ def _loop(run: _Run, config: ml_collections.ConfigDict, workdir: str) -> RunResu
     pending.append(metrics)
     at_log = step % config.log_every == 0 or step == run.total_steps
     at_ckpt = step % config.checkpoint_every == 0 or step == run.total_steps
-    stop = run.watcher.should_stop(run.manager, step)
+    stop = run.watcher.should_stop(run.run_dir, step)
     if at_log or at_ckpt or stop:
       fetched, pending = _finite(jax.device_get(pending), step, last_saved, workdir), []
     progress(step)
@@ -416,11 +406,12 @@ def _loop(run: _Run, config: ml_collections.ConfigDict, workdir: str) -> RunResu
       _log_progress(run, progress, fetched, step, config.batch_size)
     if at_ckpt or stop:
       with progress.timed('checkpoint', state):
-        checkpoints.save(run.manager, step, state, model_name=config.model.name, force=True)
+        run.run_dir.save(step, state, model_name=config.model.name)
       last_saved = step
-      logging.info('step %d  saved checkpoint %s', step, run.manager.directory / str(step))
+      logging.info('step %d  saved checkpoint %s', step,
+                   run.run_dir.file(workdir_lib.CHECKPOINT_DIR) / str(step))
     if stop:
-      run.manager.wait_until_finished()
+      run.run_dir.wait_until_finished()
       logging.warning('Preemption requested: saved step %d to %s; exiting. Rerun the same '
                       'command to resume.', step, workdir)
       return RunResult(step=step, metrics={}, preempted=True)
@@ -434,12 +425,11 @@ def _loop(run: _Run, config: ml_collections.ConfigDict, workdir: str) -> RunResu
       with progress.timed('eval', state):
         _evaluate(run, state, config, step)
 
-  run.manager.wait_until_finished()
+  run.run_dir.wait_until_finished()
   eval_metrics = _evaluate(run, state, config, run.total_steps, final=True)
-  if jax.process_index() == 0:
-    results = {'step': run.total_steps, **{f'test_{k}': v for k, v in eval_metrics.items()},
-               **frozen_metrics}
-    (epath.Path(workdir) / 'results.json').write_text(json.dumps(results))
+  run.run_dir.write_results({'step': run.total_steps,
+                             **{f'test_{k}': v for k, v in eval_metrics.items()},
+                             **frozen_metrics})
   run.writer.flush()
   return RunResult(step=run.total_steps, metrics={**eval_metrics, **frozen_metrics})
 

@@ -1,30 +1,61 @@
-"""The work directory's lock: one run at a time writes to a work directory.
+"""The work directory of a run: the one owner of everything a run reads and writes there.
 
-`lock(workdir)` is held by a run's process 0 from its first write to its end. It is an exclusive
-`fcntl.flock` on `WORKDIR/run.lock`, which also records the holder (host, pid, start time,
-command) so that a second run is refused with a message naming it. The kernel releases a flock
-when its process ends, however it ends: a lock left by a killed run (kill -9, a crash, a lost
-node) is free, and the next run takes it over, saying whose it was. Over NFS, Linux emulates
-flock with POSIX byte-range locks, which the NFS lock manager keeps across machines.
+    WORKDIR/
+      run.lock                 the lock of the run writing here (`lock`, `hold`)
+      config.json              the resolved config (`Workdir.create` writes, `Workdir.config` reads)
+      checkpoints/<step>/      orbax: `state` (the training state) and `meta` ({'model': name})
+      unreadable_checkpoints/  checkpoints that resuming found unreadable, set aside with reason.txt
+      results.json             final metrics (`write_results`, `results`)
+      analysis/                `vit_jax.analyze`'s figures, analysis.json and pruned runs
 
-Object stores (gs://, s3://) have no locks. There the holder is still recorded in `run.lock`
-for the record, with a warning that nothing stops a second run: start one run per directory.
+`Workdir(path)` reads a run without changing it; `Workdir.open(path)` does so after checking that
+it is a trained run; `Workdir.create(path, config, scope)` takes the lock and writes the config for
+a run that trains (or is written, as a pruned model is) here. Reads go through one orbax reader:
+onto a training state's shardings to resume, or whole into host memory (whatever mesh, device or
+process count wrote them) for evaluation, analysis, export, teachers and fine-tuning, with the
+run's EMA of the variables first where it kept one. Without a step, the newest checkpoint that can
+be read is used: readers skip unreadable newer ones with a warning, and resuming moves them to
+`unreadable_checkpoints/` (never deleting them). Parameter shapes for `check_compatible` come from
+orbax's own metadata.
+
+The lock: `lock(workdir)` is held by a run's process 0 from its first write to its end. It is an
+exclusive `fcntl.flock` on `WORKDIR/run.lock`, which also records the holder (host, pid, start
+time, command) so that a second run is refused with a message naming it. The kernel releases a
+flock when its process ends, however it ends: a lock left by a killed run (kill -9, a crash, a lost
+node) is free, and the next run takes it over, saying whose it was. Over NFS, Linux emulates flock
+with POSIX byte-range locks, which the NFS lock manager keeps across machines. Object stores
+(gs://, s3://) have no locks: there the holder is still recorded in `run.lock` for the record, with
+a warning that nothing stops a second run: start one run per directory.
 """
 
 import contextlib
+import dataclasses
 import datetime
 import fcntl
 import json
 import os
+import re
 import socket
 import sys
-from typing import Any, Iterator
+import time
+from typing import Any, Callable, Iterator, Mapping
 
 from absl import logging
 from etils import epath
+import jax
+from jax.experimental import multihost_utils
+import ml_collections
 import numpy as np
+import orbax.checkpoint as ocp
+
+from vit_jax.models import vit
 
 LOCK_FILE = 'run.lock'
+CONFIG_FILE = 'config.json'
+CHECKPOINT_DIR = 'checkpoints'
+UNREADABLE_DIR = 'unreadable_checkpoints'  # Beside CHECKPOINT_DIR: checkpoints set aside.
+RESULTS_FILE = 'results.json'
+ANALYSIS_DIR = 'analysis'
 
 
 class WorkdirInUse(ValueError):
@@ -88,8 +119,6 @@ def lock(workdir: str) -> Iterator[None]:
 
 def hold(workdir: str, run_scope: contextlib.ExitStack) -> None:
   """Process 0 takes `lock(workdir)` until `run_scope` closes; every process raises if it can't."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   error = None
   if jax.process_index() == 0:
     try:
@@ -102,3 +131,307 @@ def hold(workdir: str, run_scope: contextlib.ExitStack) -> None:
                                   'another run (its log names the holder).')
   if error is not None:
     raise error
+
+
+# Comparing variables by shape.
+
+def flat_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+  """Maps every leaf's path ('params/blocks_0/attn/qkv/kernel') to its shape.
+
+  Leaves are arrays, `jax.ShapeDtypeStruct`s or orbax's `ArrayMetadata`.
+  """
+  flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return {'/'.join(str(getattr(k, 'key', getattr(k, 'idx', k))) for k in path):
+          tuple(getattr(leaf, 'shape', np.shape(leaf))) for path, leaf in flat}
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapeDiff:
+  """How the variables found (in a checkpoint) differ from those wanted (by a model), by path."""
+  missing: list[str]
+  unexpected: list[str]
+  reshaped: list[str]  # 'path (found shape) vs (wanted shape)'
+
+  @classmethod
+  def between(cls, found: Mapping[str, tuple[int, ...]],
+              wanted: Mapping[str, tuple[int, ...]]) -> 'ShapeDiff':
+    return cls(sorted(set(wanted) - set(found)), sorted(set(found) - set(wanted)),
+               sorted(f'{k} {tuple(found[k])} vs {tuple(wanted[k])}'
+                      for k in set(found) & set(wanted) if tuple(found[k]) != tuple(wanted[k])))
+
+  def __bool__(self) -> bool:
+    return bool(self.missing or self.unexpected or self.reshaped)
+
+  def listing(self, limit: int = 12) -> str:
+    """One indented line per kind of difference, each naming up to `limit` paths."""
+    def line(title, items):
+      shown = ', '.join(items[:limit]) + (f', … ({len(items) - limit} more)'
+                                          if len(items) > limit else '')
+      return f'\n  {title} ({len(items)}): {shown}' if items else ''
+    return (line('missing from the checkpoint', self.missing)
+            + line('unexpected in the checkpoint', self.unexpected)
+            + line('wrong shape, checkpoint vs model', self.reshaped))
+
+
+# The run.
+
+@dataclasses.dataclass(frozen=True)
+class SavedVariables:
+  """A run's model variables ({'params'[, 'batch_stats']}) at `step`; `ema`: they are its EMA."""
+  variables: dict[str, Any]
+  step: int
+  ema: bool
+
+
+def _reason(error: Exception) -> str:
+  """The first line of an error, without tensorstore's spec dump."""
+  lines = str(error).strip().splitlines()
+  text = re.split(r' \[tensorstore_spec| See full TensorStore details', lines[0])[0] if lines else ''
+  return f'{type(error).__name__}: {text[:300]}'
+
+
+class Workdir:
+  """A run's work directory: opens, reads, writes and checks it (see the module docstring).
+
+  `keep_checkpoints` (the newest that many are kept) makes it writable; without it, reading
+  changes nothing there.
+  """
+
+  def __init__(self, path: str, *, keep_checkpoints: int | None = None):
+    self.path = path
+    self._keep = keep_checkpoints
+    self._manager: ocp.CheckpointManager | None = None
+
+  @classmethod
+  def open(cls, path: str) -> 'Workdir':
+    """The trained run in `path`; ValueError unless it has a config.json and a checkpoint."""
+    run = cls(path)
+    if not run.file(CONFIG_FILE).exists() or not run.steps():
+      raise ValueError(f'{path!r} is not a work directory of a vit_jax.main run: expected '
+                       f'{CONFIG_FILE} and a checkpoint in {run.file(CHECKPOINT_DIR)}/<step>.')
+    return run
+
+  @classmethod
+  def create(cls, path: str, config: ml_collections.ConfigDict,
+             run_scope: contextlib.ExitStack) -> 'Workdir':
+    """The run that trains in `path` with `config`: locked until `run_scope` closes (`hold`),
+    its config.json written, its checkpoints kept by `config.keep_checkpoints`."""
+    hold(path, run_scope)
+    run = cls(path, keep_checkpoints=config.keep_checkpoints)
+    if jax.process_index() == 0:
+      run.file(CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
+    return run
+
+  def file(self, name: str) -> epath.Path:
+    """`name` inside the work directory (local paths made absolute, as orbax needs; URIs kept)."""
+    root = self.path if '://' in self.path else os.path.abspath(self.path)
+    return epath.Path(root) / name
+
+  # Reading.
+
+  def config(self) -> ml_collections.ConfigDict | None:
+    """The resolved config the run saved, None if none; list fields of the model (JSON's
+    rendering of tuples such as SA-conv's `layer_heads`) are tuples again, as models hash them."""
+    path = self.file(CONFIG_FILE)
+    if not path.exists():
+      return None
+    saved = json.loads(path.read_text())
+    saved['model'] = {k: tuple(v) if isinstance(v, list) else v
+                      for k, v in saved['model'].items()}
+    return ml_collections.ConfigDict(saved)
+
+  def steps(self) -> list[int]:
+    """The steps of the finished checkpoints, ascending."""
+    if not self.file(CHECKPOINT_DIR).is_dir():
+      return []
+    return sorted(self.manager.all_steps())
+
+  def has_checkpoint(self) -> bool:
+    return bool(self.steps())
+
+  def results(self) -> dict[str, Any]:
+    """The metrics in results.json; {} before there are any."""
+    path = self.file(RESULTS_FILE)
+    return json.loads(path.read_text()) if path.exists() else {}
+
+  def read_state(self, step: int | None = None, *, like: Any = None) -> Any:
+    """The training state at `step` (default: the newest readable; unreadable newer ones are
+    skipped with a warning and left in place).
+
+    Onto the shardings of the abstract state `like`, or, without it, as a tree of host arrays
+    read whole, whatever mesh, device count or process count wrote them, never passing through a
+    device (for teachers, fine-tuning, evaluation and analysis, which need no optimizer).
+    """
+    if step is not None:
+      if step not in self.steps():
+        raise ValueError(f'No checkpoint at step {step} in {self.path!r}; steps: {self.steps()}.')
+      try:
+        return self._restore(step, like)
+      except Exception as e:  # orbax, tensorstore and json raise many kinds. pylint: disable=broad-except
+        raise ValueError(f'The checkpoint of step {step} in {self.path!r} cannot be read '
+                         f'({_reason(e)}); it may be truncated or corrupt.') from e
+    found = self._newest_readable(lambda s: self._restore(s, like))
+    if found is None:
+      raise ValueError(f'{self.path!r} holds no readable checkpoint (steps {self.steps()}).')
+    return found[1]
+
+  def read_variables(self, step: int | None = None, *, use_ema: bool = True,
+                     unrolled: bool = False) -> SavedVariables:
+    """The model variables at `step` (default: newest readable) as host arrays: the run's EMA
+    when it kept one (`ema_decay` > 0) and `use_ema`, as the published DeiT/CaiT/T2T numbers are
+    the EMA model's, else the trained variables; in the layout the run trained in, or with
+    `unrolled` the blocks of a `scan_layers` run one by one (`blocks_i`)."""
+    state = self.read_state(step)
+    ema = bool(use_ema and state.get('ema'))
+    source = state['ema'] if ema else state
+    variables = {'params': source['params']}
+    if source.get('batch_stats'):
+      variables['batch_stats'] = source['batch_stats']
+    if unrolled:
+      variables = vit.unstack_layers(variables)
+    logging.info('Read the %s weights of %s (step %d).', 'EMA' if ema else 'raw', self.path,
+                 int(state['step']))
+    return SavedVariables(variables, int(state['step']), ema)
+
+  def check_compatible(self, model_name: str, params: Any) -> None:
+    """Raises ValueError if the newest readable checkpoint belongs to another model.
+
+    Compares the model name and every parameter shape (orbax's metadata) with the model about
+    to be trained, so a typo in --workdir never silently overwrites someone else's run.
+    """
+    if not self.has_checkpoint():
+      return
+    found = self._newest_readable(lambda step: (self._read_meta(step), flat_shapes(
+        self.manager.item_metadata(step)['state'].tree['params'])), quiet=True)
+    if found is None:  # None readable: training says so where it resumes.
+      return
+    step, (meta, saved_shapes) = found
+    diff = ShapeDiff.between(saved_shapes, flat_shapes(params))
+    if meta['model'] != model_name or diff:
+      raise ValueError(
+          f'The work directory {self.path!r} holds a checkpoint (step {step}) of model '
+          f'{meta["model"]!r}, but the config trains {model_name!r}. Use a new --workdir, or the '
+          f'config that wrote this one (see its {CONFIG_FILE}).' + diff.listing(limit=5))
+
+  # Writing.
+
+  def resume(self, like: Any) -> Any | None:
+    """The newest readable training state, on the shardings of `like`; None without checkpoints.
+
+    Unreadable newer checkpoints (truncated or garbage files, lost metadata, an empty step
+    directory) are skipped and set aside (`_set_aside`); if none is readable, ValueError.
+    """
+    steps = self.steps()
+    if not steps:
+      return None
+    found = self._newest_readable(lambda step: self._restore(step, like),
+                                  on_unreadable=self._set_aside)
+    if found is None:
+      raise ValueError(
+          f'None of the {len(steps)} checkpoints in {self.file(CHECKPOINT_DIR)} could be read '
+          f'(steps {steps}); each was moved to {UNREADABLE_DIR}/ beside it, see the warnings '
+          'above. Rerun to train afresh from step 0, or move a repaired one back.')
+    return found[1]
+
+  def save(self, step: int, state: Any, *, model_name: str) -> None:
+    """Saves the training state at `step` (asynchronously), with the model name it belongs to."""
+    self.manager.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave({'model': model_name})),
+                      force=True)
+
+  def wait_until_finished(self) -> None:
+    """Blocks until every checkpoint save has been written."""
+    if self._manager is not None:
+      self._manager.wait_until_finished()
+
+  def reached_preemption(self, step: int) -> bool:
+    """Whether the processes agreed to stop at `step` on a SIGTERM (orbax's preemption sync)."""
+    return self.manager.reached_preemption(step)
+
+  def write_results(self, results: Mapping[str, Any]) -> str:
+    """Replaces results.json (process 0 writes; read it with `results`); its path."""
+    return self.write_json(RESULTS_FILE, results)
+
+  def write_json(self, name: str, data: Mapping[str, Any]) -> str:
+    """Writes `data` as JSON to `name` inside the work directory (process 0 writes); its path."""
+    path = self.file(name)
+    if jax.process_index() == 0:
+      path.parent.mkdir(parents=True, exist_ok=True)
+      path.write_text(json.dumps(data, indent=1))
+    return str(path)
+
+  def analysis_dir(self) -> str:
+    """WORKDIR/analysis, created: where analyses write figures, reports and pruned runs."""
+    path = self.file(ANALYSIS_DIR)
+    path.mkdir(parents=True, exist_ok=True)
+    return str(path)
+
+  # Orbax.
+
+  @property
+  def manager(self) -> ocp.CheckpointManager:
+    """The orbax manager of WORKDIR/checkpoints: read-only unless `keep_checkpoints` was given."""
+    if self._manager is None:
+      read_only = self._keep is None
+      options = ocp.CheckpointManagerOptions(  # Read-only: nothing to keep or save, as orbax wants.
+          max_to_keep=None if read_only else self._keep,
+          save_interval_steps=0 if read_only else 1, create=not read_only, read_only=read_only)
+      self._manager = ocp.CheckpointManager(
+          self.file(CHECKPOINT_DIR), options=options,
+          item_handlers={'state': ocp.StandardCheckpointHandler(),
+                         'meta': ocp.JsonCheckpointHandler()})
+    return self._manager
+
+  def _restore(self, step: int, like: Any) -> Any:
+    """The one reader: step `step`'s state onto `like`'s shardings, or as host arrays.
+
+    The meta item is read too: a checkpoint whose metadata is lost cannot be checked.
+    """
+    if like is None:
+      saved = self.manager.item_metadata(step)['state'].tree
+      like = jax.tree.map(lambda leaf: np.empty(leaf.shape, leaf.dtype), saved)
+    restored = self.manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(like), meta=ocp.args.JsonRestore()))
+    return restored['state']
+
+  def _read_meta(self, step: int) -> dict[str, Any]:
+    return self.manager.restore(step, args=ocp.args.Composite(
+        meta=ocp.args.JsonRestore()))['meta']
+
+  def _newest_readable(self, read: Callable[[int], Any], *,
+                       on_unreadable: Callable[[int, str], None] | None = None,
+                       quiet: bool = False) -> tuple[int, Any] | None:
+    """(step, read(step)) of the newest checkpoint that `read` can read, or None if none can.
+
+    Each newer checkpoint that fails to read is logged (unless `quiet`) with its path and the
+    reason, then passed to `on_unreadable(step, reason)` when given.
+    """
+    for step in reversed(self.steps()):
+      try:
+        return step, read(step)
+      except Exception as e:  # orbax, tensorstore and json raise many kinds. pylint: disable=broad-except
+        reason = _reason(e)
+        if not quiet:
+          logging.warning('Skipping the checkpoint of step %d in %s, which cannot be read (%s).',
+                          step, self.manager.directory / str(step), reason)
+        if on_unreadable is not None:
+          on_unreadable(step, reason)
+    return None
+
+  def _set_aside(self, step: int, reason: str) -> None:
+    """Moves step `step`'s unreadable checkpoint to WORKDIR/unreadable_checkpoints/<step>.<time>.
+
+    Out of orbax's directory it is never restored, counted or deleted by the retention policy,
+    and a later save of the same step number writes a fresh checkpoint. A `reason.txt` beside it
+    says why it was moved; delete the folder when done with it.
+    """
+    target = self.file(UNREADABLE_DIR) / f'{step}.{time.strftime("%Y%m%d-%H%M%S")}'
+    if jax.process_index() == 0:
+      target.parent.mkdir(parents=True, exist_ok=True)
+      (self.manager.directory / str(step)).rename(target)
+      (target / 'reason.txt').write_text(f'step {step} could not be read: {reason}\n')
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices(f'vit_jax.workdir:set_aside_{step}')
+    self.manager.reload()
+    logging.warning('Moved the unreadable checkpoint of step %d to %s (kept; nothing deleted).',
+                    step, target)

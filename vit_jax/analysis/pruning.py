@@ -8,7 +8,7 @@ the result is a registered SA-conv model with `layer_heads` giving each layer's 
 trained by the ordinary loop (`write_run`).
 """
 
-import os
+import contextlib
 from typing import Any, Sequence
 
 import jax
@@ -16,10 +16,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vit_jax import checkpoints
 from vit_jax import optim
 from vit_jax import steps
 from vit_jax import train
+from vit_jax import workdir as workdir_lib
 
 PRUNING_RULES = {'official': 1e3, 'paper': 1e5}
 MIN_EIGENVALUE = 1e-5
@@ -121,7 +121,7 @@ def write_run(config: ml_collections.ConfigDict, params: Any, workdir: str,
               num_classes: int) -> None:
   """Writes a work directory with config.json and a step-0 checkpoint of `params` (e.g. a pruned
   model), from which `train.train_and_evaluate(config, workdir)` trains on."""
-  if checkpoints.has_checkpoint(workdir):
+  if workdir_lib.Workdir(workdir).has_checkpoint():
     raise ValueError(f'{workdir!r} already holds a checkpoint; remove it or use another '
                      'directory.')
   model = train.create_model(config, num_classes)
@@ -132,9 +132,7 @@ def write_run(config: ml_collections.ConfigDict, params: Any, workdir: str,
   state = abstract.replace(
       step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
       batch_stats={}, rng=jax.random.split(jax.random.PRNGKey(config.seed))[1])
-  os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, 'config.json'), 'w') as f:
-    f.write(config.to_json_best_effort(indent=2))
-  manager = checkpoints.checkpoint_manager(workdir, keep=config.keep_checkpoints)
-  checkpoints.save(manager, 0, state, model_name=config.model.name, force=True)
-  manager.wait_until_finished()
+  with contextlib.ExitStack() as run_scope:
+    run = workdir_lib.Workdir.create(workdir, config, run_scope)
+    run.save(0, state, model_name=config.model.name)
+    run.wait_until_finished()

@@ -1,261 +1,43 @@
-"""Checkpoints: the training state in the work directory (orbax), and weights from elsewhere.
+"""Weights from elsewhere: foreign formats, their key rules, resizing, and export back to timm.
 
-Training checkpoints: `checkpoint_manager`, `save`, `restore`, `check_compatible`, and
-`restore_newest_readable`, which resumes from the newest checkpoint that can be read and sets the
-unreadable newer ones aside in `unreadable_checkpoints/` (never deleting them).
-
-Foreign weights: `load(path, model, image_size=...)` returns Flax variables for `model` from
+`load(path, model, image_size=...)` returns Flax variables for `model` from
   - a timm / DeiT / CaiT / DeepViT / T2T-ViT / RegNet PyTorch checkpoint, `.safetensors` (read
-    without torch) or `.pth` (read with `torch.load(weights_only=True)`: tensors only, never arbitrary
-    objects), plain or wrapped in `state_dict_ema` / `model_ema` / `state_dict` / `model`, with
-    `module.` prefixes stripped;
-  - a Google ViT `.npz` (google-research/vision_transformer layout);
-  - a work directory written by `vit_jax.main` (its newest checkpoint's EMA variables where the
-    run kept an EMA, else its params / batch_stats; `restore_variables`).
-`use_ema=False` reads the raw weights of both instead of their EMA.
-The PyTorch key layout is converted by the `from_timm` of the target model's family module. The
-position embedding is resized when the resolution differs, and with `reset_head=True` a head whose
-class count differs is initialised afresh. `export_timm` writes the inverse: a timm `.safetensors`.
-Files are recognised by their content, not their extension.
+    with the `safetensors` package, without torch, bfloat16 included) or `.pth` (read with
+    `torch.load(weights_only=True)`: tensors only, never arbitrary objects), plain or wrapped in
+    `state_dict_ema` / `model_ema` / `state_dict` / `model`, with `module.` prefixes stripped;
+  - a Google ViT `.npz`: google-research/vision_transformer's or big_vision's layout
+    (`google_to_timm`);
+  - a work directory written by `vit_jax.main` (`vit_jax.workdir.Workdir.read_variables`).
+EMA weights are read first where a file or run has them; `use_ema=False` reads the raw ones.
+The PyTorch key layout is converted by the `from_timm` of the target model's family. The position
+embedding is resized when the resolution differs (`resize_pos_embed`), with `reset_head=True` a
+head whose class count differs is initialised afresh, and a model with `scan_layers` gets its
+blocks stacked. `export_timm` writes the inverse: a timm `.safetensors`. Files are recognised by
+their content, not their extension.
 """
 
 import argparse
-import json
 import math
 import os
 import re
-import struct
 import sys
-import time
 import types
 import zipfile
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from absl import logging
-from etils import epath
 import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
-import orbax.checkpoint as ocp
-from jax.experimental import multihost_utils
+import safetensors
+from safetensors import numpy as safetensors_numpy
 
 from vit_jax import models
+from vit_jax import workdir as workdir_lib
 from vit_jax.models import vit
-
-CHECKPOINT_DIR = 'checkpoints'
-UNREADABLE_DIR = 'unreadable_checkpoints'  # Beside CHECKPOINT_DIR: checkpoints set aside.
-
-
-def param_shapes(params: Any) -> dict[str, list[int]]:
-  """Maps every parameter path ('block_0/attn/qkv/kernel') to its shape."""
-  flat = jax.tree_util.tree_flatten_with_path(params)[0]
-  return {
-      '/'.join(str(getattr(k, 'key', getattr(k, 'idx', k))) for k in path): list(np.shape(leaf))
-      for path, leaf in flat
-  }
-
-
-def checkpoint_directory(workdir: str) -> epath.Path:
-  """`workdir/checkpoints`: local paths made absolute (orbax needs that), URIs (gs://) kept."""
-  return epath.Path(workdir if '://' in workdir else os.path.abspath(workdir)) / CHECKPOINT_DIR
-
-
-def checkpoint_manager(workdir: str, *, keep: int, read_only: bool = False
-                       ) -> ocp.CheckpointManager:
-  """An orbax manager over `workdir/checkpoints`, keeping the newest `keep` steps."""
-  options = ocp.CheckpointManagerOptions(  # Read-only: nothing to keep or save, as orbax wants.
-      max_to_keep=None if read_only else keep, save_interval_steps=0 if read_only else 1,
-      create=not read_only, read_only=read_only)
-  return ocp.CheckpointManager(checkpoint_directory(workdir), options=options,
-                               item_names=('state', 'meta'))
-
-
-def has_checkpoint(workdir: str) -> bool:
-  """Whether `workdir` holds at least one finished training checkpoint."""
-  if not checkpoint_directory(workdir).is_dir():
-    return False
-  return checkpoint_manager(workdir, keep=1, read_only=True).latest_step() is not None
-
-
-def check_compatible(workdir: str, model_name: str, params: Any) -> None:
-  """Raises ValueError if `workdir`'s newest checkpoint belongs to another model.
-
-  Compares the model name and every parameter shape recorded in the checkpoint with the model
-  about to be trained, so a typo in --workdir never silently overwrites someone else's run.
-  """
-  if not has_checkpoint(workdir):
-    return
-  manager = checkpoint_manager(workdir, keep=1, read_only=True)
-  found = newest_readable(manager, lambda step: manager.restore(
-      step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta'], quiet=True)
-  if found is None:  # None readable: training says so where it restores.
-    return
-  step, meta = found
-  saved, wanted = meta['param_shapes'], param_shapes(params)
-  missing = sorted(set(wanted) - set(saved))
-  unexpected = sorted(set(saved) - set(wanted))
-  reshaped = sorted(k for k in set(saved) & set(wanted) if saved[k] != wanted[k])
-  if meta['model'] != model_name or missing or unexpected or reshaped:
-    details = []
-    if missing:
-      details.append(f'missing from the checkpoint: {missing[:5]}' + ('…' if len(missing) > 5 else ''))
-    if unexpected:
-      details.append(f'not in the model: {unexpected[:5]}' + ('…' if len(unexpected) > 5 else ''))
-    if reshaped:
-      details.append('different shapes: ' + ', '.join(
-          f'{k} {saved[k]} vs {wanted[k]}' for k in reshaped[:5]))
-    raise ValueError(
-        f'The work directory {workdir!r} holds a checkpoint (step {step}) of model '
-        f'{meta["model"]!r}, but the config trains {model_name!r}'
-        + (': ' + '; '.join(details) if details else '')
-        + '. Use a new --workdir, or the config that wrote this one (see its config.json).')
-
-
-def save(manager: ocp.CheckpointManager, step: int, state: Any, *, model_name: str,
-         force: bool = False) -> None:
-  """Saves the training state together with what `check_compatible` needs."""
-  meta = {'model': model_name, 'step': int(step), 'param_shapes': param_shapes(state.params)}
-  manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                             meta=ocp.args.JsonSave(meta)), force=force)
-
-
-def newest_readable(manager: ocp.CheckpointManager, read: Callable[[int], Any], *,
-                    on_unreadable: Callable[[int, str], None] | None = None,
-                    quiet: bool = False) -> tuple[int, Any] | None:
-  """(step, read(step)) of the newest checkpoint that `read` can read, or None if none can.
-
-  Each newer checkpoint that fails to read is logged (unless `quiet`) with its path and the
-  reason, then passed to `on_unreadable(step, reason)` when given; nothing is deleted here.
-  """
-  for step in sorted(manager.all_steps(), reverse=True):
-    try:
-      return step, read(step)
-    except Exception as e:  # orbax, tensorstore and json raise many kinds. pylint: disable=broad-except
-      reason = _reason(e)
-      if not quiet:
-        logging.warning('Skipping the checkpoint of step %d in %s, which cannot be read (%s).',
-                        step, manager.directory / str(step), reason)
-      if on_unreadable is not None:
-        on_unreadable(step, reason)
-  return None
-
-
-def _reason(error: Exception) -> str:
-  """The first line of an error, without tensorstore's spec dump."""
-  lines = str(error).strip().splitlines()
-  text = re.split(r' \[tensorstore_spec| See full TensorStore details', lines[0])[0] if lines else ''
-  return f'{type(error).__name__}: {text[:300]}'
-
-
-def set_aside(workdir: str, manager: ocp.CheckpointManager, step: int, reason: str) -> str:
-  """Moves step `step`'s unreadable checkpoint to `workdir/unreadable_checkpoints/`; its path.
-
-  Out of orbax's directory it is never restored, counted or deleted by the retention policy,
-  and a later save of the same step number writes a fresh checkpoint. A `reason.txt` beside it
-  says why it was moved; delete the folder when done with it.
-  """
-  target = (checkpoint_directory(workdir).parent / UNREADABLE_DIR
-            / f'{step}.{time.strftime("%Y%m%d-%H%M%S")}')
-  if jax.process_index() == 0:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    (manager.directory / str(step)).rename(target)
-    (target / 'reason.txt').write_text(f'step {step} could not be read: {reason}\n')
-  if jax.process_count() > 1:
-    multihost_utils.sync_global_devices(f'vit_jax.checkpoints:set_aside_{step}')
-  manager.reload()
-  logging.warning('Moved the unreadable checkpoint of step %d to %s (kept; nothing deleted).',
-                  step, target)
-  return str(target)
-
-
-def restore_newest_readable(workdir: str, manager: ocp.CheckpointManager,
-                            abstract_state: Any) -> Any | None:
-  """The newest readable training state of `workdir`, None if it has no checkpoint.
-
-  Unreadable newer checkpoints (truncated or garbage files, lost metadata, an empty step
-  directory) are skipped and set aside (`set_aside`); if none is readable, ValueError.
-  """
-  steps = manager.all_steps()
-  if not steps:
-    return None
-  def read(step):  # Both items: a checkpoint whose metadata is lost cannot be checked.
-    return manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))['state']
-  found = newest_readable(manager, read,
-                          on_unreadable=lambda step, reason: set_aside(workdir, manager, step,
-                                                                       reason))
-  if found is None:
-    raise ValueError(
-        f'None of the {len(steps)} checkpoints in {checkpoint_directory(workdir)} could be read '
-        f'(steps {sorted(steps)}); each was moved to {UNREADABLE_DIR}/ beside it, see the warnings '
-        'above. Rerun to train afresh from step 0, or move a repaired one back.')
-  return found[1]
-
-
-def restore(manager: ocp.CheckpointManager, abstract_state: Any, step: int | None = None) -> Any:
-  """Restores the state at `step` (default: newest) onto the shardings of `abstract_state`."""
-  step = manager.latest_step() if step is None else step
-  restored = manager.restore(
-      step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state)))
-  return restored['state']
-
-
-def restore_arrays(workdir: str, step: int | None = None) -> dict[str, Any]:
-  """The newest readable (or `step`'s) training state of `workdir` as a tree of host arrays.
-
-  Needs no model or optimizer: for teachers, fine-tuning and analysis, which use the parameters.
-  Unreadable newer checkpoints are skipped with a warning and left where they are. Arrays are
-  read whole into host memory, whatever mesh, device count or process count wrote them (a sharded
-  run reads as a replicated one), and never pass through a device.
-  """
-  manager = ocp.CheckpointManager(checkpoint_directory(workdir),
-                                  options=ocp.CheckpointManagerOptions(read_only=True),
-                                  item_handlers={'state': ocp.PyTreeCheckpointHandler(),
-                                                 'meta': ocp.JsonCheckpointHandler()})
-
-  def read(step: int) -> Any:
-    saved = manager.item_metadata(step)['state']
-    as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), saved.tree)
-    return manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.PyTreeRestore(restore_args=as_numpy)))['state']
-
-  if step is not None:
-    return read(step)
-  found = newest_readable(manager, read)
-  if found is None:
-    raise ValueError(f'{workdir!r} holds no readable checkpoint.')
-  return found[1]
-
-
-def restore_variables(workdir: str, step: int | None = None, *, use_ema: bool = True
-                      ) -> tuple[dict[str, Any], int, bool]:
-  """The model variables ({'params'[, 'batch_stats']}) of `workdir`'s newest (or `step`'s)
-  checkpoint, in the layout the run trained in, that checkpoint's step, and whether they are the
-  EMA: the run's EMA of the variables when it kept one (`ema_decay` > 0) and `use_ema`, as the
-  published DeiT/CaiT/T2T numbers are the EMA model's; else the trained variables themselves."""
-  state = restore_arrays(workdir, step)
-  ema = bool(use_ema and state.get('ema'))
-  source = state['ema'] if ema else state
-  variables = {'params': source['params']}
-  if source.get('batch_stats'):
-    variables['batch_stats'] = source['batch_stats']
-  logging.info('Read the %s weights of %s (step %d).', 'EMA' if ema else 'raw', workdir,
-               int(state['step']))
-  return variables, int(state['step']), ema
-
-
-def read_config(workdir: str) -> dict[str, Any] | None:
-  """The resolved config a run saved in its work directory, or None."""
-  path = epath.Path(workdir) / 'config.json'
-  if not path.exists():
-    return None
-  return json.loads(path.read_text())
-
-
-# Foreign weights ---------------------------------------------------------------------------------
 
 HEAD_NAMES = ('head', 'head_dist')
 POS_EMBED_RESIZE_METHODS = ('timm', 'pytorch')
@@ -298,72 +80,17 @@ def _layout_hint(keys: list[str], family: str) -> str:
   return ''
 
 
-# Reading files.
-
-_SAFETENSORS_DTYPES = {
-    'F64': np.dtype('<f8'), 'F32': np.dtype('<f4'), 'F16': np.dtype('<f2'),
-    'BF16': np.dtype(ml_dtypes.bfloat16), 'I64': np.dtype('<i8'), 'I32': np.dtype('<i4'),
-    'I16': np.dtype('<i2'), 'I8': np.dtype('i1'), 'U8': np.dtype('u1'), 'BOOL': np.dtype('?'),
-}
-
-
 def _corrupt(path: str, what: str, detail: str) -> ValueError:
   return ValueError(f'{path!r} is not a readable {what}: {detail}. The file may be truncated or '
                     'corrupt; download or write it again.')
 
 
 def _read_safetensors(path: str) -> dict[str, np.ndarray]:
-  """The tensors of a .safetensors file (bfloat16 included), checked against the file size."""
-  size = os.path.getsize(path)
-  with open(path, 'rb') as f:
-    (header_size,) = struct.unpack('<Q', f.read(8))
-    if 8 + header_size > size:
-      raise _corrupt(path, 'safetensors file',
-                     f'its header claims {header_size} bytes but the file has {size}')
-    try:
-      header = json.loads(f.read(header_size))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-      raise _corrupt(path, 'safetensors file', f'its header is not JSON ({e})') from e
-  header.pop('__metadata__', None)
-  if size > 8 + header_size:
-    data = np.memmap(path, dtype=np.uint8, mode='r', offset=8 + header_size)
-  else:
-    data = np.zeros((0,), np.uint8)
-  tensors = {}
-  for key, entry in header.items():
-    dtype = _SAFETENSORS_DTYPES.get(entry.get('dtype'))
-    if dtype is None:
-      raise ValueError(f'{path!r}: tensor {key!r} has dtype {entry.get("dtype")!r}; supported: '
-                       f'{sorted(_SAFETENSORS_DTYPES)}.')
-    start, end = entry['data_offsets']
-    shape = tuple(entry['shape'])
-    if end > data.size or end - start != dtype.itemsize * math.prod(shape):
-      raise _corrupt(path, 'safetensors file',
-                     f'tensor {key!r} needs bytes {start}..{end} of {data.size}')
-    tensors[key] = np.array(data[start:end].view(dtype).reshape(shape))
-  return tensors
-
-
-_TORCHVISION_SCHEMAS = []  # Keeps the declared torchvision operators alive for the process.
-
-
-def import_timm() -> types.ModuleType:
-  """timm, also where torchvision is a CUDA build beside a CPU-only torch (as PyPI's is).
-
-  Such a torchvision fails to register its C++ operators; timm needs only their schemas, so
-  they are declared instead. Raises ImportError without torch or timm.
-  """
-  import torch  # pylint: disable=g-import-not-at-top
+  """The tensors of a .safetensors file, bfloat16 included (the package reads it as ml_dtypes')."""
   try:
-    import torchvision  # pylint: disable=g-import-not-at-top,unused-import
-  except (RuntimeError, ImportError):
-    if not _TORCHVISION_SCHEMAS:
-      library = torch.library.Library('torchvision', 'DEF')
-      library.define('nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor')
-      library.define('qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor')
-      _TORCHVISION_SCHEMAS.append(library)
-  import timm  # pylint: disable=g-import-not-at-top
-  return timm
+    return safetensors_numpy.load_file(path)
+  except safetensors.SafetensorError as e:
+    raise _corrupt(path, 'safetensors file', str(e)) from e
 
 
 def _read_torch(path: str) -> Any:
@@ -561,25 +288,6 @@ def read_state_dict(path: str, *, use_ema: bool = True) -> dict[str, np.ndarray]
           for key, value in state_dict.items()}
 
 
-def read_workdir(workdir: str, *, use_ema: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
-  """The variables of `workdir`'s newest checkpoint (EMA first, see `restore_variables`), and
-  {'model': name, 'fields', 'step', 'weights': 'ema' or 'raw'}.
-
-  Variables come in the unrolled layout (blocks_i) even from a run with scan_layers=True.
-  """
-  config = read_config(workdir)
-  if config is None or not has_checkpoint(workdir):
-    raise ValueError(f'{workdir!r} is not a work directory of vit_jax.main (expected config.json '
-                     f'and {os.path.join(workdir, CHECKPOINT_DIR)}/<step>).')
-  try:
-    variables, step, ema = restore_variables(workdir, use_ema=use_ema)
-  except Exception as e:  # orbax/tensorstore raise many kinds. # pylint: disable=broad-except
-    raise _corrupt(workdir, 'training checkpoint', f'{type(e).__name__}: {e}') from e
-  fields = {k: v for k, v in config['model'].items() if k != 'name'}
-  return vit.unstack_layers(variables), {'model': config['model']['name'], 'fields': fields,
-                                         'step': step, 'weights': 'ema' if ema else 'raw'}
-
-
 # Adapting to the target model.
 
 def resize_pos_embed(pos_embed: np.ndarray, grid: tuple[int, int], num_prefix_tokens: int, *,
@@ -677,11 +385,9 @@ def _reset_head(flat: dict, target: dict, model: nn.Module, image_size: int,
 def _check_fit(flat: dict, target: dict, source: str, model: nn.Module, image_size: int,
                hint: str) -> None:
   """One ValueError listing every missing, unexpected and wrongly shaped variable."""
-  missing = sorted(_path(k) for k in set(target) - set(flat))
-  unexpected = sorted(_path(k) for k in set(flat) - set(target))
-  reshaped = sorted(f'{_path(k)} {tuple(flat[k].shape)} vs {tuple(target[k].shape)}'
-                    for k in set(flat) & set(target) if tuple(flat[k].shape) != target[k].shape)
-  if not (missing or unexpected or reshaped):
+  diff = workdir_lib.ShapeDiff.between({_path(k): v.shape for k, v in flat.items()},
+                                       {_path(k): v.shape for k, v in target.items()})
+  if not diff:
     return
   classes_differ = any(_is_head(k) and flat[k].shape[-1] != target[k].shape[-1]
                        for k in set(flat) & set(target))
@@ -689,17 +395,42 @@ def _check_fit(flat: dict, target: dict, source: str, model: nn.Module, image_si
     hint = (f'The checkpoint\'s head has a different class count than the model '
             f'(num_classes={model.num_classes}); pass reset_head=True (init_from does) to '
             'fine-tune with a fresh head. ')
-
-  def listing(title, items):
-    shown = ', '.join(items[:12]) + (f', … ({len(items) - 12} more)' if len(items) > 12 else '')
-    return f'\n  {title} ({len(items)}): {shown}' if items else ''
-
   raise ValueError(
       f'{source} does not fit {type(model).__name__} ({_family_name(model)}) at image_size '
-      f'{image_size}. {hint}'.rstrip()
-      + listing('missing from the checkpoint', missing)
-      + listing('unexpected in the checkpoint', unexpected)
-      + listing('wrong shape, checkpoint vs model', reshaped))
+      f'{image_size}. {hint}'.rstrip() + diff.listing())
+
+
+def _from_workdir(path: str, model: nn.Module, use_ema: bool) -> tuple[dict, str, str]:
+  """(unrolled variables, a description of the source, a hint if another family saved them)."""
+  run = workdir_lib.Workdir.open(path)
+  saved = run.read_variables(use_ema=use_ema, unrolled=True)
+  name = run.config().model.name
+  fields = {k: v for k, v in run.config().model.items() if k != 'name'}
+  source = (f'Work directory {path!r} (model {name!r} with fields {fields}, step {saved.step}, '
+            f'{"ema" if saved.ema else "raw"} weights)')
+  family, saved_family = _family_name(model), _family_name(models.create(name))
+  hint = (f'It holds a {saved_family!r} model but the model is of family {family!r}. '
+          if saved_family != family else '')
+  return saved.variables, source, hint
+
+
+def _from_file(path: str, model: nn.Module, use_ema: bool) -> tuple[dict, str, str]:
+  """(variables converted by `model`'s family, a description of the file, a hint on misfits)."""
+  family = _family_name(model)
+  state_dict = read_state_dict(path, use_ema=use_ema)
+  source = f'Checkpoint {path!r}'
+  hint = _layout_hint(list(state_dict), family)
+  if 'cls_token' not in state_dict and 'cls_token' in getattr(model, 'prefix_tokens', ()):
+    hint += ('The checkpoint has no class token (big_vision pool_type \'gap\' or \'map\'): '
+             "give the model global_pool='avg' or 'map' (and big_vision's "
+             "mlp_activation='gelu_tanh'). ")
+  try:
+    variables = family_module(model).from_timm(state_dict)
+  except (ValueError, KeyError) as e:
+    detail = str(e) if len(str(e)) <= 1000 else str(e)[:1000] + ' …'
+    raise ValueError(f'{source} cannot be converted for {type(model).__name__} ({family}). '
+                     f'{hint}{detail}') from e
+  return variables, source, hint
 
 
 def load(path: str, model: nn.Module, *, image_size: int, reset_head: bool = False,
@@ -713,40 +444,27 @@ def load(path: str, model: nn.Module, *, image_size: int, reset_head: bool = Fal
   resolution is resized (`resize_pos_embed`, `pos_embed_resize` method). With `reset_head`, heads
   whose class count differs from `model.num_classes` are initialised afresh from `rng` (and a
   pre-logits layer the model lacks is dropped); without it a class-count mismatch is an error.
+  The variables come in `model`'s layout: stacked where it scans its layers (`scan_layers`).
   Raises ValueError for unreadable files, another family, or any variable that does not fit.
   """
-  target = _abstract_variables(model, image_size)
-  family = _family_name(model)
-  if os.path.isdir(path):
-    variables, meta = read_workdir(path, use_ema=use_ema)
-    source = (f'Work directory {path!r} (model {meta["model"]!r} with fields {meta["fields"]}, '
-              f'step {meta["step"]}, {meta["weights"]} weights)')
-    saved_family = _family_name(models.create(meta['model']))
-    hint = (f'It holds a {saved_family!r} model but the model is of family {family!r}. '
-            if saved_family != family else '')
-  else:
-    state_dict = read_state_dict(path, use_ema=use_ema)
-    source = f'Checkpoint {path!r}'
-    hint = _layout_hint(list(state_dict), family)
-    if 'cls_token' not in state_dict and 'cls_token' in getattr(model, 'prefix_tokens', ()):
-      hint += ('The checkpoint has no class token (big_vision pool_type \'gap\' or \'map\'): '
-               "give the model global_pool='avg' or 'map' (and big_vision's "
-               "mlp_activation='gelu_tanh'). ")
-    try:
-      variables = family_module(model).from_timm(state_dict)
-    except (ValueError, KeyError) as e:
-      detail = str(e) if len(str(e)) <= 1000 else str(e)[:1000] + ' …'
-      raise ValueError(f'{source} cannot be converted for {type(model).__name__} ({family}). '
-                       f'{hint}{detail}') from e
+  scanned = getattr(model, 'scan_layers', False)
+  unrolled = model.clone(scan_layers=False) if scanned else model
+  target = _abstract_variables(unrolled, image_size)
+  read = _from_workdir if os.path.isdir(path) else _from_file
+  variables, source, hint = read(path, unrolled, use_ema)
   flat = flax.traverse_util.flatten_dict(
       {c: dict(variables[c]) for c in _VARIABLE_COLLECTIONS if c in variables})
   flat = {key: np.asarray(value) for key, value in flat.items()}
-  _resize_position_embeddings(flat, target, model, pos_embed_resize)
+  _resize_position_embeddings(flat, target, unrolled, pos_embed_resize)
   if reset_head:
-    _reset_head(flat, target, model, image_size, rng)
-  _check_fit(flat, target, source, model, image_size, hint)
+    _reset_head(flat, target, unrolled, image_size, rng)
+  _check_fit(flat, target, source, unrolled, image_size, hint)
   cast = {key: np.asarray(value, dtype=target[key].dtype) for key, value in flat.items()}
-  return flax.traverse_util.unflatten_dict(cast)
+  variables = flax.traverse_util.unflatten_dict(cast)
+  if not scanned:
+    return variables
+  return vit.stack_layers(variables, flax.traverse_util.unflatten_dict(
+      _abstract_variables(model, image_size)))
 
 
 def export_timm(variables: Mapping[str, Any], model: nn.Module, path: str) -> list[str]:
@@ -755,12 +473,11 @@ def export_timm(variables: Mapping[str, Any], model: nn.Module, path: str) -> li
   `timm.create_model(<matching name>, num_classes=..., img_size=...)` accepts the file with
   `model.load_state_dict(safetensors.torch.load_file(path))`.
   """
-  from safetensors import numpy as safetensors_numpy  # pylint: disable=g-import-not-at-top
   state_dict = family_module(model).to_timm(jax.device_get(dict(variables)))
   tensors = {}
   for key, value in state_dict.items():
     value = np.asarray(value)
-    if value.dtype == ml_dtypes.bfloat16:  # safetensors' NumPy writer has no bfloat16.
+    if value.dtype == ml_dtypes.bfloat16:  # timm's models hold float32 parameters.
       value = value.astype(np.float32)
     tensors[key] = np.ascontiguousarray(value)
   directory = os.path.dirname(os.path.abspath(path))
