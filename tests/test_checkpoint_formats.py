@@ -92,6 +92,24 @@ def test_ema_weights_are_preferred_like_timm(timm_model, tmp_path):
   np.testing.assert_array_equal(raw['params']['cls_token'], plain['cls_token'])
 
 
+def test_bfloat16_safetensors_load_as_timm_runs_them(timm_model, tmp_path):
+  """Weights published in bfloat16 (saved by safetensors.torch) load with the logits timm gives
+  for the same bfloat16 values."""
+  import torch  # pylint: disable=g-import-not-at-top
+  from safetensors import torch as safetensors_torch  # pylint: disable=g-import-not-at-top
+  ours = _ours('vit_ti16', **TINY)
+  model, state_dict = timm_model('vit_tiny_patch16_224', img_size=32, **TINY)
+  halved = {key: value.to(torch.bfloat16) for key, value in _tensors(state_dict).items()}
+  path = str(tmp_path / 'bf16.safetensors')
+  safetensors_torch.save_file(halved, path)
+  model.load_state_dict({key: value.float() for key, value in halved.items()})
+  images = _images(32)
+  variables = pretrained.load(path, ours, image_size=32)
+  assert variables['params']['cls_token'].dtype == np.float32
+  logits = np.asarray(jax.jit(ours.apply)(variables, images))
+  assert np.abs(logits - _timm_logits(model, images)).max() <= 1e-5
+
+
 def _google_npz(state_dict: dict, num_heads: int, path: str) -> str:
   """Writes a timm ViT state dict in the google-research/vision_transformer .npz layout."""
   width = state_dict['cls_token'].shape[-1]

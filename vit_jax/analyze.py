@@ -165,7 +165,8 @@ def analyze(workdir: str, what: Sequence[str] | str = 'all', *, step: int | None
                      'must be >= 1.')
   run = inference.load_run(workdir, step, use_ema=use_ema, unroll=True)  # Per-block maps.
   what, explicit = _resolve(what, run.model)
-  out = _Outputs(workdir_lib.Workdir(workdir).analysis_dir(), explicit)
+  run_dir = workdir_lib.Workdir(workdir)
+  out = _Outputs(run_dir.analysis_dir(), explicit)
   images = eval_images(run.config, num_images)
   image_shape = images.shape[1:3]
   name = run.config.model.name
@@ -209,8 +210,7 @@ def analyze(workdir: str, what: Sequence[str] | str = 'all', *, step: int | None
     report['pruning'] = _pruning(run, out.directory, pruning_rule, finetune_steps,
                                  finetune_lr_factor)
   report['files'] = out.files
-  workdir_lib.Workdir(workdir).write_json(os.path.join(workdir_lib.ANALYSIS_DIR, 'analysis.json'),
-                                          report)
+  run_dir.write_json(os.path.join(workdir_lib.ANALYSIS_DIR, 'analysis.json'), report)
   return report
 
 

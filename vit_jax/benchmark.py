@@ -41,7 +41,7 @@ import resource
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from absl import app
 from absl import flags
@@ -592,19 +592,8 @@ def parse_layers_row(value: str) -> tuple[str, bool, bool]:
   return parts[0], parts[1] == '1', parts[2] == '1'
 
 
-def main(argv) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  for name in ('steps', 'repeats', 'late_step'):
-    if flags.FLAGS[name].value is not None and flags.FLAGS[name].value < 1:
-      raise app.UsageError(f'--{name}={flags.FLAGS[name].value} must be >= 1.')
-  if _INPUT_PIPELINE.value:
-    from vit_jax import input_benchmark  # pylint: disable=g-import-not-at-top
-    if _VS_TIMM.value:
-      try:
-        input_benchmark.check_vs_timm(_CONFIG.value)
-      except ValueError as e:
-        raise app.UsageError(str(e)) from e
+def _prepare_process() -> None:
+  """What must happen before JAX or torch start: CPUs, forced devices, runtime flags, timm."""
   if _THREADS.value is not None:
     cpus = sorted(os.sched_getaffinity(0))
     if not 1 <= _THREADS.value <= len(cpus):
@@ -630,6 +619,22 @@ def main(argv) -> None:
     except ImportError as e:
       raise app.UsageError(f'--vs_timm needs torch and timm installed ({e}).') from e
     torch.set_num_threads(len(os.sched_getaffinity(0)))
+
+
+def main(argv) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  for name in ('steps', 'repeats', 'late_step'):
+    if flags.FLAGS[name].value is not None and flags.FLAGS[name].value < 1:
+      raise app.UsageError(f'--{name}={flags.FLAGS[name].value} must be >= 1.')
+  if _INPUT_PIPELINE.value:
+    from vit_jax import input_benchmark  # pylint: disable=g-import-not-at-top
+    if _VS_TIMM.value:
+      try:
+        input_benchmark.check_vs_timm(_CONFIG.value)
+      except ValueError as e:
+        raise app.UsageError(str(e)) from e
+  _prepare_process()
   config = _CONFIG.value
   if _DATA_DIR.value:
     config.data_dir = _DATA_DIR.value

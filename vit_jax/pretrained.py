@@ -30,7 +30,7 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_dtypes
+import ml_dtypes  # Names bfloat16 for NumPy: safetensors.numpy (>= 0.8) reads BF16 through it.
 import numpy as np
 import safetensors
 from safetensors import numpy as safetensors_numpy
@@ -86,7 +86,7 @@ def _corrupt(path: str, what: str, detail: str) -> ValueError:
 
 
 def _read_safetensors(path: str) -> dict[str, np.ndarray]:
-  """The tensors of a .safetensors file, bfloat16 included (the package reads it as ml_dtypes')."""
+  """The tensors of a .safetensors file, bfloat16 included (as ml_dtypes' bfloat16)."""
   try:
     return safetensors_numpy.load_file(path)
   except safetensors.SafetensorError as e:
