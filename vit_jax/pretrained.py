@@ -150,6 +150,15 @@ def _unwrap(checkpoint: Mapping[str, Any], *, use_ema: bool) -> Mapping[str, Any
 _GOOGLE_PREFIXES = ('opt/target/', 'params/img/', 'params/')
 _BLOCK = r'Transformer/encoderblock_(\d+)/'
 _MAP = r'MAPHead_0/'
+
+
+def _mlp_rules(source: str, target: str) -> tuple[tuple[str, str, str], ...]:
+  """The rules of an MlpBlock's Dense_0 / Dense_1 (`source` prefix) -> timm's `target`.fc1 / fc2."""
+  return tuple((f'{source}Dense_{i}/{leaf}', f'{target}.fc{i + 1}.{name}', rule)
+               for i in (0, 1)
+               for leaf, name, rule in (('kernel', 'weight', 'dense'), ('bias', 'bias', 'copy')))
+
+
 _GOOGLE_RULES = (
     (r'embedding/kernel', 'patch_embed.proj.weight', 'conv'),
     (r'embedding/bias', 'patch_embed.proj.bias', 'copy'),
@@ -161,20 +170,14 @@ _GOOGLE_RULES = (
     (r'(head|pre_logits)/bias', '{0}.bias', 'copy'),
     (_BLOCK + r'LayerNorm_0/(scale|bias)', 'blocks.{0}.norm1.{1}', 'norm'),
     (_BLOCK + r'LayerNorm_[12]/(scale|bias)', 'blocks.{0}.norm2.{1}', 'norm'),
-    (_BLOCK + r'MlpBlock_[03]/Dense_0/kernel', 'blocks.{0}.mlp.fc1.weight', 'dense'),
-    (_BLOCK + r'MlpBlock_[03]/Dense_0/bias', 'blocks.{0}.mlp.fc1.bias', 'copy'),
-    (_BLOCK + r'MlpBlock_[03]/Dense_1/kernel', 'blocks.{0}.mlp.fc2.weight', 'dense'),
-    (_BLOCK + r'MlpBlock_[03]/Dense_1/bias', 'blocks.{0}.mlp.fc2.bias', 'copy'),
+    *_mlp_rules(_BLOCK + r'MlpBlock_[03]/', 'blocks.{0}.mlp'),
     # (H, hd, D) -> Linear weight (D, H * hd)
     (_BLOCK + r'MultiHeadDotProductAttention_[01]/out/kernel', 'blocks.{0}.attn.proj.weight',
      'out'),
     (_BLOCK + r'MultiHeadDotProductAttention_[01]/out/bias', 'blocks.{0}.attn.proj.bias', 'copy'),
     (_MAP + r'probe', 'attn_pool.latent', 'copy'),
     (_MAP + r'LayerNorm_0/(scale|bias)', 'attn_pool.norm.{0}', 'norm'),
-    (_MAP + r'MlpBlock_0/Dense_0/kernel', 'attn_pool.mlp.fc1.weight', 'dense'),
-    (_MAP + r'MlpBlock_0/Dense_0/bias', 'attn_pool.mlp.fc1.bias', 'copy'),
-    (_MAP + r'MlpBlock_0/Dense_1/kernel', 'attn_pool.mlp.fc2.weight', 'dense'),
-    (_MAP + r'MlpBlock_0/Dense_1/bias', 'attn_pool.mlp.fc2.bias', 'copy'),
+    *_mlp_rules(_MAP + r'MlpBlock_0/', 'attn_pool.mlp'),
     (_MAP + r'MultiHeadDotProductAttention_0/query/kernel', 'attn_pool.q.weight', 'in'),
     (_MAP + r'MultiHeadDotProductAttention_0/query/bias', 'attn_pool.q.bias', 'flat'),
     (_MAP + r'MultiHeadDotProductAttention_0/out/kernel', 'attn_pool.proj.weight', 'out'),
