@@ -6,7 +6,9 @@
       checkpoints/<step>/      orbax: `state` (the training state) and `meta` ({'model': name})
       unreadable_checkpoints/  checkpoints that resuming found unreadable, set aside with reason.txt
       results.json             final metrics (`write_results`, `results`)
+      eval_report.json         what `eval_only` scored (`write_json`)
       analysis/                `vit_jax.analyze`'s figures, analysis.json and pruned runs
+      events.out.tfevents.*    TensorBoard summaries
 
 `Workdir(path)` reads a run without changing it; `Workdir.open(path)` does so after checking that
 it is a trained run; `Workdir.create(path, config, scope)` takes the lock and writes the config for
