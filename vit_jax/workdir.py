@@ -188,7 +188,8 @@ class SavedVariables:
 def _reason(error: Exception) -> str:
   """The first line of an error, without tensorstore's spec dump."""
   lines = str(error).strip().splitlines()
-  text = re.split(r' \[tensorstore_spec| See full TensorStore details', lines[0])[0] if lines else ''
+  first = lines[0] if lines else ''
+  text = re.split(r' \[tensorstore_spec| See full TensorStore details', first)[0]
   return f'{type(error).__name__}: {text[:300]}'
 
 
@@ -268,11 +269,11 @@ class Workdir:
       if step not in self.steps():
         raise ValueError(f'No checkpoint at step {step} in {self.path!r}; steps: {self.steps()}.')
       try:
-        return self._restore(step, like)
-      except Exception as e:  # orbax, tensorstore and json raise many kinds. pylint: disable=broad-except
+        return self._restore(step, like)['state']
+      except Exception as e:  # Orbax, tensorstore, json: many kinds. pylint: disable=broad-except
         raise ValueError(f'The checkpoint of step {step} in {self.path!r} cannot be read '
                          f'({_reason(e)}); it may be truncated or corrupt.') from e
-    found = self._newest_readable(lambda s: self._restore(s, like))
+    found = self._newest_readable(lambda s: self._restore(s, like)['state'])
     if found is None:
       raise ValueError(f'{self.path!r} holds no readable checkpoint (steps {self.steps()}).')
     return found[1]
@@ -303,16 +304,18 @@ class Workdir:
     """
     if not self.has_checkpoint():
       return
-    found = self._newest_readable(lambda step: (self._read_meta(step), flat_shapes(
-        self.manager.item_metadata(step)['state'].tree['params'])), quiet=True)
+    def model_and_shapes(step):  # Orbax's metadata holds every saved shape.
+      return (self._restore(step, state=False)['meta']['model'],
+              flat_shapes(self.manager.item_metadata(step)['state'].tree['params']))
+    found = self._newest_readable(model_and_shapes, quiet=True)
     if found is None:  # None readable: training says so where it resumes.
       return
-    step, (meta, saved_shapes) = found
+    step, (saved_model, saved_shapes) = found
     diff = ShapeDiff.between(saved_shapes, flat_shapes(params))
-    if meta['model'] != model_name or diff:
+    if saved_model != model_name or diff:
       raise ValueError(
           f'The work directory {self.path!r} holds a checkpoint (step {step}) of model '
-          f'{meta["model"]!r}, but the config trains {model_name!r}. Use a new --workdir, or the '
+          f'{saved_model!r}, but the config trains {model_name!r}. Use a new --workdir, or the '
           f'config that wrote this one (see its {CONFIG_FILE}).' + diff.listing(limit=5))
 
   # Writing.
@@ -326,7 +329,7 @@ class Workdir:
     steps = self.steps()
     if not steps:
       return None
-    found = self._newest_readable(lambda step: self._restore(step, like),
+    found = self._newest_readable(lambda step: self._restore(step, like)['state'],
                                   on_unreadable=self._set_aside)
     if found is None:
       raise ValueError(
@@ -384,21 +387,19 @@ class Workdir:
                          'meta': ocp.JsonCheckpointHandler()})
     return self._manager
 
-  def _restore(self, step: int, like: Any) -> Any:
-    """The one reader: step `step`'s state onto `like`'s shardings, or as host arrays.
+  def _restore(self, step: int, like: Any = None, *, state: bool = True) -> Any:
+    """The one reader: step `step`'s items, {'meta'[, 'state']}.
 
-    The meta item is read too: a checkpoint whose metadata is lost cannot be checked.
+    The state onto `like`'s shardings, or without it as host arrays; the meta item always, as a
+    checkpoint whose metadata is lost cannot be checked.
     """
-    if like is None:
-      saved = self.manager.item_metadata(step)['state'].tree
-      like = jax.tree.map(lambda leaf: np.empty(leaf.shape, leaf.dtype), saved)
-    restored = self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(like), meta=ocp.args.JsonRestore()))
-    return restored['state']
-
-  def _read_meta(self, step: int) -> dict[str, Any]:
-    return self.manager.restore(step, args=ocp.args.Composite(
-        meta=ocp.args.JsonRestore()))['meta']
+    items = {'meta': ocp.args.JsonRestore()}
+    if state:
+      if like is None:
+        saved = self.manager.item_metadata(step)['state'].tree
+        like = jax.tree.map(lambda leaf: np.empty(leaf.shape, leaf.dtype), saved)
+      items['state'] = ocp.args.StandardRestore(like)
+    return self.manager.restore(step, args=ocp.args.Composite(**items))
 
   def _newest_readable(self, read: Callable[[int], Any], *,
                        on_unreadable: Callable[[int, str], None] | None = None,
@@ -411,7 +412,7 @@ class Workdir:
     for step in reversed(self.steps()):
       try:
         return step, read(step)
-      except Exception as e:  # orbax, tensorstore and json raise many kinds. pylint: disable=broad-except
+      except Exception as e:  # Orbax, tensorstore, json: many kinds. pylint: disable=broad-except
         reason = _reason(e)
         if not quiet:
           logging.warning('Skipping the checkpoint of step %d in %s, which cannot be read (%s).',
