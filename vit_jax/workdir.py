@@ -250,6 +250,7 @@ class Workdir:
     return sorted(self.manager.all_steps())
 
   def has_checkpoint(self) -> bool:
+    """Whether the run has saved at least one finished checkpoint (so training resumes it)."""
     return bool(self.steps())
 
   def results(self) -> dict[str, Any]:
