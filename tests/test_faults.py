@@ -4,6 +4,7 @@ Every test checks the message a user sees and that no file of the run was lost. 
 tests share one tiny trained run and corrupt copies of it.
 """
 
+import gc
 import json
 import logging as std_logging
 import os
@@ -115,6 +116,7 @@ def test_resume_falls_back_past_an_unreadable_checkpoint(trained, data_dir, tmp_
   intact = {step: _files(os.path.join(workdir, 'checkpoints', str(step))) for step in STEPS[:-1]}
   config = _run_config(data_dir)
   run = workdir_lib.Workdir(workdir, keep_checkpoints=config.keep_checkpoints)
+  gc.collect()  # The previous case's abandoned orbax reads report themselves when collected.
   with caplog.at_level(std_logging.WARNING):
     state = run.resume(_abstract_state(config))
   assert int(state.step) == STEPS[-2]
@@ -132,7 +134,9 @@ def test_resume_falls_back_past_an_unreadable_checkpoint(trained, data_dir, tmp_
   assert run.steps() == list(STEPS[:-1])
   for step, files in intact.items():
     assert _files(os.path.join(workdir, 'checkpoints', str(step))) == files
-  assert 'Traceback' not in caplog.text
+  # asyncio reports reads that orbax abandoned whenever they are collected: not our lines.
+  ours = [r for r in caplog.records if 'Task exception was never retrieved' not in r.getMessage()]
+  assert not any(r.exc_info or 'Traceback' in r.getMessage() for r in ours)
 
 
 def test_training_resumes_and_retention_keeps_intact_checkpoints(trained, data_dir, tmp_path):
