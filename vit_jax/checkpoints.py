@@ -25,7 +25,6 @@ import math
 import os
 import re
 import struct
-import sys
 import time
 import types
 import zipfile
@@ -275,17 +274,17 @@ _LAYOUT_HINTS = (
 )
 
 
-def family_module(model: nn.Module) -> types.ModuleType:
-  """The family module defining `model`'s class, which converts the PyTorch layout."""
-  module = sys.modules[type(model).__module__]
-  if not hasattr(module, 'from_timm') or not hasattr(module, 'to_timm'):
-    raise ValueError(f'{type(model).__name__} ({module.__name__}) has no from_timm/to_timm, so '
+def family_module(model: nn.Module) -> models.Family:
+  """`model`'s registered family, which converts the PyTorch layout."""
+  family = models.family(model)
+  if family.from_timm is None or family.to_timm is None:
+    raise ValueError(f'{type(model).__name__} ({family.name}) has no from_timm/to_timm, so '
                      'PyTorch-layout weights cannot be converted for it.')
-  return module
+  return family
 
 
 def _family_name(model: nn.Module) -> str:
-  return type(model).__module__.rsplit('.', 1)[-1]
+  return models.family(model).name
 
 
 def _layout_hint(keys: list[str], family: str) -> str:
