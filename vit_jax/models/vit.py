@@ -687,7 +687,7 @@ class VisionTransformer(nn.Module):
       return jnp.mean(x, axis=1)
     if self.global_pool == 'map':
       return AttentionPool(self.num_heads, self.block_fields()['mlp_dim'],
-                           mlp_activation=self.mlp_activation,
+                           mlp_activation=self.mlp_activation, layer_norm_eps=self.layer_norm_eps,
                            kernel_init=self.scheme.dense_kernel, dtype=self.dtype,
                            param_dtype=self.param_dtype, name='attn_pool')(x, train=train)
     return x[:, 0]
