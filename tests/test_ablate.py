@@ -9,23 +9,29 @@ import pytest
 
 from configs import ablations
 from vit_jax import ablate
+from vit_jax import analyze
 from vit_jax import models
+from vit_jax.analysis import collapse
+from vit_jax.analysis import maps
+from vit_jax.analysis import rollout
+from vit_jax.models import attention as attention_lib
+from vit_jax.models import sa_conv
 from vit_jax.models import vit
 
-_ATTENTIONS = vit.ATTENTION_KINDS
-_CROSS = [(attention, layer_scale, class_stage, stem)
-          for attention, layer_scale, class_stage, stem in itertools.product(
-              _ATTENTIONS, (None, 0.1), vit.CLASS_STAGES, ('patch', 't2t'))
-          if not (attention in ('quadratic', 'gaussian', 'learned', 'learned_content')
-                  and class_stage == 'token')]
+_CROSS = list(itertools.product(vit.ATTENTION_KINDS, (None, 0.1), vit.CLASS_STAGES,
+                                ('patch', 't2t')))
 
 
 @pytest.mark.parametrize('attention,layer_scale,class_stage,stem', _CROSS)
 def test_every_part_combination_trains_one_step_with_scan(attention, layer_scale, class_stage,
                                                           stem):
+  # Positional attention reads the patch grid only: with the class token from the start, the
+  # head averages the tokens instead.
+  positional = attention in attention_lib.POSITIONAL_KINDS
+  pool = 'avg' if positional and class_stage == 'token' else 'token'
   model = models.create('vit_ti4', num_classes=3, hidden_size=8, num_heads=2, depth=2,
                         mlp_dim=16, attention=attention, layer_scale_init=layer_scale,
-                        class_stage=class_stage, stem=stem, token_dim=8,
+                        class_stage=class_stage, stem=stem, token_dim=8, global_pool=pool,
                         soft_splits=((3, 2, 1), (3, 2, 1)), class_attention_depth=1,
                         scan_layers=True, init_scheme='timm')
   images = jax.random.normal(jax.random.key(0), (2, 8, 8, 3))
@@ -77,3 +83,34 @@ def test_grid_command_runs_a_two_variant_grid(tmp_path):
   table = ablate.table(rows)
   assert table.splitlines()[0].startswith('| variant | accuracy | params')
   assert len(table.splitlines()) == 4
+
+
+@pytest.mark.parametrize('fields', [
+    dict(attention='talking_heads', class_stage='class_attention', stem='t2t'),
+    dict(attention='re_attention', layer_scale_init=0.1, stem='cnn'),
+    dict(attention='gaussian', class_stage='class_attention'),
+    dict(attention='learned_content', global_pool='avg', stem='space_to_depth'),
+    dict(attention='quadratic', global_pool='map', distilled=False),
+    dict(distilled=True, attention='talking_heads'),
+])
+def test_analysis_runs_on_combinations_of_parts(fields):
+  # Unrolled, as the analysis reads every run (`inference.load_run(unroll=True)`).
+  model = models.create('vit_ti4', num_classes=3, hidden_size=8, num_heads=2, depth=3,
+                        mlp_dim=16, patch_size=2, token_dim=8,
+                        soft_splits=((3, 2, 1), (3, 1, 1)), class_attention_depth=1, **fields)
+  images = jax.random.normal(jax.random.key(0), (2, 8, 8, 3))
+  variables = model.init(jax.random.key(1), images)
+  image_shape = images.shape[1:3]
+  layers = maps.attention_maps(model, variables, images)
+  main = maps.main_stage(layers)
+  assert len(main) == 3, [layer.name for layer in layers]
+  result = collapse.measure([layers[i].probs for i in main], [layers[i].name for i in main])
+  assert result.similarity.shape == (3, 3) and 0 <= len(result.similar) <= 2
+  assert maps.query_maps(layers, image_shape, 3)
+  prefix = [p.removesuffix('_token') for p in model.prefix_tokens]
+  assert rollout.token_relevance(layers, image_shape, prefix)
+  assert rollout.attention_distances(layers, image_shape)
+  if 'centres' in analyze.model_analyses(model):
+    heads = sa_conv.attention_heads(variables['params'])
+    assert len(heads) == 3
+    assert ('attention_centers' in heads[0]) == (model.attention in ('gaussian', 'quadratic'))

@@ -135,11 +135,16 @@ class SAConv(nn.Module):
 
 
 def attention_heads(params: dict) -> list[dict[str, jax.Array]]:
-  """The per-head positional parameters of every layer, in layer order (see the module doc);
-  `params` of a model with `scan_layers` are read unstacked."""
+  """The per-head positional parameters of every layer, in layer order (see the module doc):
+  SA-conv's `layers_{i}/attention`, or `blocks_{i}/attn` of a transformer whose main blocks have
+  positional attention (`vit.VisionTransformer.attention`); stacked (`scan_layers`) or not."""
   params = vit.unstack_layers(params)
-  layers = sorted((k for k in params if k.startswith('layers_')), key=lambda k: int(k[7:]))
-  return [dict(params[k]['attention']) for k in layers]
+  for prefix, module in (('layers_', 'attention'), ('blocks_', 'attn')):
+    layers = sorted((k for k in params if k.startswith(prefix) and k[len(prefix):].isdigit()),
+                    key=lambda k: int(k[len(prefix):]))
+    if layers:
+      return [dict(params[k][module]) for k in layers]
+  return []
 
 
 def _sa_conv(attention: str, num_heads: int = 9) -> functools.partial:
