@@ -15,17 +15,17 @@ the digits the same comparison runs at toy scale, so expect the ordering at most
   its ablation table of CaiT's changes on top of DeiT-S).
 - `cait_class_attention`: class token from the start vs CaiT's class-attention stage (CaiT
   Section 3, Figure 3 and the same ablation table).
-- `deepvit_depth`: self-attention vs Re-attention at 4 and 8 blocks. DeepViT (official README,
-  the paper's Table 3), top-1 / similar blocks: ViT-16B 78.88 / 5, DeepViT-16B 79.10 / 0;
+- `deepvit_depth`: self-attention vs Re-attention at 4 and 8 blocks. DeepViT (official README
+  of zhoudaquan/dvit_repo), top-1 / similar blocks: ViT-16B 78.88 / 5, DeepViT-16B 79.10 / 0;
   ViT-24B 79.35 / 11, DeepViT-24B 79.99 / 0; ViT-32B 79.27 / 15, DeepViT-32B 80.90 / 0.
 - `positional_in_vit`: SA-conv's positional attention (quadratic, learned, learned with content)
   in place of standard attention in a ViT whose class token joins after the blocks. Cordonnier et
   al. Tables 1 and 4 (CIFAR-10, their 6-layer model): quadratic 93.8 %, learned 91.8 %, learned
   with content 87.1 %, against ResNet-18's 93.8 %.
 - `t2t_stem`: patch embedding vs T2T's soft-split stem (Performer and transformer token
-  attention) in front of the same ViT. T2T-ViT (official README, paper Table 1): T2T-ViT-14
-  (Performer) 81.5 %, T2T-ViT_t-14 (transformer) 81.7 %, against ViT-S/16's 78.1 % in the
-  paper's comparison at similar size.
+  attention) in front of the same ViT. T2T-ViT (official README): T2T-ViT-14 (Performer stem)
+  81.5 %, T2T-ViT_t-14 (transformer stem) 81.7 %; the paper's Section 4 compares them with ViTs
+  of similar size.
 
 Commands, one per grid (each variant's run and the table's `ablation.json` under --workdir):
 
