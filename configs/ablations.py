@@ -43,7 +43,7 @@ _T2T_SPLITS_16 = ((3, 2, 1), (3, 2, 1), (3, 1, 1))  # 16 px -> 8 -> 4 -> 4: 16 t
 GRIDS = {
     'cait_layerscale': {
         'no_layer_scale': {},
-        'layer_scale_0.1': {'layer_scale_init': 0.1},
+        'layer_scale_1e-1': {'layer_scale_init': 0.1},
         'layer_scale_1e-5': {'layer_scale_init': 1e-5},
     },
     'cait_talking_heads': {
