@@ -114,3 +114,16 @@ def test_analysis_runs_on_combinations_of_parts(fields):
     heads = sa_conv.attention_heads(variables['params'])
     assert len(heads) == 3
     assert ('attention_centers' in heads[0]) == (model.attention in ('gaussian', 'quadratic'))
+
+
+@pytest.mark.parametrize('grid', list(ablations.GRIDS))
+def test_every_grid_variant_builds(grid):
+  config = ablations.get_config(f'grid={grid}')
+  assert len(config.variants) >= 2
+  for name in config.variants:
+    model_config = ablate.variant_config(config, dict(config.variants[name])).model
+    fields = {k: v for k, v in model_config.items() if k != 'name'}
+    model = models.create(model_config.name, num_classes=10, **fields)
+    model.check_fields()
+    images = jnp.zeros((1, config.image_size, config.image_size, 3))
+    assert jax.eval_shape(model.init, jax.random.key(0), images)['params']
