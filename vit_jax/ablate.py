@@ -64,10 +64,12 @@ def run_grid(config: ml_collections.ConfigDict, workdir: str, *, timing_steps: i
   rows = []
   for name, run_config in zip(names, configs):
     run_dir = os.path.join(workdir, name)
-    metrics = train.train_and_evaluate(run_config, run_dir)
+    result = train.train_and_evaluate(run_config, run_dir)
+    if result.preempted:
+      raise KeyboardInterrupt(f'Interrupted at step {result.step} of {name}; rerun to resume.')
     report = analyze.analyze(run_dir, ['collapse'], num_images=collapse_images)
     main = report['collapse'].get('main', {})
-    rows.append({'variant': name, 'accuracy': float(metrics['accuracy']),
+    rows.append({'variant': name, 'accuracy': float(result.metrics['accuracy']),
                  'similar blocks': main.get('similar_block_count', 0)})
   for row, cost in zip(rows, step_costs(configs, num_classes, timing_steps)):
     row.update(cost)
