@@ -25,7 +25,7 @@ def _ours(name: str, **overrides):
     pytest.skip(f'{name} is not registered yet.')
   model = models.create(name, **overrides)
   try:
-    pretrained.family_module(model)
+    pretrained.converting_family(model)
   except ValueError as e:
     pytest.skip(str(e))
   return model
@@ -264,7 +264,7 @@ def _assert_same_variables(expected: dict, actual: dict) -> None:
 
 def test_deepvit_official_layout_with_batch_norm_statistics(tmp_path):
   ours = _ours('deepvit_ti4', depth=2, num_classes=10)
-  family = pretrained.family_module(ours)
+  family = pretrained.converting_family(ours)
   variables = _random_variables(ours, 32)
   state_dict = family.to_timm(variables)
   heads = ours.num_heads
@@ -283,7 +283,7 @@ def test_deepvit_official_layout_with_batch_norm_statistics(tmp_path):
 
 def test_t2t_vit_14_official_layout(tmp_path):
   ours = _ours('t2t_vit_14', num_classes=10)
-  family = pretrained.family_module(ours)
+  family = pretrained.converting_family(ours)
   variables = _random_variables(ours, 224)
   state_dict = family.to_timm(variables)
   # The key names of yitu-opensource/T2T-ViT.

@@ -15,7 +15,7 @@ from vit_jax.models import deepvit
 D, H, CLASSES = 24, 4, 5
 # Block 0 plain attention, blocks 1-2 Re-attention; CNN stem; 16x16 images -> 4x4 tokens.
 TINY = dict(num_classes=CLASSES, patch_size=4, hidden_size=D, depth=3, num_heads=H,
-            re_attention_blocks=2, transform_scale=True, scale_adjustment=0.5, cnn_stem=True)
+            re_attention_blocks=2, transform_scale=True, scale_adjustment=0.5, stem='cnn')
 
 
 def _param_count(model, image_size: int = 224) -> int:
@@ -142,7 +142,8 @@ def test_official_state_dict_loads_and_matches_numpy_reference():
   captured = state['intermediates']
   sd64 = {k: np.asarray(v, np.float64) for k, v in sd.items()}
   tokens = _stem(sd, images)
-  np.testing.assert_allclose(captured['patch_embed']['__call__'][0], tokens, atol=1e-4)
+  stem_tokens = captured['patch_embed']['__call__'][0]  # (batch, rows, cols, width)
+  np.testing.assert_allclose(stem_tokens.reshape(tokens.shape), tokens, atol=1e-4)
   x = np.concatenate([np.broadcast_to(sd64['cls_token'], (2, 1, D)), tokens], 1) + sd64['pos_embed']
   for i in range(3):
     x = _block(sd64, i, x, 0.5, re_attention=i >= 1, transform_scale=True)
@@ -169,7 +170,7 @@ def test_from_timm_and_to_timm_are_inverses():
 
 
 def test_layer_norm_re_attention_runs_but_has_no_official_layout():
-  model = deepvit.DeepViT(**dict(TINY, cnn_stem=False), re_attention_norm='layer')
+  model = deepvit.DeepViT(**dict(TINY, stem='patch'), re_attention_norm='layer')
   variables = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 16, 16, 3)))
   assert 'batch_stats' not in variables
   assert variables['params']['blocks_2']['attn']['reattn_weights'].shape == (H, H)

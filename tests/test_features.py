@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from vit_jax import models
-from vit_jax.models import deit
 from vit_jax.models import features
 from vit_jax.models import vit
 
@@ -125,7 +124,8 @@ def test_equal_to_timm_forward_intermediates(timm_model):
         return_prefix_tokens=True)
     pre_logits = reference.forward_head(final, pre_logits=True).numpy()
   model = models.create('deit_ti16_distilled', patch_size=4)
-  out = features.extract(model, deit.from_timm(state_dict), images, blocks=[0, 11])
+  variables = models.family(model).from_timm(state_dict)
+  out = features.extract(model, variables, images, blocks=[0, 11])
   for name, (grid, prefix) in zip(['blocks_0', 'blocks_11'], intermediates):
     np.testing.assert_allclose(out.patch_grid[name], grid.numpy().transpose(0, 2, 3, 1),
                                atol=1e-4)

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from vit_jax import models
+from vit_jax.models import attention
 from vit_jax.models import sa_conv
+from vit_jax.models import stems
 
 TINY = dict(num_layers=2, hidden_size=16, intermediate_size=24, num_heads=4)
 
@@ -32,7 +34,7 @@ def _space_to_depth_reference(x: np.ndarray, p: int) -> np.ndarray:
 @pytest.mark.parametrize('block, shape', [(2, (2, 8, 6, 3)), (4, (1, 8, 8, 2))])
 def test_space_to_depth_matches_einops_pattern(block, shape):
   x = np.random.default_rng(0).normal(size=shape).astype(np.float32)
-  np.testing.assert_array_equal(sa_conv.space_to_depth(jnp.asarray(x), block),
+  np.testing.assert_array_equal(stems.space_to_depth(jnp.asarray(x), block),
                                 _space_to_depth_reference(x, block))
 
 
@@ -69,7 +71,7 @@ def test_known_centres_attend_to_their_shift():
       np.testing.assert_allclose(probs[:, head, query, key], 1.0, atol=1e-6)
 
 
-@pytest.mark.parametrize('attention', sa_conv.ATTENTION_KINDS)
+@pytest.mark.parametrize('attention', attention.POSITIONAL_KINDS)
 def test_forward_shapes_and_per_head_parameters(attention):
   model = models.create(f'sa_conv_{attention}', num_classes=7, **TINY)
   images = jax.random.normal(jax.random.key(1), (3, 12, 16, 3))

@@ -11,6 +11,7 @@ import pytest
 from scipy import special
 
 from vit_jax import models
+from vit_jax.models import stems
 from vit_jax.models import t2t
 
 TOKEN_DIM, D, HEADS, CLASSES = 8, 16, 2, 5
@@ -31,7 +32,7 @@ def _unfold(x_nhwc: np.ndarray, kernel: int, stride: int, padding: int) -> np.nd
     ((1, 32, 32, 3), (7, 2, 3))])
 def test_soft_split_matches_torch_unfold(shape, split):
   x = np.random.default_rng(0).normal(size=shape).astype(np.float32)
-  tokens, grid = t2t.soft_split(jnp.asarray(x), *split)
+  tokens, grid = stems.soft_split(jnp.asarray(x), *split)
   expected = _unfold(x, *split)
   assert tokens.shape == expected.shape and grid[0] * grid[1] == expected.shape[1]
   np.testing.assert_array_equal(tokens, expected)
@@ -145,7 +146,7 @@ def _official_state_dict(tokens_type: str, seed: int = 0) -> dict[str, np.ndarra
   return sd
 
 
-@pytest.mark.parametrize('tokens_type', t2t.TOKENS_TYPES)
+@pytest.mark.parametrize('tokens_type', stems.TOKENS_TYPES)
 def test_official_state_dict_loads_and_matches_numpy_reference(tokens_type):
   sd = _official_state_dict(tokens_type)
   variables = t2t.from_timm(sd)
@@ -177,7 +178,7 @@ def test_official_state_dict_loads_and_matches_numpy_reference(tokens_type):
   np.testing.assert_allclose(logits, expected, atol=1e-4)
 
 
-@pytest.mark.parametrize('tokens_type', t2t.TOKENS_TYPES)
+@pytest.mark.parametrize('tokens_type', stems.TOKENS_TYPES)
 def test_from_timm_and_to_timm_are_inverses(tokens_type):
   sd = _official_state_dict(tokens_type)
   restored = t2t.to_timm(t2t.from_timm(sd))

@@ -42,6 +42,7 @@ from vit_jax.analysis import collapse
 from vit_jax.analysis import maps
 from vit_jax.analysis import pruning
 from vit_jax.analysis import rollout
+from vit_jax.models import attention
 from vit_jax.models import sa_conv
 
 ANALYSES = ('collapse', 'maps', 'rollout', 'distance', 'centres', 'pruning')
@@ -88,11 +89,11 @@ def accuracy(model: nn.Module, variables: dict[str, Any],
 
 
 def model_analyses(model: nn.Module) -> list[str]:
-  """The analyses that apply to `model` (centres and pruning only to SA-conv)."""
+  """The analyses that apply to `model` (centres to positional attention, pruning to SA-conv)."""
   names = ['collapse', 'maps', 'rollout', 'distance']
-  if isinstance(model, sa_conv.SAConv):
+  if getattr(model, 'attention', None) in attention.POSITIONAL_KINDS:
     names.append('centres')
-    if model.attention in pruning.PRUNABLE:
+    if isinstance(model, sa_conv.SAConv) and model.attention in pruning.PRUNABLE:
       names.append('pruning')
   return names
 
@@ -263,7 +264,7 @@ def _distance(layers, means, image_shape, out) -> dict[str, Any]:
 
 
 def _centres(variables, layers, means, image_shape, window, out) -> dict[str, Any]:
-  """centres.png: SA-conv mass contours of every head for the centre query pixel."""
+  """centres.png: mass contours of every positional head for the centre query pixel."""
   heads = sa_conv.attention_heads(variables['params'])
   queries = [q for q in maps.query_maps(layers, image_shape) if q.query == 'centre']
   panels, mus = [], []

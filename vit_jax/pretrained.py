@@ -20,7 +20,6 @@ import argparse
 import math
 import os
 import re
-import sys
 import types
 import zipfile
 from typing import Any, Mapping
@@ -57,17 +56,17 @@ _LAYOUT_HINTS = (
 )
 
 
-def family_module(model: nn.Module) -> types.ModuleType:
-  """The family module defining `model`'s class, which converts the PyTorch layout."""
-  module = sys.modules[type(model).__module__]
-  if not hasattr(module, 'from_timm') or not hasattr(module, 'to_timm'):
-    raise ValueError(f'{type(model).__name__} ({module.__name__}) has no from_timm/to_timm, so '
+def converting_family(model: nn.Module) -> models.Family:
+  """`model`'s registered family, which converts the PyTorch layout."""
+  family = models.family(model)
+  if family.from_timm is None or family.to_timm is None:
+    raise ValueError(f'{type(model).__name__} ({family.name}) has no from_timm/to_timm, so '
                      'PyTorch-layout weights cannot be converted for it.')
-  return module
+  return family
 
 
 def _family_name(model: nn.Module) -> str:
-  return type(model).__module__.rsplit('.', 1)[-1]
+  return models.family(model).name
 
 
 def _layout_hint(keys: list[str], family: str) -> str:
@@ -428,7 +427,7 @@ def _from_file(path: str, model: nn.Module, use_ema: bool) -> tuple[dict, str, s
              "give the model global_pool='avg' or 'map' (and big_vision's "
              "mlp_activation='gelu_tanh'). ")
   try:
-    variables = family_module(model).from_timm(state_dict)
+    variables = converting_family(model).from_timm(state_dict)
   except (ValueError, KeyError) as e:
     detail = str(e) if len(str(e)) <= 1000 else str(e)[:1000] + ' …'
     raise ValueError(f'{source} cannot be converted for {type(model).__name__} ({family}). '
@@ -476,7 +475,7 @@ def export_timm(variables: Mapping[str, Any], model: nn.Module, path: str) -> li
   `timm.create_model(<matching name>, num_classes=..., img_size=...)` accepts the file with
   `model.load_state_dict(safetensors.torch.load_file(path))`.
   """
-  state_dict = family_module(model).to_timm(jax.device_get(dict(variables)))
+  state_dict = converting_family(model).to_timm(jax.device_get(dict(variables)))
   tensors = {}
   for key, value in state_dict.items():
     value = np.asarray(value)

@@ -1,32 +1,64 @@
-"""The model registry: `create(name, **overrides)` and `names()`.
+"""The model registry: `create(name, **overrides)`, `names()`, `fields(name)` and `family(...)`.
 
-A family module of this package registers its models by defining `MODELS`, a dict from registry
-name to a `functools.partial` of its `flax.linen.Module` class with that model's fields; the
-registry collects every such table, so a new model is added in its family's table only.
+Each family module (`FAMILY_MODULES`) declares one `Family`: its model class, its registered
+models (registry name -> `functools.partial` of the class with that model's fields) and the
+converters of its PyTorch checkpoint layout. A new model is added in its family's table only; a
+new family is a module with a `FAMILY` named here.
 """
 
 import dataclasses
 import functools
 import importlib
-import pkgutil
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
+import numpy as np
 
+# The type aliases of every model module.
+Initializer = Callable[..., jax.Array]
+ModuleDef = Callable[..., nn.Module]
+Dtype = Any
+StateDict = Mapping[str, Any]
+Variables = Mapping[str, Any]
+
+FAMILY_MODULES = ('vit', 'deit', 'cait', 'deepvit', 't2t', 'sa_conv', 'regnet')
 _NOT_FIELDS = ('parent', 'name')
 _DTYPE_FIELDS = ('dtype', 'param_dtype')
 
 
+@dataclasses.dataclass(frozen=True)
+class Family:
+  """A model family: its class, its registered models and its checkpoint converters.
+
+  from_timm: PyTorch state dict of the family's reference layout (timm or the official repo) ->
+    Flax variables; raises ValueError naming keys outside that layout. None: no such layout.
+  to_timm: Flax variables (unrolled or scanned) -> that state dict (inverse of `from_timm`).
+  """
+  name: str
+  model_class: type[nn.Module]
+  models: Mapping[str, functools.partial]
+  from_timm: Callable[[StateDict], dict[str, dict]] | None = None
+  to_timm: Callable[[Variables], dict[str, np.ndarray]] | None = None
+
+
 @functools.cache
-def _registry() -> dict[str, functools.partial]:
-  models: dict[str, functools.partial] = {}
-  for info in pkgutil.iter_modules(__path__):
-    module = importlib.import_module(f'{__name__}.{info.name}')
-    for name, factory in getattr(module, 'MODELS', {}).items():
+def families() -> tuple[Family, ...]:
+  """Every family, in `FAMILY_MODULES` order."""
+  return tuple(importlib.import_module(f'{__name__}.{module}').FAMILY
+               for module in FAMILY_MODULES)
+
+
+@functools.cache
+def _registry() -> dict[str, tuple[Family, functools.partial]]:
+  models: dict[str, tuple[Family, functools.partial]] = {}
+  for family_ in families():
+    for name, factory in family_.models.items():
       if name in models:
-        raise ValueError(f'Model name {name!r} is registered twice (second in {module.__name__}).')
-      models[name] = factory
+        raise ValueError(f'Model name {name!r} is registered twice (second in family '
+                         f'{family_.name!r}).')
+      models[name] = family_, factory
   return dict(sorted(models.items()))
 
 
@@ -35,16 +67,27 @@ def names() -> list[str]:
   return list(_registry())
 
 
-def fields(name: str) -> list[str]:
-  """The fields of model `name` that `create` accepts as overrides."""
-  return [f.name for f in dataclasses.fields(_factory(name).func) if f.name not in _NOT_FIELDS]
-
-
-def _factory(name: str) -> functools.partial:
+def _entry(name: str) -> tuple[Family, functools.partial]:
   models = _registry()
   if name not in models:
     raise ValueError(f'Unknown model {name!r}; valid names: {list(models)}.')
   return models[name]
+
+
+def family(model: str | nn.Module) -> Family:
+  """The family of a registered model name, or of a model built by `create`."""
+  if isinstance(model, str):
+    return _entry(model)[0]
+  for family_ in families():
+    if type(model) is family_.model_class:
+      return family_
+  raise ValueError(f'{type(model).__name__} is no registered family\'s model class; valid: '
+                   f'{[f.model_class.__name__ for f in families()]}.')
+
+
+def fields(name: str) -> list[str]:
+  """The fields of model `name` that `create` accepts as overrides."""
+  return [f.name for f in dataclasses.fields(_entry(name)[1].func) if f.name not in _NOT_FIELDS]
 
 
 def create(name: str, **overrides: Any) -> nn.Module:
@@ -52,7 +95,7 @@ def create(name: str, **overrides: Any) -> nn.Module:
 
   `dtype`/`param_dtype` may be given as strings ('float32', 'bfloat16').
   """
-  factory = _factory(name)
+  _, factory = _entry(name)
   valid = fields(name)
   for key, value in overrides.items():
     if key not in valid:

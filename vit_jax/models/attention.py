@@ -9,6 +9,7 @@ probabilities (after any head mixing) as `intermediates/attention_probs`, shape
 `intermediates` collection to fill, content attention takes `jax.nn.dot_product_attention`.
 """
 
+import functools
 import math
 from typing import Any, Callable, NamedTuple
 
@@ -16,13 +17,15 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-Initializer = Callable[..., jax.Array]
-Dtype = Any
+from vit_jax.models import Dtype, Initializer
 
 DEFAULT_KERNEL_INIT = nn.initializers.normal(stddev=0.02)
 HEAD_MIXINGS = ('none', 'talking_heads', 're_attention')
 RE_ATTENTION_NORMS = ('batch', 'layer')
 POSITIONAL_SCORES = ('quadratic', 'gaussian', 'learned')
+# Cordonnier et al.'s attention kinds: isotropic and non-isotropic Gaussian, learned relative
+# embeddings, and learned embeddings with content scores.
+POSITIONAL_KINDS = ('quadratic', 'gaussian', 'learned', 'learned_content')
 
 # PyTorch's default Linear/Conv weight, kaiming_uniform(a=sqrt(5)) = U(+-1/sqrt(fan_in)).
 torch_default_kernel_init = nn.initializers.variance_scaling(1.0 / 3.0, 'fan_in', 'uniform')
@@ -399,7 +402,10 @@ class PositionalAttention(nn.Module):
     w = Dense(D_p -> heads, no bias). The official checkpoint names these the other way round:
     its `col_embeddings`/`head_keys_col` index row offsets (our `row_*`) and vice versa.
   use_content adds (W_q x)_h . (W_k x)_h / sqrt(D), W_q, W_k = Dense(D -> heads * D).
-  Inputs and outputs are (batch, rows, cols, features). Linears default to PyTorch's init.
+  Inputs and outputs are (batch, rows, cols, features), or (batch, rows * cols, features) tokens
+  of the row-major `grid` (rows, cols) when it is given (a transformer block's tokens).
+  `dropout_rate` drops the output (0 in SA-conv, whose layer drops after its own projection).
+  Linears default to PyTorch's init.
   Scores that split into row and column parts ('quadratic', 'learned' without content) attend
   axis by axis (`separable_attend`) unless probabilities are collected or dropped out.
   """
@@ -411,6 +417,8 @@ class PositionalAttention(nn.Module):
   centre_init_std: float = 2.0
   spread_init_std: float = 0.01
   attention_dropout_rate: float = 0.0
+  dropout_rate: float = 0.0
+  grid: tuple[int, int] | None = None
   kernel_init: Initializer = torch_default_kernel_init
   bias_init_from_fan_in: Callable[[int], Initializer] = torch_default_bias_init
   embedding_init: Initializer = nn.initializers.normal(stddev=1.0)
@@ -469,10 +477,20 @@ class PositionalAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
-    _check_rank(x, 4, '(batch, rows, cols, features)', type(self).__name__)
     _check_choice(self.scores, POSITIONAL_SCORES, 'scores')
     if self.num_heads < 1:
       raise ValueError(f'num_heads={self.num_heads} must be >= 1.')
+    if self.grid is None:
+      _check_rank(x, 4, '(batch, rows, cols, features)', type(self).__name__)
+      return self._attend(x, train)
+    _check_rank(x, 3, '(batch, tokens, features)', type(self).__name__)
+    if x.shape[1] != self.grid[0] * self.grid[1]:
+      raise ValueError(f'{x.shape[1]} tokens do not fill grid={self.grid}; positional attention '
+                       'takes the patch tokens only (no class or distillation token).')
+    out = self._attend(x.reshape((x.shape[0],) + tuple(self.grid) + (x.shape[-1],)), train)
+    return out.reshape(x.shape)
+
+  def _attend(self, x: jax.Array, train: bool) -> jax.Array:
     batch, rows, cols, width = x.shape
     if self.scores == 'learned':
       axis_scores = self._learned_scores(rows, cols, width)
@@ -494,4 +512,12 @@ class PositionalAttention(nn.Module):
         scores = scores[None] + content / math.sqrt(width)
       heads = attend(self, scores, tokens, dropout_rate=self.attention_dropout_rate, train=train)
     out = self._dense(width, self.num_heads * width, 'value')(_merge_heads(heads))
+    out = nn.Dropout(rate=self.dropout_rate, deterministic=not train)(out)
     return out.reshape(batch, rows, cols, width)
+
+
+def positional(kind: str, **fields: Any) -> functools.partial:
+  """`PositionalAttention` of one of `POSITIONAL_KINDS`, with `fields`."""
+  _check_choice(kind, POSITIONAL_KINDS, 'attention')
+  return functools.partial(PositionalAttention, scores=kind.removesuffix('_content'),
+                           use_content=kind == 'learned_content', **fields)

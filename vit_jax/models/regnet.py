@@ -14,16 +14,14 @@ variance, PyTorch the unbiased one (a factor n/(n-1) in the running variance onl
 import functools
 import math
 import re
-from typing import Any, Mapping
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vit_jax import models
+from vit_jax.models import Dtype
 from vit_jax.models import vit
-
-Dtype = Any
 _WIDTH_QUANTUM = 8
 
 
@@ -225,7 +223,7 @@ _TIMM_KEY = re.compile(
     r'|s\d+\.b\d+\.se\.fc[12]\.(weight|bias)|head\.fc\.(weight|bias)')
 
 
-def from_timm(state_dict: Mapping[str, Any]) -> dict[str, dict]:
+def from_timm(state_dict: models.StateDict) -> dict[str, dict]:
   """timm `RegNet` state dict -> Flax variables {'params', 'batch_stats'}."""
   unknown = [key for key in state_dict if not _TIMM_KEY.fullmatch(key)]
   if unknown:
@@ -234,7 +232,7 @@ def from_timm(state_dict: Mapping[str, Any]) -> dict[str, dict]:
                                    for key, value in state_dict.items()})
 
 
-def to_timm(variables: Mapping[str, Any]) -> dict[str, np.ndarray]:
+def to_timm(variables: models.Variables) -> dict[str, np.ndarray]:
   """Flax variables -> timm `RegNet` state dict, loadable with `strict=True`."""
   state_dict = {}
   for key, value in vit.variables_to_torch(variables).items():
@@ -265,3 +263,4 @@ MODELS = {
     'regnety_160': _regnety(200, 106.23, 2.48, 18, 112),
     'regnety_320': _regnety(232, 115.89, 2.53, 20, 232),
 }
+FAMILY = models.Family('regnet', RegNet, MODELS, from_timm, to_timm)

@@ -18,36 +18,16 @@ Sigma_h^-1/2 for 'gaussian'; `row_embeddings`, `col_embeddings`, `head_keys_row`
 
 import functools
 import itertools
-from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vit_jax import models
+from vit_jax.models import Dtype
 from vit_jax.models import attention as attention_lib
+from vit_jax.models import stems
 from vit_jax.models import vit
-
-Dtype = Any
-
-ATTENTION_KINDS = ('quadratic', 'gaussian', 'learned', 'learned_content')
-
-
-def space_to_depth(images: jax.Array, block: int) -> jax.Array:
-  """Invertible downsampling (B, H, W, C) -> (B, H/b, W/b, b*b*C), channels in (dy, dx, c) order."""
-  batch, height, width, channels = images.shape
-  if block < 1 or height % block or width % block:
-    valid = [b for b in range(1, min(height, width) + 1) if height % b == 0 and width % b == 0]
-    raise ValueError(f'downsample={block} must divide the image size {height}x{width}; '
-                     f'valid: {valid}.')
-  x = images.reshape(batch, height // block, block, width // block, block, channels)
-  x = x.transpose(0, 1, 3, 2, 4, 5)
-  return x.reshape(batch, height // block, width // block, block * block * channels)
-
-
-def torch_dense(features: int, fan_in: int, **kwargs: Any) -> nn.Dense:
-  """A Linear with PyTorch's default init, which the official `BertImage` keeps."""
-  return attention_lib.Dense(features, kernel_init=attention_lib.torch_default_kernel_init,
-                             bias_init=attention_lib.torch_default_bias_init(fan_in), **kwargs)
 
 
 class BertLayer(nn.Module):
@@ -60,7 +40,7 @@ class BertLayer(nn.Module):
   param_dtype: Dtype = jnp.float32
 
   def _dense(self, features: int, fan_in: int, name: str) -> nn.Dense:
-    return torch_dense(features, fan_in, dtype=self.dtype, param_dtype=self.param_dtype,
+    return stems.torch_dense(features, fan_in, dtype=self.dtype, param_dtype=self.param_dtype,
                        name=name)
 
   @nn.compact
@@ -107,8 +87,9 @@ class SAConv(nn.Module):
 
   def check_fields(self) -> None:
     """Raises ValueError for an inconsistent configuration."""
-    if self.attention not in ATTENTION_KINDS:
-      raise ValueError(f'Unknown attention {self.attention!r}; valid: {list(ATTENTION_KINDS)}.')
+    if self.attention not in attention_lib.POSITIONAL_KINDS:
+      raise ValueError(f'Unknown attention {self.attention!r}; valid: '
+                       f'{list(attention_lib.POSITIONAL_KINDS)}.')
     for name in ('num_classes', 'num_heads', 'num_layers', 'hidden_size', 'intermediate_size'):
       if getattr(self, name) < 1:
         raise ValueError(f'{name}={getattr(self, name)} must be >= 1.')
@@ -122,7 +103,7 @@ class SAConv(nn.Module):
         raise ValueError(f'{name}={rate} must be in [0, 1).')
 
   def _dense(self, features: int, fan_in: int, name: str) -> nn.Dense:
-    return torch_dense(features, fan_in, dtype=self.dtype, param_dtype=self.param_dtype,
+    return stems.torch_dense(features, fan_in, dtype=self.dtype, param_dtype=self.param_dtype,
                        name=name)
 
   @nn.compact
@@ -130,12 +111,10 @@ class SAConv(nn.Module):
     self.check_fields()
     if images.ndim != 4:
       raise ValueError(f'Expected NHWC images of rank 4; got shape {images.shape}.')
-    x = space_to_depth(images, self.downsample)
+    x = stems.space_to_depth(images, self.downsample)
     x = self._dense(self.hidden_size, x.shape[-1], 'features_upscale')(x)
-    scores = 'learned' if self.attention.startswith('learned') else self.attention
-    attention = functools.partial(
-        attention_lib.PositionalAttention, num_heads=self.num_heads, scores=scores,
-        use_content=self.attention == 'learned_content', centre_init_std=self.centre_init_std,
+    attention = attention_lib.positional(
+        self.attention, num_heads=self.num_heads, centre_init_std=self.centre_init_std,
         spread_init_std=self.spread_init_std, attention_dropout_rate=self.attention_dropout_rate,
         dtype=self.dtype, param_dtype=self.param_dtype)
     heads = self.layer_heads or (self.num_heads,) * self.num_layers
@@ -156,11 +135,16 @@ class SAConv(nn.Module):
 
 
 def attention_heads(params: dict) -> list[dict[str, jax.Array]]:
-  """The per-head positional parameters of every layer, in layer order (see the module doc);
-  `params` of a model with `scan_layers` are read unstacked."""
+  """The per-head positional parameters of every layer, in layer order (see the module doc):
+  SA-conv's `layers_{i}/attention`, or `blocks_{i}/attn` of a transformer whose main blocks have
+  positional attention (`vit.VisionTransformer.attention`); stacked (`scan_layers`) or not."""
   params = vit.unstack_layers(params)
-  layers = sorted((k for k in params if k.startswith('layers_')), key=lambda k: int(k[7:]))
-  return [dict(params[k]['attention']) for k in layers]
+  for prefix, module in (('layers_', 'attention'), ('blocks_', 'attn')):
+    layers = sorted((k for k in params if k.startswith(prefix) and k[len(prefix):].isdigit()),
+                    key=lambda k: int(k[len(prefix):]))
+    if layers:
+      return [dict(params[k][module]) for k in layers]
+  return []
 
 
 def _sa_conv(attention: str, num_heads: int = 9) -> functools.partial:
@@ -170,6 +154,7 @@ def _sa_conv(attention: str, num_heads: int = 9) -> functools.partial:
 # The paper's CIFAR-10 models (Table 1/4): 6 layers, hidden 400, intermediate 512, 9 heads; the
 # `_16h` versions have 16 heads (a 4x4 kernel, Appendix F).
 MODELS = {
-    **{f'sa_conv_{kind}': _sa_conv(kind) for kind in ATTENTION_KINDS},
-    **{f'sa_conv_{kind}_16h': _sa_conv(kind, 16) for kind in ATTENTION_KINDS},
+    **{f'sa_conv_{kind}': _sa_conv(kind) for kind in attention_lib.POSITIONAL_KINDS},
+    **{f'sa_conv_{kind}_16h': _sa_conv(kind, 16) for kind in attention_lib.POSITIONAL_KINDS},
 }
+FAMILY = models.Family('sa_conv', SAConv, MODELS)  # No PyTorch checkpoint layout to convert.

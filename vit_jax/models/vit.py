@@ -1,14 +1,25 @@
-"""Vision Transformer (Dosovitskiy et al.) and the building blocks every family reuses.
+"""Vision Transformer (Dosovitskiy et al.): the shared backbone of every transformer family.
+
+`VisionTransformer` is built of interchangeable parts, each a field with ViT's default: the stem
+(`stem`: patch embedding, DeepViT's CNN stem, T2T's tokens-to-token module, SA-conv's 2x2
+space-to-depth), the attention of the main blocks (`attention`: standard, CaiT's talking heads,
+DeepViT's Re-attention, Cordonnier et al.'s positional kinds), LayerScale (`layer_scale_init`,
+`paper_layer_scale`), the class stage (`class_stage`: a class token from the start, or CaiT's
+class-attention blocks after the patches) and DeiT's distillation token (`distilled`). DeiT,
+CaiT, DeepViT and T2T-ViT are presets of these parts (subclasses that change defaults only, and
+extend `attention_fields`/`block_fields` for what only they have); `check_fields` refuses the
+combinations that cannot work.
 
 Building blocks: `PatchEmbedding`, `Mlp`, `DropPath`, `EncoderBlock` (pre-norm, parameterised by
-the attention module it builds) and `InitScheme` (the timm/DeiT and Google initialisations).
-Parameter names follow the timm layout (`patch_embed/proj`, `blocks_i/{norm1,attn,norm2,mlp}`,
-`norm`, `head`) so `from_timm`/`to_timm` are transposes and renames (`variables_from_torch`,
-`variables_to_torch`, reusable by every family).
+the attention module it builds), `ClassAttentionBlock` and `InitScheme` (the timm/DeiT and Google
+initialisations). Parameter names follow the timm layout (`patch_embed/proj`,
+`blocks_i/{norm1,attn,norm2,mlp}`, `norm`, `head`) so `from_timm`/`to_timm` are transposes and
+renames (`variables_from_torch`, `variables_to_torch`, reusable by every family).
 """
 
 import dataclasses
 import functools
+import itertools
 import re
 from typing import Any, Callable, Mapping, Sequence
 
@@ -18,13 +29,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vit_jax import models
+from vit_jax.models import Dtype, Initializer, ModuleDef
 from vit_jax.models import attention as attention_lib
-
-Initializer = Callable[..., jax.Array]
-ModuleDef = Callable[..., nn.Module]
-Dtype = Any
+from vit_jax.models import stems
 
 INIT_SCHEMES = ('google', 'timm')
+# The attention of the main blocks: content attention without or with head mixing, or one of
+# Cordonnier et al.'s positional kinds (patch tokens only).
+ATTENTION_KINDS = ('standard', 'talking_heads', 're_attention') + attention_lib.POSITIONAL_KINDS
+_HEAD_MIXING = {'standard': 'none', 'talking_heads': 'talking_heads',
+                're_attention': 're_attention'}
+# 'token': a class token from the first block (ViT); 'class_attention': CaiT's class-attention
+# blocks take the class token after the patch blocks (CaiT Section 3).
+CLASS_STAGES = ('token', 'class_attention')
+INFERENCE_MODES = ('average_logits', 'sum_softmax')
 # The collection every family sows its features to (`vit_jax.models.features` reads it): each
 # block's output tokens as `<block>/tokens`, the final normalised tokens as `encoded` and what the
 # head reads as `head_input` (`sow_feature`).
@@ -122,13 +141,22 @@ class Mlp(nn.Module):
     return dropout(dense(out_dim, name='fc2')(x))
 
 
+def paper_layer_scale_init(depth: int) -> float:
+  """CaiT's LayerScale init for a network of `depth` blocks (CaiT Section 3): 0.1 up to depth
+  18, 1e-5 up to 24, 1e-6 deeper."""
+  if depth <= 18:
+    return 0.1
+  return 1e-5 if depth <= 24 else 1e-6
+
+
 class EncoderBlock(nn.Module):
   """Pre-norm Transformer block: x + DropPath(Attn(LN(x))), then x + DropPath(MLP(LN(x))).
 
   `attention` builds the attention module (called with name='attn'); any module mapping tokens
   (batch, tokens, width) to (batch, tokens, width) and taking `train=` fits. `layer_scale_init`
-  adds CaiT's LayerScale (`gamma_1`, `gamma_2`); `attention_residual=False` lets the attention
-  output replace x (T2T's token attention already adds its own V skip).
+  adds CaiT's LayerScale (`gamma_1`, `gamma_2`, CaiT Eq. 4); `attention_residual=False` lets the
+  attention output replace x (T2T's token attention already adds its own V skip).
+  `scale_adjustment` s is DeepViT's official rescaling: x + f(LN(s x)) / s for both branches.
   """
   attention: ModuleDef
   mlp_dim: int
@@ -137,33 +165,58 @@ class EncoderBlock(nn.Module):
   layer_norm_eps: float = 1e-6
   layer_scale_init: float | None = None
   attention_residual: bool = True
+  scale_adjustment: float = 1.0
   mlp_activation: str = 'gelu'
   mlp_kernel_init: Initializer = attention_lib.DEFAULT_KERNEL_INIT
   mlp_bias_init: Initializer = nn.initializers.zeros
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
-  def _layer_scale(self, y: jax.Array, name: str) -> jax.Array:
-    if self.layer_scale_init is None:
-      return y
-    gamma = self.param(name, nn.initializers.constant(self.layer_scale_init), (y.shape[-1],),
-                       self.param_dtype)
-    return y * gamma.astype(y.dtype)
+  def branch(self, y: jax.Array, name: str) -> jax.Array:
+    """A residual branch's output times its LayerScale `name` (if any), over the scale
+    adjustment (if any)."""
+    if self.layer_scale_init is not None:
+      gamma = self.param(name, nn.initializers.constant(self.layer_scale_init), (y.shape[-1],),
+                         self.param_dtype)
+      y = y * gamma.astype(y.dtype)
+    return y if self.scale_adjustment == 1.0 else y / jnp.asarray(self.scale_adjustment, y.dtype)
+
+  def norm(self, x: jax.Array, name: str) -> jax.Array:
+    """LayerNorm `name` of x (of s x under a scale adjustment s)."""
+    if self.scale_adjustment != 1.0:
+      x = x * jnp.asarray(self.scale_adjustment, x.dtype)
+    return nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype,
+                        param_dtype=self.param_dtype, name=name)(x)
+
+  def mlp(self, x: jax.Array, train: bool) -> jax.Array:
+    """The block's MLP branch on LN(x), before LayerScale."""
+    return Mlp(self.mlp_dim, dropout_rate=self.dropout_rate, activation=self.mlp_activation,
+               kernel_init=self.mlp_kernel_init, bias_init=self.mlp_bias_init, dtype=self.dtype,
+               param_dtype=self.param_dtype, name='mlp')(self.norm(x, 'norm2'), train=train)
 
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
-    norm = functools.partial(nn.LayerNorm, epsilon=self.layer_norm_eps, dtype=self.dtype,
-                             param_dtype=self.param_dtype)
     drop_path = DropPath(self.drop_path_rate)
-    y = self.attention(name='attn')(norm(name='norm1')(x), train=train)
-    y = self._layer_scale(y, 'gamma_1')
+    y = self.branch(self.attention(name='attn')(self.norm(x, 'norm1'), train=train), 'gamma_1')
     x = x + drop_path(y, train=train) if self.attention_residual else y
-    y = Mlp(self.mlp_dim, dropout_rate=self.dropout_rate, activation=self.mlp_activation,
-            kernel_init=self.mlp_kernel_init, bias_init=self.mlp_bias_init, dtype=self.dtype,
-            param_dtype=self.param_dtype, name='mlp')(norm(name='norm2')(x), train=train)
-    x = x + drop_path(self._layer_scale(y, 'gamma_2'), train=train)
+    x = x + drop_path(self.branch(self.mlp(x, train), 'gamma_2'), train=train)
     sow_feature(self, 'tokens', x)
     return x
+
+
+class ClassAttentionBlock(EncoderBlock):
+  """CaiT's `LayerScale_Block_CA`: cls + gamma_1 CA(LN([cls; x])), cls + gamma_2 MLP(LN(cls)).
+
+  Called as block(x, cls): only the class token is updated (CaiT Eq. 5); the patches are frozen.
+  No drop path and, as in CaiT, built without dropout.
+  """
+
+  @nn.compact
+  def __call__(self, x: jax.Array, cls: jax.Array, *, train: bool = False) -> jax.Array:
+    tokens = jnp.concatenate([cls, x], axis=1)
+    cls = cls + self.branch(self.attention(name='attn')(self.norm(tokens, 'norm1'), train=train),
+                            'gamma_1')
+    return cls + self.branch(self.mlp(cls, train), 'gamma_2')
 
 
 class _Layer(nn.Module):
@@ -272,21 +325,8 @@ def stack_layers(tree: Any, like: Any) -> Any:
   return out
 
 
-def check_images(images: jax.Array, patch_size: int) -> tuple[int, int]:
-  """Returns the patch grid (rows, cols), or raises for non-NHWC or non-divisible images."""
-  if images.ndim != 4:
-    raise ValueError(f'Expected NHWC images of rank 4; got shape {images.shape}.')
-  height, width = images.shape[1:3]
-  if patch_size < 1 or height % patch_size or width % patch_size:
-    valid = sorted(set(d for d in range(1, min(height, width) + 1)
-                       if height % d == 0 and width % d == 0))
-    raise ValueError(f'patch_size={patch_size} must divide the image size {height}x{width}; '
-                     f'valid patch sizes: {valid}.')
-  return height // patch_size, width // patch_size
-
-
 class PatchEmbedding(nn.Module):
-  """Conv(kernel = stride = patch) flattened row-major to (batch, rows * cols, hidden)."""
+  """Conv(kernel = stride = patch): (batch, rows, cols, hidden) patch tokens."""
   patch_size: int
   hidden_size: int
   kernel_init: Initializer = attention_lib.torch_default_kernel_init
@@ -296,13 +336,12 @@ class PatchEmbedding(nn.Module):
 
   @nn.compact
   def __call__(self, images: jax.Array) -> jax.Array:
-    check_images(images, self.patch_size)
+    stems.check_images(images, self.patch_size)
     fan_in = images.shape[-1] * self.patch_size ** 2
     p = self.patch_size
-    x = nn.Conv(self.hidden_size, (p, p), strides=(p, p), padding='VALID',
-                kernel_init=self.kernel_init, bias_init=self.bias_init_from_fan_in(fan_in),
-                dtype=self.dtype, param_dtype=self.param_dtype, name='proj')(images)
-    return x.reshape(x.shape[0], -1, x.shape[-1])
+    return nn.Conv(self.hidden_size, (p, p), strides=(p, p), padding='VALID',
+                   kernel_init=self.kernel_init, bias_init=self.bias_init_from_fan_in(fan_in),
+                   dtype=self.dtype, param_dtype=self.param_dtype, name='proj')(images)
 
 
 GLOBAL_POOLS = ('token', 'avg', 'map')
@@ -344,7 +383,7 @@ class AttentionPool(nn.Module):
 
 
 class VisionTransformer(nn.Module):
-  """ViT: patches + [cls] + learned position embedding, pre-norm blocks, LN, head on cls.
+  """ViT: stem + [cls] + learned position embedding, pre-norm blocks, LN, head on cls.
 
   `init_scheme='google'` (default; the paper's official code) zero-initialises the head and uses
   xavier Dense kernels; `'timm'` is DeiT/timm's N(0, 0.02) scheme. `representation_size` adds the
@@ -358,6 +397,22 @@ class VisionTransformer(nn.Module):
   timm's `global_pool='avg', class_token=False, fc_norm=False`); 'map' multihead attention
   pooling (`AttentionPool`, no class token; big_vision's 'map'). `mlp_activation='gelu_tanh'` is
   the tanh-approximated GELU of big_vision's and Google's JAX models.
+
+  The parts (module docstring), each with its paper's settings:
+  - `stem`: 'patch' (`patch_size`); 'cnn', DeepViT's (`patch_size` even); 't2t', T2T-ViT's
+    (`tokens_type` 'performer' or 'transformer', `token_dim`, `soft_splits`; `patch_size` unused);
+    'space_to_depth', SA-conv's (`patch_size` is the block, 2 in SA-conv).
+  - `attention`: 'standard'; 'talking_heads' (CaiT Section 3); 're_attention' (DeepViT Eq. 3,
+    `re_attention_norm` 'batch' as the official code or 'layer' as lucidrains'); 'quadratic',
+    'gaussian', 'learned', 'learned_content' (Cordonnier et al. Section 3, settings
+    `centre_init_std`, `spread_init_std`, `position_encoding_size`; heads of the full width, so
+    the patch tokens only: `class_stage='class_attention'` or `global_pool` 'avg'/'map').
+  - LayerScale: none (`layer_scale_init=None`), an init value, or CaiT's depth rule
+    (`paper_layer_scale=True`, `paper_layer_scale_init`).
+  - `class_stage`: 'token' or 'class_attention' (`class_attention_depth` CaiT blocks, whose
+    attention is standard class attention whatever `attention` is).
+  - `distilled`: DeiT's distillation token and second head `head_dist`; with train=True the model
+    returns (cls_logits, dist_logits), at inference per `inference_mode` (see `deit.py`).
   """
   num_classes: int = 1000
   patch_size: int = 16
@@ -365,6 +420,7 @@ class VisionTransformer(nn.Module):
   depth: int = 12
   num_heads: int = 12
   mlp_dim: int | None = None
+  mlp_ratio: float = 4.0
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
   drop_path_rate: float = 0.0
@@ -372,9 +428,25 @@ class VisionTransformer(nn.Module):
   representation_size: int | None = None
   global_pool: str = 'token'
   mlp_activation: str = 'gelu'
+  layer_norm_eps: float = 1e-6
   init_scheme: str = 'google'
   head_bias_init: float = 0.0
   attention_implementation: str | None = None
+  stem: str = 'patch'
+  tokens_type: str = 'performer'
+  token_dim: int = 64
+  soft_splits: tuple[tuple[int, int, int], ...] = ((7, 4, 2), (3, 2, 1), (3, 2, 1))
+  attention: str = 'standard'
+  re_attention_norm: str = 'batch'
+  centre_init_std: float = 2.0
+  spread_init_std: float = 0.01
+  position_encoding_size: int | None = None
+  layer_scale_init: float | None = None
+  paper_layer_scale: bool = False
+  class_stage: str = 'token'
+  class_attention_depth: int = 2
+  distilled: bool = False
+  inference_mode: str = 'average_logits'
   scan_layers: bool = False
   remat: bool = False
   dtype: Dtype = jnp.float32
@@ -382,30 +454,64 @@ class VisionTransformer(nn.Module):
 
   @property
   def prefix_tokens(self) -> tuple[str, ...]:
-    """The tokens before the patch tokens, each a parameter of that name."""
-    return ('cls_token',) if self.global_pool == 'token' else ()
+    """The tokens before the patch tokens in the main blocks, each a parameter of that name."""
+    if self.class_stage == 'class_attention' or self.global_pool != 'token':
+      return ()
+    return ('cls_token', 'dist_token') if self.distilled else ('cls_token',)
+
+  @property
+  def layer_scale(self) -> float | None:
+    """The LayerScale init in use: CaiT's depth rule or `layer_scale_init` (None: none)."""
+    return paper_layer_scale_init(self.depth) if self.paper_layer_scale else self.layer_scale_init
 
   def check_fields(self) -> None:
-    """Raises ValueError for an inconsistent configuration."""
-    if self.num_classes < 1:
-      raise ValueError(f'num_classes={self.num_classes} must be >= 1.')
-    if self.depth < 1:
-      raise ValueError(f'depth={self.depth} must be >= 1.')
+    """Raises ValueError for a bad field or parts that cannot work together."""
+    for name in ('num_classes', 'depth', 'token_dim'):
+      if getattr(self, name) < 1:
+        raise ValueError(f'{name}={getattr(self, name)} must be >= 1.')
     attention_lib.check_heads(self.hidden_size, self.num_heads, 'hidden')
     for name in ('dropout_rate', 'attention_dropout_rate', 'drop_path_rate'):
       rate = getattr(self, name)
       if not 0.0 <= rate < 1.0:
         raise ValueError(f'{name}={rate} must be in [0, 1).')
     InitScheme.named(self.init_scheme)
-    if self.global_pool not in GLOBAL_POOLS:
-      raise ValueError(f'global_pool={self.global_pool!r} is not valid; choose from '
-                       f'{list(GLOBAL_POOLS)}.')
-    if self.mlp_activation not in ACTIVATIONS:
-      raise ValueError(f'mlp_activation={self.mlp_activation!r} is not valid; choose from '
-                       f'{list(ACTIVATIONS)}.')
-    if self.attention_implementation not in (None, 'xla', 'cudnn'):
-      raise ValueError(f'attention_implementation={self.attention_implementation!r} is not '
-                       "valid; choose from [None, 'xla', 'cudnn'].")
+    for name, valid in (('global_pool', GLOBAL_POOLS), ('mlp_activation', ACTIVATIONS),
+                        ('attention_implementation', (None, 'xla', 'cudnn')),
+                        ('stem', stems.STEMS), ('tokens_type', stems.TOKENS_TYPES),
+                        ('attention', ATTENTION_KINDS),
+                        ('re_attention_norm', attention_lib.RE_ATTENTION_NORMS),
+                        ('class_stage', CLASS_STAGES), ('inference_mode', INFERENCE_MODES)):
+      if getattr(self, name) not in valid:
+        raise ValueError(f'{name}={getattr(self, name)!r} is not valid; choose from '
+                         f'{list(valid)}.')
+    if self.stem == 't2t':
+      stems.check_soft_splits(self.soft_splits)
+    if self.stem == 'cnn' and self.patch_size % 2:
+      raise ValueError(f'patch_size={self.patch_size} must be even with stem=\'cnn\' (its first '
+                       'conv has stride 2).')
+    self.check_parts()
+
+  def check_parts(self) -> None:
+    """Raises ValueError for parts that cannot work together."""
+    if self.class_stage == 'class_attention':
+      if self.class_attention_depth < 1:
+        raise ValueError(f'class_attention_depth={self.class_attention_depth} must be >= 1 with '
+                         "class_stage='class_attention'.")
+      if self.global_pool != 'token':
+        raise ValueError(f"class_stage='class_attention' makes the head read the class token; "
+                         f"global_pool={self.global_pool!r} must be 'token'.")
+    if self.distilled:
+      if self.class_stage != 'token' or self.global_pool != 'token':
+        raise ValueError('distilled=True needs the class and distillation tokens from the first '
+                         f"block: class_stage='token' and global_pool='token' (got "
+                         f'{self.class_stage!r}, {self.global_pool!r}).')
+      if self.representation_size is not None:
+        raise ValueError(f'representation_size={self.representation_size} is not supported with '
+                         'distilled=True; use representation_size=None.')
+    if self.attention in attention_lib.POSITIONAL_KINDS and self.prefix_tokens:
+      raise ValueError(f'attention={self.attention!r} attends over the patch grid only, but the '
+                       f'main blocks also carry {list(self.prefix_tokens)}: set '
+                       "class_stage='class_attention' or global_pool='avg' or 'map'.")
 
   @property
   def scheme(self) -> InitScheme:
@@ -418,51 +524,131 @@ class VisionTransformer(nn.Module):
                         scan_layers=self.scan_layers, remat=self.remat, prefix=prefix,
                         drop_path_rates=drop_path_rates)
 
-  def patch_tokens(self, images: jax.Array, *, train: bool) -> jax.Array:
-    """The image as (batch, tokens, hidden) patch tokens; families with another stem override it."""
-    del train  # The linear patch embedding behaves the same in training and evaluation.
+  def attention_fields(self) -> dict[str, Any]:
+    """What every content-attention module of the model receives; families extend it."""
     scheme = self.scheme
-    return PatchEmbedding(self.patch_size, self.hidden_size, kernel_init=scheme.patch_kernel,
-                          bias_init_from_fan_in=scheme.patch_bias_from_fan_in, dtype=self.dtype,
-                          param_dtype=self.param_dtype, name='patch_embed')(images)
+    return dict(num_heads=self.num_heads, qkv_bias=self.qkv_bias,
+                attention_dropout_rate=self.attention_dropout_rate,
+                dropout_rate=self.dropout_rate, kernel_init=scheme.dense_kernel,
+                bias_init=scheme.dense_bias, fast_path_implementation=self.attention_implementation,
+                dtype=self.dtype, param_dtype=self.param_dtype)
 
-  def embed(self, images: jax.Array, *, train: bool) -> jax.Array:
-    """Patch tokens with the prefix tokens prepended, plus position embedding and dropout."""
+  def block_fields(self) -> dict[str, Any]:
+    """What every block of the model receives (main and class stage); families extend it."""
     scheme = self.scheme
+    return dict(mlp_dim=self.mlp_dim or int(self.mlp_ratio * self.hidden_size),
+                dropout_rate=self.dropout_rate, layer_norm_eps=self.layer_norm_eps,
+                layer_scale_init=self.layer_scale, mlp_activation=self.mlp_activation,
+                mlp_kernel_init=scheme.dense_kernel, mlp_bias_init=scheme.mlp_bias,
+                dtype=self.dtype, param_dtype=self.param_dtype)
+
+  def block_attention(self, index: int) -> str:
+    """The attention kind of main block `index` (`attention` in every block by default)."""
+    del index
+    return self.attention
+
+  def attention_module(self, kind: str, grid: tuple[int, int]) -> ModuleDef:
+    """The attention of a main block of `kind`, for tokens on `grid` (rows, cols)."""
+    if kind in attention_lib.POSITIONAL_KINDS:
+      return attention_lib.positional(
+          kind, grid=grid, num_heads=self.num_heads, centre_init_std=self.centre_init_std,
+          spread_init_std=self.spread_init_std, position_encoding_size=self.position_encoding_size,
+          attention_dropout_rate=self.attention_dropout_rate, dropout_rate=self.dropout_rate,
+          dtype=self.dtype, param_dtype=self.param_dtype)
+    return functools.partial(attention_lib.SelfAttention, head_mixing=_HEAD_MIXING[kind],
+                             re_attention_norm=self.re_attention_norm, **self.attention_fields())
+
+  def drop_path_rates(self) -> np.ndarray:
+    """The main blocks' stochastic-depth rates: linear in depth up to `drop_path_rate`."""
+    return np.linspace(0.0, self.drop_path_rate, self.depth)
+
+  def patch_tokens(self, images: jax.Array, *, train: bool) -> jax.Array:
+    """The image as (batch, rows, cols, hidden) tokens of the `stem`."""
+    scheme = self.scheme
+    dtypes = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+    if self.stem == 'cnn':
+      return stems.CnnStem(self.patch_size, self.hidden_size, **dtypes,
+                           name='patch_embed')(images, train=train)
+    if self.stem == 'space_to_depth':
+      return stems.SpaceToDepthEmbedding(self.patch_size, self.hidden_size, **dtypes,
+                                         name='patch_embed')(images, train=train)
+    if self.stem == 't2t':
+      return stems.TokensToToken(self.hidden_size, self.soft_splits, self.token_block(),
+                                 kernel_init=scheme.dense_kernel, bias_init=scheme.dense_bias,
+                                 **dtypes, name='tokens_to_token')(images, train=train)
+    return PatchEmbedding(self.patch_size, self.hidden_size, kernel_init=scheme.patch_kernel,
+                          bias_init_from_fan_in=scheme.patch_bias_from_fan_in, **dtypes,
+                          name='patch_embed')(images)
+
+  def token_block(self) -> ModuleDef:
+    """T2T's token block (`tokens_type`): a Performer, or a transformer block over one-head
+    token attention with a V skip (T2T-ViT Section 3.1, official `Token_transformer`)."""
+    scheme = self.scheme
+    common = dict(kernel_init=scheme.dense_kernel, bias_init=scheme.dense_bias,
+                  dtype=self.dtype, param_dtype=self.param_dtype)
+    if self.tokens_type == 'performer':
+      return functools.partial(stems.TokenPerformer, ACTIVATIONS[self.mlp_activation],
+                               self.token_dim, **common)
+    attention = functools.partial(attention_lib.TokenAttention, features=self.token_dim,
+                                  fast_path_implementation=self.attention_implementation,
+                                  **common)
+    return functools.partial(
+        EncoderBlock, attention, self.token_dim, layer_norm_eps=1e-5, attention_residual=False,
+        mlp_activation=self.mlp_activation, mlp_kernel_init=scheme.dense_kernel,
+        mlp_bias_init=scheme.dense_bias, dtype=self.dtype, param_dtype=self.param_dtype)
+
+  def position_embedding(self, tokens: tuple[int, int]) -> jax.Array:
+    """The learned (1, tokens, width) position embedding `pos_embed`."""
+    return self.param('pos_embed', self.scheme.pos_embed, (1,) + tokens, self.param_dtype)
+
+  def embed(self, images: jax.Array, *, train: bool) -> tuple[jax.Array, tuple[int, int]]:
+    """Stem tokens with the prefix tokens prepended, plus position embedding and dropout; and
+    the grid (rows, cols) of the patch tokens."""
     x = self.patch_tokens(images, train=train)
-    batch, _, width = x.shape
+    batch, grid, width = x.shape[0], x.shape[1:3], x.shape[-1]
+    x = x.reshape(batch, -1, width)
     prefix = [jnp.broadcast_to(
-        self.param(name, scheme.cls_token, (1, 1, width), self.param_dtype).astype(x.dtype),
+        self.param(name, self.scheme.cls_token, (1, 1, width), self.param_dtype).astype(x.dtype),
         (batch, 1, width)) for name in self.prefix_tokens]
     x = jnp.concatenate(prefix + [x], axis=1)
     if self.has_variable('params', 'pos_embed'):
       stored = self.get_variable('params', 'pos_embed').shape
       if stored != (1,) + x.shape[1:]:
         raise ValueError(
-            f'pos_embed has shape {stored} but images of size {images.shape[1:3]} with patch '
-            f'{self.patch_size} give {x.shape[1]} tokens; resize the position embedding.')
-    pos_embed = self.param('pos_embed', scheme.pos_embed, (1,) + x.shape[1:], self.param_dtype)
-    x = x + pos_embed.astype(x.dtype)
-    return nn.Dropout(rate=self.dropout_rate, deterministic=not train)(x)
+            f'pos_embed has shape {stored} but images of size {images.shape[1:3]} give '
+            f'{x.shape[1]} tokens; resize the position embedding.')
+    x = x + self.position_embedding(x.shape[1:]).astype(x.dtype)
+    return nn.Dropout(rate=self.dropout_rate, deterministic=not train)(x), grid
 
-  def encode(self, x: jax.Array, *, train: bool) -> jax.Array:
-    """The pre-norm blocks (linear stochastic-depth schedule) and the final LayerNorm."""
-    scheme = self.scheme
-    attention = functools.partial(
-        attention_lib.SelfAttention, num_heads=self.num_heads, qkv_bias=self.qkv_bias,
-        attention_dropout_rate=self.attention_dropout_rate, dropout_rate=self.dropout_rate,
-        kernel_init=scheme.dense_kernel, bias_init=scheme.dense_bias,
-        fast_path_implementation=self.attention_implementation, dtype=self.dtype,
-        param_dtype=self.param_dtype)
-    block = functools.partial(
-        EncoderBlock, attention, self.mlp_dim or 4 * self.hidden_size,
-        dropout_rate=self.dropout_rate, mlp_activation=self.mlp_activation,
-        mlp_kernel_init=scheme.dense_kernel, mlp_bias_init=scheme.mlp_bias, dtype=self.dtype,
-        param_dtype=self.param_dtype)
-    x = self.blocks(block, x, first=0, train=train,
-                    drop_path_rates=np.linspace(0.0, self.drop_path_rate, self.depth))
-    return nn.LayerNorm(epsilon=1e-6, dtype=self.dtype, param_dtype=self.param_dtype,
-                        name='norm')(x)
+  def encode(self, x: jax.Array, *, train: bool, grid: tuple[int, int]) -> jax.Array:
+    """The main blocks (runs of one attention kind), the class stage if any, the final LN."""
+    rates = self.drop_path_rates()
+    first = 0
+    for kind, run in itertools.groupby(self.block_attention(i) for i in range(self.depth)):
+      count = len(list(run))
+      block = functools.partial(EncoderBlock, self.attention_module(kind, grid),
+                                **self.block_fields())
+      x = self.blocks(block, x, first=first, drop_path_rates=rates[first:first + count],
+                      train=train)
+      first += count
+    if self.class_stage == 'class_attention':
+      x = jnp.concatenate([self.class_attention_stage(x, train=train), x], axis=1)
+    return nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype,
+                        param_dtype=self.param_dtype, name='norm')(x)
+
+  def class_attention_stage(self, x: jax.Array, *, train: bool) -> jax.Array:
+    """CaiT's class stage: the class token, updated by `class_attention_depth` blocks whose
+    query is the class token alone (no dropout or drop path, as deit's cait_models.py)."""
+    batch, _, width = x.shape
+    cls = self.param('cls_token', self.scheme.cls_token, (1, 1, width), self.param_dtype)
+    cls = jnp.broadcast_to(cls.astype(x.dtype), (batch, 1, width))
+    attention = functools.partial(attention_lib.ClassAttention, **{
+        **self.attention_fields(), 'attention_dropout_rate': 0.0, 'dropout_rate': 0.0})
+    fields = {**self.block_fields(), 'dropout_rate': 0.0}
+    for i in range(self.class_attention_depth):
+      cls = ClassAttentionBlock(attention, **fields, name=f'blocks_token_only_{i}')(
+          x, cls, train=train)
+    return cls
 
   def classify(self, features: jax.Array, name: str = 'head') -> jax.Array:
     """Optional tanh pre-logits, then the linear head; logits in float32.
@@ -480,19 +666,28 @@ class VisionTransformer(nn.Module):
     return logits.astype(jnp.float32)
 
   @nn.compact
-  def __call__(self, images: jax.Array, *, train: bool = False) -> jax.Array:
+  def __call__(self, images: jax.Array, *,
+               train: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
     self.check_fields()
-    x = self.encode(self.embed(images, train=train), train=train)
+    x, grid = self.embed(images, train=train)
+    x = self.encode(x, train=train, grid=grid)
     sow_feature(self, 'encoded', x)
-    return self.classify(self.pool(x, train=train))
+    if not self.distilled:
+      return self.classify(self.pool(x, train=train))
+    cls_logits, dist_logits = self.classify(x[:, 0], 'head'), self.classify(x[:, 1], 'head_dist')
+    if train:
+      return cls_logits, dist_logits
+    if self.inference_mode == 'average_logits':
+      return (cls_logits + dist_logits) / 2
+    return jnp.log((jax.nn.softmax(cls_logits) + jax.nn.softmax(dist_logits)) / 2)
 
   def pool(self, x: jax.Array, *, train: bool) -> jax.Array:
     """The (batch, width) features the head reads, per `global_pool`."""
     if self.global_pool == 'avg':
       return jnp.mean(x, axis=1)
     if self.global_pool == 'map':
-      return AttentionPool(self.num_heads, self.mlp_dim or 4 * self.hidden_size,
-                           mlp_activation=self.mlp_activation,
+      return AttentionPool(self.num_heads, self.block_fields()['mlp_dim'],
+                           mlp_activation=self.mlp_activation, layer_norm_eps=self.layer_norm_eps,
                            kernel_init=self.scheme.dense_kernel, dtype=self.dtype,
                            param_dtype=self.param_dtype, name='attn_pool')(x, train=train)
     return x[:, 0]
@@ -611,3 +806,5 @@ MODELS = {
     'vit_h14': _vit('h', 14),
     **{f'vit_{size}{patch}': _vit(size, patch) for size in ('ti', 's', 'b') for patch in (4, 2)},
 }
+
+FAMILY = models.Family('vit', VisionTransformer, MODELS, from_timm, to_timm)

@@ -1,0 +1,87 @@
+r"""The seed papers' ablation grids as variants of one small backbone on the embedded digits.
+
+Each grid is a set of variants of the shared backbone (`vit_jax.models.vit.VisionTransformer`),
+which differ only in the parts under study; everything else (data, recipe, size) is the quick
+default of configs/common.py. Run a grid, one training per variant, and print one table:
+
+  python -m vit_jax.ablate --config=configs/ablations.py:grid=cait_layerscale --workdir=/tmp/abl
+
+Grids and the published results they correspond to (ImageNet or CIFAR-10, full-size models; on
+the digits the same comparison runs at toy scale, so expect the ordering at most, not the numbers):
+- `cait_layerscale`: no LayerScale vs LayerScale at 0.1 (the paper's rule at this depth) and at
+  1e-5 (the rule's value for 19-24 blocks). CaiT Section 2 and Table 1 compare LayerScale with
+  the other residual-branch weightings over depth (DeiT-S width); the gap grows with depth.
+- `cait_talking_heads`: standard vs talking-heads attention in CaiT's blocks (CaiT Section 2 and
+  its ablation table of CaiT's changes on top of DeiT-S).
+- `cait_class_attention`: class token from the start vs CaiT's class-attention stage (CaiT
+  Section 3, Figure 3 and the same ablation table).
+- `deepvit_depth`: self-attention vs Re-attention at 4 and 8 blocks. DeepViT (official README
+  of zhoudaquan/dvit_repo), top-1 / similar blocks: ViT-16B 78.88 / 5, DeepViT-16B 79.10 / 0;
+  ViT-24B 79.35 / 11, DeepViT-24B 79.99 / 0; ViT-32B 79.27 / 15, DeepViT-32B 80.90 / 0.
+- `positional_in_vit`: SA-conv's positional attention (quadratic, learned, learned with content)
+  in place of standard attention in a ViT whose class token joins after the blocks. Cordonnier et
+  al. Tables 1 and 4 (CIFAR-10, their 6-layer model): quadratic 93.8 %, learned 91.8 %, learned
+  with content 87.1 %, against ResNet-18's 93.8 %.
+- `t2t_stem`: patch embedding vs T2T's soft-split stem (Performer and transformer token
+  attention) in front of the same ViT. T2T-ViT (official README): T2T-ViT-14 (Performer stem)
+  81.5 %, T2T-ViT_t-14 (transformer stem) 81.7 %; the paper's Section 4 compares them with ViTs
+  of similar size.
+
+Commands, one per grid (each variant's run and the table's `ablation.json` under --workdir):
+
+  python -m vit_jax.ablate --config=configs/ablations.py:grid=cait_layerscale --workdir=/tmp/ls
+  python -m vit_jax.ablate --config=configs/ablations.py:grid=deepvit_depth --workdir=/tmp/dv
+  python -m vit_jax.ablate --config=configs/ablations.py:grid=positional_in_vit --workdir=/tmp/pos
+"""
+
+import ml_collections
+
+from configs import common
+
+# Variant name -> model fields changed from the base backbone (`common.quick_model`).
+_T2T_SPLITS_16 = ((3, 2, 1), (3, 2, 1), (3, 1, 1))  # 16 px -> 8 -> 4 -> 4: 16 tokens, stride 4.
+GRIDS = {
+    'cait_layerscale': {
+        'no_layer_scale': {},
+        'layer_scale_1e-1': {'layer_scale_init': 0.1},
+        'layer_scale_1e-5': {'layer_scale_init': 1e-5},
+    },
+    'cait_talking_heads': {
+        'standard': {'layer_scale_init': 0.1, 'class_stage': 'class_attention'},
+        'talking_heads': {'layer_scale_init': 0.1, 'class_stage': 'class_attention',
+                          'attention': 'talking_heads'},
+    },
+    'cait_class_attention': {
+        'class_token': {'layer_scale_init': 0.1, 'attention': 'talking_heads'},
+        'class_attention': {'layer_scale_init': 0.1, 'attention': 'talking_heads',
+                            'class_stage': 'class_attention'},
+    },
+    'deepvit_depth': {
+        f'{kind}_{depth}': {'depth': depth, 'attention': kind}
+        for depth in (4, 8) for kind in ('standard', 're_attention')
+    },
+    'positional_in_vit': {
+        kind: {'attention': kind, 'class_stage': 'class_attention'}
+        for kind in ('standard', 'quadratic', 'learned', 'learned_content')
+    },
+    't2t_stem': {
+        'patch': {},
+        't2t_performer': {'stem': 't2t', 'tokens_type': 'performer', 'token_dim': 32,
+                          'soft_splits': _T2T_SPLITS_16},
+        't2t_transformer': {'stem': 't2t', 'tokens_type': 'transformer', 'token_dim': 32,
+                            'soft_splits': _T2T_SPLITS_16},
+    },
+}
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """`grid=NAME` (one of `GRIDS`): the quick digits run of a ViT and the grid's `variants`."""
+  args = common.parse_arg(arg, grid='cait_layerscale')
+  if args.grid not in GRIDS:
+    raise ValueError(f'Unknown grid {args.grid!r}; valid: {list(GRIDS)}.')
+  config = common.get_config()
+  common.quick_run(config)
+  common.quick_model(config.model, 'vit_ti4')
+  config.model.init_scheme = 'timm'
+  config.variants = ml_collections.ConfigDict(GRIDS[args.grid])
+  return config
