@@ -61,6 +61,16 @@ def test_library_info_lines_are_dropped_unless_verbosity_is_raised():
     absl_logging.set_verbosity(verbosity)
 
 
+def test_reads_abandoned_after_an_unreadable_checkpoint_print_no_traceback():
+  keep = runtime._own_or_important  # pylint: disable=protected-access
+  abandoned = std_logging.LogRecord('asyncio', std_logging.ERROR, 'base_events.py', 1771,
+                                    'Future exception was never retrieved', None, None)
+  other = std_logging.LogRecord('asyncio', std_logging.ERROR, 'base_events.py', 1, 'Unclosed loop',
+                                None, None)
+  assert not keep(abandoned)
+  assert keep(other)
+
+
 def test_tensorflow_loads_without_start_up_notices():
   env = {k: v for k, v in os.environ.items() if k != 'TF_CPP_MIN_LOG_LEVEL'}
   code = ('import sys; from vit_jax import runtime; runtime.quiet_library_logs(); '

@@ -80,10 +80,23 @@ def configure() -> dict[str, object]:
   return {'keep_freed_host_memory': keep_freed_host_memory(), 'XLA_FLAGS': add_xla_flags()}
 
 
+def _abandoned_read(record: logging.LogRecord) -> bool:
+  """asyncio's report of a read that orbax gave up on (an unreadable checkpoint, skipped)."""
+  return record.name == 'asyncio' and 'exception was never retrieved' in record.getMessage()
+
+
 def _own_or_important(record: logging.LogRecord) -> bool:
-  """vit_jax's records, every library's warnings and errors, and everything at --verbosity ≥ 1."""
-  return (record.levelno >= logging.WARNING or absl_logging.get_verbosity() >= 1
-          or record.pathname.startswith(_PACKAGE_DIR))
+  """vit_jax's records, every library's warnings and errors, and everything at --verbosity ≥ 1.
+
+  asyncio's "exception was never retrieved" errors are left out too: after an unreadable
+  checkpoint, which the work directory reports in one line and skips, the reads orbax had in flight
+  finish with nobody waiting for them, and each would print a traceback.
+  """
+  if absl_logging.get_verbosity() >= 1:
+    return True
+  if _abandoned_read(record):
+    return False
+  return record.levelno >= logging.WARNING or record.pathname.startswith(_PACKAGE_DIR)
 
 
 @contextlib.contextmanager
