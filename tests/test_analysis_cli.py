@@ -87,3 +87,11 @@ def test_sa_conv_run_gets_centres_and_a_pruned_run_that_fine_tunes(data_dir, tmp
   pruned_report = analyze.analyze(pruned_dir, 'centres', num_images=4, batch_size=4)
   assert [len(pruned_report['centres'][f'layer {i}']) for i in range(2)] == [4, 3]
   assert models.create('sa_conv_gaussian', layer_heads=(4, 3)).layer_heads == (4, 3)
+
+
+def test_a_cnn_run_is_refused_with_the_families_that_have_attention():
+  cnn = models.create('regnety_002', num_classes=10)
+  assert analyze.model_analyses(cnn) == []
+  with pytest.raises(ValueError, match=r'RegNet has no attention layers.*vit.*sa_conv'):
+    analyze._resolve('all', cnn)  # pylint: disable=protected-access
+  assert 'collapse' in analyze.model_analyses(models.create('vit_ti4', num_classes=10))

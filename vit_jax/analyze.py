@@ -35,6 +35,7 @@ import tensorflow as tf
 
 from vit_jax import inference
 from vit_jax import input_pipeline
+from vit_jax import models
 from vit_jax import train
 from vit_jax import workdir as workdir_lib
 from vit_jax.analysis import centres
@@ -44,6 +45,7 @@ from vit_jax.analysis import pruning
 from vit_jax.analysis import rollout
 from vit_jax.models import attention
 from vit_jax.models import sa_conv
+from vit_jax.models import vit
 
 ANALYSES = ('collapse', 'maps', 'rollout', 'distance', 'centres', 'pruning')
 
@@ -88,8 +90,14 @@ def accuracy(model: nn.Module, variables: dict[str, Any],
   return correct / max(total, 1.0)
 
 
+def _has_attention(model_class: type) -> bool:
+  return issubclass(model_class, (vit.VisionTransformer, sa_conv.SAConv))
+
+
 def model_analyses(model: nn.Module) -> list[str]:
   """The analyses that apply to `model` (centres to positional attention, pruning to SA-conv)."""
+  if not _has_attention(type(model)):
+    return []  # A CNN (RegNetY): nothing sows attention.
   names = ['collapse', 'maps', 'rollout', 'distance']
   if getattr(model, 'attention', None) in attention.POSITIONAL_KINDS:
     names.append('centres')
@@ -101,6 +109,10 @@ def model_analyses(model: nn.Module) -> list[str]:
 def _resolve(what: Sequence[str] | str, model: nn.Module) -> tuple[list[str], bool]:
   """The analyses to run and whether they were named explicitly."""
   what = [what] if isinstance(what, str) else list(what)
+  if not model_analyses(model):
+    with_attention = [f.name for f in models.families() if _has_attention(f.model_class)]
+    raise ValueError(f'{type(model).__name__} has no attention layers, so there is nothing to '
+                     f'analyse; the analyses apply to the families {", ".join(with_attention)}.')
   if what == ['all']:
     return model_analyses(model), False
   unknown = [w for w in what if w not in ANALYSES]
