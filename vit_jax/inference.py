@@ -77,21 +77,21 @@ def load_weights(path: str, model_name: str, *, num_classes: int = IMAGENET_CLAS
   centre crop, ImageNet mean and std); Google ViT weights use `normalization='inception'`.
   1,000 classes are named by `imagenet_class_names`, other counts by their index.
   """
-  if normalization not in input_pipeline.NORMALIZATIONS:
-    raise ValueError(f'normalization={normalization!r} is not valid; choose from '
-                     f'{list(input_pipeline.NORMALIZATIONS)}.')
-  if not 0 < eval_crop_ratio <= 1:
-    raise ValueError(f'eval_crop_ratio={eval_crop_ratio} must be in (0, 1].')
-  if image_size < 1 or num_classes < 1:
-    raise ValueError(f'image_size={image_size} and num_classes={num_classes} must be >= 1.')
-  model = models.create(model_name, num_classes=num_classes)
-  variables = pretrained.load(path, model, image_size=image_size)
-  # The weights' evaluation on ImageNet, for evaluators on any dataset.
+  if num_classes < 1:
+    raise ValueError(f'--num_classes={num_classes} must be >= 1.')
+  # The weights' evaluation on ImageNet, for evaluators on any dataset; checked by the schema,
+  # whose field names are these flags' names.
   config = config_lib.defaults()
   config.update(dict(image_size=image_size, eval_crop_ratio=eval_crop_ratio,
                      normalization=normalization, augment='none', dataset='imagenet2012',
                      eval_split='validation', eval_batch_size=64))
   config.model = ml_collections.ConfigDict({'name': model_name})
+  try:
+    config_lib.validate(config, devices=1, processes=1)
+  except config_lib.ConfigError as e:
+    raise ValueError('; '.join(p.replace(config_lib.FLAG, '--') for p in e.problems)) from None
+  model = models.create(model_name, num_classes=num_classes)
+  variables = pretrained.load(path, model, image_size=image_size)
   names = (imagenet_class_names() if num_classes == IMAGENET_CLASSES
            else tuple(str(i) for i in range(num_classes)))
   return Run(config, model, variables, names, None, path)
