@@ -10,6 +10,7 @@ import pytest
 from configs import ablations
 from vit_jax import ablate
 from vit_jax import analyze
+from vit_jax import config as config_lib
 from vit_jax import models
 from vit_jax.analysis import collapse
 from vit_jax.analysis import maps
@@ -122,7 +123,7 @@ def test_every_grid_variant_builds(grid):
   assert len(config.variants) >= 2
   for name in config.variants:
     model_config = ablate.variant_config(config, dict(config.variants[name])).model
-    fields = {k: v for k, v in model_config.items() if k != 'name'}
+    fields = config_lib.model_overrides(model_config)
     model = models.create(model_config.name, num_classes=10, **fields)
     model.check_fields()
     images = jnp.zeros((1, config.image_size, config.image_size, 3))

@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from vit_jax import config as config_lib
 from vit_jax import models
 from vit_jax import train
 
@@ -36,7 +37,7 @@ PUBLISHED = [('vit', f'variant={v}') for v in load('vit').VARIANTS] + [
 @pytest.mark.parametrize('name, arg', PUBLISHED)
 def test_published_sizes_name_registered_models(name, arg):
   config = load(name).get_config(arg)
-  overrides = {k: v for k, v in config.model.items() if k != 'name'}
+  overrides = config_lib.model_overrides(config.model)
   models.create(config.model.name, num_classes=10, **overrides)
 
 

@@ -47,6 +47,7 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from vit_jax import config as config_lib
 from vit_jax import stopwatch
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -286,7 +287,7 @@ def run_memory(config, *, num_classes: int) -> dict[str, int]:
   """Prints `memory_per_device` of the config's model on this process's mesh."""
   import jax  # pylint: disable=g-import-not-at-top
   devices, fsdp = jax.device_count(), config.mesh.fsdp
-  stopwatch.report('model', f'{config.model.name} {dict(config.model)}')
+  stopwatch.report('model', f'{config.model.name} {config_lib.model_overrides(config.model)}')
   stopwatch.report('mesh', f'data {devices // fsdp} x fsdp {fsdp} = {devices} devices '
                    f'({jax.devices()[0].platform}; XLA\'s account on this backend)')
   stopwatch.report('batch', f'{config.batch_size} x {config.image_size}x{config.image_size}x3 '
@@ -390,7 +391,7 @@ def run_single(config, *, num_classes: int, steps: int, warmup: int, repeats: in
   """Benchmarks the config's model (and timm's twin); prints and returns images/s and ratios."""
   import jax  # pylint: disable=g-import-not-at-top
   device = jax.devices()[0]
-  stopwatch.report('model', f'{config.model.name} {dict(config.model)}')
+  stopwatch.report('model', f'{config.model.name} {config_lib.model_overrides(config.model)}')
   stopwatch.report('batch', f'{config.batch_size} x {config.image_size}x{config.image_size}x3, '
                    f'dtype {config.dtype}, {num_classes} classes')
   stopwatch.report('device', f'{device.device_kind} ({device.platform}), jax {jax.__version__}, '

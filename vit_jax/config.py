@@ -269,8 +269,29 @@ SECTIONS: tuple[Section, ...] = (
     Section('model', {'name': 'vit_ti4', 'scan_layers': False, 'remat': False}, 'vit_jax.models',
             'name: a registry key (vit_jax.models.names()); every other field is passed to '
             'vit_jax.models.create(). scan_layers: one traced block run by nn.scan; remat: '
-            'activations recomputed in the backward pass.'),
+            'activations recomputed in the backward pass. The backbone\'s parts and shared '
+            'fields (MODEL_PART_FIELDS) are unset (None: the registered model\'s own value) '
+            'until set, e.g. --config.model.attention=talking_heads.'),
 )
+
+# The shared backbone's fields (`vit_jax.models.vit.VisionTransformer`) that any config may set
+# from the command line; unset (None) they keep the registered model's value. Their rules are the
+# model family's (`check_fields`), checked with the model.
+MODEL_PART_FIELDS: dict[str, type] = {
+    'attention': str, 're_attention_norm': str, 'layer_scale_init': float,
+    'paper_layer_scale': bool, 'class_stage': str, 'class_attention_depth': int, 'stem': str,
+    'tokens_type': str, 'token_dim': int, 'distilled': bool, 'global_pool': str,
+    'dropout_rate': float, 'attention_dropout_rate': float, 'drop_path_rate': float,
+    'attention_implementation': str, 'mlp_activation': str, 'qkv_bias': bool,
+    'layer_norm_eps': float, 'mlp_ratio': float,
+}
+
+
+def model_overrides(model: Any) -> dict[str, Any]:
+  """The fields of a `model` config section to pass to `models.create`: all but the name and the
+  unset (None) part fields, which keep the registered model's own values."""
+  return {k: v for k, v in model.items()
+          if k != 'name' and not (k in MODEL_PART_FIELDS and v is None)}
 
 _BY_NAME = {field.name: field for field in FIELDS}
 
@@ -295,6 +316,8 @@ def defaults() -> ml_collections.ConfigDict:
                     else ml_collections.FieldReference(None, field_type=field.field_type))
   for section in SECTIONS:
     config[section.name] = _config_dict(section.default)
+  for name, field_type in MODEL_PART_FIELDS.items():
+    config.model[name] = ml_collections.FieldReference(None, field_type=field_type)
   return config
 
 
@@ -416,7 +439,7 @@ def _model_problems(model: ml_collections.ConfigDict) -> list[str]:
   """The registered model's own field checks (`check_fields`), as one problem."""
   from vit_jax import models  # pylint: disable=g-import-not-at-top
   name = model.get('name')
-  overrides = {k: v for k, v in model.items() if k != 'name'}
+  overrides = model_overrides(model)
   try:
     models.create(name, num_classes=1, **overrides).check_fields()
   except (ValueError, TypeError) as e:

@@ -34,6 +34,7 @@ import numpy as np
 import safetensors
 from safetensors import numpy as safetensors_numpy
 
+from vit_jax import config as config_lib
 from vit_jax import models
 from vit_jax import workdir as workdir_lib
 from vit_jax.models import vit
@@ -407,7 +408,7 @@ def _from_workdir(path: str, model: nn.Module, use_ema: bool) -> tuple[dict, str
   run = workdir_lib.Workdir.open(path)
   saved = run.read_variables(use_ema=use_ema, unrolled=True)
   name = run.config().model.name
-  fields = {k: v for k, v in run.config().model.items() if k != 'name'}
+  fields = config_lib.model_overrides(run.config().model)
   source = (f'Work directory {path!r} (model {name!r} with fields {fields}, step {saved.step}, '
             f'{"ema" if saved.ema else "raw"} weights)')
   family, saved_family = _family_name(model), _family_name(models.create(name))

@@ -48,7 +48,7 @@ def create_model(config: ml_collections.ConfigDict, num_classes: int) -> nn.Modu
   `config.dtype` is the compute dtype of every model ('bfloat16': mixed precision with float32
   parameters, softmax, norms and loss); a `model.dtype` override takes precedence.
   """
-  overrides = {k: v for k, v in config.model.items() if k != 'name'}
+  overrides = config_lib.model_overrides(config.model)
   overrides.setdefault('dtype', config.dtype)
   return models.create(config.model.name, num_classes=num_classes, **overrides)
 
@@ -100,7 +100,7 @@ def load_teacher(config: ml_collections.ConfigDict, num_classes: int) -> steps.T
           'vit_jax.main, or MODEL:FILE with MODEL a registered model name and FILE its weights '
           f'(e.g. regnety_160:/path/regnety_160.pth). {e}') from None
     model_name = saved.model.name
-    overrides = {k: v for k, v in saved.model.items() if k != 'name'}
+    overrides = config_lib.model_overrides(saved.model)
     normalization = spec.teacher_normalization or saved.get('normalization', normalization)
   elif not os.path.isfile(source):
     raise ValueError(f'distillation.teacher={spec.teacher!r}: no weights file at {source!r}.')
