@@ -11,6 +11,7 @@ import pytest
 
 from tests.test_configs import load
 from tests.test_train import assert_trees_close, tiny_config, train_with_preemption
+from vit_jax import config as config_lib
 from vit_jax import models
 from vit_jax import optim
 from vit_jax import steps
@@ -248,7 +249,9 @@ def test_deit_recipe(variant, distilled, tmp_path):
   _check_fields(config, dict(batch_size=1024, repeated_aug=3, num_epochs=300, warmup_epochs=5,
                              eval_crop_ratio=0.875, image_size=224))
   assert optim.peak_learning_rate(config) == pytest.approx(1e-3)  # 5e-4 × 1024 / 512.
-  assert config.model.drop_path_rate == 0.1 and config.model.get('dropout_rate', 0.0) == 0.0
+  assert config.model.drop_path_rate == 0.1
+  model = models.create(config.model.name, **config_lib.model_overrides(config.model))
+  assert model.drop_path_rate == 0.1 and model.dropout_rate == 0.0
   assert config.model.name == f'deit_{variant.lower()}16' + ('_distilled' if distilled else '')
   assert config.distillation.type == ('hard' if distilled else 'none')
   # An epoch is the dataset once, however many repeats a batch holds.
