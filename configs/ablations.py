@@ -8,13 +8,18 @@ default of configs/common.py. Run a grid, one training per variant, and print on
 
 Grids and the published results they correspond to (ImageNet or CIFAR-10, full-size models; on
 the digits the same comparison runs at toy scale, so expect the ordering at most, not the numbers):
-- `cait_layerscale`: no LayerScale vs LayerScale at 0.1 (the paper's rule at this depth) and at
-  1e-5 (the rule's value for 19-24 blocks). CaiT Section 2 and Table 1 compare LayerScale with
-  the other residual-branch weightings over depth (DeiT-S width); the gap grows with depth.
-- `cait_talking_heads`: standard vs talking-heads attention in CaiT's blocks (CaiT Section 2 and
-  its ablation table of CaiT's changes on top of DeiT-S).
+- `cait_layerscale`: no LayerScale vs LayerScale at ε = 0.1 (CaiT's rule up to 18 blocks) and at
+  ε = 1e-5 (the rule's value at 24 blocks), at 4 and at 12 blocks. CaiT Section 2 and Table 1
+  compare LayerScale with the other residual-branch weightings at 12 to 36 blocks of DeiT-S width
+  and find the gap growing with depth.
+- `cait_talking_heads`: standard vs talking-heads attention in CaiT's blocks (CaiT Section 2).
 - `cait_class_attention`: class token from the start vs CaiT's class-attention stage (CaiT
-  Section 3, Figure 3 and the same ablation table).
+  Section 3 and Figure 3).
+  The published pairs that differ by exactly these three parts (and depth) are the distilled
+  models of the official README files (ImageNet, 224 px, hard distillation from RegNetY-16GF):
+  DeiT-Ti 74.5 → CaiT-XXS24 78.4 at width 192, DeiT-S 81.2 → CaiT-S24 83.5 at width 384; DeiT
+  has 12 blocks, no LayerScale, standard attention and a class token from the start, CaiT has
+  24 + 2 blocks with LayerScale 1e-5, talking heads and two class-attention layers.
 - `deepvit_depth`: self-attention vs Re-attention at 4 and 8 blocks. DeepViT (official README
   of zhoudaquan/dvit_repo), top-1 / similar blocks: ViT-16B 78.88 / 5, DeepViT-16B 79.10 / 0;
   ViT-24B 79.35 / 11, DeepViT-24B 79.99 / 0; ViT-32B 79.27 / 15, DeepViT-32B 80.90 / 0.
@@ -30,8 +35,11 @@ the digits the same comparison runs at toy scale, so expect the ordering at most
 Commands, one per grid (each variant's run and the table's `ablation.json` under --workdir):
 
   python -m vit_jax.ablate --config=configs/ablations.py:grid=cait_layerscale --workdir=/tmp/ls
+  python -m vit_jax.ablate --config=configs/ablations.py:grid=cait_talking_heads --workdir=/tmp/th
+  python -m vit_jax.ablate --config=configs/ablations.py:grid=cait_class_attention --workdir=/tmp/ca
   python -m vit_jax.ablate --config=configs/ablations.py:grid=deepvit_depth --workdir=/tmp/dv
   python -m vit_jax.ablate --config=configs/ablations.py:grid=positional_in_vit --workdir=/tmp/pos
+  python -m vit_jax.ablate --config=configs/ablations.py:grid=t2t_stem --workdir=/tmp/t2t
 """
 
 import ml_collections
@@ -42,9 +50,11 @@ from configs import common
 _T2T_SPLITS_16 = ((3, 2, 1), (3, 2, 1), (3, 1, 1))  # 16 px -> 8 -> 4 -> 4: 16 tokens, stride 4.
 GRIDS = {
     'cait_layerscale': {
-        'no_layer_scale': {},
-        'layer_scale_1e-1': {'layer_scale_init': 0.1},
-        'layer_scale_1e-5': {'layer_scale_init': 1e-5},
+        f'{name}_d{depth}': {'depth': depth, **fields}
+        for depth in (4, 12)
+        for name, fields in (('no_layer_scale', {}),
+                             ('layer_scale_1e-1', {'layer_scale_init': 0.1}),
+                             ('layer_scale_1e-5', {'layer_scale_init': 1e-5}))
     },
     'cait_talking_heads': {
         'standard': {'layer_scale_init': 0.1, 'class_stage': 'class_attention'},

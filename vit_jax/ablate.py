@@ -14,6 +14,9 @@ import json
 import os
 from typing import Any
 
+from vit_jax import runtime  # pylint: disable=g-bad-import-order
+runtime.quiet_library_logs()  # First: TensorFlow (loaded by the imports below) starts quietly.
+
 from absl import app
 from absl import flags
 import ml_collections

@@ -24,6 +24,9 @@ import os
 import sys
 from typing import Any, Sequence
 
+from vit_jax import runtime  # pylint: disable=g-bad-import-order
+runtime.quiet_library_logs()  # First: TensorFlow (loaded by the imports below) starts quietly.
+
 from absl import app
 from absl import flags
 from absl import logging

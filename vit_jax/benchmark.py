@@ -607,8 +607,9 @@ def _prepare_process() -> None:
     os.environ['JAX_PLATFORMS'] = 'cpu'
     os.environ['XLA_FLAGS'] = (f'{os.environ.get("XLA_FLAGS", "")} '
                                f'--xla_force_host_platform_device_count={devices}').strip()
+  from vit_jax import runtime  # pylint: disable=g-import-not-at-top
+  runtime.quiet_library_logs()  # After the CPUs are chosen: it loads TensorFlow.
   if _CPU_TUNING.value:
-    from vit_jax import runtime  # pylint: disable=g-import-not-at-top
     runtime.configure()
   if _VS_TIMM.value:
     try:

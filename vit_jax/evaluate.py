@@ -16,6 +16,9 @@ import functools
 import sys
 from typing import Any
 
+from vit_jax import runtime  # pylint: disable=g-bad-import-order
+runtime.quiet_library_logs()  # First: TensorFlow (loaded by the imports below) starts quietly.
+
 from absl import app
 from absl import flags
 from absl import logging

@@ -10,6 +10,9 @@ of the run, then `model.load_state_dict(safetensors.torch.load_file('/tmp/deit.s
 
 import sys
 
+from vit_jax import runtime  # pylint: disable=g-bad-import-order
+runtime.quiet_library_logs()  # First: TensorFlow (loaded by the imports below) starts quietly.
+
 from absl import app
 from absl import flags
 

@@ -11,6 +11,9 @@ both `tfds.load` and `tfds.data_source` work afterwards. Nothing is downloaded o
 (`tfds build imagenet2012 --file_format=array_record` prepares a dataset afresh in that format.)
 """
 
+from vit_jax import runtime  # pylint: disable=g-bad-import-order
+runtime.quiet_library_logs()  # First: TensorFlow (loaded by the imports below) starts quietly.
+
 from absl import app
 from absl import flags
 from absl import logging
