@@ -294,21 +294,20 @@ def test_section_defaults_are_their_owners_defaults():
 def test_the_backbone_parts_can_be_set_on_every_family_config():
   """`--config.model.attention=…` and the other part fields exist unset (the preset's own value)
   in every config, and reach the model when set."""
-  from vit_jax import train  # pylint: disable=g-import-not-at-top
   for module in (vit, deit, cait, deepvit, t2t, sa_conv, regnet):
     model = module.get_config().model
     assert set(config_lib.MODEL_PART_FIELDS) <= set(model), module.__name__
   config = cait.get_config()
-  assert train.create_model(config, 10).attention == 'talking_heads'  # CaiT's own, kept unset.
+  assert config_lib.create_model(config, 10).attention == 'talking_heads'  # CaiT's own, kept unset.
   config.model.attention = 'standard'
   config.model.class_stage = 'token'
-  model = train.create_model(config, 10)
+  model = config_lib.create_model(config, 10)
   assert (model.attention, model.class_stage) == ('standard', 'token')
   config = vit.get_config()
   config.model.layer_scale_init = 1e-5
   config.model.attention = 're_attention'
   config_lib.validate(config, devices=1, processes=1)
-  model = train.create_model(config, 10)
+  model = config_lib.create_model(config, 10)
   assert (model.layer_scale_init, model.attention) == (1e-5, 're_attention')
   config.model.attention = 'banana'
   with pytest.raises(config_lib.ConfigError, match="attention='banana' is not valid"):

@@ -7,7 +7,9 @@ import os
 import pytest
 
 from tests.test_train import assert_trees_close, tiny_config
+from vit_jax import config as config_lib
 from vit_jax import inference
+from vit_jax import teacher
 from vit_jax import train
 from vit_jax import workdir as workdir_lib
 
@@ -51,14 +53,14 @@ def test_init_from_teacher_and_analysis_read_the_ema(run, tmp_path):
   config, workdir, _, state = run
   config = config.copy_and_resolve_references()
   config.init_from = workdir
-  model = train.create_model(config, 10)
+  model = config_lib.create_model(config, 10)
   pretrained = train.pretrained_variables(config, model, str(tmp_path / 'finetune'))
   assert_trees_close(pretrained['params'], state['ema']['params'], atol=1e-7)
   config.distillation.type, config.distillation.teacher = 'hard', workdir
-  assert_trees_close(train.load_teacher(config, 10).variables['params'], state['ema']['params'],
+  assert_trees_close(teacher.load(config, 10).variables['params'], state['ema']['params'],
                      atol=0)
   config.use_ema = False
-  assert_trees_close(train.load_teacher(config, 10).variables['params'], state['params'], atol=0)
+  assert_trees_close(teacher.load(config, 10).variables['params'], state['params'], atol=0)
   loaded = inference.load_run(workdir, unroll=True)  # As analysis reads it.
   assert loaded.ema
   assert_trees_close(loaded.variables['params'], state['ema']['params'], atol=0)

@@ -20,6 +20,7 @@ from PIL import Image
 import pytest
 
 from test_train import tiny_config
+from vit_jax import config as config_lib
 from vit_jax import input_pipeline
 from vit_jax import optim
 from vit_jax import steps
@@ -100,7 +101,7 @@ CORRUPTIONS = {'truncated_array': _truncate, 'garbage_array': _garbage_arrays,
 
 
 def _abstract_state(config):
-  model = train.create_model(config, 10)
+  model = config_lib.create_model(config, 10)
   tx = optim.create_optimizer(config, lambda _: 1e-3)
   return jax.eval_shape(lambda: steps.init_state(model, tx, config))
 

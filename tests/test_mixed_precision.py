@@ -20,13 +20,13 @@ def _batch(size: int = 32):
 
 
 def test_config_dtype_reaches_the_model_and_model_override_wins():
-  assert train.create_model(tiny_config('unused', dtype='bfloat16'), 10).dtype == jnp.bfloat16
+  assert config_lib.create_model(tiny_config('unused', dtype='bfloat16'), 10).dtype == jnp.bfloat16
   config = tiny_config('unused', dtype='bfloat16', **{'model.dtype': 'float32'})
-  assert train.create_model(config, 10).dtype == jnp.float32
+  assert config_lib.create_model(config, 10).dtype == jnp.float32
 
 
 def test_bfloat16_compute_float32_parameters_probabilities_and_logits():
-  model = train.create_model(tiny_config('unused', dtype='bfloat16'), 10)
+  model = config_lib.create_model(tiny_config('unused', dtype='bfloat16'), 10)
   images = _batch(4)['image']
   variables = jax.jit(model.init)(jax.random.key(0), images)
   assert {x.dtype for x in jax.tree.leaves(variables)} == {jnp.dtype(jnp.float32)}
@@ -49,7 +49,7 @@ def test_bfloat16_compute_float32_parameters_probabilities_and_logits():
 
 def test_train_step_keeps_float32_state_and_bfloat16_first_moment():
   config = tiny_config('unused', dtype='bfloat16', mu_dtype='bfloat16', ema_decay=0.9)
-  model = train.create_model(config, 10)
+  model = config_lib.create_model(config, 10)
   tx = optim.create_optimizer(config, lambda _: 1e-3)
   state = steps.init_state(model, tx, config)
   state, metrics = jax.jit(steps.make_train_step(model, tx, config, 10))(state, _batch())

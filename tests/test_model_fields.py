@@ -11,7 +11,6 @@ import functools
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from vit_jax import models

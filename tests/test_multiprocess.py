@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from vit_jax import config as config_lib
 from vit_jax import distributed
 from vit_jax import optim
 from vit_jax import steps
@@ -141,7 +142,7 @@ def load_config(config_file: str):
 
 def one_device_state(config) -> steps.TrainState:
   """The abstract training state, replicated on this process's one-device mesh."""
-  model = train.create_model(config, digits.NUM_CLASSES)
+  model = config_lib.create_model(config, digits.NUM_CLASSES)
   tx = optim.create_optimizer(config, optim.learning_rate_schedule(config, STEPS, 2))
   sharding = NamedSharding(Mesh(np.array(jax.devices()[:1]), ('data',)), P())
   return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),

@@ -15,6 +15,7 @@ from vit_jax import config as config_lib
 from vit_jax import models
 from vit_jax import optim
 from vit_jax import steps
+from vit_jax import teacher
 from vit_jax import train
 from vit_jax import workdir as workdir_lib
 from vit_jax.models import vit
@@ -83,7 +84,7 @@ def test_train_step_learns_from_the_mixed_batch(monkeypatch):
   """Loss: soft-target cross-entropy on the mixed images; accuracy: against argmax targets."""
   config = tiny_config('unused', label_smoothing=0.1, mixup_alpha=0.8, cutmix_alpha=1.0,
                        **{'model.init_scheme': 'timm'})
-  model = train.create_model(config, 10)
+  model = config_lib.create_model(config, 10)
   tx = optim.create_optimizer(config, lambda _: 1e-3)
   state = steps.init_state(model, tx, config)
   # The step's own mixing rng is replaced by a fixed one so that the test can redo the mixing.
@@ -116,7 +117,7 @@ def test_four_micro_batches_equal_one_big_batch(mixing):
   results = []
   for accumulate in (1, 4):
     config = tiny_config('unused', grad_accum_steps=accumulate, **overrides)
-    model = train.create_model(config, 10)
+    model = config_lib.create_model(config, 10)
     tx = optim.create_optimizer(config, lambda _: 1e-3)
     state = steps.init_state(model, tx, config)
     step = jax.jit(steps.make_train_step(model, tx, config, 10))
@@ -149,7 +150,7 @@ def test_bad_recipe_settings_fail_before_touching_the_workdir(tmp_path, override
 
 def test_ema_follows_the_parameters():
   config = tiny_config('unused', ema_decay=0.75)
-  model = train.create_model(config, 10)
+  model = config_lib.create_model(config, 10)
   tx = optim.create_optimizer(config, lambda _: 1e-2)
   state = steps.init_state(model, tx, config)
   assert_trees_close(state.ema['params'], state.params, atol=0)
@@ -269,7 +270,7 @@ def test_deit_b_distilled_from_regnety_160_recipe():
   assert config.model.name == 'deit_b16_distilled'
   assert (config.distillation.type, config.distillation.alpha, config.distillation.tau) == (
       'hard', 0.5, 1.0)
-  assert train.teacher_source(config.distillation.teacher) == (
+  assert teacher.source(config.distillation.teacher) == (
       'regnety_160', '/weights/regnety_160-a5fe301d.pth')
   assert config.distillation.teacher_normalization == '' and config.normalization == 'imagenet'
   assert all(text in load('deit').__doc__ for text in ('--teacher-model regnety_160', '83.4',

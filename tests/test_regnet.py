@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 
 from tests.test_train import tiny_config
+from vit_jax import input_pipeline
 from vit_jax import models
 from vit_jax import pretrained
+from vit_jax import teacher
 from vit_jax import train
 from vit_jax import workdir as workdir_lib
 from vit_jax.models import regnet
@@ -125,15 +127,15 @@ def test_deit_distils_from_a_timm_regnety_weights_file(timm, tmp_path, train_los
   config.distillation.type = 'hard'
   config.distillation.teacher = f'regnety_002:{weights}'
   config.distillation.teacher_normalization = 'imagenet'
-  teacher = train.load_teacher(config, num_classes=10)
+  loaded = teacher.load(config, num_classes=10)
   images = np.random.default_rng(0).normal(size=(2, 16, 16, 3)).astype(np.float32)
-  digits_mean, digits_std = (np.asarray(v) for v in train.input_pipeline.NORMALIZATIONS['digits'])
+  digits_mean, digits_std = (np.asarray(v) for v in input_pipeline.NORMALIZATIONS['digits'])
   imagenet_mean, imagenet_std = (np.asarray(v)
-                                 for v in train.input_pipeline.NORMALIZATIONS['imagenet'])
+                                 for v in input_pipeline.NORMALIZATIONS['imagenet'])
   timm_images = ((images * digits_std + digits_mean) - imagenet_mean) / imagenet_std
   with torch.no_grad():
     expected = reference(torch.from_numpy(timm_images.transpose(0, 3, 1, 2).astype(np.float32)))
-  logits = jax.jit(teacher.logits)(teacher.variables, jnp.asarray(images))
+  logits = jax.jit(loaded.logits)(loaded.variables, jnp.asarray(images))
   np.testing.assert_allclose(np.asarray(logits), expected.numpy(), rtol=1e-5, atol=1e-5)
 
   metrics = train.train_and_evaluate(config, str(tmp_path / 'student')).metrics
@@ -142,18 +144,18 @@ def test_deit_distils_from_a_timm_regnety_weights_file(timm, tmp_path, train_los
 
 
 def test_teacher_spec_errors_name_the_value(tmp_path):
-  assert train.teacher_source('gs://bucket/run') == (None, 'gs://bucket/run')
-  assert train.teacher_source('regnety_160:gs://b/w.pth') == ('regnety_160', 'gs://b/w.pth')
+  assert teacher.source('gs://bucket/run') == (None, 'gs://bucket/run')
+  assert teacher.source('regnety_160:gs://b/w.pth') == ('regnety_160', 'gs://b/w.pth')
   config = tiny_config(str(tmp_path / 'tfds'))
   config.distillation.type = 'hard'
   config.distillation.teacher = f'regnety_002:{tmp_path / "missing.pth"}'
   with pytest.raises(ValueError, match='no weights file at'):
-    train.load_teacher(config, num_classes=10)
+    teacher.load(config, num_classes=10)
   config.distillation.teacher = f'regnety_002:{tmp_path}'
   with pytest.raises(ValueError, match='no weights file at'):
-    train.load_teacher(config, num_classes=10)
+    teacher.load(config, num_classes=10)
   with pytest.raises(ValueError, match="Unknown normalization 'bgr'; valid: .*'imagenet'"):
-    train.normalization_change('digits', 'bgr')
+    teacher.normalization_change('digits', 'bgr')
 
 
 def test_checkpoints_load_reads_a_timm_file_for_the_family(timm, tmp_path):

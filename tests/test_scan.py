@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from tests.test_train import tiny_config
+from vit_jax import config as config_lib
 from vit_jax import models
+from vit_jax import pretrained
 from vit_jax import train
 from vit_jax import workdir as workdir_lib
 from vit_jax.models import deepvit
@@ -144,13 +146,13 @@ def test_scanned_run_checkpoint_loads_into_either_layout(tmp_path):
   assert 'blocks_2' in variables['params'] and 'blocks_0_to_2' not in variables['params']
 
   images = jax.random.normal(jax.random.key(1), (2, 16, 16, 3))
-  scanned = train.create_model(config, 10)
+  scanned = config_lib.create_model(config, 10)
   config.model.scan_layers = False
-  unrolled = train.create_model(config, 10)
+  unrolled = config_lib.create_model(config, 10)
   expected = scanned.apply({'params': saved}, images)
-  np.testing.assert_allclose(unrolled.apply(train.load_variables(workdir, unrolled, config),
+  np.testing.assert_allclose(unrolled.apply(pretrained.load_for_run(workdir, unrolled, config),
                                             images), expected, atol=1e-5)
-  np.testing.assert_allclose(scanned.apply(train.load_variables(workdir, scanned, config),
+  np.testing.assert_allclose(scanned.apply(pretrained.load_for_run(workdir, scanned, config),
                                            images), expected, atol=1e-5)
 
   from vit_jax import inference  # pylint: disable=g-import-not-at-top

@@ -131,10 +131,10 @@ def test_eight_devices_equal_one_device(data_dir):
       import jax, numpy as np
       from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
       from test_train import tiny_config
-      from vit_jax import optim, steps, train
+      from vit_jax import config as config_lib, optim, steps
       assert jax.device_count() == 8
       config = tiny_config({data_dir!r}, **{{'model.dropout_rate': 0.1, 'model.drop_path_rate': 0.2}})
-      model = train.create_model(config, 10)
+      model = config_lib.create_model(config, 10)
       tx = optim.create_optimizer(config, optim.learning_rate_schedule(config, 10, 0))
       rng = np.random.default_rng(0)
       batch = {{'image': rng.normal(size=(32, 16, 16, 3)).astype(np.float32),

@@ -24,6 +24,7 @@ import os
 import sys
 from typing import Any, Sequence
 
+from vit_jax import config as config_lib
 from vit_jax import runtime  # pylint: disable=g-bad-import-order
 runtime.quiet_library_logs()  # First: TensorFlow (loaded by the imports below) starts quietly.
 
@@ -308,7 +309,7 @@ def _pruning(run: inference.Run, out_dir: str, rule: str, finetune_steps: int,
   pruned_params, layer_heads = pruning.prune(params, heads)
   pruned_config = pruning.pruned_config(config, layer_heads, steps=finetune_steps,
                                         lr_factor=lr_factor)
-  pruned_model = train.create_model(pruned_config, num_classes)
+  pruned_model = config_lib.create_model(pruned_config, num_classes)
   before = pruning.forward_cost(model, params, config.image_size)
   after = pruning.forward_cost(pruned_model, pruned_params, config.image_size)
   report = {

@@ -141,7 +141,7 @@ def benchmark_config(config, *, batch: int, image_size: int, dtype: str | None,
                      model_name: str | None):
   """A copy of `config` with the benchmark's batch, image size, model and dtype.
 
-  The compute dtype ends up in `config.dtype` alone (`train.create_model` gives it to every
+  The compute dtype ends up in `config.dtype` alone (`config.create_model` gives it to every
   model), so the tables' models, which replace `config.model`, keep it.
   """
   config = config.copy_and_resolve_references()
@@ -191,9 +191,8 @@ def jax_contender(config, num_classes: int, name: str | None = None,
   import numpy as np
   from vit_jax import optim
   from vit_jax import steps
-  from vit_jax import train
-  # pylint: enable=g-import-not-at-top
-  model = train.create_model(config, num_classes)
+    # pylint: enable=g-import-not-at-top
+  model = config_lib.create_model(config, num_classes)
   schedule = optim.learning_rate_schedule(config, max(int(config.total_steps), 2), 1)
   tx = optim.create_optimizer(config, schedule)
   rng = np.random.default_rng(0)
@@ -260,9 +259,8 @@ def memory_per_device(config, num_classes: int) -> dict[str, int]:
   from vit_jax import sharding
   from vit_jax import optim
   from vit_jax import steps
-  from vit_jax import train
-  # pylint: enable=g-import-not-at-top
-  model = train.create_model(config, num_classes)
+    # pylint: enable=g-import-not-at-top
+  model = config_lib.create_model(config, num_classes)
   tx = optim.create_optimizer(config, optim.learning_rate_schedule(config, 2, 1))
   mesh = sharding.make_mesh(config.mesh.fsdp)
   state = jax.eval_shape(lambda: steps.init_state(model, tx, config))

@@ -293,6 +293,18 @@ def model_overrides(model: Any) -> dict[str, Any]:
   return {k: v for k, v in model.items()
           if k != 'name' and not (k in MODEL_PART_FIELDS and v is None)}
 
+def create_model(config: ml_collections.ConfigDict, num_classes: int) -> Any:
+  """The registered model `config.model.name` with the config's overrides (a Flax module).
+
+  `config.dtype` is the compute dtype of every model ('bfloat16': mixed precision with float32
+  parameters, softmax, norms and loss); a `model.dtype` override takes precedence.
+  """
+  from vit_jax import models  # pylint: disable=g-import-not-at-top
+  overrides = model_overrides(config.model)
+  overrides.setdefault('dtype', config.dtype)
+  return models.create(config.model.name, num_classes=num_classes, **overrides)
+
+
 _BY_NAME = {field.name: field for field in FIELDS}
 
 

@@ -18,7 +18,6 @@ from vit_jax import config as config_lib
 from vit_jax import input_pipeline
 from vit_jax import models
 from vit_jax import pretrained
-from vit_jax import train
 from vit_jax import workdir as workdir_lib
 
 IMAGENET_CLASSES = 1000
@@ -52,7 +51,7 @@ def load_run(workdir: str, step: int | None = None, *, use_ema: bool = True,
       if field in config.model:
         del config.model[field]  # Off by default.
   info = input_pipeline.get_dataset_info(config)
-  model = train.create_model(config, info.num_classes)
+  model = config_lib.create_model(config, info.num_classes)
   saved = run.read_variables(step, use_ema=use_ema, unrolled=unroll)
   return Run(config, model, saved.variables, info.class_names, saved.step, workdir, saved.ema)
 

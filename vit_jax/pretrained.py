@@ -20,7 +20,6 @@ import argparse
 import math
 import os
 import re
-import types
 import zipfile
 from typing import Any, Mapping
 
@@ -29,6 +28,7 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import ml_dtypes  # Names bfloat16 for NumPy: safetensors.numpy (>= 0.8) reads BF16 through it.
 import numpy as np
 import safetensors
@@ -469,6 +469,14 @@ def load(path: str, model: nn.Module, *, image_size: int, reset_head: bool = Fal
   return vit.stack_layers(variables, flax.traverse_util.unflatten_dict(
       _abstract_variables(model, image_size)))
 
+
+
+def load_for_run(path: str, model: nn.Module, config: ml_collections.ConfigDict,
+                 **kwargs) -> dict[str, Any]:
+  """`load` of `path` for `model` as a run of `config` reads it: at `config.image_size`, EMA
+  weights first unless `config.use_ema` is False."""
+  kwargs.setdefault('use_ema', config.use_ema)
+  return load(path, model, image_size=config.image_size, **kwargs)
 
 def export_timm(variables: Mapping[str, Any], model: nn.Module, path: str) -> list[str]:
   """Writes `variables` as a timm-layout .safetensors file (inverse of `load`); returns its keys.

@@ -1,9 +1,10 @@
 """The training loop: from a config to a trained, checkpointed and evaluated model.
 
-The loop asks the owners instead of restating them: `vit_jax.optim` for the schedule and the
-optimizer, `vit_jax.steps` for the state and the jitted train and eval steps,
-`vit_jax.input_pipeline` for batches and `vit_jax.workdir` for the run's directory and saved
-state.
+The loop asks the owners instead of restating them: `vit_jax.config` for the model,
+`vit_jax.optim` for the schedule and the optimizer, `vit_jax.steps` for the state and the jitted
+train and eval steps, `vit_jax.teacher` for distillation's teacher, `vit_jax.pretrained` for
+`init_from`'s weights, `vit_jax.input_pipeline` for batches and `vit_jax.workdir` for the run's
+directory and saved state.
 
 Every process runs the same program. A (data × fsdp) device mesh spans every device of every
 process (`vit_jax.sharding`): batches are split over all of it, and the training state over its
@@ -14,7 +15,6 @@ feeds only its own share of the data. Process 0 alone logs and writes summaries.
 import contextlib
 import dataclasses
 import math
-import os
 import signal
 import time
 from typing import Any, Callable, Iterator
@@ -34,88 +34,12 @@ from jax.sharding import NamedSharding
 from vit_jax import config as config_lib
 from vit_jax import evaluators as evaluators_lib
 from vit_jax import input_pipeline
-from vit_jax import models
 from vit_jax import optim
 from vit_jax import pretrained as pretrained_lib
 from vit_jax import sharding
 from vit_jax import steps
+from vit_jax import teacher as teacher_lib
 from vit_jax import workdir as workdir_lib
-
-
-def create_model(config: ml_collections.ConfigDict, num_classes: int) -> nn.Module:
-  """The registered model `config.model.name` with the config's overrides.
-
-  `config.dtype` is the compute dtype of every model ('bfloat16': mixed precision with float32
-  parameters, softmax, norms and loss); a `model.dtype` override takes precedence.
-  """
-  overrides = config_lib.model_overrides(config.model)
-  overrides.setdefault('dtype', config.dtype)
-  return models.create(config.model.name, num_classes=num_classes, **overrides)
-
-
-def teacher_source(teacher: str) -> tuple[str | None, str]:
-  """(registry name, weights file) for 'MODEL:FILE'; (None, teacher) for a work directory."""
-  name, separator, path = teacher.partition(':')
-  if separator and name in models.names():
-    return name, path
-  return None, teacher
-
-
-def normalization_change(student: str, teacher: str) -> tuple[np.ndarray, np.ndarray] | None:
-  """(scale, shift) with teacher-normalised = scale * student-normalised + shift; None if equal."""
-  if student == teacher:
-    return None
-  for name in (student, teacher):
-    if name not in input_pipeline.NORMALIZATIONS:
-      raise ValueError(f'Unknown normalization {name!r}; valid: '
-                       f'{list(input_pipeline.NORMALIZATIONS)}.')
-  (mean_s, std_s), (mean_t, std_t) = (np.asarray(input_pipeline.NORMALIZATIONS[n], np.float32)
-                                      for n in (student, teacher))
-  return std_s / std_t, (mean_s - mean_t) / std_t
-
-
-def load_teacher(config: ml_collections.ConfigDict, num_classes: int) -> steps.Teacher | None:
-  """The teacher of `config.distillation`; None if unused.
-
-  `distillation.teacher` is a work directory of vit_jax.main (its model, fields and
-  normalisation are read from its config.json) or 'MODEL:FILE', a registered model and a weights
-  file that `pretrained.load` reads (timm .pth/.safetensors, .npz); such a teacher expects
-  `distillation.teacher_normalization` ('' = the student's). The teacher computes in the run's
-  `dtype`.
-  """
-  spec = config.distillation
-  if spec.type == 'none':
-    return None
-  if spec.type not in ('hard', 'soft'):
-    raise ValueError(f"distillation.type={spec.type!r} is not valid; choose from "
-                     "['none', 'hard', 'soft'].")
-  model_name, source = teacher_source(spec.teacher)
-  normalization = spec.teacher_normalization or config.normalization
-  if model_name is None:
-    try:
-      saved = workdir_lib.Workdir.open(source).config()
-    except ValueError as e:
-      raise ValueError(
-          f'distillation.teacher={spec.teacher!r} must be a work directory written by '
-          'vit_jax.main, or MODEL:FILE with MODEL a registered model name and FILE its weights '
-          f'(e.g. regnety_160:/path/regnety_160.pth). {e}') from None
-    model_name = saved.model.name
-    overrides = config_lib.model_overrides(saved.model)
-    normalization = spec.teacher_normalization or saved.get('normalization', normalization)
-  elif not os.path.isfile(source):
-    raise ValueError(f'distillation.teacher={spec.teacher!r}: no weights file at {source!r}.')
-  else:
-    overrides = {}
-  overrides.setdefault('dtype', config.dtype)
-  model = models.create(model_name, num_classes=num_classes, **overrides)
-  variables = load_variables(source, model, config)
-  change = normalization_change(config.normalization, normalization)
-  logging.info('Distilling (%s, alpha=%s, tau=%s) from %s in %s (%s); the teacher sees the '
-               'student\'s batch in %s normalisation%s.', spec.type, spec.alpha, spec.tau,
-               model_name, source,
-               'EMA weights where kept' if config.use_ema else 'raw weights',
-               normalization, '' if change is None else f' (converted from {config.normalization})')
-  return steps.Teacher(model, variables, *(change or (None, None)))
 
 
 class PreemptionWatcher:
@@ -157,16 +81,6 @@ class PreemptionWatcher:
     return self.requested or run_dir.reached_preemption(step)
 
 
-def load_variables(source: str, model: nn.Module, config: ml_collections.ConfigDict,
-                   **kwargs) -> dict[str, Any]:
-  """`pretrained.load` of `source` for `model`, in its layout (stacked if it scans its layers).
-
-  EMA weights first, unless `config.use_ema` is False.
-  """
-  kwargs.setdefault('use_ema', config.use_ema)
-  return pretrained_lib.load(source, model, image_size=config.image_size, **kwargs)
-
-
 def pretrained_variables(config: ml_collections.ConfigDict, model: nn.Module,
                          workdir: str) -> dict[str, Any] | None:
   """`config.init_from`'s variables for a run that starts afresh; None when unset or resuming.
@@ -180,7 +94,7 @@ def pretrained_variables(config: ml_collections.ConfigDict, model: nn.Module,
     logging.info('Resuming %s; init_from=%s is not read again.', workdir, config.init_from)
     return None
   params_rng = jax.random.split(jax.random.PRNGKey(config.seed))[0]  # As in steps.init_state.
-  variables = load_variables(config.init_from, model, config, reset_head=True, rng=params_rng)
+  variables = pretrained_lib.load_for_run(config.init_from, model, config, reset_head=True, rng=params_rng)
   logging.info('Fine-tuning from %s.', config.init_from)
   return variables
 
@@ -206,12 +120,13 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> RunResult:
   error (no head is re-initialised).
   """
   source = config.init_from or workdir
-  if not config.init_from and not workdir_lib.Workdir(workdir).has_checkpoint():
+  run_dir = workdir_lib.Workdir(workdir)
+  if not config.init_from and not run_dir.has_checkpoint():
     raise ValueError(f'eval_only needs --config.init_from=PATH or a --workdir with a training '
                      f'checkpoint; {workdir!r} has none.')
   info = input_pipeline.get_dataset_info(config)
-  model = create_model(config, info.num_classes)
-  variables = load_variables(source, model, config)
+  model = config_lib.create_model(config, info.num_classes)
+  variables = pretrained_lib.load_for_run(source, model, config)
   mesh = sharding.make_mesh(config.mesh.fsdp)
   variables = sharding.place(
       variables, sharding.fsdp_shardings(variables, mesh, config.mesh.fsdp_min_size))
@@ -225,7 +140,7 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> RunResult:
   report = {'source': source, 'use_ema': use_ema, 'model': config.model.name,
             'dataset': config.dataset, 'split': config.eval_split,
             'image_size': config.image_size, **metrics}
-  workdir_lib.Workdir(workdir).write_json('eval_report.json', report)
+  run_dir.write_json('eval_report.json', report)
   if jax.process_index() == 0:
     print(f'Top-1 on {config.dataset}/{config.eval_split}: {metrics["accuracy"]:.4f} '
           f'({metrics["count"]} examples; {"EMA weights where kept" if use_ema else "raw weights"} '
@@ -315,14 +230,14 @@ def _start(config: ml_collections.ConfigDict, workdir: str,
   """Checks everything that can be wrong before anything compiles or is written, then holds the
   work directory (in `run_scope`) and builds the state, on the mesh, and the steps."""
   info = input_pipeline.get_dataset_info(config)
-  model = create_model(config, info.num_classes)
+  model = config_lib.create_model(config, info.num_classes)
   pretrained = pretrained_variables(config, model, workdir)
   total_steps, warmup_steps = optim.training_steps(config, info.num_train_examples)
   schedule = optim.learning_rate_schedule(config, total_steps, warmup_steps)
   tx = optim.create_optimizer(config, schedule)
   abstract_state = jax.eval_shape(lambda: steps.init_state(model, tx, config))
   workdir_lib.Workdir(workdir).check_compatible(config.model.name, abstract_state.params)
-  teacher = load_teacher(config, info.num_classes)
+  teacher = teacher_lib.load(config, info.num_classes)
   evaluators = evaluators_lib.periodic(config)
   if jax.process_count() > 1:  # Every process reads the work directory before any writes to it.
     multihost_utils.sync_global_devices('vit_jax.train:checked_workdir')

@@ -16,9 +16,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from vit_jax import config as config_lib
 from vit_jax import optim
 from vit_jax import steps
-from vit_jax import train
 from vit_jax import workdir as workdir_lib
 
 PRUNING_RULES = {'official': 1e3, 'paper': 1e5}
@@ -124,7 +124,7 @@ def write_run(config: ml_collections.ConfigDict, params: Any, workdir: str,
   if workdir_lib.Workdir(workdir).has_checkpoint():
     raise ValueError(f'{workdir!r} already holds a checkpoint; remove it or use another '
                      'directory.')
-  model = train.create_model(config, num_classes)
+  model = config_lib.create_model(config, num_classes)
   total, warmup = config.total_steps, config.warmup_steps
   tx = optim.create_optimizer(config, optim.learning_rate_schedule(config, total, warmup))
   abstract = jax.eval_shape(lambda: steps.init_state(model, tx, config))
