@@ -3,6 +3,7 @@
 Nothing here compiles or reads data: validation runs before either.
 """
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -15,6 +16,7 @@ from test_train import tiny_config
 from vit_jax import augment
 from vit_jax import config as config_lib
 from vit_jax import input_pipeline
+from vit_jax.models import vit as backbone
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -316,3 +318,11 @@ def test_the_backbone_parts_can_be_set_on_every_family_config():
   config.model.attention = 'talking_heads'  # A CNN has no attention to replace.
   with pytest.raises(config_lib.ConfigError, match="attention"):
     config_lib.validate(config, devices=1, processes=1)
+
+
+def test_the_part_fields_are_the_backbones_own_fields_and_types():
+  """`MODEL_PART_FIELDS` names each field as the shared backbone declares it, with its type."""
+  declared = {f.name: f.type for f in dataclasses.fields(backbone.VisionTransformer)}
+  for name, kind in config_lib.MODEL_PART_FIELDS.items():
+    assert name in declared, f'{name} is not a field of vit.VisionTransformer'
+    assert declared[name] in (kind, kind | None), (name, declared[name], kind)
