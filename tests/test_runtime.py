@@ -71,6 +71,15 @@ def test_reads_abandoned_after_an_unreadable_checkpoint_print_no_traceback():
   assert keep(other)
 
 
+def test_orbax_read_only_notice_is_dropped_for_work_directories_opened_to_be_read():
+  keep = runtime._own_or_important  # pylint: disable=protected-access
+  orbax_file = os.path.join(os.path.dirname(orbax.checkpoint.__file__), 'checkpoint_manager.py')
+  notice = std_logging.LogRecord('absl', std_logging.WARNING, orbax_file, 849,
+                                 'Given directory is read only=%s', ('/tmp/run/checkpoints',), None)
+  assert not keep(notice)
+  assert keep(_record(orbax_file, std_logging.WARNING))
+
+
 def test_tensorflow_loads_without_start_up_notices():
   env = {k: v for k, v in os.environ.items() if k != 'TF_CPP_MIN_LOG_LEVEL'}
   code = ('import sys; from vit_jax import runtime; runtime.quiet_library_logs(); '

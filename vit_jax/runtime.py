@@ -85,16 +85,23 @@ def _abandoned_read(record: logging.LogRecord) -> bool:
   return record.name == 'asyncio' and 'exception was never retrieved' in record.getMessage()
 
 
+def _read_only_notice(record: logging.LogRecord) -> bool:
+  """orbax's warning that a checkpoint directory is read only: analysis, evaluation and export
+  open work directories that way on purpose (`Workdir.open`)."""
+  return record.getMessage().startswith('Given directory is read only')
+
+
 def _own_or_important(record: logging.LogRecord) -> bool:
   """vit_jax's records, every library's warnings and errors, and everything at --verbosity ≥ 1.
 
-  asyncio's "exception was never retrieved" errors are left out too: after an unreadable
-  checkpoint, which the work directory reports in one line and skips, the reads orbax had in flight
-  finish with nobody waiting for them, and each would print a traceback.
+  Two expected library reports are left out too. asyncio's "exception was never retrieved": after
+  an unreadable checkpoint, which the work directory reports in one line and skips, the reads orbax
+  had in flight finish with nobody waiting for them, and each would print a traceback. And orbax's
+  warning that a work directory opened only to be read is read only.
   """
   if absl_logging.get_verbosity() >= 1:
     return True
-  if _abandoned_read(record):
+  if _abandoned_read(record) or _read_only_notice(record):
     return False
   return record.levelno >= logging.WARNING or record.pathname.startswith(_PACKAGE_DIR)
 
