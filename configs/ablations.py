@@ -20,7 +20,7 @@ the digits the same comparison runs at toy scale, so expect the ordering at most
   DeiT-Ti 74.5 → CaiT-XXS24 78.4 at width 192, DeiT-S 81.2 → CaiT-S24 83.5 at width 384; DeiT
   has 12 blocks, no LayerScale, standard attention and a class token from the start, CaiT has
   24 + 2 blocks with LayerScale 1e-5, talking heads and two class-attention layers.
-- `deepvit_depth`: self-attention vs Re-attention at 4 and 8 blocks. DeepViT (official README
+- `deepvit_depth`: self-attention vs Re-attention at 4, 8 and 16 blocks. DeepViT (official README
   of zhoudaquan/dvit_repo), top-1 / similar blocks: ViT-16B 78.88 / 5, DeepViT-16B 79.10 / 0;
   ViT-24B 79.35 / 11, DeepViT-24B 79.99 / 0; ViT-32B 79.27 / 15, DeepViT-32B 80.90 / 0.
 - `positional_in_vit`: SA-conv's positional attention (quadratic, learned, learned with content)
@@ -68,7 +68,7 @@ GRIDS = {
     },
     'deepvit_depth': {
         f'{kind}_{depth}': {'depth': depth, 'attention': kind}
-        for depth in (4, 8) for kind in ('standard', 're_attention')
+        for depth in (4, 8, 16) for kind in ('standard', 're_attention')
     },
     'positional_in_vit': {
         kind: {'attention': kind, 'class_stage': 'class_attention'}

@@ -42,7 +42,7 @@ def variant_config(config: ml_collections.ConfigDict,
   config = config.copy_and_resolve_references()
   del config['variants']
   for key, value in fields.items():
-    config.model[key] = tuple(map(tuple, value)) if key == 'soft_splits' else value
+    config.model[key] = value
   return config
 
 

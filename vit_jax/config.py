@@ -287,10 +287,16 @@ MODEL_PART_FIELDS: dict[str, type] = {
 }
 
 
+def _hashable(value: Any) -> Any:
+  """`value` with lists as tuples, at any depth: a saved config.json gives JSON lists, and a Flax
+  module's fields must hash (T2T's `soft_splits`, say)."""
+  return tuple(map(_hashable, value)) if isinstance(value, (list, tuple)) else value
+
+
 def model_overrides(model: Any) -> dict[str, Any]:
   """The fields of a `model` config section to pass to `models.create`: all but the name and the
   unset (None) part fields, which keep the registered model's own values."""
-  return {k: v for k, v in model.items()
+  return {k: _hashable(v) for k, v in model.items()
           if k != 'name' and not (k in MODEL_PART_FIELDS and v is None)}
 
 def create_model(config: ml_collections.ConfigDict, num_classes: int) -> Any:
