@@ -40,6 +40,18 @@ Commands, one per grid (each variant's run and the table's `ablation.json` under
   python -m vit_jax.ablate --config=configs/ablations.py:grid=deepvit_depth --workdir=/tmp/dv
   python -m vit_jax.ablate --config=configs/ablations.py:grid=positional_in_vit --workdir=/tmp/pos
   python -m vit_jax.ablate --config=configs/ablations.py:grid=t2t_stem --workdir=/tmp/t2t
+
+Test accuracy on the digits with `--config.total_steps=400 --config.warmup_steps=40` (one seed
+per variant, 360 test images: differences of a point or two are noise):
+- `cait_layerscale`, none / ε 0.1 / ε 1e-5: 0.958 / 0.975 / 0.931 at 4 blocks, 0.944 / 0.964 /
+  0.958 at 12.
+- `cait_talking_heads`, standard / talking heads: 0.947 / 0.953.
+- `cait_class_attention`, class token / class attention: 0.875 / 0.953.
+- `deepvit_depth`, self-attention / Re-attention: 0.958 / 0.925 at 4 blocks, 0.964 / 0.883 at
+  8, 0.931 / 0.869 at 16; one collapsed block (self-attention at 16), none elsewhere.
+- `positional_in_vit`, standard / quadratic / learned / learned with content: 0.917 / 0.967 /
+  0.967 / 0.989.
+- `t2t_stem`, patch / Performer / transformer stem: 0.958 / 0.975 / 0.983.
 """
 
 import ml_collections
