@@ -10,16 +10,17 @@ Grids and the published results they correspond to (ImageNet or CIFAR-10, full-s
 the digits the same comparison runs at toy scale, so expect the ordering at most, not the numbers):
 - `cait_layerscale`: no LayerScale vs LayerScale at ε = 0.1 (CaiT's rule up to 18 blocks) and at
   ε = 1e-5 (the rule's value at 24 blocks), at 4 and at 12 blocks. CaiT Section 2 and Table 1
-  compare LayerScale with the other residual-branch weightings at 12 to 36 blocks of DeiT-S width
-  and find the gap growing with depth.
+  compare LayerScale with the other residual-branch weightings (Fixup, T-Fixup, ReZero) at 12 to
+  36 blocks of DeiT-S width: the others are competitive only at 12-18 blocks.
 - `cait_talking_heads`: standard vs talking-heads attention in CaiT's blocks (CaiT Section 2).
 - `cait_class_attention`: class token from the start vs CaiT's class-attention stage (CaiT
   Section 3 and Figure 3).
-  The published pairs that differ by exactly these three parts (and depth) are the distilled
-  models of the official README files (ImageNet, 224 px, hard distillation from RegNetY-16GF):
-  DeiT-Ti 74.5 → CaiT-XXS24 78.4 at width 192, DeiT-S 81.2 → CaiT-S24 83.5 at width 384; DeiT
-  has 12 blocks, no LayerScale, standard attention and a class token from the start, CaiT has
-  24 + 2 blocks with LayerScale 1e-5, talking heads and two class-attention layers.
+  The published pairs that differ by exactly these three parts (and depth) are the released
+  distilled models (ImageNet, 224 px, hard distillation from RegNetY-16GF; the official README
+  files, and timm's evaluation of the CaiT-XXS24 weights): DeiT-Ti 74.5 → CaiT-XXS24 78.4 at
+  width 192, DeiT-S 81.2 → CaiT-S24 83.5 at width 384. DeiT has 12 blocks, no LayerScale,
+  standard attention and a class token from the start; CaiT has 24 + 2 blocks with LayerScale
+  1e-5, talking heads and two class-attention layers.
 - `deepvit_depth`: self-attention vs Re-attention at 4, 8 and 16 blocks. DeepViT (official README
   of zhoudaquan/dvit_repo), top-1 / similar blocks: ViT-16B 78.88 / 5, DeepViT-16B 79.10 / 0;
   ViT-24B 79.35 / 11, DeepViT-24B 79.99 / 0; ViT-32B 79.27 / 15, DeepViT-32B 80.90 / 0.
