@@ -11,7 +11,7 @@ the digits the same comparison runs at toy scale, so expect the ordering at most
 - `cait_layerscale`: no LayerScale vs LayerScale at ε = 0.1 (CaiT's rule up to 18 blocks) and at
   ε = 1e-5 (the rule's value at 24 blocks), at 4 and at 12 blocks. CaiT Section 2 and Table 1
   compare LayerScale with the other residual-branch weightings (Fixup, T-Fixup, ReZero) at 12 to
-  36 blocks of DeiT-S width: the others are competitive only at 12-18 blocks.
+  36 blocks of DeiT-S width: Fixup and T-Fixup are competitive with it only at 12-18 blocks.
 - `cait_talking_heads`: standard vs talking-heads attention in CaiT's blocks (CaiT Section 2).
 - `cait_class_attention`: class token from the start vs CaiT's class-attention stage (CaiT
   Section 3 and Figure 3).
