@@ -10,7 +10,9 @@ then the model's own fields (`check_fields` of the registered model) and the eva
 It raises one `ConfigError` that lists every bad field with its value and what would be valid.
 
 Code reads a validated config's fields directly (`config.mix_prob`); no default is restated
-anywhere else. Print every field with its default and rule:
+anywhere else. `create_model(config, num_classes)` builds the model a config describes, for
+training, analysis, inference and the benchmark alike (`model_overrides` turns the `model`
+section into the registry's arguments). Print every field with its default and rule:
 
   python -m vit_jax.config
 
@@ -298,6 +300,7 @@ def model_overrides(model: Any) -> dict[str, Any]:
   unset (None) part fields, which keep the registered model's own values."""
   return {k: _hashable(v) for k, v in model.items()
           if k != 'name' and not (k in MODEL_PART_FIELDS and v is None)}
+
 
 def create_model(config: ml_collections.ConfigDict, num_classes: int) -> Any:
   """The registered model `config.model.name` with the config's overrides (a Flax module).
