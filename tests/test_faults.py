@@ -163,6 +163,25 @@ def test_readers_of_a_run_skip_an_unreadable_checkpoint_and_move_nothing(trained
   assert _files(workdir) == before
 
 
+@pytest.mark.parametrize('kind', ['truncated_array', 'deleted_manifests'])
+def test_a_command_reading_past_an_unreadable_checkpoint_prints_one_line_not_tracebacks(
+    trained, tmp_path, kind):
+  """The reads orbax abandons on a bad checkpoint end on a closed event loop; a command (export
+  here; analysis, evaluation and prediction read runs the same way) reports the skip in one
+  line, without their tracebacks."""
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(trained, workdir)
+  CORRUPTIONS[kind](os.path.join(workdir, 'checkpoints', str(STEPS[-1])))
+  out = str(tmp_path / 'run.safetensors')
+  result = subprocess.run([sys.executable, '-m', 'vit_jax.export', f'--workdir={workdir}',
+                           f'--out={out}'], capture_output=True, text=True, check=False,
+                          timeout=300)
+  assert result.returncode == 0, result.stderr
+  assert f'(step {STEPS[-2]},' in result.stdout
+  assert 'Traceback' not in result.stderr and 'Event loop is closed' not in result.stderr, (
+      result.stderr)
+
+
 def test_no_readable_checkpoint_is_an_error_not_a_silent_restart(trained, data_dir, tmp_path):
   workdir = str(tmp_path / 'run')
   shutil.copytree(trained, workdir)

@@ -71,30 +71,6 @@ def _config_error(error: Exception) -> str:
   return lines[-1] if lines else type(root).__name__
 
 
-def _is_closed_event_loop(kind: type, value: BaseException) -> bool:
-  return kind is RuntimeError and str(value) == 'Event loop is closed'
-
-
-def silence_closed_event_loops() -> None:
-  """Drops tensorstore's 'Event loop is closed' tracebacks from the process's error output.
-
-  After a failed orbax read (an unreadable checkpoint, which is reported and skipped),
-  tensorstore completes the reads still in flight on an event loop that orbax has closed and
-  prints one traceback for each, hundreds in all; every other error is printed as before.
-  """
-  excepthook, unraisablehook = sys.excepthook, sys.unraisablehook
-
-  def quiet_excepthook(kind, value, traceback):
-    if not _is_closed_event_loop(kind, value):
-      excepthook(kind, value, traceback)
-
-  def quiet_unraisablehook(unraisable):
-    if not _is_closed_event_loop(unraisable.exc_type, unraisable.exc_value):
-      unraisablehook(unraisable)
-
-  sys.excepthook, sys.unraisablehook = quiet_excepthook, quiet_unraisablehook
-
-
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, where every unusable config is one line on stderr, not a traceback."""
   runtime.quiet_library_logs()  # Before the config file is read, which imports TensorFlow.
@@ -125,7 +101,6 @@ def initialize_distributed(mode: str = 'auto') -> None:
 def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  silence_closed_event_loops()
   logging.debug('Process settings: %s', runtime.configure())  # Before JAX starts its backend.
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   tf.config.set_visible_devices([], 'GPU')  # tf.data only: the accelerators belong to JAX.

@@ -122,6 +122,33 @@ def _native_stderr_discarded() -> Iterator[None]:
     os.close(devnull)
 
 
+def _is_closed_event_loop(kind: type, value: BaseException) -> bool:
+  return kind is RuntimeError and str(value) == 'Event loop is closed'
+
+
+def _silence_closed_event_loops() -> None:
+  """Drops tensorstore's 'Event loop is closed' tracebacks from the process's error output.
+
+  After a failed orbax read (an unreadable checkpoint, which is reported and skipped),
+  tensorstore completes the reads still in flight on an event loop that orbax has closed and
+  prints one traceback for each, hundreds in all; every other error is printed as before.
+  """
+  excepthook, unraisablehook = sys.excepthook, sys.unraisablehook
+  if getattr(unraisablehook, 'drops_closed_event_loops', False):
+    return  # Installed already.
+
+  def quiet_excepthook(kind, value, traceback):
+    if not _is_closed_event_loop(kind, value):
+      excepthook(kind, value, traceback)
+
+  def quiet_unraisablehook(unraisable):
+    if not _is_closed_event_loop(unraisable.exc_type, unraisable.exc_value):
+      unraisablehook(unraisable)
+
+  quiet_unraisablehook.drops_closed_event_loops = True
+  sys.excepthook, sys.unraisablehook = quiet_excepthook, quiet_unraisablehook
+
+
 def quiet_library_logs() -> None:
   """Shows below WARNING only vit_jax's own lines, unless --verbosity is 1 or more.
 
@@ -129,7 +156,8 @@ def quiet_library_logs() -> None:
   filter sits on absl's handler and tells them apart by the file that logged. TensorFlow writes
   its C++ start-up notices (oneDNN, CPU features) while it loads, before absl's C++ logging is
   set up and whatever `TF_CPP_MIN_LOG_LEVEL` says, so it is imported here with them discarded;
-  call this before anything imports TensorFlow. `TF_CPP_MIN_LOG_LEVEL=0` keeps them.
+  call this before anything imports TensorFlow. `TF_CPP_MIN_LOG_LEVEL=0` keeps them. The
+  tracebacks of reads abandoned on a closed event loop go too (`_silence_closed_event_loops`).
   """
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   if os.environ['TF_CPP_MIN_LOG_LEVEL'] != '0':
@@ -138,3 +166,4 @@ def quiet_library_logs() -> None:
   handler = absl_logging.get_absl_handler()
   if _own_or_important not in handler.filters:
     handler.addFilter(_own_or_important)
+  _silence_closed_event_loops()
