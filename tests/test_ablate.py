@@ -1,6 +1,7 @@
 """The parts of the shared backbone combine, and the grid command runs end to end."""
 
 import itertools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -78,15 +79,29 @@ def test_grid_command_runs_a_two_variant_grid(tmp_path):
   config.total_steps, config.warmup_steps, config.eval_every = 2, 1, 2
   config.batch_size, config.eval_batch_size = 16, 64
   config.model.hidden_size, config.model.depth, config.model.mlp_dim = 16, 2, 32
-  rows = ablate.run_grid(config, str(tmp_path), timing_steps=1, collapse_images=4)
+  rows = ablate.run_grid(config, str(tmp_path), timing_steps=1, collapse_images=4, seeds=2)
   assert sorted(row['variant'] for row in rows) == ['patch', 't2t_transformer']
   for row in rows:
     assert 0.0 <= row['accuracy'] <= 1.0 and row['params'] > 0 and row['step ms'] > 0
     assert 0 <= row['similar blocks'] <= 1
+    assert row['accuracy'] == pytest.approx(sum(row['accuracies']) / 2)
+    assert row['accuracy_std'] >= 0
+    assert sorted(os.listdir(tmp_path / row['variant'])) == ['seed_0', 'seed_1']
   assert rows[0]['params'] != rows[1]['params']  # The stems differ.
   table = ablate.table(rows)
   assert table.splitlines()[0].startswith('| variant | accuracy | params')
   assert len(table.splitlines()) == 4
+  assert ' ± ' in table.splitlines()[2]
+
+
+def test_one_seed_trains_in_the_variant_directory_and_more_in_one_each(tmp_path):
+  config = ablations.get_config('grid=cait_talking_heads')
+  config.seed = 7
+  [(same, run_dir)] = ablate.seed_runs(config, str(tmp_path / 'standard'), 1)
+  assert same is config and run_dir == str(tmp_path / 'standard')
+  runs = ablate.seed_runs(config, str(tmp_path / 'standard'), 3)
+  assert [c.seed for c, _ in runs] == [7, 8, 9]
+  assert [d for _, d in runs] == [str(tmp_path / 'standard' / f'seed_{k}') for k in range(3)]
 
 
 @pytest.mark.parametrize('fields', [
