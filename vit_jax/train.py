@@ -94,7 +94,8 @@ def pretrained_variables(config: ml_collections.ConfigDict, model: nn.Module,
     logging.info('Resuming %s; init_from=%s is not read again.', workdir, config.init_from)
     return None
   params_rng = jax.random.split(jax.random.PRNGKey(config.seed))[0]  # As in steps.init_state.
-  variables = pretrained_lib.load_for_run(config.init_from, model, config, reset_head=True, rng=params_rng)
+  variables = pretrained_lib.load_for_run(config.init_from, model, config, reset_head=True,
+                                          rng=params_rng)
   logging.info('Fine-tuning from %s.', config.init_from)
   return variables
 
