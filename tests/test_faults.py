@@ -163,7 +163,7 @@ def test_readers_of_a_run_skip_an_unreadable_checkpoint_and_move_nothing(trained
   assert _files(workdir) == before
 
 
-@pytest.mark.parametrize('kind', ['truncated_array', 'deleted_manifests'])
+@pytest.mark.parametrize('kind', CORRUPTIONS)
 def test_a_command_reading_past_an_unreadable_checkpoint_prints_one_line_not_tracebacks(
     trained, tmp_path, kind):
   """The reads orbax abandons on a bad checkpoint end on a closed event loop; a command (export
