@@ -191,7 +191,7 @@ def jax_contender(config, num_classes: int, name: str | None = None,
   import numpy as np
   from vit_jax import optim
   from vit_jax import steps
-    # pylint: enable=g-import-not-at-top
+  # pylint: enable=g-import-not-at-top
   model = config_lib.create_model(config, num_classes)
   schedule = optim.learning_rate_schedule(config, max(int(config.total_steps), 2), 1)
   tx = optim.create_optimizer(config, schedule)
@@ -259,7 +259,7 @@ def memory_per_device(config, num_classes: int) -> dict[str, int]:
   from vit_jax import sharding
   from vit_jax import optim
   from vit_jax import steps
-    # pylint: enable=g-import-not-at-top
+  # pylint: enable=g-import-not-at-top
   model = config_lib.create_model(config, num_classes)
   tx = optim.create_optimizer(config, optim.learning_rate_schedule(config, 2, 1))
   mesh = sharding.make_mesh(config.mesh.fsdp)
