@@ -140,9 +140,7 @@ def test_every_grid_variant_builds(grid):
   config = ablations.get_config(f'grid={grid}')
   assert len(config.variants) >= 2
   for name in config.variants:
-    model_config = ablate.variant_config(config, dict(config.variants[name])).model
-    fields = config_lib.model_overrides(model_config)
-    model = models.create(model_config.name, num_classes=10, **fields)
+    model = config_lib.create_model(ablate.variant_config(config, dict(config.variants[name])), 10)
     model.check_fields()
     images = jnp.zeros((1, config.image_size, config.image_size, 3))
     assert jax.eval_shape(model.init, jax.random.key(0), images)['params']

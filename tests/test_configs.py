@@ -6,7 +6,6 @@ import os
 import pytest
 
 from vit_jax import config as config_lib
-from vit_jax import models
 from vit_jax import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,8 +36,7 @@ PUBLISHED = [('vit', f'variant={v}') for v in load('vit').VARIANTS] + [
 @pytest.mark.parametrize('name, arg', PUBLISHED)
 def test_published_sizes_name_registered_models(name, arg):
   config = load(name).get_config(arg)
-  overrides = config_lib.model_overrides(config.model)
-  models.create(config.model.name, num_classes=10, **overrides)
+  config_lib.create_model(config, 10)
 
 
 @pytest.mark.parametrize('name, arg, message', [

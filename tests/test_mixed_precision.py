@@ -20,7 +20,8 @@ def _batch(size: int = 32):
 
 
 def test_config_dtype_reaches_the_model_and_model_override_wins():
-  assert config_lib.create_model(tiny_config('unused', dtype='bfloat16'), 10).dtype == jnp.bfloat16
+  bfloat16_config = tiny_config('unused', dtype='bfloat16')
+  assert config_lib.create_model(bfloat16_config, 10).dtype == jnp.bfloat16
   config = tiny_config('unused', dtype='bfloat16', **{'model.dtype': 'float32'})
   assert config_lib.create_model(config, 10).dtype == jnp.float32
 

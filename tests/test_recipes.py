@@ -251,7 +251,7 @@ def test_deit_recipe(variant, distilled, tmp_path):
                              eval_crop_ratio=0.875, image_size=224))
   assert optim.peak_learning_rate(config) == pytest.approx(1e-3)  # 5e-4 × 1024 / 512.
   assert config.model.drop_path_rate == 0.1
-  model = models.create(config.model.name, **config_lib.model_overrides(config.model))
+  model = config_lib.create_model(config, 10)
   assert model.drop_path_rate == 0.1 and model.dropout_rate == 0.0
   assert config.model.name == f'deit_{variant.lower()}16' + ('_distilled' if distilled else '')
   assert config.distillation.type == ('hard' if distilled else 'none')
