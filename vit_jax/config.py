@@ -136,6 +136,12 @@ def _randaugment(spec: Any) -> bool:
   return True
 
 
+def _eval_sets(specs: Any) -> bool:
+  from vit_jax import eval_sets  # pylint: disable=g-import-not-at-top
+  eval_sets.parse_all(specs)  # Its ValueError names the bad set and what is valid.
+  return True
+
+
 @dataclasses.dataclass(frozen=True)
 class Field:
   """One config field: `name` as typed after --config., its default, rule and meaning.
@@ -168,6 +174,12 @@ FIELDS: tuple[Field, ...] = (
           field_type=str),
     Field('train_split', 'train', text(), "TFDS split to train on, e.g. 'train[:90%]'."),
     Field('eval_split', 'test', text(), 'TFDS split to evaluate on.'),
+    Field('eval_sets', (),
+          Rule(_eval_sets, lambda: "a tuple of test-set names 'DATASET[:SPLIT]' "
+               "(vit_jax/eval_sets.py), e.g. ('imagenet2012_real', 'imagenet_v2')"),
+          'Test sets scored besides eval_split, with eval_split, each under its own name: any '
+          "TFDS 'name:split', digits, 'folder:/path:split'; ImageNet-ReaL multi-label, "
+          'ImageNet-A/-R on their 200 classes.'),
     Field('image_size', 32, integer(1), 'Model input resolution; the pipeline resizes to it.'),
     Field('augment', 'crop_flip', choice(_augments),
           'Training crop: pad and random crop, inception crop, or resize only.'),

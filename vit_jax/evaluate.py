@@ -1,9 +1,16 @@
-r"""Few-shot and linear-probe evaluation of frozen features, for any run or weights.
+r"""Test sets, and few-shot and linear-probe evaluation of frozen features, for any run or weights.
 
   python -m vit_jax.evaluate --workdir=/tmp/vit          # both evaluators, on the embedded digits
   python -m vit_jax.evaluate --workdir=/tmp/vit --evaluators=fewshot --datasets=digits,cifar10
   python -m vit_jax.evaluate --init_from=deit_small_patch16_224-cd65a155.pth --model=deit_s16 \
       --datasets=folder:/data/flowers --out_dir=/tmp/deit_s_probe
+  python -m vit_jax.evaluate --init_from=deit_small_patch16_224-cd65a155.pth --model=deit_s16 \
+      --eval_sets=imagenet2012:validation,imagenet2012_real,imagenet_v2,imagenet_a,imagenet_r \
+      --out_dir=/tmp/deit_s_test_sets
+
+`--eval_sets` scores the model's own predictions on test sets named as `config.eval_sets` names
+them (`vit_jax.eval_sets`: ReaL multi-label, ImageNet-A/-R on their 200 classes); given alone it
+runs only those, with `--evaluators` both. A run's EMA weights are read where it kept them.
 
 The evaluators are those of `vit_jax.evaluators` (the ones training runs periodically through
 `config.evaluators`), on the pre-logits of images preprocessed as the run or weights evaluate.
@@ -25,6 +32,7 @@ from absl import logging
 from clu import metric_writers
 import tensorflow as tf
 
+from vit_jax import eval_sets as eval_sets_lib
 from vit_jax import evaluators as evaluators_lib
 from vit_jax import inference
 from vit_jax import workdir as workdir_lib
@@ -35,7 +43,11 @@ def define_flags() -> dict[str, Any]:
   return {
       'load': inference.define_flags(),
       'evaluators': flags.DEFINE_list('evaluators', list(evaluators_lib.EVALUATORS),
-                                      f'Any of {", ".join(evaluators_lib.EVALUATORS)}.'),
+                                      f'Any of {", ".join(evaluators_lib.EVALUATORS)} (default: '
+                                      'both, unless --eval_sets is given).'),
+      'eval_sets': flags.DEFINE_list(
+          'eval_sets', [], "Test sets 'DATASET[:SPLIT]' to score the model's predictions on, "
+          'e.g. imagenet2012_real,imagenet_v2,imagenet_a (vit_jax/eval_sets.py).'),
       'datasets': flags.DEFINE_list(
           'datasets', ['digits'], "Datasets: 'digits', TFDS names, 'folder:/path/to/images'."),
       'train_split': flags.DEFINE_string('train_split', 'train',
@@ -68,13 +80,23 @@ def main(argv, flag: dict[str, Any]) -> None:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   tf.config.set_visible_devices([], 'GPU')  # tf.data only: the accelerators belong to JAX.
   try:
+    set_names = flag['eval_sets'].value
+    try:
+      eval_sets_lib.parse_all(set_names)  # The names, before reading any weights.
+    except ValueError as e:
+      raise ValueError(f'--eval_sets: {e}.') from None
+    evaluator_names = (flag['evaluators'].value if flag['evaluators'].present or not set_names
+                       else [])
     evaluators = {name: evaluators_lib.create(name, settings(name, flag))
-                  for name in flag['evaluators'].value}
+                  for name in evaluator_names}
     run = flag['load']()
     out_dir = flag['out_dir'].value or (run.source if run.step is not None else None)
     if out_dir is None:
       raise ValueError('--init_from needs --out_dir=DIR for results.json.')
-    metrics = {}
+    num_classes = len(run.class_names)
+    eval_sets = eval_sets_lib.from_config(run.config, set_names, num_classes=num_classes)
+    metrics = eval_sets_lib.evaluate_variables(eval_sets, run.model, run.variables, run.config,
+                                               num_classes)
     for name, evaluator in evaluators.items():
       metrics.update(evaluator.run(run.model, run.variables, run.config))
   except ValueError as e:

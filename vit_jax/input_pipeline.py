@@ -80,6 +80,7 @@ class _Source:
   builder: tfds.core.DatasetBuilder
   image_key: str
   label_key: str
+  label_set_key: str | None = None  # A Sequence(ClassLabel) of each example's labels (ReaL).
 
   @property
   def name(self) -> str:
@@ -99,9 +100,14 @@ class _Source:
     return self.builder.info.features[self.image_key]
 
 
-def _resolve(config: ml_collections.ConfigDict) -> _Source:
-  """Finds (and prepares, if needed) the builder that `config.dataset` names."""
-  name = config.dataset
+def _resolve(config: ml_collections.ConfigDict, dataset: str | None = None,
+             label_key: str | None = None, label_set_key: str | None = None) -> _Source:
+  """Finds (and prepares, if needed) the builder of `dataset` (default `config.dataset`).
+
+  Its image and label are its supervised keys, or 'image' and `label_key` where given;
+  `label_set_key` names a feature holding several labels per example.
+  """
+  name = config.dataset if dataset is None else dataset
   if name == digits.NAME:
     builder = digits.prepare(config.data_dir)
   elif name.startswith(folder.PREFIX):
@@ -117,15 +123,22 @@ def _resolve(config: ml_collections.ConfigDict) -> _Source:
       raise ValueError(message) from None
     _prepare_tfds(builder)
   keys = builder.info.supervised_keys
-  image_key, label_key = keys if (isinstance(keys, tuple) and len(keys) == 2
-                                  and all(isinstance(k, str) for k in keys)) else ('image', 'label')
+  image_key, supervised_label = keys if (
+      isinstance(keys, tuple) and len(keys) == 2
+      and all(isinstance(k, str) for k in keys)) else ('image', 'label')
+  label_key = label_key or supervised_label
   features = builder.info.features
   if not (image_key in features and isinstance(features[image_key], tfds.features.Image)
           and label_key in features
           and isinstance(features[label_key], tfds.features.ClassLabel)):
     raise ValueError(f'Dataset {name!r} is not an image-classification dataset: it needs an Image '
                      f'feature and a ClassLabel feature, but its features are {features}.')
-  return _Source(builder, image_key, label_key)
+  if label_set_key is not None and not (
+      label_set_key in features and isinstance(features[label_set_key], tfds.features.Sequence)
+      and isinstance(features[label_set_key].feature, tfds.features.ClassLabel)):
+    raise ValueError(f'Dataset {name!r} has no feature {label_set_key!r} holding a sequence of '
+                     f'class labels; its features are {features}.')
+  return _Source(builder, image_key, label_key, label_set_key)
 
 
 def _prepare_tfds(builder: tfds.core.DatasetBuilder) -> None:
@@ -206,6 +219,15 @@ def get_dataset_info(config: ml_collections.ConfigDict) -> DatasetInfo:
       num_eval_examples=_num_examples(source, config.eval_split),
       image_size=config.image_size,
       class_names=tuple(labels.names))
+
+
+def eval_num_classes(config: ml_collections.ConfigDict, *, dataset: str, split: str,
+                     label_key: str | None = None, label_set_key: str | None = None) -> int:
+  """The class count of `dataset`'s labels, checking that it and its `split` exist (an
+  evaluation set's, before anything compiles); ValueError naming what is valid otherwise."""
+  source = _resolve(config, dataset, label_key, label_set_key)
+  _check_split(source, split)
+  return source.builder.info.features[source.label_key].num_classes
 
 
 # Preprocessing. Images enter as uint8 (H, W, C) and leave as normalised float32 (S, S, 3).
@@ -419,7 +441,8 @@ def eval_image(image: tf.Tensor, transform: EvalTransform) -> tf.Tensor:
 # little per record, few enough that the first batch waits for little beyond its own records.
 _READ_CHUNK = 32
 
-# Maps a dataset of int64 example indices to one of (image uint8 (H, W, C), label) in that order.
+# Maps a dataset of int64 example indices to one of (image uint8 (H, W, C), label) in that order
+# (and the example's labels, where the source has a `label_set_key`).
 Lookup = Callable[[tf.data.Dataset], tf.data.Dataset]
 
 
@@ -434,10 +457,11 @@ def _array_record_lookup(source: _Source, split: Any) -> tuple[int, Lookup]:
   def read(indices: np.ndarray) -> np.ndarray:
     return np.array(records.__getitems__(indices.tolist()), dtype=object)
 
-  def parse(serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+  def parse(serialized: tf.Tensor) -> tuple[tf.Tensor, ...]:
     example = features.deserialize_example(
         serialized, decoders={source.image_key: tfds.decode.SkipDecoding()})
-    return feature.decode_example(example[source.image_key]), example[source.label_key]
+    label_set = () if source.label_set_key is None else (example[source.label_set_key],)
+    return feature.decode_example(example[source.image_key]), example[source.label_key], *label_set
 
   def lookup(indices: tf.data.Dataset) -> tf.data.Dataset:
     chunks = indices.batch(_READ_CHUNK).map(
@@ -589,40 +613,50 @@ def train_iterator(config: ml_collections.ConfigDict, *, start_step: int = 0,
 
 
 def eval_iterator(config: ml_collections.ConfigDict, *, split: str | None = None,
-                  process_index: int | None = None,
+                  dataset: str | None = None, label_key: str | None = None,
+                  label_set_key: str | None = None, process_index: int | None = None,
                   process_count: int | None = None) -> Iterator[dict[str, np.ndarray]]:
-  """One pass over this process's part of `split` (default config.eval_split), padded.
+  """One pass over this process's part of `split` (default config.eval_split) of `dataset`
+  (default config.dataset), padded.
 
   Yields 'image', 'label' and 'mask' (float32, 1 real, 0 padding) with B =
-  config.eval_batch_size // process_count. Every process yields the same number of batches, and
+  config.eval_batch_size // process_count; with `label_set_key` (`_resolve`) also 'label_set',
+  (B, classes) bool: the example's labels. Every process yields the same number of batches, and
   over all processes every example of the split has mask 1 exactly once.
   """
   process_index, process_count = _process(process_index, process_count)
   local_batch = _local_batch(config.eval_batch_size, process_count, 'eval_batch_size')
   split = config.eval_split if split is None else split
-  source = _resolve(config)
+  source = _resolve(config, dataset, label_key, label_set_key)
   _check_split(source, split)
   most = max(_num_examples(source, _process_split(split, p, process_count))
              for p in range(process_count))
   num_batches = -(-most // local_batch)
   local_split = _process_split(split, process_index, process_count)
+  keys = (source.image_key, source.label_key) + (
+      () if label_set_key is None else (label_set_key,))
   if source.random_access:
     num, lookup = _array_record_lookup(source, local_split)
     examples = lookup(tf.data.Dataset.range(num))
   else:
     examples = source.builder.as_dataset(split=local_split, shuffle_files=False).map(
-        lambda record: (record[source.image_key], record[source.label_key]))
+        lambda record: tuple(record[key] for key in keys))
   size = config.image_size
   transform = EvalTransform.from_config(config)
+  num_classes = source.builder.info.features[source.label_key].num_classes
 
-  def preprocess(image, label):
-    return {'image': eval_image(image, transform), 'label': tf.cast(label, tf.int32),
-            'mask': tf.constant(1.0, tf.float32)}
+  def preprocess(image, label, *label_set):
+    example = {'image': eval_image(image, transform), 'label': tf.cast(label, tf.int32),
+               'mask': tf.constant(1.0, tf.float32)}
+    if label_set:  # The union of the labels' one-hot rows: none for an unlabelled example.
+      example['label_set'] = tf.reduce_sum(tf.one_hot(label_set[0], num_classes), 0) > 0
+    return example
 
-  padding = tf.data.Dataset.from_tensors({
-      'image': tf.zeros([size, size, 3], tf.float32),
-      'label': tf.constant(0, tf.int32),
-      'mask': tf.constant(0.0, tf.float32)}).repeat()
-  batches = examples.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE).concatenate(padding)
+  padding = {'image': tf.zeros([size, size, 3], tf.float32), 'label': tf.constant(0, tf.int32),
+             'mask': tf.constant(0.0, tf.float32)}
+  if label_set_key is not None:
+    padding['label_set'] = tf.zeros([num_classes], tf.bool)
+  batches = examples.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE).concatenate(
+      tf.data.Dataset.from_tensors(padding).repeat())
   batches = batches.take(num_batches * local_batch).batch(local_batch).prefetch(config.prefetch)
   return batches.as_numpy_iterator()

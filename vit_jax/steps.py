@@ -256,18 +256,30 @@ def sharded_train_step(model: nn.Module, tx: optax.GradientTransformation,
                  out_shardings=(state_sharding, sharding.replicated(mesh)), donate_argnums=0)
 
 
-def make_eval_step(model: nn.Module, num_classes: int
+# An evaluation set's scoring: (logits (B, classes) float32, batch) -> sums over the batch's real
+# examples of 'correct' and 'count' (and 'loss' where defined).
+Score = Callable[[jax.Array, dict[str, jax.Array]], dict[str, jax.Array]]
+
+
+def top1_sums(logits: jax.Array, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+  """Correct top-1 predictions, cross-entropy and the count of real examples (mask 1)."""
+  mask = batch['mask']
+  loss = optax.softmax_cross_entropy(logits, jax.nn.one_hot(batch['label'], logits.shape[-1]))
+  return {'correct': jnp.sum((jnp.argmax(logits, -1) == batch['label']) * mask),
+          'loss': jnp.sum(loss * mask), 'count': jnp.sum(mask)}
+
+
+def make_eval_step(model: nn.Module, num_classes: int, score: Score = top1_sums
                    ) -> Callable[[TrainState, dict[str, jax.Array]], dict[str, jax.Array]]:
-  """The (unjitted) eval step: sums of correct predictions, loss and real examples."""
+  """The (unjitted) eval step: `score`'s sums (default: top-1 and loss) of the model's logits."""
   def eval_step(state: TrainState, batch: dict[str, jax.Array]):
     variables = {'params': state.params}
     if state.batch_stats:
       variables['batch_stats'] = state.batch_stats
     logits = model.apply(variables, batch['image'], train=False).astype(jnp.float32)
-    mask = batch['mask']
-    loss = optax.softmax_cross_entropy(logits, jax.nn.one_hot(batch['label'], num_classes))
-    return {'correct': jnp.sum((jnp.argmax(logits, -1) == batch['label']) * mask),
-            'loss': jnp.sum(loss * mask), 'count': jnp.sum(mask)}
+    if logits.shape[-1] != num_classes:
+      raise ValueError(f'The model predicts {logits.shape[-1]} classes, not {num_classes}.')
+    return score(logits, batch)
 
   return eval_step
 
@@ -300,23 +312,25 @@ def global_batch(batch: dict[str, np.ndarray],
 
 def evaluate(eval_step: Callable, state: TrainState, batches: Iterator[dict[str, np.ndarray]],
              data_sharding: NamedSharding) -> dict[str, float]:
-  """Top-1 accuracy and mean loss over every real example of the eval split."""
-  totals = {'correct': 0.0, 'loss': 0.0, 'count': 0.0}
+  """Top-1 accuracy (and mean loss, where the scoring has one) over every scored example."""
+  totals = {}
   for batch in batches:
     sums = jax.device_get(eval_step(state, global_batch(batch, data_sharding)))
-    for k in totals:
-      totals[k] += float(sums[k])
-  count = max(totals['count'], 1.0)
-  return {'accuracy': totals['correct'] / count, 'loss': totals['loss'] / count,
-          'count': int(totals['count'])}
+    for k, v in sums.items():
+      totals[k] = totals.get(k, 0.0) + float(v)
+  count = max(totals.get('count', 0.0), 1.0)
+  metrics = {'accuracy': totals.get('correct', 0.0) / count}
+  if 'loss' in totals:
+    metrics['loss'] = totals['loss'] / count
+  return {**metrics, 'count': int(totals.get('count', 0.0))}
 
 
 def evaluate_with_ema(eval_step: Callable, state: TrainState,
                       batches: Callable[[], Iterator[dict[str, np.ndarray]]],
                       data_sharding: NamedSharding) -> dict[str, float]:
-  """`evaluate` of the raw variables, plus `ema_accuracy` and `ema_loss` when there is an EMA."""
+  """`evaluate` of the raw variables, plus `ema_accuracy` (and `ema_loss`) with an EMA."""
   metrics = evaluate(eval_step, state, batches(), data_sharding)
   if state.ema:
     ema = evaluate(eval_step, state.ema_view(), batches(), data_sharding)
-    metrics.update({'ema_accuracy': ema['accuracy'], 'ema_loss': ema['loss']})
+    metrics.update({f'ema_{k}': ema[k] for k in ('accuracy', 'loss') if k in ema})
   return metrics

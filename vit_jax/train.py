@@ -32,6 +32,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
 from vit_jax import config as config_lib
+from vit_jax import eval_sets as eval_sets_lib
 from vit_jax import evaluators as evaluators_lib
 from vit_jax import input_pipeline
 from vit_jax import optim
@@ -105,7 +106,8 @@ class RunResult:
   """How `train_and_evaluate` ended.
 
   `metrics`: on the eval split 'accuracy', 'loss', 'count' ('ema_accuracy', 'ema_loss' with an
-  EMA) and the evaluators' metrics (`fewshot/…`); empty when `preempted` (SIGTERM or Ctrl-C), the
+  EMA), those of each of `config.eval_sets` ('imagenet_v2/accuracy', …) and the evaluators'
+  metrics (`fewshot/…`); empty when `preempted` (SIGTERM or Ctrl-C), the
   run having saved `step` to resume from. `step` is None for `eval_only` of a weights file.
   """
   step: int | None
@@ -114,7 +116,8 @@ class RunResult:
 
 
 def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> RunResult:
-  """Top-1 on the eval split of `config.init_from`, else of `workdir`'s newest checkpoint.
+  """Top-1 on the eval split (and `config.eval_sets`) of `config.init_from`, else of `workdir`'s
+  newest checkpoint.
 
   Reads the EMA weights where the source kept them (`config.use_ema`). Trains nothing and writes
   nothing but `workdir/eval_report.json`; a class count that differs from the dataset's is an
@@ -126,6 +129,7 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> RunResult:
     raise ValueError(f'eval_only needs --config.init_from=PATH or a --workdir with a training '
                      f'checkpoint; {workdir!r} has none.')
   info = input_pipeline.get_dataset_info(config)
+  eval_sets = eval_sets_lib.from_config(config, num_classes=info.num_classes)
   model = config_lib.create_model(config, info.num_classes)
   variables = pretrained_lib.load_for_run(source, model, config)
   mesh = sharding.make_mesh(config.mesh.fsdp)
@@ -137,16 +141,27 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> RunResult:
                       out_shardings=sharding.replicated(mesh))
   metrics = steps.evaluate(eval_step, state, input_pipeline.eval_iterator(config),
                            sharding.batch_sharding(mesh))
+  set_metrics = eval_sets_lib.evaluate(
+      eval_sets, eval_sets_lib.compile_steps(eval_sets, model, info.num_classes, mesh), state,
+      config, sharding.batch_sharding(mesh), known={_primary_set(config).reads: metrics})
   use_ema = config.use_ema
   report = {'source': source, 'use_ema': use_ema, 'model': config.model.name,
             'dataset': config.dataset, 'split': config.eval_split,
-            'image_size': config.image_size, **metrics}
+            'image_size': config.image_size, **metrics, **set_metrics}
   run_dir.write_json('eval_report.json', report)
   if jax.process_index() == 0:
+    weights = f'{"EMA weights where kept" if use_ema else "raw weights"} of {source}'
     print(f'Top-1 on {config.dataset}/{config.eval_split}: {metrics["accuracy"]:.4f} '
-          f'({metrics["count"]} examples; {"EMA weights where kept" if use_ema else "raw weights"} '
-          f'of {source}).')
-  return RunResult(step=None, metrics=metrics)
+          f'({metrics["count"]} examples; {weights}).')
+    for eval_set in eval_sets:
+      print(f'Top-1 on {eval_set.name}: {set_metrics[f"{eval_set.name}/accuracy"]:.4f} '
+            f'({set_metrics[f"{eval_set.name}/count"]} examples scored; {weights}).')
+  return RunResult(step=None, metrics={**metrics, **set_metrics})
+
+
+def _primary_set(config: ml_collections.ConfigDict) -> eval_sets_lib.EvalSet:
+  """The run's own eval split as a test set: a listed set that reads it is not read again."""
+  return eval_sets_lib.EvalSet(config.eval_split, config.dataset, config.eval_split)
 
 
 def run_evaluators(evaluators: dict[str, Any], model: nn.Module, state: steps.TrainState,
@@ -205,6 +220,8 @@ class _Run:
   state: steps.TrainState
   train_step: Callable[..., tuple[steps.TrainState, dict[str, jax.Array]]]
   eval_step: Callable[..., dict[str, jax.Array]]
+  eval_sets: tuple[eval_sets_lib.EvalSet, ...]
+  eval_set_steps: dict[str, Callable[..., dict[str, jax.Array]]]
   data_sharding: NamedSharding
   teacher_variables: Any
   run_dir: workdir_lib.Workdir
@@ -240,6 +257,7 @@ def _start(config: ml_collections.ConfigDict, workdir: str,
   workdir_lib.Workdir(workdir).check_compatible(config.model.name, abstract_state.params)
   teacher = teacher_lib.load(config, info.num_classes)
   evaluators = evaluators_lib.periodic(config)
+  eval_sets = eval_sets_lib.from_config(config, num_classes=info.num_classes)
   if jax.process_count() > 1:  # Every process reads the work directory before any writes to it.
     multihost_utils.sync_global_devices('vit_jax.train:checked_workdir')
 
@@ -272,6 +290,8 @@ def _start(config: ml_collections.ConfigDict, workdir: str,
                                           state_sharding, teacher, teacher_sharding),
       eval_step=jax.jit(steps.make_eval_step(model, info.num_classes),
                         out_shardings=sharding.replicated(mesh)),
+      eval_sets=eval_sets,
+      eval_set_steps=eval_sets_lib.compile_steps(eval_sets, model, info.num_classes, mesh),
       data_sharding=sharding.batch_sharding(mesh), teacher_variables=teacher_variables,
       run_dir=run_dir, evaluators=evaluators, watcher=watcher, writer=writer)
 
@@ -342,12 +362,13 @@ def _loop(run: _Run, config: ml_collections.ConfigDict, workdir: str) -> RunResu
         _evaluate(run, state, config, step)
 
   run.run_dir.wait_until_finished()
-  eval_metrics = _evaluate(run, state, config, run.total_steps, final=True)
+  eval_metrics, set_metrics = _evaluate(run, state, config, run.total_steps, final=True)
   run.run_dir.write_results({'step': run.total_steps,
                              **{f'test_{k}': v for k, v in eval_metrics.items()},
-                             **frozen_metrics})
+                             **set_metrics, **frozen_metrics})
   run.writer.flush()
-  return RunResult(step=run.total_steps, metrics={**eval_metrics, **frozen_metrics})
+  return RunResult(step=run.total_steps,
+                   metrics={**eval_metrics, **set_metrics, **frozen_metrics})
 
 
 def _finite(fetched: list[dict[str, np.ndarray]], step: int, last_saved: int,
@@ -384,18 +405,27 @@ def _log_progress(run: _Run, progress: Progress, fetched: list[dict[str, np.ndar
 
 
 def _evaluate(run: _Run, state: steps.TrainState, config: ml_collections.ConfigDict, step: int,
-              final: bool = False) -> dict[str, float]:
-  """Top-1 and loss on the eval split (and of the EMA), written and logged."""
+              final: bool = False) -> tuple[dict[str, float], dict[str, float]]:
+  """Top-1 and loss on the eval split (and of the EMA), and those of each of `config.eval_sets`
+  ('NAME/accuracy', ...), written and logged."""
   metrics = steps.evaluate_with_ema(run.eval_step, state,
                                     lambda: input_pipeline.eval_iterator(config),
                                     run.data_sharding)
-  run.writer.write_scalars(step, {f'eval/{k}': v for k, v in metrics.items()})
-  ema_note = (f'; EMA accuracy {metrics["ema_accuracy"]:.4f}' if 'ema_accuracy' in metrics
-              else '')
+  set_metrics = eval_sets_lib.evaluate(run.eval_sets, run.eval_set_steps, state, config,
+                                       run.data_sharding,
+                                       known={_primary_set(config).reads: metrics})
+  run.writer.write_scalars(step, {f'eval/{k}': v for k, v in {**metrics, **set_metrics}.items()})
+  ema_note = lambda m, prefix='': (f'; EMA accuracy {m[prefix + "ema_accuracy"]:.4f}'
+                                   if prefix + 'ema_accuracy' in m else '')
   if final:
     logging.info('Final test accuracy: %.4f (%d examples, step %d)%s.', metrics['accuracy'],
-                 metrics['count'], step, ema_note)
+                 metrics['count'], step, ema_note(metrics))
   else:
     logging.info('step %d  test accuracy %.4f  test loss %.4f%s', step, metrics['accuracy'],
-                 metrics['loss'], ema_note)
-  return metrics
+                 metrics['loss'], ema_note(metrics))
+  for eval_set in run.eval_sets:
+    prefix = f'{eval_set.name}/'
+    logging.info('step %d  %s accuracy %.4f (%d examples scored)%s', step, eval_set.name,
+                 set_metrics[prefix + 'accuracy'], set_metrics[prefix + 'count'],
+                 ema_note(set_metrics, prefix))
+  return metrics, set_metrics

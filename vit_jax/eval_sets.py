@@ -1,0 +1,281 @@
+"""Test sets a model is scored on, by name: `config.eval_sets` and `vit_jax.evaluate --eval_sets`.
+
+A set is named `DATASET[:SPLIT]`: any TFDS image-classification dataset ('imagenet_v2',
+'imagenet_v2/topimages', 'cifar10:test', 'imagenet2012:validation'), the embedded 'digits', or an
+image folder ('folder:/path/to/images:test'). Without a split: the run's `eval_split` for the run's
+own dataset, the published split for the ImageNet test sets of `PUBLISHED`, else 'test'. How each
+set is scored (`SCORINGS`):
+* 'top1': the argmax of the logits equals the label (ImageNet, -v2, -Sketch, any other dataset);
+* 'real': ImageNet-ReaL (Beyer et al. 2020, "Are we done with ImageNet?"): correct when the argmax
+  is one of the example's ReaL labels; examples without a ReaL label are left out, as there;
+* 'imagenet_a', 'imagenet_r': the argmax over the logits of the set's 200 ImageNet classes only, the
+  1000-way head restricted to them (timm validate.py's `indices_in_1k`); an example labelled
+  outside them (none in the published sets) is left out.
+Each set's metrics are reported under its name as written: 'imagenet_v2/accuracy', 'loss',
+'count' (the examples scored) and, with an EMA, 'ema_accuracy' and 'ema_loss'.
+"""
+
+import dataclasses
+import functools
+from typing import Any, Callable, Iterator, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import tensorflow_datasets as tfds
+
+from vit_jax import datasets
+from vit_jax import inference
+from vit_jax import input_pipeline
+from vit_jax import sharding
+from vit_jax import steps
+
+SCORINGS = ('top1', 'real', 'imagenet_a', 'imagenet_r')
+
+# The 200 ImageNet classes (WordNet ids) of ImageNet-A (Hendrycks et al. 2021, "Natural Adversarial
+# Examples", github.com/hendrycks/natural-adv-examples) and ImageNet-R (Hendrycks et al. 2021, "The
+# Many Faces of Robustness", github.com/hendrycks/imagenet-r), as timm lists them in
+# timm/data/_info/imagenet_{a,r}_synsets.txt; their indices among the 1000 are `subset_classes`.
+IMAGENET_A_WNIDS = tuple('''
+n01498041 n01531178 n01534433 n01558993 n01580077 n01614925 n01616318 n01631663 n01641577
+n01669191 n01677366 n01687978 n01694178 n01698640 n01735189 n01770081 n01770393 n01774750
+n01784675 n01819313 n01820546 n01833805 n01843383 n01847000 n01855672 n01882714 n01910747
+n01914609 n01924916 n01944390 n01985128 n01986214 n02007558 n02009912 n02037110 n02051845
+n02077923 n02085620 n02099601 n02106550 n02106662 n02110958 n02119022 n02123394 n02127052
+n02129165 n02133161 n02137549 n02165456 n02174001 n02177972 n02190166 n02206856 n02219486
+n02226429 n02231487 n02233338 n02236044 n02259212 n02268443 n02279972 n02280649 n02281787
+n02317335 n02325366 n02346627 n02356798 n02361337 n02410509 n02445715 n02454379 n02486410
+n02492035 n02504458 n02655020 n02669723 n02672831 n02676566 n02690373 n02701002 n02730930
+n02777292 n02782093 n02787622 n02793495 n02797295 n02802426 n02814860 n02815834 n02837789
+n02879718 n02883205 n02895154 n02906734 n02948072 n02951358 n02980441 n02992211 n02999410
+n03014705 n03026506 n03124043 n03125729 n03187595 n03196217 n03223299 n03250847 n03255030
+n03291819 n03325584 n03355925 n03384352 n03388043 n03417042 n03443371 n03444034 n03445924
+n03452741 n03483316 n03584829 n03590841 n03594945 n03617480 n03666591 n03670208 n03717622
+n03720891 n03721384 n03724870 n03775071 n03788195 n03804744 n03837869 n03840681 n03854065
+n03888257 n03891332 n03935335 n03982430 n04019541 n04033901 n04039381 n04067472 n04086273
+n04099969 n04118538 n04131690 n04133789 n04141076 n04146614 n04147183 n04179913 n04208210
+n04235860 n04252077 n04252225 n04254120 n04270147 n04275548 n04310018 n04317175 n04344873
+n04347754 n04355338 n04366367 n04376876 n04389033 n04399382 n04442312 n04456115 n04482393
+n04507155 n04509417 n04532670 n04540053 n04554684 n04562935 n04591713 n04606251 n07583066
+n07695742 n07697313 n07697537 n07714990 n07718472 n07720875 n07734744 n07749582 n07753592
+n07760859 n07768694 n07831146 n09229709 n09246464 n09472597 n09835506 n11879895 n12057211
+n12144580 n12267677
+'''.split())
+IMAGENET_R_WNIDS = tuple('''
+n01443537 n01484850 n01494475 n01498041 n01514859 n01518878 n01531178 n01534433 n01614925
+n01616318 n01630670 n01632777 n01644373 n01677366 n01694178 n01748264 n01770393 n01774750
+n01784675 n01806143 n01820546 n01833805 n01843383 n01847000 n01855672 n01860187 n01882714
+n01910747 n01944390 n01983481 n01986214 n02007558 n02009912 n02051845 n02056570 n02066245
+n02071294 n02077923 n02085620 n02086240 n02088094 n02088238 n02088364 n02088466 n02091032
+n02091134 n02092339 n02094433 n02096585 n02097298 n02098286 n02099601 n02099712 n02102318
+n02106030 n02106166 n02106550 n02106662 n02108089 n02108915 n02109525 n02110185 n02110341
+n02110958 n02112018 n02112137 n02113023 n02113624 n02113799 n02114367 n02117135 n02119022
+n02123045 n02128385 n02128757 n02129165 n02129604 n02130308 n02134084 n02138441 n02165456
+n02190166 n02206856 n02219486 n02226429 n02233338 n02236044 n02268443 n02279972 n02317335
+n02325366 n02346627 n02356798 n02363005 n02364673 n02391049 n02395406 n02398521 n02410509
+n02423022 n02437616 n02445715 n02447366 n02480495 n02480855 n02481823 n02483362 n02486410
+n02510455 n02526121 n02607072 n02655020 n02672831 n02701002 n02749479 n02769748 n02793495
+n02797295 n02802426 n02808440 n02814860 n02823750 n02841315 n02843684 n02883205 n02906734
+n02909870 n02939185 n02948072 n02950826 n02951358 n02966193 n02980441 n02992529 n03124170
+n03272010 n03345487 n03372029 n03424325 n03452741 n03467068 n03481172 n03494278 n03495258
+n03498962 n03594945 n03602883 n03630383 n03649909 n03676483 n03710193 n03773504 n03775071
+n03888257 n03930630 n03947888 n04086273 n04118538 n04133789 n04141076 n04146614 n04147183
+n04192698 n04254680 n04266014 n04275548 n04310018 n04325704 n04347754 n04389033 n04409515
+n04465501 n04487394 n04522168 n04536866 n04552348 n04591713 n07614500 n07693725 n07695742
+n07697313 n07697537 n07714571 n07714990 n07718472 n07720875 n07734744 n07742313 n07745940
+n07749582 n07753275 n07753592 n07768694 n07873807 n07880968 n07920052 n09472597 n09835506
+n10565667 n12267677
+'''.split())
+SUBSET_WNIDS = {'imagenet_a': IMAGENET_A_WNIDS, 'imagenet_r': IMAGENET_R_WNIDS}
+
+
+@dataclasses.dataclass(frozen=True)
+class Published:
+  """A published ImageNet test set: its labelled splits (the first is the default), its scoring
+  and the features holding its label (and its ReaL labels)."""
+  splits: tuple[str, ...]
+  scoring: str
+  label_key: str | None = None  # None: the dataset's supervised label.
+  label_set_key: str | None = None
+
+
+PUBLISHED = {
+    'imagenet2012': Published(('validation', 'train'), 'top1'),
+    'imagenet2012_real': Published(('validation',), 'real', label_key='original_label',
+                                   label_set_key='real_label'),
+    'imagenet_v2': Published(('test',), 'top1'),
+    'imagenet_a': Published(('test',), 'imagenet_a'),
+    'imagenet_r': Published(('test',), 'imagenet_r'),
+    'imagenet_sketch': Published(('test',), 'top1'),
+}
+
+
+@functools.cache
+def subset_classes(scoring: str) -> tuple[int, ...]:
+  """The indices among the 1000 ImageNet classes (TFDS label order) of the 200 classes of
+  'imagenet_a' or 'imagenet_r', ascending."""
+  names = inference.imagenet_class_names()
+  return tuple(names.index(wnid) for wnid in SUBSET_WNIDS[scoring])
+
+
+def real_sums(logits: jax.Array, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+  """ReaL top-1: the argmax is one of the example's labels ('label_set', (B, classes) bool);
+  examples without a label are not counted."""
+  labelled = jnp.any(batch['label_set'], -1) & (batch['mask'] > 0)
+  predicted = jnp.argmax(logits, -1)
+  hit = jnp.take_along_axis(batch['label_set'], predicted[:, None], -1)[:, 0]
+  return {'correct': jnp.sum(hit & labelled), 'count': jnp.sum(labelled)}
+
+
+def subset_sums(logits: jax.Array, batch: dict[str, jax.Array],
+                classes: Sequence[int]) -> dict[str, jax.Array]:
+  """Top-1 and cross-entropy over the logits of `classes` only (labels index all the logits);
+  examples labelled outside `classes` are not counted."""
+  classes = jnp.asarray(classes)
+  position = jnp.full(logits.shape[-1], -1).at[classes].set(jnp.arange(len(classes)))
+  target = position[batch['label']]
+  scored = (target >= 0) & (batch['mask'] > 0)
+  restricted = logits[:, classes]
+  loss = optax.softmax_cross_entropy_with_integer_labels(restricted, jnp.maximum(target, 0))
+  return {'correct': jnp.sum((jnp.argmax(restricted, -1) == target) & scored),
+          'loss': jnp.sum(jnp.where(scored, loss, 0.0)), 'count': jnp.sum(scored)}
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSet:
+  """One test set: the dataset and split it reads and how it is scored (`SCORINGS`)."""
+  name: str  # As written in the list: the prefix of its metrics.
+  dataset: str
+  split: str
+  scoring: str = 'top1'
+  label_key: str | None = None
+  label_set_key: str | None = None
+
+  @property
+  def reads(self) -> tuple[Any, ...]:
+    """What it reads and scores: two sets alike here give the same metrics."""
+    return (self.dataset, self.split, self.scoring, self.label_key, self.label_set_key)
+
+  def score(self, logits: jax.Array, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """The batch's sums of correct predictions, scored examples (and loss): a `steps.Score`."""
+    if self.scoring == 'real':
+      return real_sums(logits, batch)
+    if self.scoring in SUBSET_WNIDS:
+      return subset_sums(logits, batch, subset_classes(self.scoring))
+    return steps.top1_sums(logits, batch)
+
+  def batches(self, config: ml_collections.ConfigDict) -> Iterator[dict[str, np.ndarray]]:
+    """One padded pass over the set, preprocessed as `config` evaluates."""
+    return input_pipeline.eval_iterator(config, dataset=self.dataset, split=self.split,
+                                        label_key=self.label_key,
+                                        label_set_key=self.label_set_key)
+
+
+def _known_dataset(name: str) -> str:
+  """`name` if it names a dataset (its TFDS builder is registered); ValueError otherwise."""
+  if name == datasets.DIGITS or name.startswith(datasets.FOLDER_PREFIX):
+    return name
+  try:
+    tfds.builder_cls(name.split('/')[0])
+  except tfds.core.registered.DatasetNotFoundError:
+    raise ValueError(
+        f'unknown dataset {name!r}; valid: {list(PUBLISHED)}, any TFDS dataset name '
+        f"(tfds.list_builders()), '{datasets.DIGITS}' or '{datasets.FOLDER_PREFIX}/path/to/images'"
+        ', each optionally followed by :SPLIT') from None
+  return name
+
+
+def parse(spec: str, *, dataset: str = '', eval_split: str = 'test') -> EvalSet:
+  """The set `spec` names ('DATASET[:SPLIT]'), whose default split is `eval_split` where DATASET
+  is the run's `dataset`; ValueError for an unknown dataset or a published set's unknown split."""
+  if not isinstance(spec, str) or not spec.strip():
+    raise ValueError(f"{spec!r} is not a set name; write 'DATASET[:SPLIT]', e.g. 'imagenet_v2'")
+  is_folder = spec.startswith(datasets.FOLDER_PREFIX)
+  rest = spec[len(datasets.FOLDER_PREFIX):] if is_folder else spec
+  name, _, split = rest.partition(':')
+  name = (datasets.FOLDER_PREFIX if is_folder else '') + name.strip()
+  if name in ('', datasets.FOLDER_PREFIX):
+    raise ValueError(f'{spec!r} names no dataset')
+  _known_dataset(name)
+  published = PUBLISHED.get(name.split('/')[0])
+  split = split.strip() or (eval_split if name == dataset else
+                            published.splits[0] if published else 'test')
+  if published is None:
+    return EvalSet(spec, name, split)
+  for part in split.split('+'):
+    if part.split('[')[0].strip() not in published.splits:
+      raise ValueError(f'{spec!r}: {name} has no labelled split {part!r}; valid: '
+                       f'{list(published.splits)}, optionally sliced, e.g. '
+                       f"'{name}:{published.splits[0]}[:1000]'")
+  return EvalSet(spec, name, split, published.scoring, published.label_key,
+                 published.label_set_key)
+
+
+def parse_all(specs: Sequence[str], *, dataset: str = '',
+              eval_split: str = 'test') -> tuple[EvalSet, ...]:
+  """The sets of a list of names (`parse`); ValueError naming the first bad or repeated one."""
+  if isinstance(specs, str) or not isinstance(specs, (tuple, list)):
+    raise ValueError(f"must be a tuple of set names, e.g. ('imagenet2012_real', 'imagenet_v2'); "
+                     f'got {specs!r}')
+  repeated = sorted({spec for spec in specs if list(specs).count(spec) > 1})
+  if repeated:
+    raise ValueError(f'names {repeated} more than once')
+  return tuple(parse(spec, dataset=dataset, eval_split=eval_split) for spec in specs)
+
+
+def from_config(config: ml_collections.ConfigDict, specs: Sequence[str] | None = None,
+                *, num_classes: int) -> tuple[EvalSet, ...]:
+  """The sets of `specs` (default `config.eval_sets`), each checked against its data before
+  anything compiles: the dataset and split exist and its labels are `num_classes` classes."""
+  specs = config.eval_sets if specs is None else specs
+  try:
+    eval_sets = parse_all(specs, dataset=config.dataset, eval_split=config.eval_split)
+  except ValueError as e:
+    raise ValueError(f'eval_sets: {e}.') from None
+  for eval_set in eval_sets:
+    classes = input_pipeline.eval_num_classes(
+        config, dataset=eval_set.dataset, split=eval_set.split, label_key=eval_set.label_key,
+        label_set_key=eval_set.label_set_key)
+    if classes != num_classes:
+      raise ValueError(f'eval_sets: {eval_set.name!r} has {classes} classes, but the model '
+                       f'predicts {num_classes} (of {config.dataset!r}); evaluate it with a model '
+                       f'of {classes} classes.')
+  return eval_sets
+
+
+def compile_steps(eval_sets: Sequence[EvalSet], model: nn.Module, num_classes: int,
+                  mesh: jax.sharding.Mesh) -> dict[str, Callable]:
+  """Each set's jitted eval step (`steps.make_eval_step` with its scoring), by name."""
+  return {s.name: jax.jit(steps.make_eval_step(model, num_classes, s.score),
+                          out_shardings=sharding.replicated(mesh)) for s in eval_sets}
+
+
+def evaluate(eval_sets: Sequence[EvalSet], eval_steps: dict[str, Callable],
+             state: steps.TrainState, config: ml_collections.ConfigDict,
+             data_sharding: jax.sharding.NamedSharding,
+             known: dict[tuple[Any, ...], dict[str, float]] | None = None) -> dict[str, float]:
+  """Every set's metrics of `state` (and of its EMA), as 'NAME/accuracy', ...; a set whose
+  `reads` is a key of `known` takes those metrics instead of being read again."""
+  metrics = {}
+  for eval_set in eval_sets:
+    result = (known or {}).get(eval_set.reads)
+    if result is None:
+      result = steps.evaluate_with_ema(eval_steps[eval_set.name], state,
+                                       lambda s=eval_set: s.batches(config), data_sharding)
+    metrics.update({f'{eval_set.name}/{k}': v for k, v in result.items()})
+  return metrics
+
+
+def evaluate_variables(eval_sets: Sequence[EvalSet], model: nn.Module, variables: dict[str, Any],
+                       config: ml_collections.ConfigDict, num_classes: int) -> dict[str, float]:
+  """Every set's metrics of frozen `variables` (host arrays, e.g. a run's EMA weights)."""
+  mesh = sharding.make_mesh(config.mesh.fsdp)
+  variables = sharding.place(
+      variables, sharding.fsdp_shardings(variables, mesh, config.mesh.fsdp_min_size))
+  state = steps.TrainState(step=jnp.zeros((), jnp.int32), params=variables['params'],
+                           opt_state=None, batch_stats=variables.get('batch_stats', {}), rng=None)
+  return evaluate(eval_sets, compile_steps(eval_sets, model, num_classes, mesh), state, config,
+                  sharding.batch_sharding(mesh))
