@@ -159,19 +159,20 @@ class EvalSet:
     """What it reads and scores: two sets alike here give the same metrics."""
     return (self.dataset, self.split, self.scoring, self.label_key, self.label_set_key)
 
-  def score(self, logits: jax.Array, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
-    """The batch's sums of correct predictions, scored examples (and loss): a `steps.Score`."""
-    if self.scoring == 'real':
-      return real_sums(logits, batch)
-    if self.scoring in SUBSET_WNIDS:
-      return subset_sums(logits, batch, subset_classes(self.scoring))
-    return steps.top1_sums(logits, batch)
-
   def batches(self, config: ml_collections.ConfigDict) -> Iterator[dict[str, np.ndarray]]:
     """One padded pass over the set, preprocessed as `config` evaluates."""
     return input_pipeline.eval_iterator(config, dataset=self.dataset, split=self.split,
                                         label_key=self.label_key,
                                         label_set_key=self.label_set_key)
+
+
+def score(scoring: str) -> steps.Score:
+  """The `steps.Score` of one of `SCORINGS`."""
+  if scoring == 'real':
+    return real_sums
+  if scoring in SUBSET_WNIDS:
+    return functools.partial(subset_sums, classes=subset_classes(scoring))
+  return steps.top1_sums
 
 
 def _known_dataset(name: str) -> str:
@@ -247,10 +248,15 @@ def from_config(config: ml_collections.ConfigDict, specs: Sequence[str] | None =
 
 
 def compile_steps(eval_sets: Sequence[EvalSet], model: nn.Module, num_classes: int,
-                  mesh: jax.sharding.Mesh) -> dict[str, Callable]:
-  """Each set's jitted eval step (`steps.make_eval_step` with its scoring), by name."""
-  return {s.name: jax.jit(steps.make_eval_step(model, num_classes, s.score),
-                          out_shardings=sharding.replicated(mesh)) for s in eval_sets}
+                  mesh: jax.sharding.Mesh, top1_step: Callable | None = None
+                  ) -> dict[str, Callable]:
+  """The jitted eval step (`steps.make_eval_step`) of each scoring the sets use, by scoring;
+  `top1_step`: the run's own, where it has one."""
+  eval_steps = {} if top1_step is None else {'top1': top1_step}
+  for scoring in sorted({s.scoring for s in eval_sets} - set(eval_steps)):
+    eval_steps[scoring] = jax.jit(steps.make_eval_step(model, num_classes, score(scoring)),
+                                  out_shardings=sharding.replicated(mesh))
+  return eval_steps
 
 
 def evaluate(eval_sets: Sequence[EvalSet], eval_steps: dict[str, Callable],
@@ -263,7 +269,7 @@ def evaluate(eval_sets: Sequence[EvalSet], eval_steps: dict[str, Callable],
   for eval_set in eval_sets:
     result = (known or {}).get(eval_set.reads)
     if result is None:
-      result = steps.evaluate_with_ema(eval_steps[eval_set.name], state,
+      result = steps.evaluate_with_ema(eval_steps[eval_set.scoring], state,
                                        lambda s=eval_set: s.batches(config), data_sharding)
     metrics.update({f'{eval_set.name}/{k}': v for k, v in result.items()})
   return metrics

@@ -310,14 +310,8 @@ def global_batch(batch: dict[str, np.ndarray],
   return {k: jax.make_array_from_process_local_data(data_sharding, v) for k, v in batch.items()}
 
 
-def evaluate(eval_step: Callable, state: TrainState, batches: Iterator[dict[str, np.ndarray]],
-             data_sharding: NamedSharding) -> dict[str, float]:
-  """Top-1 accuracy (and mean loss, where the scoring has one) over every scored example."""
-  totals = {}
-  for batch in batches:
-    sums = jax.device_get(eval_step(state, global_batch(batch, data_sharding)))
-    for k, v in sums.items():
-      totals[k] = totals.get(k, 0.0) + float(v)
+def _metrics(totals: dict[str, float]) -> dict[str, float]:
+  """Top-1 accuracy (and mean loss, where the scoring has one) from an eval step's summed sums."""
   count = max(totals.get('count', 0.0), 1.0)
   metrics = {'accuracy': totals.get('correct', 0.0) / count}
   if 'loss' in totals:
@@ -325,12 +319,31 @@ def evaluate(eval_step: Callable, state: TrainState, batches: Iterator[dict[str,
   return {**metrics, 'count': int(totals.get('count', 0.0))}
 
 
+def _evaluate_states(eval_step: Callable, states: dict[str, TrainState],
+                     batches: Iterator[dict[str, np.ndarray]],
+                     data_sharding: NamedSharding) -> dict[str, dict[str, float]]:
+  """`_metrics` of each of `states` over one pass of `batches`."""
+  totals = {name: {} for name in states}
+  for batch in batches:
+    batch = global_batch(batch, data_sharding)
+    for name, state in states.items():
+      for k, v in jax.device_get(eval_step(state, batch)).items():
+        totals[name][k] = totals[name].get(k, 0.0) + float(v)
+  return {name: _metrics(sums) for name, sums in totals.items()}
+
+
+def evaluate(eval_step: Callable, state: TrainState, batches: Iterator[dict[str, np.ndarray]],
+             data_sharding: NamedSharding) -> dict[str, float]:
+  """Top-1 accuracy (and mean loss, where the scoring has one) over every scored example."""
+  return _evaluate_states(eval_step, {'': state}, batches, data_sharding)['']
+
+
 def evaluate_with_ema(eval_step: Callable, state: TrainState,
                       batches: Callable[[], Iterator[dict[str, np.ndarray]]],
                       data_sharding: NamedSharding) -> dict[str, float]:
-  """`evaluate` of the raw variables, plus `ema_accuracy` (and `ema_loss`) with an EMA."""
-  metrics = evaluate(eval_step, state, batches(), data_sharding)
-  if state.ema:
-    ema = evaluate(eval_step, state.ema_view(), batches(), data_sharding)
-    metrics.update({f'ema_{k}': ema[k] for k in ('accuracy', 'loss') if k in ema})
-  return metrics
+  """`evaluate` of the raw variables, plus `ema_accuracy` (and `ema_loss`) with an EMA: both
+  in one pass over the batches."""
+  states = {'': state, 'ema': state.ema_view()} if state.ema else {'': state}
+  metrics = _evaluate_states(eval_step, states, batches(), data_sharding)
+  ema = metrics.get('ema', {})
+  return {**metrics[''], **{f'ema_{k}': ema[k] for k in ('accuracy', 'loss') if k in ema}}

@@ -142,8 +142,8 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str) -> RunResult:
   metrics = steps.evaluate(eval_step, state, input_pipeline.eval_iterator(config),
                            sharding.batch_sharding(mesh))
   set_metrics = eval_sets_lib.evaluate(
-      eval_sets, eval_sets_lib.compile_steps(eval_sets, model, info.num_classes, mesh), state,
-      config, sharding.batch_sharding(mesh), known={_primary_set(config).reads: metrics})
+      eval_sets, eval_sets_lib.compile_steps(eval_sets, model, info.num_classes, mesh, eval_step),
+      state, config, sharding.batch_sharding(mesh), known={_primary_set(config).reads: metrics})
   use_ema = config.use_ema
   report = {'source': source, 'use_ema': use_ema, 'model': config.model.name,
             'dataset': config.dataset, 'split': config.eval_split,
@@ -221,7 +221,7 @@ class _Run:
   train_step: Callable[..., tuple[steps.TrainState, dict[str, jax.Array]]]
   eval_step: Callable[..., dict[str, jax.Array]]
   eval_sets: tuple[eval_sets_lib.EvalSet, ...]
-  eval_set_steps: dict[str, Callable[..., dict[str, jax.Array]]]
+  eval_set_steps: dict[str, Callable[..., dict[str, jax.Array]]]  # By scoring.
   data_sharding: NamedSharding
   teacher_variables: Any
   run_dir: workdir_lib.Workdir
@@ -284,14 +284,15 @@ def _start(config: ml_collections.ConfigDict, workdir: str,
                 dict(mesh.shape),
                 sharding.bytes_per_device(abstract_state.params, state_sharding.params) / 2**20,
                 sharding.bytes_per_device(abstract_state, state_sharding) / 2**20)
+  eval_step = jax.jit(steps.make_eval_step(model, info.num_classes),
+                      out_shardings=sharding.replicated(mesh))
   return _Run(
       model=model, schedule=schedule, total_steps=total_steps, state=state,
       train_step=steps.sharded_train_step(model, tx, config, info.num_classes, mesh,
                                           state_sharding, teacher, teacher_sharding),
-      eval_step=jax.jit(steps.make_eval_step(model, info.num_classes),
-                        out_shardings=sharding.replicated(mesh)),
-      eval_sets=eval_sets,
-      eval_set_steps=eval_sets_lib.compile_steps(eval_sets, model, info.num_classes, mesh),
+      eval_step=eval_step, eval_sets=eval_sets,
+      eval_set_steps=eval_sets_lib.compile_steps(eval_sets, model, info.num_classes, mesh,
+                                                 eval_step),
       data_sharding=sharding.batch_sharding(mesh), teacher_variables=teacher_variables,
       run_dir=run_dir, evaluators=evaluators, watcher=watcher, writer=writer)
 
