@@ -163,6 +163,7 @@ def _expected(logits: np.ndarray, example: dict, scoring: str) -> tuple[bool, bo
   return True, predicted == int(example['label'])
 
 
+@pytest.mark.slow
 def test_a_run_on_mocked_imagenet_reports_every_set_by_name(tmp_path):
   """Three test sets, on TFDS's mocks of the datasets: results.json and the returned metrics hold
   each set's metrics, raw and EMA, equal to the hand-scored logits of the final weights."""
@@ -206,3 +207,24 @@ def test_a_set_whose_classes_differ_is_refused_before_the_run_starts(tmp_path):
                                          "predicts 10 "):
       train.train_and_evaluate(config, str(tmp_path / 'run'))
   assert not os.path.exists(tmp_path / 'run' / 'config.json')
+
+
+@pytest.mark.slow
+def test_evaluate_command_scores_a_finished_runs_ema_on_the_listed_sets(tmp_path):
+  """`python -m vit_jax.evaluate --eval_sets` on a digits run: its EMA weights' top-1 on each set,
+  the run's own test split equal to the run's EMA accuracy."""
+  workdir = tmp_path / 'run'
+  config = _tiny_config(normalization='digits', data_dir=str(tmp_path / 'tfds'), total_steps=3)
+  run = train.train_and_evaluate(config, str(workdir))
+  command = [sys.executable, '-m', 'vit_jax.evaluate', f'--workdir={workdir}']
+  env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL='2')
+  good = subprocess.run(command + ['--eval_sets=digits,digits:train[:100],digits:train[-50:]'],
+                        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert good.returncode == 0, good.stderr[-3000:]
+  results = json.loads((workdir / 'results.json').read_text())
+  assert results['digits/accuracy'] == pytest.approx(run.metrics['ema_accuracy'], abs=1e-9)
+  assert (results['digits/count'], results['digits:train[:100]/count'],
+          results['digits:train[-50:]/count']) == (360, 100, 50)
+  assert results['test_accuracy'] == run.metrics['accuracy']  # The run's own results are kept.
+  assert not any(key.startswith(('fewshot/', 'linear_probe/')) for key in results)
+  assert 'digits:train[:100]/accuracy' in good.stdout
