@@ -177,9 +177,9 @@ FIELDS: tuple[Field, ...] = (
     Field('eval_sets', (),
           Rule(_eval_sets, lambda: "a tuple of test-set names 'DATASET[:SPLIT]' "
                "(vit_jax/eval_sets.py), e.g. ('imagenet2012_real', 'imagenet_v2')"),
-          'Test sets scored besides eval_split, with eval_split, each under its own name: any '
-          "TFDS 'name:split', digits, 'folder:/path:split'; ImageNet-ReaL multi-label, "
-          'ImageNet-A/-R on their 200 classes.'),
+          'Test sets scored beside eval_split, when it is, each under its own name: any TFDS '
+          "'name:split', digits, 'folder:/path:split'; ImageNet-ReaL multi-label, ImageNet-A/-R "
+          'on their 200 classes.'),
     Field('image_size', 32, integer(1), 'Model input resolution; the pipeline resizes to it.'),
     Field('augment', 'crop_flip', choice(_augments),
           'Training crop: pad and random crop, inception crop, or resize only.'),
