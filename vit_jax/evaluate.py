@@ -95,8 +95,8 @@ def main(argv, flag: dict[str, Any]) -> None:
       raise ValueError('--init_from needs --out_dir=DIR for results.json.')
     num_classes = len(run.class_names)
     eval_sets = eval_sets_lib.from_config(run.config, set_names, num_classes=num_classes)
-    metrics = eval_sets_lib.evaluate_variables(eval_sets, run.model, run.variables, run.config,
-                                               num_classes)
+    metrics = (eval_sets_lib.evaluate_variables(eval_sets, run.model, run.variables,
+                                                run.config, num_classes) if eval_sets else {})
     for name, evaluator in evaluators.items():
       metrics.update(evaluator.run(run.model, run.variables, run.config))
   except ValueError as e:
