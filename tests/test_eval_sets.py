@@ -212,7 +212,7 @@ def test_a_set_whose_classes_differ_is_refused_before_the_run_starts(tmp_path):
 @pytest.mark.slow
 def test_evaluate_command_scores_a_finished_runs_ema_on_the_listed_sets(tmp_path):
   """`python -m vit_jax.evaluate --eval_sets` on a digits run: its EMA weights' top-1 on each set,
-  the run's own test split equal to the run's EMA accuracy."""
+  the run's own test split equal to the run's EMA accuracy; `eval_only` reports the same."""
   workdir = tmp_path / 'run'
   config = _tiny_config(normalization='digits', data_dir=str(tmp_path / 'tfds'), total_steps=3)
   run = train.train_and_evaluate(config, str(workdir))
@@ -228,3 +228,7 @@ def test_evaluate_command_scores_a_finished_runs_ema_on_the_listed_sets(tmp_path
   assert results['test_accuracy'] == run.metrics['accuracy']  # The run's own results are kept.
   assert not any(key.startswith(('fewshot/', 'linear_probe/')) for key in results)
   assert 'digits:train[:100]/accuracy' in good.stdout
+  config.update(eval_only=True, eval_sets=('digits:train[:100]',))
+  report = train.train_and_evaluate(config, str(workdir)).metrics  # The same EMA weights.
+  assert report['digits:train[:100]/accuracy'] == results['digits:train[:100]/accuracy']
+  assert report['accuracy'] == results['digits/accuracy']
