@@ -218,6 +218,10 @@ FIELDS: tuple[Field, ...] = (
     Field('b1', 0.9, RATE_BELOW_ONE, 'Adam beta1.'),
     Field('b2', 0.999, RATE_BELOW_ONE, 'Adam beta2.'),
     Field('eps', 1e-8, number(0.0, low_open=True), 'Adam epsilon.'),
+    Field('layer_decay', 1.0, number(0.0, 1.0, low_open=True),
+          'Layer-wise lr decay: the lr of layer l (0 = embeddings, depth + 1 = head) is scaled '
+          'by layer_decay^(depth + 1 - l), as timm\'s --layer-decay (BEiT, MAE: 0.65-0.75); '
+          '1 = off.'),
     Field('grad_clip_norm', 0.0, number(0.0), 'Global gradient-norm clipping; 0 = off.'),
     Field('label_smoothing', 0.0, RATE_BELOW_ONE, 'Label smoothing (folded into mixed targets).'),
     Field('grad_accum_steps', 1, integer(1),
