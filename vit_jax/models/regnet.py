@@ -282,4 +282,8 @@ MODELS = {
     'regnety_160': _regnety(200, 106.23, 2.48, 18, 112),
     'regnety_320': _regnety(232, 115.89, 2.53, 20, 232),
 }
-FAMILY = models.Family('regnet', RegNet, MODELS, from_timm, to_timm)
+# timm names its RegNetYs as we do; its other arguments change training only.
+TIMM_ARGUMENTS = {'in_chans': None, 'num_classes': None, 'global_pool': None, 'drop_rate': None,
+                  'drop_path_rate': None}
+FAMILY = models.Family('regnet', RegNet, MODELS, from_timm, to_timm,
+                       {name: name for name in MODELS}, TIMM_ARGUMENTS)

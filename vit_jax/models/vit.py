@@ -846,4 +846,25 @@ MODELS = {
     **{f'vit_{size}{patch}': _vit(size, patch) for size in ('ti', 's', 'b') for patch in (4, 2)},
 }
 
-FAMILY = models.Family('vit', VisionTransformer, MODELS, from_timm, to_timm)
+# timm's ViT names -> ours; the resolution suffix names the input size the weights were made for.
+TIMM_ARCHITECTURES = {
+    f'vit_{timm_size}_patch{patch}_{resolution}': f'vit_{size}{patch}'
+    for size, timm_size, patch, resolutions in (
+        ('ti', 'tiny', 16, (224, 384)), ('s', 'small', 16, (224, 384)),
+        ('s', 'small', 32, (224, 384)), ('b', 'base', 16, (224, 384)),
+        ('b', 'base', 32, (224, 384)), ('l', 'large', 16, (224, 384)),
+        ('l', 'large', 32, (224, 384)), ('h', 'huge', 14, (224,)))
+    for resolution in resolutions}
+# timm's VisionTransformer / Cait arguments -> our fields (None: training only). `img_size` is
+# the input's (the position embedding follows it).
+TIMM_ARGUMENTS = {
+    'patch_size': 'patch_size', 'embed_dim': 'hidden_size', 'depth': 'depth',
+    'num_heads': 'num_heads', 'mlp_ratio': 'mlp_ratio', 'qkv_bias': 'qkv_bias',
+    'global_pool': 'global_pool', 'init_values': 'layer_scale_init',
+    'depth_token_only': 'class_attention_depth', 'img_size': None, 'in_chans': None,
+    'num_classes': None, 'drop_rate': None, 'pos_drop_rate': None, 'proj_drop_rate': None,
+    'attn_drop_rate': None, 'drop_path_rate': None,
+}
+
+FAMILY = models.Family('vit', VisionTransformer, MODELS, from_timm, to_timm, TIMM_ARCHITECTURES,
+                       TIMM_ARGUMENTS)
