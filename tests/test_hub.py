@@ -2,13 +2,11 @@
 `save_for_hf` fills, offline; the metadata picks model, preprocessing and class names; a clear
 error when the weights are neither cached nor downloadable."""
 
-import json
 import os
 import subprocess
 import sys
 
 import jax
-import ml_collections
 import numpy as np
 import pytest
 from PIL import Image
@@ -16,6 +14,7 @@ from PIL import Image
 from vit_jax import hub
 from vit_jax import inference
 from vit_jax import models
+from vit_jax import predict
 from vit_jax import pretrained
 from vit_jax import teacher as teacher_lib
 from vit_jax import train
@@ -128,58 +127,81 @@ def test_empty_cache_offline_fails_naming_the_weights_and_the_cache(hub_cache):
     assert hub.cache_dir() in message and 'Traceback' not in message
 
 
-def test_predict_names_classes_from_the_hub_in_a_fresh_process(hub_cache, timm_model, tmp_path):
-  """`python -m vit_jax.predict --init_from=hf-hub:...` with HF_HOME's cache and no network;
-  then the same command with an empty cache fails with one line."""
+def test_predict_reads_model_preprocessing_and_labels_from_the_hub(hub_cache, timm_model,
+                                                                   tmp_path):
   reference, _ = timm_model('deit_tiny_patch16_224', num_classes=10, depth=1, img_size=32,
                             patch_size=8)
   hub_cache('timm/deit_tiny_patch16_224.fb_in1k', reference, label_names=LABELS)
   image = tmp_path / 'a.png'
   Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 48, 3), np.uint8)).save(image)
-  command = [sys.executable, '-m', 'vit_jax.predict',
-             '--init_from=hf-hub:timm/deit_tiny_patch16_224.fb_in1k', '--json', '--top_k=3',
-             str(image)]
-  env = {**os.environ, 'PYTHONPATH': REPO}
-  done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=REPO, check=False)
-  assert done.returncode == 0, done.stderr
-  result = json.loads(done.stdout)
-  assert result['model'] == 'deit_ti16'
-  assert {entry['name'] for entry in result['predictions'][0]['top_k']} <= set(LABELS)
-  env['HF_HOME'] = str(tmp_path / 'empty')
-  env['HF_HUB_CACHE'] = str(tmp_path / 'empty' / 'hub')
-  done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=REPO, check=False)
+  run = inference.load_weights('hf-hub:timm/deit_tiny_patch16_224.fb_in1k')
+  assert (run.config.model.name, run.config.image_size, run.config.eval_crop_ratio,
+          run.config.normalization, run.class_names) == ('deit_ti16', 32, 0.9, 'imagenet', LABELS)
+  [prediction] = predict.predict(run, [str(image)], top_k=3)
+  pixels = predict.decode_for_model(str(image), run.config)[None]
+  expected = _timm_logits(reference, pixels)[0]
+  assert [name for _, name, _ in prediction.top_k] == [LABELS[i] for i in np.argsort(-expected)[:3]]
+
+
+def test_the_command_line_fails_in_one_line_without_network_or_cache(tmp_path):
+  """`python -m vit_jax.predict --init_from=hf-hub:...` with an empty cache and HF_HUB_OFFLINE=1."""
+  image = tmp_path / 'a.png'
+  Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(image)
+  cache = tmp_path / 'hf_home' / 'hub'
+  env = {**os.environ, 'PYTHONPATH': REPO, 'HF_HOME': str(tmp_path / 'hf_home'),
+         'HF_HUB_CACHE': str(cache), 'HF_HUB_OFFLINE': '1'}
+  done = subprocess.run([sys.executable, '-m', 'vit_jax.predict',
+                         '--init_from=hf-hub:timm/deit_tiny_patch16_224.fb_in1k', str(image)],
+                        env=env, capture_output=True, text=True, cwd=REPO, check=False)
   assert done.returncode == 1
-  assert done.stderr.strip().splitlines()[-1].startswith(
-      'error: Cannot get hf-hub:timm/deit_tiny_patch16_224.fb_in1k: neither downloaded')
-  assert str(tmp_path / 'empty' / 'hub') in done.stderr
+  last = done.stderr.strip().splitlines()[-1]
+  assert last.startswith('error: Cannot get hf-hub:timm/deit_tiny_patch16_224.fb_in1k: neither '
+                         'downloaded (HF_HUB_OFFLINE is set: no network) nor in the Hugging Face '
+                         f'cache {cache}')
+  assert 'Traceback' not in done.stderr
 
 
-def test_fine_tuning_and_eval_only_from_hub_names_with_a_hub_teacher(hub_cache, timm_model,
-                                                                     tmp_path):
-  """configs/finetune.py from a Hub name (a 1000-class head replaced for the digits' 10), with
-  layer-wise lr decay and a RegNetY teacher by Hub name; then eval_only of Hub weights."""
-  student, _ = timm_model('deit_tiny_patch16_224', depth=2, img_size=16, patch_size=4,
+def test_fine_tuning_from_a_hub_name_then_eval_only(hub_cache, timm_model, tmp_path):
+  """configs/finetune.py from Hub weights (their 1000-class head replaced for the digits' 10),
+  with layer-wise lr decay; then eval_only of 10-class Hub weights."""
+  student, _ = timm_model('deit_tiny_patch16_224', depth=1, img_size=16, patch_size=4,
                           embed_dim=32, num_heads=2)
   hub_cache('timm/deit_tiny_patch16_224.fb_in1k', student)
-  regnet, _ = timm_model('regnety_002', num_classes=10)
-  hub_cache('timm/regnety_002.pycls_in1k', regnet)
   config = finetune.get_config(
       'init_from=hf-hub:timm/deit_tiny_patch16_224.fb_in1k,dataset=digits,layer_decay=0.75')
-  assert (config.model.name, config.model.hidden_size, config.image_size, config.normalization,
-          config.eval_crop_ratio) == ('deit_ti16', 32, 16, 'imagenet', 0.9)
-  config.update(dict(data_dir=str(tmp_path / 'tfds'), batch_size=32, eval_batch_size=64,
-                     num_epochs=None, warmup_epochs=None, total_steps=2, warmup_steps=1,
-                     log_every=1, dtype='float32'))
-  config.distillation.type = 'hard'
-  config.distillation.teacher = 'hf-hub:timm/regnety_002.pycls_in1k'
-  teacher = teacher_lib.load(config, 10)
-  assert teacher.model.depth == 13 and teacher.model.num_classes == 10
+  assert (config.model.name, config.model.hidden_size, config.model.depth, config.image_size,
+          config.normalization, config.eval_crop_ratio, config.layer_decay) == (
+              'deit_ti16', 32, 1, 16, 'imagenet', 0.9, 0.75)
+  fast = dict(data_dir=str(tmp_path / 'tfds'), batch_size=32, eval_batch_size=72,
+              num_epochs=None, warmup_epochs=None, total_steps=2, warmup_steps=1, log_every=1,
+              dtype='float32', randaugment='', mixup_alpha=0.0, cutmix_alpha=0.0)
+  config.update(fast)
   result = train.train_and_evaluate(config, str(tmp_path / 'run'))
   assert result.step == 2 and np.isfinite(result.metrics['loss'])
 
-  evaluation = common.get_config()
-  evaluation.update(dict(data_dir=str(tmp_path / 'tfds'), image_size=16, eval_batch_size=72,
-                         init_from='hf-hub:timm/regnety_002.pycls_in1k', eval_only=True))
-  evaluation.model = ml_collections.ConfigDict({'name': 'regnety_002'})
+  student, _ = timm_model('deit_tiny_patch16_224', num_classes=10, depth=1, img_size=16,
+                          patch_size=4, embed_dim=32, num_heads=2)
+  hub_cache('timm/deit_tiny_patch16_224.digits', student)
+  evaluation = finetune.get_config(
+      'init_from=hf-hub:timm/deit_tiny_patch16_224.digits,dataset=digits')
+  evaluation.update({**fast, 'eval_only': True})
   result = train.train_and_evaluate(evaluation, str(tmp_path / 'eval'))
   assert result.metrics['count'] == 360 and 0 <= result.metrics['accuracy'] <= 1
+
+
+def test_a_teacher_by_hub_name_brings_its_model_and_normalisation(hub_cache, timm_model):
+  regnet, _ = timm_model('regnety_002', num_classes=10)
+  hub_cache('timm/regnety_002.pycls_in1k', regnet)
+  config = common.get_config()
+  config.normalization = 'digits'  # The student's; the teacher's is ImageNet's.
+  config.distillation.type = 'hard'
+  config.distillation.teacher = 'hf-hub:timm/regnety_002.pycls_in1k'
+  teacher = teacher_lib.load(config, 10)
+  assert (type(teacher.model).__name__, teacher.model.depth, teacher.model.num_classes) == (
+      'RegNet', 13, 10)
+  scale, shift = teacher_lib.normalization_change('digits', 'imagenet')
+  np.testing.assert_allclose(teacher.input_scale, scale)
+  np.testing.assert_allclose(teacher.input_shift, shift)
+  images = np.random.default_rng(0).normal(size=(2, 32, 32, 3)).astype(np.float32)
+  np.testing.assert_allclose(np.asarray(jax.jit(teacher.model.apply)(teacher.variables, images)),
+                             _timm_logits(regnet, images), atol=1e-5, rtol=0)
