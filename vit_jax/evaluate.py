@@ -4,6 +4,8 @@ r"""Few-shot and linear-probe evaluation of frozen features, for any run or weig
   python -m vit_jax.evaluate --workdir=/tmp/vit --evaluators=fewshot --datasets=digits,cifar10
   python -m vit_jax.evaluate --init_from=deit_small_patch16_224-cd65a155.pth --model=deit_s16 \
       --datasets=folder:/data/flowers --out_dir=/tmp/deit_s_probe
+  python -m vit_jax.evaluate --init_from=hf-hub:timm/deit_small_patch16_224.fb_in1k \
+      --datasets=cifar10 --out_dir=/tmp/deit_s_probe
 
 The evaluators are those of `vit_jax.evaluators` (the ones training runs periodically through
 `config.evaluators`), on the pre-logits of images preprocessed as the run or weights evaluate.
