@@ -114,6 +114,15 @@ def test_every_timm_architecture_maps_to_a_model_of_its_shape(family, timm):
       assert stages == ours.stages and not hasattr(reference, f's{len(stages) + 1}'), name
 
 
+def test_weights_of_another_family_name_the_model_they_hold(hub_cache, timm_model):
+  reference, _ = timm_model('deit_tiny_patch16_224', depth=1, img_size=32, patch_size=8)
+  hub_cache('timm/deit_tiny_patch16_224.fb_in1k', reference)
+  with pytest.raises(ValueError, match=r"It holds a 'deit' model \('deit_ti16'\); configs/"
+                                       r'finetune.py:init_from=hf-hub:timm/deit_tiny_patch16_224'):
+    pretrained.load('hf-hub:timm/deit_tiny_patch16_224.fb_in1k',
+                    models.create('cait_xxs24', depth=1), image_size=32)
+
+
 def test_empty_cache_offline_fails_naming_the_weights_and_the_cache(hub_cache):
   del hub_cache  # Empty, offline.
   name = 'hf-hub:timm/deit_small_patch16_224.fb_in1k'

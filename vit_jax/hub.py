@@ -178,7 +178,3 @@ def resolve(name: str) -> HubWeights:
                weights.image_size, weights.normalization, weights.crop_ratio, weights.path)
   return weights
 
-
-def local_path(source: str) -> str:
-  """The local file or directory of a weights source: Hub names resolved, others unchanged."""
-  return resolve(source).path if is_hub_name(source) else source

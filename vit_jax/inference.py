@@ -3,8 +3,8 @@
 `load_run(workdir)` restores a run (its config, model, variables and dataset class names);
 `load_weights(path, model_name)` reads a weights file for a registered model and gives it the
 published models' ImageNet evaluation preprocessing and class names, or Hub weights
-(`hf-hub:ORG/NAME`) with the model, preprocessing and class names their config.json gives. `predict`, `analyze` and the
-evaluators' command read models through these two.
+(`hf-hub:ORG/NAME`) with the model, preprocessing and class names their config.json gives.
+`predict`, `analyze` and the evaluators' command read models through these two.
 """
 
 import dataclasses

@@ -428,7 +428,8 @@ def _from_file(path: str, model: nn.Module, use_ema: bool) -> tuple[dict, str, s
     weights = hub.resolve(path)
     source = f'{path} (timm {weights.architecture}: our {weights.model!r}, {weights.path})'
     if models.family(weights.model).name != family:
-      hint = f'It holds a {models.family(weights.model).name!r} model ({weights.model!r}). '
+      hint = (f'It holds a {models.family(weights.model).name!r} model ({weights.model!r}); '
+              f'configs/finetune.py:init_from={path} picks it. ')
     path = weights.path
   else:
     source = f'Checkpoint {path!r}'
