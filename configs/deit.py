@@ -30,6 +30,14 @@ another would be given it, and the step converts the batch for the teacher:
   python -m vit_jax.main --config=configs/deit.py:variant=B,dataset=imagenet2012,teacher=regnety_160:/path/regnety_160-a5fe301d.pth \
       --config.data_dir=gs://BUCKET/tfds --workdir=gs://BUCKET/deit_b_distilled
 
+or the same teacher by its Hub name, fetched once into the Hugging Face cache (model and
+normalisation from its config.json): `teacher=hf-hub:timm/regnety_160.deit_in1k`. A DeiT-S
+fine-tuned from the published weights (on CIFAR-10 here) is configs/finetune.py's:
+
+  python -m vit_jax.main \
+      --config='configs/finetune.py:init_from=hf-hub:timm/deit_small_patch16_224.fb_in1k,dataset=cifar10' \
+      --workdir=/tmp/deit_s_cifar10
+
 Published top-1 (ImageNet, 300 epochs at 224; no distillation / hard distillation ⚗ from the
 RegNetY-16GF): DeiT-Ti 72.2 / 74.5, DeiT-S 79.9 / 81.2, DeiT-B 81.8 / 83.4; DeiT-B↑384 82.9 /
 85.2.

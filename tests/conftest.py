@@ -51,8 +51,8 @@ def timm():
 
 @pytest.fixture(scope='session')
 def timm_model(timm):
-  """Builds a randomly initialised timm model with every tensor perturbed (so biases and norms
-  are non-trivial), in eval mode, with its state dict as NumPy arrays."""
+  """Builds a randomly initialised timm model with every float tensor perturbed (so biases, norms
+  and running statistics are non-trivial), in eval mode, with its state dict as NumPy arrays."""
   import torch  # pylint: disable=g-import-not-at-top
 
   def build(name: str, **kwargs):
@@ -60,7 +60,8 @@ def timm_model(timm):
     model = timm.create_model(name, pretrained=False, **kwargs)
     with torch.no_grad():
       for tensor in model.state_dict().values():
-        tensor.add_(0.05 * torch.randn_like(tensor))
+        if tensor.is_floating_point():  # Not BatchNorm's step counter.
+          tensor.add_(0.05 * torch.randn_like(tensor))
     state_dict = {key: value.numpy().copy() for key, value in model.state_dict().items()}
     return model.eval(), state_dict
 
@@ -126,3 +127,40 @@ def trained_digits_run(tmp_path_factory):
                            'evaluators.fewshot.seeds': 2, 'evaluators.linear_probe.every': 800})
   train.train_and_evaluate(config, workdir)
   return workdir
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+  """An empty Hugging Face cache (huggingface_hub's layout, under $HF_HOME/hub), read offline
+  (HF_HUB_OFFLINE=1) for the test. Returns `publish(repo_id, timm_model, label_names=None)`,
+  which stores the model there as timm's `save_for_hf` writes a Hub repository (config.json,
+  model.safetensors) under refs/main and snapshots/REVISION, and returns the snapshot folder."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+  import json  # pylint: disable=g-import-not-at-top
+  from huggingface_hub import constants  # pylint: disable=g-import-not-at-top
+  home = tmp_path / 'hf_home'
+  cache = home / 'hub'
+  cache.mkdir(parents=True)
+  for variable, value in (('HF_HOME', str(home)), ('HF_HUB_CACHE', str(cache)),
+                          ('HF_HUB_OFFLINE', '1')):
+    monkeypatch.setenv(variable, value)
+  # huggingface_hub read the environment when imported: its constants say the same.
+  monkeypatch.setattr(constants, 'HF_HUB_CACHE', str(cache))
+  monkeypatch.setattr(constants, 'HF_HUB_OFFLINE', True)
+
+  def publish(repo_id: str, model, label_names=None):
+    from timm import models as timm_models  # pylint: disable=g-import-not-at-top
+    org, name = repo_id.split('/')
+    repo = cache / f'models--{org}--{name}'
+    revision = hashlib.sha1(repo_id.encode()).hexdigest()
+    snapshot = repo / 'snapshots' / revision
+    timm_models.save_for_hf(model, str(snapshot), safe_serialization=True)
+    if label_names is not None:
+      config = json.loads((snapshot / 'config.json').read_text())
+      config['label_names'] = list(label_names)
+      (snapshot / 'config.json').write_text(json.dumps(config, indent=2))
+    (repo / 'refs').mkdir()
+    (repo / 'refs' / 'main').write_text(revision)
+    return snapshot
+
+  return publish

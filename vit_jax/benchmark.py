@@ -194,7 +194,7 @@ def jax_contender(config, num_classes: int, name: str | None = None,
   # pylint: enable=g-import-not-at-top
   model = config_lib.create_model(config, num_classes)
   schedule = optim.learning_rate_schedule(config, max(int(config.total_steps), 2), 1)
-  tx = optim.create_optimizer(config, schedule)
+  tx = optim.create_optimizer(config, schedule, model)
   rng = np.random.default_rng(0)
   size, batch_size = config.image_size, config.batch_size
   batch = {'image': jnp.asarray(rng.standard_normal((batch_size, size, size, 3), np.float32)),
@@ -261,7 +261,7 @@ def memory_per_device(config, num_classes: int) -> dict[str, int]:
   from vit_jax import steps
   # pylint: enable=g-import-not-at-top
   model = config_lib.create_model(config, num_classes)
-  tx = optim.create_optimizer(config, optim.learning_rate_schedule(config, 2, 1))
+  tx = optim.create_optimizer(config, optim.learning_rate_schedule(config, 2, 1), model)
   mesh = sharding.make_mesh(config.mesh.fsdp)
   state = jax.eval_shape(lambda: steps.init_state(model, tx, config))
   layout = sharding.fsdp_shardings(state, mesh, config.mesh.fsdp_min_size)

@@ -230,6 +230,10 @@ FIELDS: tuple[Field, ...] = (
     Field('b1', 0.9, RATE_BELOW_ONE, 'Adam beta1.'),
     Field('b2', 0.999, RATE_BELOW_ONE, 'Adam beta2.'),
     Field('eps', 1e-8, number(0.0, low_open=True), 'Adam epsilon.'),
+    Field('layer_decay', 1.0, number(0.0, 1.0, low_open=True),
+          'Layer-wise lr decay: the lr of layer l (0 = embeddings, depth + 1 = head) is scaled '
+          'by layer_decay^(depth + 1 - l), as timm\'s --layer-decay (BEiT, MAE: 0.65-0.75); '
+          '1 = off.'),
     Field('grad_clip_norm', 0.0, number(0.0), 'Global gradient-norm clipping; 0 = off.'),
     Field('label_smoothing', 0.0, RATE_BELOW_ONE, 'Label smoothing (folded into mixed targets).'),
     Field('grad_accum_steps', 1, integer(1),
@@ -258,14 +262,16 @@ FIELDS: tuple[Field, ...] = (
     Field('distillation.alpha', 0.5, PROBABILITY, 'Weight of the distillation term.'),
     Field('distillation.tau', 1.0, number(0.0, low_open=True), "Temperature of 'soft'."),
     Field('distillation.teacher', '', text(empty=True),
-          "The teacher: a run's --workdir, or MODEL:FILE (e.g. regnety_160:/path/regnety.pth)."),
+          "The teacher: a run's --workdir, Hub weights (hf-hub:timm/regnety_160.deit_in1k), or "
+          'MODEL:FILE (e.g. regnety_160:/path/regnety.pth).'),
     Field('distillation.teacher_normalization', '',
           choice(_normalizations, unset="the student's"),
           "Inputs the teacher was trained on; '' = the student's (a work directory's: its own)."),
     # Weights to start from, or to evaluate.
     Field('init_from', '', text(empty=True),
           'Pretrained weights (timm/DeiT/CaiT/DeepViT/T2T .pth or .safetensors, Google ViT .npz, '
-          'or a work directory) to start from; a --workdir holding a checkpoint resumes instead.'),
+          'Hub weights hf-hub:ORG/NAME, or a work directory) to start from; a --workdir holding '
+          'a checkpoint resumes instead.'),
     Field('eval_only', False, boolean(),
           "Only evaluate init_from (else --workdir's newest checkpoint) on eval_split."),
     Field('use_ema', True, boolean(),

@@ -4,6 +4,8 @@ r"""Test sets, and few-shot and linear-probe evaluation of frozen features, for 
   python -m vit_jax.evaluate --workdir=/tmp/vit --evaluators=fewshot --datasets=digits,cifar10
   python -m vit_jax.evaluate --init_from=deit_small_patch16_224-cd65a155.pth --model=deit_s16 \
       --datasets=folder:/data/flowers --out_dir=/tmp/deit_s_probe
+  python -m vit_jax.evaluate --init_from=hf-hub:timm/deit_small_patch16_224.fb_in1k \
+      --datasets=cifar10 --out_dir=/tmp/deit_s_probe
   python -m vit_jax.evaluate --init_from=deit_small_patch16_224-cd65a155.pth --model=deit_s16 \
       --eval_sets=imagenet2012:validation,imagenet2012_real,imagenet_v2,imagenet_a,imagenet_r \
       --out_dir=/tmp/deit_s_test_sets

@@ -2,8 +2,9 @@
 
 `load_run(workdir)` restores a run (its config, model, variables and dataset class names);
 `load_weights(path, model_name)` reads a weights file for a registered model and gives it the
-published models' ImageNet evaluation preprocessing and class names. `predict`, `analyze` and the
-evaluators' command read models through these two.
+published models' ImageNet evaluation preprocessing and class names, or Hub weights
+(`hf-hub:ORG/NAME`) with the model, preprocessing and class names their config.json gives.
+`predict`, `analyze` and the evaluators' command read models through these two.
 """
 
 import dataclasses
@@ -15,6 +16,7 @@ import ml_collections
 from tensorflow_datasets.datasets.imagenet2012 import imagenet_common
 
 from vit_jax import config as config_lib
+from vit_jax import hub
 from vit_jax import input_pipeline
 from vit_jax import models
 from vit_jax import pretrained
@@ -67,32 +69,50 @@ def imagenet_class_names() -> tuple[str, ...]:
   return names
 
 
-def load_weights(path: str, model_name: str, *, num_classes: int = IMAGENET_CLASSES,
-                 image_size: int = 224, eval_crop_ratio: float = 0.875,
-                 normalization: str = 'imagenet') -> Run:
-  """`pretrained.load` of a weights file for the registered `model_name`.
+def load_weights(path: str, model_name: str | None = None, *, num_classes: int | None = None,
+                 image_size: int | None = None, eval_crop_ratio: float | None = None,
+                 normalization: str | None = None) -> Run:
+  """`pretrained.load` of a weights file or Hub name for the registered `model_name`.
 
-  The defaults are the ImageNet evaluation of timm/DeiT weights (resize to 224 / 0.875 bicubic,
-  centre crop, ImageNet mean and std); Google ViT weights use `normalization='inception'`.
-  1,000 classes are named by `imagenet_class_names`, other counts by their index.
+  Hub weights (`hf-hub:ORG/NAME`) give every argument left None from their config.json (model and
+  its fields, classes, input size, crop ratio, normalisation) and name their classes by its
+  `label_names`. For a file, `model_name` is needed and the rest defaults to the ImageNet
+  evaluation of timm/DeiT weights (1,000 classes, resize to 224 / 0.875 bicubic, centre crop,
+  ImageNet mean and std; Google ViT weights use `normalization='inception'`). 1,000 classes
+  without label names are named by `imagenet_class_names`, other counts by their index.
   """
+  weights = hub.resolve(path) if hub.is_hub_name(path) else None
+  fields, label_names = {}, None
+  if weights is not None:
+    if model_name in (None, weights.model):
+      model_name, fields = weights.model, dict(weights.model_fields)
+    num_classes = weights.num_classes if num_classes is None else num_classes
+    image_size = image_size or weights.image_size
+    eval_crop_ratio = eval_crop_ratio or weights.crop_ratio
+    normalization = normalization or weights.normalization
+    if weights.label_names is not None and len(weights.label_names) == num_classes:
+      label_names = weights.label_names
+  elif not model_name:
+    raise ValueError(f'--init_from={path} needs --model=NAME (a registry name, e.g. deit_s16; '
+                     'vit_jax.models.names() lists them).')
+  num_classes = IMAGENET_CLASSES if num_classes is None else num_classes
   if num_classes < 1:
     raise ValueError(f'--num_classes={num_classes} must be >= 1.')
   # The weights' evaluation on ImageNet, for evaluators on any dataset; checked by the schema,
   # whose field names are these flags' names.
   config = config_lib.defaults()
-  config.update(dict(image_size=image_size, eval_crop_ratio=eval_crop_ratio,
-                     normalization=normalization, augment='none', dataset='imagenet2012',
-                     eval_split='validation', eval_batch_size=64))
-  config.model = ml_collections.ConfigDict({'name': model_name})
+  config.update(dict(image_size=image_size or 224, eval_crop_ratio=eval_crop_ratio or 0.875,
+                     normalization=normalization or 'imagenet', augment='none',
+                     dataset='imagenet2012', eval_split='validation', eval_batch_size=64))
+  config.model = ml_collections.ConfigDict({'name': model_name, **fields})
   try:
     config_lib.validate(config, devices=1, processes=1)
   except config_lib.ConfigError as e:
     raise ValueError('; '.join(p.replace(config_lib.FLAG, '--') for p in e.problems)) from None
-  model = models.create(model_name, num_classes=num_classes)
-  variables = pretrained.load(path, model, image_size=image_size)
-  names = (imagenet_class_names() if num_classes == IMAGENET_CLASSES
-           else tuple(str(i) for i in range(num_classes)))
+  model = models.create(model_name, num_classes=num_classes, **fields)
+  variables = pretrained.load(path, model, image_size=config.image_size)
+  names = label_names or (imagenet_class_names() if num_classes == IMAGENET_CLASSES
+                          else tuple(str(i) for i in range(num_classes)))
   return Run(config, model, variables, names, None, path)
 
 
@@ -101,24 +121,27 @@ def define_flags() -> Callable[[], Run]:
   command; returns the function that loads the run or weights those flags name."""
   workdir = flags.DEFINE_string('workdir', None, 'Work directory of a run of vit_jax.main.')
   init_from = flags.DEFINE_string(
-      'init_from', None, 'Weights file (timm/DeiT/CaiT/DeepViT/T2T .pth or .safetensors, Google '
-      'ViT .npz), with --model.')
-  model = flags.DEFINE_string('model', None, "Registry name of the weights' model, e.g. deit_s16.")
-  num_classes = flags.DEFINE_integer('num_classes', IMAGENET_CLASSES,
-                                     "Classes of the weights' head.")
-  image_size = flags.DEFINE_integer('image_size', 224, 'Input resolution for weights.')
-  eval_crop_ratio = flags.DEFINE_float('eval_crop_ratio', 0.875, 'Centre-crop ratio for weights.')
-  normalization = flags.DEFINE_string('normalization', 'imagenet', "Normalisation for weights "
-                                      "('imagenet'; 'inception' for Google ViT weights).")
+      'init_from', None, 'Weights: Hub weights hf-hub:ORG/NAME (model and preprocessing from '
+      'their config.json), or a file (timm/DeiT/CaiT/DeepViT/T2T .pth or .safetensors, Google '
+      'ViT .npz) with --model.')
+  model = flags.DEFINE_string('model', None, "Registry name of the weights' model, e.g. deit_s16 "
+                              '(Hub weights: their own).')
+  unset = ' (default: Hub weights\' own, else %s).'
+  num_classes = flags.DEFINE_integer('num_classes', None,
+                                     "Classes of the weights' head" + unset % IMAGENET_CLASSES)
+  image_size = flags.DEFINE_integer('image_size', None,
+                                    'Input resolution for weights' + unset % 224)
+  eval_crop_ratio = flags.DEFINE_float('eval_crop_ratio', None,
+                                       'Centre-crop ratio for weights' + unset % 0.875)
+  normalization = flags.DEFINE_string('normalization', None, "Normalisation for weights "
+                                      "('inception' for Google ViT weights)" + unset % 'imagenet')
 
   def load() -> Run:
     if (workdir.value is None) == (init_from.value is None):
-      raise ValueError('Give either --workdir=RUN or --init_from=WEIGHTS --model=NAME.')
+      raise ValueError('Give either --workdir=RUN or --init_from=WEIGHTS (hf-hub:ORG/NAME, or a '
+                       'file with --model=NAME).')
     if workdir.value is not None:
       return load_run(workdir.value)
-    if not model.value:
-      raise ValueError(f'--init_from={init_from.value} needs --model=NAME (a registry name, e.g. '
-                       'deit_s16; vit_jax.models.names() lists them).')
     return load_weights(init_from.value, model.value, num_classes=num_classes.value,
                         image_size=image_size.value, eval_crop_ratio=eval_crop_ratio.value,
                         normalization=normalization.value)

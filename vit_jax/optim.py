@@ -1,12 +1,17 @@
-"""The optimizer of a run: learning-rate schedule, weight-decay mask and optimizer.
+"""The optimizer of a run: learning-rate schedule, weight-decay mask, layer-wise lr decay and
+optimizer.
 
 Durations come in steps or epochs (`training_steps`); the peak learning rate scales with the
-global batch when `lr_scaling_batch` is set (DeiT's rule).
+global batch when `lr_scaling_batch` is set (DeiT's rule). With `layer_decay` < 1 each parameter's
+update is scaled by layer_decay^(top - layer) with the layer ids its model assigns (`layer_ids`,
+as timm's `param_groups_layer_decay`), after the optimizer: its learning rate and its decoupled
+weight decay are both scaled, as a timm parameter group's `lr_scale` scales them.
 """
 
 import math
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -50,9 +55,38 @@ def weight_decay_mask(params: Any, no_decay_names: tuple[str, ...]) -> Any:
   return jax.tree_util.tree_map_with_path(decays, params)
 
 
-def create_optimizer(config: ml_collections.ConfigDict,
-                     schedule: optax.Schedule) -> optax.GradientTransformation:
-  """AdamW, or SGD with momentum and L2 weight decay, under the mask; optional clipping.
+def layer_decay_scales(model: nn.Module, params: Any, decay: float) -> Any:
+  """Each parameter's learning-rate factor decay^(top - layer) (BEiT's layer-wise lr decay, timm's
+  `param_groups_layer_decay`), with the layers of `model.layer_ids`; a scanned stack of blocks
+  gets one factor per block, shaped to broadcast over its leading axis."""
+  if not 0.0 < decay <= 1.0:
+    raise ValueError(f'layer_decay={decay} must be in (0, 1] (1: off).')
+  if not hasattr(model, 'layer_ids'):
+    raise ValueError(f'{type(model).__name__} assigns no layers (layer_ids) for layer-wise lr '
+                     'decay; use layer_decay=1.')
+
+  def scale(path, leaf):
+    ids = model.layer_ids(tuple(str(getattr(k, 'key', k)) for k in path))
+    factors = np.power(decay, model.top_layer - ids, dtype=np.float64).astype(np.float32)
+    if factors.size == 1:
+      return factors.reshape(())
+    return factors.reshape(factors.shape + (1,) * (np.ndim(leaf) - 1))
+  return jax.tree_util.tree_map_with_path(scale, params)
+
+
+def scale_by_layer_decay(model: nn.Module, decay: float) -> optax.GradientTransformation:
+  """Multiplies each update by its `layer_decay_scales` factor."""
+  def update(updates, params=None):
+    del params
+    scales = layer_decay_scales(model, updates, decay)
+    return jax.tree.map(lambda u, s: (u * s).astype(u.dtype), updates, scales)
+  return optax.stateless(update)
+
+
+def create_optimizer(config: ml_collections.ConfigDict, schedule: optax.Schedule,
+                     model: nn.Module | None = None) -> optax.GradientTransformation:
+  """AdamW, or SGD with momentum and L2 weight decay, under the mask; optional clipping; with
+  `config.layer_decay` < 1 each update scaled per layer of `model` (`scale_by_layer_decay`).
 
   `mu_dtype` ('bfloat16') stores Adam's first moment or SGD's momentum in that dtype.
   """
@@ -66,6 +100,10 @@ def create_optimizer(config: ml_collections.ConfigDict,
                      optax.sgd(schedule, momentum=config.momentum, accumulator_dtype=mu_dtype))
   else:
     raise ValueError(f"Unknown optimizer {config.optimizer!r}; valid: 'adamw', 'sgd'.")
+  if config.layer_decay != 1.0:
+    if model is None:
+      raise ValueError(f'layer_decay={config.layer_decay} needs the model whose layers it decays.')
+    tx = optax.chain(tx, scale_by_layer_decay(model, config.layer_decay))
   if config.grad_clip_norm:
     tx = optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), tx)
   return tx

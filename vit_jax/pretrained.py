@@ -7,7 +7,9 @@
     `state_dict_ema` / `model_ema` / `state_dict` / `model`, with `module.` prefixes stripped;
   - a Google ViT `.npz`: google-research/vision_transformer's or big_vision's layout
     (`google_to_timm`);
-  - a work directory written by `vit_jax.main` (`vit_jax.workdir.Workdir.read_variables`).
+  - a work directory written by `vit_jax.main` (`vit_jax.workdir.Workdir.read_variables`);
+  - Hub weights by name, `hf-hub:ORG/NAME` (`vit_jax.hub`: fetched once into the Hugging Face
+    cache, then read as the file they are).
 EMA weights are read first where a file or run has them; `use_ema=False` reads the raw ones.
 The PyTorch key layout is converted by the `from_timm` of the target model's family. The position
 embedding is resized when the resolution differs (`resize_pos_embed`), with `reset_head=True` a
@@ -35,6 +37,7 @@ import safetensors
 from safetensors import numpy as safetensors_numpy
 
 from vit_jax import config as config_lib
+from vit_jax import hub
 from vit_jax import models
 from vit_jax import workdir as workdir_lib
 from vit_jax.models import vit
@@ -420,9 +423,18 @@ def _from_workdir(path: str, model: nn.Module, use_ema: bool) -> tuple[dict, str
 def _from_file(path: str, model: nn.Module, use_ema: bool) -> tuple[dict, str, str]:
   """(variables converted by `model`'s family, a description of the file, a hint on misfits)."""
   family = _family_name(model)
+  hint = ''
+  if hub.is_hub_name(path):
+    weights = hub.resolve(path)
+    source = f'{path} (timm {weights.architecture}: our {weights.model!r}, {weights.path})'
+    if models.family(weights.model).name != family:
+      hint = (f'It holds a {models.family(weights.model).name!r} model ({weights.model!r}); '
+              f'configs/finetune.py:init_from={path} picks it. ')
+    path = weights.path
+  else:
+    source = f'Checkpoint {path!r}'
   state_dict = read_state_dict(path, use_ema=use_ema)
-  source = f'Checkpoint {path!r}'
-  hint = _layout_hint(list(state_dict), family)
+  hint = hint or _layout_hint(list(state_dict), family)
   if 'cls_token' not in state_dict and 'cls_token' in getattr(model, 'prefix_tokens', ()):
     hint += ('The checkpoint has no class token (big_vision pool_type \'gap\' or \'map\'): '
              "give the model global_pool='avg' or 'map' (and big_vision's "
@@ -441,8 +453,8 @@ def load(path: str, model: nn.Module, *, image_size: int, reset_head: bool = Fal
          ) -> dict[str, Any]:
   """Flax variables ({'params', maybe 'batch_stats'}) for `model` at `image_size` from `path`.
 
-  `path` is a weights file (see the module docstring) or a vit_jax work directory, read EMA first
-  unless `use_ema=False` (the log says which weights were read). PyTorch and
+  `path` is a weights file or Hub name (see the module docstring) or a vit_jax work directory,
+  read EMA first unless `use_ema=False` (the log says which weights were read). PyTorch and
   Google layouts go through the `from_timm` of `model`'s family. A position embedding for another
   resolution is resized (`resize_pos_embed`, `pos_embed_resize` method). With `reset_head`, heads
   whose class count differs from `model.num_classes` are initialised afresh from `rng` (and a

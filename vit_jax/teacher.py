@@ -8,6 +8,7 @@ import ml_collections
 import numpy as np
 
 from vit_jax import config as config_lib
+from vit_jax import hub
 from vit_jax import input_pipeline
 from vit_jax import models
 from vit_jax import pretrained
@@ -40,8 +41,9 @@ def load(config: ml_collections.ConfigDict, num_classes: int) -> steps.Teacher |
   """The teacher of `config.distillation`; None if unused.
 
   `distillation.teacher` is a work directory of vit_jax.main (its model, fields and
-  normalisation are read from its config.json) or 'MODEL:FILE', a registered model and a weights
-  file that `pretrained.load` reads (timm .pth/.safetensors, .npz); such a teacher expects
+  normalisation are read from its config.json), Hub weights 'hf-hub:ORG/NAME' (model, fields and
+  normalisation from their config.json, `vit_jax.hub`) or 'MODEL:FILE', a registered model and a
+  weights file that `pretrained.load` reads (timm .pth/.safetensors, .npz); such a teacher expects
   `distillation.teacher_normalization` ('' = the student's). The teacher computes in the run's
   `dtype`.
   """
@@ -53,7 +55,11 @@ def load(config: ml_collections.ConfigDict, num_classes: int) -> steps.Teacher |
                      "['none', 'hard', 'soft'].")
   model_name, path = source(spec.teacher)
   normalization = spec.teacher_normalization or config.normalization
-  if model_name is None:
+  if hub.is_hub_name(path) and model_name is None:
+    weights = hub.resolve(path)
+    model_name, overrides = weights.model, dict(weights.model_fields)
+    normalization = spec.teacher_normalization or weights.normalization
+  elif model_name is None:
     try:
       saved = workdir_lib.Workdir.open(path).config()
     except ValueError as e:
@@ -64,7 +70,7 @@ def load(config: ml_collections.ConfigDict, num_classes: int) -> steps.Teacher |
     model_name = saved.model.name
     overrides = config_lib.model_overrides(saved.model)
     normalization = spec.teacher_normalization or saved.get('normalization', normalization)
-  elif not os.path.isfile(path):
+  elif not os.path.isfile(path) and not hub.is_hub_name(path):
     raise ValueError(f'distillation.teacher={spec.teacher!r}: no weights file at {path!r}.')
   else:
     overrides = {}

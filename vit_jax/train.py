@@ -252,7 +252,7 @@ def _start(config: ml_collections.ConfigDict, workdir: str,
   pretrained = pretrained_variables(config, model, workdir)
   total_steps, warmup_steps = optim.training_steps(config, info.num_train_examples)
   schedule = optim.learning_rate_schedule(config, total_steps, warmup_steps)
-  tx = optim.create_optimizer(config, schedule)
+  tx = optim.create_optimizer(config, schedule, model)
   abstract_state = jax.eval_shape(lambda: steps.init_state(model, tx, config))
   workdir_lib.Workdir(workdir).check_compatible(config.model.name, abstract_state.params)
   teacher = teacher_lib.load(config, info.num_classes)

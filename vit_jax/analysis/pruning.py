@@ -126,7 +126,8 @@ def write_run(config: ml_collections.ConfigDict, params: Any, workdir: str,
                      'directory.')
   model = config_lib.create_model(config, num_classes)
   total, warmup = config.total_steps, config.warmup_steps
-  tx = optim.create_optimizer(config, optim.learning_rate_schedule(config, total, warmup))
+  tx = optim.create_optimizer(config, optim.learning_rate_schedule(config, total, warmup),
+                             model)
   abstract = jax.eval_shape(lambda: steps.init_state(model, tx, config))
   params = jax.tree.map(lambda x, s: jnp.asarray(x, s.dtype), params, abstract.params)
   state = abstract.replace(

@@ -35,12 +35,18 @@ class Family:
   from_timm: PyTorch state dict of the family's reference layout (timm or the official repo) ->
     Flax variables; raises ValueError naming keys outside that layout. None: no such layout.
   to_timm: Flax variables (unrolled or scanned) -> that state dict (inverse of `from_timm`).
+  timm_architectures: timm's architecture name (what a Hub repository's config.json names) ->
+    the registered model of that shape, whose `from_timm` reads its weights.
+  timm_arguments: timm's model argument (config.json `model_args`) -> our field of the same
+    meaning; None for the arguments that change training only, not the weights.
   """
   name: str
   model_class: type[nn.Module]
   models: Mapping[str, functools.partial]
   from_timm: Callable[[StateDict], dict[str, dict]] | None = None
   to_timm: Callable[[Variables], dict[str, np.ndarray]] | None = None
+  timm_architectures: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  timm_arguments: Mapping[str, str | None] = dataclasses.field(default_factory=dict)
 
 
 @functools.cache
@@ -83,6 +89,17 @@ def family(model: str | nn.Module) -> Family:
       return family_
   raise ValueError(f'{type(model).__name__} is no registered family\'s model class; valid: '
                    f'{[f.model_class.__name__ for f in families()]}.')
+
+
+def timm_architecture(architecture: str) -> str:
+  """The registered model that timm's `architecture` names (e.g. 'deit_small_patch16_224' ->
+  'deit_s16'); ValueError listing the architectures every family reads."""
+  known = {timm_name: name for family_ in families()
+           for timm_name, name in family_.timm_architectures.items()}
+  if architecture not in known:
+    raise ValueError(f'timm architecture {architecture!r} has no registered counterpart; known: '
+                     f'{sorted(known)}.')
+  return known[architecture]
 
 
 def fields(name: str) -> list[str]:

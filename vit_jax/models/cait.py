@@ -84,4 +84,11 @@ MODELS = {
     'cait_m48': _cait(768, 48, 16, 1e-6),
     'cait_ti4': _cait(192, 12, 4, 0.1, patch_size=4),
 }
-FAMILY = models.Family('cait', CaiT, MODELS, from_timm, to_timm)
+TIMM_ARCHITECTURES = {
+    f'{name}_{resolution}': name
+    for name, resolutions in (('cait_xxs24', (224, 384)), ('cait_xxs36', (224, 384)),
+                              ('cait_xs24', (384,)), ('cait_s24', (224, 384)),
+                              ('cait_s36', (384,)), ('cait_m36', (384,)), ('cait_m48', (448,)))
+    for resolution in resolutions}
+FAMILY = models.Family('cait', CaiT, MODELS, from_timm, to_timm, TIMM_ARCHITECTURES,
+                       vit.TIMM_ARGUMENTS)

@@ -31,4 +31,12 @@ MODELS = {
     **{f'deit_{size}16': _deit(size, False) for size in ('ti', 's', 'b')},
     **{f'deit_{size}16_distilled': _deit(size, True) for size in ('ti', 's', 'b')},
 }
-FAMILY = models.Family('deit', DeiT, MODELS, vit.from_timm, vit.to_timm)
+TIMM_ARCHITECTURES = {
+    **{f'deit_{timm_size}{kind}_patch16_224': f'deit_{size}16{suffix}'
+       for size, timm_size in (('ti', 'tiny'), ('s', 'small'), ('b', 'base'))
+       for kind, suffix in (('', ''), ('_distilled', '_distilled'))},
+    'deit_base_patch16_384': 'deit_b16',
+    'deit_base_distilled_patch16_384': 'deit_b16_distilled',
+}
+FAMILY = models.Family('deit', DeiT, MODELS, vit.from_timm, vit.to_timm, TIMM_ARCHITECTURES,
+                       vit.TIMM_ARGUMENTS)

@@ -14,6 +14,8 @@ variance, PyTorch the unbiased one (a factor n/(n-1) in the running variance onl
 import functools
 import math
 import re
+from typing import Sequence
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -193,6 +195,23 @@ class RegNet(nn.Module):
     return stage_widths(self.w0, self.wa, self.wm, self.depth, self.group_width,
                         self.bottleneck_ratio)
 
+  @property
+  def top_layer(self) -> int:
+    """The last layer id of layer-wise lr decay (`layer_ids`), the head's: blocks + 1."""
+    return sum(blocks for _, blocks, _ in self.stages) + 1
+
+  def layer_ids(self, path: Sequence[str]) -> np.ndarray:
+    """Layer-wise lr decay's layer of parameter `path` (timm's `RegNet.group_matcher`): the stem
+    0, the blocks 1, 2, ... in order through the stages, the head `top_layer`."""
+    if path[0] == 'stem':
+      return np.array([0])
+    stage = re.fullmatch(r's(\d+)', path[0])
+    block = re.fullmatch(r'b(\d+)', path[1]) if stage and len(path) > 1 else None
+    if block:
+      before = sum(blocks for _, blocks, _ in self.stages[:int(stage.group(1)) - 1])
+      return np.array([before + int(block.group(1))])
+    return np.array([self.top_layer])
+
   @nn.compact
   def __call__(self, images: jax.Array, *, train: bool = False) -> jax.Array:
     self.check_fields()
@@ -263,4 +282,8 @@ MODELS = {
     'regnety_160': _regnety(200, 106.23, 2.48, 18, 112),
     'regnety_320': _regnety(232, 115.89, 2.53, 20, 232),
 }
-FAMILY = models.Family('regnet', RegNet, MODELS, from_timm, to_timm)
+# timm names its RegNetYs as we do; its other arguments change training only.
+TIMM_ARGUMENTS = {'in_chans': None, 'num_classes': None, 'global_pool': None, 'drop_rate': None,
+                  'drop_path_rate': None}
+FAMILY = models.Family('regnet', RegNet, MODELS, from_timm, to_timm,
+                       {name: name for name in MODELS}, TIMM_ARGUMENTS)

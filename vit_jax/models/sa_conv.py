@@ -18,10 +18,12 @@ Sigma_h^-1/2 for 'gaussian'; `row_embeddings`, `col_embeddings`, `head_keys_row`
 
 import functools
 import itertools
+from typing import Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from vit_jax import models
 from vit_jax.models import Dtype
@@ -38,6 +40,19 @@ class BertLayer(nn.Module):
   layer_norm_eps: float = 1e-12
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
+
+  @property
+  def top_layer(self) -> int:
+    """The last layer id of layer-wise lr decay (`layer_ids`), the head's: num_layers + 1."""
+    return self.num_layers + 1
+
+  def layer_ids(self, path: Sequence[str]) -> np.ndarray:
+    """Layer-wise lr decay's layer of parameter `path`, one id per stacked layer: the
+    space-to-depth projection 0, layer i i + 1, the head `top_layer`."""
+    if path[0] == 'features_upscale':
+      return np.array([0])
+    indices = vit.block_indices(path[0], 'layers')
+    return np.array([self.top_layer]) if indices is None else indices + 1
 
   def _dense(self, features: int, fan_in: int, name: str) -> nn.Dense:
     return stems.torch_dense(features, fan_in, dtype=self.dtype, param_dtype=self.param_dtype,

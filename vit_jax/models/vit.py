@@ -275,6 +275,18 @@ def apply_blocks(block: ModuleDef, x: jax.Array, *, count: int, first: int, trai
   return x
 
 
+def block_indices(name: str, prefix: str) -> np.ndarray | None:
+  """The indices of the blocks that variable collection `name` holds: [i] for `{prefix}_{i}`,
+  [a, ..., b] for a scanned stack `{prefix}_{a}_to_{b}`; None for any other name."""
+  single = re.fullmatch(rf'{re.escape(prefix)}_(\d+)', name)
+  if single:
+    return np.array([int(single.group(1))])
+  stack = _SCANNED_NAME.fullmatch(name)
+  if stack and stack.group(1) == prefix:
+    return np.arange(int(stack.group(2)), int(stack.group(3)) + 1)
+  return None
+
+
 def scanned_name(prefix: str, first: int, last: int) -> str:
   """Name of the stack of blocks `{prefix}_{first}` .. `{prefix}_{last}` in a scanned model."""
   return f'{prefix}_{first}_to_{last}'
@@ -516,6 +528,33 @@ class VisionTransformer(nn.Module):
   @property
   def scheme(self) -> InitScheme:
     return InitScheme.named(self.init_scheme)
+
+  @property
+  def top_layer(self) -> int:
+    """The last layer id of layer-wise lr decay (`layer_ids`), the head's: depth + 1."""
+    return self.depth + 1
+
+  def layer_ids(self, path: Sequence[str]) -> np.ndarray:
+    """Layer-wise lr decay's layer of parameter `path`, one id per stacked block (timm's
+    `group_matcher` of ViT, DeiT and CaiT, BEiT Section 2.5).
+
+    The stem (patch embedding, DeepViT's CNN stem, T2T's tokens-to-token module), the class and
+    distillation tokens and the position embedding are layer 0; main block i is i + 1; CaiT's
+    class-attention block j shares a layer with the main block depth - class_attention_depth + j
+    (timm's `Cait.group_matcher`); the final norm goes with the last block (depth); the head(s),
+    pre-logits and attention pool are `top_layer`.
+    """
+    name = path[0]
+    if name in ('patch_embed', 'tokens_to_token', 'pos_embed', 'cls_token', 'dist_token'):
+      return np.array([0])
+    for prefix, offset in (('blocks', 1),
+                           ('blocks_token_only', self.depth - self.class_attention_depth + 1)):
+      indices = block_indices(name, prefix)
+      if indices is not None:
+        return indices + offset
+    if name == 'norm':
+      return np.array([self.depth])
+    return np.array([self.top_layer])
 
   def blocks(self, block: ModuleDef, x: jax.Array, *, first: int, drop_path_rates: Sequence[float],
              train: bool, prefix: str = 'blocks') -> jax.Array:
@@ -807,4 +846,25 @@ MODELS = {
     **{f'vit_{size}{patch}': _vit(size, patch) for size in ('ti', 's', 'b') for patch in (4, 2)},
 }
 
-FAMILY = models.Family('vit', VisionTransformer, MODELS, from_timm, to_timm)
+# timm's ViT names -> ours; the resolution suffix names the input size the weights were made for.
+TIMM_ARCHITECTURES = {
+    f'vit_{timm_size}_patch{patch}_{resolution}': f'vit_{size}{patch}'
+    for size, timm_size, patch, resolutions in (
+        ('ti', 'tiny', 16, (224, 384)), ('s', 'small', 16, (224, 384)),
+        ('s', 'small', 32, (224, 384)), ('b', 'base', 16, (224, 384)),
+        ('b', 'base', 32, (224, 384)), ('l', 'large', 16, (224, 384)),
+        ('l', 'large', 32, (224, 384)), ('h', 'huge', 14, (224,)))
+    for resolution in resolutions}
+# timm's VisionTransformer / Cait arguments -> our fields (None: training only). `img_size` is
+# the input's (the position embedding follows it).
+TIMM_ARGUMENTS = {
+    'patch_size': 'patch_size', 'embed_dim': 'hidden_size', 'depth': 'depth',
+    'num_heads': 'num_heads', 'mlp_ratio': 'mlp_ratio', 'qkv_bias': 'qkv_bias',
+    'global_pool': 'global_pool', 'init_values': 'layer_scale_init',
+    'depth_token_only': 'class_attention_depth', 'img_size': None, 'in_chans': None,
+    'num_classes': None, 'drop_rate': None, 'pos_drop_rate': None, 'proj_drop_rate': None,
+    'attn_drop_rate': None, 'drop_path_rate': None,
+}
+
+FAMILY = models.Family('vit', VisionTransformer, MODELS, from_timm, to_timm, TIMM_ARCHITECTURES,
+                       TIMM_ARGUMENTS)

@@ -1,0 +1,180 @@
+"""Weights by name from the Hugging Face Hub: `hf-hub:ORG/NAME`, e.g.
+`hf-hub:timm/deit_small_patch16_224.fb_in1k`.
+
+`resolve(name)` fetches the repository's `config.json` and weights (`model.safetensors`, else
+`pytorch_model.bin`) with `huggingface_hub` into its usual cache ($HF_HOME/hub, or $HF_HUB_CACHE),
+once; later runs, and runs with HF_HUB_OFFLINE=1, read them from there. When the files are neither
+cached nor downloadable it raises one ValueError naming the weights and the cache. timm's
+config.json then picks what a user would otherwise pick by hand (`HubWeights`): its
+`architecture` and `model_args` give our registered model and its fields
+(`models.timm_architecture`, each family's `timm_arguments`); its `pretrained_cfg` the input
+size, the normalisation (mean/std), the evaluation crop ratio and the class count; its
+`label_names` the class names. The weights themselves are read by `pretrained.load`, which
+accepts such a name wherever it accepts a file.
+"""
+
+import dataclasses
+import json
+from typing import Any
+
+from absl import logging
+import flax.linen as nn
+import numpy as np
+
+from vit_jax import models
+
+PREFIX = 'hf-hub:'
+CONFIG_FILE = 'config.json'
+WEIGHTS_FILES = ('model.safetensors', 'pytorch_model.bin')  # timm's, safest first.
+# The resampling our pipeline does (`input_pipeline`): bicubic.
+RESIZE_INTERPOLATION = 'bicubic'
+
+
+@dataclasses.dataclass(frozen=True)
+class HubWeights:
+  """Hub weights in the local cache, and what their config.json says about them."""
+  name: str  # 'hf-hub:ORG/NAME'
+  path: str  # The weights file in the cache.
+  architecture: str  # timm's.
+  model: str  # Our registry name.
+  model_fields: dict[str, Any]  # Overrides of the registered model, from `model_args`.
+  num_classes: int
+  image_size: int
+  normalization: str  # A key of `input_pipeline.NORMALIZATIONS`.
+  crop_ratio: float
+  label_names: tuple[str, ...] | None
+
+  def create_model(self, **overrides: Any) -> nn.Module:
+    """The registered model with the weights' fields (and class count), then `overrides`."""
+    return models.create(self.model, **{'num_classes': self.num_classes, **self.model_fields,
+                                        **overrides})
+
+
+def is_hub_name(source: Any) -> bool:
+  """Whether `source` names Hub weights ('hf-hub:ORG/NAME')."""
+  return isinstance(source, str) and source.startswith(PREFIX)
+
+
+def cache_dir() -> str:
+  """The cache huggingface_hub reads and fills ($HF_HUB_CACHE, default $HF_HOME/hub)."""
+  from huggingface_hub import constants  # pylint: disable=g-import-not-at-top
+  return constants.HF_HUB_CACHE
+
+
+def _repo_id(name: str) -> str:
+  repo_id = name[len(PREFIX):] if is_hub_name(name) else name
+  if repo_id.count('/') != 1 or not all(repo_id.split('/')):
+    raise ValueError(f'{name!r} is not a Hub name; expected {PREFIX}ORG/NAME, e.g. '
+                     f'{PREFIX}timm/deit_small_patch16_224.fb_in1k.')
+  return repo_id
+
+
+def _download(name: str, repo_id: str, filenames: tuple[str, ...]) -> str:
+  """The cached path of the first of `filenames` that the repository has, downloaded if needed."""
+  import huggingface_hub  # pylint: disable=g-import-not-at-top
+  from huggingface_hub import errors  # pylint: disable=g-import-not-at-top
+  reasons = []
+  for filename in filenames:
+    try:
+      return huggingface_hub.hf_hub_download(repo_id, filename)
+    except errors.RepositoryNotFoundError as e:
+      raise ValueError(f'{name}: the Hub has no repository {repo_id!r} (or it is private or '
+                       f'gated: log in with `hf auth login`). {_first_line(e)}') from None
+    except (errors.EntryNotFoundError, errors.LocalEntryNotFoundError, errors.HfHubHTTPError,
+            OSError) as e:
+      reasons.append(f'{filename}: {_first_line(e)}')
+  offline = huggingface_hub.constants.HF_HUB_OFFLINE
+  raise ValueError(
+      f'Cannot get {name}: neither downloaded (HF_HUB_OFFLINE is '
+      f'{"set: no network" if offline else "unset, but the download failed"}) nor in the '
+      f'Hugging Face cache {cache_dir()} (which $HF_HOME or $HF_HUB_CACHE choose). Run once with '
+      f'the network to cache it, or point HF_HOME at a cache that holds it. '
+      f'({"; ".join(reasons)})')
+
+
+def _first_line(error: Exception) -> str:
+  lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+  return lines[0] if lines else type(error).__name__
+
+
+def _normalization(name: str, mean: Any, std: Any) -> str:
+  """The `input_pipeline.NORMALIZATIONS` key of (mean, std)."""
+  from vit_jax import input_pipeline  # pylint: disable=g-import-not-at-top
+  for key, (known_mean, known_std) in input_pipeline.NORMALIZATIONS.items():
+    if np.allclose(mean, known_mean, atol=1e-4) and np.allclose(std, known_std, atol=1e-4):
+      return key
+  raise ValueError(f'{name} normalises with mean {mean} and std {std}, none of the known '
+                   f'normalisations {dict(input_pipeline.NORMALIZATIONS)}.')
+
+
+def _model_fields(name: str, architecture: str, model: str,
+                  model_args: dict[str, Any]) -> dict[str, Any]:
+  """Our fields for timm's `model_args` (arguments that differ from the architecture's)."""
+  arguments = models.family(model).timm_arguments
+  unknown = sorted(set(model_args) - set(arguments))
+  if unknown:
+    raise ValueError(f'{name} was built as timm {architecture!r} with arguments '
+                     f'{ {k: model_args[k] for k in unknown} } that {model!r} has no field for; '
+                     f'known arguments: {sorted(arguments)}.')
+  if model_args.get('in_chans', 3) != 3:
+    raise ValueError(f'{name} takes {model_args["in_chans"]} input channels; vit_jax models '
+                     'take RGB images (3).')
+  fields = {}
+  for argument, value in model_args.items():
+    field = arguments[argument]
+    if field is not None:
+      fields[field] = tuple(value) if isinstance(value, list) else value
+  if {'hidden_size', 'mlp_ratio'} & set(fields) and 'mlp_dim' in models.fields(model):
+    fields['mlp_dim'] = None  # timm's MLP width is embed_dim * mlp_ratio, not the preset's.
+  return fields
+
+
+def read_config(name: str, config: dict[str, Any]) -> dict[str, Any]:
+  """The `HubWeights` fields (all but name and path) that timm's config.json `config` gives."""
+  architecture = config.get('architecture')
+  if not architecture:
+    raise ValueError(f'{name}: its {CONFIG_FILE} names no timm "architecture"; vit_jax reads '
+                     'weights published by timm (push_to_hf_hub).')
+  model = models.timm_architecture(architecture)
+  pretrained_cfg = config.get('pretrained_cfg', {})
+  num_classes = int(config.get('num_classes', pretrained_cfg.get('num_classes', 1000)))
+  input_size = pretrained_cfg.get('input_size', (3, 224, 224))
+  if input_size[1] != input_size[2]:
+    raise ValueError(f'{name} takes {input_size[1]}x{input_size[2]} inputs; vit_jax models '
+                     'take square images.')
+  interpolation = pretrained_cfg.get('interpolation', RESIZE_INTERPOLATION)
+  if interpolation != RESIZE_INTERPOLATION:
+    logging.warning('%s was evaluated with %s resizing; vit_jax resizes %s.', name,
+                    interpolation, RESIZE_INTERPOLATION)
+  label_names = config.get('label_names')
+  if label_names is not None and len(label_names) != num_classes:
+    raise ValueError(f'{name} names {len(label_names)} labels for {num_classes} classes.')
+  return dict(
+      architecture=architecture, model=model,
+      model_fields=_model_fields(name, architecture, model, config.get('model_args', {})),
+      num_classes=num_classes, image_size=int(input_size[1]),
+      normalization=_normalization(name, pretrained_cfg.get('mean', (0.485, 0.456, 0.406)),
+                                   pretrained_cfg.get('std', (0.229, 0.224, 0.225))),
+      crop_ratio=float(pretrained_cfg.get('crop_pct', 0.875)),
+      label_names=None if label_names is None else tuple(map(str, label_names)))
+
+
+def resolve(name: str) -> HubWeights:
+  """The weights `name` ('hf-hub:ORG/NAME') in the local cache (downloaded once) and what their
+  config.json says of them. Raises ValueError when they are neither cached nor downloadable, or
+  are of an architecture or preprocessing that vit_jax does not have."""
+  repo_id = _repo_id(name)
+  config_path = _download(name, repo_id, (CONFIG_FILE,))
+  weights_path = _download(name, repo_id, WEIGHTS_FILES)
+  try:
+    with open(config_path) as f:
+      config = json.load(f)
+  except (OSError, json.JSONDecodeError) as e:
+    raise ValueError(f'{name}: {config_path} is not readable JSON ({e}).') from e
+  weights = HubWeights(name=name, path=weights_path, **read_config(name, config))
+  logging.info('%s: timm %s as %s%s, %d classes, %d px, %s normalisation, crop %.3g (%s).',
+               name, weights.architecture, weights.model,
+               f' {weights.model_fields}' if weights.model_fields else '', weights.num_classes,
+               weights.image_size, weights.normalization, weights.crop_ratio, weights.path)
+  return weights
+
