@@ -275,3 +275,23 @@ def test_config_rejects(fields, message):
   config.update(fields)
   with pytest.raises(config_lib.ConfigError, match=message):
     config_lib.validate(config, devices=1, processes=1)
+
+
+def test_weights_load_at_a_new_resolution(tmp_path):
+  """Fine-tuning at another resolution (B/L: 192 -> 224): the patches' position embedding is
+  resized, the class token (outside it) kept."""
+  import safetensors.numpy  # pylint: disable=g-import-not-at-top
+  from vit_jax import pretrained  # pylint: disable=g-import-not-at-top
+  small = dict(num_classes=10, patch_size=4, hidden_size=32, depth=1, num_heads=2, mlp_dim=64)
+  variables = models.create('deit3_s16', **small).init(jax.random.PRNGKey(0),
+                                                        jnp.zeros((1, 8, 8, 3)))
+  path = str(tmp_path / 'deit3.safetensors')
+  safetensors.numpy.save_file(deit3.to_timm(variables), path)
+  model = models.create('deit3_s16', **small)
+  loaded = pretrained.load(path, model, image_size=16)
+  assert loaded['params']['pos_embed'].shape == (1, 16, 32)
+  np.testing.assert_array_equal(loaded['params']['cls_token'], variables['params']['cls_token'])
+  expected = pretrained.resize_pos_embed(np.asarray(variables['params']['pos_embed']), (4, 4), 0)
+  np.testing.assert_allclose(loaded['params']['pos_embed'], expected)
+  assert model.apply(loaded, jnp.zeros((1, 16, 16, 3))).shape == (1, 10)
+

@@ -27,6 +27,11 @@ class DeiT3(vit.VisionTransformer):
   init_scheme: str = 'timm'
   layer_scale_init: float | None = 1e-4
 
+  @property
+  def embedded_prefix_tokens(self) -> tuple[str, ...]:
+    """None: the class token is prepended after the position embedding."""
+    return ()
+
   def drop_path_rates(self) -> np.ndarray:
     """`drop_path_rate` in every block (models_v2.py `dpr_constant`)."""
     return np.full(self.depth, self.drop_path_rate)

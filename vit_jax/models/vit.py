@@ -460,6 +460,11 @@ class VisionTransformer(nn.Module):
     return ('cls_token', 'dist_token') if self.distilled else ('cls_token',)
 
   @property
+  def embedded_prefix_tokens(self) -> tuple[str, ...]:
+    """The prefix tokens that `pos_embed` has positions for, before the patches' (all of them)."""
+    return self.prefix_tokens
+
+  @property
   def layer_scale(self) -> float | None:
     """The LayerScale init in use: CaiT's depth rule or `layer_scale_init` (None: none)."""
     return paper_layer_scale_init(self.depth) if self.paper_layer_scale else self.layer_scale_init
