@@ -470,7 +470,7 @@ def color_jitter_params(seed: tf.Tensor, strength: float) -> tuple[tf.Tensor, tf
   return order, factors
 
 
-def adjust(image: tf.Tensor, op: tf.Tensor, factor: tf.Tensor) -> tf.Tensor:
+def enhance(image: tf.Tensor, op: tf.Tensor, factor: tf.Tensor) -> tf.Tensor:
   """Adjustment `COLOR_JITTER_OPS[op]` of a uint8 image by `factor`, as PIL's ImageEnhance."""
   branches = [lambda name=name: apply_op(name, image, factor, (0, 0, 0), False)
               for name in COLOR_JITTER_OPS]
@@ -483,7 +483,7 @@ def color_jitter(image: tf.Tensor, seed: tf.Tensor, strength: float) -> tf.Tenso
   uint8 (H, W, 3) image: the three adjustments in a random order (`color_jitter_params`)."""
   order, factors = color_jitter_params(seed, strength)
   for position in range(len(COLOR_JITTER_OPS)):
-    image = adjust(image, order[position], factors[order[position]])
+    image = enhance(image, order[position], factors[order[position]])
   return image
 
 

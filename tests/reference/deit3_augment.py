@@ -19,9 +19,9 @@ from vit_jax import timm_reference
 
 timm_reference.import_timm()
 
-import torch  # pylint: disable=g-import-not-at-top,wrong-import-position
-from torchvision import transforms  # pylint: disable=g-import-not-at-top,wrong-import-position
-from timm.data.transforms import RandomResizedCropAndInterpolation  # pylint: disable=g-import-not-at-top,wrong-import-position
+import torch
+from torchvision import transforms
+from timm.data.transforms import RandomResizedCropAndInterpolation
 
 
 class GaussianBlur(object):
