@@ -31,7 +31,6 @@ from vit_jax import datasets
 
 DTYPES = ('float32', 'bfloat16', 'float16')
 OPTIMIZERS = ('adamw', 'sgd', 'lamb')
-LOSSES = ('softmax_xent', 'bce')
 DISTILLATION_TYPES = ('none', 'hard', 'soft')
 FLAG = '--config.'  # How a field is named on the command line, and in every message about it.
 
@@ -126,6 +125,11 @@ def _normalizations() -> tuple[str, ...]:
 def _augments() -> tuple[str, ...]:
   from vit_jax import input_pipeline  # pylint: disable=g-import-not-at-top
   return input_pipeline.AUGMENTS
+
+
+def _losses() -> tuple[str, ...]:
+  from vit_jax import steps  # pylint: disable=g-import-not-at-top
+  return tuple(steps.LOSSES)
 
 
 def _randaugment(spec: Any) -> bool:
@@ -229,7 +233,7 @@ FIELDS: tuple[Field, ...] = (
     Field('grad_clip_norm', 0.0, number(0.0),
           "Global gradient-norm clipping; 0 = off ('lamb' always clips at 1, as apex's)."),
     Field('label_smoothing', 0.0, RATE_BELOW_ONE, 'Label smoothing (folded into mixed targets).'),
-    Field('loss', 'softmax_xent', choice(LOSSES),
+    Field('loss', 'softmax_xent', choice(_losses),
           "'softmax_xent', or 'bce': binary cross-entropy on targets > 0 (deit --bce-loss)."),
     Field('grad_accum_steps', 1, integer(1),
           'Micro-batches per optimizer step (batch_size is per step).'),
