@@ -15,7 +15,8 @@ schedule), 5 warm-up epochs from 1e-6, cosine to 1e-5; inception crop + flip, 3-
 jitter 0.3, no RandAugment and no random erasing, repeated augmentation ×3; mixup 0.8 / CutMix
 1.0, no label smoothing, binary cross-entropy; drop path 0.05 (S), 0.2 (B), 0.45 (L), 0.6 (H);
 trained at 224 (S), 192 (B, L) or 160 (H) and evaluated with crop ratio 1.0; EMA 0.99996 (deit
-main.py's default). `crop=src` takes the simple random crop instead of the inception crop (the
+main.py's default). deit's ViT-H/14 at 160 sees 11 x 11 patches, its patch convolution dropping
+the last 6 pixels of each side; here H trains at 154 = 11 x 14, the same patch grid. `crop=src` takes the simple random crop instead of the inception crop (the
 README's ImageNet-21k commands, `--src`):
 
   python -m vit_jax.main --config=configs/deit3.py:variant=S,dataset=imagenet2012 \
@@ -46,7 +47,7 @@ VARIANTS = {
     'S': ('deit3_s16', 224, 4e-3, 0.05),
     'B': ('deit3_b16', 192, 3e-3, 0.2),
     'L': ('deit3_l16', 192, 3e-3, 0.45),
-    'H': ('deit3_h14', 160, 3e-3, 0.6),
+    'H': ('deit3_h14', 154, 3e-3, 0.6),
 }
 # (resolution, variant) -> drop path of README_revenge.md's fine-tuning commands.
 FINETUNE_DROP_PATH = {

@@ -3,6 +3,8 @@
 import importlib.util
 import os
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 from vit_jax import config as config_lib
@@ -48,6 +50,10 @@ def test_deit3_recipes_pass_the_config_checks(arg):
   fine-tuning) as the config's checks allow."""
   config = load('deit3').get_config(f'{arg},dataset=imagenet2012')
   config_lib.validate(config, devices=8, processes=1)
+  config.model.depth = 1  # The stem checks that its patches tile the image.
+  size, model = config.image_size, config_lib.create_model(config, 1000)
+  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1, size, size, 3)))
+  assert shapes['params']['pos_embed'].shape[1] == (size // model.patch_size) ** 2
 
 
 @pytest.mark.parametrize('name, arg, message', [
