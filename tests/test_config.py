@@ -98,9 +98,9 @@ def test_every_shared_field_has_a_rule_and_nothing_else_does():
     ('ema_decay', 1.0, r'\[0, 1\)'),
     ('base_lr', float('nan'), 'number > 0'),
     ('base_lr', float('inf'), 'number > 0'),
-    ('augment', 'random_crop', "'crop_flip', 'inception_crop', 'none'"),
+    ('augment', 'random_crop', "'crop_flip', 'inception_crop', 'simple_random_crop', 'none'"),
     ('normalization', 'mnist', "'imagenet'"),
-    ('optimizer', 'adagrad', "'adamw', 'sgd'"),
+    ('optimizer', 'adagrad', "'adamw', 'sgd', 'lamb'"),
     ('dtype', 'bfloat17', "'float32', 'bfloat16', 'float16'"),
     ('mu_dtype', 'int8', "'' \\(the parameters' dtype\\)"),
     ('randaugment', 'rand-m9-x3', "Unknown section 'x3'"),
@@ -237,7 +237,7 @@ def test_three_bad_fields_are_one_error_in_the_flags_words():
   assert str(raised.value) == (
       '3 config fields are not valid:\n'
       '  --config.mix_prob=1.5: must be a number in [0, 1].\n'
-      "  --config.optimizer='adagrad': must be one of ['adamw', 'sgd'].\n"
+      "  --config.optimizer='adagrad': must be one of ['adamw', 'sgd', 'lamb'].\n"
       '  --config.mesh.fsdp=0: must be an integer >= 1.')
 
 

@@ -3,13 +3,15 @@
 import importlib.util
 import os
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 from vit_jax import config as config_lib
 from vit_jax import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIGS = ('vit', 'deit', 'cait', 'deepvit', 't2t', 'sa_conv', 'regnet')
+CONFIGS = ('vit', 'deit', 'deit3', 'cait', 'deepvit', 't2t', 'sa_conv', 'regnet')
 
 
 def load(name: str):
@@ -24,6 +26,8 @@ def load(name: str):
 PUBLISHED = [('vit', f'variant={v}') for v in load('vit').VARIANTS] + [
     ('deit', f'variant={v}') for v in ('Ti', 'S', 'B')] + [
     ('deit', 'variant=B,distilled=false')] + [
+    ('deit3', f'variant={v}') for v in load('deit3').VARIANTS] + [
+    ('deit3', f'variant={v},finetune={r}') for r, v in load('deit3').FINETUNE_DROP_PATH] + [
     ('regnet', f'variant={v}') for v in load('regnet').VARIANTS] + [
     ('cait', f'variant={v}') for v in load('cait').VARIANTS] + [
     ('deepvit', f'variant={v}') for v in load('deepvit').VARIANTS] + [
@@ -39,10 +43,25 @@ def test_published_sizes_name_registered_models(name, arg):
   config_lib.create_model(config, 10)
 
 
+@pytest.mark.parametrize('arg', [arg for name, arg in PUBLISHED if name == 'deit3']
+                         + ['variant=S,crop=src,epochs=400'])
+def test_deit3_recipes_pass_the_config_checks(arg):
+  """DeiT III's recipes combine 3-Augment, BCE and LAMB (or RandAugment and softmax for the
+  fine-tuning) as the config's checks allow."""
+  config = load('deit3').get_config(f'{arg},dataset=imagenet2012')
+  config_lib.validate(config, devices=8, processes=1)
+  config.model.depth = 1  # The stem checks that its patches tile the image.
+  size, model = config.image_size, config_lib.create_model(config, 1000)
+  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1, size, size, 3)))
+  assert shapes['params']['pos_embed'].shape[1] == (size // model.patch_size) ** 2
+
+
 @pytest.mark.parametrize('name, arg, message', [
     ('vit', 'variant=X/16', 'X/16'), ('deit', 'variant=XL', 'XL'), ('cait', 'variant=XXS12', 'XXS12'),
     ('deepvit', 'variant=8B', '8B'), ('t2t', 'variant=16', '16'),
     ('sa_conv', 'attention=cubic', 'cubic'), ('regnet', 'variant=161', '161'),
+    ('deit3', 'variant=M', "'M'"), ('deit3', 'variant=S,finetune=224', 'variant=S,finetune=384'),
+    ('deit3', 'crop=center', 'center'),
     ('vit', 'colour=red', 'colour'),
     ('vit', 'variant', 'key=value'),
 ])

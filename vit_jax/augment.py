@@ -1,9 +1,12 @@
-"""The DeiT recipe's augmentations (Touvron et al. 2021, Table 9), with timm's semantics, seeded
-and stateless.
+"""The DeiT recipes' augmentations (Touvron et al. 2021, Table 9; DeiT III 2022, Section 3), with
+timm's and deit's semantics, seeded and stateless.
 
 * RandAugment (`'rand-m9-mstd0.5-inc1'` strings, timm's `rand_augment_transform`) and random
   erasing (timm's `RandomErasing`) act on one image inside the tf.data pipeline, keyed by a
   stateless seed, so each example's augmentation is a pure function of (seed, process, position).
+* DeiT III's 3-Augment (`three_augment`: grayscale, solarization or Gaussian blur) and colour
+  jitter (`color_jitter`, torchvision's `ColorJitter`) act on one uint8 image in the pipeline
+  too, as deit's `new_data_aug_generator` runs them after the crop and flip.
 * Mixup / CutMix (timm's `Mixup`, mode 'batch') act on a whole batch on device: `mix_batch`, with
   a run's settings in `MixSettings` (their defaults are the config's, `vit_jax.config`).
 
@@ -380,6 +383,107 @@ def randaugment(image: tf.Tensor, seed: tf.Tensor, spec: RandAugmentSpec, *,
   # One traced layer, looped: the graph holds each op once however many layers there are.
   _, image = tf.while_loop(lambda index, _: index < spec.num_layers, layer,
                            (tf.constant(0), image))
+  return image
+
+
+# DeiT III's 3-Augment and colour jitter (deit augment.py `new_data_aug_generator`), on one uint8
+# (H, W, 3) image of static shape, after the crop and flip.
+
+# torchvision's RandomChoice over deit's gray_scale, Solarization and GaussianBlur (each p=1).
+THREE_AUGMENT_OPS = ('grayscale', 'solarize', 'gaussian_blur')
+SOLARIZE_THRESHOLD = 128  # ImageOps.solarize's default: values >= 128 are inverted.
+BLUR_SIGMA = (0.1, 2.0)  # deit GaussianBlur's radius range; PIL's radius is the Gaussian's sigma.
+_BLUR_PASSES = 3  # PIL approximates a Gaussian by three box blurs along each axis.
+
+
+def _box_radius(sigma: tf.Tensor) -> tf.Tensor:
+  """Pillow's `_gaussian_blur_radius` (BoxBlur.c): the fractional box radius whose three passes
+  have the variance sigma^2, in C's float32."""
+  sigma2 = tf.square(tf.cast(sigma, tf.float32)) / _BLUR_PASSES
+  length = tf.sqrt(12.0 * sigma2 + 1.0)
+  whole = tf.floor((length - 1.0) / 2.0)
+  part = (2 * whole + 1) * (whole * (whole + 1) - 3 * sigma2)
+  return whole + part / (6 * (sigma2 - (whole + 1) * (whole + 1)))
+
+
+# Taps each side: a box's whole radius r stays below sigma (three passes: r (r + 1) <= sigma^2),
+# plus the one fractionally weighted pixel beyond it.
+_BLUR_HALF_WIDTH = math.floor(BLUR_SIGMA[1]) + 1
+
+
+def gaussian_blur(image: tf.Tensor, sigma: tf.Tensor) -> tf.Tensor:
+  """PIL's `ImageFilter.GaussianBlur(radius=sigma)` on a uint8 image, bit for bit (Pillow's
+  BoxBlur.c): three box blurs of fractional radius along the rows, then three along the columns,
+  edge pixels extended, in 8.24 fixed point, rounded to uint8 after every pass."""
+  radius = _box_radius(sigma)
+  whole = tf.cast(tf.floor(radius), tf.int64)
+  inner = tf.floor(tf.constant(float(1 << 24)) / (radius * 2 + 1))  # `ww`, float32 as in C.
+  inner = tf.cast(inner, tf.int64)
+  outer = ((1 << 24) - (whole * 2 + 1) * inner) // 2  # `fw`: the two pixels just outside.
+  offsets = tf.range(-_BLUR_HALF_WIDTH, _BLUR_HALF_WIDTH + 1, dtype=tf.int64)
+  distance = tf.abs(offsets)
+  weights = tf.where(distance <= whole, inner, tf.where(distance == whole + 1, outer, 0))
+  values = tf.cast(image, tf.int64)
+  for axis in (1, 0):
+    size = image.shape[axis]
+    taps = tf.clip_by_value(tf.range(size, dtype=tf.int64)[:, None] + offsets[None], 0, size - 1)
+    shape = [1, 1, 1, 1]
+    shape[axis + 1] = -1
+    for _ in range(_BLUR_PASSES):
+      gathered = tf.gather(values, taps, axis=axis)  # Axis `axis` becomes (size, taps).
+      bulk = tf.reduce_sum(gathered * tf.reshape(weights, shape), axis=axis + 1)
+      values = tf.bitwise.right_shift(bulk + (1 << 23), 24)
+  return tf.cast(values, tf.uint8)
+
+
+def three_augment_params(seed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+  """The op (`THREE_AUGMENT_OPS` index, uniform) and the blur's sigma (uniform in BLUR_SIGMA)."""
+  choice_seed, sigma_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+  choice = tf.random.stateless_uniform([], choice_seed, 0, len(THREE_AUGMENT_OPS), dtype=tf.int32)
+  return choice, tf.random.stateless_uniform([], sigma_seed, *BLUR_SIGMA)
+
+
+@tf.autograph.experimental.do_not_convert
+def three_augment(image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+  """3-Augment (DeiT III Section 3): one of grayscale (PIL's luma, tiled to RGB), solarization
+  (threshold 128) or Gaussian blur (sigma uniform in [0.1, 2]), chosen uniformly."""
+  choice, sigma = three_augment_params(seed)
+  branches = [lambda: tf.tile(tf.cast(_grayscale(image), tf.uint8), [1, 1, 3]),
+              lambda: _solarize(image, SOLARIZE_THRESHOLD),
+              lambda: gaussian_blur(image, sigma)]
+  return tf.ensure_shape(tf.switch_case(choice, branches), image.shape)
+
+
+# torchvision ColorJitter's adjustments of a PIL image: ImageEnhance Brightness, Contrast, Color.
+COLOR_JITTER_OPS = ('Brightness', 'Contrast', 'Color')
+
+
+def color_jitter_params(seed: tf.Tensor, strength: float) -> tuple[tf.Tensor, tf.Tensor]:
+  """torchvision ColorJitter(strength, strength, strength).get_params: a random order of the
+  three adjustments (`COLOR_JITTER_OPS` indices) and each one's factor, uniform in
+  [max(0, 1 - strength), 1 + strength]."""
+  order_seed, factor_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+  keys = tf.random.stateless_uniform([len(COLOR_JITTER_OPS)], order_seed)
+  order = tf.argsort(keys)
+  factors = tf.random.stateless_uniform([len(COLOR_JITTER_OPS)], factor_seed,
+                                        max(0.0, 1.0 - strength), 1.0 + strength)
+  return order, factors
+
+
+def enhance(image: tf.Tensor, op: tf.Tensor, factor: tf.Tensor) -> tf.Tensor:
+  """Adjustment `COLOR_JITTER_OPS[op]` of a uint8 image by `factor`, as PIL's ImageEnhance."""
+  branches = [lambda name=name: apply_op(name, image, factor, (0, 0, 0), False)
+              for name in COLOR_JITTER_OPS]
+  return tf.ensure_shape(tf.switch_case(op, branches), image.shape)
+
+
+@tf.autograph.experimental.do_not_convert
+def color_jitter(image: tf.Tensor, seed: tf.Tensor, strength: float) -> tf.Tensor:
+  """torchvision ColorJitter(brightness=strength, contrast=strength, saturation=strength) on a
+  uint8 (H, W, 3) image: the three adjustments in a random order (`color_jitter_params`)."""
+  order, factors = color_jitter_params(seed, strength)
+  for position in range(len(COLOR_JITTER_OPS)):
+    image = enhance(image, order[position], factors[order[position]])
   return image
 
 

@@ -30,7 +30,7 @@ import ml_collections
 from vit_jax import datasets
 
 DTYPES = ('float32', 'bfloat16', 'float16')
-OPTIMIZERS = ('adamw', 'sgd')
+OPTIMIZERS = ('adamw', 'sgd', 'lamb')
 DISTILLATION_TYPES = ('none', 'hard', 'soft')
 FLAG = '--config.'  # How a field is named on the command line, and in every message about it.
 
@@ -127,6 +127,11 @@ def _augments() -> tuple[str, ...]:
   return input_pipeline.AUGMENTS
 
 
+def _losses() -> tuple[str, ...]:
+  from vit_jax import steps  # pylint: disable=g-import-not-at-top
+  return tuple(steps.LOSSES)
+
+
 def _randaugment(spec: Any) -> bool:
   if not isinstance(spec, str):
     return False
@@ -182,8 +187,10 @@ FIELDS: tuple[Field, ...] = (
           'on their 200 classes.'),
     Field('image_size', 32, integer(1), 'Model input resolution; the pipeline resizes to it.'),
     Field('augment', 'crop_flip', choice(_augments),
-          'Training crop: pad and random crop, inception crop, or resize only.'),
-    Field('crop_padding', 4, integer(0), "Zero padding before the random crop ('crop_flip')."),
+          'Training crop: pad and random crop, inception crop, DeiT III\'s simple random crop, or '
+          'resize only.'),
+    Field('crop_padding', 4, integer(0),
+          "Padding before the random crop: zeros ('crop_flip'), reflected ('simple_random_crop')."),
     Field('flip', True, boolean(), 'Random horizontal flips during training.'),
     Field('eval_crop_ratio', 1.0, number(0.0, 1.0, low_open=True),
           'Evaluation: resize to image_size / ratio, then centre crop.'),
@@ -200,6 +207,10 @@ FIELDS: tuple[Field, ...] = (
     Field('randaugment', '',
           Rule(_randaugment, lambda: "'' (off) or a timm spec such as 'rand-m9-mstd0.5-inc1'"),
           "timm RandAugment spec, e.g. 'rand-m9-mstd0.5-inc1'; '' = off."),
+    Field('three_augment', False, boolean(),
+          "DeiT III's 3-Augment: one of grayscale, solarization, Gaussian blur per image."),
+    Field('color_jitter', 0.0, number(0.0),
+          'Colour jitter strength (brightness, contrast, saturation; DeiT III: 0.3); 0 = off.'),
     Field('random_erase_prob', 0.0, PROBABILITY,
           'Random erasing (one box, per-pixel normal noise).'),
     Field('repeated_aug', 1, integer(1),
@@ -213,7 +224,8 @@ FIELDS: tuple[Field, ...] = (
     Field('batch_size', 128, integer(1),
           'Global batch, summed over every device of every process.'),
     Field('eval_batch_size', 256, integer(1), 'Global evaluation batch.'),
-    Field('optimizer', 'adamw', choice(OPTIMIZERS), "'adamw', or 'sgd' with momentum."),
+    Field('optimizer', 'adamw', choice(OPTIMIZERS),
+          "'adamw', 'sgd' with momentum, or 'lamb' (DeiT III; apex FusedLAMB's semantics)."),
     Field('base_lr', 1e-3, number(0.0, low_open=True), 'Peak learning rate.'),
     Field('lr_scaling_batch', 0, integer(0),
           'If > 0, lr = base_lr * batch_size / lr_scaling_batch.'),
@@ -234,8 +246,11 @@ FIELDS: tuple[Field, ...] = (
           'Layer-wise lr decay: the lr of layer l (0 = embeddings, depth + 1 = head) is scaled '
           'by layer_decay^(depth + 1 - l), as timm\'s --layer-decay (BEiT, MAE: 0.65-0.75); '
           '1 = off.'),
-    Field('grad_clip_norm', 0.0, number(0.0), 'Global gradient-norm clipping; 0 = off.'),
+    Field('grad_clip_norm', 0.0, number(0.0),
+          "Global gradient-norm clipping; 0 = off ('lamb' always clips at 1, as apex's)."),
     Field('label_smoothing', 0.0, RATE_BELOW_ONE, 'Label smoothing (folded into mixed targets).'),
+    Field('loss', 'softmax_xent', choice(_losses),
+          "'softmax_xent', or 'bce': binary cross-entropy on targets > 0 (deit --bce-loss)."),
     Field('grad_accum_steps', 1, integer(1),
           'Micro-batches per optimizer step (batch_size is per step).'),
     Field('ema_decay', 0.0, RATE_BELOW_ONE,
@@ -465,12 +480,28 @@ def require_fit(config: ml_collections.ConfigDict, variants: Sequence[str]) -> N
     raise ValueError(problems[0])
 
 
+def _recipe_problems(c: dict[str, Any]) -> list[str]:
+  """DeiT III's pieces with the settings they replace or cannot work with."""
+  problems = []
+  if c['three_augment'] and c['randaugment']:
+    problems.append(f"{FLAG}three_augment=True: replaces RandAugment (deit main.py swaps the whole "
+                    f"training transform for 3-Augment); set {FLAG}randaugment='' or "
+                    f'{FLAG}three_augment=False.')
+  if c['loss'] == 'bce' and c['label_smoothing'] > 0:
+    problems.append(f"{FLAG}loss='bce' with {FLAG}label_smoothing={c['label_smoothing']}: BCE "
+                    'targets are the classes with weight > 0 (deit engine.py), and smoothing '
+                    f'gives every class weight > 0; set {FLAG}label_smoothing=0.0 (DeiT III) or '
+                    f"{FLAG}loss='softmax_xent'.")
+  return problems
+
+
 _BATCH_FIELDS = ('batch_size', 'eval_batch_size', 'grad_accum_steps', 'repeated_aug')
 _JOINT_CHECKS = (
     (('num_epochs', 'warmup_epochs', 'warmup_steps', 'total_steps'), _schedule_problems),
     (('distillation.type', 'distillation.teacher'), _distillation_problems),
     (('normalization', 'dataset'),
      lambda c: quick_default_problems(c['dataset'], c['normalization'])),
+    (('three_augment', 'randaugment', 'loss', 'label_smoothing'), _recipe_problems),
 )
 
 

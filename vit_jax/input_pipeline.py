@@ -23,10 +23,11 @@ reads and discards every record consumed before, in an order only approximately 
 log line says so and how to convert it.
 
 A training image is resized to image_size (or inception-cropped to it), cropped and flipped per
-`augment`, RandAugmented (`randaugment`, e.g. 'rand-m9-mstd0.5-inc1'), normalised, then randomly
-erased (`random_erase_prob`), as timm orders them: `TrainTransform`, built once from the run config;
-evaluation and prediction use `EvalTransform`. Mixup/CutMix run on device (`augment.mix_batch`).
-The config fields and their defaults are declared in `vit_jax.config`.
+`augment`, RandAugmented (`randaugment`, e.g. 'rand-m9-mstd0.5-inc1') and/or given DeiT III's
+3-Augment (`three_augment`) and colour jitter (`color_jitter`), normalised, then randomly erased
+(`random_erase_prob`), as timm and deit order them: `TrainTransform`, built once from the run
+config; evaluation and prediction use `EvalTransform`. Mixup/CutMix run on device
+(`augment.mix_batch`). The config fields and their defaults are declared in `vit_jax.config`.
 """
 
 import dataclasses
@@ -53,7 +54,9 @@ NORMALIZATIONS = {
     # The 1,437 train images of `digits` (8x8, 0..255), tiled to three channels.
     'digits': ((0.3054, 0.3054, 0.3054), (0.3760, 0.3760, 0.3760)),
 }
-AUGMENTS = ('crop_flip', 'inception_crop', 'none')
+# 'simple_random_crop': DeiT III's (deit `--src`): shorter side to image_size, reflect padding,
+# a random image_size crop.
+AUGMENTS = ('crop_flip', 'inception_crop', 'simple_random_crop', 'none')
 IN_MEMORY_MAX_BYTES = 1024**3
 # timm's RandomResizedCrop: area fraction and aspect-ratio ranges, and its number of attempts.
 INCEPTION_CROP_AREA = (0.08, 1.0)
@@ -362,6 +365,18 @@ def _inception_crop(image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
   return tf.cond(tf.io.is_jpeg(image), jpeg_window, lambda: crop(_decode(image)))
 
 
+def _simple_random_crop(image: tf.Tensor, seed: tf.Tensor, size: int, padding: int) -> tf.Tensor:
+  """DeiT III's simple random crop (deit augment.py, `--src`): torchvision's `Resize(size)` of the
+  shorter side, then `RandomCrop(size, padding, padding_mode='reflect')`."""
+  static = image.shape[0] is not None and image.shape[1] is not None
+  shape = (image.shape[0], image.shape[1]) if static else tf.unstack(tf.shape(image)[:2])
+  height, width, _, _ = centre_crop_window(*shape, size, 1.0)
+  image = _resize(image, height, width)
+  if padding:
+    image = tf.pad(image, [[padding, padding], [padding, padding], [0, 0]], mode='REFLECT')
+  return tf.image.stateless_random_crop(image, [size, size, 3], seed)
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainTransform:
   """How one training image is cropped, augmented and normalised (`from_config` reads a run's)."""
@@ -371,6 +386,8 @@ class TrainTransform:
   flip: bool
   normalization: str  # A key of NORMALIZATIONS.
   randaugment: augment.RandAugmentSpec | None  # None: off.
+  three_augment: bool
+  color_jitter: float  # 0: off.
   random_erase_prob: float
 
   @classmethod
@@ -380,6 +397,7 @@ class TrainTransform:
                normalization=config.normalization,
                randaugment=(augment.parse_randaugment(config.randaugment)
                             if config.randaugment else None),
+               three_augment=config.three_augment, color_jitter=config.color_jitter,
                random_erase_prob=config.random_erase_prob)
 
 
@@ -407,6 +425,8 @@ def _train_image(image: tf.Tensor, seed: tf.Tensor, transform: TrainTransform) -
       tf.random.experimental.stateless_split(seed, 4))
   if transform.augment == 'inception_crop':
     image = _resize(_inception_crop(image, crop_seed), size, size)
+  elif transform.augment == 'simple_random_crop':
+    image = _simple_random_crop(_decode(image), crop_seed, size, transform.crop_padding)
   else:
     image = _resize_centre_crop(_decode(image), size, 1.0)
     if transform.augment == 'crop_flip' and transform.crop_padding > 0:
@@ -416,11 +436,18 @@ def _train_image(image: tf.Tensor, seed: tf.Tensor, transform: TrainTransform) -
   image = tf.ensure_shape(image, [size, size, 3])
   if transform.flip and transform.augment != 'none':
     image = tf.image.stateless_random_flip_left_right(image, flip_seed)
-  if transform.randaugment is not None:
-    mean = NORMALIZATIONS[transform.normalization][0]
+  if transform.randaugment is not None or transform.three_augment or transform.color_jitter:
     pixels = tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8)
-    pixels = augment.randaugment(pixels, randaugment_seed, transform.randaugment,
-                                 fill=tuple(min(255, round(255 * m)) for m in mean))
+    if transform.randaugment is not None:
+      mean = NORMALIZATIONS[transform.normalization][0]
+      pixels = augment.randaugment(pixels, randaugment_seed, transform.randaugment,
+                                   fill=tuple(min(255, round(255 * m)) for m in mean))
+    three_seed, jitter_seed = tf.unstack(tf.random.experimental.stateless_split(
+        tf.random.experimental.stateless_fold_in(randaugment_seed, 1), 2))
+    if transform.three_augment:
+      pixels = augment.three_augment(pixels, three_seed)
+    if transform.color_jitter:
+      pixels = augment.color_jitter(pixels, jitter_seed, transform.color_jitter)
     image = tf.cast(pixels, tf.float32)
   image = _normalize(image, transform.normalization)
   if transform.random_erase_prob > 0:

@@ -83,12 +83,34 @@ def scale_by_layer_decay(model: nn.Module, decay: float) -> optax.GradientTransf
   return optax.stateless(update)
 
 
+# apex FusedLAMB's `max_grad_norm`: gradients are clipped to this global norm before the moments.
+LAMB_MAX_GRAD_NORM = 1.0
+
+
+def lamb(learning_rate: optax.ScalarOrSchedule, *, b1: float, b2: float, eps: float,
+         weight_decay: float, mask: Any, mu_dtype: Any = None) -> optax.GradientTransformation:
+  """LAMB (You et al. 2020) as DeiT III runs it: apex `FusedLAMB` (timm's `--opt fusedlamb`;
+  timm's `Lamb` is its port).
+
+  `optax.lamb`'s steps (Adam moments with bias correction, decoupled weight decay, the layer-wise
+  trust ratio ||w|| / ||update||, the learning rate), with apex's two differences: the
+  gradients are first clipped to global norm `LAMB_MAX_GRAD_NORM`, and the trust ratio applies
+  only where weight decay does (apex `use_nvlamb=False`; elsewhere the step is Adam's).
+  """
+  return optax.chain(
+      optax.clip_by_global_norm(LAMB_MAX_GRAD_NORM),
+      optax.scale_by_adam(b1=b1, b2=b2, eps=eps, mu_dtype=mu_dtype),
+      optax.add_decayed_weights(weight_decay, mask),
+      optax.masked(optax.scale_by_trust_ratio(), mask),
+      optax.scale_by_learning_rate(learning_rate))
+
+
 def create_optimizer(config: ml_collections.ConfigDict, schedule: optax.Schedule,
                      model: nn.Module | None = None) -> optax.GradientTransformation:
-  """AdamW, or SGD with momentum and L2 weight decay, under the mask; optional clipping; with
-  `config.layer_decay` < 1 each update scaled per layer of `model` (`scale_by_layer_decay`).
+  """AdamW, SGD with momentum and L2 weight decay, or LAMB, under the mask; optional clipping;
+  with `config.layer_decay` < 1 each update scaled per layer of `model` (`scale_by_layer_decay`).
 
-  `mu_dtype` ('bfloat16') stores Adam's first moment or SGD's momentum in that dtype.
+  `mu_dtype` ('bfloat16') stores Adam's or LAMB's first moment or SGD's momentum in that dtype.
   """
   mask = lambda params: weight_decay_mask(params, tuple(config.no_decay_names))
   mu_dtype = jnp.dtype(config.mu_dtype) if config.mu_dtype else None
@@ -98,8 +120,11 @@ def create_optimizer(config: ml_collections.ConfigDict, schedule: optax.Schedule
   elif config.optimizer == 'sgd':
     tx = optax.chain(optax.add_decayed_weights(config.weight_decay, mask),
                      optax.sgd(schedule, momentum=config.momentum, accumulator_dtype=mu_dtype))
+  elif config.optimizer == 'lamb':
+    tx = lamb(schedule, b1=config.b1, b2=config.b2, eps=config.eps,
+              weight_decay=config.weight_decay, mask=mask, mu_dtype=mu_dtype)
   else:
-    raise ValueError(f"Unknown optimizer {config.optimizer!r}; valid: 'adamw', 'sgd'.")
+    raise ValueError(f"Unknown optimizer {config.optimizer!r}; valid: 'adamw', 'sgd', 'lamb'.")
   if config.layer_decay != 1.0:
     if model is None:
       raise ValueError(f'layer_decay={config.layer_decay} needs the model whose layers it decays.')

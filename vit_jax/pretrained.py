@@ -353,7 +353,7 @@ def _resize_position_embeddings(flat: dict, target: dict, model: nn.Module, meth
     if (key[-1] != 'pos_embed' or wanted is None or value.shape == wanted.shape
         or value.ndim != 3 or value.shape[-1] != wanted.shape[-1]):
       continue
-    num_prefix = len(getattr(model, 'prefix_tokens', ('cls_token',)))
+    num_prefix = len(getattr(model, 'embedded_prefix_tokens', ('cls_token',)))
     side, old_side = (math.isqrt(n - num_prefix) for n in (wanted.shape[1], value.shape[1]))
     if side * side != wanted.shape[1] - num_prefix or old_side ** 2 != value.shape[1] - num_prefix:
       continue  # Another prefix layout (another family): reported by `_check_fit`.

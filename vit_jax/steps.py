@@ -47,23 +47,40 @@ def classifier_logits(outputs: Any) -> jax.Array:
   return outputs
 
 
-def classification_loss(outputs: Any, targets: jax.Array) -> jax.Array:
-  """Mean cross-entropy against (soft) targets, averaged over both heads of a distilled model."""
+def binary_cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
+  """DeiT III's loss (deit `--bce-loss`): every class a binary problem whose target is 1 where
+  the (mixed) target weight is > 0 (engine.py `targets.gt(0.0)`), averaged over examples and
+  classes as `torch.nn.BCEWithLogitsLoss`. Per example: (batch,)."""
+  hits = (targets > 0).astype(jnp.float32)
+  return jnp.mean(optax.sigmoid_binary_cross_entropy(logits.astype(jnp.float32), hits), axis=-1)
+
+
+# Per-example loss of logits against (batch, classes) targets, by the config's `loss`.
+LOSSES = {'softmax_xent': lambda logits, targets: optax.softmax_cross_entropy(
+              logits.astype(jnp.float32), targets),
+          'bce': binary_cross_entropy}
+
+
+def classification_loss(outputs: Any, targets: jax.Array, kind: str = 'softmax_xent'
+                        ) -> jax.Array:
+  """Mean loss `kind` (`LOSSES`) against (soft) targets, averaged over both heads of a distilled
+  model."""
   heads = outputs if isinstance(outputs, tuple) else (outputs,)
-  losses = [optax.softmax_cross_entropy(logits.astype(jnp.float32), targets) for logits in heads]
+  losses = [LOSSES[kind](logits, targets) for logits in heads]
   return jnp.mean(sum(losses) / len(losses))
 
 
 def distillation_loss(outputs: Any, targets: jax.Array, teacher_logits: jax.Array, *, kind: str,
-                      alpha: float, tau: float) -> jax.Array:
-  """DeiT's loss (deit/losses.py): (1 - alpha) CE(cls, targets) + alpha KD(dist, teacher).
+                      alpha: float, tau: float, loss: str = 'softmax_xent') -> jax.Array:
+  """DeiT's loss (deit/losses.py): (1 - alpha) L(cls, targets) + alpha KD(dist, teacher), L the
+  base criterion `loss` (`LOSSES`).
 
   'hard': CE against the teacher's argmax. 'soft': KL(teacher || student) at temperature tau,
   summed and divided by the number of logits, times tau². A model without a distillation token
   distils through its only head.
   """
   cls_logits, dist_logits = outputs if isinstance(outputs, tuple) else (outputs, outputs)
-  base = jnp.mean(optax.softmax_cross_entropy(cls_logits.astype(jnp.float32), targets))
+  base = jnp.mean(LOSSES[loss](cls_logits, targets))
   teacher_logits = jax.lax.stop_gradient(teacher_logits.astype(jnp.float32))
   dist_logits = dist_logits.astype(jnp.float32)
   if kind == 'hard':
@@ -204,11 +221,11 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
       outputs, updates = model.apply(variables, batch['image'], train=True,
                                      rngs={'dropout': dropout_rng}, mutable=mutable)
       if teacher is None:
-        loss = classification_loss(outputs, batch['targets'])
+        loss = classification_loss(outputs, batch['targets'], config.loss)
       else:
         loss = distillation_loss(outputs, batch['targets'], teacher_logits,
                                  kind=config.distillation.type, alpha=config.distillation.alpha,
-                                 tau=config.distillation.tau)
+                                 tau=config.distillation.tau, loss=config.loss)
       return loss, (outputs, updates.get('batch_stats', batch_stats))
 
     (loss, (outputs, batch_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)

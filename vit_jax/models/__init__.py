@@ -23,7 +23,7 @@ Dtype = Any
 StateDict = Mapping[str, Any]
 Variables = Mapping[str, Any]
 
-FAMILY_MODULES = ('vit', 'deit', 'cait', 'deepvit', 't2t', 'sa_conv', 'regnet')
+FAMILY_MODULES = ('vit', 'deit', 'deit3', 'cait', 'deepvit', 't2t', 'sa_conv', 'regnet')
 _NOT_FIELDS = ('parent', 'name')
 _DTYPE_FIELDS = ('dtype', 'param_dtype')
 

@@ -472,6 +472,11 @@ class VisionTransformer(nn.Module):
     return ('cls_token', 'dist_token') if self.distilled else ('cls_token',)
 
   @property
+  def embedded_prefix_tokens(self) -> tuple[str, ...]:
+    """The prefix tokens that `pos_embed` has positions for, before the patches' (all of them)."""
+    return self.prefix_tokens
+
+  @property
   def layer_scale(self) -> float | None:
     """The LayerScale init in use: CaiT's depth rule or `layer_scale_init` (None: none)."""
     return paper_layer_scale_init(self.depth) if self.paper_layer_scale else self.layer_scale_init
@@ -645,19 +650,28 @@ class VisionTransformer(nn.Module):
     the grid (rows, cols) of the patch tokens."""
     x = self.patch_tokens(images, train=train)
     batch, grid, width = x.shape[0], x.shape[1:3], x.shape[-1]
-    x = x.reshape(batch, -1, width)
+    x = self.with_prefix_tokens(x.reshape(batch, -1, width))
+    x = x + self.checked_position_embedding(x.shape[1:], images.shape[1:3]).astype(x.dtype)
+    return nn.Dropout(rate=self.dropout_rate, deterministic=not train)(x), grid
+
+  def with_prefix_tokens(self, x: jax.Array) -> jax.Array:
+    """(batch, tokens, width) tokens with the `prefix_tokens` prepended, in their order."""
+    batch, _, width = x.shape
     prefix = [jnp.broadcast_to(
         self.param(name, self.scheme.cls_token, (1, 1, width), self.param_dtype).astype(x.dtype),
         (batch, 1, width)) for name in self.prefix_tokens]
-    x = jnp.concatenate(prefix + [x], axis=1)
+    return jnp.concatenate(prefix + [x], axis=1)
+
+  def checked_position_embedding(self, tokens: tuple[int, int],
+                                 image_shape: tuple[int, int]) -> jax.Array:
+    """`position_embedding(tokens)`, after checking that stored weights have that shape."""
     if self.has_variable('params', 'pos_embed'):
       stored = self.get_variable('params', 'pos_embed').shape
-      if stored != (1,) + x.shape[1:]:
+      if stored != (1,) + tuple(tokens):
         raise ValueError(
-            f'pos_embed has shape {stored} but images of size {images.shape[1:3]} give '
-            f'{x.shape[1]} tokens; resize the position embedding.')
-    x = x + self.position_embedding(x.shape[1:]).astype(x.dtype)
-    return nn.Dropout(rate=self.dropout_rate, deterministic=not train)(x), grid
+            f'pos_embed has shape {stored} but images of size {tuple(image_shape)} give '
+            f'{tokens[0]} tokens; resize the position embedding.')
+    return self.position_embedding(tokens)
 
   def encode(self, x: jax.Array, *, train: bool, grid: tuple[int, int]) -> jax.Array:
     """The main blocks (runs of one attention kind), the class stage if any, the final LN."""
