@@ -34,6 +34,8 @@ CASES = {
     'timm/cait_xxs24_224.fb_dist_in1k': (
         'cait_xxs24_224', dict(depth=2, depth_token_only=1, img_size=32, patch_size=8),
         'cait_xxs24', 32),
+    'timm/deit3_small_patch16_224.fb_in1k': (
+        'deit3_small_patch16_224', dict(depth=2, img_size=32, patch_size=8), 'deit3_s16', 32),
     'timm/regnety_002.pycls_in1k': ('regnety_002', {}, 'regnety_002', 64),
     'timm/vit_small_patch16_224.augreg_in21k_ft_in1k': (
         'vit_small_patch16_224', dict(depth=1, img_size=32, num_heads=2), 'vit_s16', 32),

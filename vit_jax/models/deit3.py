@@ -84,4 +84,12 @@ MODELS = {
     **{f'deit3_{size}16': _deit3(size, 16) for size in ('s', 'm', 'b', 'l')},
     'deit3_h14': _deit3('h', 14),
 }
-FAMILY = models.Family('deit3', DeiT3, MODELS, from_timm, to_timm)
+TIMM_ARCHITECTURES = {
+    **{f'deit3_{timm_size}_patch16_{resolution}': f'deit3_{size}16'
+       for size, timm_size, resolutions in (('s', 'small', (224, 384)), ('m', 'medium', (224,)),
+                                            ('b', 'base', (224, 384)), ('l', 'large', (224, 384)))
+       for resolution in resolutions},
+    'deit3_huge_patch14_224': 'deit3_h14',
+}
+FAMILY = models.Family('deit3', DeiT3, MODELS, from_timm, to_timm, TIMM_ARCHITECTURES,
+                       vit.TIMM_ARGUMENTS)
