@@ -46,9 +46,10 @@ class MatrixProduct:
   name: str
 
   @property
-  def takes_float32(self) -> bool:
-    """Whether a float32 operand enters the product as float32 (at float32 rate)."""
-    return 'f32' in self.operand_types and not self.bfloat16_algorithm
+  def float32_operand(self) -> bool:
+    """Whether an operand is float32 (on GPU and TPU, a float32 product unless its algorithm
+    rounds the operands first)."""
+    return 'f32' in self.operand_types
 
 
 def _location_names(text: str) -> dict[str, str]:
@@ -159,20 +160,31 @@ def _innermost_project_frame(error: BaseException) -> str:
   return f'{frame.filename.rsplit("/vit_jax/", 1)[1]}:{frame.lineno} `{frame.line}`'
 
 
-def export_steps(programs: Sequence[StepProgram], case: str,
-                 platforms: Sequence[str] = PLATFORMS) -> dict[str, jax.export.Exported]:
-  """Each program exported for `platforms` (one lowering for all of them), by name.
+def _lowering_error(case: str, what: str, platforms: Sequence[str],
+                    error: Exception) -> LoweringError:
+  message = str(error).splitlines()[0] if str(error) else ''
+  return LoweringError(f'{case}: {what} does not lower for {list(platforms)}: '
+                       f'{type(error).__name__}: {message} (at {_innermost_project_frame(error)})')
 
-  Raises LoweringError naming `case`, the step and the failing op and source line.
+
+def export_steps(config: ml_collections.ConfigDict, num_classes: int, mesh: Any, *,
+                 batch_size: int, case: str, teacher_model: str | None = None,
+                 platforms: Sequence[str] = PLATFORMS) -> dict[str, jax.export.Exported]:
+  """`step_programs`' steps exported for `platforms` (one lowering for all of them), by name.
+
+  Raises LoweringError naming `case`, the step (or the set-up, tracing the model's
+  initialisation) and the failing op with its source line in vit_jax.
   """
+  try:
+    programs = step_programs(config, num_classes, mesh, batch_size=batch_size,
+                             teacher_model=teacher_model)
+  except Exception as e:  # pylint: disable=broad-except
+    raise _lowering_error(case, 'the set-up of the steps', platforms, e) from e
   exported = {}
   for program in programs:
     try:
       exported[program.name] = jax.export.export(program.function, platforms=platforms)(
           *program.arguments)
     except Exception as e:  # pylint: disable=broad-except
-      raise LoweringError(
-          f'{case}: the {program.name} step does not lower for {list(platforms)}: '
-          f'{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""} '
-          f'(at {_innermost_project_frame(e)})') from e
+      raise _lowering_error(case, f'the {program.name} step', platforms, e) from e
   return exported
