@@ -11,6 +11,7 @@ bfloat16 operands (accumulating in float32 where asked), forward and backward.
 """
 
 import dataclasses
+import functools
 import importlib
 import itertools
 
@@ -27,8 +28,9 @@ from vit_jax.models import attention
 
 FAMILIES = ('vit', 'deit', 'cait', 'deepvit', 't2t', 'sa_conv', 'regnet')
 FEATURES = ('teacher', 'mixing', 'ema', 'micro_batches', 'scan_remat', 'positional')
-# Features a family has no such part for: RegNetY stages are not scanned and have no attention.
-NOT_APPLICABLE = {'regnet': {'scan_remat', 'positional'}}
+# Features a family's quick model cannot have: RegNetY stages are not scanned and have no
+# attention; DeiT's distillation token needs the class stage that positional attention excludes.
+NOT_APPLICABLE = {'regnet': {'scan_remat', 'positional'}, 'deit': {'positional'}}
 # Each family's row A: the features on in it; row B turns on exactly the others. Row A is float32
 # on fsdp=8 for the first, third, ... family and float32 on data parallelism for the others.
 ROW_A = {
@@ -170,9 +172,11 @@ def float32_products(config) -> tuple[list[lowering.MatrixProduct], int]:
   return not_allowed(products), len(products)
 
 
-# Name -> (family, model fields): every family's quick model, and the other attentions.
+# Name -> (family, model fields): the models and attentions that the matrix's bfloat16 rows (whose
+# module carries no op names) leave out, each named in a failure.
 BFLOAT16_MODELS = {
-    **{family: (family, {}) for family in FAMILIES},
+    'vit': ('vit', {}),
+    'sa_conv': ('sa_conv', {}),
     't2t_performer': ('t2t', {'name': 't2t_vit_ti4'}),
     'deepvit_layer_norm': ('deepvit', {'re_attention_norm': 'layer'}),
     'vit_map_pool': ('vit', {'global_pool': 'map'}),
@@ -195,6 +199,7 @@ def test_bfloat16_train_step_multiplies_bfloat16_operands(name):
 
 def test_a_float32_operand_product_is_caught():
   config = family_config('vit', dtype='bfloat16')
+  config.model.depth = 1
   bad, _ = float32_products(config)
   assert not bad
   original = attention.einsum_float32
@@ -228,30 +233,33 @@ def test_einsum_float32_equals_einsum_with_gradients_in_the_operands_dtype(spec,
     np.testing.assert_allclose(np.asarray(ours, np.float32), theirs, rtol=0.05, atol=0.05)
 
 
-@pytest.mark.parametrize('family', FAMILIES)
-def test_bfloat16_step_stays_within_bfloat16_tolerance_of_float32(family):
-  """Logits, loss and the first update of the bfloat16 step against the float32 step's."""
+@pytest.mark.slow
+@pytest.mark.parametrize('name', ['vit', 'cait', 'deepvit', 't2t_performer'])
+def test_bfloat16_step_stays_within_bfloat16_tolerance_of_float32(name):
+  """Logits, loss and the first update of the bfloat16 step against the float32 step's, for
+  one-block models of each attention whose products changed."""
+  family, fields = {**BFLOAT16_MODELS, 'cait': ('cait', {}), 'deepvit': ('deepvit', {})}[name]
   results = {}
   for dtype in ('float32', 'bfloat16'):
     config = family_config(family, dtype=dtype)
+    config.model.update(depth=1, **fields)
     model = config_lib.create_model(config, 10)
     tx = optim.create_optimizer(config, lambda _: 1e-3)
-    state = steps.init_state(model, tx, config)
+    state = jax.jit(functools.partial(steps.init_state, model, tx, config))()
     rng = np.random.default_rng(0)
     size = config.image_size
     batch = {'image': jnp.asarray(rng.normal(size=(8, size, size, 3)), jnp.float32),
              'label': jnp.asarray(rng.integers(0, 10, 8), jnp.int32)}
     variables = {'params': state.params, **({'batch_stats': state.batch_stats}
                                            if state.batch_stats else {})}
-    logits = jax.jit(lambda v, x: model.apply(v, x))(variables, batch['image'])
+    logits = jax.jit(model.apply)(variables, batch['image'])
     new_state, metrics = jax.jit(steps.make_train_step(model, tx, config, 10))(state, batch)
     update = jax.tree.map(lambda new, old: new - old, new_state.params, state.params)
     results[dtype] = (np.asarray(logits, np.float32), float(metrics['loss']),
                       np.concatenate([np.ravel(u) for u in jax.tree.leaves(update)]))
   (logits32, loss32, update32), (logits16, loss16, update16) = (results['float32'],
                                                                  results['bfloat16'])
-  scale = np.abs(logits32).max()
-  np.testing.assert_allclose(logits16, logits32, atol=0.05 * scale + 0.02)
+  np.testing.assert_allclose(logits16, logits32, atol=0.05 * np.abs(logits32).max() + 0.02)
   assert abs(loss16 - loss32) < 0.02 * abs(loss32) + 0.01, (loss16, loss32)
   # Adam's first update is lr * sign(g) where g is not tiny: the directions must agree.
   large = np.abs(update32) > 0.5e-3
