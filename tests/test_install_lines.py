@@ -46,8 +46,8 @@ def _dry_run(*requirements: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope='module')
 def registry():
-  """Skips unless pip resolves the pinned jax alone (the registry is reachable)."""
-  control = _dry_run('--no-deps', f'jax=={pinned_jax()}')
+  """Skips unless pip finds itself on the package registry (which it then can reach)."""
+  control = _dry_run('--no-deps', 'pip')
   if control.returncode:
     pytest.skip('pip cannot reach the package registry: '
                 f'{(control.stderr.strip().splitlines() or ["?"])[-1]}')
