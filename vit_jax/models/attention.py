@@ -6,7 +6,9 @@ scores -> (head mixing before softmax) -> probabilities -> (head mixing after so
 Head mixing: talking heads (CaiT) and Re-attention (DeepViT). Every module sows its final attention
 probabilities (after any head mixing) as `intermediates/attention_probs`, shape
 (batch, heads, queries, keys). Without head mixing, positional scores, attention dropout or an
-`intermediates` collection to fill, content attention takes `jax.nn.dot_product_attention`.
+`intermediates` collection to fill, content attention takes a fast path that keeps no
+probabilities (`softmax_attention`, or `jax.nn.dot_product_attention` with cuDNN). Scores and head
+mixing accumulate in float32 from operands in the compute dtype, in both passes (`einsum_float32`).
 """
 
 import functools
