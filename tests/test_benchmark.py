@@ -162,3 +162,25 @@ def test_memory_only_refuses_a_mesh_that_does_not_divide_the_devices():
   result = _benchmark(*TINY, '--memory_only', '--devices=8', '--config.mesh.fsdp=3')
   assert result.returncode != 0
   assert 'mesh.fsdp=3: must divide the number of devices (8); valid: [1, 2, 4, 8]' in result.stderr
+
+
+def test_device_report_reduced_on_cpu(tmp_path):
+  """The reduced report on CPU: every family trains (finite, falling loss), cuDNN is reported
+  unavailable, and the training and input pipeline rows carry their numbers."""
+  report = tmp_path / 'report.json'
+  result = _benchmark('--device_report', f'--report_json={report}')
+  assert result.returncode == 0, result.stderr
+  table = json.loads(report.read_text())
+  assert table['platform'] == 'cpu' and table['reduced']
+  rows = {row['check'].split(' (')[0]: row for row in table['rows']}
+  for family in ('vit', 'deit', 'cait', 'deepvit', 't2t', 'sa_conv', 'regnet'):
+    row = rows[f'{family} training']
+    assert row['ok'], row
+    assert np.all(np.isfinite(row['numbers']['losses']))
+  assert 'cuDNN unavailable on cpu' in rows['attention cuDNN vs XLA']['result']
+  assert rows['attention cuDNN vs XLA']['numbers']['xla_ms'] > 0
+  assert 'MFU not reported' in rows['vit_ti4 training']['result']
+  assert rows['vit_ti4 training']['numbers']['images_per_s'] > 0
+  assert rows['input pipeline']['numbers']['images_per_s'] > 0
+  for row in table['rows']:  # The printed table has every row.
+    assert row['check'] in result.stdout

@@ -8,6 +8,7 @@ r"""Training and inference throughput of a config's model, optionally against ti
       --config=configs/deit.py:variant=S,dataset=folder:/path/to/images
   python -m vit_jax.benchmark --config=configs/vit.py:variant=L/16 --memory_only --devices=8 \
       --config.mesh.fsdp=8
+  python -m vit_jax.benchmark --device_report --report_json=/tmp/device_report.json
 
 A training step is `vit_jax.steps`'s (forward, loss, gradients, optimizer update, metrics) on
 random images; an inference step is a jitted forward pass with train=False. Every step is blocked
@@ -23,7 +24,10 @@ peak host (and, where the runtime reports it, device) memory, XLA's FLOP count o
 achieved FLOP/s; with a known peak (`--peak_tflops`, or the table `PEAK_TFLOPS` for bfloat16 on
 accelerators) also the model FLOPs utilisation. `--layers_table` measures deep models with and
 without scan-over-layers and remat, each combination in a fresh process. `--input_pipeline` times
-the training input pipeline instead, alone (`vit_jax.input_benchmark`).
+the training input pipeline instead, alone (`vit_jax.input_benchmark`). `--device_report` checks
+and measures what the accelerator at hand runs, in one table (`vit_jax.device_report`): every
+family's bfloat16 training, cuDNN against XLA attention, ViT-B/16's images/s and MFU, and the input
+pipeline against the step's need.
 
 `--memory_only` runs nothing: for a mesh of `--devices` devices with the config's `mesh.fsdp`, it
 prints what one device holds (parameters, optimizer state, EMA, all of the training state, in
@@ -98,11 +102,12 @@ _LATE_STEP = flags.DEFINE_integer('late_step', None, '--input_pipeline: the late
                                   'first batch is timed (default: the first step after 100,000 '
                                   'consumed examples).')
 _DATA_DIR = flags.DEFINE_string('data_dir', None, "TFDS data directory (default: the config's).")
-
-# Dense peak bfloat16 TFLOP/s per chip, by the start of `device_kind` (vendor data sheets).
-PEAK_TFLOPS = {'NVIDIA H100': 989.0, 'NVIDIA H200': 989.0, 'NVIDIA A100': 312.0,
-               'TPU v4': 275.0, 'TPU v5 lite': 197.0, 'TPU v5e': 197.0, 'TPU v5p': 459.0,
-               'TPU v6 lite': 918.0, 'TPU v6e': 918.0}
+_DEVICE_REPORT = flags.DEFINE_bool('device_report', False, 'Check and measure what this '
+                                   'accelerator runs (vit_jax.device_report): one table, also '
+                                   'written as JSON to --report_json.')
+_REDUCED = flags.DEFINE_bool('reduced', None, '--device_report at tiny sizes (default: on CPU).')
+_REPORT_JSON = flags.DEFINE_string('report_json', 'device_report.json',
+                                   '--device_report: where the table is written as JSON.')
 
 # One model per family at its native resolution (the /4 and SA-conv models are CIFAR-sized).
 FAMILY_MODELS = {'deit_ti16': 224, 'cait_ti4': 32, 'deepvit_ti4': 32, 't2t_vit_t_14': 224,
@@ -155,15 +160,6 @@ def benchmark_config(config, *, batch: int, image_size: int, dtype: str | None,
   return config
 
 
-def compiled_flops(compiled) -> float | None:
-  """XLA's FLOP count of a compiled computation, where the backend provides one."""
-  analysis = compiled.cost_analysis()
-  if isinstance(analysis, (list, tuple)):  # Older jax: one dict per partition.
-    analysis = analysis[0] if analysis else None
-  flops = (analysis or {}).get('flops')
-  return float(flops) if flops and flops > 0 else None
-
-
 def compiled_memory_bytes(compiled) -> dict[str, int]:
   """XLA's memory account of a compiled computation, per device: its arguments, temporaries,
   and everything live at once (donated arguments are reused by the outputs)."""
@@ -189,6 +185,7 @@ def jax_contender(config, num_classes: int, name: str | None = None,
   import jax
   import jax.numpy as jnp
   import numpy as np
+  from vit_jax import device_report
   from vit_jax import optim
   from vit_jax import steps
   # pylint: enable=g-import-not-at-top
@@ -234,7 +231,7 @@ def jax_contender(config, num_classes: int, name: str | None = None,
 
   return Contender(name or config.model.name, train_steps, infer_steps, compile_s, model,
                    sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params)),
-                   compiled_flops(train_step), compiled_memory_mib(train_step))
+                   device_report.compiled_flops(train_step), compiled_memory_mib(train_step))
 
 
 def byte_size(count: int) -> str:
@@ -443,8 +440,8 @@ def peak_tflops(device, dtype: str) -> float | None:
     return _PEAK_TFLOPS.value
   if dtype != 'bfloat16':
     return None
-  kind = device.device_kind
-  return next((v for k, v in PEAK_TFLOPS.items() if kind.startswith(k)), None)
+  from vit_jax import device_report  # pylint: disable=g-import-not-at-top
+  return device_report.peak_tflops(device.device_kind)
 
 
 def flops_report(flops: float, step_s: float, device, dtype: str) -> str:
@@ -635,6 +632,10 @@ def main(argv) -> None:
       except ValueError as e:
         raise app.UsageError(str(e)) from e
   _prepare_process()
+  if _DEVICE_REPORT.value:
+    from vit_jax import device_report  # pylint: disable=g-import-not-at-top
+    device_report.run(reduced=_REDUCED.value, json_path=_REPORT_JSON.value)
+    return
   config = _CONFIG.value
   if _DATA_DIR.value:
     config.data_dir = _DATA_DIR.value

@@ -6,7 +6,9 @@ scores -> (head mixing before softmax) -> probabilities -> (head mixing after so
 Head mixing: talking heads (CaiT) and Re-attention (DeepViT). Every module sows its final attention
 probabilities (after any head mixing) as `intermediates/attention_probs`, shape
 (batch, heads, queries, keys). Without head mixing, positional scores, attention dropout or an
-`intermediates` collection to fill, content attention takes `jax.nn.dot_product_attention`.
+`intermediates` collection to fill, content attention takes a fast path that keeps no
+probabilities (`softmax_attention`, or `jax.nn.dot_product_attention` with cuDNN). Scores and head
+mixing accumulate in float32 from operands in the compute dtype, in both passes (`einsum_float32`).
 """
 
 import functools
@@ -54,6 +56,52 @@ def dense_dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers: Any,
 def Dense(features: int, **kwargs: Any) -> nn.Dense:  # pylint: disable=invalid-name
   """`nn.Dense` over the last axis of token arrays, with the CPU-friendly `dense_dot_general`."""
   return nn.Dense(features, dot_general=dense_dot_general, **kwargs)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _float32_product(product: Callable[..., jax.Array], a: jax.Array, b: jax.Array) -> jax.Array:
+  return product(a, b, jnp.float32)
+
+
+def _float32_product_forward(product, a, b):
+  return _float32_product(product, a, b), (a, b)
+
+
+def _float32_product_backward(product, operands, cotangent):
+  # The cotangent enters the transposed products in the operands' dtype: left float32, it would
+  # make each of them a float32 product (bfloat16 operands upcast) on GPU and TPU.
+  a, b = operands
+  dtype = jnp.result_type(a, b)
+  _, vjp = jax.vjp(lambda a, b: product(a, b, dtype), a, b)
+  return vjp(cotangent.astype(dtype))
+
+
+_float32_product.defvjp(_float32_product_forward, _float32_product_backward)
+
+
+def einsum_float32(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
+  """`jnp.einsum(spec, a, b)` of the operands in their own dtype, accumulated into float32.
+
+  For attention scores in mixed precision: bfloat16 operands, float32 result for the softmax, and
+  in the backward pass products of bfloat16 operands too (the float32 cotangent is rounded to
+  bfloat16 first, as an einsum with a bfloat16 result would do).
+  """
+  return _float32_product(
+      lambda a, b, dtype: jnp.einsum(spec, a, b, preferred_element_type=dtype), a, b)
+
+
+def float32_dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers: Any,
+                        precision: Any = None, preferred_element_type: Dtype | None = None
+                        ) -> jax.Array:
+  """`dense_dot_general` with a float32 result and `einsum_float32`'s backward pass.
+
+  The `dot_general` of a `Dense` whose output feeds a float32 computation (head mixing before
+  softmax or normalisation).
+  """
+  del preferred_element_type  # Always float32.
+  return _float32_product(
+      lambda a, b, dtype: dense_dot_general(a, b, dimension_numbers, precision=precision,
+                                            preferred_element_type=dtype), lhs, rhs)
 
 
 def torch_default_bias_init(fan_in: int) -> Initializer:
@@ -150,14 +198,21 @@ def chunked_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
   num_chunks = -(-queries // chunk_size)
   bounds = [queries * i // num_chunks for i in range(num_chunks + 1)]  # Near-equal chunks.
 
-  @jax.checkpoint
-  def attend_chunk(q_chunk: jax.Array) -> jax.Array:
-    scores = jnp.einsum('bqhd,bkhd->bhqk', q_chunk, k, preferred_element_type=jnp.float32)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    return jnp.einsum('bhqk,bkhd->bqhd', probs, v)
-
+  attend_chunk = jax.checkpoint(lambda q_chunk: softmax_attention(q_chunk, k, v))
   return jnp.concatenate([attend_chunk(q[:, start:stop])
                           for start, stop in zip(bounds[:-1], bounds[1:])], axis=1)
+
+
+def softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+  """softmax(q k^T) v for q pre-scaled, all (batch, tokens, heads, head_dim).
+
+  The computation of `jax.nn.dot_product_attention`'s XLA implementation (scores accumulated in
+  float32, softmax in float32, probabilities rounded to the values' dtype), whose backward pass
+  also multiplies operands of the inputs' dtype only (`einsum_float32`).
+  """
+  scores = einsum_float32('bqhd,bkhd->bhqk', q, k)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  return jnp.einsum('bhqk,bkhd->bqhd', probs, v)
 
 
 def content_attention(module: nn.Module, q: jax.Array, k: jax.Array, v: jax.Array, *,
@@ -168,19 +223,21 @@ def content_attention(module: nn.Module, q: jax.Array, k: jax.Array, v: jax.Arra
                       dropout_before_post_softmax: bool = False) -> jax.Array:
   """softmax(q k^T) v for q pre-scaled, all (batch, tokens, heads, head_dim).
 
-  Takes `jax.nn.dot_product_attention` when nothing needs the explicit probabilities, with
-  `implementation` None (XLA) or 'cudnn' (flash attention; GPU, float16/bfloat16), and on CPU
-  `chunked_attention` for long sequences; otherwise the shared pipeline `attend`.
+  When nothing needs the explicit probabilities: with `implementation` None, `softmax_attention`
+  (on CPU `chunked_attention` for long sequences); with 'xla' or 'cudnn' (flash attention; GPU,
+  float16/bfloat16), `jax.nn.dot_product_attention` of that implementation. Otherwise the shared
+  pipeline `attend`.
   """
   fast = (use_fast_path and pre_softmax is None and post_softmax is None
           and not module.is_mutable_collection('intermediates')
           and (not train or dropout_rate == 0.0))
-  if fast and implementation is None and jax.default_backend() == 'cpu' and (
-      q.shape[1] * k.shape[1] >= CHUNKED_ATTENTION_MIN_PAIRS):
-    return chunked_attention(q, k, v)
+  if fast and implementation is None:
+    if jax.default_backend() == 'cpu' and q.shape[1] * k.shape[1] >= CHUNKED_ATTENTION_MIN_PAIRS:
+      return chunked_attention(q, k, v)
+    return softmax_attention(q, k, v)
   if fast:
     return jax.nn.dot_product_attention(q, k, v, scale=1.0, implementation=implementation)
-  scores = jnp.einsum('bqhd,bkhd->bhqk', q, k, preferred_element_type=jnp.float32)
+  scores = einsum_float32('bqhd,bkhd->bhqk', q, k)
   return attend(module, scores, v, dropout_rate=dropout_rate, train=train,
                 pre_softmax=pre_softmax, post_softmax=post_softmax,
                 dropout_before_post_softmax=dropout_before_post_softmax)
@@ -218,10 +275,12 @@ class SelfAttention(nn.Module):
 
   def _mix_heads_dense(self, t: jax.Array, name: str, kernel_init: Initializer | None = None,
                        bias_init: Initializer | None = None) -> jax.Array:
-    """Dense with bias over the head axis of (batch, heads, queries, keys), in float32."""
-    mixed = Dense(self.num_heads, kernel_init=kernel_init or self.kernel_init,
-                  bias_init=bias_init or self.bias_init, dtype=jnp.float32,
-                  param_dtype=self.param_dtype, name=name)(jnp.moveaxis(t, 1, -1))
+    """Dense with bias over the head axis of (batch, heads, queries, keys): operands in `dtype`,
+    result in float32 (for the softmax or normalisation after it)."""
+    mixed = nn.Dense(self.num_heads, kernel_init=kernel_init or self.kernel_init,
+                     bias_init=bias_init or self.bias_init, dtype=self.dtype,
+                     param_dtype=self.param_dtype, dot_general=float32_dot_general,
+                     name=name)(jnp.moveaxis(t, 1, -1))
     return jnp.moveaxis(mixed, -1, 1)
 
   def _re_attention(self, probs: jax.Array, train: bool, head_dim: int) -> jax.Array:
@@ -235,7 +294,7 @@ class SelfAttention(nn.Module):
     else:
       theta = self.param('reattn_weights', nn.initializers.normal(1.0), (heads, heads),
                          self.param_dtype)
-      mixed = jnp.einsum('bhqk,hg->bgqk', probs, theta.astype(jnp.float32))
+      mixed = einsum_float32('bhqk,hg->bgqk', probs.astype(self.dtype), theta.astype(self.dtype))
       normed = nn.LayerNorm(epsilon=1e-5, reduction_axes=1, feature_axes=1,
                             use_fast_variance=False, dtype=jnp.float32,
                             param_dtype=self.param_dtype, name='reattn_norm')(mixed)
@@ -508,7 +567,7 @@ class PositionalAttention(nn.Module):
         shape = (batch, rows * cols, self.num_heads, width)
         q = self._dense(self.num_heads * width, width, 'query')(tokens).reshape(shape)
         k = self._dense(self.num_heads * width, width, 'key')(tokens).reshape(shape)
-        content = jnp.einsum('bqhd,bkhd->bhqk', q, k, preferred_element_type=jnp.float32)
+        content = einsum_float32('bqhd,bkhd->bhqk', q, k)
         scores = scores[None] + content / math.sqrt(width)
       heads = attend(self, scores, tokens, dropout_rate=self.attention_dropout_rate, train=train)
     out = self._dense(width, self.num_heads * width, 'value')(_merge_heads(heads))

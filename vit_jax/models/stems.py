@@ -160,10 +160,15 @@ class TokenPerformer(nn.Module):
   param_dtype: Dtype = jnp.float32
 
   def _features(self, x: jax.Array, w: jax.Array) -> jax.Array:
-    """Positive random features of the softmax kernel, (batch, tokens, m), in float32."""
+    """Positive random features of the softmax kernel, (batch, tokens, m), in float32.
+
+    w x multiplies operands in `dtype`; |x|^2 and the exponential are float32.
+    """
+    projected = attention_lib.einsum_float32('bti,mi->btm', x.astype(self.dtype),
+                                             w.astype(self.dtype))
     x = x.astype(jnp.float32)
     half_norm = 0.5 * jnp.sum(x * x, axis=-1, keepdims=True)
-    return jnp.exp(jnp.einsum('bti,mi->btm', x, w) - half_norm) / math.sqrt(w.shape[0])
+    return jnp.exp(projected - half_norm) / math.sqrt(w.shape[0])
 
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
@@ -186,12 +191,15 @@ class TokenPerformer(nn.Module):
         'random_features', orthogonal_rows, (num_features, self.dim), jnp.float32))
     k, q, v = jnp.split(dense(3 * self.dim, name='kqv')(norm(name='norm1')(x)), 3, axis=-1)
     kp, qp = self._features(k, w), self._features(q, w)
-    normaliser = jnp.einsum('btm,bm->bt', qp, kp.sum(axis=1))[..., None] + 1e-8
+    # The features' products take operands in `dtype` and accumulate in float32.
+    product = lambda spec, a, b: attention_lib.einsum_float32(
+        spec, a.astype(self.dtype), b.astype(self.dtype))
+    normaliser = product('btm,bm->bt', qp, kp.sum(axis=1))[..., None] + 1e-8
     if self.is_mutable_collection('intermediates'):
-      probs = jnp.einsum('bqm,bkm->bqk', qp, kp) / normaliser
+      probs = product('bqm,bkm->bqk', qp, kp) / normaliser
       self.sow('intermediates', 'attention_probs', probs[:, None])
-    kv = jnp.einsum('btd,btm->bdm', v.astype(jnp.float32), kp)
-    y = (jnp.einsum('btm,bdm->btd', qp, kv) / normaliser).astype(self.dtype)
+    kv = product('btd,btm->bdm', v, kp)
+    y = (product('btm,bdm->btd', qp, kv) / normaliser).astype(self.dtype)
     y = v + dropout(dense(self.dim, name='proj')(y))
     hidden = self.activation(dense(self.dim, name='mlp_0')(norm(name='norm2')(y)))
     return y + dropout(dense(self.dim, name='mlp_2')(hidden))

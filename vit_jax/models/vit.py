@@ -383,8 +383,9 @@ class AttentionPool(nn.Module):
     q = dense(width, name='q')(latent.astype(x.dtype)).reshape(1, self.num_heads, 1, head_dim)
     k, v = jnp.split(dense(2 * width, name='kv')(x).reshape(
         batch, tokens, 2 * self.num_heads, head_dim), 2, axis=2)
-    scores = jnp.einsum('bhqd,bkhd->bhqk', jnp.broadcast_to(q * head_dim ** -0.5,
-                                                          (batch,) + q.shape[1:]), k)
+    scores = attention_lib.einsum_float32(
+        'bhqd,bkhd->bhqk', jnp.broadcast_to(q * jnp.asarray(head_dim ** -0.5, q.dtype),
+                                            (batch,) + q.shape[1:]), k)
     y = attention_lib.attend(self, scores, v, dropout_rate=0.0, train=train)
     y = dense(width, name='proj')(y.reshape(batch, 1, width))
     norm = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype, param_dtype=self.param_dtype,
@@ -401,8 +402,10 @@ class VisionTransformer(nn.Module):
   xavier Dense kernels; `'timm'` is DeiT/timm's N(0, 0.02) scheme. `representation_size` adds the
   paper's tanh pre-logits layer. The position embedding length is set by the input at init.
   attention_implementation='cudnn' runs the fast attention path as cuDNN flash attention (GPU,
-  float16/bfloat16), 'xla' as XLA's; None is XLA's too, except that on CPU sequences of 1024+
-  tokens go by query chunks (`attention.chunked_attention`).
+  float16/bfloat16), 'xla' as `jax.nn.dot_product_attention`'s XLA implementation; None computes
+  the same as 'xla' (`attention.softmax_attention`, whose backward pass keeps bfloat16 operands in
+  mixed precision), and on CPU takes sequences of 1024+ tokens by query chunks
+  (`attention.chunked_attention`).
 
   `global_pool` picks what the head reads, as timm's field of that name: 'token' the class token;
   'avg' the mean of all tokens after the final LayerNorm (no class token; big_vision's 'gap',

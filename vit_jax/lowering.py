@@ -1,0 +1,190 @@
+"""The run's steps as TPUs and GPUs would compile them, checked from any machine.
+
+`jax.export` lowers a jitted function for platforms this machine does not have, over an
+`AbstractMesh` of devices it does not have either. `step_programs` builds the train and eval steps
+exactly as `vit_jax.train` does (`steps.sharded_train_step`, `steps.make_eval_step`) with
+abstract, sharded arguments; `export_steps` lowers them for `tpu` and `cuda`; `matrix_products`
+reads the dot and convolution ops of a lowered program and the dtypes they multiply.
+
+What cannot be cross-lowered: `attention_implementation='cudnn'` (`jax.nn.dot_product_attention`
+asks the local cuDNN while tracing, and raises where there is none); it is checked on CPU by
+refusing clearly, and its XLA counterpart by equality with the default path.
+"""
+
+import dataclasses
+import re
+import traceback
+from typing import Any, Callable, Sequence
+
+import jax
+from jax.sharding import AbstractMesh, AxisType
+import jax.numpy as jnp
+import ml_collections
+
+from vit_jax import config as config_lib
+from vit_jax import models
+from vit_jax import optim
+from vit_jax import sharding
+from vit_jax import steps
+
+PLATFORMS = ('tpu', 'cuda')
+
+_PRODUCT = re.compile(r'stablehlo\.(dot_general|convolution)\b.*:\s*\(([^)]*)\)\s*->\s*'
+                      r'tensor<[^>]*>(?:\s*loc\((#loc\d+)\))?')
+_LOCATION = re.compile(r'^(#loc\d+) = loc\((?:"([^"]*)"|(#loc\d+)|callsite\((#loc\d+))')
+_ELEMENT = re.compile(r'x?([a-z]+\d*)>$')
+
+
+@dataclasses.dataclass(frozen=True)
+class MatrixProduct:
+  """A dot_general or convolution of a lowered program: its operands' element types (`f32`,
+  `bf16`, ...), whether its algorithm rounds both operands to bfloat16 first, and the name stack
+  of the code that made it (e.g. 'transpose(jvp(CaiT))/.../attn/proj_w/dot_general')."""
+  op: str
+  operand_types: tuple[str, ...]
+  bfloat16_algorithm: bool
+  name: str
+
+  @property
+  def float32_operand(self) -> bool:
+    """Whether an operand is float32 (on GPU and TPU, a float32 product unless its algorithm
+    rounds the operands first)."""
+    return 'f32' in self.operand_types
+
+
+def _location_names(text: str) -> dict[str, str]:
+  """`#locN` -> the name stack it (or the location it refers to) carries."""
+  direct, refers = {}, {}
+  for line in text.splitlines():
+    match = _LOCATION.match(line)
+    if match:
+      alias, name, ref, call = match.groups()
+      if name is not None:
+        direct[alias] = name
+      else:
+        refers[alias] = ref or call
+
+  def resolve(alias: str, depth: int = 0) -> str:
+    if alias in direct or depth > 50:
+      return direct.get(alias, '')
+    return resolve(refers[alias], depth + 1) if alias in refers else ''
+
+  return {alias: resolve(alias) for alias in {**direct, **refers}}
+
+
+def matrix_products(text: str) -> list[MatrixProduct]:
+  """The dot_general and convolution ops of a StableHLO module (`as_text(debug_info=True)` for
+  their names)."""
+  names = _location_names(text)
+  products = []
+  for line in text.splitlines():
+    match = _PRODUCT.search(line)
+    if not match:
+      continue
+    op, operands, location = match.groups()
+    types = tuple(_ELEMENT.search(t.strip()).group(1) for t in operands.split(', tensor'))
+    products.append(MatrixProduct(
+        op=op, operand_types=types,
+        bfloat16_algorithm='lhs_precision_type = bf16, rhs_precision_type = bf16' in line,
+        name=names.get(location, '') if location else ''))
+  return products
+
+
+def abstract_mesh(fsdp: int, devices: int = 8) -> AbstractMesh:
+  """The (data, fsdp) mesh of `sharding.make_mesh` over `devices` devices that need not exist."""
+  sharding.check_mesh(fsdp, devices)
+  return AbstractMesh((devices // fsdp, fsdp), sharding.MESH_AXES,
+                      axis_types=(AxisType.Auto,) * len(sharding.MESH_AXES))
+
+
+@dataclasses.dataclass(frozen=True)
+class StepProgram:
+  """A jitted step and abstract (shape, dtype, sharding) arguments to lower it with."""
+  name: str
+  function: Callable[..., Any]
+  arguments: tuple[Any, ...]
+
+
+def _batch(mesh: Any, size: int, image_size: int, *, eval_mask: bool) -> dict[str, Any]:
+  layout = sharding.batch_sharding(mesh)
+  batch = {'image': jax.ShapeDtypeStruct((size, image_size, image_size, 3), jnp.float32,
+                                         sharding=layout),
+           'label': jax.ShapeDtypeStruct((size,), jnp.int32, sharding=layout)}
+  if eval_mask:
+    batch['mask'] = jax.ShapeDtypeStruct((size,), jnp.float32, sharding=layout)
+  return batch
+
+
+def step_programs(config: ml_collections.ConfigDict, num_classes: int, mesh: Any, *,
+                  batch_size: int, teacher_model: str | None = None) -> list[StepProgram]:
+  """The train and eval steps of a run of `config` on `mesh`, as `vit_jax.train` jits them.
+
+  `teacher_model` (a registered name) distils from that model, in the run's dtype, with
+  abstract variables laid out by the same rule as the student's.
+  """
+  model = config_lib.create_model(config, num_classes)
+  schedule = optim.learning_rate_schedule(config, max(config.total_steps, 2), 1)
+  tx = optim.create_optimizer(config, schedule)
+  abstract_state = jax.eval_shape(lambda: steps.init_state(model, tx, config))
+  layout = lambda tree: sharding.fsdp_shardings(tree, mesh, config.mesh.fsdp_min_size)
+  state_sharding = layout(abstract_state)
+  teacher = teacher_sharding = teacher_variables = None
+  if teacher_model is not None:
+    teacher_net = models.create(teacher_model, num_classes=num_classes,
+                                dtype=jnp.dtype(config.dtype))
+    images = jnp.zeros((1, config.image_size, config.image_size, 3), jnp.float32)
+    variables = jax.eval_shape(lambda: teacher_net.init(jax.random.key(0), images, train=False))
+    teacher_sharding = layout(variables)
+    teacher_variables = sharding.abstract(variables, teacher_sharding)
+    teacher = steps.Teacher(teacher_net, teacher_variables)
+  train_step = steps.sharded_train_step(model, tx, config, num_classes, mesh, state_sharding,
+                                        teacher, teacher_sharding)
+  eval_step = jax.jit(steps.make_eval_step(model, num_classes),
+                      out_shardings=sharding.replicated(mesh))
+  state = sharding.abstract(abstract_state, state_sharding)
+  train_batch = _batch(mesh, batch_size, config.image_size, eval_mask=False)
+  return [StepProgram('train', train_step, (state, train_batch, teacher_variables)),
+          StepProgram('eval', eval_step,
+                      (state, _batch(mesh, batch_size, config.image_size, eval_mask=True)))]
+
+
+class LoweringError(RuntimeError):
+  """A step that does not lower for a platform; the message names the case, step and op."""
+
+
+def _innermost_project_frame(error: BaseException) -> str:
+  frames = [f for f in traceback.extract_tb(error.__traceback__) if '/vit_jax/' in f.filename]
+  if not frames:
+    return 'outside vit_jax'
+  frame = frames[-1]
+  return f'{frame.filename.rsplit("/vit_jax/", 1)[1]}:{frame.lineno} `{frame.line}`'
+
+
+def _lowering_error(case: str, what: str, platforms: Sequence[str],
+                    error: Exception) -> LoweringError:
+  message = str(error).splitlines()[0] if str(error) else ''
+  return LoweringError(f'{case}: {what} does not lower for {list(platforms)}: '
+                       f'{type(error).__name__}: {message} (at {_innermost_project_frame(error)})')
+
+
+def export_steps(config: ml_collections.ConfigDict, num_classes: int, mesh: Any, *,
+                 batch_size: int, case: str, teacher_model: str | None = None,
+                 platforms: Sequence[str] = PLATFORMS) -> dict[str, jax.export.Exported]:
+  """`step_programs`' steps exported for `platforms` (one lowering for all of them), by name.
+
+  Raises LoweringError naming `case`, the step (or the set-up, tracing the model's
+  initialisation) and the failing op with its source line in vit_jax.
+  """
+  try:
+    programs = step_programs(config, num_classes, mesh, batch_size=batch_size,
+                             teacher_model=teacher_model)
+  except Exception as e:  # pylint: disable=broad-except
+    raise _lowering_error(case, 'the set-up of the steps', platforms, e) from e
+  exported = {}
+  for program in programs:
+    try:
+      exported[program.name] = jax.export.export(program.function, platforms=platforms)(
+          *program.arguments)
+    except Exception as e:  # pylint: disable=broad-except
+      raise _lowering_error(case, f'the {program.name} step', platforms, e) from e
+  return exported
