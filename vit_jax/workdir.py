@@ -17,8 +17,9 @@ onto a training state's shardings to resume, or whole into host memory (whatever
 process count wrote them) for evaluation, analysis, export, teachers and fine-tuning, with the
 run's EMA of the variables first where it kept one. Without a step, the newest checkpoint that can
 be read is used: readers skip unreadable newer ones with a warning, and resuming moves them to
-`unreadable_checkpoints/` (never deleting them). Parameter shapes for `check_compatible` come from
-orbax's own metadata.
+`unreadable_checkpoints/` (never deleting them); a checkpoint that reads but holds another layout
+is never moved. Saved shapes (`newest_layout`, for `vit_jax.resume`) come from orbax's own
+metadata.
 
 The lock: `lock(workdir)` is held by a run's process 0 from its first write to its end. It is an
 exclusive `fcntl.flock` on `WORKDIR/run.lock`, which also records the holder (host, pid, start
@@ -62,6 +63,10 @@ ANALYSIS_DIR = 'analysis'
 
 class WorkdirInUse(ValueError):
   """Another live run holds the work directory."""
+
+
+class IncompatibleLayout(ValueError):
+  """A checkpoint that reads, but holds another layout of the training state: never set aside."""
 
 
 def _holder() -> dict[str, Any]:
@@ -143,7 +148,8 @@ def flat_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
   Leaves are arrays, `jax.ShapeDtypeStruct`s or orbax's `ArrayMetadata`.
   """
   flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-  return {'/'.join(str(getattr(k, 'key', getattr(k, 'idx', k))) for k in path):
+  name = lambda k: getattr(k, 'key', getattr(k, 'idx', getattr(k, 'name', k)))  # dict, list, attr
+  return {'/'.join(str(name(k)) for k in path):
           tuple(getattr(leaf, 'shape', np.shape(leaf))) for path, leaf in flat}
 
 
@@ -238,7 +244,13 @@ class Workdir:
     path = self.file(CONFIG_FILE)
     if not path.exists():
       return None
-    saved = json.loads(path.read_text())
+    try:
+      saved = json.loads(path.read_text())
+      if not isinstance(saved, dict) or not isinstance(saved.get('model'), dict):
+        raise ValueError('it is not a config: no "model" section')
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError.
+      raise ValueError(f'{path} is damaged ({e}); restore it from a copy, or write it again with '
+                       'the command that trained this run.') from None
     saved['model'] = {k: tuple(v) if isinstance(v, list) else v
                       for k, v in saved['model'].items()}
     return ml_collections.ConfigDict(saved)
@@ -297,27 +309,25 @@ class Workdir:
                  int(state['step']))
     return SavedVariables(variables, int(state['step']), ema)
 
-  def check_compatible(self, model_name: str, params: Any) -> None:
-    """Raises ValueError if the newest readable checkpoint belongs to another model.
-
-    Compares the model name and every parameter shape (orbax's metadata) with the model about
-    to be trained, so a typo in --workdir never silently overwrites someone else's run.
-    """
+  def newest_layout(self) -> tuple[int, str, dict[str, tuple[int, ...]]] | None:
+    """(step, model name, every saved array's shape by path) of the newest checkpoint whose
+    metadata reads (orbax's own, no array is read); None if none does."""
     if not self.has_checkpoint():
-      return
-    def model_and_shapes(step):  # Orbax's metadata holds every saved shape.
-      return (self._restore(step, state=False)['meta']['model'],
-              flat_shapes(self.manager.item_metadata(step)['state'].tree['params']))
-    found = self._newest_readable(model_and_shapes, quiet=True)
-    if found is None:  # None readable: training says so where it resumes.
-      return
-    step, (saved_model, saved_shapes) = found
-    diff = ShapeDiff.between(saved_shapes, flat_shapes(params))
-    if saved_model != model_name or diff:
-      raise ValueError(
-          f'The work directory {self.path!r} holds a checkpoint (step {step}) of model '
-          f'{saved_model!r}, but the config trains {model_name!r}. Use a new --workdir, or the '
-          f'config that wrote this one (see its {CONFIG_FILE}).' + diff.listing(limit=5))
+      return None
+    found = self._newest_readable(
+        lambda step: (self._restore(step, state=False)['meta']['model'], self.saved_shapes(step)),
+        quiet=True)
+    return None if found is None else (found[0], *found[1])
+
+  def _layout_or_none(self, step: int) -> dict[str, tuple[int, ...]] | None:
+    try:
+      return self.saved_shapes(step)
+    except Exception:  # Orbax, tensorstore, json: many kinds. pylint: disable=broad-except
+      return None
+
+  def saved_shapes(self, step: int) -> dict[str, tuple[int, ...]]:
+    """Every array of step `step`'s training state by path, with its shape (orbax's metadata)."""
+    return flat_shapes(self.manager.item_metadata(step)['state'].tree)
 
   # Writing.
 
@@ -330,8 +340,20 @@ class Workdir:
     steps = self.steps()
     if not steps:
       return None
-    found = self._newest_readable(lambda step: self._restore(step, like)['state'],
-                                  on_unreadable=self._set_aside)
+    wanted = flat_shapes(like)
+
+    def read(step):
+      try:
+        return self._restore(step, like)['state']
+      except Exception:  # pylint: disable=broad-except
+        if self._layout_or_none(step) not in (None, wanted):  # Reads, but another layout.
+          raise IncompatibleLayout(
+              f'The checkpoint of step {step} in {self.file(CHECKPOINT_DIR)} holds another '
+              'layout of the training state than the newer ones; it was not moved. Move it out '
+              'of the way by hand to resume from an older one, or start a new run.') from None
+        raise
+
+    found = self._newest_readable(read, on_unreadable=self._set_aside)
     if found is None:
       raise ValueError(
           f'None of the {len(steps)} checkpoints in {self.file(CHECKPOINT_DIR)} could be read '
@@ -413,6 +435,8 @@ class Workdir:
     for step in reversed(self.steps()):
       try:
         return step, read(step)
+      except IncompatibleLayout:
+        raise
       except Exception as e:  # Orbax, tensorstore, json: many kinds. pylint: disable=broad-except
         reason = _reason(e)
         if not quiet:
