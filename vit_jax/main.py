@@ -54,6 +54,12 @@ def _chain(error: BaseException) -> list[BaseException]:
   return chain
 
 
+def _first_refusal(error: BaseException) -> Exception | None:
+  """The first write the work directory refused, where cleaning up after it failed again."""
+  from vit_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  return next((x for x in reversed(_chain(error)) if isinstance(x, workdir_lib.Unwritable)), None)
+
+
 def _config_error(error: Exception) -> str:
   """One line for a config that cannot be read: a missing file, a misspelt field, a bad value."""
   chain = _chain(error)
@@ -110,6 +116,7 @@ def main(argv) -> None:
     sys.exit(f'error: {e}')
   import jax  # pylint: disable=g-import-not-at-top
   from vit_jax import train  # pylint: disable=g-import-not-at-top
+  from vit_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   if jax.process_index() != 0:  # Process 0 speaks for all; the others report only problems.
     logging.set_verbosity(logging.WARNING)
   logging.debug('JAX process %d of %d; %d local / %d global devices (%s).', jax.process_index(),
@@ -119,7 +126,13 @@ def main(argv) -> None:
     result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except (ValueError, FloatingPointError) as e:
     logging.debug('Stopped by an error.', exc_info=True)
-    sys.exit(f'error: {e}')
+    sys.exit(f'error: {_first_refusal(e) or e}')
+  except Exception as e:  # A write refused late (summaries, results): one line, else raise.
+    refusal = _first_refusal(e) or workdir_lib.unwritable(e, _WORKDIR.value, workdir_lib.ROOM)
+    if refusal is None:
+      raise
+    logging.debug('Stopped by an error.', exc_info=True)
+    sys.exit(f'error: {refusal}')
   except KeyboardInterrupt:  # Before the loop could save, or a second Ctrl-C: nothing new saved.
     logging.warning('Interrupted; the newest checkpoint in %s (if any) is intact. Rerun the same '
                     'command to resume.', _WORKDIR.value)

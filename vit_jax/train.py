@@ -221,6 +221,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
   signal handlers are held until it returns.
   """
   config_lib.validate(config)
+  workdir_lib.check_path(workdir)
   if config.eval_only:
     return evaluate_only(config, workdir)
   with contextlib.ExitStack() as run_scope:
@@ -248,7 +249,8 @@ def _start(config: ml_collections.ConfigDict, workdir: str,
 
   run_dir = workdir_lib.Workdir.create(workdir, config, run_scope)  # Locked; config.json written.
   watcher = run_scope.enter_context(PreemptionWatcher())
-  writer = metric_writers.create_default_writer(workdir, just_logging=jax.process_index() > 0)
+  with workdir_lib.writing(workdir, workdir_lib.ROOM):
+    writer = metric_writers.create_default_writer(workdir, just_logging=jax.process_index() > 0)
   run_scope.callback(writer.close)
   logging.debug('Model %s: %s parameters; %d classes; %d train / %d eval examples; %d steps.',
                 config.model.name,
