@@ -1,4 +1,4 @@
-"""An image folder used for the first time by several processes, and files that cannot be trained on."""
+"""An image folder first used by several processes at once, and files that cannot be trained on."""
 
 import logging as std_logging
 import os

@@ -146,7 +146,8 @@ def test_without_config_json_the_saved_arrays_decide(runs, data_dir, tmp_path, c
   os.remove(os.path.join(workdir, workdir_lib.CONFIG_FILE))
   saved = workdir_lib.Workdir(workdir).read_state()
   with contextlib.ExitStack() as scope:
-    state = train._start(_config(data_dir), workdir, scope).state  # pylint: disable=protected-access
+    run = train._start(_config(data_dir), workdir, scope)  # pylint: disable=protected-access
+    state = run.state
   _assert_same(state.params, saved['params'])
   assert state.ema == {}
 

@@ -93,8 +93,8 @@ def _layout_hint(keys: list[str], family: str) -> str:
   if any(key.startswith(_FAMILY_PREFIXES) for key in keys):
     return ''
   known = ', '.join(dict.fromkeys(layout for _, layout, _ in _LAYOUT_HINTS))
-  resembles = next((what for marker, what in _FOREIGN_LAYOUTS if any(marker in key for key in keys)),
-                   None)
+  resembles = next((what for marker, what in _FOREIGN_LAYOUTS
+                    if any(marker in key for key in keys)), None)
   return (f'Its keys match no model family here ({known}): '
           + (f'it looks like {resembles}. ' if resembles else
              f'its first keys are {", ".join(sorted(keys)[:4])}. '))
@@ -443,7 +443,8 @@ def _from_workdir(path: str, model: nn.Module, use_ema: bool) -> tuple[dict, str
   """(unrolled variables, a description of the source, a hint if another family saved them)."""
   run = workdir_lib.Workdir.open(path)
   saved = run.read_variables(use_ema=use_ema, unrolled=True)
-  check_finite({'/'.join(k): v for k, v in flax.traverse_util.flatten_dict(saved.variables).items()},
+  flat = flax.traverse_util.flatten_dict(saved.variables)
+  check_finite({'/'.join(k): v for k, v in flat.items()},
                f'The checkpoint of step {saved.step} in {path!r}')
   name = run.config().model.name
   fields = config_lib.model_overrides(run.config().model)
