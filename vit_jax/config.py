@@ -459,6 +459,9 @@ def quick_default_problems(dataset: str, normalization: str, variants: Sequence[
   if (normalization != 'digits' or dataset == datasets.DIGITS
       or dataset.startswith(datasets.FOLDER_PREFIX)):
     return []
+  unknown = datasets.unknown(dataset)
+  if unknown:  # Said first: no variant makes an unknown name train.
+    return [f'{name}={dataset!r}: {unknown}']
   if variants:
     pick = (f'add variant= with one of {", ".join(variants)} after the config file\'s colon, '
             f'e.g. variant={list(variants)[0]},dataset={dataset}')

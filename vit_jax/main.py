@@ -14,15 +14,35 @@ the same command to resume.
 
 import os
 import re
+import signal
 import sys
 
-from absl import app
-from absl import flags
-from absl import logging
-from ml_collections import config_flags
+EXIT_PREEMPTED = os.EX_TEMPFAIL  # 75: interrupted; rerunning the same command resumes.
+_STDERR = os.dup(2)  # Kept: the TensorFlow import points fd 2 at /dev/null for a while.
 
-from vit_jax import distributed
-from vit_jax import runtime
+
+def _stop_at_once(signum, frame) -> None:
+  """SIGTERM or Ctrl-C where the training loop is not watching for them (`train.
+  PreemptionWatcher` is, and saves first): nothing is being trained that a checkpoint would keep,
+  so the process ends now, with one line, however deep in an import or a compilation it is."""
+  del frame
+  os.write(_STDERR, f'{signal.Signals(signum).name}: stopped before any training step could be '
+                    'saved; the work directory\'s checkpoints (if any) are intact. Rerun the same '
+                    'command to resume.\n'.encode())
+  os._exit(EXIT_PREEMPTED)  # pylint: disable=protected-access
+
+
+if __name__ == '__main__':  # First thing, before the imports that take seconds.
+  for _signum in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(_signum, _stop_at_once)
+
+from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
+from ml_collections import config_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+from vit_jax import distributed  # pylint: disable=g-import-not-at-top,wrong-import-position
+from vit_jax import runtime  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Training configuration file.',
                                           lock_config=True)
@@ -43,7 +63,6 @@ _PROCESS_ID = flags.DEFINE_integer(
     '$JAX_PROCESS_ID).')
 flags.mark_flags_as_required(['config', 'workdir'])
 
-EXIT_PREEMPTED = os.EX_TEMPFAIL  # 75: interrupted; rerunning the same command resumes.
 
 
 def _chain(error: BaseException) -> list[BaseException]:
@@ -52,6 +71,12 @@ def _chain(error: BaseException) -> list[BaseException]:
   while (chain[-1].__cause__ or chain[-1].__context__) is not None:
     chain.append(chain[-1].__cause__ or chain[-1].__context__)
   return chain
+
+
+def _first_refusal(error: BaseException) -> Exception | None:
+  """The first write the work directory refused, where cleaning up after it failed again."""
+  from vit_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  return next((x for x in reversed(_chain(error)) if isinstance(x, workdir_lib.Unwritable)), None)
 
 
 def _config_error(error: Exception) -> str:
@@ -110,6 +135,7 @@ def main(argv) -> None:
     sys.exit(f'error: {e}')
   import jax  # pylint: disable=g-import-not-at-top
   from vit_jax import train  # pylint: disable=g-import-not-at-top
+  from vit_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   if jax.process_index() != 0:  # Process 0 speaks for all; the others report only problems.
     logging.set_verbosity(logging.WARNING)
   logging.debug('JAX process %d of %d; %d local / %d global devices (%s).', jax.process_index(),
@@ -119,7 +145,13 @@ def main(argv) -> None:
     result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except (ValueError, FloatingPointError) as e:
     logging.debug('Stopped by an error.', exc_info=True)
-    sys.exit(f'error: {e}')
+    sys.exit(f'error: {_first_refusal(e) or e}')
+  except Exception as e:  # A write refused late (summaries, results): one line, else raise.
+    refusal = _first_refusal(e) or workdir_lib.unwritable(e, _WORKDIR.value, workdir_lib.ROOM)
+    if refusal is None:
+      raise
+    logging.debug('Stopped by an error.', exc_info=True)
+    sys.exit(f'error: {refusal}')
   except KeyboardInterrupt:  # Before the loop could save, or a second Ctrl-C: nothing new saved.
     logging.warning('Interrupted; the newest checkpoint in %s (if any) is intact. Rerun the same '
                     'command to resume.', _WORKDIR.value)

@@ -56,7 +56,20 @@ _LAYOUT_HINTS = (
     ('tokens_to_token.', 'T2T-ViT', ('t2t',)),
     ('dist_token', 'distilled DeiT', ('deit',)),
     ('stem.conv.weight', 'RegNet', ('regnet',)),
-    ('blocks.0.attn.qkv.weight', 'ViT/DeiT', ('vit', 'deit', 'deepvit')),
+    ('blocks.0.ls1.gamma', 'DeiT III', ('deit3',)),
+    ('blocks.0.attn.qkv.weight', 'ViT/DeiT', ('vit', 'deit', 'deit3', 'deepvit')),
+)
+# Key prefixes of the families' own layouts (a ViT without a class token still starts so).
+_FAMILY_PREFIXES = ('blocks.', 'patch_embed.', 'pos_embed', 'cls_token')
+# A key of a layout that no family here reads -> what the file resembles.
+_FOREIGN_LAYOUTS = (
+    ('layer1.0.conv1.weight', 'a ResNet (torchvision or timm)'),
+    ('relative_position_bias_table', 'a Swin Transformer or BEiT'),
+    ('conv_dw.weight', 'a ConvNeXt'),
+    ('encoder.layers.encoder_layer_0.', "a torchvision ViT (torchvision's own key layout)"),
+    ('vit.embeddings.', 'a Hugging Face transformers ViT'),
+    ('conv_stem.weight', 'an EfficientNet or MobileNet'),
+    ('features.0.', 'a torchvision CNN (VGG, AlexNet, MobileNet)'),
 )
 
 
@@ -74,13 +87,34 @@ def _family_name(model: nn.Module) -> str:
 
 
 def _layout_hint(keys: list[str], family: str) -> str:
-  """'The file holds CaiT weights but the model is vit. ' when the keys betray another family."""
+  """'The file holds CaiT weights but the model is vit. ' when the keys betray another family;
+  'The keys … match no model family here …' when they betray none."""
   for marker, layout, families in _LAYOUT_HINTS:
     if any(marker in key for key in keys):
       if family in families:
         return ''
       return f'The file holds {layout} weights but the model is of family {family!r}. '
-  return ''
+  if any(key.startswith(_FAMILY_PREFIXES) for key in keys):
+    return ''
+  known = ', '.join(dict.fromkeys(layout for _, layout, _ in _LAYOUT_HINTS))
+  resembles = next((what for marker, what in _FOREIGN_LAYOUTS
+                    if any(marker in key for key in keys)), None)
+  return (f'Its keys match no model family here ({known}): '
+          + (f'it looks like {resembles}. ' if resembles else
+             f'its first keys are {", ".join(sorted(keys)[:4])}. '))
+
+
+def check_finite(arrays: Mapping[str, Any], source: str) -> None:
+  """Raises ValueError naming the first array of `arrays` with a NaN or an infinity."""
+  for key, value in arrays.items():
+    value = np.asarray(value)
+    if np.issubdtype(value.dtype, np.inexact) or value.dtype == ml_dtypes.bfloat16:
+      finite = np.isfinite(value.astype(np.float32))
+      if not finite.all():
+        raise ValueError(
+            f'{source} holds {value.size - int(finite.sum())} non-finite value(s) (NaN or '
+            f'infinity) in {key!r} (shape {value.shape}): these weights are damaged; download '
+            'or export them again.')
 
 
 def _corrupt(path: str, what: str, detail: str) -> ValueError:
@@ -276,6 +310,7 @@ def read_state_dict(path: str, *, use_ema: bool = True) -> dict[str, np.ndarray]
           arrays = {key: npz[key] for key in npz.files}
       except (ValueError, OSError, zipfile.BadZipFile) as e:
         raise _corrupt(path, '.npz file', str(e)) from e
+      check_finite(arrays, repr(path))
       return google_to_timm(arrays)
     if not any(name.endswith('data.pkl') for name in names):
       raise ValueError(f'{path!r} is a zip archive but neither a .npz nor a PyTorch checkpoint.')
@@ -290,8 +325,10 @@ def read_state_dict(path: str, *, use_ema: bool = True) -> dict[str, np.ndarray]
   if not isinstance(checkpoint, Mapping):
     raise ValueError(f'{path!r} holds a {type(checkpoint).__name__}, not a state dict.')
   state_dict = _unwrap(checkpoint, use_ema=use_ema)
-  return {key.removeprefix(_STRIPPED_PREFIX): _tensor_to_numpy(key, value, path)
-          for key, value in state_dict.items()}
+  arrays = {key.removeprefix(_STRIPPED_PREFIX): _tensor_to_numpy(key, value, path)
+            for key, value in state_dict.items()}
+  check_finite(arrays, repr(path))
+  return arrays
 
 
 # Adapting to the target model.
@@ -410,6 +447,9 @@ def _from_workdir(path: str, model: nn.Module, use_ema: bool) -> tuple[dict, str
   """(unrolled variables, a description of the source, a hint if another family saved them)."""
   run = workdir_lib.Workdir.open(path)
   saved = run.read_variables(use_ema=use_ema, unrolled=True)
+  flat = flax.traverse_util.flatten_dict(saved.variables)
+  check_finite({'/'.join(k): v for k, v in flat.items()},
+               f'The checkpoint of step {saved.step} in {path!r}')
   name = run.config().model.name
   fields = config_lib.model_overrides(run.config().model)
   source = (f'Work directory {path!r} (model {name!r} with fields {fields}, step {saved.step}, '
@@ -435,7 +475,8 @@ def _from_file(path: str, model: nn.Module, use_ema: bool) -> tuple[dict, str, s
     source = f'Checkpoint {path!r}'
   state_dict = read_state_dict(path, use_ema=use_ema)
   hint = hint or _layout_hint(list(state_dict), family)
-  if 'cls_token' not in state_dict and 'cls_token' in getattr(model, 'prefix_tokens', ()):
+  if ('cls_token' not in state_dict and 'cls_token' in getattr(model, 'prefix_tokens', ())
+      and 'match no model family' not in hint):
     hint += ('The checkpoint has no class token (big_vision pool_type \'gap\' or \'map\'): '
              "give the model global_pool='avg' or 'map' (and big_vision's "
              "mlp_activation='gelu_tanh'). ")

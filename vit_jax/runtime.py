@@ -85,6 +85,13 @@ def _abandoned_read(record: logging.LogRecord) -> bool:
   return record.name == 'asyncio' and 'exception was never retrieved' in record.getMessage()
 
 
+def _reraised_save_failure(record: logging.LogRecord) -> bool:
+  """orbax's traceback of a save that failed in one of its threads: orbax re-raises the error in
+  the caller (`Workdir.save`, `wait_until_finished`), which reports it in one line."""
+  return (record.levelno >= logging.ERROR and record.exc_info is not None
+          and f'{os.sep}orbax{os.sep}checkpoint{os.sep}' in record.pathname)
+
+
 def _read_only_notice(record: logging.LogRecord) -> bool:
   """orbax's warning that a checkpoint directory is read only: analysis, evaluation and export
   open work directories that way on purpose (`Workdir.open`)."""
@@ -94,14 +101,15 @@ def _read_only_notice(record: logging.LogRecord) -> bool:
 def _own_or_important(record: logging.LogRecord) -> bool:
   """vit_jax's records, every library's warnings and errors, and everything at --verbosity ≥ 1.
 
-  Two expected library reports are left out too. asyncio's "exception was never retrieved": after
+  Three expected library reports are left out too. orbax's tracebacks of a failed save, which
+  the caller re-raises and reports in one line. asyncio's "exception was never retrieved": after
   an unreadable checkpoint, which the work directory reports in one line and skips, the reads orbax
   had in flight finish with nobody waiting for them, and each would print a traceback. And orbax's
   warning that a work directory opened only to be read is read only.
   """
   if absl_logging.get_verbosity() >= 1:
     return True
-  if _abandoned_read(record) or _read_only_notice(record):
+  if _abandoned_read(record) or _read_only_notice(record) or _reraised_save_failure(record):
     return False
   return record.levelno >= logging.WARNING or record.pathname.startswith(_PACKAGE_DIR)
 

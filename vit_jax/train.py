@@ -37,6 +37,7 @@ from vit_jax import evaluators as evaluators_lib
 from vit_jax import input_pipeline
 from vit_jax import optim
 from vit_jax import pretrained as pretrained_lib
+from vit_jax import resume as resume_lib
 from vit_jax import sharding
 from vit_jax import steps
 from vit_jax import teacher as teacher_lib
@@ -237,6 +238,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
   signal handlers are held until it returns.
   """
   config_lib.validate(config)
+  workdir_lib.check_path(workdir)
   if config.eval_only:
     return evaluate_only(config, workdir)
   with contextlib.ExitStack() as run_scope:
@@ -254,7 +256,9 @@ def _start(config: ml_collections.ConfigDict, workdir: str,
   schedule = optim.learning_rate_schedule(config, total_steps, warmup_steps)
   tx = optim.create_optimizer(config, schedule, model)
   abstract_state = jax.eval_shape(lambda: steps.init_state(model, tx, config))
-  workdir_lib.Workdir(workdir).check_compatible(config.model.name, abstract_state.params)
+  resume_plan = resume_lib.plan(  # Refuses a checkpoint this config cannot take, touching nothing.
+      workdir_lib.Workdir(workdir), config, abstract_state, lambda c: jax.eval_shape(
+          lambda: steps.init_state(model, optim.create_optimizer(c, schedule), c)))
   teacher = teacher_lib.load(config, info.num_classes)
   evaluators = evaluators_lib.periodic(config)
   eval_sets = eval_sets_lib.from_config(config, num_classes=info.num_classes)
@@ -263,7 +267,8 @@ def _start(config: ml_collections.ConfigDict, workdir: str,
 
   run_dir = workdir_lib.Workdir.create(workdir, config, run_scope)  # Locked; config.json written.
   watcher = run_scope.enter_context(PreemptionWatcher())
-  writer = metric_writers.create_default_writer(workdir, just_logging=jax.process_index() > 0)
+  with workdir_lib.writing(workdir, workdir_lib.ROOM):
+    writer = metric_writers.create_default_writer(workdir, just_logging=jax.process_index() > 0)
   run_scope.callback(writer.close)
   logging.debug('Model %s: %s parameters; %d classes; %d train / %d eval examples; %d steps.',
                 config.model.name,
@@ -274,8 +279,14 @@ def _start(config: ml_collections.ConfigDict, workdir: str,
   # One rule places the student's and the teacher's variables alike.
   layout = lambda tree: sharding.fsdp_shardings(tree, mesh, config.mesh.fsdp_min_size)
   state_sharding = layout(abstract_state)
+  saved_like = None
+  if resume_plan is not None:  # The checkpoint's layout: this config's, or the saved config's.
+    saved_tx = optim.create_optimizer(resume_plan.saved_config, schedule)
+    saved_abstract = jax.eval_shape(
+        lambda: steps.init_state(model, saved_tx, resume_plan.saved_config))
+    saved_like = sharding.abstract(saved_abstract, layout(saved_abstract))
   state = _restore_or_init(run_dir, lambda: steps.init_state(model, tx, config),
-                           state_sharding, pretrained, config)
+                           state_sharding, pretrained, config, saved_like)
   teacher_variables = teacher_sharding = None
   if teacher is not None:
     teacher_sharding = layout(teacher.variables)
@@ -299,12 +310,17 @@ def _start(config: ml_collections.ConfigDict, workdir: str,
 
 def _restore_or_init(run_dir: workdir_lib.Workdir, init: Callable[[], steps.TrainState],
                      state_sharding: Any, pretrained: dict[str, Any] | None,
-                     config: ml_collections.ConfigDict) -> steps.TrainState:
-  """The newest readable checkpoint of `workdir` (saved on any mesh) in `state_sharding`'s
-  layout; else a fresh state, with `pretrained`'s variables when fine-tuning."""
+                     config: ml_collections.ConfigDict, saved_like: Any = None
+                     ) -> steps.TrainState:
+  """The newest readable checkpoint of `workdir` (saved on any mesh, read as the abstract state
+  `saved_like` where its config differs in state that carries over) in `state_sharding`'s layout;
+  else a fresh state, with `pretrained`'s variables when fine-tuning."""
   abstract = sharding.abstract(jax.eval_shape(init), state_sharding)
-  state = run_dir.resume(abstract)
+  state = run_dir.resume(abstract if saved_like is None else saved_like)
   if state is not None:
+    if saved_like is not None and (workdir_lib.flat_shapes(saved_like)
+                                   != workdir_lib.flat_shapes(abstract)):
+      state = resume_lib.carry_over(state, config, abstract, state_sharding)
     logging.debug('Resumed from step %d of %s.', int(state.step), run_dir.path)
     return state
   state = jax.jit(init, out_shardings=state_sharding)()

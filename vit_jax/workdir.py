@@ -17,8 +17,9 @@ onto a training state's shardings to resume, or whole into host memory (whatever
 process count wrote them) for evaluation, analysis, export, teachers and fine-tuning, with the
 run's EMA of the variables first where it kept one. Without a step, the newest checkpoint that can
 be read is used: readers skip unreadable newer ones with a warning, and resuming moves them to
-`unreadable_checkpoints/` (never deleting them). Parameter shapes for `check_compatible` come from
-orbax's own metadata.
+`unreadable_checkpoints/` (never deleting them); a checkpoint that reads but holds another layout
+is never moved. Saved shapes (`newest_layout`, for `vit_jax.resume`) come from orbax's own
+metadata.
 
 The lock: `lock(workdir)` is held by a run's process 0 from its first write to its end. It is an
 exclusive `fcntl.flock` on `WORKDIR/run.lock`, which also records the holder (host, pid, start
@@ -33,10 +34,12 @@ a warning that nothing stops a second run: start one run per directory.
 import contextlib
 import dataclasses
 import datetime
+import errno
 import fcntl
 import json
 import os
 import re
+import shutil
 import socket
 import sys
 import time
@@ -58,10 +61,99 @@ CHECKPOINT_DIR = 'checkpoints'
 UNREADABLE_DIR = 'unreadable_checkpoints'  # Beside CHECKPOINT_DIR: checkpoints set aside.
 RESULTS_FILE = 'results.json'
 ANALYSIS_DIR = 'analysis'
+ROOM = 'write access and room for its config, logs and checkpoints'  # What a run needs.
 
 
 class WorkdirInUse(ValueError):
   """Another live run holds the work directory."""
+
+
+class IncompatibleLayout(ValueError):
+  """A checkpoint that reads, but holds another layout of the training state: never set aside."""
+
+
+class Unwritable(ValueError):
+  """The work directory refused a write: the device is full, read-only, or not ours to write."""
+
+
+# errno of a refused write, and how tensorstore words the same (it raises ValueError, not OSError).
+_REFUSALS = {errno.ENOSPC: 'no space left on the device', errno.EDQUOT: 'the disk quota is used up',
+             errno.EROFS: 'the file system is read-only', errno.EACCES: 'permission denied',
+             errno.EPERM: 'permission denied'}
+_REFUSAL_TEXTS = {'No space left on device': errno.ENOSPC, "os_error_code='28'": errno.ENOSPC,
+                  'Disk quota exceeded': errno.EDQUOT, 'Read-only file system': errno.EROFS,
+                  'Permission denied': errno.EACCES}
+
+
+def refused_write(error: BaseException) -> int | None:
+  """The errno of a write refusal anywhere in `error`'s chain (OSError or tensorstore's text)."""
+  while error is not None:
+    if isinstance(error, OSError) and error.errno in _REFUSALS:
+      return error.errno
+    for text, code in _REFUSAL_TEXTS.items():
+      if text in str(error):
+        return code
+    error = error.__cause__ or error.__context__
+  return None
+
+
+def _size(count: int) -> str:
+  """'512 KB', '3.2 MB', '1.5 GB'."""
+  for unit, scale in (('GB', 2**30), ('MB', 2**20)):
+    if count >= scale:
+      return f'{count / scale:.1f} {unit}'
+  return f'{max(count, 0) // 1024} KB'
+
+
+def _disk_bytes(path: epath.Path) -> int:
+  """The bytes of the files under a local `path` (0 on an object store)."""
+  return sum(os.path.getsize(os.path.join(d, f)) for d, _, names in os.walk(str(path))
+             for f in names)
+
+
+def unwritable(error: BaseException, path: str, needs: str) -> Unwritable | None:
+  """One line for a write that the file system refused: the path, why, and what it `needs`;
+  None when `error` is no such refusal."""
+  code = refused_write(error)
+  if code is None:
+    return None
+  why = _REFUSALS[code]
+  if code in (errno.ENOSPC, errno.EDQUOT):
+    try:
+      usage = shutil.disk_usage(_existing_parent(path))
+      why += f' ({_size(usage.free)} free of {_size(usage.total)})'
+    except OSError:
+      pass
+  return Unwritable(f'cannot write {path}: {why}; it needs {needs}.')
+
+
+@contextlib.contextmanager
+def writing(path: str, needs: str) -> Iterator[None]:
+  """Raises `unwritable`'s one line for a write into `path` that the file system refuses."""
+  try:
+    yield
+  except Exception as e:  # OSError, or a library's own error type. pylint: disable=broad-except
+    refusal = unwritable(e, path, needs)
+    if refusal is None:
+      raise
+    raise refusal from None
+
+
+def _existing_parent(path: str) -> str:
+  path = os.path.abspath(path)
+  while not os.path.exists(path) and os.path.dirname(path) != path:
+    path = os.path.dirname(path)
+  return path
+
+
+def check_path(workdir: str | None) -> None:
+  """Raises ValueError for a --workdir that cannot be one: empty, or an existing file."""
+  if not workdir or not str(workdir).strip():
+    raise ValueError('--workdir is empty: name a directory for the run (it is created if '
+                     'missing), e.g. --workdir=/tmp/vit_run.')
+  if '://' not in workdir and os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise ValueError(f'--workdir={workdir} is a file, not a directory: name a directory for the '
+                     'run (it is created if missing).')
 
 
 def _holder() -> dict[str, Any]:
@@ -143,7 +235,8 @@ def flat_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
   Leaves are arrays, `jax.ShapeDtypeStruct`s or orbax's `ArrayMetadata`.
   """
   flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-  return {'/'.join(str(getattr(k, 'key', getattr(k, 'idx', k))) for k in path):
+  name = lambda k: getattr(k, 'key', getattr(k, 'idx', getattr(k, 'name', k)))  # dict, list, attr
+  return {'/'.join(str(name(k)) for k in path):
           tuple(getattr(leaf, 'shape', np.shape(leaf))) for path, leaf in flat}
 
 
@@ -204,6 +297,7 @@ class Workdir:
     self.path = path
     self._keep = keep_checkpoints
     self._manager: ocp.CheckpointManager | None = None
+    self._saving: tuple[int | None, int] = (None, 0)  # The step being saved and its bytes.
 
   @classmethod
   def open(cls, path: str) -> 'Workdir':
@@ -219,10 +313,11 @@ class Workdir:
              run_scope: contextlib.ExitStack) -> 'Workdir':
     """The run that trains in `path` with `config`: locked until `run_scope` closes (`hold`),
     its config.json written, its checkpoints kept by `config.keep_checkpoints`."""
-    hold(path, run_scope)
     run = cls(path, keep_checkpoints=config.keep_checkpoints)
-    if jax.process_index() == 0:
-      run.file(CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
+    with writing(path, ROOM):
+      hold(path, run_scope)
+      if jax.process_index() == 0:
+        run.file(CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
     return run
 
   def file(self, name: str) -> epath.Path:
@@ -238,7 +333,13 @@ class Workdir:
     path = self.file(CONFIG_FILE)
     if not path.exists():
       return None
-    saved = json.loads(path.read_text())
+    try:
+      saved = json.loads(path.read_text())
+      if not isinstance(saved, dict) or not isinstance(saved.get('model'), dict):
+        raise ValueError('it is not a config: no "model" section')
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError.
+      raise ValueError(f'{path} is damaged ({e}); restore it from a copy, or write it again with '
+                       'the command that trained this run.') from None
     saved['model'] = {k: tuple(v) if isinstance(v, list) else v
                       for k, v in saved['model'].items()}
     return ml_collections.ConfigDict(saved)
@@ -297,27 +398,25 @@ class Workdir:
                  int(state['step']))
     return SavedVariables(variables, int(state['step']), ema)
 
-  def check_compatible(self, model_name: str, params: Any) -> None:
-    """Raises ValueError if the newest readable checkpoint belongs to another model.
-
-    Compares the model name and every parameter shape (orbax's metadata) with the model about
-    to be trained, so a typo in --workdir never silently overwrites someone else's run.
-    """
+  def newest_layout(self) -> tuple[int, str, dict[str, tuple[int, ...]]] | None:
+    """(step, model name, every saved array's shape by path) of the newest checkpoint whose
+    metadata reads (orbax's own, no array is read); None if none does."""
     if not self.has_checkpoint():
-      return
-    def model_and_shapes(step):  # Orbax's metadata holds every saved shape.
-      return (self._restore(step, state=False)['meta']['model'],
-              flat_shapes(self.manager.item_metadata(step)['state'].tree['params']))
-    found = self._newest_readable(model_and_shapes, quiet=True)
-    if found is None:  # None readable: training says so where it resumes.
-      return
-    step, (saved_model, saved_shapes) = found
-    diff = ShapeDiff.between(saved_shapes, flat_shapes(params))
-    if saved_model != model_name or diff:
-      raise ValueError(
-          f'The work directory {self.path!r} holds a checkpoint (step {step}) of model '
-          f'{saved_model!r}, but the config trains {model_name!r}. Use a new --workdir, or the '
-          f'config that wrote this one (see its {CONFIG_FILE}).' + diff.listing(limit=5))
+      return None
+    found = self._newest_readable(
+        lambda step: (self._restore(step, state=False)['meta']['model'], self.saved_shapes(step)),
+        quiet=True)
+    return None if found is None else (found[0], *found[1])
+
+  def _layout_or_none(self, step: int) -> dict[str, tuple[int, ...]] | None:
+    try:
+      return self.saved_shapes(step)
+    except Exception:  # Orbax, tensorstore, json: many kinds. pylint: disable=broad-except
+      return None
+
+  def saved_shapes(self, step: int) -> dict[str, tuple[int, ...]]:
+    """Every array of step `step`'s training state by path, with its shape (orbax's metadata)."""
+    return flat_shapes(self.manager.item_metadata(step)['state'].tree)
 
   # Writing.
 
@@ -330,8 +429,20 @@ class Workdir:
     steps = self.steps()
     if not steps:
       return None
-    found = self._newest_readable(lambda step: self._restore(step, like)['state'],
-                                  on_unreadable=self._set_aside)
+    wanted = flat_shapes(like)
+
+    def read(step):
+      try:
+        return self._restore(step, like)['state']
+      except Exception:  # pylint: disable=broad-except
+        if self._layout_or_none(step) not in (None, wanted):  # Reads, but another layout.
+          raise IncompatibleLayout(
+              f'The checkpoint of step {step} in {self.file(CHECKPOINT_DIR)} holds another '
+              'layout of the training state than the newer ones; it was not moved. Move it out '
+              'of the way by hand to resume from an older one, or start a new run.') from None
+        raise
+
+    found = self._newest_readable(read, on_unreadable=self._set_aside)
     if found is None:
       raise ValueError(
           f'None of the {len(steps)} checkpoints in {self.file(CHECKPOINT_DIR)} could be read '
@@ -340,15 +451,49 @@ class Workdir:
     return found[1]
 
   def save(self, step: int, state: Any, *, model_name: str) -> None:
-    """Saves the training state at `step` (asynchronously), with the model name it belongs to."""
-    self.manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave({'model': model_name})),
-                      force=True)
+    """Saves the training state at `step` (asynchronously), with the model name it belongs to.
+
+    A write the file system refuses (full, read-only) raises `Unwritable` here or at the next
+    save or wait, with the temporary checkpoint removed and every earlier checkpoint intact.
+    """
+    self._saving = (step, sum(int(x.nbytes) for x in jax.tree.leaves(state)))
+    with self._refusals_reported():
+      self.manager.save(step, args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave({'model': model_name})),
+                        force=True)
 
   def wait_until_finished(self) -> None:
     """Blocks until every checkpoint save has been written."""
     if self._manager is not None:
-      self._manager.wait_until_finished()
+      with self._refusals_reported():
+        self._manager.wait_until_finished()
+
+  @contextlib.contextmanager
+  def _refusals_reported(self) -> Iterator[None]:
+    """Turns a save the file system refused into `Unwritable`, removing the half-written one."""
+    try:
+      yield
+    except Exception as e:  # Orbax re-raises its threads' errors. pylint: disable=broad-except
+      step, size = self._saving
+      finished = [s for s in self._finished_steps() if s != step]
+      if finished:  # Its newest checkpoint on disk, metadata included, says best.
+        size = max(size, _disk_bytes(self.file(CHECKPOINT_DIR) / str(finished[-1])))
+      refusal = unwritable(e, str(self.file(CHECKPOINT_DIR)),
+                           f'about {_size(size)} for the checkpoint of step {step}')
+      if refusal is None:
+        raise
+      if jax.process_index() == 0:
+        for partial in self.file(CHECKPOINT_DIR).glob(f'*{ocp.path.atomicity.TMP_DIR_SUFFIX}*'):
+          shutil.rmtree(partial, ignore_errors=True)
+      raise Unwritable(f'{refusal} Removed its partial checkpoint; '
+                       + (f'the earlier ones (steps {finished}) are intact. ' if finished else '')
+                       + 'Make room (or --workdir elsewhere, copying this one), then rerun the '
+                       'same command to resume.') from None
+
+  def _finished_steps(self) -> list[int]:
+    """Finished checkpoints by their directory names (orbax's manager may be mid-failure)."""
+    root = self.file(CHECKPOINT_DIR)
+    return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit()) if root.exists() else []
 
   def reached_preemption(self, step: int) -> bool:
     """Whether the processes agreed to stop at `step` on a SIGTERM (orbax's preemption sync)."""
@@ -381,7 +526,8 @@ class Workdir:
       read_only = self._keep is None
       options = ocp.CheckpointManagerOptions(  # Read-only: nothing to keep or save, as orbax wants.
           max_to_keep=None if read_only else self._keep,
-          save_interval_steps=0 if read_only else 1, create=not read_only, read_only=read_only)
+          save_interval_steps=0 if read_only else 1, create=not read_only, read_only=read_only,
+          cleanup_tmp_directories=not read_only)  # A killed or refused save's partial one.
       self._manager = ocp.CheckpointManager(
           self.file(CHECKPOINT_DIR), options=options,
           item_handlers={'state': ocp.StandardCheckpointHandler(),
@@ -413,6 +559,8 @@ class Workdir:
     for step in reversed(self.steps()):
       try:
         return step, read(step)
+      except IncompatibleLayout:
+        raise
       except Exception as e:  # Orbax, tensorstore, json: many kinds. pylint: disable=broad-except
         reason = _reason(e)
         if not quiet:

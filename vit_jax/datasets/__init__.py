@@ -1,9 +1,26 @@
 """Datasets that vit_jax provides itself; everything else comes from TFDS by name.
 
 Their names are declared here, where reading them imports nothing (the config schema checks them
-when a config file is loaded): `DIGITS` (the embedded scikit-learn digits, `digits.py`) and
+when a config file is loaded; `unknown` asks TFDS about any other name): `DIGITS` (the embedded scikit-learn digits, `digits.py`) and
 `FOLDER_PREFIX` (your own images, 'folder:/path/to/images', `folder.py`).
 """
 
 DIGITS = 'digits'
 FOLDER_PREFIX = 'folder:'
+
+
+def unknown(name: str) -> str | None:
+  """Why `name` names no dataset (neither ours nor a TFDS builder), or None if it names one.
+
+  Imports TFDS (seconds) only for a name that is not ours.
+  """
+  if name == DIGITS or name.startswith(FOLDER_PREFIX):
+    return None
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  try:
+    tfds.builder_cls(name.split(':')[0].split('/')[0])
+  except tfds.core.registered.DatasetNotFoundError:
+    return (f'no such dataset. Valid: {DIGITS!r} (embedded), '
+            f"'{FOLDER_PREFIX}/path/to/images' (your own images) or a TFDS dataset name, e.g. "
+            "'cifar10', 'cifar100', 'imagenet2012' (tfds.list_builders()).")
+  return None

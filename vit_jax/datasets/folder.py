@@ -19,9 +19,16 @@ run at whatever step reads it. Such files are named in one error, or, with
 each; the two settings prepare separate datasets.
 """
 
+import collections
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
+import logging as std_logging
 import os
+import shutil
+from typing import Iterator
+import warnings
 
 from absl import logging
 from PIL import Image as pil_image
@@ -36,13 +43,30 @@ IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png')
 _LAYOUT = '<root>/<split>/<class>/*.jpg|*.jpeg|*.png, e.g. <root>/train/cat/1.jpg'
 
 
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass(eq=False, repr=False)
 class FolderConfig(tfds.core.BuilderConfig):
-  """A scanned image folder: its root, classes, files per split and common image shape."""
+  """A scanned image folder: its root, classes, files per split and common image shape, and the
+  files that cannot be trained on with the reason of each."""
   root: str = ''
   classes: tuple[str, ...] = ()
   files: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()  # (split, ((class, path), ...))
   image_shape: tuple[int | None, int | None, int] = (None, None, 3)
+  unreadable: tuple[tuple[str, str], ...] = ()  # ((path, reason), ...)
+
+  def __repr__(self) -> str:  # Not every file path, as the dataclass's would list.
+    count = sum(len(files) for _, files in self.files)
+    return f'FolderConfig({self.root}: {count} images in {len(self.classes)} classes, {self.name})'
+
+
+def _not_tfds_folder_config_line(record: std_logging.LogRecord) -> bool:
+  """Drops TFDS's 'Using custom data configuration: <config>' for image folders (`prepare` logs
+  the folder's name, image count and fingerprint once instead)."""
+  return not (record.msg == 'Using custom data configuration: %s' and isinstance(
+      record.args and record.args[0], FolderConfig))
+
+
+logging.get_absl_logger().addFilter(_not_tfds_folder_config_line)
+_reported: set[str] = set()  # Folders whose description (and left-out formats) this process logged.
 
 
 def _list_dirs(path: str) -> list[str]:
@@ -77,31 +101,77 @@ def scan(root: str, skip_unreadable: bool = False) -> FolderConfig:
           f'Image folder {root!r}: splits {reference_split!r} and {split!r} have different '
           f'classes (only in {split!r}: {only_here}; only in {reference_split!r}: {only_there}).')
   files, sizes, fingerprint = [], set(), hashlib.sha256()
+  unreadable, other_formats = [], collections.Counter()
   for split in splits:
     split_files = []
     for name in classes:
       class_dir = os.path.join(root, split, name)
-      paths = sorted(os.path.join(class_dir, f) for f in os.listdir(class_dir)
+      names = os.listdir(class_dir)
+      paths = sorted(os.path.join(class_dir, f) for f in names
                      if f.lower().endswith(IMAGE_EXTENSIONS))
+      other_formats.update(os.path.splitext(f)[1].lower() or f for f in names
+                           if not f.lower().endswith(IMAGE_EXTENSIONS) and not f.startswith('.')
+                           and os.path.isfile(os.path.join(class_dir, f)))
       if not paths:
         raise ValueError(f'Class directory {class_dir!r} holds no images (extensions '
                          f'{IMAGE_EXTENSIONS}); every class needs at least one per split.')
       for path in paths:
-        try:
-          with pil_image.open(path) as image:
-            sizes.add(image.size)
-        except OSError as error:
-          raise ValueError(f'{path!r} is not a readable image: {error}') from None
+        size, reason = _image_size(path)
         stat = os.stat(path)
         fingerprint.update(f'{os.path.relpath(path, root)}\0{stat.st_size}\0'
                            f'{stat.st_mtime_ns}\n'.encode())
+        if reason is not None:
+          unreadable.append((path, reason))
+          continue
+        sizes.add(size)
         split_files.append((name, path))
     files.append((split, tuple(split_files)))
+  if unreadable and not skip_unreadable:
+    raise _cannot_train_on(root, unreadable)
+  if other_formats and root not in _reported:
+    logging.warning('Image folder %s: left out %d file(s) of formats the pipeline does not read '
+                    '(%s); only %s are read: convert them to use them.', root,
+                    sum(other_formats.values()),
+                    ', '.join(f'{ext}: {n}' for ext, n in sorted(other_formats.items())),
+                    '/'.join(IMAGE_EXTENSIONS))
   width, height = next(iter(sizes)) if len(sizes) == 1 else (None, None)
   fingerprint.update(root.encode() + (b'\0skip_unreadable' if skip_unreadable else b''))
   return FolderConfig(
       name=f'f{fingerprint.hexdigest()[:16]}', description=f'Images under {root}.', root=root,
-      classes=tuple(classes), files=tuple(files), image_shape=(height, width, 3))
+      classes=tuple(classes), files=tuple(files), image_shape=(height, width, 3),
+      unreadable=tuple(unreadable))
+
+
+def _image_size(path: str) -> tuple[tuple[int, int] | None, str | None]:
+  """((width, height), None) of an image training can read, else (None, why it cannot).
+
+  From the header only (PIL): a resource fork, another format under a JPEG/PNG name, an image
+  so large that decoding it is a decompression bomb, or no image at all.
+  """
+  if os.path.basename(path).startswith('._'):
+    return None, 'an AppleDouble resource fork (macOS metadata), not an image'
+  try:
+    with warnings.catch_warnings():
+      warnings.simplefilter('ignore', pil_image.DecompressionBombWarning)  # Said below instead.
+      with pil_image.open(path) as image:
+        kind, size = image.format, image.size
+  except pil_image.DecompressionBombError as error:
+    return None, f'a decompression bomb: {error}'
+  except OSError as error:
+    return None, f'not a readable image ({error})'
+  if kind not in ('JPEG', 'PNG'):
+    return None, f'a {kind} named {os.path.splitext(path)[1]}, which training does not decode'
+  if size[0] * size[1] > pil_image.MAX_IMAGE_PIXELS:
+    return None, (f'{size[0]}x{size[1]} pixels, more than the {pil_image.MAX_IMAGE_PIXELS:,} '
+                  'beyond which decoding is treated as a decompression bomb')
+  return size, None
+
+
+def _cannot_train_on(root: str, failures: list[tuple[str, str]]) -> ValueError:
+  listing = '; '.join(f'{path} ({reason})' for path, reason in failures)
+  return ValueError(f'{len(failures)} file(s) in the image folder {root!r} cannot be decoded: '
+                    f'{listing}. Repair or remove them, or set '
+                    '--config.skip_unreadable_images=true to train without them.')
 
 
 class Folder(tfds.core.GeneratorBasedBuilder):
@@ -147,15 +217,13 @@ def _decode_error(path: str) -> str | None:
 
 def _without_undecodable(config: FolderConfig, skip_unreadable: bool) -> FolderConfig:
   """`config` with every file decoded once; ValueError naming those that fail, unless skipping."""
-  failures = [(path, reason) for _, files in config.files for _, path in files
-              if (reason := _decode_error(path)) is not None]
+  failures = list(config.unreadable) + [
+      (path, reason) for _, files in config.files for _, path in files
+      if (reason := _decode_error(path)) is not None]
   if not failures:
     return config
-  listing = '; '.join(f'{path} ({reason})' for path, reason in failures)
   if not skip_unreadable:
-    raise ValueError(f'{len(failures)} file(s) in the image folder {config.root!r} cannot be '
-                     f'decoded: {listing}. Repair or remove them, or set '
-                     '--config.skip_unreadable_images=true to train without them.')
+    raise _cannot_train_on(config.root, failures)
   for path, reason in failures:
     logging.warning('Leaving out %s, which cannot be decoded (%s).', path, reason)
   bad = {path for path, _ in failures}
@@ -173,7 +241,49 @@ def prepare(root: str, data_dir: str | None = None, *,
   config = scan(root, skip_unreadable)
   builder = Folder(config=config, data_dir=data_dir)
   if not builder.is_prepared():
-    builder = Folder(config=_without_undecodable(config, skip_unreadable), data_dir=data_dir)
-    builder.download_and_prepare(file_format=convert.ARRAY_RECORD)
-  convert.add_array_record(builder)  # A folder prepared as TFRecord by an earlier version.
+    with _preparing(builder):  # Another process may have prepared it meanwhile: look again.
+      builder = Folder(config=config, data_dir=data_dir)
+      if not builder.is_prepared():
+        _remove_incomplete(builder)
+        builder = Folder(config=_without_undecodable(config, skip_unreadable), data_dir=data_dir)
+        builder.download_and_prepare(file_format=convert.ARRAY_RECORD)
+      convert.add_array_record(builder)  # A folder prepared as TFRecord by an earlier version.
+  if config.root not in _reported:
+    _reported.add(config.root)
+    logging.info('Image folder %s: %d images in %d classes (%s), prepared as %s.', config.root,
+                 sum(len(files) for _, files in config.files), len(config.classes),
+                 ', '.join(f'{split} {len(files)}' for split, files in config.files),
+                 builder.data_dir)
   return builder
+
+
+@contextlib.contextmanager
+def _preparing(builder: tfds.core.DatasetBuilder) -> Iterator[None]:
+  """Holds the lock beside the folder's dataset (`<data_dir>/folder/<fingerprint>.lock`): one
+  process prepares it while the others (of one run, or of runs on the same folder) wait."""
+  dataset_dir = os.path.dirname(builder.data_dir)
+  os.makedirs(os.path.dirname(dataset_dir), exist_ok=True)
+  with open(f'{dataset_dir}.lock', 'a', encoding='utf-8') as f:
+    try:
+      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      logging.info('Waiting for another process preparing %s (lock %s.lock).',
+                   builder.builder_config.root, dataset_dir)
+      fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _remove_incomplete(builder: tfds.core.DatasetBuilder) -> None:
+  """Removes what a killed preparation left (TFDS's `incomplete.*` directories); called under
+  the lock, so no live process is writing them."""
+  dataset_dir = os.path.dirname(builder.data_dir)
+  if not os.path.isdir(dataset_dir):
+    return
+  for name in os.listdir(dataset_dir):
+    if name.startswith('incomplete.'):
+      logging.warning('Removing %s, left by a preparation that was stopped.',
+                      os.path.join(dataset_dir, name))
+      shutil.rmtree(os.path.join(dataset_dir, name), ignore_errors=True)

@@ -1,0 +1,162 @@
+"""Resuming with a changed config: state-only changes carry the run over, others are refused.
+
+Two tiny finished runs (one plain, one with gradient clipping and an EMA) are copied and resumed
+with one field changed; the state the loop would start from is compared with the saved one.
+"""
+
+import contextlib
+import logging as std_logging
+import os
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from test_train import tiny_config
+from vit_jax import train
+from vit_jax import workdir as workdir_lib
+
+STEPS = 4
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+  return str(tmp_path_factory.mktemp('tfds'))
+
+
+def _config(data_dir, **overrides):
+  return tiny_config(data_dir, **{'total_steps': STEPS, 'checkpoint_every': 2, **overrides})
+
+
+@pytest.fixture(scope='module')
+def runs(data_dir, tmp_path_factory):
+  """'plain': no clipping, no EMA; 'clipped_ema': both; each trained to step 4."""
+  made = {}
+  for name, overrides in (('plain', {}), ('clipped_ema', {'grad_clip_norm': 1.0,
+                                                           'ema_decay': 0.9})):
+    workdir = str(tmp_path_factory.mktemp(name) / 'run')
+    train.train_and_evaluate(_config(data_dir, **overrides), workdir)
+    made[name] = (workdir, overrides)
+  return made
+
+
+def _files(root):
+  return {os.path.relpath(os.path.join(d, f), root): open(os.path.join(d, f), 'rb').read()
+          for d, _, names in os.walk(root) for f in names}
+
+
+def _checkpoints(workdir):
+  return _files(os.path.join(workdir, workdir_lib.CHECKPOINT_DIR))
+
+
+def _assert_same(a, b):
+  leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
+  assert len(leaves_a) == len(leaves_b)
+  for x, y in zip(leaves_a, leaves_b):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def _copy(runs, name, tmp_path):
+  workdir, overrides = runs[name]
+  copy = str(tmp_path / 'run')
+  shutil.copytree(workdir, copy)
+  return copy, overrides
+
+
+CARRIED = {  # name: (base run, changed fields, the log line's note)
+    'clipping_on': ('plain', {'grad_clip_norm': 1.0}, 'gradient clipping starts now'),
+    'clipping_off': ('clipped_ema', {'grad_clip_norm': 0.0}, 'gradient clipping stops now'),
+    'ema_on': ('plain', {'ema_decay': 0.99}, 'the EMA starts from the current weights'),
+    'ema_off': ('clipped_ema', {'ema_decay': 0.0}, 'the EMA is dropped'),
+    'total_steps': ('plain', {'total_steps': 9}, 'schedule is recomputed'),
+    'schedule': ('plain', {'base_lr': 3e-3, 'warmup_steps': 3, 'min_lr': 1e-5},
+                 'schedule is recomputed'),
+}
+
+
+@pytest.mark.parametrize('case', CARRIED)
+def test_a_change_that_adds_or_drops_state_resumes_with_everything_else_carried(
+    runs, data_dir, tmp_path, caplog, case):
+  base, changes, note = CARRIED[case]
+  workdir, overrides = _copy(runs, base, tmp_path)
+  saved = workdir_lib.Workdir(workdir).read_state()
+  checkpoints = _checkpoints(workdir)
+  config = _config(data_dir, **{**overrides, **changes})
+  with caplog.at_level(std_logging.INFO), contextlib.ExitStack() as scope:
+    state = train._start(config, workdir, scope).state  # pylint: disable=protected-access
+  assert int(state.step) == STEPS
+  # Bit for bit: parameters, rng (the data position follows the step), the optimizer's moments.
+  _assert_same(state.params, saved['params'])
+  _assert_same(state.rng, saved['rng'])
+  _assert_same(jax.tree.leaves(state.opt_state), jax.tree.leaves(saved['opt_state']))
+  if config.ema_decay and saved['ema']:
+    _assert_same(state.ema, saved['ema'])
+  elif config.ema_decay:  # Started from the current weights.
+    _assert_same(state.ema['params'], saved['params'])
+  else:
+    assert state.ema == {}
+  for field, new in changes.items():
+    old = (overrides.get(field, tiny_config(data_dir)[field]) if field != 'total_steps'
+           else STEPS)
+    assert f'with {field} changed from {old} to {new}: ' in caplog.text
+  assert note in caplog.text
+  assert _checkpoints(workdir) == checkpoints  # Nothing moved, nothing rewritten.
+  assert not os.path.exists(os.path.join(workdir, workdir_lib.UNREADABLE_DIR))
+
+
+def test_a_resumed_run_with_clipping_and_an_ema_added_trains_to_the_new_end(runs, data_dir,
+                                                                               tmp_path):
+  """The change the loss-is-NaN message advises, with more steps, as MEASURED.md's run did."""
+  workdir, _ = _copy(runs, 'plain', tmp_path)
+  config = _config(data_dir, total_steps=STEPS + 2, grad_clip_norm=1.0, ema_decay=0.9)
+  result = train.train_and_evaluate(config, workdir)
+  assert result.step == STEPS + 2 and 'ema_accuracy' in result.metrics
+  assert workdir_lib.Workdir(workdir).steps() == [2, 4, 6]
+
+
+REFUSED = {
+    'optimizer': ({'optimizer': 'sgd'}, 'changed optimizer (adamw -> sgd)',
+                  '--config.optimizer=adamw'),
+    'model': ({'model.hidden_size': 64}, 'changed model.hidden_size (32 -> 64)',
+              '--config.model.hidden_size=32'),
+    'model_name': ({'model.name': 'deepvit_ti4'}, 'changed model.name (vit_ti4 -> deepvit_ti4)',
+                   '--config.model.name=vit_ti4'),
+}
+
+
+@pytest.mark.parametrize('case', REFUSED)
+def test_a_change_the_state_cannot_take_is_refused_leaving_every_file_as_it_was(
+    runs, data_dir, tmp_path, case):
+  changes, what, revert = REFUSED[case]
+  workdir, _ = _copy(runs, 'plain', tmp_path)
+  before = _files(workdir)
+  with pytest.raises(ValueError) as raised:
+    train.train_and_evaluate(_config(data_dir, total_steps=8, **changes), workdir)
+  message = str(raised.value)
+  assert message.startswith(f"The work directory '{workdir}' holds a checkpoint (step {STEPS}) "
+                            'that this config cannot resume: ')
+  assert what in message and revert in message
+  assert f'--config.init_from={workdir}' in message
+  assert _files(workdir) == before  # config.json and every checkpoint, byte for byte.
+
+
+def test_without_config_json_the_saved_arrays_decide(runs, data_dir, tmp_path, caplog):
+  workdir, _ = _copy(runs, 'clipped_ema', tmp_path)
+  os.remove(os.path.join(workdir, workdir_lib.CONFIG_FILE))
+  saved = workdir_lib.Workdir(workdir).read_state()
+  with contextlib.ExitStack() as scope:
+    run = train._start(_config(data_dir), workdir, scope)  # pylint: disable=protected-access
+    state = run.state
+  _assert_same(state.params, saved['params'])
+  assert state.ema == {}
+
+
+def test_a_damaged_config_json_is_named_with_what_is_wrong(runs, tmp_path):
+  workdir, _ = _copy(runs, 'plain', tmp_path)
+  path = os.path.join(workdir, workdir_lib.CONFIG_FILE)
+  with open(path, 'r+b') as f:
+    f.truncate(os.path.getsize(path) // 2)
+  with pytest.raises(ValueError, match=rf'^{path} is damaged \(Unterminated string|^{path} is '
+                     r'damaged \(Expecting'):
+    workdir_lib.Workdir(workdir).config()

@@ -1,0 +1,188 @@
+"""Resuming a run whose config changed since its checkpoints were written.
+
+A checkpoint holds the training state of the config that wrote it. Changes that only add or drop
+state carry over: gradient clipping (its optimizer state holds no arrays) and the EMA (started from
+the current weights when turned on, dropped when turned off); the number of steps and the schedule
+change no saved array (the learning rate is a function of the step), and another moment dtype
+(`mu_dtype`) casts the saved moments. Parameters, step, rng (so the data position), batch
+statistics and the optimizer's moments carry over as saved. A change the saved state cannot take
+(another model, another optimizer) is refused before anything in the work directory is read past
+its metadata or written, naming the changed fields and both ways forward.
+
+The decision is made from the checkpoint's own metadata (every saved array's path and shape, and
+the model's name) and, to name the fields, the run's saved config.json.
+"""
+
+import dataclasses
+import json
+from typing import Any, Callable
+
+from absl import logging
+import jax
+import ml_collections
+
+from vit_jax import steps
+from vit_jax import workdir as workdir_lib
+
+# Fields whose change only adds or drops state, with what resuming does about it.
+_ADDS_OR_DROPS = {
+    'grad_clip_norm': ('gradient clipping starts now', 'gradient clipping stops now'),
+    'ema_decay': ('the EMA starts from the current weights', 'the EMA is dropped'),
+}
+# Fields that shape no saved array but matter to the run's course: said so when they change.
+_SCHEDULE = ('total_steps', 'num_epochs', 'warmup_steps', 'warmup_epochs', 'base_lr', 'min_lr',
+             'warmup_lr', 'lr_scaling_batch')
+# Fields a refusal does not name: they change nothing saved.
+_NOT_SAVED = (*_SCHEDULE, *_ADDS_OR_DROPS, 'seed', 'log_every', 'eval_every', 'checkpoint_every',
+              'keep_checkpoints', 'eval_batch_size', 'eval_split', 'init_from', 'eval_only',
+              'use_ema', 'prefetch', 'shuffle_buffer', 'in_memory', 'evaluators', 'data_dir')
+
+
+_HARMLESS = 'nothing saved depends on it'
+
+
+class IncompatibleCheckpoint(ValueError):
+  """The work directory's checkpoint reads, but this config cannot resume it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """How to resume: read the checkpoint (of `step`) as `saved_config`'s state, then carry it over.
+
+  `saved_config` is this config with the saved run's state-only fields (clipping and EMA on or off).
+  """
+  step: int
+  saved_config: ml_collections.ConfigDict
+  changed: dict[str, tuple[Any, Any]]
+
+
+def _leaves(tree: Any, prefix: str = '') -> dict[str, Any]:
+  """'model.hidden_size' -> value for every leaf of a JSON-like tree."""
+  if not isinstance(tree, dict):
+    return {prefix[:-1]: tree}
+  flat = {}
+  for key, value in tree.items():
+    flat.update(_leaves(value, f'{prefix}{key}.'))
+  return flat
+
+
+def changed_fields(saved: ml_collections.ConfigDict | None,
+                   config: ml_collections.ConfigDict) -> dict[str, tuple[Any, Any]]:
+  """field -> (saved value, new value) for every field that differs; {} without a saved config."""
+  if saved is None:
+    return {}
+  as_json = lambda c: _leaves(json.loads(c.to_json_best_effort()))
+  before, after = as_json(saved), as_json(config)
+  return {k: (before.get(k), after.get(k)) for k in sorted(set(before) | set(after))
+          if before.get(k) != after.get(k)}
+
+
+def _with_state_fields(config: ml_collections.ConfigDict, saved: ml_collections.ConfigDict | None,
+                       clip: bool, ema: bool) -> ml_collections.ConfigDict:
+  """`config` with gradient clipping and the EMA on or off as a saved run may have had them."""
+  def value(name, on, default_on):
+    if bool(config[name]) == on:
+      return config[name]
+    if saved is not None and bool(saved.get(name)) == on:
+      return saved[name]
+    return default_on if on else 0.0
+  copy = ml_collections.ConfigDict(config.to_dict())
+  copy.grad_clip_norm = value('grad_clip_norm', clip, 1.0)
+  copy.ema_decay = value('ema_decay', ema, 0.999)
+  return copy
+
+
+def _flag(value: Any) -> str:
+  return json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+
+
+def _note(field: str, old: Any, new: Any) -> str:
+  """What resuming does about one changed field."""
+  if field in _ADDS_OR_DROPS:
+    started, stopped = _ADDS_OR_DROPS[field]
+    if bool(old) != bool(new):
+      return started if new else stopped
+    return 'the saved state carries over as it is'
+  if field == 'mu_dtype':
+    return "the optimizer's first moment is cast to " + (new or "the parameters' dtype")
+  if field in _SCHEDULE:
+    return 'the learning-rate schedule is recomputed for the new settings from the saved step'
+  return _HARMLESS
+
+
+def plan(run: workdir_lib.Workdir, config: ml_collections.ConfigDict, abstract_state: Any,
+         abstract_for: Callable[[ml_collections.ConfigDict], Any]) -> Plan | None:
+  """How this config resumes `run`'s newest checkpoint whose metadata reads; None without one.
+
+  `abstract_state` is this config's (abstract) training state, `abstract_for(c)` that of another
+  config `c` of the same model. Raises IncompatibleCheckpoint, touching nothing, when the saved
+  state fits neither this config's layout nor one it differs from only by state that is added or
+  dropped (clipping, EMA).
+  """
+  found = run.newest_layout()
+  if found is None:
+    return None
+  step, saved_model, saved_shapes = found
+  try:
+    saved = run.config()
+  except ValueError as e:  # Damaged: the checkpoint's metadata alone decides; the run rewrites it.
+    logging.warning('%s', e)
+    saved = None
+  changed = changed_fields(saved, config)
+  if saved_model == config.model.name:
+    layouts = [(bool(config.grad_clip_norm), bool(config.ema_decay))]
+    layouts += [(c, e) for c in (False, True) for e in (False, True) if (c, e) not in layouts]
+    for clip, ema in layouts:
+      like = _with_state_fields(config, saved, clip, ema)
+      abstract = abstract_state if (clip, ema) == layouts[0] else abstract_for(like)
+      if workdir_lib.flat_shapes(abstract) == saved_shapes:
+        for field, (old, new) in changed.items():
+          note = _note(field, old, new)
+          log = logging.info if note == _HARMLESS else logging.warning
+          log('Resuming step %d of %s with %s changed from %s to %s: %s.', step, run.path, field,
+              _flag(old), _flag(new), note)
+        return Plan(step=step, saved_config=like, changed=changed)
+  raise IncompatibleCheckpoint(_refusal(run, step, saved_model, config, changed,
+                                        workdir_lib.ShapeDiff.between(
+                                            saved_shapes, workdir_lib.flat_shapes(abstract_state))))
+
+
+def _refusal(run: workdir_lib.Workdir, step: int, saved_model: str,
+             config: ml_collections.ConfigDict, changed: dict[str, tuple[Any, Any]],
+             diff: workdir_lib.ShapeDiff) -> str:
+  """One error: what differs, and both ways forward."""
+  named = {k: v for k, v in changed.items() if not k.startswith(_NOT_SAVED)}
+  if saved_model != config.model.name:
+    named.setdefault('model.name', (saved_model, config.model.name))
+  if named:
+    what = 'changed ' + ', '.join(f'{k} ({_flag(old)} -> {_flag(new)})'
+                                  for k, (old, new) in named.items())
+    revert = ' '.join(f'--config.{k}={_flag(old)}' for k, (old, _) in named.items()
+                      if old is not None)
+  else:  # No config.json to compare with: the saved arrays say what differs.
+    what = 'its saved arrays differ from this config\'s' + diff.listing(limit=5)
+    revert = f'the config in its {workdir_lib.CONFIG_FILE}'
+  return (f'The work directory {run.path!r} holds a checkpoint (step {step}) that this config '
+          f'cannot resume: {what}. Nothing was changed. Either revert ({revert}) to resume it, '
+          f'or start a new run from its weights: --workdir=NEW_DIR '
+          f'--config.init_from={run.path}.')
+
+
+def carry_over(state: steps.TrainState, config: ml_collections.ConfigDict, abstract_state: Any,
+               state_sharding: Any) -> steps.TrainState:
+  """A saved state read in its own layout (`Plan.saved_config`'s) in `config`'s layout.
+
+  Parameters, step, rng, batch statistics and the optimizer's arrays are the saved ones, bit for
+  bit: clipping adds no array to the optimizer state, so its arrays fill this config's optimizer
+  state in order. The EMA is kept, started from the current variables, or dropped.
+  """
+  opt_leaves = jax.tree.leaves(state.opt_state)
+  opt_structure = jax.tree.structure(abstract_state.opt_state)
+  if opt_structure.num_leaves != len(opt_leaves):  # plan() compared every shape: cannot happen.
+    raise IncompatibleCheckpoint('The saved optimizer state does not fit this optimizer.')
+  state = state.replace(opt_state=jax.tree.unflatten(opt_structure, opt_leaves))
+  if not config.ema_decay:
+    state = state.replace(ema={})
+  elif not state.ema:
+    state = steps.with_fresh_ema(state, config)
+  return jax.jit(lambda s: s, out_shardings=state_sharding)(state)
