@@ -21,7 +21,7 @@ wide spread means a noisy machine, and a number worth measuring again.
 
 Besides images/s it prints compile times, XLA's memory account of the compiled training step, the
 peak host (and, where the runtime reports it, device) memory, XLA's FLOP count of a step and the
-achieved FLOP/s; with a known peak (`--peak_tflops`, or the table `PEAK_TFLOPS` for bfloat16 on
+achieved FLOP/s; with a known peak (`--peak_tflops`, or `device_report.PEAK_TFLOPS` for bfloat16 on
 accelerators) also the model FLOPs utilisation. `--layers_table` measures deep models with and
 without scan-over-layers and remat, each combination in a fresh process. `--input_pipeline` times
 the training input pipeline instead, alone (`vit_jax.input_benchmark`). `--device_report` checks
