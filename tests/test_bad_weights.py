@@ -64,7 +64,7 @@ def test_a_file_of_no_family_here_says_so_and_what_it_resembles(tiny_vit, tmp_pa
   with pytest.raises(ValueError) as raised:
     pretrained.load(path, tiny_vit[0], image_size=16)
   message = str(raised.value)
-  assert 'Its keys match no model family here (CaiT, DeepViT, T2T-ViT, distilled DeiT, RegNet, ' \
-         'ViT/DeiT): ' in message
+  assert ('Its keys match no model family here (CaiT, DeepViT, T2T-ViT, distilled DeiT, RegNet, '
+          'DeiT III, ViT/DeiT): ' in message)
   assert says in message
   assert 'class token' not in message  # Not advice for a ViT without one.
