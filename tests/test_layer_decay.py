@@ -122,3 +122,18 @@ def test_training_with_layer_decay_runs(tmp_path):
   result = train.train_and_evaluate(config, str(tmp_path / 'run'))
   assert result.step == 2
   assert np.isfinite(result.metrics['loss'])
+
+
+def test_a_run_with_layer_decay_resumes_under_a_changed_config(tmp_path):
+  """The resume check builds the saved config's optimizer too, with the model it decays."""
+  config = common.get_config()
+  config.update(dict(data_dir=str(tmp_path / 'tfds'), image_size=16, crop_padding=2, flip=False,
+                     normalization='digits', batch_size=32, eval_batch_size=64, total_steps=2,
+                     warmup_steps=1, log_every=1, eval_every=1000, checkpoint_every=2,
+                     layer_decay=0.75))
+  config.model.update(dict(name='vit_ti4', hidden_size=32, depth=2, num_heads=2, mlp_dim=64))
+  assert train.train_and_evaluate(config, str(tmp_path / 'run')).step == 2
+  config.update(dict(total_steps=3, grad_clip_norm=1.0))
+  result = train.train_and_evaluate(config, str(tmp_path / 'run'))
+  assert result.step == 3
+  assert np.isfinite(result.metrics['loss'])

@@ -124,7 +124,7 @@ def step_programs(config: ml_collections.ConfigDict, num_classes: int, mesh: Any
   """
   model = config_lib.create_model(config, num_classes)
   schedule = optim.learning_rate_schedule(config, max(config.total_steps, 2), 1)
-  tx = optim.create_optimizer(config, schedule)
+  tx = optim.create_optimizer(config, schedule, model)
   abstract_state = jax.eval_shape(lambda: steps.init_state(model, tx, config))
   layout = lambda tree: sharding.fsdp_shardings(tree, mesh, config.mesh.fsdp_min_size)
   state_sharding = layout(abstract_state)

@@ -258,7 +258,7 @@ def _start(config: ml_collections.ConfigDict, workdir: str,
   abstract_state = jax.eval_shape(lambda: steps.init_state(model, tx, config))
   resume_plan = resume_lib.plan(  # Refuses a checkpoint this config cannot take, touching nothing.
       workdir_lib.Workdir(workdir), config, abstract_state, lambda c: jax.eval_shape(
-          lambda: steps.init_state(model, optim.create_optimizer(c, schedule), c)))
+          lambda: steps.init_state(model, optim.create_optimizer(c, schedule, model), c)))
   teacher = teacher_lib.load(config, info.num_classes)
   evaluators = evaluators_lib.periodic(config)
   eval_sets = eval_sets_lib.from_config(config, num_classes=info.num_classes)
@@ -281,7 +281,7 @@ def _start(config: ml_collections.ConfigDict, workdir: str,
   state_sharding = layout(abstract_state)
   saved_like = None
   if resume_plan is not None:  # The checkpoint's layout: this config's, or the saved config's.
-    saved_tx = optim.create_optimizer(resume_plan.saved_config, schedule)
+    saved_tx = optim.create_optimizer(resume_plan.saved_config, schedule, model)
     saved_abstract = jax.eval_shape(
         lambda: steps.init_state(model, saved_tx, resume_plan.saved_config))
     saved_like = sharding.abstract(saved_abstract, layout(saved_abstract))
