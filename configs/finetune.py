@@ -1,7 +1,7 @@
 r"""Fine-tuning published weights on a dataset of your own, with layer-wise lr decay.
 
 The weights name everything a user would otherwise pick by hand: Hub weights (`hf-hub:ORG/NAME`,
-fetched once into the Hugging Face cache, `vit_jax.hub`) give the model and its fields, the input
+fetched once into the Hugging Face cache, `vit_jax.weights.hub`) give the model and its fields, the input
 size, the normalisation and the evaluation crop ratio from their config.json. The head is
 initialised afresh for the dataset's classes. DeiT-S (ImageNet-1k) fine-tuned on CIFAR-10, and on
 a folder of images (one sub-folder per class, `train/` and `test/` inside):
@@ -28,7 +28,7 @@ RandAugment rand-m9-mstd0.5-inc1, random erasing 0.25, mixup 0.8 / CutMix 1.0, l
 import ml_collections
 
 from configs import common
-from vit_jax import hub
+from vit_jax.weights import hub
 from vit_jax import models
 
 

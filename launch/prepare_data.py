@@ -29,7 +29,7 @@ def main(argv) -> None:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   tf.config.set_visible_devices([], 'GPU')
-  from vit_jax import input_pipeline  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
   config = _CONFIG.value
   if _DATA_DIR.value:
     config.data_dir = _DATA_DIR.value

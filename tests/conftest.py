@@ -42,7 +42,7 @@ def timm():
   """The timm package, offline, on CPU torch; skips the test where torch or timm is absent."""
   os.environ.setdefault('HF_HUB_OFFLINE', '1')
   pytest.importorskip('torch')
-  from vit_jax import timm_reference  # pylint: disable=g-import-not-at-top
+  from vit_jax.benchmarks import timm_reference  # pylint: disable=g-import-not-at-top
   try:
     return timm_reference.import_timm()
   except ImportError as e:
@@ -118,7 +118,7 @@ def trained_digits_run(tmp_path_factory):
   """A small ViT trained on the embedded digits (~0.9 test accuracy in about a minute), with the
   few-shot evaluator run by the loop at steps 400 and 800 and the linear probe at the end."""
   from test_train import tiny_config  # pylint: disable=g-import-not-at-top
-  from vit_jax import train  # pylint: disable=g-import-not-at-top
+  from vit_jax.training import train  # pylint: disable=g-import-not-at-top
   workdir = str(tmp_path_factory.mktemp('trained_digits_run'))
   config = tiny_config(str(tmp_path_factory.mktemp('tfds')), total_steps=800, warmup_steps=40,
                        batch_size=64, base_lr=3e-3, log_every=100, **{

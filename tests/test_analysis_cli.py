@@ -15,8 +15,8 @@ from test_train import tiny_config
 from vit_jax import config as config_lib
 from vit_jax import analyze
 from vit_jax import models
-from vit_jax import train
-from vit_jax import workdir as workdir_lib
+from vit_jax.training import train
+from vit_jax.training import workdir as workdir_lib
 from vit_jax.analysis import pruning
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

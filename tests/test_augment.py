@@ -13,9 +13,9 @@ import pytest
 import tensorflow as tf
 
 from configs import common
-from vit_jax import augment
-from vit_jax import input_pipeline
-from vit_jax.datasets import digits
+from vit_jax.data import augment
+from vit_jax.data import input_pipeline
+from vit_jax.data import digits
 
 FILL = (124, 116, 104)  # timm's img_mean for ImageNet normalisation.
 ALL_OPS = sorted(set(augment.RAND_OPS + augment.RAND_INCREASING_OPS))

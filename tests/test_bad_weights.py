@@ -6,7 +6,7 @@ import pytest
 from safetensors import numpy as safetensors_numpy
 
 from vit_jax import models
-from vit_jax import pretrained
+from vit_jax.weights import pretrained
 
 
 @pytest.fixture(scope='module')

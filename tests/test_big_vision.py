@@ -10,9 +10,9 @@ import pytest
 
 from tests.reference import big_vision_vit
 from vit_jax import models
-from vit_jax import pretrained
-from vit_jax import timm_reference
-from vit_jax import train
+from vit_jax.weights import pretrained
+from vit_jax.benchmarks import timm_reference
+from vit_jax.training import train
 
 WIDTH, DEPTH, HEADS, MLP, CLASSES, SIZE = 32, 2, 2, 64, 5, 16
 # big_vision pool_type -> our global_pool.

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from vit_jax import models
-from vit_jax import pretrained
+from vit_jax.weights import pretrained
 
 # timm name, our registry name; tiny versions: 32x32 images, patch 8, two blocks, ten classes.
 TIMM_CASES = {

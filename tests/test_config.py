@@ -13,9 +13,9 @@ import pytest
 
 from configs import cait, common, deepvit, deit, regnet, sa_conv, t2t, vit
 from test_train import tiny_config
-from vit_jax import augment
+from vit_jax.data import augment
 from vit_jax import config as config_lib
-from vit_jax import input_pipeline
+from vit_jax.data import input_pipeline
 from vit_jax.models import vit as backbone
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -283,7 +283,8 @@ def test_the_schema_prints_every_field_with_default_and_rule():
 def test_section_defaults_are_their_owners_defaults():
   """The command line can set the sections' fields only where the schema lists them; the values
   it lists must be what the evaluators and the model would use unset."""
-  from vit_jax import evaluators, models  # pylint: disable=g-import-not-at-top
+  from vit_jax import evaluators  # pylint: disable=g-import-not-at-top
+  from vit_jax import models
   sections = {section.name: section.default for section in config_lib.SECTIONS}
   for name, settings in sections['evaluators'].items():
     assert evaluators.create(name, settings) == evaluators.create(name), name

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import pytest
 
 from vit_jax import config as config_lib
-from vit_jax import train
+from vit_jax.training import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = ('vit', 'deit', 'deit3', 'cait', 'deepvit', 't2t', 'sa_conv', 'regnet')

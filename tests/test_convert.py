@@ -1,12 +1,12 @@
-"""`vit_jax.datasets.convert`: an ArrayRecord copy of a TFRecord dataset, seen by every later opener."""
+"""`vit_jax.data.convert`: an ArrayRecord copy of a TFRecord dataset, seen by every later opener."""
 
 import os
 
 import numpy as np
 import tensorflow_datasets as tfds
 
-from vit_jax.datasets import convert
-from vit_jax.datasets import digits
+from vit_jax.data import convert
+from vit_jax.data import digits
 
 
 def test_a_converted_dataset_is_read_by_index_after_reopening(tmp_path):

@@ -13,12 +13,12 @@ import pytest
 from scipy import stats
 import tensorflow as tf
 
-from vit_jax import augment
+from vit_jax.data import augment
 from vit_jax import config as config_lib
-from vit_jax import input_pipeline
+from vit_jax.data import input_pipeline
 from vit_jax import models
-from vit_jax import optim
-from vit_jax import steps
+from vit_jax.training import optim
+from vit_jax.training import steps
 from vit_jax.models import deit3
 
 SAMPLES = 600
@@ -281,7 +281,7 @@ def test_weights_load_at_a_new_resolution(tmp_path):
   """Fine-tuning at another resolution (B/L: 192 -> 224): the patches' position embedding is
   resized, the class token (outside it) kept."""
   import safetensors.numpy  # pylint: disable=g-import-not-at-top
-  from vit_jax import pretrained  # pylint: disable=g-import-not-at-top
+  from vit_jax.weights import pretrained  # pylint: disable=g-import-not-at-top
   small = dict(num_classes=10, patch_size=4, hidden_size=32, depth=1, num_heads=2, mlp_dim=64)
   variables = models.create('deit3_s16', **small).init(jax.random.PRNGKey(0),
                                                         jnp.zeros((1, 8, 8, 3)))

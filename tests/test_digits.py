@@ -9,7 +9,7 @@ import pytest
 from sklearn import datasets as sk_datasets
 import tensorflow_datasets as tfds
 
-from vit_jax.datasets import digits
+from vit_jax.data import digits
 
 
 @pytest.fixture(scope='module')

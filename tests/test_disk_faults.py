@@ -17,8 +17,8 @@ import orbax.checkpoint as ocp
 import pytest
 
 from test_train import tiny_config
-from vit_jax import train
-from vit_jax import workdir as workdir_lib
+from vit_jax.training import train
+from vit_jax.training import workdir as workdir_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

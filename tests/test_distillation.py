@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from tests.test_train import tiny_config
-from vit_jax import steps
-from vit_jax import train
+from vit_jax.training import steps
+from vit_jax.training import train
 
 
 def reference_loss(cls_logits, dist_logits, targets, teacher_logits, kind, alpha, tau):

@@ -8,10 +8,10 @@ import pytest
 
 from tests.test_train import assert_trees_close, tiny_config
 from vit_jax import config as config_lib
-from vit_jax import inference
-from vit_jax import teacher
-from vit_jax import train
-from vit_jax import workdir as workdir_lib
+from vit_jax.weights import inference
+from vit_jax.training import teacher
+from vit_jax.training import train
+from vit_jax.training import workdir as workdir_lib
 
 
 @pytest.fixture(scope='module')

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from vit_jax import input_pipeline
-from vit_jax import timm_reference
+from vit_jax.data import input_pipeline
+from vit_jax.benchmarks import timm_reference
 
 # (height, width): common photo shapes, portrait and landscape, odd and even, square.
 PHOTO_SIZES = ((427, 640), (334, 500), (366, 500), (500, 333), (257, 311), (640, 427),

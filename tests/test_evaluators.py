@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 from vit_jax import evaluators
-from vit_jax import inference
+from vit_jax.weights import inference
 from vit_jax.evaluators import fewshot
 from vit_jax.evaluators import linear_probe
 

@@ -21,12 +21,12 @@ import pytest
 
 from test_train import tiny_config
 from vit_jax import config as config_lib
-from vit_jax import input_pipeline
-from vit_jax import optim
-from vit_jax import steps
-from vit_jax import train
-from vit_jax import workdir as workdir_lib
-from vit_jax.datasets import folder
+from vit_jax.data import input_pipeline
+from vit_jax.training import optim
+from vit_jax.training import steps
+from vit_jax.training import train
+from vit_jax.training import workdir as workdir_lib
+from vit_jax.data import folder
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = (2, 4, 6)
@@ -218,7 +218,7 @@ def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path, caplog):
   script = textwrap.dedent(f"""
       import sys, time
       sys.path.insert(0, {REPO!r})
-      from vit_jax import workdir
+      from vit_jax.training import workdir
       with workdir.lock({workdir!r}):
         print('LOCKED', flush=True)
         time.sleep(60)

@@ -9,8 +9,8 @@ from PIL import Image
 import pytest
 
 from configs import common
-from vit_jax import input_pipeline
-from vit_jax.datasets import folder
+from vit_jax.data import input_pipeline
+from vit_jax.data import folder
 
 CLASSES = ('cat', 'dog', 'emu')  # Written out of order below, so sorting is exercised.
 

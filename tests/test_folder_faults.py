@@ -12,7 +12,7 @@ import numpy as np
 from PIL import Image
 import pytest
 
-from vit_jax.datasets import folder
+from vit_jax.data import folder
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,7 +34,7 @@ def test_two_processes_preparing_one_new_folder_both_get_it_prepared_once(tmp_pa
   script = textwrap.dedent(f"""
       import os, sys, time
       sys.path.insert(0, {REPO!r})
-      from vit_jax.datasets import folder
+      from vit_jax.data import folder
       print('READY', flush=True)
       while not os.path.exists({str(go)!r}):
         time.sleep(0.01)

@@ -17,10 +17,10 @@ from jax.sharding import PartitionSpec as P
 
 from tests.test_train import final_params, tiny_config
 from vit_jax import config as config_lib
-from vit_jax import pretrained
-from vit_jax import sharding
-from vit_jax import train
-from vit_jax import workdir as workdir_lib
+from vit_jax.weights import pretrained
+from vit_jax.parallel import sharding
+from vit_jax.training import train
+from vit_jax.training import workdir as workdir_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 20
@@ -103,7 +103,7 @@ os.environ['TF_CPP_MIN_LOG_LEVEL'] = '2'
 sys.path.insert(0, {repo!r})
 import jax
 from tests.test_train import tiny_config
-from vit_jax import train
+from vit_jax.training import train
 assert jax.device_count() == 8
 original = train.PreemptionWatcher.should_stop
 for run in json.loads({runs!r}):

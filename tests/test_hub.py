@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vit_jax import hub
-from vit_jax import inference
+from vit_jax.weights import hub
+from vit_jax.weights import inference
 from vit_jax import models
 from vit_jax import predict
-from vit_jax import pretrained
-from vit_jax import teacher as teacher_lib
-from vit_jax import train
+from vit_jax.weights import pretrained
+from vit_jax.training import teacher as teacher_lib
+from vit_jax.training import train
 from vit_jax.models import vit
 from configs import common
 from configs import finetune

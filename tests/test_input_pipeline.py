@@ -9,8 +9,8 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from configs import common
-from vit_jax import input_pipeline
-from vit_jax.datasets import digits
+from vit_jax.data import input_pipeline
+from vit_jax.data import digits
 
 
 @pytest.fixture(scope='module')

@@ -11,8 +11,8 @@ import pytest
 from configs import common
 from vit_jax import config as config_lib
 from vit_jax import models
-from vit_jax import optim
-from vit_jax import train
+from vit_jax.training import optim
+from vit_jax.training import train
 
 DECAY = 0.6
 # timm name, our registry name, the fields both take (two main blocks, ten classes).

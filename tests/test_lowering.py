@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 
 from vit_jax import config as config_lib
-from vit_jax import lowering
-from vit_jax import optim
-from vit_jax import steps
+from vit_jax.benchmarks import lowering
+from vit_jax.training import optim
+from vit_jax.training import steps
 from vit_jax.models import attention
 
 FAMILIES = ('vit', 'deit', 'cait', 'deepvit', 't2t', 'sa_conv', 'regnet')

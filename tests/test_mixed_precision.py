@@ -8,9 +8,9 @@ import pytest
 
 from tests.test_train import tiny_config
 from vit_jax import config as config_lib
-from vit_jax import optim
-from vit_jax import steps
-from vit_jax import train
+from vit_jax.training import optim
+from vit_jax.training import steps
+from vit_jax.training import train
 
 
 def _batch(size: int = 32):

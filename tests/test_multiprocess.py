@@ -24,12 +24,12 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from vit_jax import config as config_lib
-from vit_jax import distributed
-from vit_jax import optim
-from vit_jax import steps
-from vit_jax import train
-from vit_jax import workdir as workdir_lib
-from vit_jax.datasets import digits
+from vit_jax.parallel import distributed
+from vit_jax.training import optim
+from vit_jax.training import steps
+from vit_jax.training import train
+from vit_jax.training import workdir as workdir_lib
+from vit_jax.data import digits
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(REPO, 'tests')
@@ -58,7 +58,8 @@ from vit_jax import runtime
 runtime.configure()  # As vit_jax.main does: the same XLA flags, so the same kernels.
 import importlib.util
 import jax, numpy as np
-from vit_jax import input_pipeline, train
+from vit_jax.data import input_pipeline
+from vit_jax.training import train
 assert jax.device_count() == 2 and jax.process_count() == 1
 
 def concatenated(iterator):

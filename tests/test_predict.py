@@ -11,9 +11,9 @@ from PIL import Image
 import pytest
 from sklearn import datasets as sk_datasets
 
-from vit_jax import inference
+from vit_jax.weights import inference
 from vit_jax import predict
-from vit_jax.datasets import digits
+from vit_jax.data import digits
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

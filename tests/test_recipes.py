@@ -13,11 +13,11 @@ from tests.test_configs import load
 from tests.test_train import assert_trees_close, tiny_config, train_with_preemption
 from vit_jax import config as config_lib
 from vit_jax import models
-from vit_jax import optim
-from vit_jax import steps
-from vit_jax import teacher
-from vit_jax import train
-from vit_jax import workdir as workdir_lib
+from vit_jax.training import optim
+from vit_jax.training import steps
+from vit_jax.training import teacher
+from vit_jax.training import train
+from vit_jax.training import workdir as workdir_lib
 from vit_jax.models import vit
 
 IMAGENET_TRAIN = 1_281_167

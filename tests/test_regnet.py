@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from tests.test_train import tiny_config
-from vit_jax import input_pipeline
+from vit_jax.data import input_pipeline
 from vit_jax import models
-from vit_jax import pretrained
-from vit_jax import teacher
-from vit_jax import train
-from vit_jax import workdir as workdir_lib
+from vit_jax.weights import pretrained
+from vit_jax.training import teacher
+from vit_jax.training import train
+from vit_jax.training import workdir as workdir_lib
 from vit_jax.models import regnet
 
 REGNETY = [name for name in models.names() if name.startswith('regnety_')]

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from test_train import tiny_config
-from vit_jax import train
-from vit_jax import workdir as workdir_lib
+from vit_jax.training import train
+from vit_jax.training import workdir as workdir_lib
 
 STEPS = 4
 

@@ -11,7 +11,7 @@ import orbax.checkpoint
 import pytest
 
 from vit_jax import runtime
-from vit_jax import train
+from vit_jax.training import train
 
 
 def test_flags_are_added_once_and_never_override_the_user(monkeypatch):
@@ -91,7 +91,7 @@ def test_tensorflow_loads_without_start_up_notices():
 
 
 @pytest.mark.parametrize('command', ['main', 'ablate', 'analyze', 'evaluate', 'predict', 'export',
-                                     'benchmark', 'datasets.convert'])
+                                     'benchmark', 'convert'])
 def test_commands_start_without_library_notices(command):
   env = {k: v for k, v in os.environ.items() if k != 'TF_CPP_MIN_LOG_LEVEL'}
   result = subprocess.run([sys.executable, '-m', f'vit_jax.{command}', '--helpshort'],

@@ -8,9 +8,9 @@ import pytest
 from tests.test_train import tiny_config
 from vit_jax import config as config_lib
 from vit_jax import models
-from vit_jax import pretrained
-from vit_jax import train
-from vit_jax import workdir as workdir_lib
+from vit_jax.weights import pretrained
+from vit_jax.training import train
+from vit_jax.training import workdir as workdir_lib
 from vit_jax.models import deepvit
 from vit_jax.models import sa_conv
 from vit_jax.models import vit
@@ -155,7 +155,7 @@ def test_scanned_run_checkpoint_loads_into_either_layout(tmp_path):
   np.testing.assert_allclose(scanned.apply(pretrained.load_for_run(workdir, scanned, config),
                                            images), expected, atol=1e-5)
 
-  from vit_jax import inference  # pylint: disable=g-import-not-at-top
+  from vit_jax.weights import inference  # pylint: disable=g-import-not-at-top
   run = inference.load_run(workdir, unroll=True)  # As analysis reads it: per-block maps.
   assert not run.model.scan_layers
   _, state = run.model.apply(run.variables, images, mutable=['intermediates'])

@@ -254,8 +254,8 @@ def test_official_model_code_and_released_checkpoint_layout(name, tmp_path):
   """The official T2T_ViT of the same size, randomised, saved as the released .pth.tar files are
   (`state_dict_ema` beside `state_dict`), loads with the same logits (64 px: 16 tokens)."""
   torch = pytest.importorskip('torch')
-  from vit_jax import pretrained  # pylint: disable=g-import-not-at-top
-  from vit_jax import timm_reference  # pylint: disable=g-import-not-at-top
+  from vit_jax.weights import pretrained  # pylint: disable=g-import-not-at-top
+  from vit_jax.benchmarks import timm_reference  # pylint: disable=g-import-not-at-top
   timm_reference.import_timm()
   from tests.reference import t2t_vit as official  # pylint: disable=g-import-not-at-top
   width, depth, heads, mlp_ratio = t2t.SIZES[name.rsplit('_', 1)[-1]]

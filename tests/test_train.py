@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from configs import common
-from vit_jax import train
-from vit_jax import workdir as workdir_lib
+from vit_jax.training import train
+from vit_jax.training import workdir as workdir_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -131,7 +131,9 @@ def test_eight_devices_equal_one_device(data_dir):
       import jax, numpy as np
       from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
       from test_train import tiny_config
-      from vit_jax import config as config_lib, optim, steps
+      from vit_jax import config as config_lib
+      from vit_jax.training import optim
+      from vit_jax.training import steps
       assert jax.device_count() == 8
       config = tiny_config({data_dir!r}, **{{'model.dropout_rate': 0.1, 'model.drop_path_rate': 0.2}})
       model = config_lib.create_model(config, 10)

@@ -30,8 +30,8 @@ import ml_collections
 
 from vit_jax import analyze
 from vit_jax import benchmark
-from vit_jax import input_pipeline
-from vit_jax import train
+from vit_jax.data import input_pipeline
+from vit_jax.training import train
 
 # --config (a grid config) and --workdir (one run per variant below it) are the flags that
 # vit_jax.main and vit_jax.analyze define, imported above.

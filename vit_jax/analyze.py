@@ -37,11 +37,11 @@ import ml_collections
 import numpy as np
 import tensorflow as tf
 
-from vit_jax import inference
-from vit_jax import input_pipeline
+from vit_jax.weights import inference
+from vit_jax.data import input_pipeline
 from vit_jax import models
-from vit_jax import train
-from vit_jax import workdir as workdir_lib
+from vit_jax.training import train
+from vit_jax.training import workdir as workdir_lib
 from vit_jax.analysis import centres
 from vit_jax.analysis import collapse
 from vit_jax.analysis import maps

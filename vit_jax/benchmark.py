@@ -10,7 +10,7 @@ r"""Training and inference throughput of a config's model, optionally against ti
       --config.mesh.fsdp=8
   python -m vit_jax.benchmark --device_report --report_json=/tmp/device_report.json
 
-A training step is `vit_jax.steps`'s (forward, loss, gradients, optimizer update, metrics) on
+A training step is `vit_jax.training.steps`'s (forward, loss, gradients, optimizer update, metrics) on
 random images; an inference step is a jitted forward pass with train=False. Every step is blocked
 on until its results exist. Steps run in blocks of `--steps`, each after `--warmup` untimed steps;
 the reported time per step is the median over `--repeats` blocks of each block's mean. Contenders
@@ -24,14 +24,14 @@ peak host (and, where the runtime reports it, device) memory, XLA's FLOP count o
 achieved FLOP/s; with a known peak (`--peak_tflops`, or `device_report.PEAK_TFLOPS` for bfloat16 on
 accelerators) also the model FLOPs utilisation. `--layers_table` measures deep models with and
 without scan-over-layers and remat, each combination in a fresh process. `--input_pipeline` times
-the training input pipeline instead, alone (`vit_jax.input_benchmark`). `--device_report` checks
-and measures what the accelerator at hand runs, in one table (`vit_jax.device_report`): every
+the training input pipeline instead, alone (`vit_jax.benchmarks.input_speed`). `--device_report` checks
+and measures what the accelerator at hand runs, in one table (`vit_jax.benchmarks.device_report`): every
 family's bfloat16 training, cuDNN against XLA attention, ViT-B/16's images/s and MFU, and the input
 pipeline against the step's need.
 
 `--memory_only` runs nothing: for a mesh of `--devices` devices with the config's `mesh.fsdp`, it
 prints what one device holds (parameters, optimizer state, EMA, all of the training state, in
-their `vit_jax.sharding` layouts) and XLA's account of the compiled training step (arguments,
+their `vit_jax.parallel.sharding` layouts) and XLA's account of the compiled training step (arguments,
 temporaries, all live at once), compiled for as many forced CPU devices from abstract shapes. So
 what fits on a GPU or TPU can be seen on a laptop before renting it; the state's bytes are exact
 on every backend, the temporaries are the CPU compiler's (an accelerator's fusions differ).
@@ -52,7 +52,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from vit_jax import config as config_lib
-from vit_jax import stopwatch
+from vit_jax.benchmarks import stopwatch
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', 'configs/vit.py:variant=Ti/4', 'Training configuration file.', lock_config=False)
@@ -95,7 +95,7 @@ _DEVICES = flags.DEFINE_integer('devices', None, 'Devices of the mesh sized by -
 _PEAK_TFLOPS = flags.DEFINE_float('peak_tflops', None, "The device's peak TFLOP/s at --dtype, "
                                   'for model FLOPs utilisation (default: PEAK_TFLOPS).')
 _INPUT_PIPELINE = flags.DEFINE_bool('input_pipeline', False, 'Time the training input pipeline '
-                                    'alone (vit_jax.input_benchmark): images/s and the time to a '
+                                    'alone (vit_jax.benchmarks.input_speed): images/s and the time to a '
                                     'first batch; with --vs_timm beside timm\'s transforms and a '
                                     'torch DataLoader on the same images.')
 _LATE_STEP = flags.DEFINE_integer('late_step', None, '--input_pipeline: the late start step whose '
@@ -103,7 +103,7 @@ _LATE_STEP = flags.DEFINE_integer('late_step', None, '--input_pipeline: the late
                                   'consumed examples).')
 _DATA_DIR = flags.DEFINE_string('data_dir', None, "TFDS data directory (default: the config's).")
 _DEVICE_REPORT = flags.DEFINE_bool('device_report', False, 'Check and measure what this '
-                                   'accelerator runs (vit_jax.device_report): one table, also '
+                                   'accelerator runs (vit_jax.benchmarks.device_report): one table, also '
                                    'written as JSON to --report_json.')
 _REDUCED = flags.DEFINE_bool('reduced', None, '--device_report at tiny sizes (default: on CPU).')
 _REPORT_JSON = flags.DEFINE_string('report_json', 'device_report.json',
@@ -180,14 +180,14 @@ def compiled_memory_mib(compiled) -> dict[str, float]:
 
 def jax_contender(config, num_classes: int, name: str | None = None,
                   inference: bool = True) -> Contender:
-  """Our model under `vit_jax.steps`'s training step, jitted with the state donated."""
+  """Our model under `vit_jax.training.steps`'s training step, jitted with the state donated."""
   # pylint: disable=g-import-not-at-top
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from vit_jax import device_report
-  from vit_jax import optim
-  from vit_jax import steps
+  from vit_jax.benchmarks import device_report
+  from vit_jax.training import optim
+  from vit_jax.training import steps
   # pylint: enable=g-import-not-at-top
   model = config_lib.create_model(config, num_classes)
   schedule = optim.learning_rate_schedule(config, max(int(config.total_steps), 2), 1)
@@ -245,7 +245,7 @@ def byte_size(count: int) -> str:
 def memory_per_device(config, num_classes: int) -> dict[str, int]:
   """Bytes that one device of a (data × fsdp) mesh over every device holds for a training step.
 
-  The training state's parts from their shapes and layouts (`vit_jax.sharding`), and XLA's
+  The training state's parts from their shapes and layouts (`vit_jax.parallel.sharding`), and XLA's
   account of the compiled step: its arguments (state and batch), its temporaries, and all that
   is live at once (the state is donated, so outputs reuse it). Abstract evaluation and
   compilation only: no array is allocated, so any model can be sized on any machine.
@@ -253,9 +253,9 @@ def memory_per_device(config, num_classes: int) -> dict[str, int]:
   # pylint: disable=g-import-not-at-top
   import jax
   import jax.numpy as jnp
-  from vit_jax import sharding
-  from vit_jax import optim
-  from vit_jax import steps
+  from vit_jax.parallel import sharding
+  from vit_jax.training import optim
+  from vit_jax.training import steps
   # pylint: enable=g-import-not-at-top
   model = config_lib.create_model(config, num_classes)
   tx = optim.create_optimizer(config, optim.learning_rate_schedule(config, 2, 1), model)
@@ -312,7 +312,7 @@ def timm_contender(config, model, num_classes: int) -> Contender:
   if config.optimizer != 'adamw':
     raise ValueError(f'--vs_timm needs optimizer=adamw; got {config.optimizer!r}.')
   import torch  # pylint: disable=g-import-not-at-top
-  from vit_jax import timm_reference  # pylint: disable=g-import-not-at-top
+  from vit_jax.benchmarks import timm_reference  # pylint: disable=g-import-not-at-top
   timm = timm_reference.import_timm()
   from timm.models import vision_transformer  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
@@ -440,7 +440,7 @@ def peak_tflops(device, dtype: str) -> float | None:
     return _PEAK_TFLOPS.value
   if dtype != 'bfloat16':
     return None
-  from vit_jax import device_report  # pylint: disable=g-import-not-at-top
+  from vit_jax.benchmarks import device_report  # pylint: disable=g-import-not-at-top
   return device_report.peak_tflops(device.device_kind)
 
 
@@ -608,7 +608,7 @@ def _prepare_process() -> None:
     runtime.configure()
   if _VS_TIMM.value:
     try:
-      from vit_jax import timm_reference  # pylint: disable=g-import-not-at-top
+      from vit_jax.benchmarks import timm_reference  # pylint: disable=g-import-not-at-top
       timm_reference.import_timm()
       import torch  # pylint: disable=g-import-not-at-top
       if _INPUT_PIPELINE.value:
@@ -625,7 +625,7 @@ def main(argv) -> None:
     if flags.FLAGS[name].value is not None and flags.FLAGS[name].value < 1:
       raise app.UsageError(f'--{name}={flags.FLAGS[name].value} must be >= 1.')
   if _INPUT_PIPELINE.value:
-    from vit_jax import input_benchmark  # pylint: disable=g-import-not-at-top
+    from vit_jax.benchmarks import input_speed  # pylint: disable=g-import-not-at-top
     if _VS_TIMM.value:
       try:
         input_benchmark.check_vs_timm(_CONFIG.value)
@@ -633,7 +633,7 @@ def main(argv) -> None:
         raise app.UsageError(str(e)) from e
   _prepare_process()
   if _DEVICE_REPORT.value:
-    from vit_jax import device_report  # pylint: disable=g-import-not-at-top
+    from vit_jax.benchmarks import device_report  # pylint: disable=g-import-not-at-top
     device_report.run(reduced=_REDUCED.value, json_path=_REPORT_JSON.value)
     return
   config = _CONFIG.value
@@ -659,7 +659,7 @@ def main(argv) -> None:
   timing = dict(num_classes=_NUM_CLASSES.value, steps=_STEPS.value, warmup=_WARMUP.value,
                 repeats=_REPEATS.value)
   if _MEMORY_ONLY.value:
-    from vit_jax import sharding  # pylint: disable=g-import-not-at-top
+    from vit_jax.parallel import sharding  # pylint: disable=g-import-not-at-top
     import jax  # pylint: disable=g-import-not-at-top
     try:
       sharding.check_mesh(config.mesh.fsdp, jax.device_count())

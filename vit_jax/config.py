@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import ml_collections
 
-from vit_jax import datasets
+from vit_jax.data import dataset_names as datasets
 
 DTYPES = ('float32', 'bfloat16', 'float16')
 OPTIMIZERS = ('adamw', 'sgd', 'lamb')
@@ -118,17 +118,17 @@ NAMES = Rule(lambda v: isinstance(v, (tuple, list)) and all(isinstance(n, str) f
 
 
 def _normalizations() -> tuple[str, ...]:
-  from vit_jax import input_pipeline  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
   return tuple(input_pipeline.NORMALIZATIONS)
 
 
 def _augments() -> tuple[str, ...]:
-  from vit_jax import input_pipeline  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
   return input_pipeline.AUGMENTS
 
 
 def _losses() -> tuple[str, ...]:
-  from vit_jax import steps  # pylint: disable=g-import-not-at-top
+  from vit_jax.training import steps  # pylint: disable=g-import-not-at-top
   return tuple(steps.LOSSES)
 
 
@@ -136,13 +136,13 @@ def _randaugment(spec: Any) -> bool:
   if not isinstance(spec, str):
     return False
   if spec:
-    from vit_jax import augment  # pylint: disable=g-import-not-at-top
+    from vit_jax.data import augment  # pylint: disable=g-import-not-at-top
     augment.parse_randaugment(spec)  # Its ValueError says what is wrong with the spec.
   return True
 
 
 def _eval_sets(specs: Any) -> bool:
-  from vit_jax import eval_sets  # pylint: disable=g-import-not-at-top
+  from vit_jax.evaluators import eval_sets  # pylint: disable=g-import-not-at-top
   eval_sets.parse_all(specs)  # Its ValueError names the bad set and what is valid.
   return True
 
@@ -181,7 +181,7 @@ FIELDS: tuple[Field, ...] = (
     Field('eval_split', 'test', text(), 'TFDS split to evaluate on.'),
     Field('eval_sets', (),
           Rule(_eval_sets, lambda: "a tuple of test-set names 'DATASET[:SPLIT]' "
-               "(vit_jax/eval_sets.py), e.g. ('imagenet2012_real', 'imagenet_v2')"),
+               "(vit_jax/evaluators/eval_sets.py), e.g. ('imagenet2012_real', 'imagenet_v2')"),
           'Test sets scored beside eval_split, when it is, each under its own name: any TFDS '
           "'name:split', digits, 'folder:/path:split'; ImageNet-ReaL multi-label, ImageNet-A/-R "
           'on their 200 classes.'),
@@ -261,7 +261,7 @@ FIELDS: tuple[Field, ...] = (
           "Adam first moment / SGD momentum dtype; '' = the parameters'."),
     Field('no_decay_names', ('bias', 'scale', 'pos_embed', 'cls_token'), NAMES,
           'Parameters never decayed (besides every 1-D one). DeiT does decay dist_token.'),
-    # Devices: a (data x fsdp) mesh over every device (vit_jax.sharding).
+    # Devices: a (data x fsdp) mesh over every device (vit_jax.parallel.sharding).
     Field('mesh.fsdp', 1, integer(1),
           'Devices that split parameters, gradients, optimizer state and EMA; 1 = replicated. '
           'Must divide the number of devices.'),
@@ -540,7 +540,7 @@ def validate(config: ml_collections.ConfigDict, *, devices: int | None = None,
   `devices` and `processes` (default: JAX's global counts) are what the batches must divide.
   """
   import jax  # pylint: disable=g-import-not-at-top
-  from vit_jax import sharding  # pylint: disable=g-import-not-at-top
+  from vit_jax.parallel import sharding  # pylint: disable=g-import-not-at-top
   devices = jax.device_count() if devices is None else devices
   processes = jax.process_count() if processes is None else processes
   fields = _flatten(config)

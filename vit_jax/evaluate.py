@@ -11,7 +11,7 @@ r"""Test sets, and few-shot and linear-probe evaluation of frozen features, for 
       --out_dir=/tmp/deit_s_test_sets
 
 `--eval_sets` scores the model's own predictions on test sets named as `config.eval_sets` names
-them (`vit_jax.eval_sets`: ReaL multi-label, ImageNet-A/-R on their 200 classes); given alone it
+them (`vit_jax.evaluators.eval_sets`: ReaL multi-label, ImageNet-A/-R on their 200 classes); given alone it
 runs only those, with `--evaluators` both. A run's EMA weights are read where it kept them.
 
 The evaluators are those of `vit_jax.evaluators` (the ones training runs periodically through
@@ -34,10 +34,10 @@ from absl import logging
 from clu import metric_writers
 import tensorflow as tf
 
-from vit_jax import eval_sets as eval_sets_lib
+from vit_jax.evaluators import eval_sets as eval_sets_lib
 from vit_jax import evaluators as evaluators_lib
-from vit_jax import inference
-from vit_jax import workdir as workdir_lib
+from vit_jax.weights import inference
+from vit_jax.training import workdir as workdir_lib
 
 def define_flags() -> dict[str, Any]:
   """The command's flags, defined when it runs (importing the module defines none, so it imports
@@ -49,7 +49,7 @@ def define_flags() -> dict[str, Any]:
                                       'both, unless --eval_sets is given).'),
       'eval_sets': flags.DEFINE_list(
           'eval_sets', [], "Test sets 'DATASET[:SPLIT]' to score the model's predictions on, "
-          'e.g. imagenet2012_real,imagenet_v2,imagenet_a (vit_jax/eval_sets.py).'),
+          'e.g. imagenet2012_real,imagenet_v2,imagenet_a (vit_jax/evaluators/eval_sets.py).'),
       'datasets': flags.DEFINE_list(
           'datasets', ['digits'], "Datasets: 'digits', TFDS names, 'folder:/path/to/images'."),
       'train_split': flags.DEFINE_string('train_split', 'train',

@@ -27,8 +27,8 @@ def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   from vit_jax import models  # pylint: disable=g-import-not-at-top
-  from vit_jax import pretrained  # pylint: disable=g-import-not-at-top
-  from vit_jax import workdir  # pylint: disable=g-import-not-at-top
+  from vit_jax.weights import pretrained  # pylint: disable=g-import-not-at-top
+  from vit_jax.training import workdir  # pylint: disable=g-import-not-at-top
   try:
     run = workdir.Workdir.open(_WORKDIR.value)
     name = run.config().model.name

@@ -1,7 +1,7 @@
 r"""Trains and evaluates a model: `python -m vit_jax.main --config=configs/vit.py --workdir=/tmp/vit`.
 
 The same command runs on a laptop, a GPU box, every task of a SLURM job step and every worker of a
-Cloud TPU VM pod: when a multi-process run is detected (see `vit_jax.distributed`) JAX's
+Cloud TPU VM pod: when a multi-process run is detected (see `vit_jax.parallel.distributed`) JAX's
 distributed runtime is initialised first; `--distributed=on|off` overrides the detection.
 Override any config field with `--config.FIELD=VALUE`, or pass `key=value` pairs after the config
 path: `--config=configs/vit.py:variant=S/16,dataset=cifar10`.
@@ -41,7 +41,7 @@ from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-posit
 from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 from ml_collections import config_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from vit_jax import distributed  # pylint: disable=g-import-not-at-top,wrong-import-position
+from vit_jax.parallel import distributed  # pylint: disable=g-import-not-at-top,wrong-import-position
 from vit_jax import runtime  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Training configuration file.',
@@ -75,7 +75,7 @@ def _chain(error: BaseException) -> list[BaseException]:
 
 def _first_refusal(error: BaseException) -> Exception | None:
   """The first write the work directory refused, where cleaning up after it failed again."""
-  from vit_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from vit_jax.training import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   return next((x for x in reversed(_chain(error)) if isinstance(x, workdir_lib.Unwritable)), None)
 
 
@@ -134,8 +134,8 @@ def main(argv) -> None:
   except ValueError as e:
     sys.exit(f'error: {e}')
   import jax  # pylint: disable=g-import-not-at-top
-  from vit_jax import train  # pylint: disable=g-import-not-at-top
-  from vit_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from vit_jax.training import train  # pylint: disable=g-import-not-at-top
+  from vit_jax.training import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   if jax.process_index() != 0:  # Process 0 speaks for all; the others report only problems.
     logging.set_verbosity(logging.WARNING)
   logging.debug('JAX process %d of %d; %d local / %d global devices (%s).', jax.process_index(),

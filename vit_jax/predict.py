@@ -34,9 +34,9 @@ import jax
 import numpy as np
 import tensorflow as tf
 
-from vit_jax import inference
-from vit_jax import input_pipeline
-from vit_jax.datasets import folder
+from vit_jax.weights import inference
+from vit_jax.data import input_pipeline
+from vit_jax.data import folder
 
 
 

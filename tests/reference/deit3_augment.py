@@ -2,7 +2,7 @@
 # (DeiT III's 3-Augment: `GaussianBlur`, `Solarization`, `gray_scale`, `new_data_aug_generator`)
 # and the binary cross-entropy of engine.py / main.py (`--bce-loss`), the official code our
 # DeiT III pieces are tested against. Changes: torchvision is imported through
-# `vit_jax.timm_reference` (PyPI's torchvision is a CUDA build beside a CPU-only torch); the
+# `vit_jax.benchmarks.timm_reference` (PyPI's torchvision is a CUDA build beside a CPU-only torch); the
 # unused imports and the `horizontal_flip` class dropped; `new_data_aug_generator` takes its three
 # arguments instead of `args` and returns its crop (primary) and 3-Augment (secondary) parts
 # separately, without the final ToTensor/Normalize; the loss lines of `train_one_epoch` and
@@ -15,7 +15,7 @@ import random
 
 from PIL import ImageFilter, ImageOps
 
-from vit_jax import timm_reference
+from vit_jax.benchmarks import timm_reference
 
 timm_reference.import_timm()
 

@@ -17,9 +17,9 @@ import ml_collections
 import numpy as np
 
 from vit_jax import config as config_lib
-from vit_jax import optim
-from vit_jax import steps
-from vit_jax import workdir as workdir_lib
+from vit_jax.training import optim
+from vit_jax.training import steps
+from vit_jax.training import workdir as workdir_lib
 
 PRUNING_RULES = {'official': 1e3, 'paper': 1e5}
 MIN_EIGENVALUE = 1e-5

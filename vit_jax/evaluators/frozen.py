@@ -11,8 +11,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from vit_jax import input_pipeline
-from vit_jax.datasets import folder
+from vit_jax.data import input_pipeline
+from vit_jax.data import folder
 from vit_jax.models import features
 
 

@@ -1,13 +1,13 @@
 """The training loop: from a config to a trained, checkpointed and evaluated model.
 
 The loop asks the owners instead of restating them: `vit_jax.config` for the model,
-`vit_jax.optim` for the schedule and the optimizer, `vit_jax.steps` for the state and the jitted
-train and eval steps, `vit_jax.teacher` for distillation's teacher, `vit_jax.pretrained` for
-`init_from`'s weights, `vit_jax.input_pipeline` for batches and `vit_jax.workdir` for the run's
+`vit_jax.training.optim` for the schedule and the optimizer, `vit_jax.training.steps` for the state and the jitted
+train and eval steps, `vit_jax.training.teacher` for distillation's teacher, `vit_jax.weights.pretrained` for
+`init_from`'s weights, `vit_jax.data.input_pipeline` for batches and `vit_jax.training.workdir` for the run's
 directory and saved state.
 
 Every process runs the same program. A (data × fsdp) device mesh spans every device of every
-process (`vit_jax.sharding`): batches are split over all of it, and the training state over its
+process (`vit_jax.parallel.sharding`): batches are split over all of it, and the training state over its
 `fsdp` axis (`config.mesh.fsdp`; 1 replicates it, as plain data parallelism does). Each process
 feeds only its own share of the data. Process 0 alone logs and writes summaries.
 """
@@ -32,16 +32,16 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
 from vit_jax import config as config_lib
-from vit_jax import eval_sets as eval_sets_lib
+from vit_jax.evaluators import eval_sets as eval_sets_lib
 from vit_jax import evaluators as evaluators_lib
-from vit_jax import input_pipeline
-from vit_jax import optim
-from vit_jax import pretrained as pretrained_lib
-from vit_jax import resume as resume_lib
-from vit_jax import sharding
-from vit_jax import steps
-from vit_jax import teacher as teacher_lib
-from vit_jax import workdir as workdir_lib
+from vit_jax.data import input_pipeline
+from vit_jax.training import optim
+from vit_jax.weights import pretrained as pretrained_lib
+from vit_jax.training import resume as resume_lib
+from vit_jax.parallel import sharding
+from vit_jax.training import steps
+from vit_jax.training import teacher as teacher_lib
+from vit_jax.training import workdir as workdir_lib
 
 
 class PreemptionWatcher:
@@ -263,7 +263,7 @@ def _start(config: ml_collections.ConfigDict, workdir: str,
   evaluators = evaluators_lib.periodic(config)
   eval_sets = eval_sets_lib.from_config(config, num_classes=info.num_classes)
   if jax.process_count() > 1:  # Every process reads the work directory before any writes to it.
-    multihost_utils.sync_global_devices('vit_jax.train:checked_workdir')
+    multihost_utils.sync_global_devices('vit_jax.training.train:checked_workdir')
 
   run_dir = workdir_lib.Workdir.create(workdir, config, run_scope)  # Locked; config.json written.
   watcher = run_scope.enter_context(PreemptionWatcher())

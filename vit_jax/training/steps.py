@@ -1,6 +1,6 @@
 """The training and evaluation steps: state, losses, on-device mixing, micro-batching and EMA.
 
-Everything here is traced under `jax.jit`; `vit_jax.train` builds these steps once and runs them
+Everything here is traced under `jax.jit`; `vit_jax.training.train` builds these steps once and runs them
 in its loop.
 """
 
@@ -17,8 +17,8 @@ import ml_collections
 import numpy as np
 import optax
 
-from vit_jax import augment
-from vit_jax import sharding
+from vit_jax.data import augment
+from vit_jax.parallel import sharding
 
 
 @flax.struct.dataclass

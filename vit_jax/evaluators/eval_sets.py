@@ -27,11 +27,11 @@ import numpy as np
 import optax
 import tensorflow_datasets as tfds
 
-from vit_jax import datasets
-from vit_jax import inference
-from vit_jax import input_pipeline
-from vit_jax import sharding
-from vit_jax import steps
+from vit_jax.data import dataset_names as datasets
+from vit_jax.weights import inference
+from vit_jax.data import input_pipeline
+from vit_jax.parallel import sharding
+from vit_jax.training import steps
 
 SCORINGS = ('top1', 'real', 'imagenet_a', 'imagenet_r')
 

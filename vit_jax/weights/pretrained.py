@@ -7,8 +7,8 @@
     `state_dict_ema` / `model_ema` / `state_dict` / `model`, with `module.` prefixes stripped;
   - a Google ViT `.npz`: google-research/vision_transformer's or big_vision's layout
     (`google_to_timm`);
-  - a work directory written by `vit_jax.main` (`vit_jax.workdir.Workdir.read_variables`);
-  - Hub weights by name, `hf-hub:ORG/NAME` (`vit_jax.hub`: fetched once into the Hugging Face
+  - a work directory written by `vit_jax.main` (`vit_jax.training.workdir.Workdir.read_variables`);
+  - Hub weights by name, `hf-hub:ORG/NAME` (`vit_jax.weights.hub`: fetched once into the Hugging Face
     cache, then read as the file they are).
 EMA weights are read first where a file or run has them; `use_ema=False` reads the raw ones.
 The PyTorch key layout is converted by the `from_timm` of the target model's family. The position
@@ -37,9 +37,9 @@ import safetensors
 from safetensors import numpy as safetensors_numpy
 
 from vit_jax import config as config_lib
-from vit_jax import hub
+from vit_jax.weights import hub
 from vit_jax import models
-from vit_jax import workdir as workdir_lib
+from vit_jax.training import workdir as workdir_lib
 from vit_jax.models import vit
 
 HEAD_NAMES = ('head', 'head_dist')

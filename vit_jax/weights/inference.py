@@ -16,11 +16,11 @@ import ml_collections
 from tensorflow_datasets.datasets.imagenet2012 import imagenet_common
 
 from vit_jax import config as config_lib
-from vit_jax import hub
-from vit_jax import input_pipeline
+from vit_jax.weights import hub
+from vit_jax.data import input_pipeline
 from vit_jax import models
-from vit_jax import pretrained
-from vit_jax import workdir as workdir_lib
+from vit_jax.weights import pretrained
+from vit_jax.training import workdir as workdir_lib
 
 IMAGENET_CLASSES = 1000
 

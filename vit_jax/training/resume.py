@@ -21,8 +21,8 @@ from absl import logging
 import jax
 import ml_collections
 
-from vit_jax import steps
-from vit_jax import workdir as workdir_lib
+from vit_jax.training import steps
+from vit_jax.training import workdir as workdir_lib
 
 # Fields whose change only adds or drops state, with what resuming does about it.
 _ADDS_OR_DROPS = {

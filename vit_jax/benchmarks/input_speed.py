@@ -36,9 +36,9 @@ from typing import Any, Callable, Iterable
 
 import ml_collections
 
-from vit_jax import input_pipeline
-from vit_jax import stopwatch
-from vit_jax.datasets import folder
+from vit_jax.data import input_pipeline
+from vit_jax.benchmarks import stopwatch
+from vit_jax.data import folder
 
 LATE_EXAMPLES = 100_000  # Examples consumed before the default --late_step.
 TIMM_RECORDS = 4096  # Encoded images timm's side holds when the dataset is not a folder.
@@ -135,7 +135,7 @@ def _timm(config: ml_collections.ConfigDict, workers: int) -> tuple[Pipeline, Ca
   # pylint: disable=g-import-not-at-top
   import psutil
   import torch
-  from vit_jax import timm_reference
+  from vit_jax.benchmarks import timm_reference
   timm = timm_reference.import_timm()
   from timm.data import auto_augment
   from timm.data import create_transform

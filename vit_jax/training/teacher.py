@@ -8,12 +8,12 @@ import ml_collections
 import numpy as np
 
 from vit_jax import config as config_lib
-from vit_jax import hub
-from vit_jax import input_pipeline
+from vit_jax.weights import hub
+from vit_jax.data import input_pipeline
 from vit_jax import models
-from vit_jax import pretrained
-from vit_jax import steps
-from vit_jax import workdir as workdir_lib
+from vit_jax.weights import pretrained
+from vit_jax.training import steps
+from vit_jax.training import workdir as workdir_lib
 
 
 def source(teacher: str) -> tuple[str | None, str]:
@@ -42,7 +42,7 @@ def load(config: ml_collections.ConfigDict, num_classes: int) -> steps.Teacher |
 
   `distillation.teacher` is a work directory of vit_jax.main (its model, fields and
   normalisation are read from its config.json), Hub weights 'hf-hub:ORG/NAME' (model, fields and
-  normalisation from their config.json, `vit_jax.hub`) or 'MODEL:FILE', a registered model and a
+  normalisation from their config.json, `vit_jax.weights.hub`) or 'MODEL:FILE', a registered model and a
   weights file that `pretrained.load` reads (timm .pth/.safetensors, .npz); such a teacher expects
   `distillation.teacher_normalization` ('' = the student's). The teacher computes in the run's
   `dtype`.

@@ -22,8 +22,8 @@ from sklearn import datasets as sk_datasets
 from sklearn import model_selection
 import tensorflow_datasets as tfds
 
-from vit_jax import datasets
-from vit_jax.datasets import convert
+from vit_jax.data import dataset_names as datasets
+from vit_jax.data import convert
 
 NAME = datasets.DIGITS
 NUM_CLASSES = 10

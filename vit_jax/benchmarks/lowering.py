@@ -2,7 +2,7 @@
 
 `jax.export` lowers a jitted function for platforms this machine does not have, over an
 `AbstractMesh` of devices it does not have either. `step_programs` builds the train and eval steps
-exactly as `vit_jax.train` does (`steps.sharded_train_step`, `steps.make_eval_step`) with
+exactly as `vit_jax.training.train` does (`steps.sharded_train_step`, `steps.make_eval_step`) with
 abstract, sharded arguments; `export_steps` lowers them for `tpu` and `cuda`; `matrix_products`
 reads the dot and convolution ops of a lowered program and the dtypes they multiply.
 
@@ -23,9 +23,9 @@ import ml_collections
 
 from vit_jax import config as config_lib
 from vit_jax import models
-from vit_jax import optim
-from vit_jax import sharding
-from vit_jax import steps
+from vit_jax.training import optim
+from vit_jax.parallel import sharding
+from vit_jax.training import steps
 
 PLATFORMS = ('tpu', 'cuda')
 
@@ -117,7 +117,7 @@ def _batch(mesh: Any, size: int, image_size: int, *, eval_mask: bool) -> dict[st
 
 def step_programs(config: ml_collections.ConfigDict, num_classes: int, mesh: Any, *,
                   batch_size: int, teacher_model: str | None = None) -> list[StepProgram]:
-  """The train and eval steps of a run of `config` on `mesh`, as `vit_jax.train` jits them.
+  """The train and eval steps of a run of `config` on `mesh`, as `vit_jax.training.train` jits them.
 
   `teacher_model` (a registered name) distils from that model, in the run's dtype, with
   abstract variables laid out by the same rule as the student's.

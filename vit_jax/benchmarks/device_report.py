@@ -27,9 +27,9 @@ import ml_collections
 import numpy as np
 
 from vit_jax import config as config_lib
-from vit_jax import input_pipeline
-from vit_jax import optim
-from vit_jax import steps
+from vit_jax.data import input_pipeline
+from vit_jax.training import optim
+from vit_jax.training import steps
 
 FAMILIES = ('vit', 'deit', 'cait', 'deepvit', 't2t', 'sa_conv', 'regnet')
 

@@ -11,7 +11,7 @@ pure function of (seed, process, k): `start_step=k` reads exactly the records of
 yields the batches an uninterrupted run would have seen, at the same cost for every k. Records come
 from one of two random-access sources, chosen by `_random_access`:
 * ArrayRecord (`tfds.data_source`): the embedded digits, image folders, TFDS datasets that
-  vit_jax prepares itself, and TFRecord datasets converted with `python -m vit_jax.datasets.convert`.
+  vit_jax prepares itself, and TFRecord datasets converted with `python -m vit_jax.convert`.
   Records are read in chunks by a `tf.data` map (`tf.numpy_function`), then parsed, decoded and
   augmented by `tf.data`'s parallel map.
 * In memory: a dataset prepared as TFRecord only whose per-process split has images of a fixed shape
@@ -41,10 +41,10 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from vit_jax import augment
-from vit_jax.datasets import convert
-from vit_jax.datasets import digits
-from vit_jax.datasets import folder
+from vit_jax.data import augment
+from vit_jax.data import convert
+from vit_jax.data import digits
+from vit_jax.data import folder
 
 # Per-channel (mean, std) of pixel values in [0, 1].
 NORMALIZATIONS = {
@@ -620,7 +620,7 @@ def train_iterator(config: ml_collections.ConfigDict, *, start_step: int = 0,
         'streamed: resuming at step k reads and discards the k x %d records consumed before '
         '(on the order of 10,000 records/s, e.g. about an hour late in a 300-epoch ImageNet run), '
         'and the resumed order is only approximately the original. Add an ArrayRecord copy for '
-        'exact resume at the same cost at any step: python -m vit_jax.datasets.convert '
+        'exact resume at the same cost at any step: python -m vit_jax.convert '
         '--dataset=%s%s', source.name, local_batch, source.name,
         f' --data_dir={config.data_dir}' if config.data_dir else '')
     examples = _streamed_examples(config, source, split, start, process_index)

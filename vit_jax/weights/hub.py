@@ -99,7 +99,7 @@ def _first_line(error: Exception) -> str:
 
 def _normalization(name: str, mean: Any, std: Any) -> str:
   """The `input_pipeline.NORMALIZATIONS` key of (mean, std)."""
-  from vit_jax import input_pipeline  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
   for key, (known_mean, known_std) in input_pipeline.NORMALIZATIONS.items():
     if np.allclose(mean, known_mean, atol=1e-4) and np.allclose(std, known_std, atol=1e-4):
       return key

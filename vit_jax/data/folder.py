@@ -35,8 +35,8 @@ from PIL import Image as pil_image
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from vit_jax import datasets
-from vit_jax.datasets import convert
+from vit_jax.data import dataset_names as datasets
+from vit_jax.data import convert
 
 PREFIX = datasets.FOLDER_PREFIX
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png')

@@ -18,7 +18,7 @@ process count wrote them) for evaluation, analysis, export, teachers and fine-tu
 run's EMA of the variables first where it kept one. Without a step, the newest checkpoint that can
 be read is used: readers skip unreadable newer ones with a warning, and resuming moves them to
 `unreadable_checkpoints/` (never deleting them); a checkpoint that reads but holds another layout
-is never moved. Saved shapes (`newest_layout`, for `vit_jax.resume`) come from orbax's own
+is never moved. Saved shapes (`newest_layout`, for `vit_jax.training.resume`) come from orbax's own
 metadata.
 
 The lock: `lock(workdir)` is held by a run's process 0 from its first write to its end. It is an
@@ -583,7 +583,7 @@ class Workdir:
       (self.manager.directory / str(step)).rename(target)
       (target / 'reason.txt').write_text(f'step {step} could not be read: {reason}\n')
     if jax.process_count() > 1:
-      multihost_utils.sync_global_devices(f'vit_jax.workdir:set_aside_{step}')
+      multihost_utils.sync_global_devices(f'vit_jax.training.workdir:set_aside_{step}')
     self.manager.reload()
     logging.warning('Moved the unreadable checkpoint of step %d to %s (kept; nothing deleted).',
                     step, target)

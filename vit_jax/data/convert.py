@@ -1,21 +1,13 @@
-r"""Adds an ArrayRecord copy to a TFDS dataset prepared as TFRecord, so training reads it by index.
+"""An ArrayRecord copy of a TFDS dataset prepared as TFRecord, so training reads it by index.
 
 Training reads ArrayRecord datasets example by example (exact resume at any step in constant
 time); a dataset stored as TFRecord only is streamed, and resuming it reads every record consumed
-before. This copies each TFRecord shard, record for record, into an ArrayRecord shard beside it and
-registers the format in the dataset's `dataset_info.json` (TFDS's "alternative file format"), so
-both `tfds.load` and `tfds.data_source` work afterwards. Nothing is downloaded or re-decoded:
-
-  python -m vit_jax.datasets.convert --dataset=imagenet2012 --data_dir=/path/to/tfds
-
-(`tfds build imagenet2012 --file_format=array_record` prepares a dataset afresh in that format.)
+before. `add_array_record` copies each TFRecord shard, record for record, into an ArrayRecord shard
+beside it and registers the format in the dataset's `dataset_info.json` (TFDS's "alternative file
+format"), so both `tfds.load` and `tfds.data_source` work afterwards. The command is
+`python -m vit_jax.convert`.
 """
 
-from vit_jax import runtime  # pylint: disable=g-bad-import-order
-runtime.quiet_library_logs()  # First: TensorFlow (loaded by the imports below) starts quietly.
-
-from absl import app
-from absl import flags
 from absl import logging
 import tensorflow as tf
 import tensorflow_datasets as tfds
@@ -51,23 +43,3 @@ def add_array_record(builder: tfds.core.DatasetBuilder) -> None:
       adapter.write_examples(target, enumerate(records))
   builder.info.add_alternative_file_format(ARRAY_RECORD)
   builder.info.write_to_directory(builder.data_dir)
-
-
-def main(argv) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  dataset = flags.FLAGS.dataset
-  builder = tfds.builder(dataset, data_dir=flags.FLAGS.data_dir)
-  if not builder.is_prepared():
-    raise app.UsageError(f'Dataset {dataset!r} is not prepared in {builder.data_dir}; '
-                         'prepare it first (tfds build, or its own instructions).')
-  add_array_record(builder)
-  print(f'{builder.data_dir}: formats {sorted(f.value for f in builder.info.available_file_formats())}.')
-
-
-if __name__ == '__main__':
-  # Defined here, not at import: the pipeline imports this module beside other commands' flags.
-  flags.DEFINE_string('dataset', None, 'TFDS name of a prepared dataset, e.g. cifar10.')
-  flags.DEFINE_string('data_dir', None, "TFDS data dir (default: TFDS's own).")
-  flags.mark_flags_as_required(['dataset'])
-  app.run(main)

@@ -1,0 +1,1 @@
+"""Data: datasets by name, input pipelines, augmentations."""

@@ -1,0 +1,1 @@
+"""Where arrays live: the device mesh, sharding rules, and multi-process runs."""

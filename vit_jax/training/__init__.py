@@ -1,0 +1,1 @@
+"""Training: the loop, its steps and optimizer, the work directory, resuming, distillation."""

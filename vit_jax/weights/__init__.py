@@ -1,0 +1,1 @@
+"""Weights from elsewhere and trained runs loaded for inference."""
