@@ -11,14 +11,9 @@ both `tfds.load` and `tfds.data_source` work afterwards. Nothing is downloaded o
 (`tfds build imagenet2012 --file_format=array_record` prepares a dataset afresh in that format.)
 """
 
-from vit_jax import runtime  # pylint: disable=g-bad-import-order
-runtime.quiet_library_logs()  # First: TensorFlow (loaded by the imports below) starts quietly.
-
-from absl import app
 from absl import flags
-import tensorflow_datasets as tfds
 
-from vit_jax.data import convert
+from vit_jax import runtime
 
 _DATASET = flags.DEFINE_string('dataset', None, 'TFDS name of a prepared dataset, e.g. cifar10.')
 _DATA_DIR = flags.DEFINE_string('data_dir', None, "TFDS data dir (default: TFDS's own).")
@@ -26,15 +21,16 @@ flags.mark_flags_as_required(['dataset'])
 
 
 def main(argv) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  del argv
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import convert  # pylint: disable=g-import-not-at-top
   builder = tfds.builder(_DATASET.value, data_dir=_DATA_DIR.value)
   if not builder.is_prepared():
-    raise app.UsageError(f'Dataset {_DATASET.value!r} is not prepared in {builder.data_dir}; '
-                         'prepare it first (tfds build, or its own instructions).')
+    raise ValueError(f'Dataset {_DATASET.value!r} is not prepared in {builder.data_dir}; '
+                     'prepare it first (tfds build, or its own instructions).')
   convert.add_array_record(builder)
   print(f'{builder.data_dir}: formats {sorted(f.value for f in builder.info.available_file_formats())}.')
 
 
 if __name__ == '__main__':
-  app.run(main)
+  runtime.run(main)

@@ -21,89 +21,65 @@ Metrics are printed and merged into OUT_DIR/results.json and TensorBoard event f
 (default: the run's --workdir) at the checkpoint's step.
 """
 
-import functools
-import sys
-from typing import Any
-
-from vit_jax import runtime  # pylint: disable=g-bad-import-order
-runtime.quiet_library_logs()  # First: TensorFlow (loaded by the imports below) starts quietly.
-
-from absl import app
 from absl import flags
-from absl import logging
-from clu import metric_writers
-import tensorflow as tf
 
-from vit_jax.evaluators import eval_sets as eval_sets_lib
-from vit_jax import evaluators as evaluators_lib
-from vit_jax.weights import inference
-from vit_jax.training import workdir as workdir_lib
+from vit_jax import runtime
+from vit_jax.weights import source_flags
 
-def define_flags() -> dict[str, Any]:
-  """The command's flags, defined when it runs (importing the module defines none, so it imports
-  beside the other commands)."""
-  return {
-      'load': inference.define_flags(),
-      'evaluators': flags.DEFINE_list('evaluators', list(evaluators_lib.EVALUATORS),
-                                      f'Any of {", ".join(evaluators_lib.EVALUATORS)} (default: '
-                                      'both, unless --eval_sets is given).'),
-      'eval_sets': flags.DEFINE_list(
-          'eval_sets', [], "Test sets 'DATASET[:SPLIT]' to score the model's predictions on, "
-          'e.g. imagenet2012_real,imagenet_v2,imagenet_a (vit_jax/evaluators/eval_sets.py).'),
-      'datasets': flags.DEFINE_list(
-          'datasets', ['digits'], "Datasets: 'digits', TFDS names, 'folder:/path/to/images'."),
-      'train_split': flags.DEFINE_string('train_split', 'train',
-                                         'Split the classifiers are fitted on.'),
-      'test_split': flags.DEFINE_string('test_split', 'test', 'Split they are scored on.'),
-      'shots': flags.DEFINE_list('shots', ['1', '5', '10', '25'],
-                                 'Few-shot: examples per class.'),
-      'seeds': flags.DEFINE_integer('seeds', 3, 'Few-shot: draws of the shots, averaged.'),
-      'out_dir': flags.DEFINE_string('out_dir', None, 'Where results.json and TensorBoard files '
-                                     'go (default: --workdir; required with --init_from).'),
-  }
+_LOAD = source_flags.define()
+flags.adopt_module_key_flags(source_flags)  # Listed by --help with the command's own.
+_EVALUATORS = flags.DEFINE_list('evaluators', None, 'Any of fewshot, linear_probe (default: both, '
+                                'unless --eval_sets is given).')
+_EVAL_SETS = flags.DEFINE_list(
+    'eval_sets', [], "Test sets 'DATASET[:SPLIT]' to score the model's predictions on, e.g. "
+    'imagenet2012_real,imagenet_v2,imagenet_a (vit_jax/evaluators/eval_sets.py).')
+_DATASETS = flags.DEFINE_list('datasets', ['digits'],
+                              "Datasets: 'digits', TFDS names, 'folder:/path/to/images'.")
+_TRAIN_SPLIT = flags.DEFINE_string('train_split', 'train', 'Split the classifiers are fitted on.')
+_TEST_SPLIT = flags.DEFINE_string('test_split', 'test', 'Split they are scored on.')
+_SHOTS = flags.DEFINE_list('shots', ['1', '5', '10', '25'], 'Few-shot: examples per class.')
+_SEEDS = flags.DEFINE_integer('seeds', 3, 'Few-shot: draws of the shots, averaged.')
+_OUT_DIR = flags.DEFINE_string('out_dir', None, 'Where results.json and TensorBoard files go '
+                               '(default: --workdir; required with --init_from).')
 
 
-def settings(name: str, flag: dict[str, Any]) -> dict:
+def settings(name: str) -> dict:
   """The flags' settings of evaluator `name`."""
-  common = {'datasets': tuple(flag['datasets'].value), 'train_split': flag['train_split'].value,
-            'test_split': flag['test_split'].value}
-  if name == 'fewshot':
-    given = flag['shots'].value
-    try:
-      shots = tuple(int(k) for k in given)
-    except ValueError:
-      raise ValueError(f'--shots={",".join(given)} must be integers.') from None
-    return {**common, 'shots': shots, 'seeds': flag['seeds'].value}
-  return common
-
-
-def main(argv, flag: dict[str, Any]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  tf.config.set_visible_devices([], 'GPU')  # tf.data only: the accelerators belong to JAX.
+  common = {'datasets': tuple(_DATASETS.value), 'train_split': _TRAIN_SPLIT.value,
+            'test_split': _TEST_SPLIT.value}
+  if name != 'fewshot':
+    return common
   try:
-    set_names = flag['eval_sets'].value
-    try:
-      eval_sets_lib.parse_all(set_names)  # The names, before reading any weights.
-    except ValueError as e:
-      raise ValueError(f'--eval_sets: {e}.') from None
-    evaluator_names = (flag['evaluators'].value if flag['evaluators'].present or not set_names
-                       else [])
-    evaluators = {name: evaluators_lib.create(name, settings(name, flag))
-                  for name in evaluator_names}
-    run = flag['load']()
-    out_dir = flag['out_dir'].value or (run.source if run.step is not None else None)
-    if out_dir is None:
-      raise ValueError('--init_from needs --out_dir=DIR for results.json.')
-    num_classes = len(run.class_names)
-    eval_sets = eval_sets_lib.from_config(run.config, set_names, num_classes=num_classes)
-    metrics = (eval_sets_lib.evaluate_variables(eval_sets, run.model, run.variables,
-                                                run.config, num_classes) if eval_sets else {})
-    for name, evaluator in evaluators.items():
-      metrics.update(evaluator.run(run.model, run.variables, run.config))
+    shots = tuple(int(k) for k in _SHOTS.value)
+  except ValueError:
+    raise ValueError(f'--shots={",".join(_SHOTS.value)} must be integers.') from None
+  return {**common, 'shots': shots, 'seeds': _SEEDS.value}
+
+
+def main(argv) -> None:
+  del argv
+  # pylint: disable=g-import-not-at-top
+  from clu import metric_writers
+  from vit_jax import evaluators as evaluators_lib
+  from vit_jax.evaluators import eval_sets as eval_sets_lib
+  from vit_jax.training import workdir as workdir_lib
+  # pylint: enable=g-import-not-at-top
+  try:
+    eval_sets_lib.parse_all(_EVAL_SETS.value)  # The names, before reading any weights.
   except ValueError as e:
-    logging.debug('Stopped by an error.', exc_info=True)
-    sys.exit(f'error: {e}')
+    raise ValueError(f'--eval_sets: {e}.') from None
+  names = _EVALUATORS.value or ([] if _EVAL_SETS.value else list(evaluators_lib.EVALUATORS))
+  evaluators = {name: evaluators_lib.create(name, settings(name)) for name in names}
+  run = _LOAD()
+  out_dir = _OUT_DIR.value or (run.source if run.step is not None else None)
+  if out_dir is None:
+    raise ValueError('--init_from needs --out_dir=DIR for results.json.')
+  num_classes = len(run.class_names)
+  eval_sets = eval_sets_lib.from_config(run.config, _EVAL_SETS.value, num_classes=num_classes)
+  metrics = (eval_sets_lib.evaluate_variables(eval_sets, run.model, run.variables, run.config,
+                                              num_classes) if eval_sets else {})
+  for evaluator in evaluators.values():
+    metrics.update(evaluator.run(run.model, run.variables, run.config))
   for key, value in metrics.items():
     print(f'{key:40s} {value:.4g}')
   out = workdir_lib.Workdir(out_dir)
@@ -115,4 +91,4 @@ def main(argv, flag: dict[str, Any]) -> None:
 
 
 if __name__ == '__main__':
-  app.run(functools.partial(main, flag=define_flags()))
+  runtime.run(main)

@@ -8,13 +8,9 @@ In PyTorch: `model = timm.create_model(NAME, num_classes=..., img_size=...)` wit
 of the run, then `model.load_state_dict(safetensors.torch.load_file('/tmp/deit.safetensors'))`.
 """
 
-import sys
-
-from vit_jax import runtime  # pylint: disable=g-bad-import-order
-runtime.quiet_library_logs()  # First: TensorFlow (loaded by the imports below) starts quietly.
-
-from absl import app
 from absl import flags
+
+from vit_jax import runtime
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Work directory written by vit_jax.main.')
 _OUT = flags.DEFINE_string('out', None, 'The .safetensors file to write.')
@@ -24,21 +20,19 @@ flags.mark_flags_as_required(['workdir', 'out'])
 
 
 def main(argv) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  from vit_jax import models  # pylint: disable=g-import-not-at-top
-  from vit_jax.weights import pretrained  # pylint: disable=g-import-not-at-top
-  from vit_jax.training import workdir  # pylint: disable=g-import-not-at-top
-  try:
-    run = workdir.Workdir.open(_WORKDIR.value)
-    name = run.config().model.name
-    saved = run.read_variables(use_ema=_USE_EMA.value, unrolled=True)
-    keys = pretrained.export_timm(saved.variables, models.create(name), _OUT.value)
-  except ValueError as e:
-    sys.exit(f'error: {e}')
+  del argv
+  # pylint: disable=g-import-not-at-top
+  from vit_jax import models
+  from vit_jax.training import workdir
+  from vit_jax.weights import pretrained
+  # pylint: enable=g-import-not-at-top
+  run = workdir.Workdir.open(_WORKDIR.value)  # No dataset needed: the family names the layout.
+  name = run.config().model.name
+  saved = run.read_variables(use_ema=_USE_EMA.value, unrolled=True)
+  keys = pretrained.export_timm(saved.variables, models.create(name), _OUT.value)
   print(f'Wrote {len(keys)} tensors of {name} (step {saved.step}, '
         f'{"ema" if saved.ema else "raw"} weights) to {_OUT.value}.')
 
 
 if __name__ == '__main__':
-  app.run(main)
+  runtime.run(main)

@@ -13,7 +13,6 @@ the same command to resume.
 """
 
 import os
-import re
 import signal
 import sys
 
@@ -36,7 +35,6 @@ if __name__ == '__main__':  # First thing, before the imports that take seconds.
   for _signum in (signal.SIGTERM, signal.SIGINT):
     signal.signal(_signum, _stop_at_once)
 
-from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 from ml_collections import config_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -63,48 +61,11 @@ _PROCESS_ID = flags.DEFINE_integer(
     '$JAX_PROCESS_ID).')
 flags.mark_flags_as_required(['config', 'workdir'])
 
-
-
-def _chain(error: BaseException) -> list[BaseException]:
-  """`error` and the exceptions it was raised from, outermost first."""
-  chain = [error]
-  while (chain[-1].__cause__ or chain[-1].__context__) is not None:
-    chain.append(chain[-1].__cause__ or chain[-1].__context__)
-  return chain
-
-
 def _first_refusal(error: BaseException) -> Exception | None:
   """The first write the work directory refused, where cleaning up after it failed again."""
   from vit_jax.training import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
-  return next((x for x in reversed(_chain(error)) if isinstance(x, workdir_lib.Unwritable)), None)
-
-
-def _config_error(error: Exception) -> str:
-  """One line for a config that cannot be read: a missing file, a misspelt field, a bad value."""
-  chain = _chain(error)
-  root = chain[-1]
-  lines = [line.strip() for line in str(root).splitlines() if line.strip()]
-  misspelt = re.search(r'Did you mean "([\w.]+)" instead of "([\w.]+)"', ' '.join(map(str, chain)))
-  if misspelt:  # ml_collections' suggestion first.
-    return f'Did you mean "{misspelt.group(1)}"? "{misspelt.group(2)}" is not a config field.'
-  if isinstance(root, KeyError):
-    return f'{root.args[0]!r} is not a config field.'
-  if isinstance(root, OSError) and lines:  # The config file: its path and why it did not load.
-    return f'cannot load the config file: {lines[-1]}'
-  if isinstance(error, flags.Error) and 'Error whilst parsing config file' not in str(error):
-    return str(error).strip().splitlines()[0]  # Names the flag: '--config.x=abc: invalid ...'.
-  return lines[-1] if lines else type(root).__name__
-
-
-def parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing, where every unusable config is one line on stderr, not a traceback."""
-  runtime.quiet_library_logs()  # Before the config file is read, which imports TensorFlow.
-  try:
-    remaining = flags.FLAGS(argv)
-    _CONFIG.value.keys()  # A config file that failed to load raises on first access.
-  except Exception as e:  # pylint: disable=broad-except
-    sys.exit(f'error: {_config_error(e)}')
-  return remaining
+  return next((x for x in reversed(runtime.error_chain(error))
+               if isinstance(x, workdir_lib.Unwritable)), None)
 
 
 def initialize_distributed(mode: str = 'auto') -> None:
@@ -124,15 +85,9 @@ def initialize_distributed(mode: str = 'auto') -> None:
 
 
 def main(argv) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  del argv
   logging.debug('Process settings: %s', runtime.configure())  # Before JAX starts its backend.
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  tf.config.set_visible_devices([], 'GPU')  # tf.data only: the accelerators belong to JAX.
-  try:
-    initialize_distributed(_DISTRIBUTED.value)
-  except ValueError as e:
-    sys.exit(f'error: {e}')
+  initialize_distributed(_DISTRIBUTED.value)
   import jax  # pylint: disable=g-import-not-at-top
   from vit_jax.training import train  # pylint: disable=g-import-not-at-top
   from vit_jax.training import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
@@ -161,4 +116,4 @@ def main(argv) -> None:
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=parse_flags)
+  runtime.run(main)

@@ -1,4 +1,5 @@
-"""Process-wide settings: XLA's on CPU hosts, and which libraries' log lines are shown.
+"""Process-wide settings: XLA's on CPU hosts, which libraries' log lines are shown, and the
+prologue every command runs under (`run`).
 
 `configure()` must run before JAX starts its backend (before the first computation or device
 query), so entry points call it first thing:
@@ -15,6 +16,10 @@ settings are skipped, and the CPU flags do nothing on accelerators.
 
 `quiet_library_logs()` keeps the libraries' INFO lines (orbax's a dozen per checkpoint, clu's
 copy of every summary, TensorFlow's start-up notices) out of a run's log.
+
+`run(main)` is how every command starts: flags parsed (a bad flag or config file is one line),
+then quiet logs, TensorFlow off the accelerators, and a `ValueError` from `main` one line on stderr.
+Commands import the library inside `main`, so `--help` is read before anything heavy loads.
 """
 
 import contextlib
@@ -25,8 +30,10 @@ import os
 import platform
 import re
 import sys
-from typing import Iterator, Mapping
+from typing import Callable, Iterator, Mapping
 
+from absl import app
+from absl import flags as absl_flags
 from absl import logging as absl_logging
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -175,3 +182,67 @@ def quiet_library_logs() -> None:
   if _own_or_important not in handler.filters:
     handler.addFilter(_own_or_important)
   _silence_closed_event_loops()
+
+
+def error_chain(error: BaseException) -> list[BaseException]:
+  """`error` and the exceptions it was raised from, outermost first."""
+  chain = [error]
+  while (chain[-1].__cause__ or chain[-1].__context__) is not None:
+    chain.append(chain[-1].__cause__ or chain[-1].__context__)
+  return chain
+
+
+def flag_error(error: Exception) -> str:
+  """One line for flags that cannot be read: a missing config file, a misspelt field, a bad
+  value."""
+  chain = error_chain(error)
+  root = chain[-1]
+  lines = [line.strip() for line in str(root).splitlines() if line.strip()]
+  misspelt = re.search(r'Did you mean "([\w.]+)" instead of "([\w.]+)"', ' '.join(map(str, chain)))
+  if misspelt:  # ml_collections' suggestion first.
+    return f'Did you mean "{misspelt.group(1)}"? "{misspelt.group(2)}" is not a config field.'
+  if isinstance(root, KeyError):
+    return f'{root.args[0]!r} is not a config field.'
+  if isinstance(root, OSError) and lines:  # The config file: its path and why it did not load.
+    return f'cannot load the config file: {lines[-1]}'
+  if isinstance(error, absl_flags.Error) and 'Error whilst parsing config file' not in str(error):
+    return str(error).strip().splitlines()[0]  # Names the flag: '--config.x=abc: invalid ...'.
+  return lines[-1] if lines else type(root).__name__
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, where every unusable flag or config file is one line on stderr."""
+  try:
+    remaining = absl_flags.FLAGS(argv)
+    for name in absl_flags.FLAGS:  # ml_collections reads a config file when first asked.
+      absl_flags.FLAGS[name].value  # pylint: disable=expression-not-assigned
+  except Exception as e:  # pylint: disable=broad-except
+    sys.exit(f'error: {flag_error(e)}')
+  return remaining
+
+
+def run(main: Callable[[list[str]], None], *, takes_arguments: bool = False,
+        before_libraries: Callable[[], None] | None = None) -> None:
+  """Runs a command's `main(argv)` under absl, after the prologue every command shares.
+
+  Flags are parsed first (`--help` answers before any library loads); then `before_libraries`
+  (what must precede TensorFlow and JAX, e.g. the CPUs to run on), quiet library logs and
+  TensorFlow kept off the accelerators (tf.data only: they belong to JAX). A `ValueError` that
+  `main` raises (bad input, named) ends the process with one line, `error: ...`, exit status 1.
+  """
+
+  def prologue_then_main(argv: list[str]) -> None:
+    if argv[1:] and not takes_arguments:
+      raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+    if before_libraries is not None:
+      before_libraries()
+    quiet_library_logs()
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    tf.config.set_visible_devices([], 'GPU')
+    try:
+      main(argv)
+    except ValueError as e:
+      absl_logging.debug('Stopped by an error.', exc_info=True)
+      sys.exit(f'error: {e}')
+
+  app.run(prologue_then_main, flags_parser=parse_flags)

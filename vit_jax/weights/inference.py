@@ -1,22 +1,30 @@
-"""A trained model to run frozen: a run of `vit_jax.main`, or published weights.
+"""A trained model to run frozen: a run of `vit_jax.main`, or published weights; and image files
+classified with it.
 
-`load_run(workdir)` restores a run (its config, model, variables and dataset class names);
-`load_weights(path, model_name)` reads a weights file for a registered model and gives it the
-published models' ImageNet evaluation preprocessing and class names, or Hub weights
+`load(workdir=...)` or `load(init_from=...)` is how commands get one (`source_flags` gives them
+the flags): `load_run(workdir)` restores a run (its config, model, variables and dataset class
+names); `load_weights(path, model_name)` reads a weights file for a registered model and gives it
+the published models' ImageNet evaluation preprocessing and class names, or Hub weights
 (`hf-hub:ORG/NAME`) with the model, preprocessing and class names their config.json gives.
-`predict`, `analyze` and the evaluators' command read models through these two.
+`predict` classifies image files as the model evaluates.
 """
 
 import dataclasses
-from typing import Any, Callable
+import glob
+import os
+import re
+from typing import Any, Iterator, Sequence
 
-from absl import flags
 import flax.linen as nn
+import jax
 import ml_collections
+import numpy as np
+import tensorflow as tf
 from tensorflow_datasets.datasets.imagenet2012 import imagenet_common
 
 from vit_jax import config as config_lib
 from vit_jax.weights import hub
+from vit_jax.data import folder
 from vit_jax.data import input_pipeline
 from vit_jax import models
 from vit_jax.weights import pretrained
@@ -116,34 +124,88 @@ def load_weights(path: str, model_name: str | None = None, *, num_classes: int |
   return Run(config, model, variables, names, None, path)
 
 
-def define_flags() -> Callable[[], Run]:
-  """Defines --workdir, or --init_from with --model and the weights' preprocessing, for a
-  command; returns the function that loads the run or weights those flags name."""
-  workdir = flags.DEFINE_string('workdir', None, 'Work directory of a run of vit_jax.main.')
-  init_from = flags.DEFINE_string(
-      'init_from', None, 'Weights: Hub weights hf-hub:ORG/NAME (model and preprocessing from '
-      'their config.json), or a file (timm/DeiT/CaiT/DeepViT/T2T .pth or .safetensors, Google '
-      'ViT .npz) with --model.')
-  model = flags.DEFINE_string('model', None, "Registry name of the weights' model, e.g. deit_s16 "
-                              '(Hub weights: their own).')
-  unset = ' (default: Hub weights\' own, else %s).'
-  num_classes = flags.DEFINE_integer('num_classes', None,
-                                     "Classes of the weights' head" + unset % IMAGENET_CLASSES)
-  image_size = flags.DEFINE_integer('image_size', None,
-                                    'Input resolution for weights' + unset % 224)
-  eval_crop_ratio = flags.DEFINE_float('eval_crop_ratio', None,
-                                       'Centre-crop ratio for weights' + unset % 0.875)
-  normalization = flags.DEFINE_string('normalization', None, "Normalisation for weights "
-                                      "('inception' for Google ViT weights)" + unset % 'imagenet')
+def load(*, workdir: str | None = None, init_from: str | None = None, step: int | None = None,
+         use_ema: bool = True, model: str | None = None, num_classes: int | None = None,
+         image_size: int | None = None, eval_crop_ratio: float | None = None,
+         normalization: str | None = None) -> Run:
+  """A run's checkpoint (`workdir`, at `step`) or published weights (`init_from`, with `model`
+  and the preprocessing arguments of `load_weights`): exactly one of the two."""
+  if (workdir is None) == (init_from is None):
+    raise ValueError('Give either --workdir=RUN or --init_from=WEIGHTS (hf-hub:ORG/NAME, or a '
+                     'file with --model=NAME).')
+  if workdir is not None:
+    return load_run(workdir, step, use_ema=use_ema)
+  return load_weights(init_from, model, num_classes=num_classes, image_size=image_size,
+                      eval_crop_ratio=eval_crop_ratio, normalization=normalization)
 
-  def load() -> Run:
-    if (workdir.value is None) == (init_from.value is None):
-      raise ValueError('Give either --workdir=RUN or --init_from=WEIGHTS (hf-hub:ORG/NAME, or a '
-                       'file with --model=NAME).')
-    if workdir.value is not None:
-      return load_run(workdir.value)
-    return load_weights(init_from.value, model.value, num_classes=num_classes.value,
-                        image_size=image_size.value, eval_crop_ratio=eval_crop_ratio.value,
-                        normalization=normalization.value)
 
-  return load
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+  """The `top_k` classes of one image, most probable first: (index, name, probability)."""
+  path: str
+  top_k: list[tuple[int, str, float]]
+
+  def to_json(self) -> dict:
+    return {'file': self.path, 'top_k': [{'class': i, 'name': name, 'probability': p}
+                                         for i, name, p in self.top_k]}
+
+
+def image_paths(arguments: Sequence[str]) -> tuple[list[str], list[tuple[str, str]]]:
+  """The image files that `arguments` (files, folders, globs) name, and those that name none."""
+  paths, missing = [], []
+  for argument in arguments:
+    if os.path.isdir(argument):
+      found = sorted(os.path.join(root, name) for root, _, names in os.walk(argument)
+                     for name in names if name.lower().endswith(folder.IMAGE_EXTENSIONS))
+    elif os.path.exists(argument):
+      found = [argument]
+    else:
+      found = sorted(glob.glob(argument, recursive=True))
+    if found:
+      paths.extend(found)
+    else:
+      missing.append((argument, 'no such file, folder of images or matching glob'))
+  return paths, missing
+
+
+def decode_for_model(path: str, config) -> np.ndarray:
+  """The image file at `path` as the model sees it: (S, S, 3) float32, preprocessed as `config`
+  evaluates. Raises tf.errors.OpError for a file that is not a readable image."""
+  image = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
+  transform = input_pipeline.EvalTransform.from_config(config)
+  return input_pipeline.eval_image(image, transform).numpy()
+
+
+def predict(run: Run, paths: Sequence[str], *, top_k: int = 5, batch_size: int = 32
+            ) -> Iterator[Prediction | tuple[str, str]]:
+  """Yields, per path in order, its `Prediction`, or (path, reason) when it cannot be read.
+
+  Batches are padded to `batch_size`, so one program serves all.
+  """
+  if top_k < 1 or batch_size < 1:
+    raise ValueError(f'top_k={top_k} and batch_size={batch_size} must be >= 1.')
+  top_k = min(top_k, len(run.class_names))
+  probabilities = jax.jit(lambda v, x: jax.nn.softmax(run.model.apply(v, x, train=False)))
+
+  def classify(batch_paths, images):
+    padded = np.zeros((batch_size,) + images[0].shape, np.float32)
+    padded[:len(images)] = images
+    probs = np.asarray(probabilities(run.variables, padded))[:len(images)]
+    for path, p in zip(batch_paths, probs):
+      best = np.argsort(-p)[:top_k]
+      yield Prediction(path, [(int(i), run.class_names[i], float(p[i])) for i in best])
+
+  batch_paths, images = [], []
+  for path in paths:
+    try:
+      images.append(decode_for_model(path, run.config))
+      batch_paths.append(path)
+    except (tf.errors.OpError, ValueError) as e:
+      message = getattr(e, 'message', str(e)).strip().splitlines()[0]
+      yield path, re.sub(r'\{\{.*?\}\}\s*|\s*\[Op:.*$', '', message)
+      continue
+    if len(images) == batch_size:
+      yield from classify(batch_paths, images)
+      batch_paths, images = [], []
+  if images:
+    yield from classify(batch_paths, images)

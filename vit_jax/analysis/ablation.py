@@ -1,0 +1,106 @@
+"""An ablation grid (configs/ablations.py): every variant trained, measured and tabulated.
+
+Per variant: test accuracy, parameters, XLA's FLOPs of one training step, the training step's
+time (median of 3 blocks, the variants' blocks alternating in one process after every training)
+and how many blocks of the main self-attention stage are "similar" to the one before (DeepViT's
+collapse metric, `vit_jax.analysis.collapse`). With several seeds per variant, the mean accuracy
+± its standard deviation. `python -m vit_jax.ablate` is its command line.
+"""
+
+import json
+import os
+import statistics
+from typing import Any
+
+import ml_collections
+
+from vit_jax.analysis import report as report_lib
+from vit_jax.benchmarks import training_step
+from vit_jax.data import input_pipeline
+from vit_jax.training import train
+
+COLUMNS = ('variant', 'accuracy', 'params', 'GFLOPs/step', 'step ms', 'similar blocks')
+
+
+def variant_config(config: ml_collections.ConfigDict,
+                   fields: dict[str, Any]) -> ml_collections.ConfigDict:
+  """The training config of one variant: `config` without `variants`, its model with `fields`."""
+  config = config.copy_and_resolve_references()
+  del config['variants']
+  for key, value in fields.items():
+    config.model[key] = value
+  return config
+
+
+def step_costs(configs: list[ml_collections.ConfigDict], num_classes: int,
+               steps: int) -> list[dict[str, float]]:
+  """Parameters, FLOPs and time of one training step of each config's model; the variants'
+  timed blocks of `steps` steps alternate (`training_step.time_interleaved`), so drift in the
+  machine's speed falls on all alike."""
+  contenders = [training_step.jax_contender(c, num_classes, inference=False) for c in configs]
+  timings = training_step.time_interleaved(contenders, kind='train', steps=steps, warmup=1,
+                                       repeats=3)
+  return [{'params': c.num_params, 'GFLOPs/step': (c.train_flops or 0.0) / 1e9,
+           'step ms': 1e3 * timing.wall_s} for c, timing in zip(contenders, timings)]
+
+
+def train_and_measure(config: ml_collections.ConfigDict, run_dir: str,
+                      collapse_images: int) -> tuple[float, int]:
+  """Test accuracy and similar-block count of `config` trained in `run_dir`."""
+  result = train.train_and_evaluate(config, run_dir)
+  if result.preempted:
+    raise KeyboardInterrupt(f'Interrupted at step {result.step} of {run_dir}; rerun to resume.')
+  report = report_lib.analyze(run_dir, ['collapse'], num_images=collapse_images)
+  main = report['collapse'].get('main', {})
+  return float(result.metrics['accuracy']), main.get('similar_block_count', 0)
+
+
+def seed_runs(config: ml_collections.ConfigDict, run_dir: str,
+              seeds: int) -> list[tuple[ml_collections.ConfigDict, str]]:
+  """(config, work directory) of each training of one variant: `run_dir` itself for one seed,
+  else `run_dir`/seed_K with seed `config.seed` + K."""
+  if seeds == 1:
+    return [(config, run_dir)]
+  runs = []
+  for k in range(seeds):
+    seed_config = config.copy_and_resolve_references()
+    seed_config.seed = config.seed + k
+    runs.append((seed_config, os.path.join(run_dir, f'seed_{k}')))
+  return runs
+
+
+def run_grid(config: ml_collections.ConfigDict, workdir: str, *, timing_steps: int = 5,
+             collapse_images: int = 64, seeds: int = 1) -> list[dict[str, Any]]:
+  """Trains and measures every variant of `config.variants` (`seeds` times each); returns one
+  row per variant."""
+  num_classes = input_pipeline.get_dataset_info(config).num_classes
+  names = list(config.variants)
+  configs = [variant_config(config, dict(config.variants[name])) for name in names]
+  rows = []
+  for name, run_config in zip(names, configs):
+    accuracies, similar = zip(*(
+        train_and_measure(seed_config, run_dir, collapse_images)
+        for seed_config, run_dir in seed_runs(run_config, os.path.join(workdir, name), seeds)))
+    row = {'variant': name, 'accuracy': statistics.fmean(accuracies),
+           'similar blocks': similar[0] if seeds == 1 else statistics.fmean(similar)}
+    if seeds > 1:
+      row.update(accuracies=list(accuracies), accuracy_std=statistics.stdev(accuracies))
+    rows.append(row)
+  for row, cost in zip(rows, step_costs(configs, num_classes, timing_steps)):
+    row.update(cost)
+  with open(os.path.join(workdir, 'ablation.json'), 'w') as f:
+    json.dump(rows, f, indent=1)
+  return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+  """The rows as a Markdown table (accuracy as mean ± standard deviation over several seeds)."""
+  def cell(row: dict[str, Any], column: str) -> str:
+    value = row[column]
+    if column == 'accuracy' and 'accuracy_std' in row:
+      return f'{value:.4f} ± {row["accuracy_std"]:.4f}'
+    return f'{value:,.4g}' if isinstance(value, float) else f'{value:,}' if isinstance(
+        value, int) else str(value)
+  lines = ['| ' + ' | '.join(COLUMNS) + ' |', '|' + '---|' * len(COLUMNS)]
+  lines += ['| ' + ' | '.join(cell(row, c) for c in COLUMNS) + ' |' for row in rows]
+  return '\n'.join(lines)
