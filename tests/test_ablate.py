@@ -9,12 +9,12 @@ import optax
 import pytest
 
 from configs import ablations
-from vit_jax import ablate
-from vit_jax import analyze
 from vit_jax import config as config_lib
 from vit_jax import models
+from vit_jax.analysis import ablation
 from vit_jax.analysis import collapse
 from vit_jax.analysis import maps
+from vit_jax.analysis import report as report_lib
 from vit_jax.analysis import rollout
 from vit_jax.models import attention as attention_lib
 from vit_jax.models import sa_conv
@@ -79,7 +79,7 @@ def test_grid_command_runs_a_two_variant_grid(tmp_path):
   config.total_steps, config.warmup_steps, config.eval_every = 2, 1, 2
   config.batch_size, config.eval_batch_size = 16, 64
   config.model.hidden_size, config.model.depth, config.model.mlp_dim = 16, 2, 32
-  rows = ablate.run_grid(config, str(tmp_path), timing_steps=1, collapse_images=4, seeds=2)
+  rows = ablation.run_grid(config, str(tmp_path), timing_steps=1, collapse_images=4, seeds=2)
   assert sorted(row['variant'] for row in rows) == ['patch', 't2t_transformer']
   for row in rows:
     assert 0.0 <= row['accuracy'] <= 1.0 and row['params'] > 0 and row['step ms'] > 0
@@ -88,7 +88,7 @@ def test_grid_command_runs_a_two_variant_grid(tmp_path):
     assert row['accuracy_std'] >= 0
     assert sorted(os.listdir(tmp_path / row['variant'])) == ['seed_0', 'seed_1']
   assert rows[0]['params'] != rows[1]['params']  # The stems differ.
-  table = ablate.table(rows)
+  table = ablation.table(rows)
   assert table.splitlines()[0].startswith('| variant | accuracy | params')
   assert len(table.splitlines()) == 4
   assert ' ± ' in table.splitlines()[2]
@@ -97,9 +97,9 @@ def test_grid_command_runs_a_two_variant_grid(tmp_path):
 def test_one_seed_trains_in_the_variant_directory_and_more_in_one_each(tmp_path):
   config = ablations.get_config('grid=cait_talking_heads')
   config.seed = 7
-  [(same, run_dir)] = ablate.seed_runs(config, str(tmp_path / 'standard'), 1)
+  [(same, run_dir)] = ablation.seed_runs(config, str(tmp_path / 'standard'), 1)
   assert same is config and run_dir == str(tmp_path / 'standard')
-  runs = ablate.seed_runs(config, str(tmp_path / 'standard'), 3)
+  runs = ablation.seed_runs(config, str(tmp_path / 'standard'), 3)
   assert [c.seed for c, _ in runs] == [7, 8, 9]
   assert [d for _, d in runs] == [str(tmp_path / 'standard' / f'seed_{k}') for k in range(3)]
 
@@ -129,7 +129,7 @@ def test_analysis_runs_on_combinations_of_parts(fields):
   prefix = [p.removesuffix('_token') for p in model.prefix_tokens]
   assert rollout.token_relevance(layers, image_shape, prefix)
   assert rollout.attention_distances(layers, image_shape)
-  if 'centres' in analyze.model_analyses(model):
+  if 'centres' in report_lib.model_analyses(model):
     heads = sa_conv.attention_heads(variables['params'])
     assert len(heads) == 3
     assert ('attention_centers' in heads[0]) == (model.attention in ('gaussian', 'quadratic'))
@@ -140,7 +140,8 @@ def test_every_grid_variant_builds(grid):
   config = ablations.get_config(f'grid={grid}')
   assert len(config.variants) >= 2
   for name in config.variants:
-    model = config_lib.create_model(ablate.variant_config(config, dict(config.variants[name])), 10)
+    model = config_lib.create_model(
+        ablation.variant_config(config, dict(config.variants[name])), 10)
     model.check_fields()
     images = jnp.zeros((1, config.image_size, config.image_size, 3))
     assert jax.eval_shape(model.init, jax.random.key(0), images)['params']

@@ -13,11 +13,11 @@ import pytest
 
 from test_train import tiny_config
 from vit_jax import config as config_lib
-from vit_jax import analyze
 from vit_jax import models
 from vit_jax.training import train
 from vit_jax.training import workdir as workdir_lib
 from vit_jax.analysis import pruning
+from vit_jax.analysis import report as report_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -49,7 +49,7 @@ def test_cli_writes_every_file_for_a_trained_vit(data_dir, tmp_path):
   assert len(report['distance']['blocks_1/attn']['heads']) == 2  # One distance per head.
 
   with pytest.raises(ValueError, match='centres.*VisionTransformer'):
-    analyze.analyze(workdir, ['centres'])
+    report_lib.analyze(workdir, ['centres'])
 
 
 def _sa_conv_config(data_dir: str) -> ml_collections.ConfigDict:
@@ -69,7 +69,7 @@ def test_sa_conv_run_gets_centres_and_a_pruned_run_that_fine_tunes(data_dir, tmp
   workdir = str(tmp_path / 'sa')
   pruning.write_run(config, params, workdir, 10)
 
-  report = analyze.analyze(workdir, num_images=8, batch_size=8, finetune_steps=2)
+  report = report_lib.analyze(workdir, num_images=8, batch_size=8, finetune_steps=2)
   assert report['files'] == ['collapse.png', 'maps.png', 'rollout.png', 'distance.png',
                              'centres.png']
   for name in report['files']:
@@ -85,14 +85,14 @@ def test_sa_conv_run_gets_centres_and_a_pruned_run_that_fine_tunes(data_dir, tmp
   pruned_dir = result['pruned_workdir']
   assert os.path.exists(os.path.join(pruned_dir, 'results.json'))  # Fine-tuned by train.py.
   assert workdir_lib.Workdir(pruned_dir).steps()[-1] == 2
-  pruned_report = analyze.analyze(pruned_dir, 'centres', num_images=4, batch_size=4)
+  pruned_report = report_lib.analyze(pruned_dir, 'centres', num_images=4, batch_size=4)
   assert [len(pruned_report['centres'][f'layer {i}']) for i in range(2)] == [4, 3]
   assert models.create('sa_conv_gaussian', layer_heads=(4, 3)).layer_heads == (4, 3)
 
 
 def test_a_cnn_run_is_refused_with_the_families_that_have_attention():
   cnn = models.create('regnety_002', num_classes=10)
-  assert analyze.model_analyses(cnn) == []
+  assert report_lib.model_analyses(cnn) == []
   with pytest.raises(ValueError, match=r'RegNet has no attention layers.*vit.*sa_conv'):
-    analyze._resolve('all', cnn)  # pylint: disable=protected-access
-  assert 'collapse' in analyze.model_analyses(models.create('vit_ti4', num_classes=10))
+    report_lib._resolve('all', cnn)  # pylint: disable=protected-access
+  assert 'collapse' in report_lib.model_analyses(models.create('vit_ti4', num_classes=10))

@@ -62,7 +62,7 @@ def test_layers_row_times_a_scanned_rematerialised_model():
 
 
 def test_family_table_row_beside_its_plain_vit_twin():
-  result = _benchmark('--family_table', '--family_models=sa_conv_quadratic', '--image_size=8',
+  result = _benchmark('--mode=family_table', '--family_models=sa_conv_quadratic', '--image_size=8',
                       '--batch=2', '--steps=1', '--warmup=1', '--repeats=1')
   assert result.returncode == 0, result.stderr
   row = next(line for line in result.stdout.splitlines() if line.startswith('sa_conv_quadratic'))
@@ -73,10 +73,10 @@ def test_family_table_row_beside_its_plain_vit_twin():
 
 @pytest.mark.parametrize('args, message', [
     (['--layers_row=vit_ti4:2:0'], 'MODEL:SCAN:REMAT'),
-    (['--layers_table', '--layers_models=vit_tiny9'], 'unknown models'),
+    (['--mode=layers_table', '--layers_models=vit_tiny9'], 'unknown models'),
     (['--steps=0'], '--steps=0'),
-    (['--input_pipeline', '--late_step=0'], '--late_step=0'),
-    (['--input_pipeline', '--vs_timm'], "--vs_timm needs --config.augment='inception_crop'"),
+    (['--mode=input_pipeline', '--late_step=0'], '--late_step=0'),
+    (['--mode=input_pipeline', '--vs_timm'], "--vs_timm needs --config.augment='inception_crop'"),
 ])
 def test_bad_arguments_are_refused_before_compiling(args, message):
   result = _benchmark(*TINY, *args)
@@ -87,7 +87,7 @@ def test_bad_arguments_are_refused_before_compiling(args, message):
 def test_vs_timm_is_also_spelled_with_a_dash():
   result = _benchmark(*TINY, '--vs-timm', '--steps=0')  # Parsed, then refused for --steps.
   assert result.returncode != 0
-  assert '--steps=0 must be' in result.stderr and 'Unknown command line flag' not in result.stderr
+  assert '--steps=0' in result.stderr and 'Unknown command line flag' not in result.stderr
 
 
 def _jpeg_folder(root, classes=2, per_class=4):
@@ -104,7 +104,7 @@ def _jpeg_folder(root, classes=2, per_class=4):
 def test_input_pipeline_against_timm_on_a_jpeg_folder(timm, tmp_path):
   del timm  # Only to skip where timm is absent.
   root = _jpeg_folder(str(tmp_path / 'images'))
-  result = _benchmark('--input_pipeline', '--vs_timm',
+  result = _benchmark('--mode=input_pipeline', '--vs_timm',
                       f'--config=configs/deit.py:variant=Ti,image_size=32,dataset=folder:{root}',
                       f'--data_dir={tmp_path / "tfds"}', '--batch=6', '--steps=1', '--warmup=0',
                       '--repeats=1', '--late_step=4')
@@ -134,10 +134,10 @@ def _bytes(pattern: str, text: str) -> float:
   return float(match.group(1).replace(',', '')) * unit
 
 
-def test_memory_only_sizes_the_state_of_each_device_of_a_mesh():
+def test_memory_mode_sizes_the_state_of_each_device_of_a_mesh():
   sizes = {}
   for fsdp in (1, 8):
-    result = _benchmark(*TINY, '--batch=16', '--memory_only', '--devices=8',
+    result = _benchmark(*TINY, '--batch=16', '--mode=memory', '--devices=8',
                         f'--config.mesh.fsdp={fsdp}', '--config.mesh.fsdp_min_size=0',
                         '--config.mu_dtype=bfloat16')
     assert result.returncode == 0, result.stderr
@@ -158,8 +158,8 @@ def test_memory_only_sizes_the_state_of_each_device_of_a_mesh():
     assert size['training state'] <= size['arguments'] <= size['XLA step memory']
 
 
-def test_memory_only_refuses_a_mesh_that_does_not_divide_the_devices():
-  result = _benchmark(*TINY, '--memory_only', '--devices=8', '--config.mesh.fsdp=3')
+def test_memory_mode_refuses_a_mesh_that_does_not_divide_the_devices():
+  result = _benchmark(*TINY, '--mode=memory', '--devices=8', '--config.mesh.fsdp=3')
   assert result.returncode != 0
   assert 'mesh.fsdp=3: must divide the number of devices (8); valid: [1, 2, 4, 8]' in result.stderr
 
@@ -169,7 +169,7 @@ def test_device_report_reduced_on_cpu(tmp_path):
   """The reduced report on CPU: every family trains (finite, falling loss), cuDNN is reported
   unavailable, and the training and input pipeline rows carry their numbers."""
   report = tmp_path / 'report.json'
-  result = _benchmark('--device_report', f'--report_json={report}')
+  result = _benchmark('--mode=device_report', f'--report_json={report}')
   assert result.returncode == 0, result.stderr
   table = json.loads(report.read_text())
   assert table['platform'] == 'cpu' and table['reduced']

@@ -14,7 +14,6 @@ from PIL import Image
 from vit_jax.weights import hub
 from vit_jax.weights import inference
 from vit_jax import models
-from vit_jax import predict
 from vit_jax.weights import pretrained
 from vit_jax.training import teacher as teacher_lib
 from vit_jax.training import train
@@ -148,8 +147,8 @@ def test_predict_reads_model_preprocessing_and_labels_from_the_hub(hub_cache, ti
   run = inference.load_weights('hf-hub:timm/deit_tiny_patch16_224.fb_in1k')
   assert (run.config.model.name, run.config.image_size, run.config.eval_crop_ratio,
           run.config.normalization, run.class_names) == ('deit_ti16', 32, 0.9, 'imagenet', LABELS)
-  [prediction] = predict.predict(run, [str(image)], top_k=3)
-  pixels = predict.decode_for_model(str(image), run.config)[None]
+  [prediction] = inference.predict(run, [str(image)], top_k=3)
+  pixels = inference.decode_for_model(str(image), run.config)[None]
   expected = _timm_logits(reference, pixels)[0]
   assert [name for _, name, _ in prediction.top_k] == [LABELS[i] for i in np.argsort(-expected)[:3]]
 

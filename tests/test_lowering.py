@@ -132,7 +132,7 @@ def test_train_and_eval_steps_export_for_tpu_and_cuda(case):
 
 def test_cudnn_attention_cannot_be_cross_lowered_and_the_error_names_case_step_and_op():
   """cuDNN attention asks the local cuDNN while tracing: it is checked on a GPU (`python -m
-  vit_jax.benchmark --device_report`), and here only for the clear error."""
+  vit_jax.benchmark --mode=device_report`), and here only for the clear error."""
   config = family_config('vit', dtype='bfloat16', fsdp=8)
   config.model.attention_implementation = 'cudnn'
   with pytest.raises(lowering.LoweringError, match=r"vit\[cudnn\]: the set-up of the steps does "
@@ -269,7 +269,7 @@ def test_bfloat16_step_stays_within_bfloat16_tolerance_of_float32(name):
 
 def test_default_attention_equals_dot_product_attention_of_xla_with_gradients():
   """The default fast path (`softmax_attention`) computes what `jax.nn.dot_product_attention`
-  does: its 'xla' implementation here, its 'cudnn' one on a GPU (`--device_report`)."""
+  does: its 'xla' implementation here, its 'cudnn' one on a GPU (`--mode=device_report`)."""
   module = attention.SelfAttention(num_heads=2)
   x = jax.random.normal(jax.random.key(1), (2, 9, 16))
   variables = module.init(jax.random.key(0), x)

@@ -12,7 +12,6 @@ import pytest
 from sklearn import datasets as sk_datasets
 
 from vit_jax.weights import inference
-from vit_jax import predict
 from vit_jax.data import digits
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -65,13 +64,13 @@ def test_published_weight_layout_runs_end_to_end_with_imagenet_names(timm_model,
   Image.fromarray(rng.integers(0, 256, (180, 260, 3), np.uint8)).save(photo)
 
   run = inference.load_weights(weights, 'deit_ti16')
-  [prediction] = list(predict.predict(run, [photo], top_k=5))
+  [prediction] = list(inference.predict(run, [photo], top_k=5))
   names = inference.imagenet_class_names()
   assert len(names) == 1000 and names[0] == 'n01440764'  # tench, in TFDS's label order.
   assert [name for _, name, _ in prediction.top_k] == [names[i] for i, _, _ in prediction.top_k]
 
   # timm's model on the very input our eval preprocessing made ranks the same classes.
-  image = predict.decode_for_model(photo, run.config)
+  image = inference.decode_for_model(photo, run.config)
   assert image.shape == (224, 224, 3)
   with torch.no_grad():
     logits = reference(torch.from_numpy(image[None].transpose(0, 3, 1, 2))).numpy()[0]
@@ -85,5 +84,5 @@ def test_bad_arguments_are_one_clear_error(tmp_path):
   with pytest.raises(ValueError, match=r"^--normalization='imagenets': must be one of"):
     inference.load_weights(str(tmp_path / 'w.safetensors'), 'deit_ti16',
                            normalization='imagenets')
-  paths, missing = predict.image_paths([str(tmp_path / 'nothing_here')])
+  paths, missing = inference.image_paths([str(tmp_path / 'nothing_here')])
   assert not paths and missing[0][1].startswith('no such file')

@@ -1,7 +1,7 @@
 r"""Images/s of the training input pipeline alone, and its time to a first batch; with
 `--vs_timm`, timm's transforms and a torch `DataLoader` on the same images beside it.
 
-  python -m vit_jax.benchmark --input_pipeline --batch=96 --vs_timm \
+  python -m vit_jax.benchmark --mode=input_pipeline --batch=96 --vs_timm \
       --config=configs/deit.py:variant=S,dataset=folder:/path/to/images
 
 Ours is `input_pipeline.train_iterator(config)`, which parallelises over as many threads as this
