@@ -3,6 +3,7 @@ only, and every command line the README, the configs and the launchers show name
 command defines. (The main command training its default config, as the README shows it, is
 `test_train.test_default_config_reaches_95_percent`.)"""
 
+import glob
 import os
 import re
 import subprocess
@@ -71,10 +72,11 @@ def test_ablate_lists_none_of_the_flags_of_the_commands_it_once_borrowed_from(he
 
 
 def _shown_command_lines() -> list[tuple[str, str, str]]:
-  """(file, command, arguments) of every `python -m vit_jax.COMMAND ...` that the README, the
-  configs' docstrings, the commands' own docstrings and the launch scripts show."""
-  files = ['README.md', 'launch/README.md', *(f'configs/{n}' for n in os.listdir(
-      os.path.join(REPO, 'configs')) if n.endswith('.py')), *(f'vit_jax/{c}.py' for c in COMMANDS)]
+  """(file, command, arguments) of every `python -m vit_jax.COMMAND ...` that the READMEs, the
+  configs, the notebooks, the launchers and vit_jax's own docstrings show."""
+  files = [os.path.relpath(path, REPO) for pattern in (
+      '*.md', 'launch/*', 'configs/*.py', 'notebooks/*.ipynb', 'vit_jax/**/*.py')
+           for path in glob.glob(os.path.join(REPO, pattern), recursive=True)]
   lines = []
   for name in files:
     with open(os.path.join(REPO, name)) as f:

@@ -31,9 +31,9 @@ machine slows them alike: compare ratios, and read absolute numbers with the loa
 
 import json
 import os
+import re
 import sys
 
-from absl import app
 from absl import flags
 from ml_collections import config_flags
 
@@ -74,6 +74,9 @@ _LAYERS_MODELS = flags.DEFINE_list('layers_models', ['cait_xxs24', 'deepvit_32b'
                                    'layers_table: registry names (at --image_size, default 224).')
 _LAYERS_ROW = flags.DEFINE_string('layers_row', None, 'layers_table: MODEL:SCAN:REMAT (0 or 1), '
                                   'one row, printed as JSON (the table runs one process each).')
+flags.register_validator(
+    'layers_row', lambda row: row is None or re.fullmatch(r'[\w.-]+:[01]:[01]', row) is not None,
+    'must be MODEL:SCAN:REMAT with 0 or 1 for each switch, e.g. cait_xxs24:1:0.')
 _DEVICES = flags.DEFINE_integer('devices', None, 'memory: devices of the mesh (default: '
                                 'config.mesh.fsdp).')
 _LATE_STEP = flags.DEFINE_integer('late_step', None, 'input_pipeline: the late start step whose '
@@ -90,12 +93,12 @@ def _before_libraries() -> None:
   if _THREADS.value is not None:
     cpus = sorted(os.sched_getaffinity(0))
     if not 1 <= _THREADS.value <= len(cpus):
-      raise app.UsageError(f'--threads={_THREADS.value} must be in [1, {len(cpus)}].')
+      raise ValueError(f'--threads={_THREADS.value} must be in [1, {len(cpus)}].')
     os.sched_setaffinity(0, cpus[:_THREADS.value])  # XLA sizes its thread pool from this.
   if _MODE.value == 'memory':
     devices = _DEVICES.value or _CONFIG.value.mesh.fsdp
     if devices < 1:
-      raise app.UsageError(f'--devices={devices} must be >= 1.')
+      raise ValueError(f'--devices={devices} must be >= 1.')
     os.environ['JAX_PLATFORMS'] = 'cpu'
     os.environ['XLA_FLAGS'] = (f'{os.environ.get("XLA_FLAGS", "")} '
                                f'--xla_force_host_platform_device_count={devices}').strip()
@@ -142,9 +145,10 @@ def main(argv) -> None:
       model_name=None if mode == 'input_pipeline' else _MODEL.value)
   timing = dict(steps=_STEPS.value, warmup=_WARMUP.value, repeats=_REPEATS.value)
   if _LAYERS_ROW.value:
-    name, scan, remat = tables.parse_layers_row(_LAYERS_ROW.value)
-    print(json.dumps(tables.layers_row(config, name, scan, remat, num_classes=_NUM_CLASSES.value,
-                                       steps=_STEPS.value, warmup=_WARMUP.value)))
+    name, scan, remat = _LAYERS_ROW.value.split(':')
+    print(json.dumps(tables.layers_row(config, name, scan == '1', remat == '1',
+                                       num_classes=_NUM_CLASSES.value, steps=_STEPS.value,
+                                       warmup=_WARMUP.value)))
   elif mode == 'step':
     training_step.run_single(config, num_classes=_NUM_CLASSES.value, vs_timm=_VS_TIMM.value,
                              inference=_INFERENCE.value, peak_tflops=_PEAK_TFLOPS.value, **timing)

@@ -29,7 +29,8 @@ def main(argv) -> None:
     raise ValueError(f'Dataset {_DATASET.value!r} is not prepared in {builder.data_dir}; '
                      'prepare it first (tfds build, or its own instructions).')
   convert.add_array_record(builder)
-  print(f'{builder.data_dir}: formats {sorted(f.value for f in builder.info.available_file_formats())}.')
+  formats = sorted(f.value for f in builder.info.available_file_formats())
+  print(f'{builder.data_dir}: formats {formats}.')
 
 
 if __name__ == '__main__':

@@ -11,8 +11,8 @@ r"""Test sets, and few-shot and linear-probe evaluation of frozen features, for 
       --out_dir=/tmp/deit_s_test_sets
 
 `--eval_sets` scores the model's own predictions on test sets named as `config.eval_sets` names
-them (`vit_jax.evaluators.eval_sets`: ReaL multi-label, ImageNet-A/-R on their 200 classes); given alone it
-runs only those, with `--evaluators` both. A run's EMA weights are read where it kept them.
+them (`vit_jax.evaluators.eval_sets`: ReaL multi-label, ImageNet-A/-R on their 200 classes);
+given alone it runs only those, with `--evaluators` both. A run's EMA weights are read where it kept them.
 
 The evaluators are those of `vit_jax.evaluators` (the ones training runs periodically through
 `config.evaluators`), on the pre-logits of images preprocessed as the run or weights evaluate.

@@ -6,10 +6,10 @@ r"""Classifies image files with a trained run or published weights, printing the
   python -m vit_jax.predict --init_from=hf-hub:timm/deit_small_patch16_224.fb_in1k cat.jpg
 
 Arguments are image files, folders (searched recursively for .jpg/.jpeg/.png) or quoted globs.
-Images are preprocessed exactly as the run evaluates (`inference.predict`: `input_pipeline.eval_image`
-with the run's config), or for weights as their published ImageNet evaluation (`--image_size`,
-`--eval_crop_ratio`, `--normalization`; Hub weights: their config.json's), and classified in
-batches of `--batch_size`. Classes are named by the run's dataset (folder names, TFDS label names,
+Images are preprocessed exactly as the run evaluates (`inference.predict`:
+`input_pipeline.eval_image` with the run's config), or for weights as their published ImageNet
+evaluation (`--image_size`, `--eval_crop_ratio`, `--normalization`; Hub weights: their
+config.json's), and classified in batches of `--batch_size`. Classes are named by the run's dataset (folder names, TFDS label names,
 digits 0-9), by Hub weights' `label_names`, or, for other 1,000-class weights, by the ImageNet
 label file inside tensorflow-datasets. A file that cannot be read is reported on one line of
 stderr and skipped; the exit status is 1 only when no image could be read.

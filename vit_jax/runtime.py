@@ -234,12 +234,12 @@ def run(main: Callable[[list[str]], None], *, takes_arguments: bool = False,
   def prologue_then_main(argv: list[str]) -> None:
     if argv[1:] and not takes_arguments:
       raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-    if before_libraries is not None:
-      before_libraries()
-    quiet_library_logs()
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    tf.config.set_visible_devices([], 'GPU')
     try:
+      if before_libraries is not None:
+        before_libraries()
+      quiet_library_logs()
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      tf.config.set_visible_devices([], 'GPU')
       main(argv)
     except ValueError as e:
       absl_logging.debug('Stopped by an error.', exc_info=True)

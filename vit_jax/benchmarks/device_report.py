@@ -1,4 +1,5 @@
-r"""What the accelerator at hand runs, in one table: `python -m vit_jax.benchmark --mode=device_report`.
+r"""What the accelerator at hand runs, in one table:
+`python -m vit_jax.benchmark --mode=device_report`.
 
 For the day a GPU or TPU is lent, one command checks and measures what matters there:
 - every family's quick model (`configs/FAMILY.py`) trains a few bfloat16 steps on one repeated

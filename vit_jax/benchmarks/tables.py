@@ -138,12 +138,3 @@ def run_layers_table(config, *, names: list[str],
               f'{row["xla_total_mib"]:>9.0f}{row["xla_temp_mib"]:>8.0f}'
               f'{row["peak_rss_mib"]:>9.0f}  {row["load"]:.1f}', flush=True)
   return rows
-
-
-def parse_layers_row(value: str) -> tuple[str, bool, bool]:
-  """'MODEL:SCAN:REMAT' -> (model, scan, remat); ValueError for anything else."""
-  parts = value.split(':')
-  if len(parts) != 3 or parts[1] not in ('0', '1') or parts[2] not in ('0', '1'):
-    raise ValueError(f'--layers_row={value!r} must be MODEL:SCAN:REMAT with 0 or 1 for each '
-                     'switch, e.g. cait_xxs24:1:0.')
-  return parts[0], parts[1] == '1', parts[2] == '1'

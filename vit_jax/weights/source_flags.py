@@ -34,7 +34,8 @@ def define() -> Callable[[], 'inference.Run']:
                                       "('inception' for Google ViT weights)" + unset % 'imagenet')
 
   def load() -> 'inference.Run':
-    from vit_jax.weights import inference  # pylint: disable=g-import-not-at-top,redefined-outer-name
+    # pylint: disable-next=g-import-not-at-top,redefined-outer-name
+    from vit_jax.weights import inference
     return inference.load(workdir=workdir.value, init_from=init_from.value, model=model.value,
                           num_classes=num_classes.value, image_size=image_size.value,
                           eval_crop_ratio=eval_crop_ratio.value,
