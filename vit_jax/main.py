@@ -61,6 +61,7 @@ _PROCESS_ID = flags.DEFINE_integer(
     '$JAX_PROCESS_ID).')
 flags.mark_flags_as_required(['config', 'workdir'])
 
+
 def _first_refusal(error: BaseException) -> Exception | None:
   """The first write the work directory refused, where cleaning up after it failed again."""
   from vit_jax.training import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
@@ -68,26 +69,11 @@ def _first_refusal(error: BaseException) -> Exception | None:
                if isinstance(x, workdir_lib.Unwritable)), None)
 
 
-def initialize_distributed(mode: str = 'auto') -> None:
-  """Connects the processes of a multi-process run; a no-op for one process."""
-  import jax  # pylint: disable=g-import-not-at-top
-  if mode == 'off':
-    return
-  arguments = distributed.distributed_arguments(
-      os.environ, coordinator_address=_COORDINATOR.value, num_processes=_NUM_PROCESSES.value,
-      process_id=_PROCESS_ID.value, on_cloud_tpu_vm=distributed.on_cloud_tpu_vm())
-  if arguments is None and mode == 'on':
-    arguments = {}
-  if arguments is not None:
-    logging.info('jax.distributed.initialize(%s)',
-                 ', '.join(f'{k}={v!r}' for k, v in arguments.items()))
-    jax.distributed.initialize(**arguments)
-
-
 def main(argv) -> None:
   del argv
   logging.debug('Process settings: %s', runtime.configure())  # Before JAX starts its backend.
-  initialize_distributed(_DISTRIBUTED.value)
+  distributed.initialize(_DISTRIBUTED.value, coordinator_address=_COORDINATOR.value,
+                         num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
   import jax  # pylint: disable=g-import-not-at-top
   from vit_jax.training import train  # pylint: disable=g-import-not-at-top
   from vit_jax.training import workdir as workdir_lib  # pylint: disable=g-import-not-at-top

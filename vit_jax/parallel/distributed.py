@@ -1,8 +1,12 @@
-"""Which multi-process run this process belongs to, read from flags and the environment."""
+"""Which multi-process run this process belongs to (read from flags and the environment), and
+joining it."""
 
 import glob
 import importlib.util
+import os
 from typing import Any, Mapping
+
+from absl import logging
 
 
 def _environment_int(environ: Mapping[str, str], name: str) -> int | None:
@@ -70,3 +74,22 @@ def distributed_arguments(environ: Mapping[str, str], *, coordinator_address: st
   if mpi_ranks > 1 or on_tpu_slice or on_cloud_tpu_vm:
     return {}
   return None
+
+
+def initialize(mode: str = 'auto', *, coordinator_address: str | None = None,
+               num_processes: int | None = None, process_id: int | None = None) -> None:
+  """Connects the processes of a multi-process run; a no-op for one process. `mode`: 'auto'
+  joins a run that `distributed_arguments` detects, 'on' always calls
+  jax.distributed.initialize() (JAX finds the cluster), 'off' never."""
+  import jax  # pylint: disable=g-import-not-at-top
+  if mode == 'off':
+    return
+  arguments = distributed_arguments(
+      os.environ, coordinator_address=coordinator_address, num_processes=num_processes,
+      process_id=process_id, on_cloud_tpu_vm=on_cloud_tpu_vm())
+  if arguments is None and mode == 'on':
+    arguments = {}
+  if arguments is not None:
+    logging.info('jax.distributed.initialize(%s)',
+                 ', '.join(f'{k}={v!r}' for k, v in arguments.items()))
+    jax.distributed.initialize(**arguments)
