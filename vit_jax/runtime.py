@@ -214,8 +214,8 @@ def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, where every unusable flag or config file is one line on stderr."""
   try:
     remaining = absl_flags.FLAGS(argv)
-    for name in absl_flags.FLAGS:  # ml_collections reads a config file when first asked.
-      absl_flags.FLAGS[name].value  # pylint: disable=expression-not-assigned
+    for name in absl_flags.FLAGS:  # A config file that failed to load raises when first read.
+      getattr(absl_flags.FLAGS[name].value, 'keys', None)
   except Exception as e:  # pylint: disable=broad-except
     sys.exit(f'error: {flag_error(e)}')
   return remaining
