@@ -302,9 +302,9 @@ def _throughput(config: ml_collections.ConfigDict, ours: Pipeline, *, workers: i
     stopwatch.report(label + suffix, f'{images_per_s:.1f} images/s, {images_per_s / workers:.1f} '
                      f'per core, {1e3 * timing.cpu_s / batch:.2f} ms CPU/image ({pipeline.name}; '
                      f'median of {repeats} blocks, range {slowest:.0f}-{fastest:.0f} images/s)')
+  copies = ' (each copy loaded and decoded anew)' if config.repeated_aug > 1 else ''
   stopwatch.report('decodes' + suffix, f'ours {_decodes_per_image(config)} per image' + (
-      '; timm 1 of the whole image per image (every copy is loaded and decoded)'
-      if vs_timm else ''))
+      f'; timm 1 of the whole image per image{copies}' if vs_timm else ''))
   if vs_timm:
     pipelines[1].close()
     results['ratio'] = results['ours_images_per_s'] / results['timm_images_per_s']
