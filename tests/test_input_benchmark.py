@@ -62,3 +62,15 @@ def test_steady_state_windows_outlast_every_buffer():
   assert [w.warmup for w in windows] == [2 + 6, 2 + 16]
   assert all(w.timed == input_benchmark.TIMED_PER_BUFFERED * 8 for w in windows)
   assert input_benchmark.steady_state_windows(pipelines, steps=500, warmup=0)[0].timed == 500
+
+
+def test_timm_reads_an_array_record_dataset_from_its_records(tmp_path):
+  from configs import common  # pylint: disable=g-import-not-at-top
+  from vit_jax import input_pipeline  # pylint: disable=g-import-not-at-top
+  config = common.get_config()
+  config.data_dir = str(tmp_path)
+  info = input_pipeline.get_dataset_info(config)  # Prepares the digits as ArrayRecord.
+  images = input_benchmark._timm_images(config, lambda image: image)
+  assert len(images) == info.num_train_examples  # The whole split, read by index.
+  image, label = images[5]
+  assert image.mode == 'RGB' and image.size == (8, 8) and 0 <= label < 10
