@@ -101,6 +101,7 @@ def _jpeg_folder(root, classes=2, per_class=4):
   return root
 
 
+@pytest.mark.slow
 def test_input_pipeline_against_timm_on_a_jpeg_folder(timm, tmp_path):
   del timm  # Only to skip where timm is absent.
   root = _jpeg_folder(str(tmp_path / 'images'))
@@ -121,6 +122,12 @@ def test_input_pipeline_against_timm_on_a_jpeg_folder(timm, tmp_path):
     assert per_core[label] == pytest.approx(images_per_s / len(os.sched_getaffinity(0)), rel=0.01)
   ratio = _number(r'ratio: +([\d.]+)x timm', out)
   assert ratio == pytest.approx(per_core['ours'] / per_core['timm'], rel=0.02)
+  # Ours decodes each drawn image once for its three copies; timm decodes every copy.
+  assert re.search(r'decodes: +ours 1/3 of the whole image .*; timm 1 of the whole image', out)
+  # The recipe without repeated augmentation is compared too, decoding crop windows.
+  assert 'repeated augmentation x1' in out
+  assert _number(r'ratio no_repeat: +([\d.]+)x timm', out) > 0
+  assert re.search(r'decodes no_repeat: +ours 1 of the crop window', out)
   early = _number(r'first batch: +step 0: ([\d.]+) s', out)
   late = _number(r'step 4 \(24 examples consumed\): ([\d.]+) s', out)
   assert early > 0 and late > 0

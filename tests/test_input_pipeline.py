@@ -384,3 +384,57 @@ def test_records_read_for_the_first_batch_do_not_depend_on_the_step(jpeg_folder,
     read_at[start_step] = sum(reads)
   # A batch needs 2 records; reading ahead (prefetch, parallel reads) adds a bounded amount.
   assert all(2 <= n <= 8 * input_pipeline._READ_CHUNK for n in read_at.values()), read_at
+
+
+def _one_image_folder(root, encoded: bytes, extension: str) -> str:
+  """A folder whose 2 classes x 3 train images (and 1 test image each) are all `encoded`."""
+  for split, count in (('train', 3), ('test', 1)):
+    for c in range(2):
+      (root / split / f'class{c}').mkdir(parents=True)
+      for i in range(count):
+        (root / split / f'class{c}' / f'{i}.{extension}').write_bytes(encoded)
+  return str(root)
+
+
+@pytest.mark.parametrize('image_format,repeated_aug,window', [
+    ('jpeg', 1, True),  # Only the crop window is decoded...
+    ('jpeg', 3, False),  # ...unless the image is decoded once for its three copies.
+    ('png', 1, False),  # Not a JPEG: decoded whole.
+])
+def test_train_iterator_decodes_what_the_recipe_needs(tmp_path, image_format, repeated_aug,
+                                                      window):
+  pixels = _photo_like(48, 64)
+  encoded = (tf.io.encode_jpeg(pixels, quality=90) if image_format == 'jpeg'
+             else tf.io.encode_png(pixels)).numpy()
+  root = _one_image_folder(tmp_path / 'images', encoded, image_format)
+  config = common.get_config()
+  config.update(dataset=f'folder:{root}', data_dir=str(tmp_path / 'tfds'), image_size=16,
+                normalization='inception', augment='inception_crop', flip=False,
+                random_erase_prob=0.0, repeated_aug=repeated_aug, batch_size=6)
+  transform = input_pipeline.TrainTransform.from_config(config)
+  assert input_pipeline.decodes_crop_window(transform, repeated_aug) == (repeated_aug == 1)
+  batches = list(itertools.islice(input_pipeline.train_iterator(
+      config, process_index=0, process_count=1), 2))
+  augment_seed = input_pipeline._seed(config, 0, input_pipeline._AUGMENT_SALT)
+
+  @tf.function(input_signature=[tf.TensorSpec([None, None, 3], tf.uint8)])
+  def finish(crop):  # The rest of `_train_image` for this recipe, on a crop of dynamic shape.
+    return input_pipeline._normalize(input_pipeline._resize(crop, 16, 16), 'inception')
+
+  whole = tf.io.decode_image(encoded, channels=3)
+  differs = []
+  for position in range(12):
+    seed = tf.random.experimental.stateless_fold_in(
+        augment_seed, tf.constant(position, tf.int64))
+    crop_seed = tf.random.experimental.stateless_split(seed, 4)[0]
+    top, left, height, width = input_pipeline._inception_crop_box(tf.shape(whole), crop_seed)
+    from_whole = finish(whole[top:top + height, left:left + width])
+    expected = from_whole
+    if image_format == 'jpeg':
+      from_window = finish(tf.io.decode_and_crop_jpeg(encoded, [top, left, height, width],
+                                                      channels=3))
+      expected, other = (from_window, from_whole) if window else (from_whole, from_window)
+      differs.append(np.abs(other - expected).max())
+    np.testing.assert_allclose(batches[position // 6]['image'][position % 6], expected, atol=1e-5)
+  if image_format == 'jpeg':  # Full and windowed decodes differ along the window's edges.
+    assert max(differs) > 1e-3

@@ -9,13 +9,22 @@ process may use CPUs. timm's is `timm.data.create_transform(image_size, is_train
 with the config's recipe (inception crop with our scale and ratio ranges, flip, the RandAugment
 string, pixel-mode random erasing, bicubic resizing, the config's normalisation, no colour jitter)
 in a `DataLoader` with one worker process per such CPU, repeated augmentation by timm's
-`RepeatAugSampler`. It reads the same images: `ImageFolder` on the split's directory of a folder
-dataset, otherwise the split's first `TIMM_RECORDS` encoded images, held in memory.
+`RepeatAugSampler`. It reads the same images from the same storage: `ImageFolder` on the split's
+directory of a folder dataset, the split's ArrayRecord records of a dataset stored so (read by
+index, as ours reads them); only a TFRecord-only dataset gives it the split's first
+`TIMM_RECORDS` encoded images, held in memory.
 
-Blocks of `--steps` batches alternate between the pipelines (`--repeats` each). Before every
-block, both pipelines are left to fill their buffers and fall idle, then the timed one is drained
-of what it holds ready (its prefetched batches) and runs `--warmup` batches untimed, so that a
-block times production, not a buffer. Images/s per core divide by the number of CPUs; CPU time
+The protocol times each side in steady state. Blocks alternate between the pipelines (`--repeats`
+each; the median block counts, and the range is reported). Before every block both pipelines are
+left to fill their buffers and fall idle; the timed one then runs a warm-up of `--warmup` batches
+plus twice what it can hold ready (its prefetched batches, and for timm each worker's
+`prefetch_factor` batches), so that every batch it buffered before the block is gone, and then a
+timed window of at least `TIMED_PER_BUFFERED` times that buffer (or `--steps` batches, if more).
+With `--vs_timm` and repeated augmentation the same comparison runs again without it. JPEG decodes
+per training image are reported for each side: ours decodes each drawn image once for its
+repeated copies (or, without repetition, only its crop window:
+`input_pipeline.decodes_crop_window`), timm's `RepeatAugSampler` hands each copy to its dataset,
+which decodes the file whole every time. Images/s per core divide by the number of CPUs; CPU time
 per image counts every thread of this process and, for timm, its worker processes.
 
 Time to the first batch is `train_iterator(config, start_step=k)` until its first batch arrives,
@@ -32,17 +41,19 @@ import math
 import os
 import statistics
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import ml_collections
 
 from vit_jax.data import input_pipeline
 from vit_jax.benchmarks import stopwatch
+from vit_jax.data import convert
 from vit_jax.data import folder
 
 LATE_EXAMPLES = 100_000  # Examples consumed before the default --late_step.
 TIMM_RECORDS = 4096  # Encoded images timm's side holds when the dataset is not a folder.
 _TIMM_PREFETCH_FACTOR = 2  # Batches each DataLoader worker holds ready (torch's default).
+TIMED_PER_BUFFERED = 10  # The timed window, in multiples of the most batches a side buffers.
 
 
 @dataclasses.dataclass
@@ -52,6 +63,72 @@ class Pipeline:
   take: Callable[[int], None]  # Draws n batches.
   buffered: int  # Batches it may hold ready while idle.
   cpu_clock: Callable[[], float]  # CPU seconds of every process and thread that works for it.
+  close: Callable[[], None] = lambda: None  # Stops its workers.
+
+
+def tf_data_pipeline(name: str, batches: Any, buffered: int) -> Pipeline:
+  """A pipeline drawing from the iterator `batches` of a `tf.data` pipeline in this process."""
+  def take(n: int) -> None:
+    for _ in range(n):
+      next(batches)
+
+  return Pipeline(name, take, buffered, time.process_time)
+
+
+def dataloader_pipeline(name: str, dataset: Any, sampler: Iterable[int], *, batch_size: int,
+                        workers: int) -> Pipeline:
+  """A torch `DataLoader` of `workers` processes over `sampler`'s epochs, one after another."""
+  # pylint: disable=g-import-not-at-top
+  import psutil
+  import torch
+  # pylint: enable=g-import-not-at-top
+  loader = torch.utils.data.DataLoader(
+      dataset, batch_size=batch_size, sampler=_Epochs(sampler), num_workers=workers,
+      prefetch_factor=_TIMM_PREFETCH_FACTOR, drop_last=True)
+  holder = {'batches': iter(loader)}
+
+  def take(n: int) -> None:
+    for _ in range(n):
+      next(holder['batches'])
+
+  process = psutil.Process()
+
+  def cpu_seconds() -> float:
+    total = 0.0
+    for member in (process, *process.children(recursive=True)):
+      try:
+        times = member.cpu_times()
+      except psutil.NoSuchProcess:
+        continue
+      total += times.user + times.system
+    return total
+
+  # The iterator's deletion stops its workers.
+  return Pipeline(name, take, _TIMM_PREFETCH_FACTOR * workers, cpu_seconds, holder.clear)
+
+
+@dataclasses.dataclass(frozen=True)
+class Window:
+  """Batches drawn untimed, then timed, in each block of a pipeline."""
+  warmup: int
+  timed: int
+
+
+def steady_state_windows(pipelines: Sequence[Pipeline], *, steps: int,
+                         warmup: int) -> list[Window]:
+  """Each pipeline's warm-up (`warmup` + twice what it buffers) and the common timed window (at
+  least `TIMED_PER_BUFFERED` times the largest buffer, or `steps`)."""
+  timed = max(steps, TIMED_PER_BUFFERED * max(p.buffered for p in pipelines))
+  return [Window(warmup + 2 * p.buffered, timed) for p in pipelines]
+
+
+def measure(pipelines: Sequence[Pipeline], *, steps: int, warmup: int, repeats: int,
+            settle: Callable[[], None] = lambda: None) -> list[stopwatch.Timing]:
+  """Seconds per batch of each pipeline in steady state, blocks alternating (module docstring)."""
+  windows = steady_state_windows(pipelines, steps=steps, warmup=warmup)
+  return stopwatch.time_blocks(
+      [p.take for p in pipelines], steps=windows[0].timed, warmups=[w.warmup for w in windows],
+      repeats=repeats, cpu_clocks=[p.cpu_clock for p in pipelines], settle=settle)
 
 
 def default_late_step(batch_size: int) -> int:
@@ -72,12 +149,8 @@ def _ours(config: ml_collections.ConfigDict) -> tuple[Pipeline, float]:
   batches = input_pipeline.train_iterator(config, process_index=0, process_count=1)
   next(batches)
   first_batch_s = time.perf_counter() - start
-
-  def take(n: int) -> None:
-    for _ in range(n):
-      next(batches)
-
-  return Pipeline('ours (tf.data)', take, config.prefetch + 1, time.process_time), first_batch_s
+  # Its prefetched batches, the batch being assembled and the parallel map's elements in flight.
+  return tf_data_pipeline('ours (tf.data)', batches, config.prefetch + 2), first_batch_s
 
 
 def _posterize_in_range(image, bits_to_keep, **kwargs):
@@ -87,18 +160,24 @@ def _posterize_in_range(image, bits_to_keep, **kwargs):
 
 
 class _EncodedImages:
-  """A map-style dataset of (encoded image, label) pairs, decoded by PIL as `ImageFolder` does."""
+  """A map-style dataset of (encoded image, label) pairs, decoded by PIL as `ImageFolder` does.
 
-  def __init__(self, records: list[tuple[bytes, int]], transform: Callable[[Any], Any]):
+  `records[i]` is a dict holding the encoded image at `image_key` and the label at `label_key`.
+  """
+
+  def __init__(self, records: Any, image_key: str, label_key: str,
+               transform: Callable[[Any], Any]):
     self.records, self.transform = records, transform
+    self.image_key, self.label_key = image_key, label_key
 
   def __len__(self) -> int:
     return len(self.records)
 
   def __getitem__(self, index: int):
     from PIL import Image  # pylint: disable=g-import-not-at-top
-    encoded, label = self.records[index]
-    return self.transform(Image.open(io.BytesIO(encoded)).convert('RGB')), label
+    record = self.records[index]
+    image = Image.open(io.BytesIO(record[self.image_key])).convert('RGB')
+    return self.transform(image), int(record[self.label_key])
 
 
 class _Epochs:
@@ -115,7 +194,7 @@ class _Epochs:
 
 
 def _timm_images(config: ml_collections.ConfigDict, transform: Callable[[Any], Any]):
-  """The train split's images for timm: `ImageFolder` on a folder dataset's split directory."""
+  """The train split's images for timm, from ours' storage (module docstring)."""
   split = config.train_split.split('[')[0]
   if config.dataset.startswith(folder.PREFIX):
     import torchvision  # pylint: disable=g-import-not-at-top
@@ -124,16 +203,19 @@ def _timm_images(config: ml_collections.ConfigDict, transform: Callable[[Any], A
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   builder = tfds.builder(config.dataset, data_dir=config.data_dir)
   image_key, label_key = builder.info.supervised_keys
-  records = builder.as_dataset(split=config.train_split,
-                               decoders={image_key: tfds.decode.SkipDecoding()})
-  records = tfds.as_numpy(records.take(TIMM_RECORDS))
-  return _EncodedImages([(r[image_key], int(r[label_key])) for r in records], transform)
+  decoders = {image_key: tfds.decode.SkipDecoding()}
+  if convert.has_array_record(builder):
+    records = builder.as_data_source(split=config.train_split, decoders=decoders,
+                                     file_format=convert.ARRAY_RECORD)
+  else:
+    records = list(tfds.as_numpy(
+        builder.as_dataset(split=config.train_split, decoders=decoders).take(TIMM_RECORDS)))
+  return _EncodedImages(records, image_key, label_key, transform)
 
 
-def _timm(config: ml_collections.ConfigDict, workers: int) -> tuple[Pipeline, Callable[[], None]]:
-  """timm's transforms for the config's recipe in a `DataLoader`; and what shuts it down."""
+def _timm(config: ml_collections.ConfigDict, workers: int) -> Pipeline:
+  """timm's transforms for the config's recipe in a `DataLoader`, as deit's main.py builds it."""
   # pylint: disable=g-import-not-at-top
-  import psutil
   import torch
   from vit_jax.benchmarks import timm_reference
   timm = timm_reference.import_timm()
@@ -155,30 +237,8 @@ def _timm(config: ml_collections.ConfigDict, workers: int) -> tuple[Pipeline, Ca
   sampler = (RepeatAugSampler(images, num_replicas=1, rank=0, num_repeats=repeats,
                               selected_round=0)
              if repeats > 1 else torch.utils.data.RandomSampler(images))
-  loader = torch.utils.data.DataLoader(
-      images, batch_size=config.batch_size, sampler=_Epochs(sampler), num_workers=workers,
-      prefetch_factor=_TIMM_PREFETCH_FACTOR, drop_last=True)
-  holder = {'batches': iter(loader)}
-
-  def take(n: int) -> None:
-    for _ in range(n):
-      next(holder['batches'])
-
-  process = psutil.Process()
-
-  def cpu_seconds() -> float:
-    total = 0.0
-    for member in (process, *process.children(recursive=True)):
-      try:
-        times = member.cpu_times()
-      except psutil.NoSuchProcess:
-        continue
-      total += times.user + times.system
-    return total
-
-  pipeline = Pipeline(f'timm {timm.__version__} (DataLoader)', take,
-                      _TIMM_PREFETCH_FACTOR * workers, cpu_seconds)
-  return pipeline, holder.clear  # The iterator's deletion stops its workers.
+  return dataloader_pipeline(f'timm {timm.__version__} (DataLoader)', images, sampler,
+                             batch_size=config.batch_size, workers=workers)
 
 
 def wait_until_idle(cpu_clock: Callable[[], float], *, interval_s: float = 0.25,
@@ -210,9 +270,59 @@ def _recipe(config: ml_collections.ConfigDict) -> str:
   return ', '.join(parts)
 
 
+def _decodes_per_image(config: ml_collections.ConfigDict) -> str:
+  """How many JPEG decodes each training image costs ours (`input_pipeline.decodes_crop_window`)."""
+  repeats = config.repeated_aug
+  if input_pipeline.decodes_crop_window(input_pipeline.TrainTransform.from_config(config),
+                                        repeats):
+    return '1 of the crop window'
+  if repeats > 1:
+    return f'1/{repeats} of the whole image (decoded once for its {repeats} copies)'
+  return '1 of the whole image'
+
+
+def _throughput(config: ml_collections.ConfigDict, ours: Pipeline, *, workers: int, steps: int,
+                warmup: int, repeats: int, vs_timm: bool, suffix: str = '') -> dict[str, float]:
+  """Images/s of `ours` (and timm's on the same recipe) in steady state; prints and returns them."""
+  batch = config.batch_size
+  pipelines = [ours] + ([_timm(config, workers)] if vs_timm else [])
+  settle = functools.partial(wait_until_idle, pipelines[-1].cpu_clock) if vs_timm else (
+      lambda: None)
+  windows = steady_state_windows(pipelines, steps=steps, warmup=warmup)
+  stopwatch.report('protocol' + suffix, ', '.join(
+      f'{label}: {w.warmup} batches warm-up, {w.timed} timed'
+      for label, w in zip(('ours', 'timm'), windows)) + f'; {repeats} alternating blocks each')
+  timings = measure(pipelines, steps=steps, warmup=warmup, repeats=repeats, settle=settle)
+  results = {}
+  for label, pipeline, timing in zip(('ours', 'timm'), pipelines, timings):
+    images_per_s = batch / timing.wall_s
+    results[f'{label}_images_per_s'] = images_per_s
+    results[f'{label}_cpu_ms_per_image'] = 1e3 * timing.cpu_s / batch
+    slowest, fastest = (batch / t for t in (max(timing.block_wall_s), min(timing.block_wall_s)))
+    stopwatch.report(label + suffix, f'{images_per_s:.1f} images/s, {images_per_s / workers:.1f} '
+                     f'per core, {1e3 * timing.cpu_s / batch:.2f} ms CPU/image ({pipeline.name}; '
+                     f'median of {repeats} blocks, range {slowest:.0f}-{fastest:.0f} images/s)')
+  copies = ' (each copy loaded and decoded anew)' if config.repeated_aug > 1 else ''
+  stopwatch.report('decodes' + suffix, f'ours {_decodes_per_image(config)} per image' + (
+      f'; timm 1 of the whole image per image{copies}' if vs_timm else ''))
+  if vs_timm:
+    pipelines[1].close()
+    results['ratio'] = results['ours_images_per_s'] / results['timm_images_per_s']
+    results['cpu_ratio'] = results['timm_cpu_ms_per_image'] / results['ours_cpu_ms_per_image']
+    paired = stopwatch.paired_ratios(*timings)
+    stopwatch.report('ratio' + suffix, f"{results['ratio']:.2f}x timm's images/s (block pairs "
+                     f"{min(paired):.2f}-{max(paired):.2f}x); {results['cpu_ratio']:.2f}x timm's "
+                     'images per CPU second')
+  return {f'{key}{suffix.replace(" ", "_")}': value for key, value in results.items()}
+
+
 def run(config: ml_collections.ConfigDict, *, steps: int, warmup: int, repeats: int,
         vs_timm: bool, late_step: int | None) -> dict[str, float]:
-  """Benchmarks the training input pipeline (and timm's); prints and returns the numbers."""
+  """Benchmarks the training input pipeline (and timm's); prints and returns the numbers.
+
+  With `vs_timm` and repeated augmentation, the recipe without it is compared too (keys and report
+  lines suffixed ' no_repeat').
+  """
   if vs_timm:
     check_vs_timm(config)
   late_step = late_step or default_late_step(config.batch_size)
@@ -228,33 +338,16 @@ def run(config: ml_collections.ConfigDict, *, steps: int, warmup: int, repeats: 
   ours, cold_s = _ours(config)
   stopwatch.report('first batch', f"{cold_s:.1f} s (the process's first pipeline, compiling the "
                    'augmentation ops)')
-  pipelines, close = [ours], None
-  if vs_timm:
-    timm_pipeline, close = _timm(config, workers)
-    pipelines.append(timm_pipeline)
-  settle = functools.partial(wait_until_idle, pipelines[-1].cpu_clock) if vs_timm else (
-      lambda: None)
-  timings = stopwatch.time_blocks(
-      [p.take for p in pipelines], steps=steps, warmups=[warmup + p.buffered for p in pipelines],
-      repeats=repeats, cpu_clocks=[p.cpu_clock for p in pipelines], settle=settle)
-  results = {}
-  for label, pipeline, timing in zip(('ours', 'timm'), pipelines, timings):
-    images_per_s = batch / timing.wall_s
-    results[f'{label}_images_per_s'] = images_per_s
-    results[f'{label}_cpu_ms_per_image'] = 1e3 * timing.cpu_s / batch
-    slowest, fastest = (batch / t for t in (max(timing.block_wall_s), min(timing.block_wall_s)))
-    stopwatch.report(label, f'{images_per_s:.1f} images/s, {images_per_s / workers:.1f} per core, '
-                     f'{1e3 * timing.cpu_s / batch:.2f} ms CPU/image ({pipeline.name}; median of '
-                     f'{repeats} x {steps} batches, blocks {slowest:.0f}-{fastest:.0f} images/s)')
-  if vs_timm:
-    close()
-    results['ratio'] = results['ours_images_per_s'] / results['timm_images_per_s']
-    results['cpu_ratio'] = results['timm_cpu_ms_per_image'] / results['ours_cpu_ms_per_image']
-    paired = stopwatch.paired_ratios(*timings)
-    stopwatch.report('ratio', f"{results['ratio']:.2f}x timm's images/s (block pairs "
-                     f"{min(paired):.2f}-{max(paired):.2f}x); {results['cpu_ratio']:.2f}x timm's "
-                     'images per CPU second')
+  timing = dict(workers=workers, steps=steps, warmup=warmup, repeats=repeats, vs_timm=vs_timm)
+  results = _throughput(config, ours, **timing)
+  del ours  # Stops its threads before the next contenders run.
+  if vs_timm and config.repeated_aug > 1:
+    plain = config.copy_and_resolve_references()
+    plain.repeated_aug = 1
+    stopwatch.report('recipe no_repeat', _recipe(plain))
+    results.update(_throughput(plain, _ours(plain)[0], suffix=' no_repeat', **timing))
   stopwatch.report('load average', f'{stopwatch.load_average()} (after throughput)')
+  settle = functools.partial(wait_until_idle, time.process_time)
   firsts = {0: [], late_step: []}
   for _ in range(repeats):
     for step, seconds in firsts.items():

@@ -13,7 +13,8 @@ from one of two random-access sources, chosen by `_random_access`:
 * ArrayRecord (`tfds.data_source`): the embedded digits, image folders, TFDS datasets that
   vit_jax prepares itself, and TFRecord datasets converted with `python -m vit_jax.convert`.
   Records are read in chunks by a `tf.data` map (`tf.numpy_function`), then parsed, decoded and
-  augmented by `tf.data`'s parallel map.
+  augmented by `tf.data`'s parallel map; an inception crop without repeated augmentation decodes
+  only the crop window of a JPEG (`decodes_crop_window`).
 * In memory: a dataset prepared as TFRecord only whose per-process split has images of a fixed shape
   and fits in `IN_MEMORY_MAX_BYTES` (e.g. CIFAR, MNIST) is decoded once and held as one array
   (`--config.in_memory=true/false` forces either way).
@@ -469,17 +470,31 @@ def eval_image(image: tf.Tensor, transform: EvalTransform) -> tf.Tensor:
 _READ_CHUNK = 32
 
 # Maps a dataset of int64 example indices to one of (image uint8 (H, W, C), label) in that order
-# (and the example's labels, where the source has a `label_set_key`).
+# (and the example's labels, where the source has a `label_set_key`); an `encoded` lookup yields
+# the image's encoded bytes (a scalar string) instead, for `_train_image` to decode.
 Lookup = Callable[[tf.data.Dataset], tf.data.Dataset]
 
 
-def _array_record_lookup(source: _Source, split: Any) -> tuple[int, Lookup]:
-  """(N, lookup) over the ArrayRecord records of `split`: reads only the records asked for."""
+def decodes_crop_window(transform: 'TrainTransform', repeated_aug: int) -> bool:
+  """True where training decodes only each JPEG's inception-crop window, once per copy; False
+  where it decodes each drawn image whole, once, and crops its `repeated_aug` copies from that.
+
+  Decoding a window still entropy-decodes the rows above it, so it saves little on one copy and
+  costs more than one whole decode from two copies on.
+  """
+  return transform.augment == 'inception_crop' and repeated_aug == 1
+
+
+def _array_record_lookup(source: _Source, split: Any, encoded: bool = False
+                         ) -> tuple[int, Lookup]:
+  """(N, lookup) over the ArrayRecord records of `split`: reads only the records asked for;
+  `encoded` leaves 8-bit images encoded."""
   records = source.builder.as_data_source(
       split=split, deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES,
       file_format=convert.ARRAY_RECORD)
   features = source.builder.info.features
   feature = source.image_feature()
+  encoded = encoded and feature.dtype == tf.uint8
 
   def read(indices: np.ndarray) -> np.ndarray:
     return np.array(records.__getitems__(indices.tolist()), dtype=object)
@@ -488,7 +503,9 @@ def _array_record_lookup(source: _Source, split: Any) -> tuple[int, Lookup]:
     example = features.deserialize_example(
         serialized, decoders={source.image_key: tfds.decode.SkipDecoding()})
     label_set = () if source.label_set_key is None else (example[source.label_set_key],)
-    return feature.decode_example(example[source.image_key]), example[source.label_key], *label_set
+    image = example[source.image_key]
+    image = image if encoded else feature.decode_example(image)
+    return image, example[source.label_key], *label_set
 
   def lookup(indices: tf.data.Dataset) -> tf.data.Dataset:
     chunks = indices.batch(_READ_CHUNK).map(
@@ -527,16 +544,17 @@ def _in_memory_lookup(source: _Source, split: Any) -> tuple[int, Lookup]:
   return int(labels.shape[0]), lookup
 
 
-def _random_access(config: ml_collections.ConfigDict, source: _Source,
-                   split: Any) -> tuple[int, Lookup] | None:
-  """`split` read by example index, or None where it can only be streamed (module docstring)."""
+def _random_access(config: ml_collections.ConfigDict, source: _Source, split: Any,
+                   encoded: bool = False) -> tuple[int, Lookup] | None:
+  """`split` read by example index, or None where it can only be streamed (module docstring);
+  `encoded`: ArrayRecord images stay encoded (`_array_record_lookup`)."""
   forced = config.in_memory
   if forced is not None and not source.streamable:
     raise ValueError(f'--config.in_memory={forced} chooses between holding a TFRecord dataset in '
                      f'memory and streaming it, but {source.name!r} is stored as ArrayRecord only '
                      'and read by index; leave --config.in_memory unset (None).')
   if source.random_access and forced is None:
-    return _array_record_lookup(source, split)
+    return _array_record_lookup(source, split, encoded)
   if _fits_in_memory(config, source, split):
     return _in_memory_lookup(source, split)
   return None
@@ -611,7 +629,9 @@ def train_iterator(config: ml_collections.ConfigDict, *, start_step: int = 0,
   _check_split(source, config.train_split)
   split = _process_split(config.train_split, process_index, process_count)
   start = start_step * local_batch
-  access = _random_access(config, source, split)
+  transform = TrainTransform.from_config(config)
+  access = _random_access(config, source, split,
+                          encoded=decodes_crop_window(transform, config.repeated_aug))
   if access is not None:
     examples = _shuffled_examples(config, *access, start, process_index)
   else:
@@ -625,7 +645,6 @@ def train_iterator(config: ml_collections.ConfigDict, *, start_step: int = 0,
         f' --data_dir={config.data_dir}' if config.data_dir else '')
     examples = _streamed_examples(config, source, split, start, process_index)
   augment_seed = _seed(config, process_index, _AUGMENT_SALT)
-  transform = TrainTransform.from_config(config)
 
   def preprocess(image, label, position):
     seed = tf.random.experimental.stateless_fold_in(augment_seed, position)
