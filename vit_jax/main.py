@@ -104,6 +104,9 @@ def parse_flags(argv: list[str]) -> list[str]:
     _CONFIG.value.keys()  # A config file that failed to load raises on first access.
   except Exception as e:  # pylint: disable=broad-except
     sys.exit(f'error: {_config_error(e)}')
+  if len(remaining) > 1:  # One line, not absl's whole usage text (issue 29).
+    sys.exit(f'error: unexpected argument(s) {" ".join(map(repr, remaining[1:]))}: every setting '
+             'is a flag, e.g. --config.total_steps=30 (--helpfull lists them).')
   return remaining
 
 
