@@ -126,6 +126,7 @@ def initialize_distributed(mode: str = 'auto') -> None:
     logging.info('jax.distributed.initialize(%s)',
                  ', '.join(f'{k}={v!r}' for k, v in arguments.items()))
     jax.distributed.initialize(**arguments, **peers.initialize_options())  # Dead workers: issue 29.
+    peers.quiet_fatal_errors(logging.get_verbosity())
 
 
 def main(argv) -> None:

@@ -2,8 +2,9 @@
 
 When a process of a run dies, the others learn it in one of two ways. A collective they are in
 fails at once (gloo: "Connection closed by peer"); or JAX's coordination service misses its
-heartbeats for `HEARTBEAT_TIMEOUT_S` and ends every other process (JAX's own fatal error; the
-one way there is when no collective is under way, or when process 0, the coordinator, died).
+heartbeats for `HEARTBEAT_TIMEOUT_S` and ends every other process with its own fatal error
+(exit 134) — the way it goes when no collective is under way, and at once when process 0, the
+coordinator, died; jax.distributed.initialize offers no hook to end them otherwise.
 In the first case `end_run` makes the survivor say so in one line and exit with
 `EXIT_PREEMPTED` at once: left to itself it would print a traceback and wait minutes in JAX's
 distributed shutdown for the dead process before aborting. A process that stops on an error of
@@ -14,6 +15,7 @@ instead of waiting for it.
 jax is imported where it is used: the commands import this module before it.
 """
 
+import faulthandler
 import logging as python_logging
 import os
 import sys
@@ -30,6 +32,13 @@ _STDERR = os.dup(2)  # Kept: the TensorFlow import points fd 2 at /dev/null for 
 def initialize_options() -> dict[str, int]:
   """Arguments for `jax.distributed.initialize` beside the cluster's: the heartbeat timeout."""
   return {'heartbeat_timeout_seconds': HEARTBEAT_TIMEOUT_S}
+
+
+def quiet_fatal_errors(verbosity: int) -> None:
+  """Leaves Python's dump of every thread and extension module out of JAX's fatal error (its
+  own line says a task died), unless `verbosity` is 1 or more: absl enables that dump."""
+  if verbosity < 1:
+    faulthandler.disable()
 
 
 def _chain(error: BaseException) -> list[BaseException]:
