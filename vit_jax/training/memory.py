@@ -48,8 +48,8 @@ def host_available_bytes() -> int | None:
 
 
 def available_bytes(devices: list[jax.Device]) -> tuple[int, str] | None:
-  """The free bytes of the tightest of `devices` and a name for them ('cuda:0', 'the host's
-  memory for 8 cpu devices'); None where neither the devices nor the host report memory.
+  """The free bytes of the tightest of `devices` and a name for them ('cuda:0', 'this host',
+  "each of this host's 8 cpu devices"); None where neither the devices nor the host report it.
 
   Devices without their own memory statistics (CPU) share the host's: their need is counted
   once per device against it, so the bytes returned are the host's divided by their count.
@@ -64,8 +64,10 @@ def available_bytes(devices: list[jax.Device]) -> tuple[int, str] | None:
   host = host_available_bytes()
   if host is None:
     return None
-  return host // len(devices), (f"the host's available memory ({_size(host)}) shared by "
-                                f'{len(devices)} {devices[0].platform} device(s)')
+  if len(devices) == 1:
+    return host, 'this host'
+  return host // len(devices), (f"each of this host's {len(devices)} {devices[0].platform} "
+                                f'devices (sharing its {_size(host)} available)')
 
 
 def _size(count: int) -> str:
