@@ -159,6 +159,8 @@ def main(argv) -> None:
       rows = run_grid(flags.FLAGS.config, flags.FLAGS.workdir, timing_steps=_TIMING_STEPS.value,
                       collapse_images=_COLLAPSE_IMAGES.value, seeds=_SEEDS.value,
                       stopper=stopper)
+  except ValueError as e:  # A refused config or work directory: one line, as vit_jax.main says it.
+    sys.exit(f'error: {e}')
   except (run_sequence.Interrupted, KeyboardInterrupt) as e:
     print(str(e) or 'Interrupted; rerun the same command to resume where it stopped.',
           file=sys.stderr)

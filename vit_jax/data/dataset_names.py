@@ -15,7 +15,8 @@ def chosen(name: str) -> bool:
   config's published size (variant=) came without one: the quick default's 8×8 digits do not fit
   a model published at 224 (or 32) pixels with that data's recipe."""
   if name == NONE_CHOSEN:
-    raise ValueError("a published size (variant=) needs the dataset it was published on: add "
+    raise ValueError("must name a dataset (a non-empty string). A published size (variant=) "
+                     "needs the dataset it was published on: add "
                      "dataset=imagenet2012 after the config file's colon (dataset=cifar10 for the "
                      "32-pixel sizes), e.g. --config='configs/vit.py:variant=S/16,"
                      "dataset=imagenet2012' --config.data_dir=DIR; or drop variant= for the quick "
