@@ -16,7 +16,6 @@ import os
 import re
 import signal
 import sys
-import traceback
 
 EXIT_PREEMPTED = os.EX_TEMPFAIL  # 75: interrupted; rerunning the same command resumes.
 _STDERR = os.dup(2)  # Kept: the TensorFlow import points fd 2 at /dev/null for a while.
@@ -183,6 +182,7 @@ def main_of_one_process(argv) -> None:
     import jax  # pylint: disable=g-import-not-at-top
     if not jax.distributed.is_initialized():
       raise
+    import traceback  # pylint: disable=g-import-not-at-top
     traceback.print_exc()
     peers.exit_now(1)
 

@@ -24,6 +24,7 @@ import tensorflow_datasets as tfds
 
 from vit_jax.data import dataset_names as datasets
 from vit_jax.data import convert
+from vit_jax.data import folder
 
 NAME = datasets.DIGITS
 NUM_CLASSES = 10
@@ -91,7 +92,8 @@ def prepare(data_dir: str | None = None) -> tfds.core.DatasetBuilder:
   Stored twice (340 KB each): TFRecord for `tfds.load`, ArrayRecord for training by index.
   """
   builder = Digits(data_dir=data_dir)
-  if not builder.is_prepared():
-    builder.download_and_prepare()
-  convert.add_array_record(builder)
-  return builder
+  with folder.preparing(builder):  # The processes of a run, or runs, preparing it at once.
+    if not Digits(data_dir=data_dir).is_prepared():  # Another process may have, meanwhile.
+      builder.download_and_prepare()
+    convert.add_array_record(builder)
+  return Digits(data_dir=data_dir)
