@@ -91,9 +91,10 @@ def prepare(data_dir: str | None = None) -> tfds.core.DatasetBuilder:
 
   Stored twice (340 KB each): TFRecord for `tfds.load`, ArrayRecord for training by index.
   """
-  builder = Digits(data_dir=data_dir)
-  with folder.preparing(builder):  # The processes of a run, or runs, preparing it at once.
-    if not Digits(data_dir=data_dir).is_prepared():  # Another process may have, meanwhile.
+  with folder.preparing(Digits(data_dir=data_dir)):  # Processes preparing it at once wait here.
+    builder = Digits(data_dir=data_dir)  # Read after the wait: another may have prepared it.
+    if not builder.is_prepared():
       builder.download_and_prepare()
+      builder = Digits(data_dir=data_dir)
     convert.add_array_record(builder)
-  return Digits(data_dir=data_dir)
+  return builder
