@@ -34,7 +34,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """CaiT on digits by default; `variant=XXS24|…|M48`, `image_size=`, `teacher=`, `dataset=`."""
   args = common.parse_arg(arg, variant='', dataset='digits', image_size=0, teacher='')
   config = common.get_config()
-  config.dataset = args.dataset
+  config.dataset = common.dataset(arg, args)
   if args.variant:
     if args.variant not in VARIANTS:
       raise ValueError(f'Unknown CaiT variant {args.variant!r}; valid: {list(VARIANTS)}.')

@@ -11,6 +11,7 @@ from typing import Sequence
 import ml_collections
 
 from vit_jax import config as config_lib
+from vit_jax.data import dataset_names
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -45,6 +46,16 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
     else:
       parsed[key] = type(default)(value)
   return parsed
+
+
+def dataset(arg: str | None, args: ml_collections.ConfigDict) -> str:
+  """The `dataset=` argument; none chosen (refused when the config is checked, naming the one to
+  add) where a published size, `variant=`, came without it: the quick default's digits do not
+  fit it. Benchmarks and model sizing, which read no data, take such a config as it is."""
+  given = {item.partition('=')[0].strip() for item in (arg or '').split(',')}
+  if args.get('variant') and 'dataset' not in given:
+    return dataset_names.NONE_CHOSEN
+  return args.dataset
 
 
 def quick_run(config: ml_collections.ConfigDict, variants: Sequence[str] = ()

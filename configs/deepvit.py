@@ -36,7 +36,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """DeepViT on digits by default; `variant=16B|24B|32B|S|L`, `baseline=true`, `dataset=`."""
   args = common.parse_arg(arg, variant='', baseline=False, dataset='digits')
   config = common.get_config()
-  config.dataset = args.dataset
+  config.dataset = common.dataset(arg, args)
   if args.variant:
     table = BASELINES if args.baseline else VARIANTS
     if args.variant not in table:

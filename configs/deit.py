@@ -56,7 +56,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   args = common.parse_arg(arg, variant='', distilled=True, teacher='', distillation='hard',
                           dataset='digits', image_size=224)
   config = common.get_config()
-  config.dataset = args.dataset
+  config.dataset = common.dataset(arg, args)
   suffix = '_distilled' if args.distilled else ''
   if args.variant:
     if args.variant not in VARIANTS:

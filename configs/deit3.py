@@ -75,7 +75,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   `dataset=`."""
   args = common.parse_arg(arg, variant='', finetune=0, epochs=800, crop='rrc', dataset='digits')
   config = common.get_config()
-  config.dataset = args.dataset
+  config.dataset = common.dataset(arg, args)
   if args.crop not in CROPS:
     raise ValueError(f'Unknown crop {args.crop!r}; valid: {list(CROPS)}.')
   if not args.variant:

@@ -33,7 +33,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """A small RegNetY on digits by default; `variant=160,dataset=imagenet2012` for the others."""
   args = common.parse_arg(arg, variant='', dataset='digits', image_size=224)
   config = common.get_config()
-  config.dataset = args.dataset
+  config.dataset = common.dataset(arg, args)
   # Stages of differently shaped blocks: no scan-over-layers or remat fields in this family.
   del config.model['scan_layers'], config.model['remat']
   if args.variant:

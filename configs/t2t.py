@@ -49,7 +49,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """T2T-ViT on digits by default; `variant=7|10|12|14|19|24|t-14|t-19|t-24`, `dataset=`."""
   args = common.parse_arg(arg, variant='', dataset='digits', image_size=224)
   config = common.get_config()
-  config.dataset = args.dataset
+  config.dataset = common.dataset(arg, args)
   # The Performer's frozen random features get no gradient; decoupled decay must not shrink them.
   config.no_decay_names = tuple(config.no_decay_names) + ('random_features',)
   if args.variant:

@@ -45,7 +45,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """ViT on digits by default; `variant=B/16,dataset=imagenet2012` for the published sizes."""
   args = common.parse_arg(arg, variant='', dataset='digits')
   config = common.get_config()
-  config.dataset = args.dataset
+  config.dataset = common.dataset(arg, args)
 
   if not args.variant:  # The quick default: a 4-layer, 128-wide ViT, 16 patches of 4×4.
     common.quick_run(config, VARIANTS)

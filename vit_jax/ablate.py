@@ -15,10 +15,14 @@ seeds and the mean similar-block count, so a difference can be told from seed no
 resumes: finished runs are evaluated again, not retrained.
 """
 
+import signal  # pylint: disable=g-bad-import-order
+import sys
+
 from absl import flags
 from ml_collections import config_flags
 
 from vit_jax import runtime
+from vit_jax.training import run_sequence
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'A grid config: configs/ablations.py '
                                           'with its grid=NAME.', lock_config=True)
@@ -36,10 +40,19 @@ flags.mark_flags_as_required(['config', 'workdir'])
 def main(argv) -> None:
   del argv
   from vit_jax.analysis import ablation  # pylint: disable=g-import-not-at-top
-  rows = ablation.run_grid(_CONFIG.value, _WORKDIR.value, timing_steps=_TIMING_STEPS.value,
-                           collapse_images=_COLLAPSE_IMAGES.value, seeds=_SEEDS.value)
+  try:
+    with run_sequence.Stopper() as stopper:  # Interruptions stop between trainings.
+      rows = ablation.run_grid(_CONFIG.value, _WORKDIR.value, timing_steps=_TIMING_STEPS.value,
+                               collapse_images=_COLLAPSE_IMAGES.value, seeds=_SEEDS.value,
+                               stopper=stopper)
+  except (run_sequence.Interrupted, KeyboardInterrupt) as e:
+    print(str(e) or 'Interrupted; rerun the same command to resume where it stopped.',
+          file=sys.stderr)
+    sys.exit(run_sequence.EXIT_PREEMPTED)
   print(ablation.table(rows))
 
 
 if __name__ == '__main__':
+  for signum in (signal.SIGTERM, signal.SIGINT):  # An interruption while starting: one line.
+    signal.signal(signum, run_sequence.stop_at_once)
   runtime.run(main)

@@ -173,7 +173,7 @@ class Section:
 FIELDS: tuple[Field, ...] = (
     Field('seed', 0, integer(), 'Seeds parameters, data order and augmentation.'),
     # Data.
-    Field('dataset', datasets.DIGITS, text(),
+    Field('dataset', datasets.DIGITS, Rule(datasets.chosen, lambda: 'a non-empty string'),
           "'digits' (embedded, nothing to download), 'folder:/path/to/images' or a TFDS name."),
     Field('data_dir', None, text(optional=True), 'TFDS data directory; None: TFDS default.',
           field_type=str),

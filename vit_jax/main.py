@@ -40,6 +40,7 @@ from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-pos
 from ml_collections import config_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from vit_jax.parallel import distributed  # pylint: disable=g-import-not-at-top,wrong-import-position
+from vit_jax.parallel import peers  # pylint: disable=g-import-not-at-top,wrong-import-position
 from vit_jax import runtime  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Training configuration file.',
@@ -85,9 +86,11 @@ def main(argv) -> None:
   try:
     result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except (ValueError, FloatingPointError) as e:
+    peers.end_run(e, _WORKDIR.value)  # A dead process of a multi-process run: one line, exit 75.
     logging.debug('Stopped by an error.', exc_info=True)
     sys.exit(f'error: {_first_refusal(e) or e}')
   except Exception as e:  # A write refused late (summaries, results): one line, else raise.
+    peers.end_run(e, _WORKDIR.value)  # A dead process of a multi-process run: one line, exit 75.
     refusal = _first_refusal(e) or workdir_lib.unwritable(e, _WORKDIR.value, workdir_lib.ROOM)
     if refusal is None:
       raise
@@ -101,5 +104,25 @@ def main(argv) -> None:
     sys.exit(EXIT_PREEMPTED)
 
 
+def main_of_one_process(argv) -> None:
+  """`main`, where a process of a multi-process run that stops on an error ends at once (its
+  peers' collectives fail now instead of waiting for it; `peers.exit_now`)."""
+  try:
+    main(argv)
+  except SystemExit as e:
+    import jax  # pylint: disable=g-import-not-at-top
+    if e.code in (0, None) or not jax.distributed.is_initialized():
+      raise
+    peers.exit_now(e.code if isinstance(e.code, int) else 1,
+                   '' if isinstance(e.code, int) else str(e.code))
+  except Exception:  # pylint: disable=broad-except
+    import jax  # pylint: disable=g-import-not-at-top
+    if not jax.distributed.is_initialized():
+      raise
+    import traceback  # pylint: disable=g-import-not-at-top
+    traceback.print_exc()
+    peers.exit_now(1)
+
+
 if __name__ == '__main__':
-  runtime.run(main)
+  runtime.run(main_of_one_process)

@@ -105,6 +105,31 @@ def _read_only_notice(record: logging.LogRecord) -> bool:
   return record.getMessage().startswith('Given directory is read only')
 
 
+def _expected_library_notice(record: logging.LogRecord) -> bool:
+  """Library warnings about states vit_jax creates on purpose: orbax's missing metadata file of a
+  checkpoint it is about to write or has set aside, and TFDS's variant folder without
+  dataset_info.json while a dataset is being prepared."""
+  message = record.getMessage()
+  return message.startswith(('Metadata file does not exist', 'Variant folder '))
+
+
+@contextlib.contextmanager
+def quiet_preparation() -> Iterator[None]:
+  """TFDS's progress bars and its printed "Downloading and preparing dataset ..." lines are left
+  out of a run's output while a dataset is prepared, unless --verbosity is 1 or more."""
+  if absl_logging.get_verbosity() >= 1:
+    yield
+    return
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  tfds.disable_progress_bar()
+  try:
+    with contextlib.redirect_stdout(open(os.devnull, 'w', encoding='utf-8')) as devnull:
+      with devnull:
+        yield
+  finally:
+    tfds.enable_progress_bar()
+
+
 def _own_or_important(record: logging.LogRecord) -> bool:
   """vit_jax's records, every library's warnings and errors, and everything at --verbosity ≥ 1.
 
@@ -116,7 +141,8 @@ def _own_or_important(record: logging.LogRecord) -> bool:
   """
   if absl_logging.get_verbosity() >= 1:
     return True
-  if _abandoned_read(record) or _read_only_notice(record) or _reraised_save_failure(record):
+  if (_abandoned_read(record) or _read_only_notice(record) or _reraised_save_failure(record)
+      or _expected_library_notice(record)):
     return False
   return record.levelno >= logging.WARNING or record.pathname.startswith(_PACKAGE_DIR)
 
@@ -232,8 +258,9 @@ def run(main: Callable[[list[str]], None], *, takes_arguments: bool = False,
   """
 
   def prologue_then_main(argv: list[str]) -> None:
-    if argv[1:] and not takes_arguments:
-      raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+    if argv[1:] and not takes_arguments:  # One line, not absl's whole usage text.
+      sys.exit(f'error: unexpected argument(s) {" ".join(map(repr, argv[1:]))}: every setting '
+               'is a flag (--helpfull lists them).')
     try:
       if before_libraries is not None:
         before_libraries()

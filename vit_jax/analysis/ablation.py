@@ -17,6 +17,7 @@ import ml_collections
 from vit_jax.analysis import report as report_lib
 from vit_jax.benchmarks import training_step
 from vit_jax.data import input_pipeline
+from vit_jax.training import run_sequence
 from vit_jax.training import train
 
 COLUMNS = ('variant', 'accuracy', 'params', 'GFLOPs/step', 'step ms', 'similar blocks')
@@ -44,15 +45,26 @@ def step_costs(configs: list[ml_collections.ConfigDict], num_classes: int,
            'step ms': 1e3 * timing.wall_s} for c, timing in zip(contenders, timings)]
 
 
-def train_and_measure(config: ml_collections.ConfigDict, run_dir: str,
-                      collapse_images: int) -> tuple[float, int]:
-  """Test accuracy and similar-block count of `config` trained in `run_dir`."""
+def train_and_measure(config: ml_collections.ConfigDict, run_dir: str, collapse_images: int,
+                      stopper: run_sequence.Stopper | None = None) -> tuple[float, int]:
+  """Test accuracy and similar-block count of `config` trained in `run_dir`: those recorded by
+  an earlier run of the grid, else measured now (and recorded). With a `stopper`, an
+  interruption stops before the training or inside it, checkpointed (`run_sequence`)."""
+  measured = run_sequence.recorded(run_dir, config)
+  if measured is not None:
+    return measured['accuracy'], measured['similar_blocks']
+  if stopper is not None:
+    stopper.check(run_dir)
   result = train.train_and_evaluate(config, run_dir)
   if result.preempted:
-    raise KeyboardInterrupt(f'Interrupted at step {result.step} of {run_dir}; rerun to resume.')
+    raise run_sequence.Interrupted(f'Interrupted at step {result.step} of {run_dir} (saved); '
+                                   'rerun the same command to resume where it stopped.')
   report = report_lib.analyze(run_dir, ['collapse'], num_images=collapse_images)
   main = report['collapse'].get('main', {})
-  return float(result.metrics['accuracy']), main.get('similar_block_count', 0)
+  measured = {'accuracy': float(result.metrics['accuracy']),
+              'similar_blocks': main.get('similar_block_count', 0)}
+  run_sequence.record(run_dir, config, measured)
+  return measured['accuracy'], measured['similar_blocks']
 
 
 def seed_runs(config: ml_collections.ConfigDict, run_dir: str,
@@ -70,22 +82,25 @@ def seed_runs(config: ml_collections.ConfigDict, run_dir: str,
 
 
 def run_grid(config: ml_collections.ConfigDict, workdir: str, *, timing_steps: int = 5,
-             collapse_images: int = 64, seeds: int = 1) -> list[dict[str, Any]]:
-  """Trains and measures every variant of `config.variants` (`seeds` times each); returns one
-  row per variant."""
+             collapse_images: int = 64, seeds: int = 1,
+             stopper: run_sequence.Stopper | None = None) -> list[dict[str, Any]]:
+  """Trains and measures every variant of `config.variants` (`seeds` times each), skipping the
+  trainings an earlier, interrupted run finished; returns one row per variant."""
   num_classes = input_pipeline.get_dataset_info(config).num_classes
   names = list(config.variants)
   configs = [variant_config(config, dict(config.variants[name])) for name in names]
   rows = []
   for name, run_config in zip(names, configs):
     accuracies, similar = zip(*(
-        train_and_measure(seed_config, run_dir, collapse_images)
+        train_and_measure(seed_config, run_dir, collapse_images, stopper)
         for seed_config, run_dir in seed_runs(run_config, os.path.join(workdir, name), seeds)))
     row = {'variant': name, 'accuracy': statistics.fmean(accuracies),
            'similar blocks': similar[0] if seeds == 1 else statistics.fmean(similar)}
     if seeds > 1:
       row.update(accuracies=list(accuracies), accuracy_std=statistics.stdev(accuracies))
     rows.append(row)
+  if stopper is not None:
+    stopper.check('timing the variants')
   for row, cost in zip(rows, step_costs(configs, num_classes, timing_steps)):
     row.update(cost)
   with open(os.path.join(workdir, 'ablation.json'), 'w') as f:

@@ -71,15 +71,10 @@ def benchmark_config(config, *, batch: int, image_size: int, dtype: str | None,
 
 
 def compiled_memory_bytes(compiled) -> dict[str, int]:
-  """XLA's memory account of a compiled computation, per device: its arguments, temporaries,
-  and everything live at once (donated arguments are reused by the outputs)."""
-  memory = compiled.memory_analysis()
-  if memory is None:
-    return {}
-  total = (memory.temp_size_in_bytes + memory.argument_size_in_bytes
-           + memory.output_size_in_bytes - memory.alias_size_in_bytes)
-  return {'arguments': memory.argument_size_in_bytes, 'temp': memory.temp_size_in_bytes,
-          'total': total}
+  """XLA's memory account of a compiled computation, per device (`vit_jax.training.memory`, which
+  also refuses a run whose step cannot fit)."""
+  from vit_jax.training import memory  # pylint: disable=g-import-not-at-top
+  return memory.compiled_bytes(compiled)
 
 
 def compiled_memory_mib(compiled) -> dict[str, float]:

@@ -7,6 +7,21 @@ when a config file is loaded; `unknown` asks TFDS about any other name): `DIGITS
 
 DIGITS = 'digits'
 FOLDER_PREFIX = 'folder:'
+NONE_CHOSEN = ''  # A family config's published size given no dataset= (`chosen`).
+
+
+def chosen(name: str) -> bool:
+  """Whether a dataset was chosen; raises ValueError, naming the one to add, where a family
+  config's published size (variant=) came without one: the quick default's 8×8 digits do not fit
+  a model published at 224 (or 32) pixels with that data's recipe."""
+  if name == NONE_CHOSEN:
+    raise ValueError("must name a dataset (a non-empty string). A published size (variant=) "
+                     "needs the dataset it was published on: add "
+                     "dataset=imagenet2012 after the config file's colon (dataset=cifar10 for the "
+                     "32-pixel sizes), e.g. --config='configs/vit.py:variant=S/16,"
+                     "dataset=imagenet2012' --config.data_dir=DIR; or drop variant= for the quick "
+                     'model on the embedded digits.')
+  return isinstance(name, str)
 
 
 def unknown(name: str) -> str | None:

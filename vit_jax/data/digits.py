@@ -24,6 +24,7 @@ import tensorflow_datasets as tfds
 
 from vit_jax.data import dataset_names as datasets
 from vit_jax.data import convert
+from vit_jax.data import folder
 
 NAME = datasets.DIGITS
 NUM_CLASSES = 10
@@ -90,8 +91,10 @@ def prepare(data_dir: str | None = None) -> tfds.core.DatasetBuilder:
 
   Stored twice (340 KB each): TFRecord for `tfds.load`, ArrayRecord for training by index.
   """
-  builder = Digits(data_dir=data_dir)
-  if not builder.is_prepared():
-    builder.download_and_prepare()
-  convert.add_array_record(builder)
+  with folder.preparing(Digits(data_dir=data_dir)):  # Processes preparing it at once wait here.
+    builder = Digits(data_dir=data_dir)  # Read after the wait: another may have prepared it.
+    if not builder.is_prepared():
+      builder.download_and_prepare()
+      builder = Digits(data_dir=data_dir)
+    convert.add_array_record(builder)
   return builder

@@ -241,7 +241,7 @@ def prepare(root: str, data_dir: str | None = None, *,
   config = scan(root, skip_unreadable)
   builder = Folder(config=config, data_dir=data_dir)
   if not builder.is_prepared():
-    with _preparing(builder):  # Another process may have prepared it meanwhile: look again.
+    with preparing(builder):  # Another process may have prepared it meanwhile: look again.
       builder = Folder(config=config, data_dir=data_dir)
       if not builder.is_prepared():
         _remove_incomplete(builder)
@@ -258,9 +258,10 @@ def prepare(root: str, data_dir: str | None = None, *,
 
 
 @contextlib.contextmanager
-def _preparing(builder: tfds.core.DatasetBuilder) -> Iterator[None]:
-  """Holds the lock beside the folder's dataset (`<data_dir>/folder/<fingerprint>.lock`): one
-  process prepares it while the others (of one run, or of runs on the same folder) wait."""
+def preparing(builder: tfds.core.DatasetBuilder) -> Iterator[None]:
+  """Holds the lock beside a dataset's directory (`<data_dir>/folder/<fingerprint>.lock`,
+  `<data_dir>/digits.lock`): one process prepares it while the others (of one run, or of runs on
+  the same data) wait."""
   dataset_dir = os.path.dirname(builder.data_dir)
   os.makedirs(os.path.dirname(dataset_dir), exist_ok=True)
   with open(f'{dataset_dir}.lock', 'a', encoding='utf-8') as f:
@@ -268,7 +269,7 @@ def _preparing(builder: tfds.core.DatasetBuilder) -> Iterator[None]:
       fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
       logging.info('Waiting for another process preparing %s (lock %s.lock).',
-                   builder.builder_config.root, dataset_dir)
+                   getattr(builder.builder_config, 'root', builder.name), dataset_dir)
       fcntl.flock(f, fcntl.LOCK_EX)
     try:
       yield

@@ -42,6 +42,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from vit_jax import runtime
 from vit_jax.data import augment
 from vit_jax.data import convert
 from vit_jax.data import digits
@@ -112,20 +113,8 @@ def _resolve(config: ml_collections.ConfigDict, dataset: str | None = None,
   `label_set_key` names a feature holding several labels per example.
   """
   name = config.dataset if dataset is None else dataset
-  if name == digits.NAME:
-    builder = digits.prepare(config.data_dir)
-  elif name.startswith(folder.PREFIX):
-    builder = folder.prepare(name[len(folder.PREFIX):], config.data_dir,
-                             skip_unreadable=config.skip_unreadable_images)
-  else:
-    try:
-      builder = tfds.builder(name, data_dir=config.data_dir)
-    except tfds.core.registered.DatasetNotFoundError:
-      message = (f'Unknown dataset {name!r}. Valid: {digits.NAME!r} (embedded), '
-                 f"'{folder.PREFIX}/path/to/images' (your own images) or any TFDS dataset name, "
-                 "e.g. 'cifar10', 'cifar100', 'imagenet2012' (tfds.list_builders()).")
-      raise ValueError(message) from None
-    _prepare_tfds(builder)
+  with runtime.quiet_preparation():  # No progress bars in a run's log (issue 29).
+    builder = _prepared_builder(config, name)
   keys = builder.info.supervised_keys
   image_key, supervised_label = keys if (
       isinstance(keys, tuple) and len(keys) == 2
@@ -143,6 +132,24 @@ def _resolve(config: ml_collections.ConfigDict, dataset: str | None = None,
     raise ValueError(f'Dataset {name!r} has no feature {label_set_key!r} holding a sequence of '
                      f'class labels; its features are {features}.')
   return _Source(builder, image_key, label_key, label_set_key)
+
+
+def _prepared_builder(config: ml_collections.ConfigDict, name: str) -> tfds.core.DatasetBuilder:
+  """The builder of dataset `name`, prepared on first use."""
+  if name == digits.NAME:
+    return digits.prepare(config.data_dir)
+  if name.startswith(folder.PREFIX):
+    return folder.prepare(name[len(folder.PREFIX):], config.data_dir,
+                          skip_unreadable=config.skip_unreadable_images)
+  try:
+    builder = tfds.builder(name, data_dir=config.data_dir)
+  except tfds.core.registered.DatasetNotFoundError:
+    message = (f'Unknown dataset {name!r}. Valid: {digits.NAME!r} (embedded), '
+               f"'{folder.PREFIX}/path/to/images' (your own images) or any TFDS dataset name, "
+               "e.g. 'cifar10', 'cifar100', 'imagenet2012' (tfds.list_builders()).")
+    raise ValueError(message) from None
+  _prepare_tfds(builder)
+  return builder
 
 
 def _prepare_tfds(builder: tfds.core.DatasetBuilder) -> None:

@@ -92,4 +92,6 @@ def initialize(mode: str = 'auto', *, coordinator_address: str | None = None,
   if arguments is not None:
     logging.info('jax.distributed.initialize(%s)',
                  ', '.join(f'{k}={v!r}' for k, v in arguments.items()))
-    jax.distributed.initialize(**arguments)
+    from vit_jax.parallel import peers  # pylint: disable=g-import-not-at-top
+    jax.distributed.initialize(**arguments, **peers.initialize_options())
+    peers.quiet_fatal_errors(logging.get_verbosity())

@@ -119,6 +119,8 @@ def plan(run: workdir_lib.Workdir, config: ml_collections.ConfigDict, abstract_s
   state fits neither this config's layout nor one it differs from only by state that is added or
   dropped (clipping, EMA).
   """
+  if jax.process_index() == 0:  # Said before anything about the checkpoints is.
+    workdir_lib.refuse_if_in_use(run.path)
   found = run.newest_layout()
   if found is None:
     return None

@@ -35,6 +35,7 @@ from vit_jax import config as config_lib
 from vit_jax.evaluators import eval_sets as eval_sets_lib
 from vit_jax import evaluators as evaluators_lib
 from vit_jax.data import input_pipeline
+from vit_jax.training import memory
 from vit_jax.training import optim
 from vit_jax.weights import pretrained as pretrained_lib
 from vit_jax.training import resume as resume_lib
@@ -265,6 +266,18 @@ def _start(config: ml_collections.ConfigDict, workdir: str,
   if jax.process_count() > 1:  # Every process reads the work directory before any writes to it.
     multihost_utils.sync_global_devices('vit_jax.training.train:checked_workdir')
 
+  mesh = sharding.make_mesh(config.mesh.fsdp)
+  # One rule places the student's and the teacher's variables alike.
+  layout = lambda tree: sharding.fsdp_shardings(tree, mesh, config.mesh.fsdp_min_size)
+  state_sharding = layout(abstract_state)
+  teacher_sharding = None if teacher is None else layout(teacher.variables)
+  train_step = steps.sharded_train_step(model, tx, config, info.num_classes, mesh,
+                                        state_sharding, teacher, teacher_sharding)
+  # Memory (issue 29): a step that cannot fit is refused before the work directory is touched.
+  memory.check_fits(train_step, sharding.abstract(abstract_state, state_sharding), config,
+                    sharding.batch_sharding(mesh), teacher and sharding.abstract(
+                        teacher.variables, teacher_sharding))
+
   run_dir = workdir_lib.Workdir.create(workdir, config, run_scope)  # Locked; config.json written.
   watcher = run_scope.enter_context(PreemptionWatcher())
   with workdir_lib.writing(workdir, workdir_lib.ROOM):
@@ -275,10 +288,6 @@ def _start(config: ml_collections.ConfigDict, workdir: str,
                 f'{sum(np.prod(x.shape) for x in jax.tree.leaves(abstract_state.params)):,}',
                 info.num_classes, info.num_train_examples, info.num_eval_examples, total_steps)
 
-  mesh = sharding.make_mesh(config.mesh.fsdp)
-  # One rule places the student's and the teacher's variables alike.
-  layout = lambda tree: sharding.fsdp_shardings(tree, mesh, config.mesh.fsdp_min_size)
-  state_sharding = layout(abstract_state)
   saved_like = None
   if resume_plan is not None:  # The checkpoint's layout: this config's, or the saved config's.
     saved_tx = optim.create_optimizer(resume_plan.saved_config, schedule, model)
@@ -287,9 +296,8 @@ def _start(config: ml_collections.ConfigDict, workdir: str,
     saved_like = sharding.abstract(saved_abstract, layout(saved_abstract))
   state = _restore_or_init(run_dir, lambda: steps.init_state(model, tx, config),
                            state_sharding, pretrained, config, saved_like)
-  teacher_variables = teacher_sharding = None
+  teacher_variables = None
   if teacher is not None:
-    teacher_sharding = layout(teacher.variables)
     teacher_variables = sharding.place(teacher.variables, teacher_sharding)
   logging.debug('Mesh %s; per device: %.1f MiB of parameters, %.1f MiB of training state.',
                 dict(mesh.shape),
@@ -299,8 +307,7 @@ def _start(config: ml_collections.ConfigDict, workdir: str,
                       out_shardings=sharding.replicated(mesh))
   return _Run(
       model=model, schedule=schedule, total_steps=total_steps, state=state,
-      train_step=steps.sharded_train_step(model, tx, config, info.num_classes, mesh,
-                                          state_sharding, teacher, teacher_sharding),
+      train_step=train_step,
       eval_step=eval_step, eval_sets=eval_sets,
       eval_set_steps=eval_sets_lib.compile_steps(eval_sets, model, info.num_classes, mesh,
                                                  eval_step),

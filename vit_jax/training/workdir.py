@@ -211,6 +211,26 @@ def lock(workdir: str) -> Iterator[None]:
       fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def refuse_if_in_use(workdir: str) -> None:
+  """Raises WorkdirInUse where another run holds `workdir`'s lock; takes nothing and creates
+  nothing, so a run can say so before it reads (and reports on) the work directory's contents."""
+  lock_path = os.path.join(workdir, LOCK_FILE)
+  if '://' in workdir or not os.path.isfile(lock_path):
+    return
+  try:
+    with open(lock_path, 'r', encoding='utf-8') as f:
+      try:
+        fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+      except BlockingIOError:
+        raise WorkdirInUse(
+            f'The work directory {workdir!r} is in use by another run: {_describe(f.read())}. '
+            'Wait for it to finish or stop it (SIGTERM saves a checkpoint), or choose another '
+            '--workdir.') from None
+      fcntl.flock(f, fcntl.LOCK_UN)
+  except PermissionError:  # Unreadable here: `hold` decides when the run takes it.
+    return
+
+
 def hold(workdir: str, run_scope: contextlib.ExitStack) -> None:
   """Process 0 takes `lock(workdir)` until `run_scope` closes; every process raises if it can't."""
   error = None

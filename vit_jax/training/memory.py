@@ -1,0 +1,120 @@
+"""Whether a run's training step fits its devices, decided before the first step runs.
+
+XLA's own account of the compiled step (`compiled.memory_analysis()`: arguments, temporaries and
+outputs, less what donation lets outputs reuse) is compared with what each device holds free
+(`device.memory_stats()` on accelerators; on CPU hosts, which report none, the host's available
+memory shared by its devices). A step that needs more is refused with one error naming both
+numbers and the settings that shrink it, instead of failing with RESOURCE_EXHAUSTED after
+compiling, or swapping the host to a halt. The step is compiled for its real arguments' shapes
+and layouts, so the run's first call reuses this compilation.
+"""
+
+import os
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from jax.sharding import NamedSharding
+
+from vit_jax.parallel import sharding
+
+
+def compiled_bytes(compiled: Any) -> dict[str, int]:
+  """XLA's memory account of a compiled computation, per device: its arguments, temporaries,
+  and everything live at once (donated arguments are reused by the outputs)."""
+  memory = compiled.memory_analysis()
+  if memory is None:
+    return {}
+  total = (memory.temp_size_in_bytes + memory.argument_size_in_bytes
+           + memory.output_size_in_bytes - memory.alias_size_in_bytes)
+  return {'arguments': memory.argument_size_in_bytes, 'temp': memory.temp_size_in_bytes,
+          'total': total}
+
+
+def host_available_bytes() -> int | None:
+  """The host memory that can be allocated without swapping (MemAvailable), None if unknown."""
+  try:
+    with open('/proc/meminfo') as f:
+      for line in f:
+        if line.startswith('MemAvailable:'):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  try:
+    return os.sysconf('SC_AVPHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')
+  except (ValueError, OSError, AttributeError):
+    return None
+
+
+def available_bytes(devices: list[jax.Device]) -> tuple[int, str] | None:
+  """The free bytes of the tightest of `devices` and a name for them ('cuda:0', 'this host',
+  "each of this host's 8 cpu devices"); None where neither the devices nor the host report it.
+
+  Devices without their own memory statistics (CPU) share the host's: their need is counted
+  once per device against it, so the bytes returned are the host's divided by their count.
+  """
+  free = []
+  for device in devices:
+    stats = device.memory_stats() or {}
+    if 'bytes_limit' in stats:
+      free.append((stats['bytes_limit'] - stats.get('bytes_in_use', 0), str(device)))
+  if free:
+    return min(free)
+  host = host_available_bytes()
+  if host is None:
+    return None
+  if len(devices) == 1:
+    return host, 'this host'
+  return host // len(devices), (f"each of this host's {len(devices)} {devices[0].platform} "
+                                f'devices (sharing its {_size(host)} available)')
+
+
+def _size(count: int) -> str:
+  """'1.5 GiB', '20.0 MiB', '3.2 KiB'."""
+  for unit, size in (('GiB', 2**30), ('MiB', 2**20)):
+    if count >= size:
+      return f'{count / size:,.1f} {unit}'
+  return f'{count / 2**10:,.1f} KiB'
+
+
+def train_batch(config: ml_collections.ConfigDict, data_sharding: NamedSharding
+                ) -> dict[str, jax.ShapeDtypeStruct]:
+  """The global training batch's shapes, dtypes and layout, as `steps.global_batch` makes it."""
+  size, batch = config.image_size, config.batch_size
+  return {'image': jax.ShapeDtypeStruct((batch, size, size, 3), jnp.float32,
+                                        sharding=data_sharding),
+          'label': jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=data_sharding)}
+
+
+def too_big_message(need: dict[str, int], free: int, where: str,
+                    config: ml_collections.ConfigDict) -> str:
+  """The refusal: both numbers and the settings that shrink the step."""
+  knobs = [f'a smaller batch_size (now {config.batch_size})',
+           f'grad_accum_steps above {config.grad_accum_steps} (the same batch in micro-batches)']
+  if not config.model.get('remat', False):
+    knobs.append('model.remat=True (recompute activations in the backward pass)')
+  knobs.append(f'mesh.fsdp above {config.mesh.fsdp} (split the training state over devices)')
+  if config.dtype == 'float32':
+    knobs.append('dtype=bfloat16')
+  return (f'The training step needs {_size(need["total"])} per device (XLA\'s account: '
+          f'{_size(need["arguments"])} of arguments, {_size(need["temp"])} of temporaries) but '
+          f'{where} has {_size(free)} free; nothing was trained and the work directory is as it '
+          f'was. Shrink the step with --config.FIELD: {"; ".join(knobs)}.')
+
+
+def check_fits(train_step: Callable[..., Any], abstract_state: Any,
+               config: ml_collections.ConfigDict, data_sharding: NamedSharding,
+               teacher_variables: Any = None,
+               available: Callable[[list[jax.Device]], tuple[int, str] | None] | None = None
+               ) -> dict[str, int]:
+  """Compiles the jitted `train_step` for the run's arguments (ShapeDtypeStructs with their
+  shardings) and raises ValueError if XLA's account of it exceeds the free memory of this
+  process's devices; returns the account (empty where the backend gives none)."""
+  compiled = train_step.lower(abstract_state, train_batch(config, data_sharding),
+                              teacher_variables).compile()
+  need = compiled_bytes(compiled)
+  found = (available or available_bytes)(jax.local_devices()) if need else None
+  if found is not None and need['total'] > found[0]:
+    raise ValueError(too_big_message(need, found[0], found[1], config))
+  return need
