@@ -321,7 +321,7 @@ def timm_contender(config, model, num_classes: int) -> Contender:
   net = vision_transformer.VisionTransformer(
       img_size=config.image_size, patch_size=model.patch_size, num_classes=num_classes,
       embed_dim=model.hidden_size, depth=model.depth, num_heads=model.num_heads,
-      mlp_ratio=(model.mlp_dim or 4 * model.hidden_size) / model.hidden_size,
+      mlp_ratio=model.mlp_width / model.hidden_size,
       qkv_bias=model.qkv_bias, drop_rate=model.dropout_rate,
       attn_drop_rate=model.attention_dropout_rate, drop_path_rate=model.drop_path_rate)
   net.train()
@@ -466,7 +466,7 @@ def plain_vit_twin(model, image_size: int) -> tuple[dict[str, Any], int, int]:
   width = model.hidden_size
   depth = getattr(model, 'depth', None) or model.num_layers
   heads = model.num_heads if width % model.num_heads == 0 else 1
-  mlp_dim = getattr(model, 'mlp_dim', None) or getattr(model, 'intermediate_size', None)
+  mlp_dim = getattr(model, 'mlp_width', None) or getattr(model, 'intermediate_size', None)
   if isinstance(model, vit.VisionTransformer):  # Tokens entering the first main block.
     shapes = []
 
