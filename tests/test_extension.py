@@ -44,7 +44,8 @@ class CosineAttention(nn.Module):
 @pytest.fixture
 def cosine_kind(monkeypatch):
   """'cosine' registered as an attention kind for the test only."""
-  monkeypatch.setattr(attention, '_KINDS', dict(attention._KINDS))  # pylint: disable=protected-access
+  # pylint: disable-next=protected-access
+  monkeypatch.setattr(attention, '_KINDS', dict(attention._KINDS))
   attention.register('cosine', lambda model, grid: functools.partial(
       CosineAttention, num_heads=model.num_heads, dropout_rate=model.attention_dropout_rate))
   return 'cosine'

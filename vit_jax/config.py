@@ -313,7 +313,8 @@ SECTIONS: tuple[Section, ...] = (
 def _part_field_type(annotation: Any) -> type:
   """What ml_collections must accept for a part field of `annotation` (`X | None` -> X; a field
   of several types, such as `layer_scale_init`'s float or 'paper', takes any literal)."""
-  kinds = [kind for kind in getattr(annotation, '__args__', (annotation,)) if kind is not type(None)]
+  kinds = [kind for kind in getattr(annotation, '__args__', (annotation,))
+           if kind is not type(None)]
   return kinds[0] if len(kinds) == 1 else object
 
 

@@ -27,7 +27,6 @@ INIT_SCHEMES = ('google', 'timm')
 FEATURES = 'features'
 
 
-
 def sow_feature(module: nn.Module, name: str, value: jax.Array) -> None:
   """Sows `value` to FEATURES when an apply asked for that collection; never at init, whose
   variables would otherwise carry activations."""
@@ -223,9 +222,10 @@ def apply_blocks(block: ModuleDef, x: jax.Array, *, count: int, first: int, trai
   `remat=True` recomputes each block's activations in the backward pass (memory).
   `scan_layers=True` traces one block and runs it with `nn.scan` (fast compilation of deep
   models); its variables are then stacked along a leading layer axis under
-  `{prefix}_{first}_to_{last}` (as are sown intermediates), and `unstack_layers` / `stack_layers`
-  convert to and from the unrolled `{prefix}_{i}` layout that checkpoints of unrolled models,
-  `from_timm` and analysis use (`to_timm` accepts either).
+  `{prefix}_{first}_to_{last}` (as are sown intermediates), and `layouts.unstack_layers` /
+  `stack_layers` convert to and from the unrolled `{prefix}_{i}` layout that checkpoints of
+  unrolled models, the PyTorch converters and analysis use (`layouts.variables_to_torch` accepts
+  either).
   """
   rates = None if drop_path_rates is None else [float(r) for r in drop_path_rates]
   if rates is not None and len(rates) != count:

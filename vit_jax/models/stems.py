@@ -1,8 +1,8 @@
 """Stems: how an image becomes the tokens of the first block, one per published kind.
 
-'patch' is ViT's patch embedding (`PatchEmbedding`), DeepViT's CNN stem
-(`CnnStem`), T2T-ViT's tokens-to-token module (`TokensToToken`, with Performer or transformer
-token attention) and SA-conv's 2x2 invertible downsampling followed by a linear map
+'patch', ViT's patch embedding (`PatchEmbedding`); 'cnn', DeepViT's CNN stem (`CnnStem`); 't2t',
+T2T-ViT's tokens-to-token module (`TokensToToken`, with Performer or transformer token attention);
+'space_to_depth', SA-conv's 2x2 invertible downsampling followed by a linear map
 (`SpaceToDepthEmbedding`). Every stem returns tokens laid out on a grid, (batch, rows, cols,
 width), so positional attention and the analysis know where each token sits.
 """

@@ -3,12 +3,12 @@
 `VisionTransformer` is built of interchangeable parts, each a field with ViT's default: the stem
 (`stem`: patch embedding, DeepViT's CNN stem, T2T's tokens-to-token module, SA-conv's 2x2
 space-to-depth), the attention of the main blocks (`attention`: standard, CaiT's talking heads,
-DeepViT's Re-attention, Cordonnier et al.'s positional kinds, or a kind of your own registered
-in `attention`), LayerScale (`layer_scale_init`), the class stage (`class_stage`: a class token from the start, or CaiT's
-class-attention blocks after the patches) and DeiT's distillation token (`distilled`). DeiT,
-CaiT, DeepViT and T2T-ViT are presets of these parts (subclasses that change defaults only, and
-extend `attention_fields`/`block_fields` for what only they have); `check_fields` refuses the
-combinations that cannot work.
+DeepViT's Re-attention, Cordonnier et al.'s positional kinds, or a kind of your own registered in
+`attention`), LayerScale (`layer_scale_init`), the class stage (`class_stage`: a class token from
+the start, or CaiT's class-attention blocks after the patches) and DeiT's distillation token
+(`distilled`). DeiT, CaiT, DeepViT and T2T-ViT are presets of these parts (subclasses that change
+defaults only, and extend `attention_fields`/`block_fields` for what only they have); `check_fields`
+refuses the combinations that cannot work.
 
 The parts and shared settings are declared in `parts.Parts`; the building blocks are in `layers`
 (MLP, drop path, the encoder and class-attention blocks, init schemes), the stems in `stems`, the
@@ -75,8 +75,9 @@ class AttentionPool(nn.Module):
     y = dense(width, name='proj')(y.reshape(batch, 1, width))
     norm = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype, param_dtype=self.param_dtype,
                         name='norm')
-    y = y + layers.Mlp(self.mlp_dim, activation=self.mlp_activation, kernel_init=self.kernel_init,
-                dtype=self.dtype, param_dtype=self.param_dtype, name='mlp')(norm(y), train=train)
+    mlp = layers.Mlp(self.mlp_dim, activation=self.mlp_activation, kernel_init=self.kernel_init,
+                     dtype=self.dtype, param_dtype=self.param_dtype, name='mlp')
+    y = y + mlp(norm(y), train=train)
     return y[:, 0]
 
 
@@ -152,7 +153,7 @@ class VisionTransformer(nn.Module, parts.Parts):
 
   @property
   def layer_scale(self) -> float | None:
-    """The LayerScale init in use: `layer_scale_init`, CaiT's depth rule for 'paper' (None: none)."""
+    """The LayerScale init in use: `layer_scale_init`, or CaiT's depth rule for 'paper'."""
     if self.layer_scale_init == 'paper':
       return layers.paper_layer_scale_init(self.depth)
     return self.layer_scale_init
@@ -253,7 +254,8 @@ class VisionTransformer(nn.Module, parts.Parts):
 
   def blocks(self, block: ModuleDef, x: jax.Array, *, first: int, drop_path_rates: Sequence[float],
              train: bool, prefix: str = 'blocks') -> jax.Array:
-    """`layers.apply_blocks` with this model's `scan_layers` and `remat`, one block per drop-path rate."""
+    """`layers.apply_blocks` with this model's `scan_layers` and `remat`, one block per
+    drop-path rate."""
     return layers.apply_blocks(block, x, count=len(drop_path_rates), first=first, train=train,
                         scan_layers=self.scan_layers, remat=self.remat, prefix=prefix,
                         drop_path_rates=drop_path_rates)
@@ -320,7 +322,8 @@ class VisionTransformer(nn.Module, parts.Parts):
                                   fast_path_implementation=self.attention_implementation,
                                   **common)
     return functools.partial(
-        layers.EncoderBlock, attention, self.token_dim, layer_norm_eps=1e-5, attention_residual=False,
+        layers.EncoderBlock, attention, self.token_dim, layer_norm_eps=1e-5,
+        attention_residual=False,
         mlp_activation=self.mlp_activation, mlp_kernel_init=scheme.dense_kernel,
         mlp_bias_init=scheme.dense_bias, dtype=self.dtype, param_dtype=self.param_dtype)
 
