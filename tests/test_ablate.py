@@ -20,7 +20,7 @@ from vit_jax.models import attention as attention_lib
 from vit_jax.models import sa_conv
 from vit_jax.models import vit
 
-_CROSS = list(itertools.product(vit.ATTENTION_KINDS, (None, 0.1), vit.CLASS_STAGES,
+_CROSS = list(itertools.product(attention_lib.kinds(), (None, 0.1), vit.CLASS_STAGES,
                                 ('patch', 't2t')))
 
 
@@ -29,7 +29,7 @@ def test_every_part_combination_trains_one_step_with_scan(attention, layer_scale
                                                           stem):
   # Positional attention reads the patch grid only: with the class token from the start, the
   # head averages the tokens instead.
-  positional = attention in attention_lib.POSITIONAL_KINDS
+  positional = attention_lib.kind(attention).patch_tokens_only
   pool = 'avg' if positional and class_stage == 'token' else 'token'
   model = models.create('vit_ti4', num_classes=3, hidden_size=8, num_heads=2, depth=2,
                         mlp_dim=16, attention=attention, layer_scale_init=layer_scale,

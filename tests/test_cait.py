@@ -33,7 +33,7 @@ def test_param_counts_match_spec(name, image_size, millions):
     ('cait_m48', 1e-6, 1e-6), ('cait_ti4', 0.1, 0.1)])
 def test_layer_scale_init_official_values_and_paper_rule(name, official, paper):
   assert models.create(name).layer_scale == official
-  assert models.create(name, paper_layer_scale=True).layer_scale == paper
+  assert models.create(name, layer_scale_init='paper').layer_scale == paper
 
 
 @pytest.fixture(scope='module')

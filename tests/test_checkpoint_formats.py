@@ -266,7 +266,7 @@ def test_deepvit_official_layout_with_batch_norm_statistics(tmp_path):
   ours = _ours('deepvit_ti4', depth=2, num_classes=10)
   family = pretrained.converting_family(ours)
   variables = _random_variables(ours, 32)
-  state_dict = family.to_timm(variables)
+  state_dict = family.to_torch(variables)
   heads = ours.num_heads
   # The key names of zhoudaquan/dvit_repo, BatchNorm statistics included.
   assert state_dict['blocks.0.attn.reatten_matrix.weight'].shape == (heads, heads, 1, 1)
@@ -285,7 +285,7 @@ def test_t2t_vit_14_official_layout(tmp_path):
   ours = _ours('t2t_vit_14', num_classes=10)
   family = pretrained.converting_family(ours)
   variables = _random_variables(ours, 224)
-  state_dict = family.to_timm(variables)
+  state_dict = family.to_torch(variables)
   # The key names of yitu-opensource/T2T-ViT.
   for key in ('tokens_to_token.project.weight', 'pos_embed', 'cls_token', 'blocks.13.mlp.fc2.bias'):
     assert key in state_dict, key

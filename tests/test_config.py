@@ -3,7 +3,6 @@
 Nothing here compiles or reads data: validation runs before either.
 """
 
-import dataclasses
 import os
 import re
 import subprocess
@@ -16,7 +15,6 @@ from test_train import tiny_config
 from vit_jax.data import augment
 from vit_jax import config as config_lib
 from vit_jax.data import input_pipeline
-from vit_jax.models import vit as backbone
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -299,7 +297,7 @@ def test_the_backbone_parts_can_be_set_on_every_family_config():
   in every config, and reach the model when set."""
   for module in (vit, deit, cait, deepvit, t2t, sa_conv, regnet):
     model = module.get_config().model
-    assert set(config_lib.MODEL_PART_FIELDS) <= set(model), module.__name__
+    assert set(config_lib.model_part_fields()) <= set(model), module.__name__
   config = cait.get_config()
   assert config_lib.create_model(config, 10).attention == 'talking_heads'  # CaiT's own, kept unset.
   config.model.attention = 'standard'
@@ -321,9 +319,23 @@ def test_the_backbone_parts_can_be_set_on_every_family_config():
     config_lib.validate(config, devices=1, processes=1)
 
 
-def test_the_part_fields_are_the_backbones_own_fields_and_types():
-  """`MODEL_PART_FIELDS` names each field as the shared backbone declares it, with its type."""
-  declared = {f.name: f.type for f in dataclasses.fields(backbone.VisionTransformer)}
-  for name, kind in config_lib.MODEL_PART_FIELDS.items():
-    assert name in declared, f'{name} is not a field of vit.VisionTransformer'
-    assert declared[name] in (kind, kind | None), (name, declared[name], kind)
+def test_layer_scale_and_mlp_width_are_each_said_once():
+  """'paper' is a LayerScale init (the earlier --config.model.paper_layer_scale=true still says
+  it); a model gets its MLP width from mlp_dim or mlp_ratio, and both at once is an error."""
+  config = cait.get_config()  # Its quick model sets layer_scale_init=0.1.
+  config.model.layer_scale_init = 'paper'
+  assert config_lib.create_model(config, 10).layer_scale_init == 'paper'
+  config = cait.get_config()
+  config.model.paper_layer_scale = True
+  config_lib.validate(config, devices=1, processes=1)
+  assert config_lib.create_model(config, 10).layer_scale_init == 'paper'
+  config = cait.get_config()
+  config.model.layer_scale_init = 'banana'
+  with pytest.raises(config_lib.ConfigError, match="layer_scale_init='banana' is not valid"):
+    config_lib.validate(config, devices=1, processes=1)
+  config = vit.get_config()  # Its quick model sets mlp_dim.
+  config.model.mlp_ratio = 2.0
+  with pytest.raises(config_lib.ConfigError, match='mlp_dim=256 and mlp_ratio=2.0'):
+    config_lib.validate(config, devices=1, processes=1)
+  config.model.mlp_dim = None
+  assert config_lib.create_model(config, 10).mlp_width == 2 * config.model.hidden_size

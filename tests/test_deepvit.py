@@ -128,7 +128,7 @@ def _stem(sd, images):
 def test_official_state_dict_loads_and_matches_numpy_reference():
   pytest.importorskip('torch')
   sd = _official_state_dict()
-  variables = deepvit.from_timm(sd)
+  variables = deepvit.from_dvit_repo(sd)
   model = deepvit.DeepViT(**TINY)
   images = np.random.default_rng(1).normal(size=(2, 16, 16, 3)).astype(np.float32)
   template = jax.eval_shape(model.init, jax.random.key(0), jnp.asarray(images))
@@ -161,12 +161,12 @@ def test_official_state_dict_loads_and_matches_numpy_reference():
 
 def test_from_timm_and_to_timm_are_inverses():
   sd = _official_state_dict()
-  restored = deepvit.to_timm(deepvit.from_timm(sd))
+  restored = deepvit.to_dvit_repo(deepvit.from_dvit_repo(sd))
   assert set(restored) == set(sd)
   for key, value in sd.items():
     np.testing.assert_array_equal(restored[key], value, err_msg=key)
   with pytest.raises(ValueError, match='blocks.0.attn.qkv.kernel'):
-    deepvit.from_timm({**sd, 'blocks.0.attn.qkv.kernel': sd['blocks.0.attn.qkv.weight']})
+    deepvit.from_dvit_repo({**sd, 'blocks.0.attn.qkv.kernel': sd['blocks.0.attn.qkv.weight']})
 
 
 def test_layer_norm_re_attention_runs_but_has_no_official_layout():
@@ -175,7 +175,7 @@ def test_layer_norm_re_attention_runs_but_has_no_official_layout():
   assert 'batch_stats' not in variables
   assert variables['params']['blocks_2']['attn']['reattn_weights'].shape == (H, H)
   with pytest.raises(ValueError, match="re_attention_norm='batch'"):
-    deepvit.to_timm(variables)
+    deepvit.to_dvit_repo(variables)
 
 
 @pytest.mark.parametrize('overrides, message', [

@@ -70,10 +70,10 @@ def test_logit_parity_with_timm_deit_tiny_distilled(timm_model):
     model.set_distilled_training(True)
     expected_cls, expected_dist = (t.numpy() for t in model.train()(torch_images))
   ours = models.create('deit_ti16_distilled')
-  variables = models.family(ours).from_timm(state_dict)
+  variables = models.family(ours).from_torch(state_dict)
   ours_average = np.asarray(ours.apply(variables, images))
   ours_cls, ours_dist = ours.apply(variables, images, train=True)
   assert np.abs(ours_average - expected_average).max() <= 1e-5
   assert np.abs(np.asarray(ours_cls) - expected_cls).max() <= 1e-5
   assert np.abs(np.asarray(ours_dist) - expected_dist).max() <= 1e-5
-  assert models.family(ours).to_timm(variables).keys() == state_dict.keys()
+  assert models.family(ours).to_torch(variables).keys() == state_dict.keys()

@@ -8,7 +8,7 @@ import pytest
 
 from vit_jax import models
 from vit_jax.models import features
-from vit_jax.models import vit
+from vit_jax.models import layouts
 
 # (registry name, tiny fields, prefix tokens, blocks) of every family, at 16x16 inputs.
 FAMILIES = {
@@ -104,7 +104,7 @@ def test_block_selection_follows_timm_indices_and_rejects_bad_ones():
 def test_scanned_and_unrolled_models_give_the_same_features(family):
   plain, scanned = _model(family), _model(family, scan_layers=True)
   variables = jax.jit(plain.init)(jax.random.key(0), IMAGES)
-  stacked = vit.stack_layers(variables, jax.eval_shape(scanned.init, jax.random.key(0), IMAGES))
+  stacked = layouts.stack_layers(variables, jax.eval_shape(scanned.init, jax.random.key(0), IMAGES))
   extract = lambda model, v: jax.jit(
       lambda v, x: features.extract(model, v, x, blocks=None))(v, IMAGES)
   expected, got = extract(plain, variables), extract(scanned, stacked)
@@ -124,7 +124,7 @@ def test_equal_to_timm_forward_intermediates(timm_model):
         return_prefix_tokens=True)
     pre_logits = reference.forward_head(final, pre_logits=True).numpy()
   model = models.create('deit_ti16_distilled', patch_size=4)
-  variables = models.family(model).from_timm(state_dict)
+  variables = models.family(model).from_torch(state_dict)
   out = features.extract(model, variables, images, blocks=[0, 11])
   for name, (grid, prefix) in zip(['blocks_0', 'blocks_11'], intermediates):
     np.testing.assert_allclose(out.patch_grid[name], grid.numpy().transpose(0, 2, 3, 1),

@@ -55,7 +55,7 @@ def test_scales_equal_timms_param_groups_layer_decay(case, timm):
   if 'batch_stats' in variables:
     filled['batch_stats'] = jax.tree.map(lambda v: np.zeros(v.shape, v.dtype),
                                          variables['batch_stats'])
-  converted = models.family(ours).to_timm(filled)
+  converted = models.family(ours).to_torch(filled)
   assert set(expected) <= set(converted)
   for name, scale in expected.items():
     value = np.asarray(converted[name])

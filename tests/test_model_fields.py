@@ -15,6 +15,7 @@ import pytest
 
 from vit_jax import models
 from vit_jax.models import attention
+from vit_jax.models import layers
 from vit_jax.models import stems
 from vit_jax.models import vit
 
@@ -95,7 +96,7 @@ def test_every_shared_field_reaches_every_block(name):
     if isinstance(module, (attention.SelfAttention, attention.ClassAttention)) and (
         'qkv_bias' in values):
       assert module.qkv_bias == values['qkv_bias'], where
-    if isinstance(module, vit.Mlp) and 'mlp_activation' in values:
+    if isinstance(module, layers.Mlp) and 'mlp_activation' in values:
       assert module.activation == 'gelu_tanh', where
     if _in_main_blocks(module):
       if isinstance(module, (attention.SelfAttention, attention.PositionalAttention)):
@@ -103,7 +104,7 @@ def test_every_shared_field_reaches_every_block(name):
         # SA-conv's layer drops after its own projection, so its attention has no dropout.
         sa_conv_layer = module.path[0].startswith('layers_')
         assert module.dropout_rate == (0.0 if sa_conv_layer else values['dropout_rate']), where
-      if isinstance(module, vit.EncoderBlock):
+      if isinstance(module, layers.EncoderBlock):
         assert module.dropout_rate == values['dropout_rate'], where
         assert module.layer_norm_eps == values['layer_norm_eps'], where
     if isinstance(module, nn.LayerNorm) and 'layer_norm_eps' in values and (
@@ -115,7 +116,7 @@ def test_every_shared_field_reaches_every_block(name):
   if values.get('scan_layers'):
     assert any('_to_' in key for key in variables['params']), list(variables['params'])
   if 'drop_path_rate' in values:
-    rates = [m.rate for m in called if isinstance(m, vit.DropPath) and (
+    rates = [m.rate for m in called if isinstance(m, layers.DropPath) and (
         _in_main_blocks(m) or models.family(name).name == 'regnet')]  # RegNet: every block.
     assert rates, name
     static = [rate for rate in rates if isinstance(rate, float)]  # Scanned rates are traced.
@@ -161,6 +162,6 @@ def test_family_protocol_declares_converters():
   for name in models.names():
     family = models.family(name)
     assert models.family(models.create(name)) is family
-    assert (family.from_timm is None) == (family.to_timm is None)
-  assert models.family('deit_ti16').from_timm is vit.from_timm
+    assert (family.from_torch is None) == (family.to_torch is None)
+  assert models.family('deit_ti16').from_torch is vit.from_timm
   assert stems.STEMS[0] == 'patch'

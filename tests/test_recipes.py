@@ -18,7 +18,7 @@ from vit_jax.training import steps
 from vit_jax.training import teacher
 from vit_jax.training import train
 from vit_jax.training import workdir as workdir_lib
-from vit_jax.models import vit
+from vit_jax.models import layers
 
 IMAGENET_TRAIN = 1_281_167
 
@@ -193,7 +193,7 @@ def _drop_path_rates(model, images) -> dict[str, float]:
   rates = {}
 
   def record(next_fun, args, kwargs, context):
-    if isinstance(context.module, vit.DropPath) and context.method_name == '__call__':
+    if isinstance(context.module, layers.DropPath) and context.method_name == '__call__':
       rates['/'.join(context.module.scope.path)] = float(context.module.rate)
     return next_fun(*args, **kwargs)
 

@@ -12,8 +12,8 @@ from vit_jax.weights import pretrained
 from vit_jax.training import train
 from vit_jax.training import workdir as workdir_lib
 from vit_jax.models import deepvit
+from vit_jax.models import layouts
 from vit_jax.models import sa_conv
-from vit_jax.models import vit
 
 SWITCHES = [dict(scan_layers=True), dict(remat=True), dict(scan_layers=True, remat=True)]
 
@@ -77,9 +77,9 @@ def _shapes(tree):
 def _in_layout_of(model, variables):
   """`variables` of the unrolled model converted to `model`'s layout, checked against its init."""
   like = jax.eval_shape(model.init, jax.random.key(0), _images())
-  converted = vit.stack_layers(variables, like)
+  converted = layouts.stack_layers(variables, like)
   assert _shapes(converted) == _shapes(like)
-  assert _max_diff(vit.unstack_layers(converted), variables) == 0.0
+  assert _max_diff(layouts.unstack_layers(converted), variables) == 0.0
   return converted
 
 
@@ -92,8 +92,8 @@ def test_same_outputs_and_gradients_as_unrolled(family, switches):
       switched, _in_layout_of(switched, variables))
   assert _max_diff(logits, logits_s) <= 1e-5
   # Sown attention maps and gradients, unstacked, match block by block.
-  assert _max_diff(intermediates, vit.unstack_layers(intermediates_s)) <= 1e-5
-  assert _max_diff(grads, vit.unstack_layers(grads_s)) <= 1e-5
+  assert _max_diff(intermediates, layouts.unstack_layers(intermediates_s)) <= 1e-5
+  assert _max_diff(grads, layouts.unstack_layers(grads_s)) <= 1e-5
 
 
 def test_scanned_variables_are_stacked_and_convert_to_timm():
@@ -102,9 +102,9 @@ def test_scanned_variables_are_stacked_and_convert_to_timm():
   # Two stacks: content blocks 0-1 and Re-attention blocks 2-4 (with BatchNorm statistics).
   assert variables['params']['blocks_0_to_1']['mlp']['fc1']['kernel'].shape == (2, 24, 72)
   assert variables['batch_stats']['blocks_2_to_4']['attn']['var_norm']['mean'].shape == (3, 3)
-  unrolled = vit.unstack_layers(variables)
+  unrolled = layouts.unstack_layers(variables)
   assert 'blocks_4' in unrolled['params'] and 'blocks_0_to_1' not in unrolled['params']
-  ours, reference = deepvit.to_timm(variables), deepvit.to_timm(unrolled)
+  ours, reference = deepvit.to_dvit_repo(variables), deepvit.to_dvit_repo(unrolled)
   assert ours.keys() == reference.keys()
   assert all(np.array_equal(ours[k], reference[k]) for k in ours)
 
@@ -118,7 +118,7 @@ def test_batch_statistics_update_like_unrolled():
   _, updates = plain.apply(variables, _images(), train=True, mutable=['batch_stats'])
   _, updates_s = scanned.apply(_in_layout_of(scanned, variables), _images(), train=True,
                                mutable=['batch_stats'])
-  assert _max_diff(updates, vit.unstack_layers(updates_s)) <= 1e-5
+  assert _max_diff(updates, layouts.unstack_layers(updates_s)) <= 1e-5
   assert _max_diff(updates, {'batch_stats': variables['batch_stats']}) > 0
 
 

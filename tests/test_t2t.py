@@ -149,7 +149,7 @@ def _official_state_dict(tokens_type: str, seed: int = 0) -> dict[str, np.ndarra
 @pytest.mark.parametrize('tokens_type', stems.TOKENS_TYPES)
 def test_official_state_dict_loads_and_matches_numpy_reference(tokens_type):
   sd = _official_state_dict(tokens_type)
-  variables = t2t.from_timm(sd)
+  variables = t2t.from_t2t_repo(sd)
   model = t2t.T2TViT(**TINY, tokens_type=tokens_type)
   images = np.random.default_rng(1).normal(size=(2, 16, 16, 3)).astype(np.float32)
   template = jax.eval_shape(model.init, jax.random.key(0), jnp.asarray(images))
@@ -181,12 +181,12 @@ def test_official_state_dict_loads_and_matches_numpy_reference(tokens_type):
 @pytest.mark.parametrize('tokens_type', stems.TOKENS_TYPES)
 def test_from_timm_and_to_timm_are_inverses(tokens_type):
   sd = _official_state_dict(tokens_type)
-  restored = t2t.to_timm(t2t.from_timm(sd))
+  restored = t2t.to_t2t_repo(t2t.from_t2t_repo(sd))
   assert set(restored) == set(sd)
   for key, value in sd.items():
     np.testing.assert_array_equal(restored[key], value, err_msg=key)
   with pytest.raises(ValueError, match='tokens_to_token.attention1.v'):
-    t2t.from_timm({**sd, 'tokens_to_token.attention1.v': sd['cls_token']})
+    t2t.from_t2t_repo({**sd, 'tokens_to_token.attention1.v': sd['cls_token']})
 
 
 def test_init_pos_embed_is_the_sinusoid_table_and_features_are_orthogonal():

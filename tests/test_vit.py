@@ -10,6 +10,8 @@ import pytest
 
 from vit_jax import models
 from vit_jax.models import attention
+from vit_jax.models import layers
+from vit_jax.models import layouts
 from vit_jax.models import vit
 
 
@@ -144,14 +146,14 @@ def test_torch_conversion_rules():
                 'bn.weight': np.ones(2), 'bn.running_mean': np.zeros(2),
                 'bn.running_var': np.ones(2), 'bn.num_batches_tracked': np.array(3),
                 'gamma_1': np.ones(4)}
-  variables = vit.variables_from_torch(state_dict)
+  variables = layouts.variables_from_torch(state_dict)
   np.testing.assert_array_equal(variables['params']['a_0']['lin']['kernel'],
                                 state_dict['a.0.lin.weight'].T)
   assert variables['params']['a_0']['conv']['kernel'].shape == (2, 2, 3, 2)
   assert variables['params']['a_0']['conv']['kernel'][1, 0, 2, 1] == state_dict[
       'a.0.conv.weight'][1, 2, 1, 0]
   assert set(variables['batch_stats']['bn']) == {'mean', 'var'}
-  back = vit.variables_to_torch(variables)
+  back = layouts.variables_to_torch(variables)
   del state_dict['bn.num_batches_tracked']
   assert back.keys() == state_dict.keys()
   for key, value in state_dict.items():
@@ -160,19 +162,19 @@ def test_torch_conversion_rules():
 
 def test_drop_path_drops_whole_samples_and_rescales():
   x = jnp.ones((1000, 3, 2))
-  out = np.asarray(vit.DropPath(0.25).apply({}, x, train=True,
+  out = np.asarray(layers.DropPath(0.25).apply({}, x, train=True,
                                             rngs={'dropout': jax.random.key(0)}))
   per_sample = out.reshape(1000, -1)
   kept = per_sample[:, 0] != 0
   np.testing.assert_allclose(per_sample[kept], 1 / 0.75, rtol=1e-6)
   assert np.all(per_sample.min(1) == per_sample.max(1))
   assert abs((per_sample[:, 0] == 0).mean() - 0.25) < 0.05
-  np.testing.assert_array_equal(vit.DropPath(0.25).apply({}, x), x)
+  np.testing.assert_array_equal(layers.DropPath(0.25).apply({}, x), x)
 
 
 def test_encoder_block_with_v_skip_attention_and_layer_scale():
   x = jax.random.normal(jax.random.key(1), (2, 5, 12))
-  block = vit.EncoderBlock(functools.partial(attention.TokenAttention, features=8), mlp_dim=8,
+  block = layers.EncoderBlock(functools.partial(attention.TokenAttention, features=8), mlp_dim=8,
                            attention_residual=False, layer_scale_init=0.5)
   variables = block.init(jax.random.key(0), x)
   p = variables['params']
@@ -180,9 +182,9 @@ def test_encoder_block_with_v_skip_attention_and_layer_scale():
   norm = lambda params, t: nn.LayerNorm(epsilon=1e-6).apply({'params': params}, t)
   y = 0.5 * attention.TokenAttention(features=8).apply({'params': p['attn']},
                                                        norm(p['norm1'], x))
-  expected = y + 0.5 * vit.Mlp(8).apply({'params': p['mlp']}, norm(p['norm2'], y))
+  expected = y + 0.5 * layers.Mlp(8).apply({'params': p['mlp']}, norm(p['norm2'], y))
   np.testing.assert_allclose(block.apply(variables, x), expected, atol=1e-5)
-  zero_scale = vit.EncoderBlock(functools.partial(attention.SelfAttention, num_heads=3),
+  zero_scale = layers.EncoderBlock(functools.partial(attention.SelfAttention, num_heads=3),
                                 mlp_dim=8, layer_scale_init=0.0)
   np.testing.assert_array_equal(zero_scale.apply(zero_scale.init(jax.random.key(0), x), x), x)
 

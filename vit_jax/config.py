@@ -305,20 +305,32 @@ SECTIONS: tuple[Section, ...] = (
             'name: a registry key (vit_jax.models.names()); every other field is passed to '
             'vit_jax.models.create(). scan_layers: one traced block run by nn.scan; remat: '
             'activations recomputed in the backward pass. The backbone\'s parts and shared '
-            'fields (MODEL_PART_FIELDS) are unset (None: the registered model\'s own value) '
-            'until set, e.g. --config.model.attention=talking_heads.'),
+            'fields (vit_jax.models.parts.Parts) are unset (None: the registered model\'s own '
+            'value) until set, e.g. --config.model.attention=talking_heads.'),
 )
 
-# The shared backbone's fields (`vit_jax.models.vit.VisionTransformer`) that any config may set
-# from the command line; unset (None) they keep the registered model's value. Their rules are the
-# model family's (`check_fields`), checked with the model.
-MODEL_PART_FIELDS: dict[str, type] = {
-    'attention': str, 're_attention_norm': str, 'layer_scale_init': float,
-    'paper_layer_scale': bool, 'class_stage': str, 'class_attention_depth': int, 'stem': str,
-    'tokens_type': str, 'token_dim': int, 'distilled': bool, 'global_pool': str,
-    'dropout_rate': float, 'attention_dropout_rate': float, 'drop_path_rate': float,
-    'attention_implementation': str, 'mlp_activation': str, 'qkv_bias': bool,
-    'layer_norm_eps': float, 'mlp_ratio': float,
+
+def _part_field_type(annotation: Any) -> type:
+  """What ml_collections must accept for a part field of `annotation` (`X | None` -> X; a field
+  of several types, such as `layer_scale_init`'s float or 'paper', takes any literal)."""
+  kinds = [kind for kind in getattr(annotation, '__args__', (annotation,))
+           if kind is not type(None)]
+  return kinds[0] if len(kinds) == 1 else object
+
+
+def model_part_fields() -> dict[str, type]:
+  """The backbone's parts and shared fields (`vit_jax.models.parts.Parts`, which the model
+  declares them in) with the type a config holds them as. Any config may set them from the
+  command line; unset (None) they keep the registered model's value, and the model checks them
+  (`check_fields`)."""
+  from vit_jax.models import parts  # pylint: disable=g-import-not-at-top
+  return {field.name: _part_field_type(field.type) for field in dataclasses.fields(parts.Parts)}
+
+
+# Config fields that say a part field's value in an earlier spelling, still accepted: when set,
+# the part field takes the value they spell (over the config file's value of it, as before).
+MODEL_FIELD_SPELLINGS: dict[str, tuple[type, Callable[[Any], tuple[str, Any] | None]]] = {
+    'paper_layer_scale': (bool, lambda paper: ('layer_scale_init', 'paper') if paper else None),
 }
 
 
@@ -331,8 +343,18 @@ def _hashable(value: Any) -> Any:
 def model_overrides(model: Any) -> dict[str, Any]:
   """The fields of a `model` config section to pass to `models.create`: all but the name and the
   unset (None) part fields, which keep the registered model's own values."""
-  return {k: _hashable(v) for k, v in model.items()
-          if k != 'name' and not (k in MODEL_PART_FIELDS and v is None)}
+  part_fields = model_part_fields()
+  overrides, spelled_overrides = {}, []
+  for key, value in model.items():
+    if key == 'name' or (key in part_fields and value is None):
+      continue
+    if key in MODEL_FIELD_SPELLINGS:
+      spelled = MODEL_FIELD_SPELLINGS[key][1](value) if value is not None else None
+      if spelled is not None:
+        spelled_overrides.append(spelled)
+      continue
+    overrides[key] = _hashable(value)
+  return {**overrides, **dict(spelled_overrides)}
 
 
 def create_model(config: ml_collections.ConfigDict, num_classes: int) -> Any:
@@ -370,7 +392,9 @@ def defaults() -> ml_collections.ConfigDict:
                     else ml_collections.FieldReference(None, field_type=field.field_type))
   for section in SECTIONS:
     config[section.name] = _config_dict(section.default)
-  for name, field_type in MODEL_PART_FIELDS.items():
+  for name, field_type in model_part_fields().items():
+    config.model[name] = ml_collections.FieldReference(None, field_type=field_type)
+  for name, (field_type, _) in MODEL_FIELD_SPELLINGS.items():
     config.model[name] = ml_collections.FieldReference(None, field_type=field_type)
   return config
 

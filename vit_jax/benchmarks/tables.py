@@ -29,7 +29,7 @@ def plain_vit_twin(model, image_size: int) -> tuple[dict[str, Any], int, int]:
   width = model.hidden_size
   depth = getattr(model, 'depth', None) or model.num_layers
   heads = model.num_heads if width % model.num_heads == 0 else 1
-  mlp_dim = getattr(model, 'mlp_dim', None) or getattr(model, 'intermediate_size', None)
+  mlp_dim = getattr(model, 'mlp_width', None) or getattr(model, 'intermediate_size', None)
   if isinstance(model, vit.VisionTransformer):  # Tokens entering the first main block.
     shapes = []
 

@@ -159,7 +159,7 @@ def timm_contender(config, model, num_classes: int) -> Contender:
   net = vision_transformer.VisionTransformer(
       img_size=config.image_size, patch_size=model.patch_size, num_classes=num_classes,
       embed_dim=model.hidden_size, depth=model.depth, num_heads=model.num_heads,
-      mlp_ratio=(model.mlp_dim or 4 * model.hidden_size) / model.hidden_size,
+      mlp_ratio=model.mlp_width / model.hidden_size,
       qkv_bias=model.qkv_bias, drop_rate=model.dropout_rate,
       attn_drop_rate=model.attention_dropout_rate, drop_path_rate=model.drop_path_rate)
   net.train()

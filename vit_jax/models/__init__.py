@@ -3,22 +3,23 @@
 Each family module (`FAMILY_MODULES`) declares one `Family`: its model class, its registered
 models (registry name -> `functools.partial` of the class with that model's fields) and the
 converters of its PyTorch checkpoint layout. A new model is added in its family's table only; a
-new family is a module with a `FAMILY` named here.
+new family is a module with a `FAMILY` named here. Importing this package (or `parts`) does not
+import JAX: a config file reads the backbone's part fields from `parts` alone.
 """
 
 import dataclasses
 import functools
 import importlib
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-import flax.linen as nn
-import jax
-import jax.numpy as jnp
-import numpy as np
+if TYPE_CHECKING:
+  import flax.linen as nn
+  import jax
+  import numpy as np
 
 # The type aliases of every model module.
-Initializer = Callable[..., jax.Array]
-ModuleDef = Callable[..., nn.Module]
+Initializer = Callable[..., 'jax.Array']
+ModuleDef = Callable[..., 'nn.Module']
 Dtype = Any
 StateDict = Mapping[str, Any]
 Variables = Mapping[str, Any]
@@ -32,19 +33,20 @@ _DTYPE_FIELDS = ('dtype', 'param_dtype')
 class Family:
   """A model family: its class, its registered models and its checkpoint converters.
 
-  from_timm: PyTorch state dict of the family's reference layout (timm or the official repo) ->
-    Flax variables; raises ValueError naming keys outside that layout. None: no such layout.
-  to_timm: Flax variables (unrolled or scanned) -> that state dict (inverse of `from_timm`).
+  from_torch: PyTorch state dict of the family's reference layout (timm's, or the official
+    repository's where timm has none) -> Flax variables; raises ValueError naming keys outside
+    that layout. None: no such layout. The family module names it after the layout it reads.
+  to_torch: Flax variables (unrolled or scanned) -> that state dict (inverse of `from_torch`).
   timm_architectures: timm's architecture name (what a Hub repository's config.json names) ->
-    the registered model of that shape, whose `from_timm` reads its weights.
+    the registered model of that shape, whose `from_torch` reads its weights.
   timm_arguments: timm's model argument (config.json `model_args`) -> our field of the same
     meaning; None for the arguments that change training only, not the weights.
   """
   name: str
-  model_class: type[nn.Module]
+  model_class: type['nn.Module']
   models: Mapping[str, functools.partial]
-  from_timm: Callable[[StateDict], dict[str, dict]] | None = None
-  to_timm: Callable[[Variables], dict[str, np.ndarray]] | None = None
+  from_torch: Callable[[StateDict], dict[str, dict]] | None = None
+  to_torch: Callable[[Variables], dict[str, 'np.ndarray']] | None = None
   timm_architectures: Mapping[str, str] = dataclasses.field(default_factory=dict)
   timm_arguments: Mapping[str, str | None] = dataclasses.field(default_factory=dict)
 
@@ -80,7 +82,7 @@ def _entry(name: str) -> tuple[Family, functools.partial]:
   return models[name]
 
 
-def family(model: str | nn.Module) -> Family:
+def family(model: 'str | nn.Module') -> Family:
   """The family of a registered model name, or of a model built by `create`."""
   if isinstance(model, str):
     return _entry(model)[0]
@@ -107,11 +109,12 @@ def fields(name: str) -> list[str]:
   return [f.name for f in dataclasses.fields(_entry(name)[1].func) if f.name not in _NOT_FIELDS]
 
 
-def create(name: str, **overrides: Any) -> nn.Module:
+def create(name: str, **overrides: Any) -> 'nn.Module':
   """The registered model `name` with its fields replaced by `overrides`.
 
   `dtype`/`param_dtype` may be given as strings ('float32', 'bfloat16').
   """
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   _, factory = _entry(name)
   valid = fields(name)
   for key, value in overrides.items():

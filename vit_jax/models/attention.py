@@ -11,6 +11,7 @@ probabilities (`softmax_attention`, or `jax.nn.dot_product_attention` with cuDNN
 mixing accumulate in float32 from operands in the compute dtype, in both passes (`einsum_float32`).
 """
 
+import dataclasses
 import functools
 import math
 from typing import Any, Callable, NamedTuple
@@ -216,8 +217,7 @@ def softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
 
 
 def content_attention(module: nn.Module, q: jax.Array, k: jax.Array, v: jax.Array, *,
-                      dropout_rate: float, train: bool, use_fast_path: bool,
-                      implementation: str | None = None,
+                      dropout_rate: float, train: bool, implementation: str | None = None,
                       pre_softmax: Callable[[jax.Array], jax.Array] | None = None,
                       post_softmax: Callable[[jax.Array], jax.Array] | None = None,
                       dropout_before_post_softmax: bool = False) -> jax.Array:
@@ -228,7 +228,7 @@ def content_attention(module: nn.Module, q: jax.Array, k: jax.Array, v: jax.Arra
   float16/bfloat16), `jax.nn.dot_product_attention` of that implementation. Otherwise the shared
   pipeline `attend`.
   """
-  fast = (use_fast_path and pre_softmax is None and post_softmax is None
+  fast = (pre_softmax is None and post_softmax is None
           and not module.is_mutable_collection('intermediates')
           and (not train or dropout_rate == 0.0))
   if fast and implementation is None:
@@ -268,7 +268,6 @@ class SelfAttention(nn.Module):
   re_attention_scale: bool = False
   kernel_init: Initializer = DEFAULT_KERNEL_INIT
   bias_init: Initializer = nn.initializers.zeros
-  use_fast_path: bool = True
   fast_path_implementation: str | None = None
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
@@ -320,7 +319,7 @@ class SelfAttention(nn.Module):
       post_softmax = lambda p: self._re_attention(p, train, head_dim)
     heads = content_attention(
         self, q, k, v, dropout_rate=self.attention_dropout_rate, train=train,
-        use_fast_path=self.use_fast_path, implementation=self.fast_path_implementation,
+        implementation=self.fast_path_implementation,
         pre_softmax=pre_softmax, post_softmax=post_softmax,
         dropout_before_post_softmax=self.head_mixing == 're_attention')
     out = Dense(width, kernel_init=self.kernel_init, bias_init=self.bias_init, dtype=self.dtype,
@@ -337,7 +336,6 @@ class ClassAttention(nn.Module):
   dropout_rate: float = 0.0
   kernel_init: Initializer = DEFAULT_KERNEL_INIT
   bias_init: Initializer = nn.initializers.zeros
-  use_fast_path: bool = True
   fast_path_implementation: str | None = None
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
@@ -358,7 +356,6 @@ class ClassAttention(nn.Module):
     q = q * jnp.asarray(head_dim ** -0.5, q.dtype)
     heads = content_attention(self, q, project(x, 'k'), project(x, 'v'),
                               dropout_rate=self.attention_dropout_rate, train=train,
-                              use_fast_path=self.use_fast_path,
                               implementation=self.fast_path_implementation)
     out = Dense(width, kernel_init=self.kernel_init, bias_init=self.bias_init, dtype=self.dtype,
                 param_dtype=self.param_dtype, name='proj')(_merge_heads(heads))
@@ -379,7 +376,6 @@ class TokenAttention(nn.Module):
   dropout_rate: float = 0.0
   kernel_init: Initializer = DEFAULT_KERNEL_INIT
   bias_init: Initializer = nn.initializers.zeros
-  use_fast_path: bool = True
   fast_path_implementation: str | None = None
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
@@ -396,8 +392,7 @@ class TokenAttention(nn.Module):
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     q = q * jnp.asarray(input_head_dim ** -0.5, q.dtype)
     heads = content_attention(self, q, k, v, dropout_rate=self.attention_dropout_rate,
-                              train=train, use_fast_path=self.use_fast_path,
-                              implementation=self.fast_path_implementation)
+                              train=train, implementation=self.fast_path_implementation)
     out = Dense(self.features, kernel_init=self.kernel_init, bias_init=self.bias_init,
                 dtype=self.dtype, param_dtype=self.param_dtype,
                 name='proj')(_merge_heads(heads))
@@ -580,3 +575,66 @@ def positional(kind: str, **fields: Any) -> functools.partial:
   _check_choice(kind, POSITIONAL_KINDS, 'attention')
   return functools.partial(PositionalAttention, scores=kind.removesuffix('_content'),
                            use_content=kind == 'learned_content', **fields)
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+  """An attention kind of the backbone's main blocks (`VisionTransformer.attention`).
+
+  build(model, grid): the attention module (a `functools.partial` of a Flax module called with
+  `name='attn'`) for `model`, a `VisionTransformer` whose fields it may read, and tokens whose
+  patches lie on `grid` (rows, cols). The module maps (batch, tokens, width) to the same shape,
+  takes `train=` and sows its probabilities as `intermediates/attention_probs` (`attend` does).
+  patch_tokens_only: the kind attends over the patch grid alone (no class or distillation token
+  in the main blocks).
+  """
+  build: Callable[[Any, tuple[int, int]], Callable[..., nn.Module]]
+  patch_tokens_only: bool = False
+
+
+_KINDS: dict[str, Kind] = {}
+
+
+def register(name: str, build: Callable[[Any, tuple[int, int]], Callable[..., nn.Module]], *,
+             patch_tokens_only: bool = False) -> None:
+  """Makes `name` an attention kind of every transformer (`--config.model.attention=name`)."""
+  if name in _KINDS:
+    raise ValueError(f'Attention kind {name!r} is registered already; registered: {kinds()}.')
+  _KINDS[name] = Kind(build, patch_tokens_only)
+
+
+def kinds() -> list[str]:
+  """Every registered attention kind, in registration order."""
+  return list(_KINDS)
+
+
+def kind(name: str) -> Kind:
+  """The registered attention kind `name`; ValueError naming the registered ones."""
+  if name not in _KINDS:
+    raise ValueError(f'attention={name!r} is not valid; choose from {kinds()}.')
+  return _KINDS[name]
+
+
+def _content(head_mixing: str) -> Callable[[Any, tuple[int, int]], Callable[..., nn.Module]]:
+  """Content attention with `head_mixing`, from the model's shared attention fields."""
+  return lambda model, grid: functools.partial(
+      SelfAttention, head_mixing=head_mixing, re_attention_norm=model.re_attention_norm,
+      **model.attention_fields())
+
+
+def _positional(name: str) -> Callable[[Any, tuple[int, int]], Callable[..., nn.Module]]:
+  """Cordonnier et al.'s kind `name` over the patch grid, from the model's fields."""
+  return lambda model, grid: positional(
+      name, grid=grid, num_heads=model.num_heads, centre_init_std=model.centre_init_std,
+      spread_init_std=model.spread_init_std, position_encoding_size=model.position_encoding_size,
+      attention_dropout_rate=model.attention_dropout_rate, dropout_rate=model.dropout_rate,
+      dtype=model.dtype, param_dtype=model.param_dtype)
+
+
+# Content attention without or with head mixing (CaiT's talking heads, DeepViT's Re-attention),
+# then Cordonnier et al.'s positional kinds (patch tokens only).
+register('standard', _content('none'))
+register('talking_heads', _content('talking_heads'))
+register('re_attention', _content('re_attention'))
+for _name in POSITIONAL_KINDS:
+  register(_name, _positional(_name), patch_tokens_only=True)

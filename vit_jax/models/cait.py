@@ -5,9 +5,9 @@ talking-heads attention and the same drop-path rate in every block; then the cla
 updated by `class_attention_depth` class-attention blocks (queries from the class token, keys and
 values from [class; patches], patches frozen, no drop-path); the head reads LN([cls; x])[:, 0].
 
-LayerScale starts at the official per-variant value (`layer_scale_init`); `paper_layer_scale=True`
-uses the paper's depth rule instead (`vit.paper_layer_scale_init`: 0.1 up to depth 18, 1e-5 up
-to 24, 1e-6 deeper). Every part is a field of the shared backbone (`vit.VisionTransformer`):
+LayerScale starts at the official per-variant value (`layer_scale_init`); `layer_scale_init='paper'`
+uses the paper's depth rule instead (`layers.paper_layer_scale_init`: 0.1 up to depth 18, 1e-5
+up to 24, 1e-6 deeper). Every part is a field of the shared backbone (`vit.VisionTransformer`):
 `CaiT` is its preset with talking heads, LayerScale and the class-attention stage.
 """
 
@@ -17,6 +17,7 @@ import re
 import numpy as np
 
 from vit_jax import models
+from vit_jax.models import layouts
 from vit_jax.models import vit
 
 
@@ -35,7 +36,7 @@ class CaiT(vit.VisionTransformer):
   init_scheme: str = 'timm'
   attention: str = 'talking_heads'
   class_stage: str = 'class_attention'
-  layer_scale_init: float | None = 1e-5
+  layer_scale_init: float | str | None = 1e-5
 
   def drop_path_rates(self) -> np.ndarray:
     """CaiT's schedule: `drop_path_rate` in every self-attention block."""
@@ -54,15 +55,13 @@ _TIMM_KEY = re.compile(
 
 def from_timm(state_dict: models.StateDict) -> dict[str, dict]:
   """timm/deit `Cait` state dict (without the `module.` prefix) -> Flax variables {'params'}."""
-  unknown = [key for key in state_dict if not _TIMM_KEY.fullmatch(key)]
-  if unknown:
-    raise ValueError(f'Keys outside the CaiT layout of timm/deit (cait_models.py): {unknown}.')
-  return vit.variables_from_torch(state_dict)
+  return layouts.variables_from_torch(
+      layouts.checked_keys(state_dict, _TIMM_KEY, 'CaiT of timm/deit (cait_models.py)'))
 
 
 def to_timm(variables: models.Variables) -> dict[str, np.ndarray]:
   """Flax variables -> timm/deit `Cait` state dict (inverse of `from_timm`)."""
-  return vit.variables_to_torch(variables)
+  return layouts.variables_to_torch(variables)
 
 
 def _cait(hidden_size: int, depth: int, num_heads: int, layer_scale_init: float,

@@ -16,24 +16,27 @@ from typing import Any
 import numpy as np
 
 from vit_jax import models
+from vit_jax.models import layouts
 from vit_jax.models import vit
 
 
 class DeepViT(vit.VisionTransformer):
   """DeepViT: ViT whose last `re_attention_blocks` blocks use Re-attention (all when None).
 
-  `mlp_ratio` defaults to 3; `transform_scale` multiplies the re-attended map by hd^-1/2.
+  The MLP is 3 times the width by default; `transform_scale` multiplies the re-attended map by
+  hd^-1/2.
   """
   num_classes: int = 1000
   hidden_size: int = 384
   depth: int = 16
   num_heads: int = 12
-  mlp_ratio: float = 3.0
   init_scheme: str = 'timm'
   attention: str = 're_attention'
   re_attention_blocks: int | None = None
   transform_scale: bool = False
   scale_adjustment: float = 1.0
+
+  default_mlp_ratio = 3.0
 
   def check_fields(self) -> None:
     super().check_fields()
@@ -69,7 +72,7 @@ class DeepViT(vit.VisionTransformer):
 # zhoudaquan/dvit_repo keys (models/deep_vision_transformer.py): the ViT layout, the CNN stem, and
 # per Re-attention block the 1x1 conv `reatten_matrix` (H, H, 1, 1) and BatchNorm2d `var_norm`
 # over heads.
-_TIMM_KEY = re.compile(
+_DVIT_REPO_KEY = re.compile(
     r'cls_token|pos_embed|(norm|head|patch_embed\.proj)\.(weight|bias)'
     r'|patch_embed\.(conv[12]\.weight|bn[12]\.(weight|bias|running_mean|running_var'
     r'|num_batches_tracked))'
@@ -78,26 +81,24 @@ _TIMM_KEY = re.compile(
 _THETA = '.attn.reatten_matrix.weight'
 
 
-def from_timm(state_dict: models.StateDict) -> dict[str, dict]:
-  """Official DeepViT state dict -> Flax variables {'params', 'batch_stats'}.
+def from_dvit_repo(state_dict: models.StateDict) -> dict[str, dict]:
+  """Official DeepViT state dict (zhoudaquan/dvit_repo) -> Flax variables {'params', 'batch_stats'}.
 
   Theta (H, H, 1, 1) becomes the Dense kernel over heads W[:, :, 0, 0]^T; BatchNorm running
   statistics go to `batch_stats`.
   """
-  unknown = [key for key in state_dict if not _TIMM_KEY.fullmatch(key)]
-  if unknown:
-    raise ValueError(f'Keys outside the DeepViT layout of zhoudaquan/dvit_repo: {unknown}.')
-  return vit.variables_from_torch(
+  layouts.checked_keys(state_dict, _DVIT_REPO_KEY, 'DeepViT of zhoudaquan/dvit_repo')
+  return layouts.variables_from_torch(
       {key: np.asarray(value)[:, :, 0, 0] if key.endswith(_THETA) else value
        for key, value in state_dict.items()})
 
 
-def to_timm(variables: models.Variables) -> dict[str, np.ndarray]:
+def to_dvit_repo(variables: models.Variables) -> dict[str, np.ndarray]:
   """Flax variables -> official DeepViT state dict, loadable with `strict=True`.
 
   Only the official BatchNorm form of Re-attention has a released layout.
   """
-  state_dict = vit.variables_to_torch(variables)
+  state_dict = layouts.variables_to_torch(variables)
   lucidrains = [key for key in state_dict if '.reattn_' in key]
   if lucidrains:
     raise ValueError(f'{lucidrains[0]} belongs to re_attention_norm=\'layer\', which has no '
@@ -126,4 +127,4 @@ MODELS = {
     'deepvit_ti4': _deepvit(12, 192, patch_size=4),
     'deepvit_vit_ti4': _deepvit(12, 192, patch_size=4, re_attention_blocks=0),
 }
-FAMILY = models.Family('deepvit', DeepViT, MODELS, from_timm, to_timm)
+FAMILY = models.Family('deepvit', DeepViT, MODELS, from_dvit_repo, to_dvit_repo)

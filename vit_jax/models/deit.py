@@ -21,9 +21,9 @@ class DeiT(vit.VisionTransformer):
 
 
 def _deit(size: str, distilled: bool) -> functools.partial:
-  depth, hidden_size, num_heads, mlp_dim = vit.SIZES[size]
+  depth, hidden_size, num_heads = vit.SIZES[size]
   return functools.partial(DeiT, patch_size=16, hidden_size=hidden_size, depth=depth,
-                           num_heads=num_heads, mlp_dim=mlp_dim, distilled=distilled)
+                           num_heads=num_heads, distilled=distilled)
 
 
 # The 384 fine-tuned models share these modules; the position embedding follows the input size.

@@ -25,7 +25,7 @@ from vit_jax.models import vit
 class DeiT3(vit.VisionTransformer):
   """DeiT III's ViT: LayerScale 1e-4, constant drop path, position embedding on patches only."""
   init_scheme: str = 'timm'
-  layer_scale_init: float | None = 1e-4
+  layer_scale_init: float | str | None = 1e-4
 
   @property
   def embedded_prefix_tokens(self) -> tuple[str, ...]:
@@ -69,14 +69,14 @@ def to_timm(variables: models.Variables) -> dict[str, np.ndarray]:
           for key, value in vit.to_timm(variables).items()}
 
 
-# (depth, hidden_size, num_heads, mlp_dim): models_v2.py's sizes (ViT-M is DeiT III's own).
-SIZES = {**vit.SIZES, 'm': (12, 512, 8, 2048)}
+# (depth, hidden_size, num_heads): models_v2.py's sizes (ViT-M is DeiT III's own); MLP 4x wide.
+SIZES = {**vit.SIZES, 'm': (12, 512, 8)}
 
 
 def _deit3(size: str, patch_size: int) -> functools.partial:
-  depth, hidden_size, num_heads, mlp_dim = SIZES[size]
+  depth, hidden_size, num_heads = SIZES[size]
   return functools.partial(DeiT3, patch_size=patch_size, hidden_size=hidden_size, depth=depth,
-                           num_heads=num_heads, mlp_dim=mlp_dim)
+                           num_heads=num_heads)
 
 
 # deit_{small,medium,base,large}_patch16_LS and deit_huge_patch14_LS; any input size.

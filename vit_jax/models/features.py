@@ -1,6 +1,6 @@
 """Features of any registered model: its blocks' tokens, final tokens and pre-logits.
 
-Every family sows what users ask for to the `features` collection (`vit.FEATURES`) of its one
+Every family sows what users ask for to the `features` collection (`layers.FEATURES`) of its one
 model definition, so nothing here runs a second forward: `extract` applies the model with that
 collection mutable and arranges what was sown the way timm's `forward_intermediates` does, with
 the prefix tokens (class; distillation for distilled DeiT) apart from the patch tokens, which come
@@ -27,7 +27,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from vit_jax.models import vit
+from vit_jax.models import layers
+from vit_jax.models import layouts
 
 ENCODED = 'encoded'
 _BLOCK = re.compile(r'(blocks_|layers_|s)(\d+)')  # ViTs, SA-conv, RegNet stages.
@@ -93,8 +94,8 @@ def extract(model: nn.Module, variables: Any, images: jax.Array, *,
   """The features of `model` on NHWC `images`: `blocks` (timm's `indices`; default the last
   block), the final normalised tokens and the pre-logits, in inference mode."""
   variables = {k: v for k, v in dict(variables).items() if k in ('params', 'batch_stats')}
-  _, state = model.apply(variables, images, train=False, mutable=[vit.FEATURES])
-  sown = vit.unstack_layers(flax.core.unfreeze(state[vit.FEATURES]))
+  _, state = model.apply(variables, images, train=False, mutable=[layers.FEATURES])
+  sown = layouts.unstack_layers(flax.core.unfreeze(state[layers.FEATURES]))
   names = block_names(sown)
   num_prefix = len(getattr(model, 'prefix_tokens', ()))
   prefix, grid = {}, {}

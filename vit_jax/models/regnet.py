@@ -23,7 +23,8 @@ import numpy as np
 
 from vit_jax import models
 from vit_jax.models import Dtype
-from vit_jax.models import vit
+from vit_jax.models import layers
+from vit_jax.models import layouts
 _WIDTH_QUANTUM = 8
 
 
@@ -125,7 +126,7 @@ class Bottleneck(nn.Module):
     shortcut = x
     if in_features != self.features or self.stride != 1:
       shortcut = conv_bn(self.features, 1, self.stride, name='downsample')(x, train=train)
-    return nn.relu(vit.DropPath(self.drop_path_rate)(y, train=train) + shortcut)
+    return nn.relu(layers.DropPath(self.drop_path_rate)(y, train=train) + shortcut)
 
 
 class RegStage(nn.Module):
@@ -144,7 +145,7 @@ class RegStage(nn.Module):
       x = Bottleneck(self.features, 2 if j == 0 else 1, self.group_width, self.bottleneck_ratio,
                      self.se_ratio, rate, dtype=self.dtype, param_dtype=self.param_dtype,
                      name=f'b{j + 1}')(x, train=train)
-    vit.sow_feature(self, 'tokens', x)
+    layers.sow_feature(self, 'tokens', x)
     return x
 
 
@@ -226,9 +227,9 @@ class RegNet(nn.Module):
       x = RegStage(width, group_width, tuple(float(r) for r in rates[first[i]:first[i + 1]]),
                    self.bottleneck_ratio, self.se_ratio, dtype=self.dtype,
                    param_dtype=self.param_dtype, name=f's{i + 1}')(x, train=train)
-    vit.sow_feature(self, 'encoded', x)
+    layers.sow_feature(self, 'encoded', x)
     x = jnp.mean(x.astype(jnp.float32), axis=(1, 2))
-    vit.sow_feature(self, 'head_input', x)
+    layers.sow_feature(self, 'head_input', x)
     x = nn.Dropout(self.dropout_rate, deterministic=not train)(x).astype(self.dtype)
     logits = nn.Dense(self.num_classes, kernel_init=nn.initializers.normal(0.01),
                       dtype=self.dtype, param_dtype=self.param_dtype, name='head')(x)
@@ -244,17 +245,15 @@ _TIMM_KEY = re.compile(
 
 def from_timm(state_dict: models.StateDict) -> dict[str, dict]:
   """timm `RegNet` state dict -> Flax variables {'params', 'batch_stats'}."""
-  unknown = [key for key in state_dict if not _TIMM_KEY.fullmatch(key)]
-  if unknown:
-    raise ValueError(f'Keys outside timm\'s RegNet layout: {unknown[:20]}.')
-  return vit.variables_from_torch({key.replace('head.fc.', 'head.'): value
+  layouts.checked_keys(state_dict, _TIMM_KEY, "timm's RegNet (timm models/regnet.py)")
+  return layouts.variables_from_torch({key.replace('head.fc.', 'head.'): value
                                    for key, value in state_dict.items()})
 
 
 def to_timm(variables: models.Variables) -> dict[str, np.ndarray]:
   """Flax variables -> timm `RegNet` state dict, loadable with `strict=True`."""
   state_dict = {}
-  for key, value in vit.variables_to_torch(variables).items():
+  for key, value in layouts.variables_to_torch(variables).items():
     state_dict[re.sub(r'^head\.', 'head.fc.', key)] = value
     if key.endswith('.running_mean'):
       state_dict[key.replace('running_mean', 'num_batches_tracked')] = np.array(0, np.int64)

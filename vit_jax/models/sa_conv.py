@@ -29,7 +29,8 @@ from vit_jax import models
 from vit_jax.models import Dtype
 from vit_jax.models import attention as attention_lib
 from vit_jax.models import stems
-from vit_jax.models import vit
+from vit_jax.models import layers
+from vit_jax.models import layouts
 
 
 class BertLayer(nn.Module):
@@ -51,7 +52,7 @@ class BertLayer(nn.Module):
     space-to-depth projection 0, layer i i + 1, the head `top_layer`."""
     if path[0] == 'features_upscale':
       return np.array([0])
-    indices = vit.block_indices(path[0], 'layers')
+    indices = layouts.block_indices(path[0], 'layers')
     return np.array([self.top_layer]) if indices is None else indices + 1
 
   def _dense(self, features: int, fan_in: int, name: str) -> nn.Dense:
@@ -67,10 +68,10 @@ class BertLayer(nn.Module):
     y = self.attention(name='attention')(x, train=train)
     y = dropout(self._dense(width, width, 'attention_output')(y))
     h = norm(name='attention_norm')(x + y)
-    y = vit.gelu(self._dense(self.intermediate_size, width, 'intermediate')(h))
+    y = layers.gelu(self._dense(self.intermediate_size, width, 'intermediate')(h))
     y = dropout(self._dense(width, self.intermediate_size, 'output')(y))
     x = norm(name='output_norm')(h + y)
-    vit.sow_feature(self, 'tokens', x)
+    layers.sow_feature(self, 'tokens', x)
     return x
 
 
@@ -79,7 +80,7 @@ class SAConv(nn.Module):
 
   `layer_heads` gives every layer its own head count (a head-pruned model); None uses
   `num_heads` everywhere. `scan_layers` and `remat` act as in every other family
-  (`vit.apply_blocks`); scanning stacks each run of consecutive layers with equal head counts
+  (`layers.apply_blocks`); scanning stacks each run of consecutive layers with equal head counts
   under `layers_{first}_to_{last}`.
   """
   num_classes: int = 10
@@ -140,12 +141,12 @@ class SAConv(nn.Module):
           BertLayer, functools.partial(attention, num_heads=int(group_heads)),
           self.intermediate_size, dropout_rate=self.dropout_rate,
           layer_norm_eps=self.layer_norm_eps, dtype=self.dtype, param_dtype=self.param_dtype)
-      x = vit.apply_blocks(layer, x, count=count, first=first, train=train,
+      x = layers.apply_blocks(layer, x, count=count, first=first, train=train,
                            scan_layers=self.scan_layers, remat=self.remat, prefix='layers')
       first += count
     pooled = jnp.mean(x.astype(jnp.float32), axis=(1, 2)).astype(self.dtype)
-    vit.sow_feature(self, 'encoded', x)
-    vit.sow_feature(self, 'head_input', pooled)
+    layers.sow_feature(self, 'encoded', x)
+    layers.sow_feature(self, 'head_input', pooled)
     return self._dense(self.num_classes, self.hidden_size, 'head')(pooled).astype(jnp.float32)
 
 
@@ -153,7 +154,7 @@ def attention_heads(params: dict) -> list[dict[str, jax.Array]]:
   """The per-head positional parameters of every layer, in layer order (see the module doc):
   SA-conv's `layers_{i}/attention`, or `blocks_{i}/attn` of a transformer whose main blocks have
   positional attention (`vit.VisionTransformer.attention`); stacked (`scan_layers`) or not."""
-  params = vit.unstack_layers(params)
+  params = layouts.unstack_layers(params)
   for prefix, module in (('layers_', 'attention'), ('blocks_', 'attn')):
     layers = sorted((k for k in params if k.startswith(prefix) and k[len(prefix):].isdigit()),
                     key=lambda k: int(k[len(prefix):]))

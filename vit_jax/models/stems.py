@@ -1,8 +1,8 @@
 """Stems: how an image becomes the tokens of the first block, one per published kind.
 
-'patch' is ViT's patch embedding (`vit.PatchEmbedding`); the others are here: DeepViT's CNN stem
-(`CnnStem`), T2T-ViT's tokens-to-token module (`TokensToToken`, with Performer or transformer
-token attention) and SA-conv's 2x2 invertible downsampling followed by a linear map
+'patch', ViT's patch embedding (`PatchEmbedding`); 'cnn', DeepViT's CNN stem (`CnnStem`); 't2t',
+T2T-ViT's tokens-to-token module (`TokensToToken`, with Performer or transformer token attention);
+'space_to_depth', SA-conv's 2x2 invertible downsampling followed by a linear map
 (`SpaceToDepthEmbedding`). Every stem returns tokens laid out on a grid, (batch, rows, cols,
 width), so positional attention and the analysis know where each token sits.
 """
@@ -52,6 +52,26 @@ def torch_dense(features: int, fan_in: int, **kwargs) -> nn.Dense:
   """A Linear with PyTorch's default init, which SA-conv's official `BertImage` keeps."""
   return attention_lib.Dense(features, kernel_init=attention_lib.torch_default_kernel_init,
                              bias_init=attention_lib.torch_default_bias_init(fan_in), **kwargs)
+
+
+class PatchEmbedding(nn.Module):
+  """Conv(kernel = stride = patch): (batch, rows, cols, hidden) patch tokens."""
+  patch_size: int
+  hidden_size: int
+  kernel_init: Initializer = attention_lib.torch_default_kernel_init
+  bias_init_from_fan_in: Callable[[int], Initializer] = attention_lib.torch_default_bias_init
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, images: jax.Array) -> jax.Array:
+    check_images(images, self.patch_size)
+    fan_in = images.shape[-1] * self.patch_size ** 2
+    p = self.patch_size
+    return nn.Conv(self.hidden_size, (p, p), strides=(p, p), padding='VALID',
+                   kernel_init=self.kernel_init, bias_init=self.bias_init_from_fan_in(fan_in),
+                   dtype=self.dtype, param_dtype=self.param_dtype, name='proj')(images)
+
 
 
 class SpaceToDepthEmbedding(nn.Module):

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax import models
+from vit_jax.models import layouts
 from vit_jax.models import vit
 
 FIXED_PARAMS = ('pos_embed', 'random_features')
@@ -43,18 +44,19 @@ class T2TViT(vit.VisionTransformer):
   """T2T-ViT: Tokens-to-Token stem, [cls] + fixed sinusoid positions, pre-norm ViT blocks.
 
   A preset of the shared backbone's parts (`vit.VisionTransformer`, `stem='t2t'`). Backbone
-  blocks have no qkv bias and LayerNorm eps 1e-5 (official `nn.LayerNorm`); `mlp_ratio`
-  defaults to 3. `soft_splits` lists (kernel, stride, padding) of each soft split.
+  blocks have no qkv bias and LayerNorm eps 1e-5 (official `nn.LayerNorm`); the MLP is 3 times
+  the width by default. `soft_splits` lists (kernel, stride, padding) of each soft split.
   """
   num_classes: int = 1000
   hidden_size: int = 384
   depth: int = 14
   num_heads: int = 6
-  mlp_ratio: float = 3.0
   qkv_bias: bool = False
   layer_norm_eps: float = 1e-5
   init_scheme: str = 'timm'
   stem: str = 't2t'
+
+  default_mlp_ratio = 3.0
 
   def position_embedding(self, tokens: tuple[int, int]) -> jax.Array:
     """The fixed sinusoid table `pos_embed`, read through `stop_gradient`."""
@@ -66,7 +68,7 @@ class T2TViT(vit.VisionTransformer):
 # Official T2T-ViT keys (models/t2t_vit.py): ViT backbone without qkv bias, Transformer-T2T
 # `attention{i}.{norm1,attn.qkv,attn.proj,norm2,mlp.fc1,mlp.fc2}`, Performer-T2T
 # `attention{i}.{kqv,proj,norm1,norm2,mlp.0,mlp.2,w}`, `project`, fixed `pos_embed`.
-_TIMM_KEY = re.compile(
+_T2T_REPO_KEY = re.compile(
     r'cls_token|pos_embed|(norm|head)\.(weight|bias)'
     r'|blocks\.\d+\.(norm[12]|attn\.(qkv|proj)|mlp\.fc[12])\.(weight|bias)'
     r'|tokens_to_token\.(project\.(weight|bias)|attention\d+\.(w|(norm[12]|attn\.(qkv|proj)'
@@ -74,21 +76,19 @@ _TIMM_KEY = re.compile(
 _PERFORMER_FEATURES = re.compile(r'(tokens_to_token\.attention\d+)\.(w|random_features)$')
 
 
-def from_timm(state_dict: models.StateDict) -> dict[str, dict]:
+def from_t2t_repo(state_dict: models.StateDict) -> dict[str, dict]:
   """Official T2T-ViT state dict (`state_dict_ema`, no `module.` prefix) -> Flax variables."""
-  unknown = [key for key in state_dict if not _TIMM_KEY.fullmatch(key)]
-  if unknown:
-    raise ValueError('Keys outside the official T2T-ViT layout (yitu-opensource/T2T-ViT, '
-                     f'models/t2t_vit.py): {unknown}.')
-  return vit.variables_from_torch(
+  layouts.checked_keys(state_dict, _T2T_REPO_KEY,
+                       'official T2T-ViT (yitu-opensource/T2T-ViT, models/t2t_vit.py)')
+  return layouts.variables_from_torch(
       {_PERFORMER_FEATURES.sub(r'\1.random_features', key): value
        for key, value in state_dict.items()})
 
 
-def to_timm(variables: models.Variables) -> dict[str, np.ndarray]:
-  """Flax variables -> official T2T-ViT state dict (inverse of `from_timm`)."""
+def to_t2t_repo(variables: models.Variables) -> dict[str, np.ndarray]:
+  """Flax variables -> official T2T-ViT state dict (inverse of `from_t2t_repo`)."""
   return {_PERFORMER_FEATURES.sub(r'\1.w', key): value
-          for key, value in vit.variables_to_torch(variables).items()}
+          for key, value in layouts.variables_to_torch(variables).items()}
 
 
 # The published sizes for 224x224 inputs (official `models/t2t_vit.py`): (width, depth, heads,
@@ -106,7 +106,7 @@ TRANSFORMER_T2T_SIZES = ('14', '19', '24')
 def _t2t(size: str, tokens_type: str) -> functools.partial:
   width, depth, heads, mlp_ratio = SIZES[size]
   return functools.partial(T2TViT, tokens_type=tokens_type, hidden_size=width, depth=depth,
-                           num_heads=heads, mlp_dim=mlp_ratio * width)
+                           num_heads=heads, mlp_dim=int(mlp_ratio * width))
 
 
 # The `_ti4` pair is for 32x32 inputs: soft splits (7, 2, 3), (3, 2, 1), (3, 1, 1) take
@@ -118,4 +118,4 @@ MODELS = {
     **{name: functools.partial(_t2t('7', tokens_type), soft_splits=_SPLITS_32)
        for name, tokens_type in (('t2t_vit_ti4', 'performer'), ('t2t_vit_t_ti4', 'transformer'))},
 }
-FAMILY = models.Family('t2t', T2TViT, MODELS, from_timm, to_timm)
+FAMILY = models.Family('t2t', T2TViT, MODELS, from_t2t_repo, to_t2t_repo)

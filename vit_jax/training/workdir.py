@@ -53,7 +53,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from vit_jax.models import vit
+from vit_jax.models import layouts
 
 LOCK_FILE = 'run.lock'
 CONFIG_FILE = 'config.json'
@@ -413,7 +413,7 @@ class Workdir:
     if source.get('batch_stats'):
       variables['batch_stats'] = source['batch_stats']
     if unrolled:
-      variables = vit.unstack_layers(variables)
+      variables = layouts.unstack_layers(variables)
     logging.info('Read the %s weights of %s (step %d).', 'EMA' if ema else 'raw', self.path,
                  int(state['step']))
     return SavedVariables(variables, int(state['step']), ema)

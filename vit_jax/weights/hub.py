@@ -124,8 +124,6 @@ def _model_fields(name: str, architecture: str, model: str,
     field = arguments[argument]
     if field is not None:
       fields[field] = tuple(value) if isinstance(value, list) else value
-  if {'hidden_size', 'mlp_ratio'} & set(fields) and 'mlp_dim' in models.fields(model):
-    fields['mlp_dim'] = None  # timm's MLP width is embed_dim * mlp_ratio, not the preset's.
   return fields
 
 

@@ -11,7 +11,7 @@
   - Hub weights by name, `hf-hub:ORG/NAME` (`vit_jax.weights.hub`: fetched once into the Hugging Face
     cache, then read as the file they are).
 EMA weights are read first where a file or run has them; `use_ema=False` reads the raw ones.
-The PyTorch key layout is converted by the `from_timm` of the target model's family. The position
+The PyTorch key layout is converted by the `from_torch` of the target model's family. The position
 embedding is resized when the resolution differs (`resize_pos_embed`), with `reset_head=True` a
 head whose class count differs is initialised afresh, and a model with `scan_layers` gets its
 blocks stacked. `export_timm` writes the inverse: a timm `.safetensors`. Files are recognised by
@@ -40,7 +40,7 @@ from vit_jax import config as config_lib
 from vit_jax.weights import hub
 from vit_jax import models
 from vit_jax.training import workdir as workdir_lib
-from vit_jax.models import vit
+from vit_jax.models import layouts
 
 HEAD_NAMES = ('head', 'head_dist')
 POS_EMBED_RESIZE_METHODS = ('timm', 'pytorch')
@@ -76,8 +76,8 @@ _FOREIGN_LAYOUTS = (
 def converting_family(model: nn.Module) -> models.Family:
   """`model`'s registered family, which converts the PyTorch layout."""
   family = models.family(model)
-  if family.from_timm is None or family.to_timm is None:
-    raise ValueError(f'{type(model).__name__} ({family.name}) has no from_timm/to_timm, so '
+  if family.from_torch is None or family.to_torch is None:
+    raise ValueError(f'{type(model).__name__} ({family.name}) has no from_torch/to_torch, so '
                      'PyTorch-layout weights cannot be converted for it.')
   return family
 
@@ -384,7 +384,7 @@ def _fresh_variables(model: nn.Module, image_size: int, rng: int | jax.Array,
   return {path: fresh['/'.join(path)] for path in keys}
 
 
-def _resize_position_embeddings(flat: dict, target: dict, model: nn.Module, method: str) -> None:
+def _resize_position_embeddings(flat: dict, target: dict, model: nn.Module) -> None:
   for key, value in flat.items():
     wanted = target.get(key)
     if (key[-1] != 'pos_embed' or wanted is None or value.shape == wanted.shape
@@ -394,7 +394,7 @@ def _resize_position_embeddings(flat: dict, target: dict, model: nn.Module, meth
     side, old_side = (math.isqrt(n - num_prefix) for n in (wanted.shape[1], value.shape[1]))
     if side * side != wanted.shape[1] - num_prefix or old_side ** 2 != value.shape[1] - num_prefix:
       continue  # Another prefix layout (another family): reported by `_check_fit`.
-    flat[key] = resize_pos_embed(value, (side, side), num_prefix, method=method)
+    flat[key] = resize_pos_embed(value, (side, side), num_prefix)
     logging.info('Resized %s from %d to %d positions (%d prefix tokens kept).', _path(key),
                  value.shape[1], wanted.shape[1], num_prefix)
 
@@ -481,7 +481,7 @@ def _from_file(path: str, model: nn.Module, use_ema: bool) -> tuple[dict, str, s
              "give the model global_pool='avg' or 'map' (and big_vision's "
              "mlp_activation='gelu_tanh'). ")
   try:
-    variables = converting_family(model).from_timm(state_dict)
+    variables = converting_family(model).from_torch(state_dict)
   except (ValueError, KeyError) as e:
     detail = str(e) if len(str(e)) <= 1000 else str(e)[:1000] + ' …'
     raise ValueError(f'{source} cannot be converted for {type(model).__name__} ({family}). '
@@ -490,14 +490,13 @@ def _from_file(path: str, model: nn.Module, use_ema: bool) -> tuple[dict, str, s
 
 
 def load(path: str, model: nn.Module, *, image_size: int, reset_head: bool = False,
-         rng: int | jax.Array = 0, use_ema: bool = True, pos_embed_resize: str = 'timm'
-         ) -> dict[str, Any]:
+         rng: int | jax.Array = 0, use_ema: bool = True) -> dict[str, Any]:
   """Flax variables ({'params', maybe 'batch_stats'}) for `model` at `image_size` from `path`.
 
   `path` is a weights file or Hub name (see the module docstring) or a vit_jax work directory,
   read EMA first unless `use_ema=False` (the log says which weights were read). PyTorch and
-  Google layouts go through the `from_timm` of `model`'s family. A position embedding for another
-  resolution is resized (`resize_pos_embed`, `pos_embed_resize` method). With `reset_head`, heads
+  Google layouts go through the `from_torch` of `model`'s family. A position embedding for another
+  resolution is resized (`resize_pos_embed`, timm's method). With `reset_head`, heads
   whose class count differs from `model.num_classes` are initialised afresh from `rng` (and a
   pre-logits layer the model lacks is dropped); without it a class-count mismatch is an error.
   The variables come in `model`'s layout: stacked where it scans its layers (`scan_layers`).
@@ -511,7 +510,7 @@ def load(path: str, model: nn.Module, *, image_size: int, reset_head: bool = Fal
   flat = flax.traverse_util.flatten_dict(
       {c: dict(variables[c]) for c in _VARIABLE_COLLECTIONS if c in variables})
   flat = {key: np.asarray(value) for key, value in flat.items()}
-  _resize_position_embeddings(flat, target, unrolled, pos_embed_resize)
+  _resize_position_embeddings(flat, target, unrolled)
   if reset_head:
     _reset_head(flat, target, unrolled, image_size, rng)
   _check_fit(flat, target, source, unrolled, image_size, hint)
@@ -519,7 +518,7 @@ def load(path: str, model: nn.Module, *, image_size: int, reset_head: bool = Fal
   variables = flax.traverse_util.unflatten_dict(cast)
   if not scanned:
     return variables
-  return vit.stack_layers(variables, flax.traverse_util.unflatten_dict(
+  return layouts.stack_layers(variables, flax.traverse_util.unflatten_dict(
       _abstract_variables(model, image_size)))
 
 
@@ -537,7 +536,7 @@ def export_timm(variables: Mapping[str, Any], model: nn.Module, path: str) -> li
   `timm.create_model(<matching name>, num_classes=..., img_size=...)` accepts the file with
   `model.load_state_dict(safetensors.torch.load_file(path))`.
   """
-  state_dict = converting_family(model).to_timm(jax.device_get(dict(variables)))
+  state_dict = converting_family(model).to_torch(jax.device_get(dict(variables)))
   tensors = {}
   for key, value in state_dict.items():
     value = np.asarray(value)
