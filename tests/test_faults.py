@@ -293,7 +293,7 @@ def test_nan_without_any_checkpoint_says_so(data_dir, tmp_path):
 def test_unprepared_manual_dataset_says_where_the_archives_go(tmp_path):
   config = tiny_config(str(tmp_path), dataset='imagenet2012')
   with pytest.raises(ValueError) as raised:
-    input_pipeline.get_dataset_info(config)
+    input_pipeline.get_dataset_info(input_pipeline.DataSettings.from_config(config))
   message = str(raised.value)
   assert message.startswith(f"Dataset 'imagenet2012' is not prepared in data_dir={tmp_path}, "
                             'and TFDS cannot download it')
@@ -309,7 +309,7 @@ def test_unprepared_dataset_without_network_names_the_command(tmp_path, monkeypa
 
   monkeypatch.setattr(tfds.core.DatasetBuilder, 'download_and_prepare', offline)
   with pytest.raises(ValueError) as raised:
-    input_pipeline.get_dataset_info(tiny_config(str(tmp_path), dataset='cifar10'))
+    input_pipeline.get_dataset_info(input_pipeline.DataSettings.from_config(tiny_config(str(tmp_path), dataset='cifar10')))
   assert str(raised.value) == (
       f"Dataset 'cifar10' is not prepared in data_dir={tmp_path}, and preparing it failed "
       "(ConnectionError: HTTPSConnectionPool(host='www.cs.toronto.edu'): Max retries exceeded). "

@@ -341,10 +341,16 @@ def create_model(config: ml_collections.ConfigDict, num_classes: int) -> Any:
   `config.dtype` is the compute dtype of every model ('bfloat16': mixed precision with float32
   parameters, softmax, norms and loss); a `model.dtype` override takes precedence.
   """
+  return model_from_section(config.model, num_classes, config.dtype)
+
+
+def model_from_section(model: Any, num_classes: int, dtype: str) -> Any:
+  """The model a `model` section ({'name': ..., fields}) describes, computing in `dtype` unless
+  the section sets its own (`create_model`; a teacher's section, saved or from the Hub)."""
   from vit_jax import models  # pylint: disable=g-import-not-at-top
-  overrides = model_overrides(config.model)
-  overrides.setdefault('dtype', config.dtype)
-  return models.create(config.model.name, num_classes=num_classes, **overrides)
+  overrides = model_overrides(model)
+  overrides.setdefault('dtype', dtype)
+  return models.create(model['name'], num_classes=num_classes, **overrides)
 
 
 _BY_NAME = {field.name: field for field in FIELDS}

@@ -34,8 +34,10 @@ from absl import logging
 from clu import metric_writers
 import tensorflow as tf
 
+from vit_jax.data import input_pipeline
 from vit_jax.evaluators import eval_sets as eval_sets_lib
 from vit_jax import evaluators as evaluators_lib
+from vit_jax.parallel import sharding
 from vit_jax.weights import inference
 from vit_jax.training import workdir as workdir_lib
 
@@ -96,11 +98,13 @@ def main(argv, flag: dict[str, Any]) -> None:
     if out_dir is None:
       raise ValueError('--init_from needs --out_dir=DIR for results.json.')
     num_classes = len(run.class_names)
-    eval_sets = eval_sets_lib.from_config(run.config, set_names, num_classes=num_classes)
-    metrics = (eval_sets_lib.evaluate_variables(eval_sets, run.model, run.variables,
-                                                run.config, num_classes) if eval_sets else {})
+    data = input_pipeline.DataSettings.from_config(run.config)
+    eval_sets = eval_sets_lib.checked(set_names, data, num_classes=num_classes)
+    metrics = (eval_sets_lib.evaluate_variables(
+        eval_sets, run.model, run.variables, data, sharding.MeshSettings.from_config(run.config),
+        num_classes) if eval_sets else {})
     for name, evaluator in evaluators.items():
-      metrics.update(evaluator.run(run.model, run.variables, run.config))
+      metrics.update(evaluator.run(run.model, run.variables, data))
   except ValueError as e:
     logging.debug('Stopped by an error.', exc_info=True)
     sys.exit(f'error: {e}')

@@ -203,7 +203,7 @@ def input_pipeline_row(*, reduced: bool, needed_images_per_s: float, num_batches
     config = family_config('deit', 'variant=B')
     config.dataset = 'digits'
     config.batch_size = 128 * jax.local_device_count()
-  batches = input_pipeline.train_iterator(config, process_index=0, process_count=1)
+  batches = input_pipeline.train_iterator(input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1)
   next(batches)
   for _ in range(2):  # What the prefetch buffer held.
     next(batches)

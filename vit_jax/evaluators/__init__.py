@@ -1,8 +1,9 @@
 """Evaluators of frozen features, run by name.
 
 Each evaluator is a `frozen.Evaluator`, a frozen dataclass built from its settings, with `every`
-(steps between runs; 0: only when asked for) and `run(model, variables, config) -> {metric:
-value}`, where `config` gives the evaluation preprocessing of the model's images. The loop runs
+(steps between runs; 0: only when asked for) and `run(model, variables, data) -> {metric:
+value}`, where `data` (`input_pipeline.DataSettings`) gives the evaluation preprocessing of the
+model's images. The loop runs
 those of `config.evaluators` whose `every` is set (and at the end), writing their metrics to
 TensorBoard and results.json; `python -m vit_jax.evaluate` runs any of them on a run or weights.
 """
@@ -31,10 +32,9 @@ def create(name: str, settings: Mapping[str, Any] | None = None) -> frozen.Evalu
   return cls(**settings)
 
 
-def periodic(config: Any) -> dict[str, frozen.Evaluator]:
-  """The evaluators of `config.evaluators` that training runs (those with `every` > 0)."""
-  evaluators = {name: create(name, settings)
-                for name, settings in config.evaluators.items()}
+def periodic(sections: Mapping[str, Mapping[str, Any]]) -> dict[str, frozen.Evaluator]:
+  """The evaluators of a run's `evaluators` sections that training runs (`every` > 0)."""
+  evaluators = {name: create(name, settings) for name, settings in sections.items()}
   return {name: evaluator for name, evaluator in evaluators.items() if evaluator.every > 0}
 
 
