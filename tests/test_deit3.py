@@ -231,7 +231,8 @@ def test_lamb_matches_timm(timm):
            for scale in (0.01, 5.0, 0.1, 1.0)]
   config = config_lib.defaults()
   config.optimizer, config.weight_decay, config.eps = 'lamb', 0.05, 1e-8
-  tx = optim.create_optimizer(config, lambda _: 2e-2)
+  tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), lambda _: 2e-2,
+                              models.create('vit_ti4', num_classes=10))
   ours = jax.tree.map(jnp.asarray, params)
   state = tx.init(ours)
   torch_params = {k: torch.nn.Parameter(torch.from_numpy(v.copy())) for k, v in params.items()}

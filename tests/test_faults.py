@@ -102,8 +102,11 @@ CORRUPTIONS = {'truncated_array': _truncate, 'garbage_array': _garbage_arrays,
 
 def _abstract_state(config):
   model = config_lib.create_model(config, 10)
-  tx = optim.create_optimizer(config, lambda _: 1e-3)
-  return jax.eval_shape(lambda: steps.init_state(model, tx, config))
+  tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), lambda _: 1e-3,
+                              model)
+  return jax.eval_shape(lambda: steps.init_state(
+      model, tx, steps.init_rngs(config.seed), image_size=config.image_size,
+      ema=bool(config.ema_decay)))
 
 
 @pytest.mark.parametrize('kind', CORRUPTIONS)

@@ -271,6 +271,9 @@ FIELDS: tuple[Field, ...] = (
     Field('log_every', 50, integer(1), 'Steps between progress lines.'),
     Field('eval_every', 500, integer(1), 'Steps between evaluations.'),
     Field('checkpoint_every', 500, integer(1), 'Steps between checkpoints.'),
+    Field('profile_steps', 0, integer(0),
+          'Training steps after the first traced by jax.profiler into WORKDIR/plugins/profile '
+          "(TensorBoard's profile tab); 0 = off."),
     Field('keep_checkpoints', 3, integer(1), 'Checkpoints kept.'),
     # DeiT distillation from a teacher.
     Field('distillation.type', 'none', choice(DISTILLATION_TYPES), 'Distillation loss.'),
