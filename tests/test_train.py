@@ -245,3 +245,16 @@ def test_progress_rate_leaves_out_timed_sections():
   time.sleep(0.3)
   progress(3)
   assert progress.steps_per_s < 1 / 0.3  # Time outside the sections is.
+
+
+def test_profile_steps_write_a_trace_of_training_steps(data_dir, tmp_path):
+  """`profile_steps` traces training steps after the first (compiling) one with jax.profiler
+  into WORKDIR/plugins/profile, where TensorBoard's profile tab reads it."""
+  workdir = tmp_path / 'run'
+  train.train_and_evaluate(tiny_config(data_dir, total_steps=4, profile_steps=2), str(workdir))
+  traces = list(workdir.glob('plugins/profile/*/*.xplane.pb'))
+  assert len(traces) == 1
+  assert b'train_step' in traces[0].read_bytes()  # The jitted step's own name.
+  unprofiled = tmp_path / 'unprofiled'
+  train.train_and_evaluate(tiny_config(data_dir, total_steps=2), str(unprofiled))
+  assert not (unprofiled / 'plugins').exists()

@@ -163,7 +163,11 @@ class Field:
 
 @dataclasses.dataclass(frozen=True)
 class Section:
-  """A sub-config checked by its owner (the model family, the evaluators), not by a `Rule`."""
+  """A sub-config checked by its owner (the model family, the evaluators), not by a `Rule`.
+
+  A `default` value that is a type declares a field unset (None) until the command line sets it:
+  its owner's own default applies.
+  """
   name: str
   default: dict[str, Any]
   owner: str
@@ -298,12 +302,13 @@ FIELDS: tuple[Field, ...] = (
 
 SECTIONS: tuple[Section, ...] = (
     Section('evaluators', {
-        'fewshot': {'every': 0, 'datasets': (datasets.DIGITS,), 'shots': (1, 5, 10, 25),
-                    'seeds': 3},
-        'linear_probe': {'every': 0, 'datasets': (datasets.DIGITS,)},
+        'fewshot': {'every': int, 'datasets': tuple, 'shots': tuple, 'seeds': int},
+        'linear_probe': {'every': int, 'datasets': tuple},
     }, 'vit_jax.evaluators',
             'Evaluators of frozen pre-logits, run every `every` steps and at the end when '
-            '`every` > 0.'),
+            '`every` > 0. Unset (None) fields take the evaluator\'s own defaults '
+            '(vit_jax/evaluators), under which it is off; e.g. '
+            '--config.evaluators.fewshot.every=400.'),
     Section('model', {'name': 'vit_ti4', 'scan_layers': False, 'remat': False}, 'vit_jax.models',
             'name: a registry key (vit_jax.models.names()); every other field is passed to '
             'vit_jax.models.create(). scan_layers: one traced block run by nn.scan; remat: '
@@ -360,9 +365,19 @@ _BY_NAME = {field.name: field for field in FIELDS}
 
 
 def _config_dict(tree: dict[str, Any]) -> ml_collections.ConfigDict:
-  """Nested dicts as nested ConfigDicts (tuples stay tuples)."""
-  return ml_collections.ConfigDict(
-      {k: _config_dict(v) if isinstance(v, dict) else v for k, v in tree.items()})
+  """Nested dicts as nested ConfigDicts (tuples stay tuples; a type: unset, of that type)."""
+  def value(v):
+    if isinstance(v, dict):
+      return _config_dict(v)
+    return ml_collections.FieldReference(None, field_type=v) if isinstance(v, type) else v
+  return ml_collections.ConfigDict({k: value(v) for k, v in tree.items()})
+
+
+def _shown(tree: Any) -> Any:
+  """A section's default as a config holds it: a declared type as None (unset)."""
+  if isinstance(tree, dict):
+    return {k: _shown(v) for k, v in tree.items()}
+  return None if isinstance(tree, type) else tree
 
 
 def defaults() -> ml_collections.ConfigDict:
@@ -585,7 +600,7 @@ def describe() -> str:
     lines.append(f'{FLAG}{field.name}={field.default!r}')
     lines.append(f'    {field.rule.valid}. {field.doc}')
   for section in SECTIONS:
-    lines.append(f'{FLAG}{section.name}={section.default!r}')
+    lines.append(f'{FLAG}{section.name}={_shown(section.default)!r}')
     lines.append(f'    checked by {section.owner}. {section.doc}')
   return '\n'.join(lines)
 

@@ -657,7 +657,7 @@ def train_iterator(data: 'DataSettings', *, start_step: int = 0,
         f' --data_dir={data.data_dir}' if data.data_dir else '')
     examples = _streamed_examples(data, source, split, start, process_index)
   augment_seed = _seed(data, process_index, _AUGMENT_SALT)
-  transform = TrainTransform.from_config(config)
+  transform = data.train_transform
 
   def preprocess(image, label, position):
     seed = tf.random.experimental.stateless_fold_in(augment_seed, position)
@@ -701,7 +701,7 @@ def eval_iterator(data: 'DataSettings', *, split: str | None = None,
     examples = source.builder.as_dataset(split=local_split, shuffle_files=False).map(
         lambda record: tuple(record[key] for key in keys))
   size = data.image_size
-  transform = EvalTransform.from_config(config)
+  transform = data.eval_transform
   num_classes = source.builder.info.features[source.label_key].num_classes
 
   def preprocess(image, label, *label_set):

@@ -18,10 +18,11 @@ EVALUATORS = {'fewshot': fewshot.FewShot, 'linear_probe': linear_probe.LinearPro
 
 
 def create(name: str, settings: Mapping[str, Any] | None = None) -> frozen.Evaluator:
-  """The evaluator `name` with `settings` (its fields); ValueError for unknown names or fields."""
+  """The evaluator `name` with `settings` (its fields; None: the field's default); ValueError for
+  unknown names or fields."""
   if name not in EVALUATORS:
     raise ValueError(f'Unknown evaluator {name!r}; valid: {list(EVALUATORS)}.')
-  settings = dict(settings or {})
+  settings = {key: value for key, value in dict(settings or {}).items() if value is not None}
   cls = EVALUATORS[name]
   valid = list(cls.__dataclass_fields__)
   unknown = [key for key in settings if key not in valid]

@@ -106,6 +106,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
   workdir_lib.check_path(workdir)
   settings = Settings.from_config(config)
   run_dir = workdir_lib.Workdir(workdir)  # Read-only until `start` takes the lock.
+  mesh = sharding.make_mesh(settings.mesh.fsdp)
   if settings.eval_only and not settings.init_from and not run_dir.has_checkpoint():
     raise ValueError(f'eval_only needs --config.init_from=PATH or a --workdir with a training '
                      f'checkpoint; {workdir!r} has none.')
@@ -117,7 +118,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
 
   # Model and optimizer.
   model = config_lib.create_model(config, info.num_classes)
-  mesh = sharding.make_mesh(settings.mesh.fsdp)
   evaluate = Evaluation.build(model, info.num_classes, mesh, settings.data, eval_sets)
   if settings.eval_only:
     return _evaluate_only(settings, run_dir, model, mesh, evaluate)
@@ -138,7 +138,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
                 f'{sum(np.prod(x.shape) for x in jax.tree.leaves(abstract_state.params)):,}',
                 info.num_classes, info.num_train_examples, info.num_eval_examples, total_steps)
 
-  # Sharding: the state's and the teacher's layouts on the mesh, and the steps compiled for them.
+  # Sharding: the state's and the teacher's layouts on the mesh, and the train step for them.
   programs = Programs.build(model, tx, settings.step, info.num_classes, mesh, abstract_state,
                             settings.mesh.fsdp_min_size, teacher)
   state_sharding = programs.state_sharding
@@ -243,29 +243,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
 # The pieces the loop is made of, in the order it uses them.
 
 
-def _restore_or_init(run_dir: workdir_lib.Workdir, saved: Any, init: Callable[[], steps.TrainState],
-                     abstract_state: steps.TrainState, state_sharding: Any,
-                     pretrained: dict[str, Any] | None, *, ema: bool) -> steps.TrainState:
-  """The state the loop starts from, in `state_sharding`'s layout: the newest readable checkpoint
-  read as the abstract state `saved` (its run's layout) and carried over to this run's, when
-  resuming (`saved` given); else a fresh state (`init`), with `pretrained`'s variables when
-  fine-tuning."""
-  if saved is not None:
-    state = run_dir.resume(saved)
-    if workdir_lib.flat_shapes(saved) != workdir_lib.flat_shapes(abstract_state):
-      state = resume_lib.carry_over(state, ema, sharding.abstract(abstract_state, state_sharding),
-                                    state_sharding)
-    logging.debug('Resumed from step %d of %s.', int(state.step), run_dir.path)
-    return state
-  state = jax.jit(init, out_shardings=state_sharding)()
-  if pretrained is None:
-    return state
-  state = state.replace(
-      params=sharding.place(pretrained['params'], state_sharding.params),
-      batch_stats=sharding.place(pretrained.get('batch_stats', {}), state_sharding.batch_stats))
-  return jax.jit(lambda s: steps.with_fresh_ema(s, ema), out_shardings=state_sharding)(state)
-
-
 @dataclasses.dataclass(frozen=True)
 class Evaluation:
   """A run's evaluation: top-1 and loss on its eval split (and of its EMA), and those of its
@@ -297,6 +274,12 @@ class Evaluation:
     return metrics, set_metrics
 
 
+def jitted_eval_step(model: nn.Module, num_classes: int,
+                     mesh: Mesh) -> Callable[..., dict[str, jax.Array]]:
+  """The top-1 eval step (`steps.make_eval_step`) jitted for `mesh`, its sums replicated."""
+  return jax.jit(steps.make_eval_step(model, num_classes), out_shardings=sharding.replicated(mesh))
+
+
 def _evaluate_only(settings: Settings, run_dir: workdir_lib.Workdir, model: nn.Module,
                    mesh: Mesh, evaluate: Evaluation) -> RunResult:
   """Top-1 on the eval split (and the eval sets) of `settings.init_from`, else of the work
@@ -324,12 +307,6 @@ def _evaluate_only(settings: Settings, run_dir: workdir_lib.Workdir, model: nn.M
       print(f'Top-1 on {eval_set.name}: {set_metrics[f"{eval_set.name}/accuracy"]:.4f} '
             f'({set_metrics[f"{eval_set.name}/count"]} examples scored; {weights}).')
   return RunResult(step=None, metrics={**metrics, **set_metrics})
-
-
-def jitted_eval_step(model: nn.Module, num_classes: int,
-                     mesh: Mesh) -> Callable[..., dict[str, jax.Array]]:
-  """The top-1 eval step (`steps.make_eval_step`) jitted for `mesh`, its sums replicated."""
-  return jax.jit(steps.make_eval_step(model, num_classes), out_shardings=sharding.replicated(mesh))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -393,6 +370,37 @@ class PreemptionWatcher:
     return self.requested or run_dir.reached_preemption(step)
 
 
+def _stop_profiling() -> None:
+  """Ends a profile a run left running (stopped or failed within its steps)."""
+  try:
+    jax.profiler.stop_trace()
+  except RuntimeError:  # None running.
+    pass
+
+
+def _restore_or_init(run_dir: workdir_lib.Workdir, saved: Any, init: Callable[[], steps.TrainState],
+                     abstract_state: steps.TrainState, state_sharding: Any,
+                     pretrained: dict[str, Any] | None, *, ema: bool) -> steps.TrainState:
+  """The state the loop starts from, in `state_sharding`'s layout: the newest readable checkpoint
+  read as the abstract state `saved` (its run's layout) and carried over to this run's, when
+  resuming (`saved` given); else a fresh state (`init`), with `pretrained`'s variables when
+  fine-tuning."""
+  if saved is not None:
+    state = run_dir.resume(saved)
+    if workdir_lib.flat_shapes(saved) != workdir_lib.flat_shapes(abstract_state):
+      state = resume_lib.carry_over(state, ema, sharding.abstract(abstract_state, state_sharding),
+                                    state_sharding)
+    logging.debug('Resumed from step %d of %s.', int(state.step), run_dir.path)
+    return state
+  state = jax.jit(init, out_shardings=state_sharding)()
+  if pretrained is None:
+    return state
+  state = state.replace(
+      params=sharding.place(pretrained['params'], state_sharding.params),
+      batch_stats=sharding.place(pretrained.get('batch_stats', {}), state_sharding.batch_stats))
+  return jax.jit(lambda s: steps.with_fresh_ema(s, ema), out_shardings=state_sharding)(state)
+
+
 class Progress:
   """Training steps per second on a clock that stops inside `timed` sections, reported through
   clu's `ReportProgress` (steps/s and uptime summaries) on that clock.
@@ -441,14 +449,6 @@ def _profiler(workdir: str, profile_steps: int, start_step: int,
   return periodic_actions.Profile(logdir=workdir, num_profile_steps=count,
                                   profile_duration_ms=None, first_profile=start_step + 1,
                                   every_steps=None, every_secs=None)
-
-
-def _stop_profiling() -> None:
-  """Ends a profile a run left running (stopped or failed within its steps)."""
-  try:
-    jax.profiler.stop_trace()
-  except RuntimeError:  # None running.
-    pass
 
 
 def _finite(fetched: list[dict[str, np.ndarray]], step: int, last_saved: int,
