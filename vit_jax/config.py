@@ -9,8 +9,8 @@ warm-up within training; a teacher for distillation; the quick digits model on a
 then the model's own fields (`check_fields` of the registered model) and the evaluators' settings.
 It raises one `ConfigError` that lists every bad field with its value and what would be valid.
 
-Code reads a validated config's fields directly (`config.mix_prob`); no default is restated
-anywhere else. `create_model(config, num_classes)` builds the model a config describes, for
+The training loop's set-up resolves a validated config once into the typed settings of the
+modules that read it (`vit_jax.training.train.Settings`); no default is restated anywhere else. `create_model(config, num_classes)` builds the model a config describes, for
 training, analysis, inference and the benchmark alike (`model_overrides` turns the `model`
 section into the registry's arguments). Print every field with its default and rule:
 

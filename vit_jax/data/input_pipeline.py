@@ -269,9 +269,6 @@ def centre_crop_window(height: Any, width: Any, size: int, crop_ratio: float
   `CenterCrop(size)` at offsets round((resized - size) / 2), halves to even (`center_crop`).
   Works on Python ints and on int32 tensors alike (TensorFlow's round is half to even too).
   """
-  if not 0 < crop_ratio <= 1:
-    raise ValueError(f'--config.eval_crop_ratio={crop_ratio} must be in (0, 1]: the resized '
-                     'shorter side floor(image_size / ratio) must cover the crop.')
   short = math.floor(size / crop_ratio)
   if isinstance(height, int) and isinstance(width, int):
     long_side = short * max(height, width) // min(height, width)

@@ -87,13 +87,11 @@ def distillation_loss(outputs: Any, targets: jax.Array, teacher_logits: jax.Arra
   if kind == 'hard':
     kd = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(
         dist_logits, jnp.argmax(teacher_logits, -1)))
-  elif kind == 'soft':
+  else:  # 'soft': the schema's rule (config.DISTILLATION_TYPES) admits no other kind.
     log_p_student = jax.nn.log_softmax(dist_logits / tau, -1)
     log_p_teacher = jax.nn.log_softmax(teacher_logits / tau, -1)
     kd = jnp.sum(jnp.exp(log_p_teacher) * (log_p_teacher - log_p_student))
     kd = kd * tau ** 2 / dist_logits.size
-  else:  # The config's rule admits no other kind.
-    raise ValueError(f"Unknown distillation type {kind!r}; valid: 'hard', 'soft'.")
   return (1 - alpha) * base + alpha * kd
 
 
