@@ -33,7 +33,7 @@ def main(argv) -> None:
   config = _CONFIG.value
   if _DATA_DIR.value:
     config.data_dir = _DATA_DIR.value
-  info = input_pipeline.get_dataset_info(config)
+  info = input_pipeline.get_dataset_info(input_pipeline.DataSettings.from_config(config))
   print(f'Prepared {info.name} in {config.data_dir or "the TFDS default data dir"}: '
         f'{info.num_train_examples} train / {info.num_eval_examples} eval examples, '
         f'{info.num_classes} classes.')

@@ -250,7 +250,7 @@ def _config(data_dir, **overrides):
 
 
 def _batches(config, count, start_step=0):
-  iterator = input_pipeline.train_iterator(config, start_step=start_step, process_index=0,
+  iterator = input_pipeline.train_iterator(input_pipeline.DataSettings.from_config(config), start_step=start_step, process_index=0,
                                            process_count=1)
   return list(itertools.islice(iterator, count))
 

@@ -4,7 +4,6 @@
 import flax
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
@@ -12,7 +11,7 @@ from tests.reference import big_vision_vit
 from vit_jax import models
 from vit_jax.weights import pretrained
 from vit_jax.benchmarks import timm_reference
-from vit_jax.training import train
+from vit_jax.training import steps
 
 WIDTH, DEPTH, HEADS, MLP, CLASSES, SIZE = 32, 2, 2, 64, 5, 16
 # big_vision pool_type -> our global_pool.
@@ -53,12 +52,11 @@ def test_logits_equal_big_visions(tmp_path, pool_type, rep_size, prefix):
 def test_init_from_a_big_vision_npz_fine_tunes_at_another_size(tmp_path):
   path = str(tmp_path / 'bv.npz')
   _big_vision_npz(path, 'gap')
-  config = ml_collections.ConfigDict({'init_from': path, 'image_size': 24, 'seed': 0,
-                                      'use_ema': True})
   model = models.create('vit_ti4', num_classes=3, hidden_size=WIDTH, depth=DEPTH,
                         num_heads=HEADS, mlp_dim=MLP, global_pool='avg',
                         mlp_activation='gelu_tanh')
-  variables = train.pretrained_variables(config, model, str(tmp_path / 'run'))
+  variables = pretrained.load(path, model, image_size=24, reset_head=True,
+                              rng=steps.init_rngs(0)[0])  # As fine-tuning reads it.
   assert variables['params']['pos_embed'].shape == (1, 36, WIDTH)  # 4x4 grid -> 6x6, no cls.
   assert variables['params']['head']['kernel'].shape == (WIDTH, 3)
 

@@ -278,14 +278,28 @@ def test_the_schema_prints_every_field_with_default_and_rule():
   assert "--config.model={'name': 'vit_ti4', 'scan_layers': False, 'remat': False}" in text
 
 
-def test_section_defaults_are_their_owners_defaults():
-  """The command line can set the sections' fields only where the schema lists them; the values
-  it lists must be what the evaluators and the model would use unset."""
+def test_unset_evaluator_fields_take_the_evaluators_own_defaults():
+  """The schema lists which evaluator fields the command line sets; their values stay the
+  evaluators' own until set, and the loop runs no evaluator unless asked."""
   from vit_jax import evaluators  # pylint: disable=g-import-not-at-top
-  from vit_jax import models
-  sections = {section.name: section.default for section in config_lib.SECTIONS}
-  for name, settings in sections['evaluators'].items():
+  from vit_jax.training import train  # pylint: disable=g-import-not-at-top
+  config = _config()
+  for name, settings in config.evaluators.items():
+    assert set(settings.values()) == {None}
     assert evaluators.create(name, settings) == evaluators.create(name), name
+  assert train.Settings.from_config(config).evaluators == {}
+  config.evaluators.fewshot.update(every=400, shots=(10,))
+  periodic = train.Settings.from_config(config).evaluators
+  assert list(periodic) == ['fewshot']
+  assert (periodic['fewshot'].every, periodic['fewshot'].shots) == (400, (10,))
+  assert periodic['fewshot'].seeds == evaluators.create('fewshot').seeds
+
+
+def test_section_defaults_are_their_owners_defaults():
+  """The command line can set the model section's fields only where the schema lists them; the
+  values it lists must be what the model would use unset."""
+  from vit_jax import models  # pylint: disable=g-import-not-at-top
+  sections = {section.name: section.default for section in config_lib.SECTIONS}
   model = sections['model']
   plain = models.create(model['name'], num_classes=10)
   assert {key: getattr(plain, key) for key in model if key != 'name'} == {

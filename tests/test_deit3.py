@@ -231,7 +231,8 @@ def test_lamb_matches_timm(timm):
            for scale in (0.01, 5.0, 0.1, 1.0)]
   config = config_lib.defaults()
   config.optimizer, config.weight_decay, config.eps = 'lamb', 0.05, 1e-8
-  tx = optim.create_optimizer(config, lambda _: 2e-2)
+  tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), lambda _: 2e-2,
+                              models.create('vit_ti4', num_classes=10))
   ours = jax.tree.map(jnp.asarray, params)
   state = tx.init(ours)
   torch_params = {k: torch.nn.Parameter(torch.from_numpy(v.copy())) for k, v in params.items()}
@@ -255,9 +256,9 @@ def test_pipeline_applies_three_augment_and_jitter(tmp_path):
   config.data_dir = str(tmp_path)
   config.batch_size, config.image_size, config.normalization = 16, 16, 'digits'
   config.augment, config.crop_padding, config.flip = 'simple_random_crop', 2, False
-  plain = next(input_pipeline.train_iterator(config))
+  plain = next(input_pipeline.train_iterator(input_pipeline.DataSettings.from_config(config)))
   config.three_augment, config.color_jitter = True, 0.3
-  recipe = next(input_pipeline.train_iterator(config))
+  recipe = next(input_pipeline.train_iterator(input_pipeline.DataSettings.from_config(config)))
   np.testing.assert_array_equal(plain['label'], recipe['label'])
   assert not np.allclose(plain['image'], recipe['image'])
   assert recipe['image'].shape == (16, 16, 16, 3)

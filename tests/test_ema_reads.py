@@ -9,6 +9,8 @@ import pytest
 from tests.test_train import assert_trees_close, tiny_config
 from vit_jax import config as config_lib
 from vit_jax.weights import inference
+from vit_jax.weights import pretrained as pretrained_lib
+from vit_jax.training import steps
 from vit_jax.training import teacher
 from vit_jax.training import train
 from vit_jax.training import workdir as workdir_lib
@@ -54,13 +56,15 @@ def test_init_from_teacher_and_analysis_read_the_ema(run, tmp_path):
   config = config.copy_and_resolve_references()
   config.init_from = workdir
   model = config_lib.create_model(config, 10)
-  pretrained = train.pretrained_variables(config, model, str(tmp_path / 'finetune'))
+  pretrained = pretrained_lib.load(config.init_from, model, image_size=config.image_size,
+                                  use_ema=config.use_ema, reset_head=True,
+                                  rng=steps.init_rngs(config.seed)[0])  # As fine-tuning reads it.
   assert_trees_close(pretrained['params'], state['ema']['params'], atol=1e-7)
+  read = lambda c: teacher.load(teacher.TeacherSettings.from_config(c), 10).variables['params']
   config.distillation.type, config.distillation.teacher = 'hard', workdir
-  assert_trees_close(teacher.load(config, 10).variables['params'], state['ema']['params'],
-                     atol=0)
+  assert_trees_close(read(config), state['ema']['params'], atol=0)
   config.use_ema = False
-  assert_trees_close(teacher.load(config, 10).variables['params'], state['params'], atol=0)
+  assert_trees_close(read(config), state['params'], atol=0)
   loaded = inference.load_run(workdir, unroll=True)  # As analysis reads it.
   assert loaded.ema
   assert_trees_close(loaded.variables['params'], state['ema']['params'], atol=0)

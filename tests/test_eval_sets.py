@@ -125,7 +125,7 @@ def test_real_label_sets_are_read_from_the_mocked_dataset():
   (real,) = eval_sets.parse_all(['imagenet2012_real'])
   with tfds.testing.mock_data(num_examples=12):
     raw = list(tfds.load('imagenet2012_real', split='validation').as_numpy_iterator())
-    batches = list(real.batches(config))
+    batches = list(real.batches(input_pipeline.DataSettings.from_config(config)))
   assert len(batches) == 2
   label_set = np.concatenate([b['label_set'] for b in batches])
   mask = np.concatenate([b['mask'] for b in batches])
@@ -175,7 +175,7 @@ def test_a_run_on_mocked_imagenet_reports_every_set_by_name(tmp_path):
     result = train.train_and_evaluate(config, workdir)
     raw = {s.dataset: list(tfds.load(s.dataset, split=s.split).as_numpy_iterator())
            for s in scored_sets}
-    images = {s.dataset: np.concatenate([b['image'] for b in s.batches(config)])[:24]
+    images = {s.dataset: np.concatenate([b['image'] for b in s.batches(input_pipeline.DataSettings.from_config(config))])[:24]
               for s in scored_sets}
   results = workdir_lib.Workdir(workdir).results()
   for name in config.eval_sets:

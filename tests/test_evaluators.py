@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 from vit_jax import evaluators
+from vit_jax.data import input_pipeline
 from vit_jax.weights import inference
 from vit_jax.evaluators import fewshot
 from vit_jax.evaluators import linear_probe
@@ -49,12 +50,13 @@ def test_settings_are_checked_by_name():
 @pytest.mark.slow
 def test_fewshot_of_a_trained_vit_is_far_above_an_untrained_one(trained_digits_run):
   run = inference.load_run(trained_digits_run)
+  data = input_pipeline.DataSettings.from_config(run.config)
   ten_shot = fewshot.FewShot(shots=(10,), seeds=2)
-  trained = ten_shot.run(run.model, run.variables, run.config)['fewshot/digits_10shot']
+  trained = ten_shot.run(run.model, run.variables, data)['fewshot/digits_10shot']
   untrained_variables = run.model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)))
-  untrained = ten_shot.run(run.model, untrained_variables, run.config)['fewshot/digits_10shot']
+  untrained = ten_shot.run(run.model, untrained_variables, data)['fewshot/digits_10shot']
   assert trained >= 0.8 and trained >= untrained + 0.2, (trained, untrained)
-  probe = linear_probe.LinearProbe(inverse_l2s=(1.0,)).run(run.model, run.variables, run.config)
+  probe = linear_probe.LinearProbe(inverse_l2s=(1.0,)).run(run.model, run.variables, data)
   assert probe['linear_probe/digits'] >= 0.85
 
 

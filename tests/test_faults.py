@@ -102,8 +102,11 @@ CORRUPTIONS = {'truncated_array': _truncate, 'garbage_array': _garbage_arrays,
 
 def _abstract_state(config):
   model = config_lib.create_model(config, 10)
-  tx = optim.create_optimizer(config, lambda _: 1e-3)
-  return jax.eval_shape(lambda: steps.init_state(model, tx, config))
+  tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), lambda _: 1e-3,
+                              model)
+  return jax.eval_shape(lambda: steps.init_state(
+      model, tx, steps.init_rngs(config.seed), image_size=config.image_size,
+      ema=bool(config.ema_decay)))
 
 
 @pytest.mark.parametrize('kind', CORRUPTIONS)
@@ -293,7 +296,7 @@ def test_nan_without_any_checkpoint_says_so(data_dir, tmp_path):
 def test_unprepared_manual_dataset_says_where_the_archives_go(tmp_path):
   config = tiny_config(str(tmp_path), dataset='imagenet2012')
   with pytest.raises(ValueError) as raised:
-    input_pipeline.get_dataset_info(config)
+    input_pipeline.get_dataset_info(input_pipeline.DataSettings.from_config(config))
   message = str(raised.value)
   assert message.startswith(f"Dataset 'imagenet2012' is not prepared in data_dir={tmp_path}, "
                             'and TFDS cannot download it')
@@ -309,7 +312,7 @@ def test_unprepared_dataset_without_network_names_the_command(tmp_path, monkeypa
 
   monkeypatch.setattr(tfds.core.DatasetBuilder, 'download_and_prepare', offline)
   with pytest.raises(ValueError) as raised:
-    input_pipeline.get_dataset_info(tiny_config(str(tmp_path), dataset='cifar10'))
+    input_pipeline.get_dataset_info(input_pipeline.DataSettings.from_config(tiny_config(str(tmp_path), dataset='cifar10')))
   assert str(raised.value) == (
       f"Dataset 'cifar10' is not prepared in data_dir={tmp_path}, and preparing it failed "
       "(ConnectionError: HTTPSConnectionPool(host='www.cs.toronto.edu'): Max retries exceeded). "

@@ -206,7 +206,7 @@ def test_a_teacher_by_hub_name_brings_its_model_and_normalisation(hub_cache, tim
   config.normalization = 'digits'  # The student's; the teacher's is ImageNet's.
   config.distillation.type = 'hard'
   config.distillation.teacher = 'hf-hub:timm/regnety_002.pycls_in1k'
-  teacher = teacher_lib.load(config, 10)
+  teacher = teacher_lib.load(teacher_lib.TeacherSettings.from_config(config), 10)
   assert (type(teacher.model).__name__, teacher.model.depth, teacher.model.num_classes) == (
       'RegNet', 13, 10)
   scale, shift = teacher_lib.normalization_change('digits', 'imagenet')

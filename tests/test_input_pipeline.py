@@ -48,7 +48,7 @@ def _multiset(images, labels):
 
 
 def test_dataset_info(data_dir):
-  info = input_pipeline.get_dataset_info(_config(data_dir, image_size=16))
+  info = input_pipeline.get_dataset_info(input_pipeline.DataSettings.from_config(_config(data_dir, image_size=16)))
   assert info == input_pipeline.DatasetInfo(
       name='digits', num_classes=10, num_train_examples=1437, num_eval_examples=360, image_size=16,
       class_names=tuple(str(i) for i in range(10)))
@@ -65,7 +65,7 @@ def test_digits_statistics_are_the_train_split_statistics(data_dir):
 def test_one_digits_epoch_is_standardised(data_dir):
   # One batch of 1,437 = one whole epoch; unaugmented 8x8 images normalised by digits' stats.
   config = _config(data_dir, batch_size=1437, image_size=8, augment='none')
-  batch = next(input_pipeline.train_iterator(config, process_index=0, process_count=1))
+  batch = next(input_pipeline.train_iterator(input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1))
   assert batch['image'].shape == (1437, 8, 8, 3) and batch['image'].dtype == np.float32
   assert abs(batch['image'].mean()) < 2e-4 and abs(batch['image'].std() - 1) < 2e-4
   images, labels, _ = _raw_digits(data_dir, 'train')
@@ -98,7 +98,7 @@ def test_mock_cifar10_train_batches(augment):
                    augment=augment, batch_size=16)
   with tfds.testing.mock_data(num_examples=40):
     batches = list(itertools.islice(
-        input_pipeline.train_iterator(config, process_index=0, process_count=1), 4))
+        input_pipeline.train_iterator(input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1), 4))
   for batch in batches:
     assert set(batch) == {'image', 'label'}
     assert batch['image'].shape == (16, 24, 24, 3) and batch['image'].dtype == np.float32
@@ -118,8 +118,8 @@ def test_mock_cifar10_unaugmented_batches_are_normalised_dataset_images():
   with tfds.testing.mock_data(num_examples=20):
     raw = next(tfds.load('cifar10', split='train').batch(20).as_numpy_iterator())
     batches = list(itertools.islice(
-        input_pipeline.train_iterator(config, process_index=0, process_count=1), 2))
-    info = input_pipeline.get_dataset_info(config)
+        input_pipeline.train_iterator(input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1), 2))
+    info = input_pipeline.get_dataset_info(input_pipeline.DataSettings.from_config(config))
   assert (info.num_classes, info.num_train_examples, info.num_eval_examples) == (10, 20, 20)
   pixels = _unnormalize(np.concatenate([b['image'] for b in batches]), 'cifar10')
   labels = np.concatenate([b['label'] for b in batches])
@@ -130,7 +130,7 @@ def test_mock_cifar10_eval_batches():
   config = _config(None, dataset='cifar10', normalization='cifar10', image_size=28,
                    eval_crop_ratio=0.875, eval_batch_size=16)
   with tfds.testing.mock_data(num_examples=20):
-    batches = list(input_pipeline.eval_iterator(config, process_index=0, process_count=1))
+    batches = list(input_pipeline.eval_iterator(input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1))
   assert len(batches) == 2
   for batch in batches:
     assert batch['image'].shape == (16, 28, 28, 3) and batch['image'].dtype == np.float32
@@ -152,7 +152,7 @@ def test_train_epoch_of_each_process_is_its_own_split(data_dir):
                    normalization='inception')
   seen = collections.Counter()
   for process in range(3):
-    batch = next(input_pipeline.train_iterator(config, process_index=process, process_count=3))
+    batch = next(input_pipeline.train_iterator(input_pipeline.DataSettings.from_config(config), process_index=process, process_count=3))
     assert batch['image'].shape == (479, 8, 8, 3)
     images, labels, _ = _raw_digits(data_dir, input_pipeline._process_split('train', process, 3))
     local = _multiset(_unnormalize(batch['image'], 'inception')[..., :1], batch['label'])
@@ -166,7 +166,7 @@ def test_train_epoch_of_each_process_is_its_own_split(data_dir):
 def test_eval_counts_every_example_once(data_dir, process_count, local_batch):
   # With 7 processes the shards hold 52 or 51 examples: 4 batches of 17 vs 3, so some pad more.
   config = _config(data_dir, eval_batch_size=process_count * local_batch, image_size=8)
-  per_process = [list(input_pipeline.eval_iterator(config, process_index=p,
+  per_process = [list(input_pipeline.eval_iterator(input_pipeline.DataSettings.from_config(config), process_index=p,
                                                    process_count=process_count))
                  for p in range(process_count)]
   assert len({len(batches) for batches in per_process}) == 1
@@ -187,7 +187,7 @@ def test_eval_counts_every_example_once(data_dir, process_count, local_batch):
 
 
 def _batches(config, start_step, count):
-  iterator = input_pipeline.train_iterator(config, start_step=start_step, process_index=1,
+  iterator = input_pipeline.train_iterator(input_pipeline.DataSettings.from_config(config), start_step=start_step, process_index=1,
                                            process_count=2)
   return list(itertools.islice(iterator, count))
 
@@ -275,22 +275,22 @@ def test_inception_crop_of_a_jpeg_decodes_the_same_window():
 
 def test_bad_dataset_name_raises():
   with pytest.raises(ValueError, match=r"'no_such_dataset'.*'digits'.*'cifar10'"):
-    input_pipeline.get_dataset_info(_config(None, dataset='no_such_dataset'))
+    input_pipeline.get_dataset_info(input_pipeline.DataSettings.from_config(_config(None, dataset='no_such_dataset')))
 
 
 def test_bad_split_raises(data_dir):
   with pytest.raises(ValueError, match=r"no split 'validation'.*'train', 'test'"):
-    input_pipeline.get_dataset_info(_config(data_dir, eval_split='validation'))
+    input_pipeline.get_dataset_info(input_pipeline.DataSettings.from_config(_config(data_dir, eval_split='validation')))
   with pytest.raises(ValueError, match="no split 'tset'"):
-    next(input_pipeline.eval_iterator(_config(data_dir), split='train[:10]+tset'))
+    next(input_pipeline.eval_iterator(input_pipeline.DataSettings.from_config(_config(data_dir)), split='train[:10]+tset'))
 
 
 def test_indivisible_batch_raises_before_touching_the_dataset():
   config = _config('/nonexistent', dataset='no_such_dataset', batch_size=128)
   with pytest.raises(ValueError, match='batch_size=128.*process count 3'):
-    input_pipeline.train_iterator(config, process_index=0, process_count=3)
+    input_pipeline.train_iterator(input_pipeline.DataSettings.from_config(config), process_index=0, process_count=3)
   with pytest.raises(ValueError, match='eval_batch_size=64.*process count 3'):
-    input_pipeline.eval_iterator(config, process_index=0, process_count=3)
+    input_pipeline.eval_iterator(input_pipeline.DataSettings.from_config(config), process_index=0, process_count=3)
 
 
 # Random access on a dataset that is not held in memory: a folder of JPEGs of varied sizes.
@@ -314,7 +314,7 @@ def _deit_recipe(jpeg_folder, **overrides):
 
 
 def _islice(config, start_step, count, process_index=0, process_count=1):
-  iterator = input_pipeline.train_iterator(config, start_step=start_step,
+  iterator = input_pipeline.train_iterator(input_pipeline.DataSettings.from_config(config), start_step=start_step,
                                            process_index=process_index,
                                            process_count=process_count)
   return list(itertools.islice(iterator, count))
@@ -325,7 +325,7 @@ def test_folder_is_read_by_index(jpeg_folder):
   assert source.random_access and not source.streamable
   assert source.image_feature().shape == (None, None, 3)
   with pytest.raises(ValueError, match='in_memory=False.*ArrayRecord only.*unset'):
-    input_pipeline.train_iterator(_folder_config(jpeg_folder, in_memory=False))
+    input_pipeline.train_iterator(input_pipeline.DataSettings.from_config(_folder_config(jpeg_folder, in_memory=False)))
 
 
 def test_resume_from_any_step_is_exact_across_epochs(jpeg_folder):
@@ -348,7 +348,7 @@ def test_two_processes_read_every_example_once_per_epoch(jpeg_folder):
   # Unaugmented training images are the eval view (resize and centre crop at ratio 1) before the
   # eval transform rounds pixels to whole values: each matches one eval image within half a level.
   config = _folder_config(jpeg_folder, augment='none', batch_size=30, eval_batch_size=30)
-  everything = next(input_pipeline.eval_iterator(config, split='train', process_index=0,
+  everything = next(input_pipeline.eval_iterator(input_pipeline.DataSettings.from_config(config), split='train', process_index=0,
                                                  process_count=1))
   assert everything['mask'].sum() == 30
   half_level = 0.5 / 255 / 0.5 + 1e-5  # inception normalisation: (x / 255 - 0.5) / 0.5
@@ -378,7 +378,7 @@ def test_records_read_for_the_first_batch_do_not_depend_on_the_step(jpeg_folder,
   read_at = {}
   for start_step in (0, 17_000):  # 17,000 steps of 6: 102,000 examples consumed before.
     reads.clear()
-    batch = next(input_pipeline.train_iterator(config, start_step=start_step, process_index=0,
+    batch = next(input_pipeline.train_iterator(input_pipeline.DataSettings.from_config(config), start_step=start_step, process_index=0,
                                                process_count=1))
     assert batch['image'].shape == (6, 16, 16, 3)
     read_at[start_step] = sum(reads)

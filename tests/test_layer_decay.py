@@ -92,7 +92,7 @@ def test_each_update_is_scaled_by_its_layers_factor(optimizer):
 
   def first_update(decay):
     config.layer_decay = decay
-    tx = optim.create_optimizer(config, lambda _: 1e-2, model)
+    tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), lambda _: 1e-2, model)
     updates, _ = jax.jit(tx.update)(grads, tx.init(params), params)
     return updates
 

@@ -244,8 +244,10 @@ def test_bfloat16_step_stays_within_bfloat16_tolerance_of_float32(name):
     config = family_config(family, dtype=dtype)
     config.model.update(depth=1, **fields)
     model = config_lib.create_model(config, 10)
-    tx = optim.create_optimizer(config, lambda _: 1e-3)
-    state = jax.jit(functools.partial(steps.init_state, model, tx, config))()
+    tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), lambda _: 1e-3,
+                              model)
+    state = jax.jit(functools.partial(steps.init_state, model, tx, steps.init_rngs(config.seed),
+                                image_size=config.image_size, ema=bool(config.ema_decay)))()
     rng = np.random.default_rng(0)
     size = config.image_size
     batch = {'image': jnp.asarray(rng.normal(size=(8, size, size, 3)), jnp.float32),
@@ -253,7 +255,7 @@ def test_bfloat16_step_stays_within_bfloat16_tolerance_of_float32(name):
     variables = {'params': state.params, **({'batch_stats': state.batch_stats}
                                            if state.batch_stats else {})}
     logits = jax.jit(model.apply)(variables, batch['image'])
-    new_state, metrics = jax.jit(steps.make_train_step(model, tx, config, 10))(state, batch)
+    new_state, metrics = jax.jit(steps.make_train_step(model, tx, steps.StepSettings.from_config(config), 10))(state, batch)
     update = jax.tree.map(lambda new, old: new - old, new_state.params, state.params)
     results[dtype] = (np.asarray(logits, np.float32), float(metrics['loss']),
                       np.concatenate([np.ravel(u) for u in jax.tree.leaves(update)]))

@@ -144,10 +144,13 @@ def load_config(config_file: str):
 def one_device_state(config) -> steps.TrainState:
   """The abstract training state, replicated on this process's one-device mesh."""
   model = config_lib.create_model(config, digits.NUM_CLASSES)
-  tx = optim.create_optimizer(config, optim.learning_rate_schedule(config, STEPS, 2))
+  schedule = optim.learning_rate_schedule(optim.ScheduleSettings.from_config(config), STEPS, 2)
+  tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), schedule, model)
   sharding = NamedSharding(Mesh(np.array(jax.devices()[:1]), ('data',)), P())
   return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
-                      jax.eval_shape(lambda: steps.init_state(model, tx, config)))
+                      jax.eval_shape(lambda: steps.init_state(
+      model, tx, steps.init_rngs(config.seed), image_size=config.image_size,
+      ema=bool(config.ema_decay))))
 
 
 def saved_state(workdir: str, config, step: int | None = None) -> steps.TrainState:

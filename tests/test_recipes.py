@@ -12,6 +12,7 @@ import pytest
 from tests.test_configs import load
 from tests.test_train import assert_trees_close, tiny_config, train_with_preemption
 from vit_jax import config as config_lib
+from vit_jax.data import augment
 from vit_jax import models
 from vit_jax.training import optim
 from vit_jax.training import steps
@@ -42,7 +43,8 @@ def test_mixed_targets_follow_the_pixels_within_each_group(kind):
   config = tiny_config('unused', label_smoothing=0.1, mixup_alpha=0.8 if kind == 'mixup' else 0.0,
                        cutmix_alpha=1.0 if kind == 'cutmix' else 0.0)
   batch, groups = _batch(16), 2
-  out = jax.device_get(steps.training_batch(jax.random.key(3), batch, config, 10, groups))
+  out = jax.device_get(steps.training_batch(jax.random.key(3), batch, augment.MixSettings.from_config(config),
+                                            0.1, 10, groups))
   images, labels = np.asarray(batch['image']), np.asarray(batch['label'])
   lams = []
   for g in range(groups):
@@ -69,7 +71,7 @@ def test_mixed_targets_follow_the_pixels_within_each_group(kind):
 def test_without_mixing_targets_are_smoothed_labels():
   config = tiny_config('unused', label_smoothing=0.1)
   batch = _batch(8)
-  out = jax.device_get(steps.training_batch(jax.random.key(0), batch, config, 10))
+  out = jax.device_get(steps.training_batch(jax.random.key(0), batch, None, 0.1, 10))
   np.testing.assert_array_equal(out['image'], batch['image'])
   np.testing.assert_array_equal(out['label'], batch['label'])
   np.testing.assert_allclose(out['targets'], _smoothed(np.asarray(batch['label']), 0.1), atol=1e-6)
@@ -85,16 +87,20 @@ def test_train_step_learns_from_the_mixed_batch(monkeypatch):
   config = tiny_config('unused', label_smoothing=0.1, mixup_alpha=0.8, cutmix_alpha=1.0,
                        **{'model.init_scheme': 'timm'})
   model = config_lib.create_model(config, 10)
-  tx = optim.create_optimizer(config, lambda _: 1e-3)
-  state = steps.init_state(model, tx, config)
+  tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), lambda _: 1e-3,
+                              model)
+  state = steps.init_state(
+      model, tx, steps.init_rngs(config.seed), image_size=config.image_size,
+      ema=bool(config.ema_decay))
   # The step's own mixing rng is replaced by a fixed one so that the test can redo the mixing.
   original = steps.training_batch
   fixed = lambda rng, *args, **kwargs: original(jax.random.key(6), *args, **kwargs)
   monkeypatch.setattr(steps, 'training_batch', fixed)
   batch = _batch(32)
-  step = jax.jit(steps.make_train_step(model, tx, config, 10, mix_groups=2))
+  step = jax.jit(steps.make_train_step(model, tx, steps.StepSettings.from_config(config), 10,
+                                       mix_groups=2))
   _, metrics = step(state, batch)
-  used = jax.device_get(fixed(None, batch, config, 10, 2))
+  used = jax.device_get(fixed(None, batch, augment.MixSettings.from_config(config), 0.1, 10, 2))
   assert not np.allclose(used['targets'].max(-1), 0.91)  # Soft targets, not smoothed one-hots.
   # Some mixed images are dominated by their partner's class: the label scored is that class.
   assert np.any(used['label'] != np.asarray(batch['label']))
@@ -118,9 +124,12 @@ def test_four_micro_batches_equal_one_big_batch(mixing):
   for accumulate in (1, 4):
     config = tiny_config('unused', grad_accum_steps=accumulate, **overrides)
     model = config_lib.create_model(config, 10)
-    tx = optim.create_optimizer(config, lambda _: 1e-3)
-    state = steps.init_state(model, tx, config)
-    step = jax.jit(steps.make_train_step(model, tx, config, 10))
+    tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), lambda _: 1e-3,
+                              model)
+    state = steps.init_state(
+      model, tx, steps.init_rngs(config.seed), image_size=config.image_size,
+      ema=bool(config.ema_decay))
+    step = jax.jit(steps.make_train_step(model, tx, steps.StepSettings.from_config(config), 10))
     for seed in range(2):
       state, metrics = step(state, _batch(32, seed))
     results.append((jax.device_get(state.params), float(metrics['loss'])))
@@ -151,10 +160,13 @@ def test_bad_recipe_settings_fail_before_touching_the_workdir(tmp_path, override
 def test_ema_follows_the_parameters():
   config = tiny_config('unused', ema_decay=0.75)
   model = config_lib.create_model(config, 10)
-  tx = optim.create_optimizer(config, lambda _: 1e-2)
-  state = steps.init_state(model, tx, config)
+  tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), lambda _: 1e-2,
+                              model)
+  state = steps.init_state(
+      model, tx, steps.init_rngs(config.seed), image_size=config.image_size,
+      ema=bool(config.ema_decay))
   assert_trees_close(state.ema['params'], state.params, atol=0)
-  step = jax.jit(steps.make_train_step(model, tx, config, 10))
+  step = jax.jit(steps.make_train_step(model, tx, steps.StepSettings.from_config(config), 10))
   expected = state.params
   for seed in range(3):
     state, _ = step(state, _batch(32, seed))
@@ -249,14 +261,14 @@ def test_deit_recipe(variant, distilled, tmp_path):
   _check_fields(config, DEIT_RECIPE)
   _check_fields(config, dict(batch_size=1024, repeated_aug=3, num_epochs=300, warmup_epochs=5,
                              eval_crop_ratio=0.875, image_size=224))
-  assert optim.peak_learning_rate(config) == pytest.approx(1e-3)  # 5e-4 × 1024 / 512.
+  assert optim.peak_learning_rate(optim.ScheduleSettings.from_config(config)) == pytest.approx(1e-3)  # 5e-4 × 1024 / 512.
   assert config.model.drop_path_rate == 0.1
   model = config_lib.create_model(config, 10)
   assert model.drop_path_rate == 0.1 and model.dropout_rate == 0.0
   assert config.model.name == f'deit_{variant.lower()}16' + ('_distilled' if distilled else '')
   assert config.distillation.type == ('hard' if distilled else 'none')
   # An epoch is the dataset once, however many repeats a batch holds.
-  total, warmup = optim.training_steps(config, IMAGENET_TRAIN)
+  total, warmup = optim.training_steps(optim.ScheduleSettings.from_config(config), IMAGENET_TRAIN)
   assert (total, warmup) == (math.ceil(300 * IMAGENET_TRAIN / 1024),
                              math.ceil(5 * IMAGENET_TRAIN / 1024))
   assert all(number in load('deit').__doc__
@@ -296,7 +308,7 @@ def test_deepvit_recipe(variant, baseline):
                          'mixup_alpha': 0.1 if thirty_two else 0.8,
                          'cutmix_alpha': 0.0 if thirty_two else 1.0})
   _check_fields(config, dict(repeated_aug=1, num_epochs=300, warmup_epochs=5))
-  assert optim.peak_learning_rate(config) == 5e-4  # Not scaled with the batch.
+  assert optim.peak_learning_rate(optim.ScheduleSettings.from_config(config)) == 5e-4  # Not scaled with the batch.
   assert config.model.drop_path_rate == 0.2
   model = models.create(config.model.name, num_classes=1000)
   assert (model.re_attention_blocks == 0) == baseline and model.depth == int(variant[:2])
@@ -308,7 +320,7 @@ def test_t2t_vit_14_recipe():
   config = load('t2t').get_config('variant=14,dataset=imagenet2012')
   _check_fields(config, DEIT_RECIPE)
   _check_fields(config, dict(batch_size=512, repeated_aug=1, num_epochs=300, warmup_epochs=10))
-  assert optim.peak_learning_rate(config) == pytest.approx(5e-4)
+  assert optim.peak_learning_rate(optim.ScheduleSettings.from_config(config)) == pytest.approx(5e-4)
   assert config.model.name == 't2t_vit_14' and config.model.drop_path_rate == 0.1
   assert '81.5' in load('t2t').__doc__
 
@@ -318,7 +330,7 @@ def test_t2t_vit_14_recipe():
     ('t-19', 5e-4, 0.065, '82.4')])
 def test_t2t_vit_sizes_follow_the_official_commands(variant, lr, weight_decay, top1):
   config = load('t2t').get_config(f'variant={variant},dataset=imagenet2012')
-  assert optim.peak_learning_rate(config) == pytest.approx(lr)
+  assert optim.peak_learning_rate(optim.ScheduleSettings.from_config(config)) == pytest.approx(lr)
   _check_fields(config, dict(weight_decay=weight_decay, eval_crop_ratio=0.9, batch_size=512))
   assert top1 in load('t2t').__doc__
 
@@ -331,7 +343,7 @@ def test_sa_conv_cifar10_recipe(attention):
                              warmup_lr=0.0, label_smoothing=0.0, mixup_alpha=0.0,
                              cutmix_alpha=0.0, randaugment='', repeated_aug=1, ema_decay=0.0,
                              augment='crop_flip', crop_padding=4, flip=True, dtype='float32'))
-  total, warmup = optim.training_steps(config, 50_000)
+  total, warmup = optim.training_steps(optim.ScheduleSettings.from_config(config), 50_000)
   assert (total, warmup) == (150_000, 7_500)  # 5 % linear warm-up.
   model = models.create(config.model.name, num_classes=10)
   params = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 32, 32, 3)))['params']

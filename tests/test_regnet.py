@@ -127,7 +127,7 @@ def test_deit_distils_from_a_timm_regnety_weights_file(timm, tmp_path, train_los
   config.distillation.type = 'hard'
   config.distillation.teacher = f'regnety_002:{weights}'
   config.distillation.teacher_normalization = 'imagenet'
-  loaded = teacher.load(config, num_classes=10)
+  loaded = teacher.load(teacher.TeacherSettings.from_config(config), num_classes=10)
   images = np.random.default_rng(0).normal(size=(2, 16, 16, 3)).astype(np.float32)
   digits_mean, digits_std = (np.asarray(v) for v in input_pipeline.NORMALIZATIONS['digits'])
   imagenet_mean, imagenet_std = (np.asarray(v)
@@ -150,10 +150,10 @@ def test_teacher_spec_errors_name_the_value(tmp_path):
   config.distillation.type = 'hard'
   config.distillation.teacher = f'regnety_002:{tmp_path / "missing.pth"}'
   with pytest.raises(ValueError, match='no weights file at'):
-    teacher.load(config, num_classes=10)
+    teacher.load(teacher.TeacherSettings.from_config(config), num_classes=10)
   config.distillation.teacher = f'regnety_002:{tmp_path}'
   with pytest.raises(ValueError, match='no weights file at'):
-    teacher.load(config, num_classes=10)
+    teacher.load(teacher.TeacherSettings.from_config(config), num_classes=10)
   with pytest.raises(ValueError, match="Unknown normalization 'bgr'; valid: .*'imagenet'"):
     teacher.normalization_change('digits', 'bgr')
 

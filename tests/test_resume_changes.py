@@ -4,7 +4,6 @@ Two tiny finished runs (one plain, one with gradient clipping and an EMA) are co
 with one field changed; the state the loop would start from is compared with the saved one.
 """
 
-import contextlib
 import logging as std_logging
 import os
 import shutil
@@ -57,6 +56,26 @@ def _assert_same(a, b):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+class _Started(Exception):
+  """Carries the state the loop would start from."""
+
+  def __init__(self, state):
+    super().__init__('started')
+    self.state = state
+
+
+def _starting_state(config, workdir, monkeypatch):
+  """The state `train_and_evaluate` would start its loop from; no step runs."""
+  restore_or_init = train._restore_or_init  # pylint: disable=protected-access
+
+  def stop(*args, **kwargs):
+    raise _Started(restore_or_init(*args, **kwargs))
+  monkeypatch.setattr(train, '_restore_or_init', stop)
+  with pytest.raises(_Started) as started:
+    train.train_and_evaluate(config, workdir)
+  return started.value.state
+
+
 def _copy(runs, name, tmp_path):
   workdir, overrides = runs[name]
   copy = str(tmp_path / 'run')
@@ -77,14 +96,14 @@ CARRIED = {  # name: (base run, changed fields, the log line's note)
 
 @pytest.mark.parametrize('case', CARRIED)
 def test_a_change_that_adds_or_drops_state_resumes_with_everything_else_carried(
-    runs, data_dir, tmp_path, caplog, case):
+    runs, data_dir, tmp_path, caplog, monkeypatch, case):
   base, changes, note = CARRIED[case]
   workdir, overrides = _copy(runs, base, tmp_path)
   saved = workdir_lib.Workdir(workdir).read_state()
   checkpoints = _checkpoints(workdir)
   config = _config(data_dir, **{**overrides, **changes})
-  with caplog.at_level(std_logging.INFO), contextlib.ExitStack() as scope:
-    state = train._start(config, workdir, scope).state  # pylint: disable=protected-access
+  with caplog.at_level(std_logging.INFO):
+    state = _starting_state(config, workdir, monkeypatch)
   assert int(state.step) == STEPS
   # Bit for bit: parameters, rng (the data position follows the step), the optimizer's moments.
   _assert_same(state.params, saved['params'])
@@ -141,13 +160,11 @@ def test_a_change_the_state_cannot_take_is_refused_leaving_every_file_as_it_was(
   assert _files(workdir) == before  # config.json and every checkpoint, byte for byte.
 
 
-def test_without_config_json_the_saved_arrays_decide(runs, data_dir, tmp_path, caplog):
+def test_without_config_json_the_saved_arrays_decide(runs, data_dir, tmp_path, monkeypatch):
   workdir, _ = _copy(runs, 'clipped_ema', tmp_path)
   os.remove(os.path.join(workdir, workdir_lib.CONFIG_FILE))
   saved = workdir_lib.Workdir(workdir).read_state()
-  with contextlib.ExitStack() as scope:
-    run = train._start(_config(data_dir), workdir, scope)  # pylint: disable=protected-access
-    state = run.state
+  state = _starting_state(_config(data_dir), workdir, monkeypatch)
   _assert_same(state.params, saved['params'])
   assert state.ema == {}
 

@@ -137,7 +137,8 @@ def test_eight_devices_equal_one_device(data_dir):
       assert jax.device_count() == 8
       config = tiny_config({data_dir!r}, **{{'model.dropout_rate': 0.1, 'model.drop_path_rate': 0.2}})
       model = config_lib.create_model(config, 10)
-      tx = optim.create_optimizer(config, optim.learning_rate_schedule(config, 10, 0))
+      schedule = optim.learning_rate_schedule(optim.ScheduleSettings.from_config(config), 10, 0)
+      tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), schedule, model)
       rng = np.random.default_rng(0)
       batch = {{'image': rng.normal(size=(32, 16, 16, 3)).astype(np.float32),
                'label': rng.integers(0, 10, size=(32,)).astype(np.int32)}}
@@ -145,8 +146,10 @@ def test_eight_devices_equal_one_device(data_dir):
       for devices in (jax.devices()[:1], jax.devices()):
         mesh = Mesh(np.array(devices), ('data',))
         replicated, sharded = NamedSharding(mesh, P()), NamedSharding(mesh, P('data'))
-        state = jax.device_put(steps.init_state(model, tx, config), replicated)
-        step = jax.jit(steps.make_train_step(model, tx, config, 10))
+        state = jax.device_put(steps.init_state(
+      model, tx, steps.init_rngs(config.seed), image_size=config.image_size,
+      ema=bool(config.ema_decay)), replicated)
+        step = jax.jit(steps.make_train_step(model, tx, steps.StepSettings.from_config(config), 10))
         state, _ = step(state, {{k: jax.device_put(v, sharded) for k, v in batch.items()}})
         results.append(jax.device_get(state.params))
       diff = max(float(np.max(np.abs(a - b))) for a, b in
@@ -242,3 +245,13 @@ def test_progress_rate_leaves_out_timed_sections():
   time.sleep(0.3)
   progress(3)
   assert progress.steps_per_s < 1 / 0.3  # Time outside the sections is.
+
+
+def test_profile_steps_write_a_trace_of_training_steps(data_dir, tmp_path):
+  """`profile_steps` traces training steps after the first (compiling) one with jax.profiler
+  into WORKDIR/plugins/profile, where TensorBoard's profile tab reads it."""
+  workdir = tmp_path / 'run'
+  train.train_and_evaluate(tiny_config(data_dir, total_steps=4, profile_steps=2), str(workdir))
+  traces = list(workdir.glob('plugins/profile/*/*.xplane.pb'))
+  assert len(traces) == 1
+  assert b'train_step' in traces[0].read_bytes()  # The jitted step's own name.

@@ -9,8 +9,8 @@ warm-up within training; a teacher for distillation; the quick digits model on a
 then the model's own fields (`check_fields` of the registered model) and the evaluators' settings.
 It raises one `ConfigError` that lists every bad field with its value and what would be valid.
 
-Code reads a validated config's fields directly (`config.mix_prob`); no default is restated
-anywhere else. `create_model(config, num_classes)` builds the model a config describes, for
+The training loop's set-up resolves a validated config once into the typed settings of the
+modules that read it (`vit_jax.training.train.Settings`); no default is restated anywhere else. `create_model(config, num_classes)` builds the model a config describes, for
 training, analysis, inference and the benchmark alike (`model_overrides` turns the `model`
 section into the registry's arguments). Print every field with its default and rule:
 
@@ -163,7 +163,11 @@ class Field:
 
 @dataclasses.dataclass(frozen=True)
 class Section:
-  """A sub-config checked by its owner (the model family, the evaluators), not by a `Rule`."""
+  """A sub-config checked by its owner (the model family, the evaluators), not by a `Rule`.
+
+  A `default` value that is a type declares a field unset (None) until the command line sets it:
+  its owner's own default applies.
+  """
   name: str
   default: dict[str, Any]
   owner: str
@@ -271,6 +275,9 @@ FIELDS: tuple[Field, ...] = (
     Field('log_every', 50, integer(1), 'Steps between progress lines.'),
     Field('eval_every', 500, integer(1), 'Steps between evaluations.'),
     Field('checkpoint_every', 500, integer(1), 'Steps between checkpoints.'),
+    Field('profile_steps', 0, integer(0),
+          'Training steps after the first traced by jax.profiler into WORKDIR/plugins/profile '
+          "(TensorBoard's profile tab); 0 = off."),
     Field('keep_checkpoints', 3, integer(1), 'Checkpoints kept.'),
     # DeiT distillation from a teacher.
     Field('distillation.type', 'none', choice(DISTILLATION_TYPES), 'Distillation loss.'),
@@ -295,12 +302,13 @@ FIELDS: tuple[Field, ...] = (
 
 SECTIONS: tuple[Section, ...] = (
     Section('evaluators', {
-        'fewshot': {'every': 0, 'datasets': (datasets.DIGITS,), 'shots': (1, 5, 10, 25),
-                    'seeds': 3},
-        'linear_probe': {'every': 0, 'datasets': (datasets.DIGITS,)},
+        'fewshot': {'every': int, 'datasets': tuple, 'shots': tuple, 'seeds': int},
+        'linear_probe': {'every': int, 'datasets': tuple},
     }, 'vit_jax.evaluators',
             'Evaluators of frozen pre-logits, run every `every` steps and at the end when '
-            '`every` > 0.'),
+            '`every` > 0. Unset (None) fields take the evaluator\'s own defaults '
+            '(vit_jax/evaluators), under which it is off; e.g. '
+            '--config.evaluators.fewshot.every=400.'),
     Section('model', {'name': 'vit_ti4', 'scan_layers': False, 'remat': False}, 'vit_jax.models',
             'name: a registry key (vit_jax.models.names()); every other field is passed to '
             'vit_jax.models.create(). scan_layers: one traced block run by nn.scan; remat: '
@@ -363,19 +371,35 @@ def create_model(config: ml_collections.ConfigDict, num_classes: int) -> Any:
   `config.dtype` is the compute dtype of every model ('bfloat16': mixed precision with float32
   parameters, softmax, norms and loss); a `model.dtype` override takes precedence.
   """
+  return model_from_section(config.model, num_classes, config.dtype)
+
+
+def model_from_section(model: Any, num_classes: int, dtype: str) -> Any:
+  """The model a `model` section ({'name': ..., fields}) describes, computing in `dtype` unless
+  the section sets its own (`create_model`; a teacher's section, saved or from the Hub)."""
   from vit_jax import models  # pylint: disable=g-import-not-at-top
-  overrides = model_overrides(config.model)
-  overrides.setdefault('dtype', config.dtype)
-  return models.create(config.model.name, num_classes=num_classes, **overrides)
+  overrides = model_overrides(model)
+  overrides.setdefault('dtype', dtype)
+  return models.create(model['name'], num_classes=num_classes, **overrides)
 
 
 _BY_NAME = {field.name: field for field in FIELDS}
 
 
 def _config_dict(tree: dict[str, Any]) -> ml_collections.ConfigDict:
-  """Nested dicts as nested ConfigDicts (tuples stay tuples)."""
-  return ml_collections.ConfigDict(
-      {k: _config_dict(v) if isinstance(v, dict) else v for k, v in tree.items()})
+  """Nested dicts as nested ConfigDicts (tuples stay tuples; a type: unset, of that type)."""
+  def value(v):
+    if isinstance(v, dict):
+      return _config_dict(v)
+    return ml_collections.FieldReference(None, field_type=v) if isinstance(v, type) else v
+  return ml_collections.ConfigDict({k: value(v) for k, v in tree.items()})
+
+
+def _shown(tree: Any) -> Any:
+  """A section's default as a config holds it: a declared type as None (unset)."""
+  if isinstance(tree, dict):
+    return {k: _shown(v) for k, v in tree.items()}
+  return None if isinstance(tree, type) else tree
 
 
 def defaults() -> ml_collections.ConfigDict:
@@ -600,7 +624,7 @@ def describe() -> str:
     lines.append(f'{FLAG}{field.name}={field.default!r}')
     lines.append(f'    {field.rule.valid}. {field.doc}')
   for section in SECTIONS:
-    lines.append(f'{FLAG}{section.name}={section.default!r}')
+    lines.append(f'{FLAG}{section.name}={_shown(section.default)!r}')
     lines.append(f'    checked by {section.owner}. {section.doc}')
   return '\n'.join(lines)
 

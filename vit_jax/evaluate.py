@@ -62,6 +62,8 @@ def main(argv) -> None:
   from clu import metric_writers
   from vit_jax import evaluators as evaluators_lib
   from vit_jax.evaluators import eval_sets as eval_sets_lib
+  from vit_jax.data import input_pipeline
+  from vit_jax.parallel import sharding
   from vit_jax.training import workdir as workdir_lib
   # pylint: enable=g-import-not-at-top
   try:
@@ -75,11 +77,13 @@ def main(argv) -> None:
   if out_dir is None:
     raise ValueError('--init_from needs --out_dir=DIR for results.json.')
   num_classes = len(run.class_names)
-  eval_sets = eval_sets_lib.from_config(run.config, _EVAL_SETS.value, num_classes=num_classes)
-  metrics = (eval_sets_lib.evaluate_variables(eval_sets, run.model, run.variables, run.config,
-                                              num_classes) if eval_sets else {})
+  data = input_pipeline.DataSettings.from_config(run.config)
+  eval_sets = eval_sets_lib.checked(_EVAL_SETS.value, data, num_classes=num_classes)
+  metrics = (eval_sets_lib.evaluate_variables(
+      eval_sets, run.model, run.variables, data, sharding.MeshSettings.from_config(run.config),
+      num_classes) if eval_sets else {})
   for evaluator in evaluators.values():
-    metrics.update(evaluator.run(run.model, run.variables, run.config))
+    metrics.update(evaluator.run(run.model, run.variables, data))
   for key, value in metrics.items():
     print(f'{key:40s} {value:.4g}')
   out = workdir_lib.Workdir(out_dir)

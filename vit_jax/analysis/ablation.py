@@ -86,7 +86,8 @@ def run_grid(config: ml_collections.ConfigDict, workdir: str, *, timing_steps: i
              stopper: run_sequence.Stopper | None = None) -> list[dict[str, Any]]:
   """Trains and measures every variant of `config.variants` (`seeds` times each), skipping the
   trainings an earlier, interrupted run finished; returns one row per variant."""
-  num_classes = input_pipeline.get_dataset_info(config).num_classes
+  num_classes = input_pipeline.get_dataset_info(
+      input_pipeline.DataSettings.from_config(config)).num_classes
   names = list(config.variants)
   configs = [variant_config(config, dict(config.variants[name])) for name in names]
   rows = []

@@ -126,14 +126,16 @@ def write_run(config: ml_collections.ConfigDict, params: Any, workdir: str,
                      'directory.')
   model = config_lib.create_model(config, num_classes)
   total, warmup = config.total_steps, config.warmup_steps
-  tx = optim.create_optimizer(config, optim.learning_rate_schedule(config, total, warmup),
-                             model)
-  abstract = jax.eval_shape(lambda: steps.init_state(model, tx, config))
+  schedule = optim.learning_rate_schedule(optim.ScheduleSettings.from_config(config), total, warmup)
+  tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), schedule, model)
+  abstract = jax.eval_shape(lambda: steps.init_state(
+      model, tx, steps.init_rngs(config.seed), image_size=config.image_size,
+      ema=bool(config.ema_decay)))
   params = jax.tree.map(lambda x, s: jnp.asarray(x, s.dtype), params, abstract.params)
   state = abstract.replace(
       step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
       batch_stats={}, rng=jax.random.split(jax.random.PRNGKey(config.seed))[1])
   with contextlib.ExitStack() as run_scope:
-    run = workdir_lib.Workdir.create(workdir, config, run_scope)
+    run = workdir_lib.Workdir(workdir).start(config, run_scope)
     run.save(0, state, model_name=config.model.name)
     run.wait_until_finished()

@@ -35,7 +35,8 @@ ANALYSES = ('collapse', 'maps', 'rollout', 'distance', 'centres', 'pruning')
 def eval_images(config: ml_collections.ConfigDict, count: int) -> np.ndarray:
   """The first `count` real images of the eval split, (count, S, S, 3)."""
   images = []
-  for batch in input_pipeline.eval_iterator(config, process_index=0, process_count=1):
+  for batch in input_pipeline.eval_iterator(input_pipeline.DataSettings.from_config(config),
+                                              process_index=0, process_count=1):
     images.append(batch['image'][batch['mask'] > 0])
     if sum(len(x) for x in images) >= count:
       break
@@ -47,7 +48,8 @@ def accuracy(model: nn.Module, variables: dict[str, Any],
   """Top-1 accuracy over the whole eval split."""
   predict = jax.jit(lambda v, x: jax.numpy.argmax(model.apply(v, x, train=False), -1))
   correct = total = 0.0
-  for batch in input_pipeline.eval_iterator(config, process_index=0, process_count=1):
+  for batch in input_pipeline.eval_iterator(input_pipeline.DataSettings.from_config(config),
+                                              process_index=0, process_count=1):
     hits = np.asarray(predict(variables, batch['image'])) == batch['label']
     correct += float((hits * batch['mask']).sum())
     total += float(batch['mask'].sum())

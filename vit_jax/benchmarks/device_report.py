@@ -81,9 +81,11 @@ def _random_batch(config: ml_collections.ConfigDict, size: int, num_classes: int
 def _compiled_train_step(config: ml_collections.ConfigDict, batch: dict, num_classes: int
                          ) -> tuple[Callable, steps.TrainState]:
   model = config_lib.create_model(config, num_classes)
-  tx = optim.create_optimizer(config, lambda _: config.base_lr, model)
-  state = jax.jit(lambda: steps.init_state(model, tx, config))()
-  step = jax.jit(steps.make_train_step(model, tx, config, num_classes), donate_argnums=0)
+  tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), lambda _: config.base_lr, model)
+  state = jax.jit(lambda: steps.init_state(
+      model, tx, steps.init_rngs(config.seed), image_size=config.image_size,
+      ema=bool(config.ema_decay)))()
+  step = jax.jit(steps.make_train_step(model, tx, steps.StepSettings.from_config(config), num_classes), donate_argnums=0)
   return step.lower(state, batch).compile(), state
 
 
@@ -204,7 +206,7 @@ def input_pipeline_row(*, reduced: bool, needed_images_per_s: float, num_batches
     config = family_config('deit', 'variant=B')
     config.dataset = 'digits'
     config.batch_size = 128 * jax.local_device_count()
-  batches = input_pipeline.train_iterator(config, process_index=0, process_count=1)
+  batches = input_pipeline.train_iterator(input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1)
   next(batches)
   for _ in range(2):  # What the prefetch buffer held.
     next(batches)

@@ -4,7 +4,7 @@ r"""Images/s of the training input pipeline alone, and its time to a first batch
   python -m vit_jax.benchmark --mode=input_pipeline --batch=96 --vs_timm \
       --config=configs/deit.py:variant=S,dataset=folder:/path/to/images
 
-Ours is `input_pipeline.train_iterator(config)`, which parallelises over as many threads as this
+Ours is `input_pipeline.train_iterator(input_pipeline.DataSettings.from_config(config))`, which parallelises over as many threads as this
 process may use CPUs. timm's is `timm.data.create_transform(image_size, is_training=True, ...)`
 with the config's recipe (inception crop with our scale and ratio ranges, flip, the RandAugment
 string, pixel-mode random erasing, bicubic resizing, the config's normalisation, no colour jitter)
@@ -146,7 +146,7 @@ def check_vs_timm(config: ml_collections.ConfigDict) -> None:
 def _ours(config: ml_collections.ConfigDict) -> tuple[Pipeline, float]:
   """`train_iterator` from step 0, and the seconds to its first batch (compiling included)."""
   start = time.perf_counter()
-  batches = input_pipeline.train_iterator(config, process_index=0, process_count=1)
+  batches = input_pipeline.train_iterator(input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1)
   next(batches)
   first_batch_s = time.perf_counter() - start
   # Its prefetched batches, the batch being assembled and the parallel map's elements in flight.
@@ -256,7 +256,7 @@ def wait_until_idle(cpu_clock: Callable[[], float], *, interval_s: float = 0.25,
 def time_to_first_batch(config: ml_collections.ConfigDict, start_step: int) -> float:
   """Seconds from `train_iterator(config, start_step=...)` to its first batch."""
   start = time.perf_counter()
-  next(input_pipeline.train_iterator(config, start_step=start_step, process_index=0,
+  next(input_pipeline.train_iterator(input_pipeline.DataSettings.from_config(config), start_step=start_step, process_index=0,
                                      process_count=1))
   return time.perf_counter() - start
 

@@ -2,7 +2,7 @@
 
 `jax.export` lowers a jitted function for platforms this machine does not have, over an
 `AbstractMesh` of devices it does not have either. `step_programs` builds the train and eval steps
-exactly as `vit_jax.training.train` does (`steps.sharded_train_step`, `steps.make_eval_step`) with
+with `vit_jax.training.train`'s own builders (`train.Programs`, `train.jitted_eval_step`) with
 abstract, sharded arguments; `export_steps` lowers them for `tpu` and `cuda`; `matrix_products`
 reads the dot and convolution ops of a lowered program and the dtypes they multiply.
 
@@ -26,6 +26,7 @@ from vit_jax import models
 from vit_jax.training import optim
 from vit_jax.parallel import sharding
 from vit_jax.training import steps
+from vit_jax.training import train
 
 PLATFORMS = ('tpu', 'cuda')
 
@@ -122,29 +123,28 @@ def step_programs(config: ml_collections.ConfigDict, num_classes: int, mesh: Any
   `teacher_model` (a registered name) distils from that model, in the run's dtype, with
   abstract variables laid out by the same rule as the student's.
   """
+  settings = train.Settings.from_config(config)
   model = config_lib.create_model(config, num_classes)
-  schedule = optim.learning_rate_schedule(config, max(config.total_steps, 2), 1)
-  tx = optim.create_optimizer(config, schedule, model)
-  abstract_state = jax.eval_shape(lambda: steps.init_state(model, tx, config))
-  layout = lambda tree: sharding.fsdp_shardings(tree, mesh, config.mesh.fsdp_min_size)
-  state_sharding = layout(abstract_state)
-  teacher = teacher_sharding = teacher_variables = None
+  schedule = optim.learning_rate_schedule(settings.schedule, max(config.total_steps, 2), 1)
+  tx = optim.create_optimizer(settings.optimizer, schedule, model)
+  abstract_state = jax.eval_shape(lambda: steps.init_state(
+      model, tx, steps.init_rngs(settings.seed), image_size=config.image_size,
+      ema=bool(settings.step.ema_decay)))
+  teacher = teacher_variables = None
   if teacher_model is not None:
     teacher_net = models.create(teacher_model, num_classes=num_classes,
                                 dtype=jnp.dtype(config.dtype))
     images = jnp.zeros((1, config.image_size, config.image_size, 3), jnp.float32)
     variables = jax.eval_shape(lambda: teacher_net.init(jax.random.key(0), images, train=False))
-    teacher_sharding = layout(variables)
-    teacher_variables = sharding.abstract(variables, teacher_sharding)
-    teacher = steps.Teacher(teacher_net, teacher_variables)
-  train_step = steps.sharded_train_step(model, tx, config, num_classes, mesh, state_sharding,
-                                        teacher, teacher_sharding)
-  eval_step = jax.jit(steps.make_eval_step(model, num_classes),
-                      out_shardings=sharding.replicated(mesh))
-  state = sharding.abstract(abstract_state, state_sharding)
+    teacher = steps.Teacher(teacher_net, variables)
+  programs = train.Programs.build(model, tx, settings.step, num_classes, mesh, abstract_state,
+                                  settings.mesh.fsdp_min_size, teacher)
+  if teacher is not None:
+    teacher_variables = sharding.abstract(teacher.variables, programs.teacher_sharding)
+  state = sharding.abstract(abstract_state, programs.state_sharding)
   train_batch = _batch(mesh, batch_size, config.image_size, eval_mask=False)
-  return [StepProgram('train', train_step, (state, train_batch, teacher_variables)),
-          StepProgram('eval', eval_step,
+  return [StepProgram('train', programs.train_step, (state, train_batch, teacher_variables)),
+          StepProgram('eval', train.jitted_eval_step(model, num_classes, mesh),
                       (state, _batch(mesh, batch_size, config.image_size, eval_mask=True)))]
 
 

@@ -33,16 +33,21 @@ def memory_per_device(config, num_classes: int) -> dict[str, int]:
   compilation only: no array is allocated, so any model can be sized on any machine.
   """
   model = config_lib.create_model(config, num_classes)
-  tx = optim.create_optimizer(config, optim.learning_rate_schedule(config, 2, 1), model)
+  tx = optim.create_optimizer(
+      optim.OptimizerSettings.from_config(config),
+      optim.learning_rate_schedule(optim.ScheduleSettings.from_config(config), 2, 1), model)
   mesh = sharding.make_mesh(config.mesh.fsdp)
-  state = jax.eval_shape(lambda: steps.init_state(model, tx, config))
+  state = jax.eval_shape(lambda: steps.init_state(
+      model, tx, steps.init_rngs(config.seed), image_size=config.image_size,
+      ema=bool(config.ema_decay)))
   layout = sharding.fsdp_shardings(state, mesh, config.mesh.fsdp_min_size)
   size, batch_size = config.image_size, config.batch_size
   spread = sharding.batch_sharding(mesh)
   batch = {'image': jax.ShapeDtypeStruct((batch_size, size, size, 3), jnp.float32,
                                          sharding=spread),
            'label': jax.ShapeDtypeStruct((batch_size,), jnp.int32, sharding=spread)}
-  step = steps.sharded_train_step(model, tx, config, num_classes, mesh, layout)
+  step = steps.sharded_train_step(model, tx, steps.StepSettings.from_config(config),
+                                  num_classes, mesh, layout)
   memory = training_step.compiled_memory_bytes(step.lower(sharding.abstract(state, layout), batch,
                                              None).compile())
   parts = {name: sharding.bytes_per_device(getattr(state, name), getattr(layout, name))

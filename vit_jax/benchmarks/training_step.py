@@ -87,18 +87,22 @@ def jax_contender(config, num_classes: int, name: str | None = None,
                   inference: bool = True) -> Contender:
   """Our model under `vit_jax.training.steps`'s training step, jitted with the state donated."""
   model = config_lib.create_model(config, num_classes)
-  schedule = optim.learning_rate_schedule(config, max(int(config.total_steps), 2), 1)
-  tx = optim.create_optimizer(config, schedule, model)
+  schedule = optim.learning_rate_schedule(optim.ScheduleSettings.from_config(config),
+                                          max(int(config.total_steps), 2), 1)
+  tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), schedule, model)
   rng = np.random.default_rng(0)
   size, batch_size = config.image_size, config.batch_size
   batch = {'image': jnp.asarray(rng.standard_normal((batch_size, size, size, 3), np.float32)),
            'label': jnp.asarray(rng.integers(0, num_classes, batch_size, np.int32))}
   start = time.perf_counter()
-  state = jax.block_until_ready(jax.jit(lambda: steps.init_state(model, tx, config))())
+  state = jax.block_until_ready(jax.jit(lambda: steps.init_state(
+      model, tx, steps.init_rngs(config.seed), image_size=config.image_size,
+      ema=bool(config.ema_decay)))())
   compile_s = {'init': time.perf_counter() - start}
 
   start = time.perf_counter()
-  lowered = jax.jit(steps.make_train_step(model, tx, config, num_classes),
+  lowered = jax.jit(steps.make_train_step(model, tx, steps.StepSettings.from_config(config),
+                                         num_classes),
                     donate_argnums=0).lower(state, batch)
   compile_s['lower'] = time.perf_counter() - start
   start = time.perf_counter()

@@ -105,16 +105,16 @@ class _Source:
     return self.builder.info.features[self.image_key]
 
 
-def _resolve(config: ml_collections.ConfigDict, dataset: str | None = None,
+def _resolve(data: 'DataSettings', dataset: str | None = None,
              label_key: str | None = None, label_set_key: str | None = None) -> _Source:
-  """Finds (and prepares, if needed) the builder of `dataset` (default `config.dataset`).
+  """Finds (and prepares, if needed) the builder of `dataset` (default `data.dataset`).
 
   Its image and label are its supervised keys, or 'image' and `label_key` where given;
   `label_set_key` names a feature holding several labels per example.
   """
-  name = config.dataset if dataset is None else dataset
-  with runtime.quiet_preparation():  # No progress bars in a run's log (issue 29).
-    builder = _prepared_builder(config, name)
+  name = data.dataset if dataset is None else dataset
+  with runtime.quiet_preparation():  # No progress bars in a run's log.
+    builder = _prepared_builder(data, name)
   keys = builder.info.supervised_keys
   image_key, supervised_label = keys if (
       isinstance(keys, tuple) and len(keys) == 2
@@ -134,15 +134,15 @@ def _resolve(config: ml_collections.ConfigDict, dataset: str | None = None,
   return _Source(builder, image_key, label_key, label_set_key)
 
 
-def _prepared_builder(config: ml_collections.ConfigDict, name: str) -> tfds.core.DatasetBuilder:
+def _prepared_builder(data: 'DataSettings', name: str) -> tfds.core.DatasetBuilder:
   """The builder of dataset `name`, prepared on first use."""
   if name == digits.NAME:
-    return digits.prepare(config.data_dir)
+    return digits.prepare(data.data_dir)
   if name.startswith(folder.PREFIX):
-    return folder.prepare(name[len(folder.PREFIX):], config.data_dir,
-                          skip_unreadable=config.skip_unreadable_images)
+    return folder.prepare(name[len(folder.PREFIX):], data.data_dir,
+                          skip_unreadable=data.skip_unreadable_images)
   try:
-    builder = tfds.builder(name, data_dir=config.data_dir)
+    builder = tfds.builder(name, data_dir=data.data_dir)
   except tfds.core.registered.DatasetNotFoundError:
     message = (f'Unknown dataset {name!r}. Valid: {digits.NAME!r} (embedded), '
                f"'{folder.PREFIX}/path/to/images' (your own images) or any TFDS dataset name, "
@@ -217,26 +217,26 @@ def _process(process_index: int | None, process_count: int | None) -> tuple[int,
   return process_index, process_count
 
 
-def get_dataset_info(config: ml_collections.ConfigDict) -> DatasetInfo:
-  """Sizes and class count of `config.dataset`; prepares digits on first use."""
-  source = _resolve(config)
-  _check_split(source, config.train_split)
-  _check_split(source, config.eval_split)
+def get_dataset_info(data: 'DataSettings') -> DatasetInfo:
+  """Sizes and class count of `data.dataset`; prepares digits on first use."""
+  source = _resolve(data)
+  _check_split(source, data.train_split)
+  _check_split(source, data.eval_split)
   labels = source.builder.info.features[source.label_key]
   return DatasetInfo(
-      name=config.dataset,
+      name=data.dataset,
       num_classes=labels.num_classes,
-      num_train_examples=_num_examples(source, config.train_split),
-      num_eval_examples=_num_examples(source, config.eval_split),
-      image_size=config.image_size,
+      num_train_examples=_num_examples(source, data.train_split),
+      num_eval_examples=_num_examples(source, data.eval_split),
+      image_size=data.image_size,
       class_names=tuple(labels.names))
 
 
-def eval_num_classes(config: ml_collections.ConfigDict, *, dataset: str, split: str,
+def eval_num_classes(data: 'DataSettings', *, dataset: str, split: str,
                      label_key: str | None = None, label_set_key: str | None = None) -> int:
   """The class count of `dataset`'s labels, checking that it and its `split` exist (an
   evaluation set's, before anything compiles); ValueError naming what is valid otherwise."""
-  source = _resolve(config, dataset, label_key, label_set_key)
+  source = _resolve(data, dataset, label_key, label_set_key)
   _check_split(source, split)
   return source.builder.info.features[source.label_key].num_classes
 
@@ -277,9 +277,6 @@ def centre_crop_window(height: Any, width: Any, size: int, crop_ratio: float
   `CenterCrop(size)` at offsets round((resized - size) / 2), halves to even (`center_crop`).
   Works on Python ints and on int32 tensors alike (TensorFlow's round is half to even too).
   """
-  if not 0 < crop_ratio <= 1:
-    raise ValueError(f'--config.eval_crop_ratio={crop_ratio} must be in (0, 1]: the resized '
-                     'shorter side floor(image_size / ratio) must cover the crop.')
   short = math.floor(size / crop_ratio)
   if isinstance(height, int) and isinstance(width, int):
     long_side = short * max(height, width) // min(height, width)
@@ -422,6 +419,38 @@ class EvalTransform:
                normalization=config.normalization)
 
 
+@dataclasses.dataclass(frozen=True)
+class DataSettings:
+  """Which dataset a run reads, how it batches, orders and preprocesses it (`from_config` reads a
+  run's)."""
+  dataset: str
+  data_dir: str | None
+  train_split: str
+  eval_split: str
+  image_size: int
+  batch_size: int  # Global: over every process.
+  eval_batch_size: int
+  seed: int
+  repeated_aug: int
+  shuffle_buffer: int
+  prefetch: int
+  in_memory: bool | None  # None: decided by size (`_fits_in_memory`).
+  skip_unreadable_images: bool
+  train_transform: TrainTransform
+  eval_transform: EvalTransform
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict) -> 'DataSettings':
+    return cls(dataset=config.dataset, data_dir=config.data_dir, train_split=config.train_split,
+               eval_split=config.eval_split, image_size=config.image_size,
+               batch_size=config.batch_size, eval_batch_size=config.eval_batch_size,
+               seed=config.seed, repeated_aug=config.repeated_aug,
+               shuffle_buffer=config.shuffle_buffer, prefetch=config.prefetch,
+               in_memory=config.in_memory, skip_unreadable_images=config.skip_unreadable_images,
+               train_transform=TrainTransform.from_config(config),
+               eval_transform=EvalTransform.from_config(config))
+
+
 def _train_image(image: tf.Tensor, seed: tf.Tensor, transform: TrainTransform) -> tf.Tensor:
   """Crop, resize, augment (stateless, keyed by `seed`) and normalise one training image.
 
@@ -523,10 +552,10 @@ def _array_record_lookup(source: _Source, split: Any, encoded: bool = False
   return len(records), lookup
 
 
-def _fits_in_memory(config: ml_collections.ConfigDict, source: _Source, split: Any) -> bool:
+def _fits_in_memory(data: 'DataSettings', source: _Source, split: Any) -> bool:
   """True if a TFRecord-only split is held in memory (exact resume), False if it is streamed."""
-  if config.in_memory is not None:
-    return config.in_memory
+  if data.in_memory is not None:
+    return data.in_memory
   shape = source.image_feature().shape
   if any(d is None for d in shape):
     return False
@@ -551,18 +580,18 @@ def _in_memory_lookup(source: _Source, split: Any) -> tuple[int, Lookup]:
   return int(labels.shape[0]), lookup
 
 
-def _random_access(config: ml_collections.ConfigDict, source: _Source, split: Any,
+def _random_access(data: 'DataSettings', source: _Source, split: Any,
                    encoded: bool = False) -> tuple[int, Lookup] | None:
   """`split` read by example index, or None where it can only be streamed (module docstring);
   `encoded`: ArrayRecord images stay encoded (`_array_record_lookup`)."""
-  forced = config.in_memory
+  forced = data.in_memory
   if forced is not None and not source.streamable:
     raise ValueError(f'--config.in_memory={forced} chooses between holding a TFRecord dataset in '
                      f'memory and streaming it, but {source.name!r} is stored as ArrayRecord only '
                      'and read by index; leave --config.in_memory unset (None).')
   if source.random_access and forced is None:
     return _array_record_lookup(source, split, encoded)
-  if _fits_in_memory(config, source, split):
+  if _fits_in_memory(data, source, split):
     return _in_memory_lookup(source, split)
   return None
 
@@ -570,17 +599,17 @@ def _random_access(config: ml_collections.ConfigDict, source: _Source, split: An
 # Training.
 
 
-def _seed(config: ml_collections.ConfigDict, process_index: int, salt: int) -> tf.Tensor:
-  base = tf.constant([config.seed, process_index], tf.int64)
+def _seed(data: 'DataSettings', process_index: int, salt: int) -> tf.Tensor:
+  base = tf.constant([data.seed, process_index], tf.int64)
   return tf.random.experimental.stateless_fold_in(base, salt)
 
 
-def _shuffled_examples(config, num, lookup, start, process_index) -> tf.data.Dataset:
+def _shuffled_examples(data, num, lookup, start, process_index) -> tf.data.Dataset:
   """Stream positions start, start+1, ... → (image, label, position), shuffled per epoch."""
   if num == 0:
     raise ValueError(f'The train split is empty for process {process_index}.')
-  repeats = config.repeated_aug
-  shuffle_seed = _seed(config, process_index, _SHUFFLE_SALT)
+  repeats = data.repeated_aug
+  shuffle_seed = _seed(data, process_index, _SHUFFLE_SALT)
 
   def index(draw):
     epoch_seed = tf.random.experimental.stateless_fold_in(shuffle_seed, draw // num)
@@ -600,13 +629,13 @@ def _shuffled_examples(config, num, lookup, start, process_index) -> tf.data.Dat
   return examples.map(lambda example, position: (*example, position))
 
 
-def _streamed_examples(config, source, split, start, process_index) -> tf.data.Dataset:
+def _streamed_examples(data, source, split, start, process_index) -> tf.data.Dataset:
   """As `_shuffled_examples`, from a seeded file order and shuffle buffer (TFRecord only)."""
   records = source.builder.as_dataset(
       split=split, shuffle_files=True, decoders={source.image_key: tfds.decode.SkipDecoding()},
-      read_config=tfds.ReadConfig(shuffle_seed=config.seed + process_index))
-  repeats = config.repeated_aug
-  records = records.repeat().shuffle(config.shuffle_buffer, seed=config.seed + process_index,
+      read_config=tfds.ReadConfig(shuffle_seed=data.seed + process_index))
+  repeats = data.repeated_aug
+  records = records.repeat().shuffle(data.shuffle_buffer, seed=data.seed + process_index,
                                      reshuffle_each_iteration=True)
   records = records.flat_map(lambda r: tf.data.Dataset.from_tensors(r).repeat(repeats))
   records = records.enumerate().skip(start)
@@ -617,30 +646,30 @@ def _streamed_examples(config, source, split, start, process_index) -> tf.data.D
   return records.map(example, num_parallel_calls=tf.data.AUTOTUNE)
 
 
-def train_iterator(config: ml_collections.ConfigDict, *, start_step: int = 0,
+def train_iterator(data: 'DataSettings', *, start_step: int = 0,
                    process_index: int | None = None,
                    process_count: int | None = None) -> Iterator[dict[str, np.ndarray]]:
   """Infinite training batches of this process: 'image' (B, S, S, 3) float32, 'label' (B,) int32.
 
-  B = config.batch_size // process_count. Batches from `start_step=k` equal batches k, k+1, ...
+  B = data.batch_size // process_count. Batches from `start_step=k` equal batches k, k+1, ...
   of a run from step 0 with the same config, and cost the same to start at any k (except for a
-  streamed TFRecord dataset; see the module docstring). With config.repeated_aug = r > 1, each
+  streamed TFRecord dataset; see the module docstring). With data.repeated_aug = r > 1, each
   drawn example fills r consecutive positions, differently augmented; where r does not divide B
   the copies of an example may span two batches (DeiT's RASampler spreads them over devices).
   """
   process_index, process_count = _process(process_index, process_count)
-  local_batch = _local_batch(config.batch_size, process_count, 'batch_size')
+  local_batch = _local_batch(data.batch_size, process_count, 'batch_size')
   if start_step < 0:
     raise ValueError(f'start_step must be >= 0, got {start_step}.')
-  source = _resolve(config)
-  _check_split(source, config.train_split)
-  split = _process_split(config.train_split, process_index, process_count)
+  source = _resolve(data)
+  _check_split(source, data.train_split)
+  split = _process_split(data.train_split, process_index, process_count)
   start = start_step * local_batch
-  transform = TrainTransform.from_config(config)
-  access = _random_access(config, source, split,
-                          encoded=decodes_crop_window(transform, config.repeated_aug))
+  transform = data.train_transform
+  access = _random_access(data, source, split,
+                          encoded=decodes_crop_window(transform, data.repeated_aug))
   if access is not None:
-    examples = _shuffled_examples(config, *access, start, process_index)
+    examples = _shuffled_examples(data, *access, start, process_index)
   else:
     logging.warning(
         'Dataset %r is stored as TFRecord only and is too large to hold in memory, so it is '
@@ -649,38 +678,38 @@ def train_iterator(config: ml_collections.ConfigDict, *, start_step: int = 0,
         'and the resumed order is only approximately the original. Add an ArrayRecord copy for '
         'exact resume at the same cost at any step: python -m vit_jax.convert '
         '--dataset=%s%s', source.name, local_batch, source.name,
-        f' --data_dir={config.data_dir}' if config.data_dir else '')
-    examples = _streamed_examples(config, source, split, start, process_index)
-  augment_seed = _seed(config, process_index, _AUGMENT_SALT)
+        f' --data_dir={data.data_dir}' if data.data_dir else '')
+    examples = _streamed_examples(data, source, split, start, process_index)
+  augment_seed = _seed(data, process_index, _AUGMENT_SALT)
 
   def preprocess(image, label, position):
     seed = tf.random.experimental.stateless_fold_in(augment_seed, position)
     return {'image': _train_image(image, seed, transform), 'label': tf.cast(label, tf.int32)}
 
   batches = examples.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
-  batches = batches.batch(local_batch, drop_remainder=True).prefetch(config.prefetch)
+  batches = batches.batch(local_batch, drop_remainder=True).prefetch(data.prefetch)
   return batches.as_numpy_iterator()
 
 
 # Evaluation.
 
 
-def eval_iterator(config: ml_collections.ConfigDict, *, split: str | None = None,
+def eval_iterator(data: 'DataSettings', *, split: str | None = None,
                   dataset: str | None = None, label_key: str | None = None,
                   label_set_key: str | None = None, process_index: int | None = None,
                   process_count: int | None = None) -> Iterator[dict[str, np.ndarray]]:
-  """One pass over this process's part of `split` (default config.eval_split) of `dataset`
-  (default config.dataset), padded.
+  """One pass over this process's part of `split` (default data.eval_split) of `dataset`
+  (default data.dataset), padded.
 
   Yields 'image', 'label' and 'mask' (float32, 1 real, 0 padding) with B =
-  config.eval_batch_size // process_count; with `label_set_key` (`_resolve`) also 'label_set',
+  data.eval_batch_size // process_count; with `label_set_key` (`_resolve`) also 'label_set',
   (B, classes) bool: the example's labels. Every process yields the same number of batches, and
   over all processes every example of the split has mask 1 exactly once.
   """
   process_index, process_count = _process(process_index, process_count)
-  local_batch = _local_batch(config.eval_batch_size, process_count, 'eval_batch_size')
-  split = config.eval_split if split is None else split
-  source = _resolve(config, dataset, label_key, label_set_key)
+  local_batch = _local_batch(data.eval_batch_size, process_count, 'eval_batch_size')
+  split = data.eval_split if split is None else split
+  source = _resolve(data, dataset, label_key, label_set_key)
   _check_split(source, split)
   most = max(_num_examples(source, _process_split(split, p, process_count))
              for p in range(process_count))
@@ -694,8 +723,8 @@ def eval_iterator(config: ml_collections.ConfigDict, *, split: str | None = None
   else:
     examples = source.builder.as_dataset(split=local_split, shuffle_files=False).map(
         lambda record: tuple(record[key] for key in keys))
-  size = config.image_size
-  transform = EvalTransform.from_config(config)
+  size = data.image_size
+  transform = data.eval_transform
   num_classes = source.builder.info.features[source.label_key].num_classes
 
   def preprocess(image, label, *label_set):
@@ -711,5 +740,5 @@ def eval_iterator(config: ml_collections.ConfigDict, *, split: str | None = None
     padding['label_set'] = tf.zeros([num_classes], tf.bool)
   batches = examples.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE).concatenate(
       tf.data.Dataset.from_tensors(padding).repeat())
-  batches = batches.take(num_batches * local_batch).batch(local_batch).prefetch(config.prefetch)
+  batches = batches.take(num_batches * local_batch).batch(local_batch).prefetch(data.prefetch)
   return batches.as_numpy_iterator()

@@ -1,8 +1,9 @@
 """Evaluators of frozen features, run by name.
 
 Each evaluator is a `frozen.Evaluator`, a frozen dataclass built from its settings, with `every`
-(steps between runs; 0: only when asked for) and `run(model, variables, config) -> {metric:
-value}`, where `config` gives the evaluation preprocessing of the model's images. The loop runs
+(steps between runs; 0: only when asked for) and `run(model, variables, data) -> {metric:
+value}`, where `data` (`input_pipeline.DataSettings`) gives the evaluation preprocessing of the
+model's images. The loop runs
 those of `config.evaluators` whose `every` is set (and at the end), writing their metrics to
 TensorBoard and results.json; `python -m vit_jax.evaluate` runs any of them on a run or weights.
 """
@@ -17,10 +18,11 @@ EVALUATORS = {'fewshot': fewshot.FewShot, 'linear_probe': linear_probe.LinearPro
 
 
 def create(name: str, settings: Mapping[str, Any] | None = None) -> frozen.Evaluator:
-  """The evaluator `name` with `settings` (its fields); ValueError for unknown names or fields."""
+  """The evaluator `name` with `settings` (its fields; None: the field's default); ValueError for
+  unknown names or fields."""
   if name not in EVALUATORS:
     raise ValueError(f'Unknown evaluator {name!r}; valid: {list(EVALUATORS)}.')
-  settings = dict(settings or {})
+  settings = {key: value for key, value in dict(settings or {}).items() if value is not None}
   cls = EVALUATORS[name]
   valid = list(cls.__dataclass_fields__)
   unknown = [key for key in settings if key not in valid]
@@ -31,10 +33,9 @@ def create(name: str, settings: Mapping[str, Any] | None = None) -> frozen.Evalu
   return cls(**settings)
 
 
-def periodic(config: Any) -> dict[str, frozen.Evaluator]:
-  """The evaluators of `config.evaluators` that training runs (those with `every` > 0)."""
-  evaluators = {name: create(name, settings)
-                for name, settings in config.evaluators.items()}
+def periodic(sections: Mapping[str, Mapping[str, Any]]) -> dict[str, frozen.Evaluator]:
+  """The evaluators of a run's `evaluators` sections that training runs (`every` > 0)."""
+  evaluators = {name: create(name, settings) for name, settings in sections.items()}
   return {name: evaluator for name, evaluator in evaluators.items() if evaluator.every > 0}
 
 

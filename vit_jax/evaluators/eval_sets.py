@@ -22,7 +22,6 @@ from typing import Any, Callable, Iterator, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 import tensorflow_datasets as tfds
@@ -31,6 +30,7 @@ from vit_jax.data import dataset_names as datasets
 from vit_jax.weights import inference
 from vit_jax.data import input_pipeline
 from vit_jax.parallel import sharding
+from vit_jax.training import evaluation
 from vit_jax.training import steps
 
 SCORINGS = ('top1', 'real', 'imagenet_a', 'imagenet_r')
@@ -159,9 +159,9 @@ class EvalSet:
     """What it reads and scores: two sets alike here give the same metrics."""
     return (self.dataset, self.split, self.scoring, self.label_key, self.label_set_key)
 
-  def batches(self, config: ml_collections.ConfigDict) -> Iterator[dict[str, np.ndarray]]:
-    """One padded pass over the set, preprocessed as `config` evaluates."""
-    return input_pipeline.eval_iterator(config, dataset=self.dataset, split=self.split,
+  def batches(self, data: input_pipeline.DataSettings) -> Iterator[dict[str, np.ndarray]]:
+    """One padded pass over the set, preprocessed as the run `data` evaluates."""
+    return input_pipeline.eval_iterator(data, dataset=self.dataset, split=self.split,
                                         label_key=self.label_key,
                                         label_set_key=self.label_set_key)
 
@@ -227,22 +227,22 @@ def parse_all(specs: Sequence[str], *, dataset: str = '',
   return tuple(parse(spec, dataset=dataset, eval_split=eval_split) for spec in specs)
 
 
-def from_config(config: ml_collections.ConfigDict, specs: Sequence[str] | None = None,
-                *, num_classes: int) -> tuple[EvalSet, ...]:
-  """The sets of `specs` (default `config.eval_sets`), each checked against its data before
-  anything compiles: the dataset and split exist and its labels are `num_classes` classes."""
-  specs = config.eval_sets if specs is None else specs
+def checked(specs: Sequence[str], data: input_pipeline.DataSettings, *,
+            num_classes: int) -> tuple[EvalSet, ...]:
+  """The sets of `specs` (a run's `eval_sets`) beside the run reading `data`, each checked
+  against its data before anything compiles: the dataset and split exist and its labels are
+  `num_classes` classes."""
   try:
-    eval_sets = parse_all(specs, dataset=config.dataset, eval_split=config.eval_split)
+    eval_sets = parse_all(specs, dataset=data.dataset, eval_split=data.eval_split)
   except ValueError as e:
     raise ValueError(f'eval_sets: {e}.') from None
   for eval_set in eval_sets:
     classes = input_pipeline.eval_num_classes(
-        config, dataset=eval_set.dataset, split=eval_set.split, label_key=eval_set.label_key,
+        data, dataset=eval_set.dataset, split=eval_set.split, label_key=eval_set.label_key,
         label_set_key=eval_set.label_set_key)
     if classes != num_classes:
       raise ValueError(f'eval_sets: {eval_set.name!r} has {classes} classes, but the model '
-                       f'predicts {num_classes} (of {config.dataset!r}); evaluate it with a model '
+                       f'predicts {num_classes} (of {data.dataset!r}); evaluate it with a model '
                        f'of {classes} classes.')
   return eval_sets
 
@@ -260,7 +260,7 @@ def compile_steps(eval_sets: Sequence[EvalSet], model: nn.Module, num_classes: i
 
 
 def evaluate(eval_sets: Sequence[EvalSet], eval_steps: dict[str, Callable],
-             state: steps.TrainState, config: ml_collections.ConfigDict,
+             state: steps.TrainState, data: input_pipeline.DataSettings,
              data_sharding: jax.sharding.NamedSharding,
              known: dict[tuple[Any, ...], dict[str, float]] | None = None) -> dict[str, float]:
   """Every set's metrics of `state` (and of its EMA), as 'NAME/accuracy', ...; a set whose
@@ -269,19 +269,17 @@ def evaluate(eval_sets: Sequence[EvalSet], eval_steps: dict[str, Callable],
   for eval_set in eval_sets:
     result = (known or {}).get(eval_set.reads)
     if result is None:
-      result = steps.evaluate_with_ema(eval_steps[eval_set.scoring], state,
-                                       lambda s=eval_set: s.batches(config), data_sharding)
+      result = evaluation.evaluate_with_ema(eval_steps[eval_set.scoring], state,
+                                            lambda s=eval_set: s.batches(data), data_sharding)
     metrics.update({f'{eval_set.name}/{k}': v for k, v in result.items()})
   return metrics
 
 
 def evaluate_variables(eval_sets: Sequence[EvalSet], model: nn.Module, variables: dict[str, Any],
-                       config: ml_collections.ConfigDict, num_classes: int) -> dict[str, float]:
+                       data: input_pipeline.DataSettings, mesh_settings: sharding.MeshSettings,
+                       num_classes: int) -> dict[str, float]:
   """Every set's metrics of frozen `variables` (host arrays, e.g. a run's EMA weights)."""
-  mesh = sharding.make_mesh(config.mesh.fsdp)
-  variables = sharding.place(
-      variables, sharding.fsdp_shardings(variables, mesh, config.mesh.fsdp_min_size))
-  state = steps.TrainState(step=jnp.zeros((), jnp.int32), params=variables['params'],
-                           opt_state=None, batch_stats=variables.get('batch_stats', {}), rng=None)
-  return evaluate(eval_sets, compile_steps(eval_sets, model, num_classes, mesh), state, config,
+  mesh = sharding.make_mesh(mesh_settings.fsdp)
+  state = evaluation.frozen_state(variables, mesh, mesh_settings.fsdp_min_size)
+  return evaluate(eval_sets, compile_steps(eval_sets, model, num_classes, mesh), state, data,
                   sharding.batch_sharding(mesh))

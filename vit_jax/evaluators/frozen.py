@@ -8,7 +8,6 @@ from typing import Any, Callable
 
 import flax.linen as nn
 import jax
-import ml_collections
 import numpy as np
 
 from vit_jax.data import input_pipeline
@@ -45,11 +44,11 @@ def _pre_logits_fn(model: nn.Module) -> Callable[[Any, jax.Array], jax.Array]:
                                                             blocks=0).pre_logits)
 
 
-def _split(model: nn.Module, variables: Any, config: ml_collections.ConfigDict,
+def _split(model: nn.Module, variables: Any, data: input_pipeline.DataSettings,
            split: str) -> Split:
-  """Every example of `split` of `config.dataset`, preprocessed as in evaluation."""
+  """Every example of `split` of `data.dataset`, preprocessed as in evaluation."""
   outputs, labels = [], []
-  for batch in input_pipeline.eval_iterator(config, split=split, process_index=0,
+  for batch in input_pipeline.eval_iterator(data, split=split, process_index=0,
                                             process_count=1):
     real = batch['mask'] > 0
     outputs.append(np.asarray(_pre_logits_fn(model)(variables, batch['image']),
@@ -58,16 +57,15 @@ def _split(model: nn.Module, variables: Any, config: ml_collections.ConfigDict,
   return Split(np.concatenate(outputs), np.concatenate(labels))
 
 
-def dataset(model: nn.Module, variables: Any, config: ml_collections.ConfigDict, name: str, *,
+def dataset(model: nn.Module, variables: Any, data: input_pipeline.DataSettings, name: str, *,
             train_split: str, test_split: str) -> Dataset:
   """The frozen features of dataset `name` (digits, a TFDS name or 'folder:PATH'), its images
-  preprocessed as `config` (the model's run or weights) evaluates."""
-  config = ml_collections.ConfigDict(config.to_dict())
-  config.dataset, config.train_split, config.eval_split = name, train_split, test_split
-  info = input_pipeline.get_dataset_info(config)
+  preprocessed as the run `data` (the model's run or weights') evaluates."""
+  data = dataclasses.replace(data, dataset=name, train_split=train_split, eval_split=test_split)
+  info = input_pipeline.get_dataset_info(data)
   return Dataset(metric_name(name), info.num_classes,
-                 _split(model, variables, config, train_split),
-                 _split(model, variables, config, test_split))
+                 _split(model, variables, data, train_split),
+                 _split(model, variables, data, test_split))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,12 +89,12 @@ class Evaluator(abc.ABC):
     """The metrics of one dataset's frozen features."""
 
   def run(self, model: nn.Module, variables: Any,
-          config: ml_collections.ConfigDict) -> dict[str, float]:
-    """The metrics of `model`'s frozen features on every dataset, preprocessed as `config`
-    (the run's or the weights') evaluates."""
+          data: input_pipeline.DataSettings) -> dict[str, float]:
+    """The metrics of `model`'s frozen features on every dataset, preprocessed as the run
+    `data` (the run's or the weights') evaluates."""
     metrics = {}
     for name in self.datasets:
-      metrics.update(self.evaluate(dataset(model, variables, config, name,
+      metrics.update(self.evaluate(dataset(model, variables, data, name,
                                            train_split=self.train_split,
                                            test_split=self.test_split)))
     return metrics

@@ -13,6 +13,7 @@ moments (whatever `mu_dtype`) always share one layout, and a checkpoint written 
 restores onto another (`workdir.Workdir.resume` with this module's shardings of the new mesh).
 """
 
+import dataclasses
 from typing import Any, Sequence
 
 import jax
@@ -93,3 +94,22 @@ def bytes_per_device(tree: Any, shardings: Any) -> int:
   """The bytes of `tree` that one device holds under `shardings` (the largest shard)."""
   return sum(int(np.prod(s.shard_shape(np.shape(x)), dtype=np.int64)) * np.dtype(x.dtype).itemsize
              for x, s in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings)))
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSettings:
+  """The mesh of a run: `fsdp` devices split the state; arrays under `fsdp_min_size` elements
+  stay replicated (`from_config` reads a run's `mesh` section)."""
+  fsdp: int = 1
+  fsdp_min_size: int = 2**18
+
+  @classmethod
+  def from_config(cls, config: Any) -> 'MeshSettings':
+    return cls(fsdp=config.mesh.fsdp, fsdp_min_size=config.mesh.fsdp_min_size)
+
+
+def global_batch(batch: dict[str, np.ndarray],
+                 data_sharding: NamedSharding) -> dict[str, jax.Array]:
+  """Assembles one global array per key from this process's share of the batch."""
+  return {k: jax.make_array_from_process_local_data(data_sharding, v) for k, v in batch.items()}
+

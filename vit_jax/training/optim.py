@@ -8,6 +8,7 @@ as timm's `param_groups_layer_decay`), after the optimizer: its learning rate an
 weight decay are both scaled, as a timm parameter group's `lr_scale` scales them.
 """
 
+import dataclasses
 import math
 from typing import Any
 
@@ -19,32 +20,70 @@ import numpy as np
 import optax
 
 
-def training_steps(config: ml_collections.ConfigDict, num_train_examples: int) -> tuple[int, int]:
-  """Total and warm-up steps, from epochs when the config gives epochs."""
-  steps_per_epoch = num_train_examples / config.batch_size
-  total = config.total_steps
-  if config.num_epochs is not None:
-    total = math.ceil(config.num_epochs * steps_per_epoch)
-  warmup = config.warmup_steps
-  if config.warmup_epochs is not None:
-    warmup = math.ceil(config.warmup_epochs * steps_per_epoch)
+@dataclasses.dataclass(frozen=True)
+class ScheduleSettings:
+  """How long a run trains and its learning rate per step (`from_config` reads a run's)."""
+  batch_size: int  # Global.
+  total_steps: int
+  num_epochs: float | None  # When set, overrides total_steps.
+  warmup_steps: int
+  warmup_epochs: float | None  # When set, overrides warmup_steps.
+  base_lr: float
+  lr_scaling_batch: int  # > 0: the peak scales with batch_size / lr_scaling_batch.
+  warmup_lr: float
+  min_lr: float
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict) -> 'ScheduleSettings':
+    return cls(**{field.name: config[field.name] for field in dataclasses.fields(cls)})
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSettings:
+  """The optimizer of a run (`from_config` reads a run's)."""
+  optimizer: str  # 'adamw', 'sgd' or 'lamb'.
+  b1: float
+  b2: float
+  eps: float
+  momentum: float
+  weight_decay: float
+  mu_dtype: str  # '': the parameters' dtype.
+  no_decay_names: tuple[str, ...]
+  layer_decay: float  # 1: off.
+  grad_clip_norm: float  # 0: off.
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict) -> 'OptimizerSettings':
+    fields = {field.name: config[field.name] for field in dataclasses.fields(cls)}
+    return cls(**{**fields, 'no_decay_names': tuple(fields['no_decay_names'])})
+
+
+def training_steps(schedule: ScheduleSettings, num_train_examples: int) -> tuple[int, int]:
+  """Total and warm-up steps, from epochs when the settings give epochs."""
+  steps_per_epoch = num_train_examples / schedule.batch_size
+  total = schedule.total_steps
+  if schedule.num_epochs is not None:
+    total = math.ceil(schedule.num_epochs * steps_per_epoch)
+  warmup = schedule.warmup_steps
+  if schedule.warmup_epochs is not None:
+    warmup = math.ceil(schedule.warmup_epochs * steps_per_epoch)
   return int(total), int(min(warmup, total))
 
 
-def peak_learning_rate(config: ml_collections.ConfigDict) -> float:
+def peak_learning_rate(schedule: ScheduleSettings) -> float:
   """base_lr, scaled linearly with the global batch when `lr_scaling_batch` is set (DeiT rule)."""
-  if config.lr_scaling_batch:
-    return config.base_lr * config.batch_size / config.lr_scaling_batch
-  return config.base_lr
+  if schedule.lr_scaling_batch:
+    return schedule.base_lr * schedule.batch_size / schedule.lr_scaling_batch
+  return schedule.base_lr
 
 
-def learning_rate_schedule(config: ml_collections.ConfigDict, total_steps: int,
+def learning_rate_schedule(schedule: ScheduleSettings, total_steps: int,
                            warmup_steps: int) -> optax.Schedule:
   """Linear warm-up from `warmup_lr` to the peak, then cosine decay to `min_lr`, per step."""
-  peak = peak_learning_rate(config)
   return optax.warmup_cosine_decay_schedule(
-      init_value=config.warmup_lr, peak_value=peak, warmup_steps=warmup_steps,
-      decay_steps=max(total_steps, warmup_steps + 1), end_value=config.min_lr)
+      init_value=schedule.warmup_lr, peak_value=peak_learning_rate(schedule),
+      warmup_steps=warmup_steps, decay_steps=max(total_steps, warmup_steps + 1),
+      end_value=schedule.min_lr)
 
 
 def weight_decay_mask(params: Any, no_decay_names: tuple[str, ...]) -> Any:
@@ -105,30 +144,28 @@ def lamb(learning_rate: optax.ScalarOrSchedule, *, b1: float, b2: float, eps: fl
       optax.scale_by_learning_rate(learning_rate))
 
 
-def create_optimizer(config: ml_collections.ConfigDict, schedule: optax.Schedule,
-                     model: nn.Module | None = None) -> optax.GradientTransformation:
+def create_optimizer(settings: OptimizerSettings, schedule: optax.ScalarOrSchedule,
+                     model: nn.Module) -> optax.GradientTransformation:
   """AdamW, SGD with momentum and L2 weight decay, or LAMB, under the mask; optional clipping;
-  with `config.layer_decay` < 1 each update scaled per layer of `model` (`scale_by_layer_decay`).
+  with `layer_decay` < 1 each update scaled per layer of `model` (`scale_by_layer_decay`).
 
   `mu_dtype` ('bfloat16') stores Adam's or LAMB's first moment or SGD's momentum in that dtype.
   """
-  mask = lambda params: weight_decay_mask(params, tuple(config.no_decay_names))
-  mu_dtype = jnp.dtype(config.mu_dtype) if config.mu_dtype else None
-  if config.optimizer == 'adamw':
-    tx = optax.adamw(schedule, b1=config.b1, b2=config.b2, eps=config.eps, mu_dtype=mu_dtype,
-                     weight_decay=config.weight_decay, mask=mask)
-  elif config.optimizer == 'sgd':
-    tx = optax.chain(optax.add_decayed_weights(config.weight_decay, mask),
-                     optax.sgd(schedule, momentum=config.momentum, accumulator_dtype=mu_dtype))
-  elif config.optimizer == 'lamb':
-    tx = lamb(schedule, b1=config.b1, b2=config.b2, eps=config.eps,
-              weight_decay=config.weight_decay, mask=mask, mu_dtype=mu_dtype)
+  mask = lambda params: weight_decay_mask(params, tuple(settings.no_decay_names))
+  mu_dtype = jnp.dtype(settings.mu_dtype) if settings.mu_dtype else None
+  if settings.optimizer == 'adamw':
+    tx = optax.adamw(schedule, b1=settings.b1, b2=settings.b2, eps=settings.eps,
+                     mu_dtype=mu_dtype, weight_decay=settings.weight_decay, mask=mask)
+  elif settings.optimizer == 'sgd':
+    tx = optax.chain(optax.add_decayed_weights(settings.weight_decay, mask),
+                     optax.sgd(schedule, momentum=settings.momentum, accumulator_dtype=mu_dtype))
+  elif settings.optimizer == 'lamb':
+    tx = lamb(schedule, b1=settings.b1, b2=settings.b2, eps=settings.eps,
+              weight_decay=settings.weight_decay, mask=mask, mu_dtype=mu_dtype)
   else:
-    raise ValueError(f"Unknown optimizer {config.optimizer!r}; valid: 'adamw', 'sgd', 'lamb'.")
-  if config.layer_decay != 1.0:
-    if model is None:
-      raise ValueError(f'layer_decay={config.layer_decay} needs the model whose layers it decays.')
-    tx = optax.chain(tx, scale_by_layer_decay(model, config.layer_decay))
-  if config.grad_clip_norm:
-    tx = optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), tx)
+    raise ValueError(f"Unknown optimizer {settings.optimizer!r}; valid: 'adamw', 'sgd', 'lamb'.")
+  if settings.layer_decay != 1.0:
+    tx = optax.chain(tx, scale_by_layer_decay(model, settings.layer_decay))
+  if settings.grad_clip_norm:
+    tx = optax.chain(optax.clip_by_global_norm(settings.grad_clip_norm), tx)
   return tx

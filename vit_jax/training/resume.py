@@ -35,7 +35,8 @@ _SCHEDULE = ('total_steps', 'num_epochs', 'warmup_steps', 'warmup_epochs', 'base
 # Fields a refusal does not name: they change nothing saved.
 _NOT_SAVED = (*_SCHEDULE, *_ADDS_OR_DROPS, 'seed', 'log_every', 'eval_every', 'checkpoint_every',
               'keep_checkpoints', 'eval_batch_size', 'eval_split', 'init_from', 'eval_only',
-              'use_ema', 'prefetch', 'shuffle_buffer', 'in_memory', 'evaluators', 'data_dir')
+              'use_ema', 'prefetch', 'shuffle_buffer', 'in_memory', 'evaluators', 'data_dir',
+              'profile_steps')
 
 
 _HARMLESS = 'nothing saved depends on it'
@@ -170,9 +171,10 @@ def _refusal(run: workdir_lib.Workdir, step: int, saved_model: str,
           f'--config.init_from={run.path}.')
 
 
-def carry_over(state: steps.TrainState, config: ml_collections.ConfigDict, abstract_state: Any,
+def carry_over(state: steps.TrainState, ema: bool, abstract_state: Any,
                state_sharding: Any) -> steps.TrainState:
-  """A saved state read in its own layout (`Plan.saved_config`'s) in `config`'s layout.
+  """A saved state read in its own layout (`Plan.saved_config`'s) in this run's layout
+  (`abstract_state`, with an EMA if `ema`).
 
   Parameters, step, rng, batch statistics and the optimizer's arrays are the saved ones, bit for
   bit: clipping adds no array to the optimizer state, so its arrays fill this config's optimizer
@@ -183,8 +185,8 @@ def carry_over(state: steps.TrainState, config: ml_collections.ConfigDict, abstr
   if opt_structure.num_leaves != len(opt_leaves):  # plan() compared every shape: cannot happen.
     raise IncompatibleCheckpoint('The saved optimizer state does not fit this optimizer.')
   state = state.replace(opt_state=jax.tree.unflatten(opt_structure, opt_leaves))
-  if not config.ema_decay:
+  if not ema:
     state = state.replace(ema={})
   elif not state.ema:
-    state = steps.with_fresh_ema(state, config)
+    state = steps.with_fresh_ema(state, True)
   return jax.jit(lambda s: s, out_shardings=state_sharding)(state)

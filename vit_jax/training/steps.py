@@ -1,18 +1,19 @@
 """The training and evaluation steps: state, losses, on-device mixing, micro-batching and EMA.
 
-Everything here is traced under `jax.jit`; `vit_jax.training.train` builds these steps once and runs them
-in its loop.
+The functions here are traced under `jax.jit` (the host-side evaluation passes are in
+`vit_jax.training.evaluation`); `vit_jax.training.train` builds the steps once, from a
+`StepSettings`, and runs them in its loop.
 """
 
 import dataclasses
 import functools
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh
 import ml_collections
 import numpy as np
 import optax
@@ -86,14 +87,43 @@ def distillation_loss(outputs: Any, targets: jax.Array, teacher_logits: jax.Arra
   if kind == 'hard':
     kd = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(
         dist_logits, jnp.argmax(teacher_logits, -1)))
-  elif kind == 'soft':
+  else:  # 'soft': the schema's rule (config.DISTILLATION_TYPES) admits no other kind.
     log_p_student = jax.nn.log_softmax(dist_logits / tau, -1)
     log_p_teacher = jax.nn.log_softmax(teacher_logits / tau, -1)
     kd = jnp.sum(jnp.exp(log_p_teacher) * (log_p_teacher - log_p_student))
     kd = kd * tau ** 2 / dist_logits.size
-  else:
-    raise ValueError(f"Unknown distillation type {kind!r}; valid: 'none', 'hard', 'soft'.")
   return (1 - alpha) * base + alpha * kd
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillationLoss:
+  """`distillation_loss`'s settings: 'hard' or 'soft', the weight `alpha` and temperature `tau`."""
+  kind: str
+  alpha: float
+  tau: float
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSettings:
+  """What the train step reads of a run: its loss, mixing, micro-batches and EMA.
+
+  `distillation` is None unless the run distils (then the step takes a `Teacher`).
+  """
+  loss: str = 'softmax_xent'  # A key of LOSSES.
+  label_smoothing: float = 0.0
+  mix: augment.MixSettings | None = None  # None: no mixup/CutMix.
+  grad_accum_steps: int = 1
+  ema_decay: float = 0.0  # 0: no EMA.
+  distillation: DistillationLoss | None = None
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict) -> 'StepSettings':
+    spec = config.distillation
+    return cls(loss=config.loss, label_smoothing=config.label_smoothing,
+               mix=augment.MixSettings.from_config(config),
+               grad_accum_steps=config.grad_accum_steps, ema_decay=config.ema_decay,
+               distillation=(None if spec.type == 'none'
+                             else DistillationLoss(spec.type, spec.alpha, spec.tau)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,8 +145,9 @@ class Teacher:
     return classifier_logits(self.model.apply(variables, images, train=False))
 
 
-def training_batch(rng: jax.Array, batch: dict[str, jax.Array], config: ml_collections.ConfigDict,
-                   num_classes: int, mix_groups: int = 1) -> dict[str, jax.Array]:
+def training_batch(rng: jax.Array, batch: dict[str, jax.Array], mix: augment.MixSettings | None,
+                   label_smoothing: float, num_classes: int,
+                   mix_groups: int = 1) -> dict[str, jax.Array]:
   """The batch the model learns from: images, soft `targets` and the `label` scored by accuracy.
 
   With mixup/CutMix on (`mixup_alpha` or `cutmix_alpha` > 0) the batch is split into
@@ -126,12 +157,11 @@ def training_batch(rng: jax.Array, batch: dict[str, jax.Array], config: ml_colle
   labels.
   """
   onehot = jax.nn.one_hot(batch['label'], num_classes)
-  settings = augment.MixSettings.from_config(config)
-  if settings is None:
+  if mix is None:
     return {'image': batch['image'], 'label': batch['label'],
-            'targets': optax.smooth_labels(onehot, config.label_smoothing)}
+            'targets': optax.smooth_labels(onehot, label_smoothing)}
   group = lambda x: x.reshape((mix_groups, x.shape[0] // mix_groups) + x.shape[1:])
-  images, targets = jax.vmap(settings.mix)(jax.random.split(rng, mix_groups),
+  images, targets = jax.vmap(mix.mix)(jax.random.split(rng, mix_groups),
                                            group(batch['image']), group(onehot))
   targets = targets.reshape((-1, num_classes))
   return {'image': images.reshape(batch['image'].shape), 'targets': targets,
@@ -150,14 +180,9 @@ def micro_batches(batch: dict[str, jax.Array], count: int) -> dict[str, jax.Arra
 
 
 def update_ema(ema: Any, variables: Any, decay: float) -> Any:
-  """ema <- decay * ema + (1 - decay) * variables: `optax.ema`'s update, once per optimizer step.
-
-  timm's ModelEma starts the average from the model's variables (`with_fresh_ema`) and never
-  debiases it; `optax.ema` starts from zeros, which only its debiasing (1 - decay^t) corrects.
-  So optax's update runs undebiased on a state that holds our average, and its `init` is unused.
-  """
-  state = optax.EmaState(count=jnp.zeros([], jnp.int32), ema=ema)
-  return optax.ema(decay, debias=False).update(variables, state)[1].ema
+  """ema <- decay * ema + (1 - decay) * variables, once per optimizer step, never debiased:
+  timm's ModelEma, whose average starts from the model's variables (`with_fresh_ema`)."""
+  return optax.incremental_update(variables, ema, step_size=1.0 - decay)
 
 
 def accumulated(micro_step: Callable, params: Any, batch_stats: Any, batch: dict[str, jax.Array],
@@ -184,7 +209,7 @@ def accumulated(micro_step: Callable, params: Any, batch_stats: Any, batch: dict
 
 
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
-                    config: ml_collections.ConfigDict, num_classes: int,
+                    settings: StepSettings, num_classes: int,
                     teacher: Teacher | None = None, mix_groups: int = 1,
                     param_shardings: Any = None) -> Callable[..., tuple[TrainState, dict]]:
   """The (unjitted) train step `(state, batch[, teacher_variables])`: forward, loss, update.
@@ -199,8 +224,12 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
   and drop-path masks are drawn per micro-batch (from the step's rng folded with j). Mixing is
   done on the whole batch before the split, so it does not depend on k.
   """
-  accumulate = config.grad_accum_steps
-  ema_decay = config.ema_decay
+  accumulate = settings.grad_accum_steps
+  ema_decay = settings.ema_decay
+  distillation = settings.distillation
+  if (teacher is None) != (distillation is None):
+    raise ValueError('A train step distils exactly when it is given a teacher: '
+                     f'distillation={distillation}, teacher={teacher}.')
 
   def like_params(tree):
     if param_shardings is None:
@@ -221,11 +250,11 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
       outputs, updates = model.apply(variables, batch['image'], train=True,
                                      rngs={'dropout': dropout_rng}, mutable=mutable)
       if teacher is None:
-        loss = classification_loss(outputs, batch['targets'], config.loss)
+        loss = classification_loss(outputs, batch['targets'], settings.loss)
       else:
         loss = distillation_loss(outputs, batch['targets'], teacher_logits,
-                                 kind=config.distillation.type, alpha=config.distillation.alpha,
-                                 tau=config.distillation.tau, loss=config.loss)
+                                 kind=distillation.kind, alpha=distillation.alpha,
+                                 tau=distillation.tau, loss=settings.loss)
       return loss, (outputs, updates.get('batch_stats', batch_stats))
 
     (loss, (outputs, batch_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
@@ -235,7 +264,8 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
 
   def train_step(state: TrainState, batch: dict[str, jax.Array], teacher_variables: Any = None):
     dropout_rng, mix_rng = jax.random.split(jax.random.fold_in(state.rng, state.step))
-    batch = training_batch(mix_rng, batch, config, num_classes, mix_groups)
+    batch = training_batch(mix_rng, batch, settings.mix, settings.label_smoothing, num_classes,
+                           mix_groups)
     one_batch = functools.partial(micro_step, teacher_variables=teacher_variables)
     if accumulate == 1:
       grads, batch_stats, loss, accuracy = one_batch(state.params, state.batch_stats, batch,
@@ -258,7 +288,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
 
 
 def sharded_train_step(model: nn.Module, tx: optax.GradientTransformation,
-                       config: ml_collections.ConfigDict, num_classes: int, mesh: Mesh,
+                       settings: StepSettings, num_classes: int, mesh: Mesh,
                        state_sharding: Any, teacher: Teacher | None = None,
                        teacher_sharding: Any = None) -> Callable[..., tuple[TrainState, dict]]:
   """`make_train_step` jitted for `mesh`: the state (donated) and the teacher's variables in
@@ -266,7 +296,7 @@ def sharded_train_step(model: nn.Module, tx: optax.GradientTransformation,
 
   Mixup/CutMix pairs and draws λ within each device's share of the batch.
   """
-  step = make_train_step(model, tx, config, num_classes, teacher, mix_groups=mesh.size,
+  step = make_train_step(model, tx, settings, num_classes, teacher, mix_groups=mesh.size,
                          param_shardings=state_sharding.params)
   return jax.jit(step, in_shardings=(state_sharding, sharding.batch_sharding(mesh),
                                      teacher_sharding),
@@ -301,66 +331,29 @@ def make_eval_step(model: nn.Module, num_classes: int, score: Score = top1_sums
   return eval_step
 
 
+def init_rngs(seed: int) -> tuple[jax.Array, jax.Array]:
+  """(parameters' rng, training rng) of a run seeded `seed`: a fresh state's, and a fine-tuned
+  head's, parameters come from the first; dropout and mixing of every step from the second."""
+  params_rng, train_rng = jax.random.split(jax.random.PRNGKey(seed))
+  return params_rng, train_rng
+
+
 def init_state(model: nn.Module, tx: optax.GradientTransformation,
-               config: ml_collections.ConfigDict) -> TrainState:
-  """A fresh training state: parameters initialised from `config.seed`."""
-  params_rng, train_rng = jax.random.split(jax.random.PRNGKey(config.seed))
-  images = jnp.zeros((1, config.image_size, config.image_size, 3), jnp.float32)
+               rngs: tuple[jax.Array, jax.Array], *, image_size: int, ema: bool) -> TrainState:
+  """A fresh training state: parameters initialised from `rngs` (`init_rngs`), with an EMA if
+  `ema`."""
+  params_rng, train_rng = rngs
+  images = jnp.zeros((1, image_size, image_size, 3), jnp.float32)
   variables = model.init({'params': params_rng}, images, train=False)
   params = variables['params']
   state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                      batch_stats=variables.get('batch_stats', {}), rng=train_rng)
-  return with_fresh_ema(state, config)
+  return with_fresh_ema(state, ema)
 
 
-def with_fresh_ema(state: TrainState, config: ml_collections.ConfigDict) -> TrainState:
-  """The state with its EMA restarted from the current variables (none if `ema_decay` is 0)."""
-  if not config.ema_decay:
+def with_fresh_ema(state: TrainState, ema: bool) -> TrainState:
+  """The state with its EMA restarted from the current variables (none unless `ema`)."""
+  if not ema:
     return state.replace(ema={})
   copy = lambda tree: jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), tree)
   return state.replace(ema={'params': copy(state.params), 'batch_stats': copy(state.batch_stats)})
-
-
-def global_batch(batch: dict[str, np.ndarray],
-                 data_sharding: NamedSharding) -> dict[str, jax.Array]:
-  """Assembles one global array per key from this process's share of the batch."""
-  return {k: jax.make_array_from_process_local_data(data_sharding, v) for k, v in batch.items()}
-
-
-def _metrics(totals: dict[str, float]) -> dict[str, float]:
-  """Top-1 accuracy (and mean loss, where the scoring has one) from an eval step's summed sums."""
-  count = max(totals.get('count', 0.0), 1.0)
-  metrics = {'accuracy': totals.get('correct', 0.0) / count}
-  if 'loss' in totals:
-    metrics['loss'] = totals['loss'] / count
-  return {**metrics, 'count': int(totals.get('count', 0.0))}
-
-
-def _evaluate_states(eval_step: Callable, states: dict[str, TrainState],
-                     batches: Iterator[dict[str, np.ndarray]],
-                     data_sharding: NamedSharding) -> dict[str, dict[str, float]]:
-  """`_metrics` of each of `states` over one pass of `batches`."""
-  totals = {name: {} for name in states}
-  for batch in batches:
-    batch = global_batch(batch, data_sharding)
-    for name, state in states.items():
-      for k, v in jax.device_get(eval_step(state, batch)).items():
-        totals[name][k] = totals[name].get(k, 0.0) + float(v)
-  return {name: _metrics(sums) for name, sums in totals.items()}
-
-
-def evaluate(eval_step: Callable, state: TrainState, batches: Iterator[dict[str, np.ndarray]],
-             data_sharding: NamedSharding) -> dict[str, float]:
-  """Top-1 accuracy (and mean loss, where the scoring has one) over every scored example."""
-  return _evaluate_states(eval_step, {'': state}, batches, data_sharding)['']
-
-
-def evaluate_with_ema(eval_step: Callable, state: TrainState,
-                      batches: Callable[[], Iterator[dict[str, np.ndarray]]],
-                      data_sharding: NamedSharding) -> dict[str, float]:
-  """`evaluate` of the raw variables, plus `ema_accuracy` (and `ema_loss`) with an EMA: both
-  in one pass over the batches."""
-  states = {'': state, 'ema': state.ema_view()} if state.ema else {'': state}
-  metrics = _evaluate_states(eval_step, states, batches(), data_sharding)
-  ema = metrics.get('ema', {})
-  return {**metrics[''], **{f'ema_{k}': ema[k] for k in ('accuracy', 'loss') if k in ema}}

@@ -1,6 +1,7 @@
 """The teacher of DeiT's distillation (Touvron et al., 2021, Section 4): which model, which
 weights, and how the student's normalised images map to the teacher's."""
 
+import dataclasses
 import os
 
 from absl import logging
@@ -37,50 +38,62 @@ def normalization_change(student: str, teacher: str) -> tuple[np.ndarray, np.nda
   return std_s / std_t, (mean_s - mean_t) / std_t
 
 
-def load(config: ml_collections.ConfigDict, num_classes: int) -> steps.Teacher | None:
-  """The teacher of `config.distillation`; None if unused.
+@dataclasses.dataclass(frozen=True)
+class TeacherSettings:
+  """Which teacher a distilling run learns from and how it reads it (`from_config`: None for a
+  run that does not distil)."""
+  teacher: str  # A work directory, 'hf-hub:ORG/NAME' or 'MODEL:FILE'.
+  teacher_normalization: str  # '': the student's (a work directory's or Hub weights': their own).
+  normalization: str  # The student's.
+  dtype: str  # The run's compute dtype.
+  image_size: int
+  use_ema: bool
 
-  `distillation.teacher` is a work directory of vit_jax.main (its model, fields and
-  normalisation are read from its config.json), Hub weights 'hf-hub:ORG/NAME' (model, fields and
-  normalisation from their config.json, `vit_jax.weights.hub`) or 'MODEL:FILE', a registered model and a
-  weights file that `pretrained.load` reads (timm .pth/.safetensors, .npz); such a teacher expects
-  `distillation.teacher_normalization` ('' = the student's). The teacher computes in the run's
-  `dtype`.
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict) -> 'TeacherSettings | None':
+    if config.distillation.type == 'none':
+      return None
+    return cls(teacher=config.distillation.teacher,
+               teacher_normalization=config.distillation.teacher_normalization,
+               normalization=config.normalization, dtype=config.dtype,
+               image_size=config.image_size, use_ema=config.use_ema)
+
+
+def load(settings: TeacherSettings, num_classes: int) -> steps.Teacher:
+  """The teacher `settings.teacher`.
+
+  It is a work directory of vit_jax.main (its model, fields and normalisation are read from its
+  config.json), Hub weights 'hf-hub:ORG/NAME' (model, fields and normalisation from their
+  config.json, `vit_jax.weights.hub`) or 'MODEL:FILE', a registered model and a weights file that
+  `pretrained.load` reads (timm .pth/.safetensors, .npz); such a teacher expects
+  `teacher_normalization` ('' = the student's). The teacher computes in the run's `dtype`.
   """
-  spec = config.distillation
-  if spec.type == 'none':
-    return None
-  if spec.type not in ('hard', 'soft'):
-    raise ValueError(f"distillation.type={spec.type!r} is not valid; choose from "
-                     "['none', 'hard', 'soft'].")
-  model_name, path = source(spec.teacher)
-  normalization = spec.teacher_normalization or config.normalization
+  model_name, path = source(settings.teacher)
+  normalization = settings.teacher_normalization or settings.normalization
   if hub.is_hub_name(path) and model_name is None:
     weights = hub.resolve(path)
-    model_name, overrides = weights.model, dict(weights.model_fields)
-    normalization = spec.teacher_normalization or weights.normalization
+    section = {'name': weights.model, **weights.model_fields}
+    normalization = settings.teacher_normalization or weights.normalization
   elif model_name is None:
     try:
       saved = workdir_lib.Workdir.open(path).config()
     except ValueError as e:
       raise ValueError(
-          f'distillation.teacher={spec.teacher!r} must be a work directory written by '
+          f'distillation.teacher={settings.teacher!r} must be a work directory written by '
           'vit_jax.main, or MODEL:FILE with MODEL a registered model name and FILE its weights '
           f'(e.g. regnety_160:/path/regnety_160.pth). {e}') from None
-    model_name = saved.model.name
-    overrides = config_lib.model_overrides(saved.model)
-    normalization = spec.teacher_normalization or saved.get('normalization', normalization)
+    section = saved.model
+    normalization = settings.teacher_normalization or saved.get('normalization', normalization)
   elif not os.path.isfile(path) and not hub.is_hub_name(path):
-    raise ValueError(f'distillation.teacher={spec.teacher!r}: no weights file at {path!r}.')
+    raise ValueError(f'distillation.teacher={settings.teacher!r}: no weights file at {path!r}.')
   else:
-    overrides = {}
-  overrides.setdefault('dtype', config.dtype)
-  model = models.create(model_name, num_classes=num_classes, **overrides)
-  variables = pretrained.load_for_run(path, model, config)
-  change = normalization_change(config.normalization, normalization)
-  logging.info('Distilling (%s, alpha=%s, tau=%s) from %s in %s (%s); the teacher sees the '
-               'student\'s batch in %s normalisation%s.', spec.type, spec.alpha, spec.tau,
-               model_name, path,
-               'EMA weights where kept' if config.use_ema else 'raw weights',
-               normalization, '' if change is None else f' (converted from {config.normalization})')
+    section = {'name': model_name}
+  model = config_lib.model_from_section(section, num_classes, settings.dtype)
+  variables = pretrained.load(path, model, image_size=settings.image_size,
+                              use_ema=settings.use_ema)
+  change = normalization_change(settings.normalization, normalization)
+  logging.info('Distilling from %s in %s (%s); the teacher sees the student\'s batch in %s '
+               'normalisation%s.', section['name'], path,
+               'EMA weights where kept' if settings.use_ema else 'raw weights', normalization,
+               '' if change is None else f' (converted from {settings.normalization})')
   return steps.Teacher(model, variables, *(change or (None, None)))

@@ -2,7 +2,7 @@
 
     WORKDIR/
       run.lock                 the lock of the run writing here (`lock`, `hold`)
-      config.json              the resolved config (`Workdir.create` writes, `Workdir.config` reads)
+      config.json              the resolved config (`Workdir.start` writes, `Workdir.config` reads)
       checkpoints/<step>/      orbax: `state` (the training state) and `meta` ({'model': name})
       unreadable_checkpoints/  checkpoints that resuming found unreadable, set aside with reason.txt
       results.json             final metrics (`write_results`, `results`)
@@ -11,7 +11,7 @@
       events.out.tfevents.*    TensorBoard summaries
 
 `Workdir(path)` reads a run without changing it; `Workdir.open(path)` does so after checking that
-it is a trained run; `Workdir.create(path, config, scope)` takes the lock and writes the config for
+it is a trained run; `Workdir(path).start(config, scope)` takes the lock and writes the config for
 a run that trains (or is written, as a pruned model is) here. Reads go through one orbax reader:
 onto a training state's shardings to resume, or whole into host memory (whatever mesh, device or
 process count wrote them) for evaluation, analysis, export, teachers and fine-tuning, with the
@@ -328,17 +328,18 @@ class Workdir:
                        f'{CONFIG_FILE} and a checkpoint in {run.file(CHECKPOINT_DIR)}/<step>.')
     return run
 
-  @classmethod
-  def create(cls, path: str, config: ml_collections.ConfigDict,
-             run_scope: contextlib.ExitStack) -> 'Workdir':
-    """The run that trains in `path` with `config`: locked until `run_scope` closes (`hold`),
-    its config.json written, its checkpoints kept by `config.keep_checkpoints`."""
-    run = cls(path, keep_checkpoints=config.keep_checkpoints)
-    with writing(path, ROOM):
-      hold(path, run_scope)
+  def start(self, config: ml_collections.ConfigDict, run_scope: contextlib.ExitStack) -> 'Workdir':
+    """Makes this the run that trains here with `config`: locked until `run_scope` closes
+    (`hold`), its config.json written, its checkpoints kept by `config.keep_checkpoints`."""
+    with writing(self.path, ROOM):
+      hold(self.path, run_scope)
       if jax.process_index() == 0:
-        run.file(CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
-    return run
+        self.file(CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
+    if self._manager is not None:  # Read-only until now.
+      self._manager.close()
+      self._manager = None
+    self._keep = config.keep_checkpoints
+    return self
 
   def file(self, name: str) -> epath.Path:
     """`name` inside the work directory (local paths made absolute, as orbax needs; URIs kept)."""

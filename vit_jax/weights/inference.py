@@ -60,7 +60,7 @@ def load_run(workdir: str, step: int | None = None, *, use_ema: bool = True,
     for field in ('scan_layers', 'remat'):
       if field in config.model:
         del config.model[field]  # Off by default.
-  info = input_pipeline.get_dataset_info(config)
+  info = input_pipeline.get_dataset_info(input_pipeline.DataSettings.from_config(config))
   model = config_lib.create_model(config, info.num_classes)
   saved = run.read_variables(step, use_ema=use_ema, unrolled=unroll)
   return Run(config, model, saved.variables, info.class_names, saved.step, workdir, saved.ema)
