@@ -19,6 +19,23 @@ FAST_COMPILE = '--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_
 os.environ['XLA_FLAGS'] = f"{FAST_COMPILE} {os.environ.get('XLA_FLAGS', '')}".strip()
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+  """Sends the tests that share a costly fixture to one xdist worker (`--dist loadgroup`), so that
+  it is built once: those of `trained_digits_run` together, and those of a module-scoped fixture
+  with the rest of their module."""
+  for item in items:
+    group = None
+    for name, definitions in item._fixtureinfo.name2fixturedefs.items():  # pylint: disable=protected-access
+      if name == 'trained_digits_run':
+        group = name
+        break
+      if definitions[-1].scope == 'module':
+        group = item.nodeid.split('::')[0]
+    if group:
+      item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(scope='session')
 def jpeg_folder(tmp_path_factory):
   """(root, data_dir): an image folder of 3 classes x (10 train + 2 test) JPEGs of random pixels,
@@ -114,18 +131,24 @@ def fit_one_batch():
 
 
 @pytest.fixture(scope='session')
-def trained_digits_run(tmp_path_factory):
-  """A small ViT trained on the embedded digits (~0.9 test accuracy in about a minute), with the
-  few-shot evaluator run by the loop at steps 400 and 800 and the linear probe at the end."""
-  from test_train import tiny_config  # pylint: disable=g-import-not-at-top
+def data_dir(tmp_path_factory) -> str:
+  """A TFDS data dir with the embedded digits prepared, shared by the session's tiny trainings."""
+  from vit_jax.data import digits  # pylint: disable=g-import-not-at-top
+  path = str(tmp_path_factory.mktemp('tfds'))
+  digits.prepare(path)
+  return path
+
+
+@pytest.fixture(scope='session')
+def trained_digits_run(data_dir, tmp_path_factory) -> str:
+  """The work directory of `tiny_runs.digits_run_config(data_dir)`: a small ViT trained on the
+  embedded digits to ~0.95 test accuracy, with the few-shot evaluator run by the loop at steps 400
+  and 800 and the linear probe at the end. It is also the float32 seed 0 run that bfloat16
+  training is compared with."""
+  from tests import tiny_runs  # pylint: disable=g-import-not-at-top
   from vit_jax.training import train  # pylint: disable=g-import-not-at-top
   workdir = str(tmp_path_factory.mktemp('trained_digits_run'))
-  config = tiny_config(str(tmp_path_factory.mktemp('tfds')), total_steps=800, warmup_steps=40,
-                       batch_size=64, base_lr=3e-3, log_every=100, **{
-                           'model.hidden_size': 64, 'model.mlp_dim': 128, 'model.num_heads': 4,
-                           'evaluators.fewshot.every': 400, 'evaluators.fewshot.shots': (10,),
-                           'evaluators.fewshot.seeds': 2, 'evaluators.linear_probe.every': 800})
-  train.train_and_evaluate(config, workdir)
+  train.train_and_evaluate(tiny_runs.digits_run_config(data_dir), workdir)
   return workdir
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.test_configs import load
-from tests.test_train import assert_trees_close, tiny_config, train_with_preemption
+from tests.tiny_runs import assert_trees_close, tiny_config, train_with_preemption
 from vit_jax import config as config_lib
 from vit_jax import models
 from vit_jax.training import optim
