@@ -7,8 +7,9 @@ import pytest
 
 # Many tests compile the same small programs (in this process, in subprocesses and in notebook
 # kernels, which inherit the environment): a session-wide persistent cache compiles each once.
-os.environ.setdefault('JAX_COMPILATION_CACHE_DIR',
-                      tempfile.mkdtemp(prefix='vit_jax_test_xla_cache_'))
+os.environ.setdefault(
+    'JAX_COMPILATION_CACHE_DIR', tempfile.mkdtemp(prefix='vit_jax_test_xla_cache_')
+)
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
 
@@ -42,6 +43,7 @@ def jpeg_folder(tmp_path_factory):
   17..40 px on a side, and an empty TFDS data dir to prepare it in."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   from PIL import Image  # pylint: disable=g-import-not-at-top
+
   root = tmp_path_factory.mktemp('jpegs')
   rng = np.random.default_rng(0)
   for split, count in (('train', 10), ('test', 2)):
@@ -60,6 +62,7 @@ def timm():
   os.environ.setdefault('HF_HUB_OFFLINE', '1')
   pytest.importorskip('torch')
   from vit_jax.benchmarks import timm_reference  # pylint: disable=g-import-not-at-top
+
   try:
     return timm_reference.import_timm()
   except ImportError as e:
@@ -89,6 +92,7 @@ def timm_model(timm):
 def train_losses(monkeypatch):
   """The mean training loss of every logging window of the runs made in the test, in order."""
   from clu import metric_writers  # pylint: disable=g-import-not-at-top
+
   losses = []
   original = metric_writers.SummaryWriter.write_scalars
 
@@ -117,6 +121,7 @@ def fit_one_batch():
       def loss_fn(p):
         logits = model.apply({'params': p}, images, train=True, rngs={'dropout': rng})
         return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
       loss, grads = jax.value_and_grad(loss_fn)(params)
       updates, opt_state = optimizer.update(grads, opt_state)
       return optax.apply_updates(params, updates), opt_state, loss
@@ -134,6 +139,7 @@ def fit_one_batch():
 def data_dir(tmp_path_factory) -> str:
   """A TFDS data dir with the embedded digits prepared, shared by the session's tiny trainings."""
   from vit_jax.data import digits  # pylint: disable=g-import-not-at-top
+
   path = str(tmp_path_factory.mktemp('tfds'))
   digits.prepare(path)
   return path
@@ -147,6 +153,7 @@ def trained_digits_run(data_dir, tmp_path_factory) -> str:
   training is compared with."""
   from tests import tiny_runs  # pylint: disable=g-import-not-at-top
   from vit_jax.training import train  # pylint: disable=g-import-not-at-top
+
   workdir = str(tmp_path_factory.mktemp('trained_digits_run'))
   train.train_and_evaluate(tiny_runs.digits_run_config(data_dir), workdir)
   return workdir
@@ -161,11 +168,15 @@ def hub_cache(tmp_path, monkeypatch):
   import hashlib  # pylint: disable=g-import-not-at-top
   import json  # pylint: disable=g-import-not-at-top
   from huggingface_hub import constants  # pylint: disable=g-import-not-at-top
+
   home = tmp_path / 'hf_home'
   cache = home / 'hub'
   cache.mkdir(parents=True)
-  for variable, value in (('HF_HOME', str(home)), ('HF_HUB_CACHE', str(cache)),
-                          ('HF_HUB_OFFLINE', '1')):
+  for variable, value in (
+      ('HF_HOME', str(home)),
+      ('HF_HUB_CACHE', str(cache)),
+      ('HF_HUB_OFFLINE', '1'),
+  ):
     monkeypatch.setenv(variable, value)
   # huggingface_hub read the environment when imported: its constants say the same.
   monkeypatch.setattr(constants, 'HF_HUB_CACHE', str(cache))
@@ -173,6 +184,7 @@ def hub_cache(tmp_path, monkeypatch):
 
   def publish(repo_id: str, model, label_names=None):
     from timm import models as timm_models  # pylint: disable=g-import-not-at-top
+
     org, name = repo_id.split('/')
     repo = cache / f'models--{org}--{name}'
     revision = hashlib.sha1(repo_id.encode()).hexdigest()

@@ -19,8 +19,10 @@ from vit_jax.training import train
 
 def _batch(size: int = 32):
   rng = np.random.default_rng(0)
-  return {'image': jnp.asarray(rng.normal(size=(size, 16, 16, 3)), jnp.float32),
-          'label': jnp.asarray(rng.integers(0, 10, size=(size,)), jnp.int32)}
+  return {
+      'image': jnp.asarray(rng.normal(size=(size, 16, 16, 3)), jnp.float32),
+      'label': jnp.asarray(rng.integers(0, 10, size=(size,)), jnp.int32),
+  }
 
 
 def test_config_dtype_reaches_the_model_and_model_override_wins():
@@ -45,7 +47,8 @@ def test_bfloat16_compute_float32_parameters_probabilities_and_logits():
 
   with nn.intercept_methods(record):  # Records while tracing.
     logits, state = jax.jit(lambda v, x: model.apply(v, x, mutable=['intermediates']))(
-        variables, images)
+        variables, images
+    )
   assert set(dense_outputs) == {jnp.dtype(jnp.bfloat16)}
   assert logits.dtype == jnp.float32
   probs = jax.tree.leaves(state['intermediates'])
@@ -73,8 +76,7 @@ def test_bad_dtype_is_refused(field, value):
 
 
 @pytest.mark.slow
-def test_bfloat16_training_matches_float32_within_one_point(data_dir, trained_digits_run,
-                                                            tmp_path):
+def test_bfloat16_training_matches_float32_within_one_point(data_dir, trained_digits_run, tmp_path):
   """800 steps of a small ViT on 16x16 digits, two seeds: bfloat16 ends no more than 1 point below
   float32 on average.
 

@@ -45,11 +45,24 @@ def tiny_config(data_dir: str, **overrides):
 def digits_run_config(data_dir: str, **overrides):
   """800 steps of a ViT of width 64 on the digits at 16x16, with the few-shot evaluator at steps
   400 and 800 and the linear probe at the end: it reaches ~0.95 test accuracy."""
-  return tiny_config(data_dir, **{
-      'total_steps': 800, 'warmup_steps': 30, 'batch_size': 64, 'base_lr': 3e-3,
-      'log_every': 100, 'model.hidden_size': 64, 'model.mlp_dim': 128, 'model.num_heads': 4,
-      'evaluators.fewshot.every': 400, 'evaluators.fewshot.shots': (10,),
-      'evaluators.fewshot.seeds': 2, 'evaluators.linear_probe.every': 800, **overrides})
+  return tiny_config(
+      data_dir,
+      **{
+          'total_steps': 800,
+          'warmup_steps': 30,
+          'batch_size': 64,
+          'base_lr': 3e-3,
+          'log_every': 100,
+          'model.hidden_size': 64,
+          'model.mlp_dim': 128,
+          'model.num_heads': 4,
+          'evaluators.fewshot.every': 400,
+          'evaluators.fewshot.shots': (10,),
+          'evaluators.fewshot.seeds': 2,
+          'evaluators.linear_probe.every': 800,
+          **overrides,
+      },
+  )
 
 
 def final_params(workdir: str) -> dict:
@@ -66,9 +79,13 @@ def assert_trees_close(a, b, atol):
 def train_with_preemption(config, workdir: str, monkeypatch, at_step: int = 5) -> train.RunResult:
   """Trains in `workdir`, preempted after `at_step`, then resumed; returns the final result."""
   original = train.PreemptionWatcher.should_stop
-  monkeypatch.setattr(train.PreemptionWatcher, 'should_stop',
-                      lambda self, manager, step: step == at_step or original(self, manager, step))
+  monkeypatch.setattr(
+      train.PreemptionWatcher,
+      'should_stop',
+      lambda self, manager, step: step == at_step or original(self, manager, step),
+  )
   assert train.train_and_evaluate(config, workdir) == train.RunResult(
-      step=at_step, metrics={}, preempted=True)
+      step=at_step, metrics={}, preempted=True
+  )
   monkeypatch.setattr(train.PreemptionWatcher, 'should_stop', original)
   return train.train_and_evaluate(config, workdir)
