@@ -7,8 +7,9 @@ import pytest
 
 # Many tests compile the same small programs (in this process, in subprocesses and in notebook
 # kernels, which inherit the environment): a session-wide persistent cache compiles each once.
-os.environ.setdefault('JAX_COMPILATION_CACHE_DIR',
-                      tempfile.mkdtemp(prefix='vit_jax_test_xla_cache_'))
+os.environ.setdefault(
+    'JAX_COMPILATION_CACHE_DIR', tempfile.mkdtemp(prefix='vit_jax_test_xla_cache_')
+)
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
 
@@ -19,12 +20,30 @@ FAST_COMPILE = '--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_
 os.environ['XLA_FLAGS'] = f"{FAST_COMPILE} {os.environ.get('XLA_FLAGS', '')}".strip()
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+  """Sends the tests that share a costly fixture to one xdist worker (`--dist loadgroup`), so that
+  it is built once: those of `trained_digits_run` together, and those of a module-scoped fixture
+  with the rest of their module."""
+  for item in items:
+    group = None
+    for name, definitions in item._fixtureinfo.name2fixturedefs.items():  # pylint: disable=protected-access
+      if name == 'trained_digits_run':
+        group = name
+        break
+      if definitions[-1].scope == 'module':
+        group = item.nodeid.split('::')[0]
+    if group:
+      item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(scope='session')
 def jpeg_folder(tmp_path_factory):
   """(root, data_dir): an image folder of 3 classes x (10 train + 2 test) JPEGs of random pixels,
   17..40 px on a side, and an empty TFDS data dir to prepare it in."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   from PIL import Image  # pylint: disable=g-import-not-at-top
+
   root = tmp_path_factory.mktemp('jpegs')
   rng = np.random.default_rng(0)
   for split, count in (('train', 10), ('test', 2)):
@@ -43,6 +62,7 @@ def timm():
   os.environ.setdefault('HF_HUB_OFFLINE', '1')
   pytest.importorskip('torch')
   from vit_jax.benchmarks import timm_reference  # pylint: disable=g-import-not-at-top
+
   try:
     return timm_reference.import_timm()
   except ImportError as e:
@@ -72,6 +92,7 @@ def timm_model(timm):
 def train_losses(monkeypatch):
   """The mean training loss of every logging window of the runs made in the test, in order."""
   from clu import metric_writers  # pylint: disable=g-import-not-at-top
+
   losses = []
   original = metric_writers.SummaryWriter.write_scalars
 
@@ -100,6 +121,7 @@ def fit_one_batch():
       def loss_fn(p):
         logits = model.apply({'params': p}, images, train=True, rngs={'dropout': rng})
         return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
       loss, grads = jax.value_and_grad(loss_fn)(params)
       updates, opt_state = optimizer.update(grads, opt_state)
       return optax.apply_updates(params, updates), opt_state, loss
@@ -114,18 +136,26 @@ def fit_one_batch():
 
 
 @pytest.fixture(scope='session')
-def trained_digits_run(tmp_path_factory):
-  """A small ViT trained on the embedded digits (~0.9 test accuracy in about a minute), with the
-  few-shot evaluator run by the loop at steps 400 and 800 and the linear probe at the end."""
-  from test_train import tiny_config  # pylint: disable=g-import-not-at-top
+def data_dir(tmp_path_factory) -> str:
+  """A TFDS data dir with the embedded digits prepared, shared by the session's tiny trainings."""
+  from vit_jax.data import digits  # pylint: disable=g-import-not-at-top
+
+  path = str(tmp_path_factory.mktemp('tfds'))
+  digits.prepare(path)
+  return path
+
+
+@pytest.fixture(scope='session')
+def trained_digits_run(data_dir, tmp_path_factory) -> str:
+  """The work directory of `tiny_runs.digits_run_config(data_dir)`: a small ViT trained on the
+  embedded digits to ~0.95 test accuracy, with the few-shot evaluator run by the loop at steps 400
+  and 800 and the linear probe at the end. It is also the float32 seed 0 run that bfloat16
+  training is compared with."""
+  from tests import tiny_runs  # pylint: disable=g-import-not-at-top
   from vit_jax.training import train  # pylint: disable=g-import-not-at-top
+
   workdir = str(tmp_path_factory.mktemp('trained_digits_run'))
-  config = tiny_config(str(tmp_path_factory.mktemp('tfds')), total_steps=800, warmup_steps=40,
-                       batch_size=64, base_lr=3e-3, log_every=100, **{
-                           'model.hidden_size': 64, 'model.mlp_dim': 128, 'model.num_heads': 4,
-                           'evaluators.fewshot.every': 400, 'evaluators.fewshot.shots': (10,),
-                           'evaluators.fewshot.seeds': 2, 'evaluators.linear_probe.every': 800})
-  train.train_and_evaluate(config, workdir)
+  train.train_and_evaluate(tiny_runs.digits_run_config(data_dir), workdir)
   return workdir
 
 
@@ -138,11 +168,15 @@ def hub_cache(tmp_path, monkeypatch):
   import hashlib  # pylint: disable=g-import-not-at-top
   import json  # pylint: disable=g-import-not-at-top
   from huggingface_hub import constants  # pylint: disable=g-import-not-at-top
+
   home = tmp_path / 'hf_home'
   cache = home / 'hub'
   cache.mkdir(parents=True)
-  for variable, value in (('HF_HOME', str(home)), ('HF_HUB_CACHE', str(cache)),
-                          ('HF_HUB_OFFLINE', '1')):
+  for variable, value in (
+      ('HF_HOME', str(home)),
+      ('HF_HUB_CACHE', str(cache)),
+      ('HF_HUB_OFFLINE', '1'),
+  ):
     monkeypatch.setenv(variable, value)
   # huggingface_hub read the environment when imported: its constants say the same.
   monkeypatch.setattr(constants, 'HF_HUB_CACHE', str(cache))
@@ -150,6 +184,7 @@ def hub_cache(tmp_path, monkeypatch):
 
   def publish(repo_id: str, model, label_names=None):
     from timm import models as timm_models  # pylint: disable=g-import-not-at-top
+
     org, name = repo_id.split('/')
     repo = cache / f'models--{org}--{name}'
     revision = hashlib.sha1(repo_id.encode()).hexdigest()

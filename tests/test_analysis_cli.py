@@ -11,7 +11,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from test_train import tiny_config
+from tests.tiny_runs import tiny_config
 from vit_jax import config as config_lib
 from vit_jax import models
 from vit_jax.training import train
@@ -20,11 +20,6 @@ from vit_jax.analysis import pruning
 from vit_jax.analysis import report as report_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-  return str(tmp_path_factory.mktemp('tfds'))
 
 
 def test_cli_writes_every_file_for_a_trained_vit(data_dir, tmp_path):

@@ -235,13 +235,6 @@ def test_mix_settings_from_config():
 # Inside the input pipeline.
 
 
-@pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp('tfds'))
-  digits.prepare(path)
-  return path
-
-
 def _config(data_dir, **overrides):
   config = common.get_config()
   config.update(data_dir=data_dir, normalization='digits', batch_size=12, image_size=16)

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from configs import cait, common, deepvit, deit, regnet, sa_conv, t2t, vit
-from test_train import tiny_config
+from tests.tiny_runs import tiny_config
 from vit_jax.data import augment
 from vit_jax import config as config_lib
 from vit_jax.data import input_pipeline

@@ -12,13 +12,6 @@ import tensorflow_datasets as tfds
 from vit_jax.data import digits
 
 
-@pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp('tfds'))
-  digits.prepare(path)
-  return path
-
-
 def _load(data_dir, split):
   return tfds.as_numpy(tfds.load('digits', split=split, data_dir=data_dir, batch_size=-1))
 

@@ -16,16 +16,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from test_train import tiny_config
+from tests.tiny_runs import tiny_config
 from vit_jax.training import train
 from vit_jax.training import workdir as workdir_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-  return str(tmp_path_factory.mktemp('tfds'))
 
 
 @contextlib.contextmanager

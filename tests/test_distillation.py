@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.test_train import tiny_config
+from tests.tiny_runs import tiny_config
 from vit_jax.training import steps
 from vit_jax.training import train
 

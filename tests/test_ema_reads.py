@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tests.test_train import assert_trees_close, tiny_config
+from tests.tiny_runs import assert_trees_close, tiny_config
 from vit_jax import config as config_lib
 from vit_jax.weights import inference
 from vit_jax.weights import pretrained as pretrained_lib

@@ -19,7 +19,7 @@ import numpy as np
 from PIL import Image
 import pytest
 
-from test_train import tiny_config
+from tests.tiny_runs import tiny_config
 from vit_jax import config as config_lib
 from vit_jax.data import input_pipeline
 from vit_jax.training import optim
@@ -30,11 +30,6 @@ from vit_jax.data import folder
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = (2, 4, 6)
-
-
-@pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-  return str(tmp_path_factory.mktemp('tfds'))
 
 
 def _run_config(data_dir, **overrides):

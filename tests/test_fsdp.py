@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from tests.test_train import final_params, tiny_config
+from tests.tiny_runs import final_params, tiny_config
 from vit_jax import config as config_lib
 from vit_jax.weights import pretrained
 from vit_jax.parallel import sharding
@@ -102,7 +102,7 @@ os.environ['XLA_FLAGS'] += ' --xla_force_host_platform_device_count=8'  # After 
 os.environ['TF_CPP_MIN_LOG_LEVEL'] = '2'
 sys.path.insert(0, {repo!r})
 import jax
-from tests.test_train import tiny_config
+from tests.tiny_runs import tiny_config
 from vit_jax.training import train
 assert jax.device_count() == 8
 original = train.PreemptionWatcher.should_stop

@@ -13,13 +13,6 @@ from vit_jax.data import input_pipeline
 from vit_jax.data import digits
 
 
-@pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp('tfds'))
-  digits.prepare(path)
-  return path
-
-
 def _config(data_dir, **overrides):
   config = common.get_config()
   config.data_dir = data_dir

@@ -3,7 +3,7 @@
 Two `python -m vit_jax.main` processes, started with the environment that srun gives the tasks of
 a two-task SLURM job step, find each other through vit_jax.main's detection and JAX's SLURM
 support, join over 127.0.0.1 (one CPU device each, gloo collectives) and train the tiny ViT of
-`test_train.tiny_config`. A reference process with two CPU devices runs
+`tests.tiny_runs.tiny_config`. A reference process with two CPU devices runs
 `train.train_and_evaluate` on the same global batches (each process's input stream, concatenated in
 process order). Every subprocess has a hard timeout and is killed with SIGKILL (JAX traps SIGTERM).
 """
@@ -38,9 +38,9 @@ TIMEOUT_S = 420
 
 CONFIG_FILE = '''\
 """The tiny test ViT, with dropout so that the random streams are compared too."""
-import sys
-sys.path.insert(0, {tests!r})
-from test_train import tiny_config
+import os, sys
+sys.path.insert(0, os.path.dirname({tests!r}))  # The repository, for `tests.tiny_runs`.
+from tests.tiny_runs import tiny_config
 
 
 def get_config():

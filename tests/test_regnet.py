@@ -6,7 +6,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from tests.test_train import tiny_config
+from tests.tiny_runs import tiny_config
 from vit_jax.data import input_pipeline
 from vit_jax import models
 from vit_jax.weights import pretrained

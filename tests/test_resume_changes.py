@@ -12,16 +12,11 @@ import jax
 import numpy as np
 import pytest
 
-from test_train import tiny_config
+from tests.tiny_runs import tiny_config
 from vit_jax.training import train
 from vit_jax.training import workdir as workdir_lib
 
 STEPS = 4
-
-
-@pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-  return str(tmp_path_factory.mktemp('tfds'))
 
 
 def _config(data_dir, **overrides):

@@ -13,57 +13,14 @@ import jax
 import numpy as np
 import pytest
 
-from configs import common
+from tests.tiny_runs import assert_trees_close
+from tests.tiny_runs import final_params
+from tests.tiny_runs import tiny_config
+from tests.tiny_runs import train_with_preemption
 from vit_jax.training import train
 from vit_jax.training import workdir as workdir_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def tiny_config(data_dir: str, **overrides):
-  """A ViT small enough to take a training step in milliseconds, on the embedded digits."""
-  config = common.get_config()
-  config.data_dir = data_dir
-  config.image_size = 16
-  config.crop_padding = 2
-  config.flip = False
-  config.normalization = 'digits'
-  config.batch_size = 32
-  config.eval_batch_size = 64
-  config.total_steps = 12
-  config.warmup_steps = 2
-  config.log_every = 4
-  config.eval_every = 1000
-  config.checkpoint_every = 1000
-  config.model.name = 'vit_ti4'
-  config.model.patch_size = 4
-  config.model.hidden_size = 32
-  config.model.depth = 2
-  config.model.num_heads = 2
-  config.model.mlp_dim = 64
-  for key, value in overrides.items():
-    target = config
-    *parents, leaf = key.split('.')
-    for parent in parents:
-      target = target[parent]
-    target[leaf] = value
-  return config
-
-
-def final_params(workdir: str) -> dict:
-  return workdir_lib.Workdir(workdir).read_state()['params']
-
-
-def assert_trees_close(a, b, atol):
-  flat_a, flat_b = jax.tree.leaves(a), jax.tree.leaves(b)
-  assert len(flat_a) == len(flat_b)
-  for x, y in zip(flat_a, flat_b):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=atol, rtol=0)
-
-
-@pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-  return str(tmp_path_factory.mktemp('tfds'))
 
 
 def test_loss_falls_and_accuracy_rises(data_dir, tmp_path):
@@ -74,17 +31,6 @@ def test_loss_falls_and_accuracy_rises(data_dir, tmp_path):
   assert os.path.exists(tmp_path / 'config.json')
   assert os.path.exists(tmp_path / 'results.json')
   assert any(name.startswith('events.out.tfevents') for name in os.listdir(tmp_path))
-
-
-def train_with_preemption(config, workdir: str, monkeypatch, at_step: int = 5) -> train.RunResult:
-  """Trains in `workdir`, preempted after `at_step`, then resumed; returns the final result."""
-  original = train.PreemptionWatcher.should_stop
-  monkeypatch.setattr(train.PreemptionWatcher, 'should_stop',
-                      lambda self, manager, step: step == at_step or original(self, manager, step))
-  assert train.train_and_evaluate(config, workdir) == train.RunResult(
-      step=at_step, metrics={}, preempted=True)
-  monkeypatch.setattr(train.PreemptionWatcher, 'should_stop', original)
-  return train.train_and_evaluate(config, workdir)
 
 
 def test_resume_after_preemption_equals_uninterrupted_run(data_dir, tmp_path, monkeypatch):
@@ -130,7 +76,7 @@ def test_eight_devices_equal_one_device(data_dir):
       import sys; sys.path.insert(0, {REPO!r}); sys.path.insert(0, {os.path.join(REPO, 'tests')!r})
       import jax, numpy as np
       from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-      from test_train import tiny_config
+      from tests.tiny_runs import tiny_config
       from vit_jax import config as config_lib
       from vit_jax.training import optim
       from vit_jax.training import steps
@@ -182,8 +128,7 @@ def test_batch_not_divisible_by_devices():
       import os
       os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'
       import sys; sys.path.insert(0, {REPO!r})
-      from configs import common
-      from vit_jax import config as config_lib
+            from vit_jax import config as config_lib
       config = common.get_config()
       config.batch_size = 100
       try:
