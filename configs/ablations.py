@@ -69,23 +69,32 @@ GRIDS = {
     'cait_layerscale': {
         f'{name}_d{depth}': {'depth': depth, **fields}
         for depth in (4, 12)
-        for name, fields in (('no_layer_scale', {}),
-                             ('layer_scale_1e-1', {'layer_scale_init': 0.1}),
-                             ('layer_scale_1e-5', {'layer_scale_init': 1e-5}))
+        for name, fields in (
+            ('no_layer_scale', {}),
+            ('layer_scale_1e-1', {'layer_scale_init': 0.1}),
+            ('layer_scale_1e-5', {'layer_scale_init': 1e-5}),
+        )
     },
     'cait_talking_heads': {
         'standard': {'layer_scale_init': 0.1, 'class_stage': 'class_attention'},
-        'talking_heads': {'layer_scale_init': 0.1, 'class_stage': 'class_attention',
-                          'attention': 'talking_heads'},
+        'talking_heads': {
+            'layer_scale_init': 0.1,
+            'class_stage': 'class_attention',
+            'attention': 'talking_heads',
+        },
     },
     'cait_class_attention': {
         'class_token': {'layer_scale_init': 0.1, 'attention': 'talking_heads'},
-        'class_attention': {'layer_scale_init': 0.1, 'attention': 'talking_heads',
-                            'class_stage': 'class_attention'},
+        'class_attention': {
+            'layer_scale_init': 0.1,
+            'attention': 'talking_heads',
+            'class_stage': 'class_attention',
+        },
     },
     'deepvit_depth': {
         f'{kind}_{depth}': {'depth': depth, 'attention': kind}
-        for depth in (4, 8, 16) for kind in ('standard', 're_attention')
+        for depth in (4, 8, 16)
+        for kind in ('standard', 're_attention')
     },
     'positional_in_vit': {
         kind: {'attention': kind, 'class_stage': 'class_attention'}
@@ -93,10 +102,18 @@ GRIDS = {
     },
     't2t_stem': {
         'patch': {},
-        't2t_performer': {'stem': 't2t', 'tokens_type': 'performer', 'token_dim': 32,
-                          'soft_splits': _T2T_SPLITS_16},
-        't2t_transformer': {'stem': 't2t', 'tokens_type': 'transformer', 'token_dim': 32,
-                            'soft_splits': _T2T_SPLITS_16},
+        't2t_performer': {
+            'stem': 't2t',
+            'tokens_type': 'performer',
+            'token_dim': 32,
+            'soft_splits': _T2T_SPLITS_16,
+        },
+        't2t_transformer': {
+            'stem': 't2t',
+            'tokens_type': 'transformer',
+            'token_dim': 32,
+            'soft_splits': _T2T_SPLITS_16,
+        },
     },
 }
 

@@ -24,8 +24,12 @@ from configs import common
 
 # Variant -> (registry name, released resolution).
 VARIANTS = {
-    'XXS24': ('cait_xxs24', 224), 'XXS36': ('cait_xxs36', 224), 'XS24': ('cait_xs24', 384),
-    'S24': ('cait_s24', 224), 'S36': ('cait_s36', 384), 'M36': ('cait_m36', 384),
+    'XXS24': ('cait_xxs24', 224),
+    'XXS36': ('cait_xxs36', 224),
+    'XS24': ('cait_xs24', 384),
+    'S24': ('cait_s24', 224),
+    'S36': ('cait_s36', 384),
+    'M36': ('cait_m36', 384),
     'M48': ('cait_m48', 448),
 }
 

@@ -32,8 +32,10 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
     key, sep, value = item.partition('=')
     key = key.strip()
     if not sep:
-      raise ValueError(f'Config argument {item!r} is not of the form key=value; '
-                       f'valid keys: {sorted(defaults)}.')
+      raise ValueError(
+          f'Config argument {item!r} is not of the form key=value; '
+          f'valid keys: {sorted(defaults)}.'
+      )
     if key not in defaults:
       raise ValueError(f'Unknown config argument {key!r}; valid keys: {sorted(defaults)}.')
     default = defaults[key]
@@ -58,8 +60,9 @@ def dataset(arg: str | None, args: ml_collections.ConfigDict) -> str:
   return args.dataset
 
 
-def quick_run(config: ml_collections.ConfigDict, variants: Sequence[str] = ()
-              ) -> ml_collections.ConfigDict:
+def quick_run(
+    config: ml_collections.ConfigDict, variants: Sequence[str] = ()
+) -> ml_collections.ConfigDict:
   """The quick default of every family config: digits upsampled to 16×16, 800 steps of 128.
 
   Upsampling lets the pad-2 random crop shift by half pixels of the original 8×8 digits, which
@@ -95,8 +98,9 @@ def quick_model(model: ml_collections.ConfigDict, name: str) -> ml_collections.C
   return model
 
 
-def use_imagenet(config: ml_collections.ConfigDict, image_size: int = 224
-                 ) -> ml_collections.ConfigDict:
+def use_imagenet(
+    config: ml_collections.ConfigDict, image_size: int = 224
+) -> ml_collections.ConfigDict:
   """ImageNet at `image_size` with the full DeiT recipe (DeiT Table 9), the base of every family's.
 
   deit/main.py defaults: AdamW (eps 1e-8) at lr 5e-4 × batch / 512 (1e-3 at batch 1024), weight

@@ -27,8 +27,13 @@ import ml_collections
 
 from configs import common
 
-VARIANTS = {'16B': 'deepvit_16b', '24B': 'deepvit_24b', '32B': 'deepvit_32b', 'S': 'deepvit_s',
-            'L': 'deepvit_l'}
+VARIANTS = {
+    '16B': 'deepvit_16b',
+    '24B': 'deepvit_24b',
+    '32B': 'deepvit_32b',
+    'S': 'deepvit_s',
+    'L': 'deepvit_l',
+}
 BASELINES = {'16B': 'deepvit_vit_16b', '24B': 'deepvit_vit_24b', '32B': 'deepvit_vit_32b'}
 
 
@@ -40,8 +45,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if args.variant:
     table = BASELINES if args.baseline else VARIANTS
     if args.variant not in table:
-      raise ValueError(f'Unknown DeepViT {"baseline " if args.baseline else ""}variant '
-                       f'{args.variant!r}; valid: {list(table)}.')
+      raise ValueError(
+          f'Unknown DeepViT {"baseline " if args.baseline else ""}variant '
+          f'{args.variant!r}; valid: {list(table)}.'
+      )
     common.use_imagenet(config)
     config.lr_scaling_batch = 0  # The official recipe does not scale lr with the batch.
     config.batch_size = 256

@@ -53,8 +53,15 @@ VARIANTS = {'Ti': 'ti', 'S': 's', 'B': 'b'}
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """DeiT on digits by default; `variant=Ti|S|B`, `distilled=`, `dataset=`, and `teacher=` a
   work directory or MODEL:FILE (`distillation.teacher`)."""
-  args = common.parse_arg(arg, variant='', distilled=True, teacher='', distillation='hard',
-                          dataset='digits', image_size=224)
+  args = common.parse_arg(
+      arg,
+      variant='',
+      distilled=True,
+      teacher='',
+      distillation='hard',
+      dataset='digits',
+      image_size=224,
+  )
   config = common.get_config()
   config.dataset = common.dataset(arg, args)
   suffix = '_distilled' if args.distilled else ''

@@ -51,8 +51,12 @@ VARIANTS = {
 }
 # (resolution, variant) -> drop path of README_revenge.md's fine-tuning commands.
 FINETUNE_DROP_PATH = {
-    (224, 'B'): 0.2, (224, 'L'): 0.45, (224, 'H'): 0.55,
-    (384, 'S'): 0.0, (384, 'B'): 0.15, (384, 'L'): 0.4,
+    (224, 'B'): 0.2,
+    (224, 'L'): 0.45,
+    (224, 'H'): 0.55,
+    (384, 'S'): 0.0,
+    (384, 'B'): 0.15,
+    (384, 'L'): 0.4,
 }
 CROPS = {'rrc': 'inception_crop', 'src': 'simple_random_crop'}
 
@@ -94,8 +98,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if args.finetune:
     if (args.finetune, args.variant) not in FINETUNE_DROP_PATH:
       published = sorted(f'variant={v},finetune={r}' for r, v in FINETUNE_DROP_PATH)
-      raise ValueError(f'No published DeiT III fine-tuning of {args.variant} at {args.finetune}; '
-                       f'published: {published}.')
+      raise ValueError(
+          f'No published DeiT III fine-tuning of {args.variant} at {args.finetune}; '
+          f'published: {published}.'
+      )
     common.use_imagenet(config, args.finetune)
     config.eval_crop_ratio = 1.0
     config.random_erase_prob = 0.0

@@ -35,13 +35,16 @@ from vit_jax import models
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """`init_from=` weights (hf-hub:ORG/NAME, or a file / work directory with `model=`) fine-tuned
   on `dataset=`; `layer_decay=`, `epochs=`, `image_size=` (default: the weights')."""
-  args = common.parse_arg(arg, init_from='', model='', dataset='', layer_decay=0.65, epochs=100.0,
-                          image_size=0)
+  args = common.parse_arg(
+      arg, init_from='', model='', dataset='', layer_decay=0.65, epochs=100.0, image_size=0
+  )
   if not args.init_from or not args.dataset:
-    raise ValueError('configs/finetune.py needs init_from= (hf-hub:ORG/NAME, e.g. '
-                     'hf-hub:timm/deit_small_patch16_224.fb_in1k) and dataset= (a TFDS name or '
-                     "folder:/path), e.g. --config='configs/finetune.py:init_from=hf-hub:timm/"
-                     "deit_small_patch16_224.fb_in1k,dataset=cifar10'.")
+    raise ValueError(
+        'configs/finetune.py needs init_from= (hf-hub:ORG/NAME, e.g. '
+        'hf-hub:timm/deit_small_patch16_224.fb_in1k) and dataset= (a TFDS name or '
+        "folder:/path), e.g. --config='configs/finetune.py:init_from=hf-hub:timm/"
+        "deit_small_patch16_224.fb_in1k,dataset=cifar10'."
+    )
   if hub.is_hub_name(args.init_from):
     weights = hub.resolve(args.init_from)
     image_size, crop_ratio = weights.image_size, weights.crop_ratio
@@ -51,8 +54,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     image_size, crop_ratio, normalization = 224, 0.875, 'imagenet'
     model_name, fields = args.model, {}
   else:
-    raise ValueError(f'init_from={args.init_from!r} is not a Hub name (hf-hub:ORG/NAME): give its '
-                     'model= too (a registry name, e.g. deit_s16).')
+    raise ValueError(
+        f'init_from={args.init_from!r} is not a Hub name (hf-hub:ORG/NAME): give its '
+        'model= too (a registry name, e.g. deit_s16).'
+    )
   config = common.get_config()
   common.use_imagenet(config, args.image_size or image_size)
   config.normalization = normalization

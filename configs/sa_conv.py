@@ -36,8 +36,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config = common.get_config()
   config.dataset = args.dataset
   config.model.name = f'sa_conv_{args.attention}' + ('_16h' if args.heads == 16 else '')
-  config.no_decay_names = tuple(config.no_decay_names) + ('attention_centers',
-                                                           'attention_spreads')
+  config.no_decay_names = tuple(config.no_decay_names) + ('attention_centers', 'attention_spreads')
   if args.dataset == 'digits':
     common.quick_run(config)
     config.total_steps = 600  # Nine full-width heads cost more per step than a ViT's four.

@@ -37,12 +37,26 @@ import ml_collections
 
 from configs import common
 
-VARIANTS = {'7': 't2t_vit_7', '10': 't2t_vit_10', '12': 't2t_vit_12', '14': 't2t_vit_14',
-            '19': 't2t_vit_19', '24': 't2t_vit_24', 't-14': 't2t_vit_t_14',
-            't-19': 't2t_vit_t_19', 't-24': 't2t_vit_t_24'}
+VARIANTS = {
+    '7': 't2t_vit_7',
+    '10': 't2t_vit_10',
+    '12': 't2t_vit_12',
+    '14': 't2t_vit_14',
+    '19': 't2t_vit_19',
+    '24': 't2t_vit_24',
+    't-14': 't2t_vit_t_14',
+    't-19': 't2t_vit_t_19',
+    't-24': 't2t_vit_t_24',
+}
 # (base_lr at batch 512, weight decay) of the official README's training commands.
-_RECIPES = {'7': (1e-3, 0.03), '10': (1e-3, 0.03), '12': (1e-3, 0.03), '14': (5e-4, 0.05),
-            '19': (5e-4, 0.065), '24': (5e-4, 0.065)}
+_RECIPES = {
+    '7': (1e-3, 0.03),
+    '10': (1e-3, 0.03),
+    '12': (1e-3, 0.03),
+    '14': (5e-4, 0.05),
+    '19': (5e-4, 0.065),
+    '24': (5e-4, 0.065),
+}
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

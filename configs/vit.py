@@ -29,8 +29,20 @@ import ml_collections
 
 from configs import common
 
-VARIANTS = ('Ti/16', 'S/16', 'B/16', 'L/16', 'H/14', 'Ti/32', 'S/32', 'B/32', 'L/32', 'Ti/4',
-            'S/4', 'B/4')
+VARIANTS = (
+    'Ti/16',
+    'S/16',
+    'B/16',
+    'L/16',
+    'H/14',
+    'Ti/32',
+    'S/32',
+    'B/32',
+    'L/32',
+    'Ti/4',
+    'S/4',
+    'B/4',
+)
 
 
 def model_name(variant: str) -> str:

@@ -17,10 +17,12 @@ from ml_collections import config_flags
 # Config files import `configs.common`, which lives beside vit_jax in the repository root.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Training configuration file.',
-                                          lock_config=False)
-_DATA_DIR = flags.DEFINE_string('data_dir', None, 'TFDS data dir (local or gs://); default: the '
-                                "config's data_dir.")
+_CONFIG = config_flags.DEFINE_config_file(
+    'config', None, 'Training configuration file.', lock_config=False
+)
+_DATA_DIR = flags.DEFINE_string(
+    'data_dir', None, 'TFDS data dir (local or gs://); default: the ' "config's data_dir."
+)
 flags.mark_flags_as_required(['config'])
 
 
@@ -28,15 +30,19 @@ def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   tf.config.set_visible_devices([], 'GPU')
   from vit_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
+
   config = _CONFIG.value
   if _DATA_DIR.value:
     config.data_dir = _DATA_DIR.value
   info = input_pipeline.get_dataset_info(input_pipeline.DataSettings.from_config(config))
-  print(f'Prepared {info.name} in {config.data_dir or "the TFDS default data dir"}: '
-        f'{info.num_train_examples} train / {info.num_eval_examples} eval examples, '
-        f'{info.num_classes} classes.')
+  print(
+      f'Prepared {info.name} in {config.data_dir or "the TFDS default data dir"}: '
+      f'{info.num_train_examples} train / {info.num_eval_examples} eval examples, '
+      f'{info.num_classes} classes.'
+  )
 
 
 if __name__ == '__main__':

@@ -32,17 +32,31 @@ def test_part_combinations_cover_every_pair_of_parts():
 
 
 @pytest.mark.parametrize('attention,layer_scale,class_stage,stem', _PAIRWISE)
-def test_every_part_combination_trains_one_step_with_scan(attention, layer_scale, class_stage,
-                                                          stem):
+def test_every_part_combination_trains_one_step_with_scan(
+    attention, layer_scale, class_stage, stem
+):
   # Positional attention reads the patch grid only: with the class token from the start, the
   # head averages the tokens instead.
   positional = attention_lib.kind(attention).patch_tokens_only
   pool = 'avg' if positional and class_stage == 'token' else 'token'
-  model = models.create('vit_ti4', num_classes=3, hidden_size=8, num_heads=2, depth=2,
-                        mlp_dim=16, attention=attention, layer_scale_init=layer_scale,
-                        class_stage=class_stage, stem=stem, token_dim=8, global_pool=pool,
-                        soft_splits=((3, 2, 1), (3, 2, 1)), class_attention_depth=1,
-                        scan_layers=True, init_scheme='timm')
+  model = models.create(
+      'vit_ti4',
+      num_classes=3,
+      hidden_size=8,
+      num_heads=2,
+      depth=2,
+      mlp_dim=16,
+      attention=attention,
+      layer_scale_init=layer_scale,
+      class_stage=class_stage,
+      stem=stem,
+      token_dim=8,
+      global_pool=pool,
+      soft_splits=((3, 2, 1), (3, 2, 1)),
+      class_attention_depth=1,
+      scan_layers=True,
+      init_scheme='timm',
+  )
   images = jax.random.normal(jax.random.key(0), (2, 8, 8, 3))
   labels = jnp.array([0, 2])
   variables = model.init(jax.random.key(1), images)
@@ -51,8 +65,13 @@ def test_every_part_combination_trains_one_step_with_scan(attention, layer_scale
   opt_state = tx.init(variables['params'])
 
   def loss(params):
-    logits, _ = model.apply({**variables, 'params': params}, images, train=True,
-                            mutable=['batch_stats'], rngs={'dropout': jax.random.key(2)})
+    logits, _ = model.apply(
+        {**variables, 'params': params},
+        images,
+        train=True,
+        mutable=['batch_stats'],
+        rngs={'dropout': jax.random.key(2)},
+    )
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
   value, grads = jax.value_and_grad(loss)(variables['params'])
@@ -60,19 +79,24 @@ def test_every_part_combination_trains_one_step_with_scan(attention, layer_scale
   params = optax.apply_updates(variables['params'], updates)
   assert jnp.isfinite(value)
   assert all(bool(jnp.all(jnp.isfinite(p))) for p in jax.tree.leaves(params))
-  paths = [jax.tree_util.keystr(path)
-           for path, _ in jax.tree_util.tree_leaves_with_path(variables['params'])]
+  paths = [
+      jax.tree_util.keystr(path)
+      for path, _ in jax.tree_util.tree_leaves_with_path(variables['params'])
+  ]
   assert any('gamma_1' in path for path in paths) == (layer_scale is not None)
   assert any('blocks_token_only' in path for path in paths) == (class_stage == 'class_attention')
 
 
-@pytest.mark.parametrize('fields,message', [
-    (dict(attention='quadratic'), 'patch grid only'),
-    (dict(class_stage='class_attention', global_pool='avg'), "must be 'token'"),
-    (dict(distilled=True, class_stage='class_attention'), 'distilled=True'),
-    (dict(stem='cnn', patch_size=3), 'must be even'),
-    (dict(attention='sparse'), "attention='sparse' is not valid"),
-])
+@pytest.mark.parametrize(
+    'fields,message',
+    [
+        (dict(attention='quadratic'), 'patch grid only'),
+        (dict(class_stage='class_attention', global_pool='avg'), "must be 'token'"),
+        (dict(distilled=True, class_stage='class_attention'), 'distilled=True'),
+        (dict(stem='cnn', patch_size=3), 'must be even'),
+        (dict(attention='sparse'), "attention='sparse' is not valid"),
+    ],
+)
 def test_combinations_that_cannot_work_are_refused_before_compiling(fields, message):
   with pytest.raises(ValueError, match=message):
     models.create('vit_ti4', **fields).check_fields()
@@ -111,19 +135,32 @@ def test_one_seed_trains_in_the_variant_directory_and_more_in_one_each(tmp_path)
   assert [d for _, d in runs] == [str(tmp_path / 'standard' / f'seed_{k}') for k in range(3)]
 
 
-@pytest.mark.parametrize('fields', [
-    dict(attention='talking_heads', class_stage='class_attention', stem='t2t'),
-    dict(attention='re_attention', layer_scale_init=0.1, stem='cnn'),
-    dict(attention='gaussian', class_stage='class_attention'),
-    dict(attention='learned_content', global_pool='avg', stem='space_to_depth'),
-    dict(attention='quadratic', global_pool='map', distilled=False),
-    dict(distilled=True, attention='talking_heads'),
-])
+@pytest.mark.parametrize(
+    'fields',
+    [
+        dict(attention='talking_heads', class_stage='class_attention', stem='t2t'),
+        dict(attention='re_attention', layer_scale_init=0.1, stem='cnn'),
+        dict(attention='gaussian', class_stage='class_attention'),
+        dict(attention='learned_content', global_pool='avg', stem='space_to_depth'),
+        dict(attention='quadratic', global_pool='map', distilled=False),
+        dict(distilled=True, attention='talking_heads'),
+    ],
+)
 def test_analysis_runs_on_combinations_of_parts(fields):
   # Unrolled, as the analysis reads every run (`inference.load_run(unroll=True)`).
-  model = models.create('vit_ti4', num_classes=3, hidden_size=8, num_heads=2, depth=3,
-                        mlp_dim=16, patch_size=2, token_dim=8,
-                        soft_splits=((3, 2, 1), (3, 1, 1)), class_attention_depth=1, **fields)
+  model = models.create(
+      'vit_ti4',
+      num_classes=3,
+      hidden_size=8,
+      num_heads=2,
+      depth=3,
+      mlp_dim=16,
+      patch_size=2,
+      token_dim=8,
+      soft_splits=((3, 2, 1), (3, 1, 1)),
+      class_attention_depth=1,
+      **fields,
+  )
   images = jax.random.normal(jax.random.key(0), (2, 8, 8, 3))
   variables = model.init(jax.random.key(1), images)
   image_shape = images.shape[1:3]
@@ -148,7 +185,8 @@ def test_every_grid_variant_builds(grid):
   assert len(config.variants) >= 2
   for name in config.variants:
     model = config_lib.create_model(
-        ablation.variant_config(config, dict(config.variants[name])), 10)
+        ablation.variant_config(config, dict(config.variants[name])), 10
+    )
     model.check_fields()
     images = jnp.zeros((1, config.image_size, config.image_size, 3))
     assert jax.eval_shape(model.init, jax.random.key(0), images)['params']

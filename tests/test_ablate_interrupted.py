@@ -33,10 +33,18 @@ def grid(monkeypatch):
     return train.RunResult(step=10, metrics={'accuracy': 0.5 + 0.1 * len(trained)})
 
   monkeypatch.setattr(ablation.train, 'train_and_evaluate', fake_train)
-  monkeypatch.setattr(ablation.report_lib, 'analyze', lambda run_dir, analyses, num_images: {
-      'collapse': {'main': {'similar_block_count': 1}}})
-  monkeypatch.setattr(ablation, 'step_costs', lambda configs, num_classes, steps: [
-      {'params': 1, 'GFLOPs/step': 1.0, 'step ms': 1.0} for _ in configs])
+  monkeypatch.setattr(
+      ablation.report_lib,
+      'analyze',
+      lambda run_dir, analyses, num_images: {'collapse': {'main': {'similar_block_count': 1}}},
+  )
+  monkeypatch.setattr(
+      ablation,
+      'step_costs',
+      lambda configs, num_classes, steps: [
+          {'params': 1, 'GFLOPs/step': 1.0, 'step ms': 1.0} for _ in configs
+      ],
+  )
   return config, trained, interrupt_during
 
 
@@ -45,8 +53,12 @@ def test_sigterm_between_trainings_stops_before_the_next_and_a_rerun_resumes(tmp
   names = list(config.variants)
   interrupt_during[1] = 'signal'
   with run_sequence.Stopper() as stopper:
-    with pytest.raises(run_sequence.Interrupted, match=r'^SIGTERM: stopped before .*'
-                       + names[1] + '.*Rerun the same command to resume where it stopped'):
+    with pytest.raises(
+        run_sequence.Interrupted,
+        match=r'^SIGTERM: stopped before .*'
+        + names[1]
+        + '.*Rerun the same command to resume where it stopped',
+    ):
       ablation.run_grid(config, str(tmp_path), stopper=stopper)
   assert trained == [names[0]]
   assert os.path.exists(tmp_path / names[0] / run_sequence.RECORD_FILE)
@@ -72,13 +84,24 @@ def test_a_training_preempted_inside_its_loop_stops_the_grid(tmp_path, grid):
 
 def test_sigterm_while_the_command_starts_exits_75_with_one_line(tmp_path):
   process = subprocess.Popen(
-      [sys.executable, '-m', 'vit_jax.ablate', '--config=configs/ablations.py',
-       f'--workdir={tmp_path}'], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-      text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2', PYTHONPATH=REPO))
+      [
+          sys.executable,
+          '-m',
+          'vit_jax.ablate',
+          '--config=configs/ablations.py',
+          f'--workdir={tmp_path}',
+      ],
+      cwd=REPO,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2', PYTHONPATH=REPO),
+  )
   time.sleep(1.0)
   process.send_signal(signal.SIGTERM)
   out, err = process.communicate(timeout=120)
   assert process.returncode == 75, err[-3000:]
   assert err.strip().splitlines() == [
-      'SIGTERM: stopped before any training started. Rerun the same command to resume.']
+      'SIGTERM: stopped before any training started. Rerun the same command to resume.'
+  ]
   assert out == ''

@@ -14,8 +14,14 @@ CENTRES = np.array([[0, 2], [-3, 0], [2, -2], [-1, -1]], np.float32)
 
 
 def test_heads_with_known_centres_have_contours_at_those_centres(tmp_path):
-  model = models.create('sa_conv_quadratic', num_layers=1, hidden_size=8, intermediate_size=8,
-                        num_heads=4, num_classes=2)
+  model = models.create(
+      'sa_conv_quadratic',
+      num_layers=1,
+      hidden_size=8,
+      intermediate_size=8,
+      num_heads=4,
+      num_classes=2,
+  )
   images = jax.random.normal(jax.random.key(1), (2, 22, 22, 3))  # An 11 x 11 grid.
   params = jax.jit(model.init)(jax.random.key(0), images)['params']
   params['layers_0']['attention']['attention_centers'] = jnp.asarray(CENTRES)

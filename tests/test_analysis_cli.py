@@ -26,9 +26,20 @@ def test_cli_writes_every_file_for_a_trained_vit(data_dir, tmp_path):
   workdir = str(tmp_path / 'vit')
   train.train_and_evaluate(tiny_config(data_dir, total_steps=4), workdir)
   result = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.analyze', f'--workdir={workdir}', '--num_images=12',
-       '--batch_size=8'], cwd=REPO, capture_output=True, text=True, timeout=600,
-      env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL='2'))
+      [
+          sys.executable,
+          '-m',
+          'vit_jax.analyze',
+          f'--workdir={workdir}',
+          '--num_images=12',
+          '--batch_size=8',
+      ],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=600,
+      env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL='2'),
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   out = os.path.join(workdir, 'analysis')
   expected = ['collapse.png', 'maps.png', 'rollout.png', 'distance.png']
@@ -49,8 +60,9 @@ def test_cli_writes_every_file_for_a_trained_vit(data_dir, tmp_path):
 
 def _sa_conv_config(data_dir: str) -> ml_collections.ConfigDict:
   config = tiny_config(data_dir, image_size=16, total_steps=2, batch_size=16)
-  config.model = ml_collections.ConfigDict(dict(
-      name='sa_conv_gaussian', num_layers=2, hidden_size=8, intermediate_size=12, num_heads=4))
+  config.model = ml_collections.ConfigDict(
+      dict(name='sa_conv_gaussian', num_layers=2, hidden_size=8, intermediate_size=12, num_heads=4)
+  )
   return config
 
 
@@ -65,13 +77,21 @@ def test_sa_conv_run_gets_centres_and_a_pruned_run_that_fine_tunes(data_dir, tmp
   pruning.write_run(config, params, workdir, 10)
 
   report = report_lib.analyze(workdir, num_images=8, batch_size=8, finetune_steps=2)
-  assert report['files'] == ['collapse.png', 'maps.png', 'rollout.png', 'distance.png',
-                             'centres.png']
+  assert report['files'] == [
+      'collapse.png',
+      'maps.png',
+      'rollout.png',
+      'distance.png',
+      'centres.png',
+  ]
   for name in report['files']:
     assert os.path.getsize(os.path.join(workdir, 'analysis', name)) > 1000, name
   assert len(report['centres']['layer 1']) == 4
-  np.testing.assert_allclose([h['mu'] for h in report['centres']['layer 0']],
-                             params['layers_0']['attention']['attention_centers'], atol=1e-4)
+  np.testing.assert_allclose(
+      [h['mu'] for h in report['centres']['layer 0']],
+      params['layers_0']['attention']['attention_centers'],
+      atol=1e-4,
+  )
   result = report['pruning']
   assert result['pruned_heads'] == [[], [2]] and result['layer_heads'] == [4, 3]
   assert result['parameters'][0] - result['parameters'][1] == 2 + 4 + 8 * 8

@@ -65,8 +65,9 @@ def test_inter_head_similarity():
   maps = _random_maps(3)
   same_heads = np.repeat(maps[:, :1], 4, axis=1)
   assert collapse.inter_head_similarity(same_heads) == pytest.approx(1.0)
-  reference = np.mean([_eq2_reference(maps[:, [h]], maps[:, [g]])
-                       for h in range(4) for g in range(4) if h != g])
+  reference = np.mean(
+      [_eq2_reference(maps[:, [h]], maps[:, [g]]) for h in range(4) for g in range(4) if h != g]
+  )
   assert collapse.inter_head_similarity(maps) == pytest.approx(reference, abs=1e-12)
 
 

@@ -17,8 +17,9 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def _model_maps(name: str, **fields):
-  model = models.create(name, num_classes=3, patch_size=2, hidden_size=16, num_heads=2,
-                        mlp_dim=32, **fields)
+  model = models.create(
+      name, num_classes=3, patch_size=2, hidden_size=16, num_heads=2, mlp_dim=32, **fields
+  )
   images = jax.random.normal(jax.random.key(1), (2, 8, 8, 3))
   variables = jax.jit(model.init)(jax.random.key(0), images)
   return model, maps.attention_maps(model, variables, images)
@@ -27,7 +28,9 @@ def _model_maps(name: str, **fields):
 def test_cait_maps_stages_and_class_rollout():
   _, layers = _model_maps('cait_ti4', depth=11, class_attention_depth=2)
   assert [layer.name for layer in layers] == [f'blocks_{i}/attn' for i in range(11)] + [
-      'blocks_token_only_0/attn', 'blocks_token_only_1/attn']  # Call order, not sorted.
+      'blocks_token_only_0/attn',
+      'blocks_token_only_1/attn',
+  ]  # Call order, not sorted.
   assert [layer.shape for layer in layers] == [(2, 16, 16)] * 11 + [(2, 1, 17)] * 2
   np.testing.assert_allclose(layers[11].probs.sum(-1), 1.0, atol=1e-5)
   assert maps.stages(layers) == [list(range(11)), [11, 12]]
@@ -40,8 +43,9 @@ def test_cait_maps_stages_and_class_rollout():
   assert [q.query for q in queries] == ['centre'] * 11 + ['class'] * 2
   assert queries[0].maps.shape == (2, 3, 3) and queries[11].maps.shape == (2, 4, 4)
   assert queries[0].query_cell == (1, 1) and queries[11].query_cell is None
-  np.testing.assert_allclose(queries[0].maps, layers[0].probs[:, :, 10].mean(0).reshape(
-      2, 4, 4)[:, 1:4, 1:4], atol=1e-7)  # Centre token (2, 2) = 10; its 3 x 3 neighbourhood.
+  np.testing.assert_allclose(
+      queries[0].maps, layers[0].probs[:, :, 10].mean(0).reshape(2, 4, 4)[:, 1:4, 1:4], atol=1e-7
+  )  # Centre token (2, 2) = 10; its 3 x 3 neighbourhood.
   (whole,) = maps.query_maps(layers[:1], (8, 8), window_size=5)
   assert whole.maps.shape == (2, 4, 4) and whole.query_cell == (2, 2)
 
@@ -101,6 +105,7 @@ def test_window_marks_cells_outside_the_grid():
 
 def test_model_without_sown_maps_raises():
   class Plain(nn.Module):
+
     @nn.compact
     def __call__(self, x, *, train=False):
       return nn.Dense(2)(x.reshape(x.shape[0], -1))
@@ -120,7 +125,8 @@ def test_overlay_blends_the_upsampled_heatmap_over_the_image():
   coloured = maps.overlay(image, heatmap, alpha=1.0)
   assert coloured.shape == (8, 12, 3)
   np.testing.assert_allclose(coloured[:4, 4:8], np.broadcast_to(coloured[0, 4], (4, 4, 3)))
-  np.testing.assert_allclose(maps.overlay(image, heatmap, alpha=0.25),
-                             0.75 * shown + 0.25 * coloured)
+  np.testing.assert_allclose(
+      maps.overlay(image, heatmap, alpha=0.25), 0.75 * shown + 0.25 * coloured
+  )
   with pytest.raises(ValueError, match='alpha=1.5 must be in'):
     maps.overlay(image, heatmap, alpha=1.5)

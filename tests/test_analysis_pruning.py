@@ -32,7 +32,7 @@ def _masked(params, heads):
   for layer, drop in enumerate(heads):
     kernel = params[f'layers_{layer}']['attention']['value']['kernel']
     for head in drop:
-      kernel[head * WIDTH:(head + 1) * WIDTH] = 0.0
+      kernel[head * WIDTH : (head + 1) * WIDTH] = 0.0
   return params
 
 
@@ -96,4 +96,5 @@ def test_a_layer_cannot_lose_every_head():
 def test_bad_layer_heads_raise():
   with pytest.raises(ValueError, match='layer_heads'):
     models.create('sa_conv_gaussian', layer_heads=(2,), **TINY).init(
-        jax.random.key(0), jnp.zeros((1, 8, 8, 3)))
+        jax.random.key(0), jnp.zeros((1, 8, 8, 3))
+    )

@@ -27,7 +27,10 @@ def _run(module, x, *, train=False, rng=0, mutable=('intermediates',)):
   variables = module.init(jax.random.key(rng), x)
   variables = jax.tree_util.tree_map_with_path(
       lambda path, v: v + 0.1 * jax.random.normal(jax.random.key(len(path)), v.shape)
-      if path[-1].key == 'bias' else v, variables)
+      if path[-1].key == 'bias'
+      else v,
+      variables,
+  )
   out, state = module.apply(variables, x, train=train, mutable=list(mutable))
   (probs,) = state['intermediates']['attention_probs']
   return _np(variables), np.asarray(out), np.asarray(probs), state
@@ -60,7 +63,7 @@ def test_content_attention():
   v, out, probs, _ = _run(attention.SelfAttention(num_heads=H), X)
   p = v['params']
   q, k, val = _qkv(p, X, H)
-  expected = _softmax((q * HD ** -0.5) @ k.transpose(0, 1, 3, 2))
+  expected = _softmax((q * HD**-0.5) @ k.transpose(0, 1, 3, 2))
   np.testing.assert_allclose(probs, expected, atol=1e-6)
   np.testing.assert_allclose(out, _dense(p['proj'], _merge(expected @ val)), atol=1e-5)
   assert probs.shape == (B, H, N, N)
@@ -71,7 +74,7 @@ def test_talking_heads_attention():
   v, out, probs, _ = _run(attention.SelfAttention(num_heads=H, head_mixing='talking_heads'), X)
   p = v['params']
   q, k, val = _qkv(p, X, H)
-  scores = _mix((q * HD ** -0.5) @ k.transpose(0, 1, 3, 2), p['proj_l'])
+  scores = _mix((q * HD**-0.5) @ k.transpose(0, 1, 3, 2), p['proj_l'])
   expected = _mix(_softmax(scores), p['proj_w'])
   np.testing.assert_allclose(probs, expected, atol=1e-5)
   np.testing.assert_allclose(out, _dense(p['proj'], _merge(expected @ val)), atol=1e-5)
@@ -80,23 +83,24 @@ def test_talking_heads_attention():
 @pytest.mark.parametrize('train', [True, False])
 @pytest.mark.parametrize('scale', [True, False])
 def test_re_attention_batch_norm(train, scale):
-  module = attention.SelfAttention(num_heads=H, head_mixing='re_attention',
-                                   re_attention_scale=scale)
+  module = attention.SelfAttention(
+      num_heads=H, head_mixing='re_attention', re_attention_scale=scale
+  )
   v, out, probs, state = _run(module, X, train=train, mutable=('intermediates', 'batch_stats'))
   p = v['params']
   q, k, val = _qkv(p, X, H)
-  mixed = _mix(_softmax((q * HD ** -0.5) @ k.transpose(0, 1, 3, 2)), p['reatten_matrix'])
+  mixed = _mix(_softmax((q * HD**-0.5) @ k.transpose(0, 1, 3, 2)), p['reatten_matrix'])
   if train:  # Statistics over (batch, queries, keys) per head; running stats with momentum 0.9.
     mean, var = mixed.mean((0, 2, 3)), mixed.var((0, 2, 3))
     np.testing.assert_allclose(state['batch_stats']['var_norm']['mean'], 0.1 * mean, atol=1e-6)
-    np.testing.assert_allclose(state['batch_stats']['var_norm']['var'], 0.9 + 0.1 * var,
-                               atol=1e-6)
+    np.testing.assert_allclose(state['batch_stats']['var_norm']['var'], 0.9 + 0.1 * var, atol=1e-6)
   else:
     mean, var = np.zeros(H), np.ones(H)
   bn = p['var_norm']
-  normed = ((mixed - mean[:, None, None]) / np.sqrt(var[:, None, None] + 1e-5)
-            * bn['scale'][:, None, None] + bn['bias'][:, None, None])
-  expected = normed * (HD ** -0.5 if scale else 1.0)
+  normed = (mixed - mean[:, None, None]) / np.sqrt(var[:, None, None] + 1e-5) * bn['scale'][
+      :, None, None
+  ] + bn['bias'][:, None, None]
+  expected = normed * (HD**-0.5 if scale else 1.0)
   np.testing.assert_allclose(probs, expected, atol=1e-4)
   np.testing.assert_allclose(out, _dense(p['proj'], _merge(expected @ val)), atol=1e-4)
   bound = 1 / np.sqrt(H)  # Theta and its bias keep PyTorch's default Conv2d init.
@@ -104,17 +108,20 @@ def test_re_attention_batch_norm(train, scale):
 
 
 def test_re_attention_layer_norm():
-  module = attention.SelfAttention(num_heads=H, head_mixing='re_attention',
-                                   re_attention_norm='layer')
+  module = attention.SelfAttention(
+      num_heads=H, head_mixing='re_attention', re_attention_norm='layer'
+  )
   v, out, probs, _ = _run(module, X)
   p = v['params']
   q, k, val = _qkv(p, X, H)
-  mixed = np.einsum('bhqk,hg->bgqk', _softmax((q * HD ** -0.5) @ k.transpose(0, 1, 3, 2)),
-                    p['reattn_weights'])
+  mixed = np.einsum(
+      'bhqk,hg->bgqk', _softmax((q * HD**-0.5) @ k.transpose(0, 1, 3, 2)), p['reattn_weights']
+  )
   mean, var = mixed.mean(1, keepdims=True), mixed.var(1, keepdims=True)
   ln = p['reattn_norm']
-  expected = ((mixed - mean) / np.sqrt(var + 1e-5) * ln['scale'][None, :, None, None]
-              + ln['bias'][None, :, None, None])
+  expected = (mixed - mean) / np.sqrt(var + 1e-5) * ln['scale'][None, :, None, None] + ln['bias'][
+      None, :, None, None
+  ]
   np.testing.assert_allclose(probs, expected, atol=1e-4)
   np.testing.assert_allclose(out, _dense(p['proj'], _merge(expected @ val)), atol=1e-4)
   assert 'reatten_matrix' not in p and p['reattn_weights'].shape == (H, H)
@@ -123,7 +130,7 @@ def test_re_attention_layer_norm():
 def test_class_attention():
   v, out, probs, _ = _run(attention.ClassAttention(num_heads=H), X)
   p = v['params']
-  q = _heads(_dense(p['q'], X[:, :1]), H) * HD ** -0.5
+  q = _heads(_dense(p['q'], X[:, :1]), H) * HD**-0.5
   k, val = _heads(_dense(p['k'], X), H), _heads(_dense(p['v'], X), H)
   expected = _softmax(q @ k.transpose(0, 1, 3, 2))
   assert probs.shape == (B, H, 1, N) and out.shape == (B, 1, D)
@@ -140,8 +147,9 @@ def test_token_attention(heads):
   q, k, val = _qkv(p, X, heads)
   expected = _softmax((q * (D // heads) ** -0.5) @ k.transpose(0, 1, 3, 2))
   np.testing.assert_allclose(probs, expected, atol=1e-6)
-  np.testing.assert_allclose(out, _merge(val) + _dense(p['proj'], _merge(expected @ val)),
-                             atol=1e-5)
+  np.testing.assert_allclose(
+      out, _merge(val) + _dense(p['proj'], _merge(expected @ val)), atol=1e-5
+  )
   assert out.shape == (B, N, features)
 
 
@@ -169,8 +177,9 @@ def test_gaussian_scores(scores):
   np.testing.assert_allclose(probs, np.broadcast_to(expected, (B,) + expected.shape), atol=1e-5)
   tokens = x.reshape(B, rows * cols, width)
   heads = np.einsum('hqk,bkd->bqhd', expected, tokens).reshape(B, rows * cols, -1)
-  np.testing.assert_allclose(out.reshape(B, rows * cols, width), _dense(p['value'], heads),
-                             atol=1e-5)
+  np.testing.assert_allclose(
+      out.reshape(B, rows * cols, width), _dense(p['value'], heads), atol=1e-5
+  )
 
 
 def test_quadratic_attention_with_large_alpha_is_a_shift():
@@ -193,15 +202,21 @@ def test_quadratic_attention_with_large_alpha_is_a_shift():
 def test_learned_relative_scores(use_content):
   rows, cols, width, heads, max_grid, dim_p = 3, 4, 5, 3, 6, 7
   x = RNG.normal(size=(B, rows, cols, width)).astype(np.float32)
-  module = attention.PositionalAttention(num_heads=heads, scores='learned',
-                                         use_content=use_content, max_grid_size=max_grid,
-                                         position_encoding_size=dim_p)
+  module = attention.PositionalAttention(
+      num_heads=heads,
+      scores='learned',
+      use_content=use_content,
+      max_grid_size=max_grid,
+      position_encoding_size=dim_p,
+  )
   v, out, probs, _ = _run(module, x)
   p = v['params']
   assert p['row_embeddings'].shape == (2 * max_grid - 1, dim_p)
   delta = _grid_offsets(rows, cols) + max_grid - 1
-  scores = (p['row_embeddings'][delta[..., 0]] @ p['head_keys_row']['kernel']
-            + p['col_embeddings'][delta[..., 1]] @ p['head_keys_col']['kernel'])
+  scores = (
+      p['row_embeddings'][delta[..., 0]] @ p['head_keys_row']['kernel']
+      + p['col_embeddings'][delta[..., 1]] @ p['head_keys_col']['kernel']
+  )
   scores = np.broadcast_to(scores.transpose(2, 0, 1), (B, heads, rows * cols, rows * cols))
   tokens = x.reshape(B, rows * cols, width)
   if use_content:
@@ -214,13 +229,19 @@ def test_learned_relative_scores(use_content):
   np.testing.assert_allclose(probs, expected, atol=1e-5)
   np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-6)
   heads_out = np.einsum('bhqk,bkd->bqhd', expected, tokens).reshape(B, rows * cols, -1)
-  np.testing.assert_allclose(out.reshape(B, rows * cols, width), _dense(p['value'], heads_out),
-                             atol=1e-5)
+  np.testing.assert_allclose(
+      out.reshape(B, rows * cols, width), _dense(p['value'], heads_out), atol=1e-5
+  )
 
 
-@pytest.mark.parametrize('module', [
-    attention.SelfAttention(num_heads=4), attention.ClassAttention(num_heads=4),
-    attention.TokenAttention(features=8, num_heads=2)])
+@pytest.mark.parametrize(
+    'module',
+    [
+        attention.SelfAttention(num_heads=4),
+        attention.ClassAttention(num_heads=4),
+        attention.TokenAttention(features=8, num_heads=2),
+    ],
+)
 def test_fast_path_equals_explicit_path(module):
   x = jax.random.normal(jax.random.key(1), (2, 17, 24))
   variables = module.init(jax.random.key(0), x)
@@ -231,8 +252,10 @@ def test_fast_path_equals_explicit_path(module):
 
 @pytest.mark.parametrize('queries, chunk_size', [(10, 4), (12, 4), (7, 16)])
 def test_chunked_attention_equals_full_attention(queries, chunk_size):
-  q, k, v = (jax.random.normal(key, (2, n, 3, 8)) for key, n in zip(
-      jax.random.split(jax.random.key(0), 3), (queries, 9, 9)))
+  q, k, v = (
+      jax.random.normal(key, (2, n, 3, 8))
+      for key, n in zip(jax.random.split(jax.random.key(0), 3), (queries, 9, 9))
+  )
   weights = jax.random.normal(jax.random.key(1), (2, queries, 3, 8))
 
   def loss(attend, q, k, v):
@@ -241,8 +264,10 @@ def test_chunked_attention_equals_full_attention(queries, chunk_size):
   chunked = lambda q, k, v: attention.chunked_attention(q, k, v, chunk_size=chunk_size)
   full = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, scale=1.0)
   np.testing.assert_allclose(chunked(q, k, v), full(q, k, v), atol=1e-5)
-  for a, b in zip(jax.grad(loss, argnums=(1, 2, 3))(chunked, q, k, v),
-                  jax.grad(loss, argnums=(1, 2, 3))(full, q, k, v)):
+  for a, b in zip(
+      jax.grad(loss, argnums=(1, 2, 3))(chunked, q, k, v),
+      jax.grad(loss, argnums=(1, 2, 3))(full, q, k, v),
+  ):
     np.testing.assert_allclose(a, b, atol=1e-5)
 
 
@@ -272,14 +297,16 @@ def test_separable_positional_attention_equals_full_scores(scores, monkeypatch):
   variables = module.init(jax.random.key(0), x)
   calls = []
   separable_attend = attention.separable_attend
-  monkeypatch.setattr(attention, 'separable_attend',
-                      lambda *args: calls.append(1) or separable_attend(*args))
+  monkeypatch.setattr(
+      attention, 'separable_attend', lambda *args: calls.append(1) or separable_attend(*args)
+  )
   fast = module.apply(variables, x)
   explicit, _ = module.apply(variables, x, mutable=['intermediates'])
   np.testing.assert_allclose(fast, explicit, atol=1e-5)
   assert len(calls) == 1  # Collecting probabilities takes the full (heads, N, N) scores.
-  module.clone(attention_dropout_rate=0.1).apply(variables, x, train=True,
-                                                 rngs={'dropout': jax.random.key(2)})
+  module.clone(attention_dropout_rate=0.1).apply(
+      variables, x, train=True, rngs={'dropout': jax.random.key(2)}
+  )
   assert len(calls) == 1  # Dropout acts on the full probabilities too.
 
 
@@ -292,19 +319,30 @@ def test_attention_dropout_is_active_in_training_only():
   np.testing.assert_allclose(module.apply(variables, X), module.apply(variables, X))
 
 
-@pytest.mark.parametrize('module, shape, message', [
-    (attention.SelfAttention(num_heads=5), (2, 5, 12), 'num_heads=5'),
-    (attention.SelfAttention(num_heads=3), (2, 12), r'\(batch, tokens, features\)'),
-    (attention.SelfAttention(num_heads=3, head_mixing='talking'), (2, 5, 12), 'talking_heads'),
-    (attention.SelfAttention(num_heads=3, head_mixing='re_attention', re_attention_norm='group'),
-     (2, 5, 12), 'batch'),
-    (attention.ClassAttention(num_heads=5), (2, 5, 12), 'num_heads=5'),
-    (attention.TokenAttention(features=8, num_heads=3), (2, 5, 12), 'num_heads=3'),
-    (attention.PositionalAttention(), (2, 16, 12), r'\(batch, rows, cols, features\)'),
-    (attention.PositionalAttention(scores='sinusoid'), (2, 4, 4, 12), 'quadratic'),
-    (attention.PositionalAttention(scores='learned', max_grid_size=3), (2, 4, 4, 12),
-     'max_grid_size'),
-])
+@pytest.mark.parametrize(
+    'module, shape, message',
+    [
+        (attention.SelfAttention(num_heads=5), (2, 5, 12), 'num_heads=5'),
+        (attention.SelfAttention(num_heads=3), (2, 12), r'\(batch, tokens, features\)'),
+        (attention.SelfAttention(num_heads=3, head_mixing='talking'), (2, 5, 12), 'talking_heads'),
+        (
+            attention.SelfAttention(
+                num_heads=3, head_mixing='re_attention', re_attention_norm='group'
+            ),
+            (2, 5, 12),
+            'batch',
+        ),
+        (attention.ClassAttention(num_heads=5), (2, 5, 12), 'num_heads=5'),
+        (attention.TokenAttention(features=8, num_heads=3), (2, 5, 12), 'num_heads=3'),
+        (attention.PositionalAttention(), (2, 16, 12), r'\(batch, rows, cols, features\)'),
+        (attention.PositionalAttention(scores='sinusoid'), (2, 4, 4, 12), 'quadratic'),
+        (
+            attention.PositionalAttention(scores='learned', max_grid_size=3),
+            (2, 4, 4, 12),
+            'max_grid_size',
+        ),
+    ],
+)
 def test_bad_inputs_raise_value_error(module, shape, message):
   with pytest.raises(ValueError, match=message):
     jax.eval_shape(module.init, jax.random.key(0), jnp.zeros(shape))

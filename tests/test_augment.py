@@ -31,8 +31,9 @@ def _test_image():
 
 def test_parse_randaugment():
   spec = augment.parse_randaugment('rand-m9-mstd0.5-inc1')
-  assert spec == augment.RandAugmentSpec(magnitude=9.0, num_layers=2, prob=0.5, magnitude_std=0.5,
-                                         magnitude_max=10.0, increasing=True)
+  assert spec == augment.RandAugmentSpec(
+      magnitude=9.0, num_layers=2, prob=0.5, magnitude_std=0.5, magnitude_max=10.0, increasing=True
+  )
   assert spec.ops == augment.RAND_INCREASING_OPS and len(spec.ops) == 15
   assert augment.parse_randaugment('rand-n3-m7-p0.7').ops == augment.RAND_OPS
   assert augment.parse_randaugment('rand-mstd101').magnitude_std == math.inf
@@ -45,6 +46,7 @@ def test_parse_randaugment():
 def test_ops_match_timm(timm, interpolation, monkeypatch):
   from PIL import Image  # pylint: disable=g-import-not-at-top
   from timm.data import auto_augment  # pylint: disable=g-import-not-at-top
+
   image = _test_image()
   resample = Image.BICUBIC if interpolation == 'bicubic' else Image.BILINEAR
   for name in ALL_OPS:
@@ -60,10 +62,18 @@ def test_ops_match_timm(timm, interpolation, monkeypatch):
         # Pillow >= 10 refuses 0 bits (timm then fails); older Pillow, like us, gives black.
         assert not np.any(augment.apply_op(name, tf.constant(image), arg, FILL, True))
         continue
-      expected = np.asarray(auto_augment.NAME_TO_OP[name](
-          Image.fromarray(image), *timm_args, fillcolor=FILL, resample=resample)).astype(int)
-      actual = augment.apply_op(name, tf.constant(image), arg, tf.constant(FILL, tf.uint8),
-                                interpolation == 'bicubic').numpy().astype(int)
+      expected = np.asarray(
+          auto_augment.NAME_TO_OP[name](
+              Image.fromarray(image), *timm_args, fillcolor=FILL, resample=resample
+          )
+      ).astype(int)
+      actual = (
+          augment.apply_op(
+              name, tf.constant(image), arg, tf.constant(FILL, tf.uint8), interpolation == 'bicubic'
+          )
+          .numpy()
+          .astype(int)
+      )
       difference = np.abs(expected - actual)
       # PIL's float rounding differs from ours by at most one level on a few pixels.
       assert difference.max() <= 1, (name, magnitude, negate, difference.max())
@@ -79,24 +89,37 @@ def test_every_op_compiles_once_per_image_shape():
   bicubic = tf.TensorSpec([], tf.bool)
   for name in ALL_OPS:
     hlo = augment._COMPILED_OPS[name].experimental_get_compiler_ir(image, arg, fill, bicubic)(
-        stage='hlo')
+        stage='hlo'
+    )
     assert 'u8[20,24,3]' in hlo, name
 
 
 def test_op_arguments_stay_in_their_ranges():
-  ranges = {'Rotate': (-30, 30), 'ShearX': (-0.3, 0.3), 'ShearY': (-0.3, 0.3),
-            'TranslateXRel': (-0.45, 0.45), 'TranslateYRel': (-0.45, 0.45),
-            'PosterizeIncreasing': (0, 4), 'SolarizeIncreasing': (0, 256), 'SolarizeAdd': (0, 110),
-            'ColorIncreasing': (0.1, 1.9), 'ContrastIncreasing': (0.1, 1.9),
-            'BrightnessIncreasing': (0.1, 1.9), 'SharpnessIncreasing': (0.1, 1.9)}
+  ranges = {
+      'Rotate': (-30, 30),
+      'ShearX': (-0.3, 0.3),
+      'ShearY': (-0.3, 0.3),
+      'TranslateXRel': (-0.45, 0.45),
+      'TranslateYRel': (-0.45, 0.45),
+      'PosterizeIncreasing': (0, 4),
+      'SolarizeIncreasing': (0, 256),
+      'SolarizeAdd': (0, 110),
+      'ColorIncreasing': (0.1, 1.9),
+      'ContrastIncreasing': (0.1, 1.9),
+      'BrightnessIncreasing': (0.1, 1.9),
+      'SharpnessIncreasing': (0.1, 1.9),
+  }
   spec = augment.parse_randaugment('rand-m9-mstd0.5-inc1')
   sample = tf.function(lambda seed: augment.sample_magnitude(seed, spec))
   magnitudes = np.array([float(sample(tf.constant([i, 3], tf.int64))) for i in range(300)])
   assert magnitudes.min() >= 0 and magnitudes.max() <= 10
   assert abs(magnitudes.mean() - 9) < 0.1 and abs(magnitudes.std() - 0.5) < 0.1
   for name, (lo, hi) in ranges.items():
-    args = [float(augment.level_to_arg(name, tf.constant(m), tf.constant(n)))
-            for m in np.concatenate([magnitudes[:20], [0.0, 10.0]]) for n in (False, True)]
+    args = [
+        float(augment.level_to_arg(name, tf.constant(m), tf.constant(n)))
+        for m in np.concatenate([magnitudes[:20], [0.0, 10.0]])
+        for n in (False, True)
+    ]
     assert lo <= min(args) and max(args) <= hi, name
   # At magnitude ~9 the severity is near the top of each range.
   nine, yes, no = tf.constant(9.0), tf.constant(True), tf.constant(False)
@@ -161,8 +184,16 @@ def _onehot(labels, num_classes=10):
 def test_mixup_weight_is_the_label_weight():
   images = jnp.asarray(np.random.default_rng(0).normal(size=(6, 8, 8, 3)), jnp.float32)
   labels = jnp.arange(6)
-  mix = jax.jit(functools.partial(augment.mix_batch, mixup_alpha=0.8, cutmix_alpha=0.0,
-                                  switch_prob=0.5, mix_prob=1.0, label_smoothing=0.0))
+  mix = jax.jit(
+      functools.partial(
+          augment.mix_batch,
+          mixup_alpha=0.8,
+          cutmix_alpha=0.0,
+          switch_prob=0.5,
+          mix_prob=1.0,
+          label_smoothing=0.0,
+      )
+  )
   for i in range(20):
     mixed, targets = mix(jax.random.PRNGKey(i), images, _onehot(labels))
     lam = float(targets[0, 0])
@@ -175,8 +206,16 @@ def test_cutmix_box_area_is_the_label_weight():
   images = jnp.asarray(np.random.default_rng(1).normal(size=(4, 16, 12, 3)), jnp.float32)
   labels = jnp.array([0, 1, 2, 3])
   areas = []
-  mix = jax.jit(functools.partial(augment.mix_batch, mixup_alpha=0.0, cutmix_alpha=1.0,
-                                  switch_prob=0.5, mix_prob=1.0, label_smoothing=0.0))
+  mix = jax.jit(
+      functools.partial(
+          augment.mix_batch,
+          mixup_alpha=0.0,
+          cutmix_alpha=1.0,
+          switch_prob=0.5,
+          mix_prob=1.0,
+          label_smoothing=0.0,
+      )
+  )
   for i in range(40):
     mixed, targets = mix(jax.random.PRNGKey(i), images, _onehot(labels))
     pasted = np.all(np.asarray(mixed[0]) == np.asarray(images[3]), -1)
@@ -199,8 +238,16 @@ def test_mix_switch_probability_smoothing_and_mix_prob():
   @jax.jit
   @functools.partial(jax.vmap, in_axes=(0, None))
   def mix(rng, mix_prob):
-    return augment.mix_batch(rng, images, labels, mixup_alpha=0.8, cutmix_alpha=1.0,
-                             switch_prob=0.5, mix_prob=mix_prob, label_smoothing=0.1)
+    return augment.mix_batch(
+        rng,
+        images,
+        labels,
+        mixup_alpha=0.8,
+        cutmix_alpha=1.0,
+        switch_prob=0.5,
+        mix_prob=mix_prob,
+        label_smoothing=0.1,
+    )
 
   mixed, targets = mix(jax.random.split(jax.random.PRNGKey(0), 200), 1.0)
   is_cut = np.all((mixed[:, 0] == images[0]) | (mixed[:, 0] == images[3]), axis=(1, 2, 3))
@@ -212,8 +259,16 @@ def test_mix_switch_probability_smoothing_and_mix_prob():
   np.testing.assert_array_equal(unmixed, np.broadcast_to(images, unmixed.shape))
   np.testing.assert_allclose(targets[0, 0], [0.9 + 0.1 / 10] + [0.1 / 10] * 9, atol=1e-6)
   with pytest.raises(ValueError, match='mixup_alpha > 0 or cutmix_alpha > 0'):
-    augment.mix_batch(jax.random.PRNGKey(0), images, labels, mixup_alpha=0.0, cutmix_alpha=0.0,
-                      switch_prob=0.5, mix_prob=1.0, label_smoothing=0.1)
+    augment.mix_batch(
+        jax.random.PRNGKey(0),
+        images,
+        labels,
+        mixup_alpha=0.0,
+        cutmix_alpha=0.0,
+        switch_prob=0.5,
+        mix_prob=1.0,
+        label_smoothing=0.1,
+    )
 
 
 def test_mix_settings_from_config():
@@ -221,14 +276,25 @@ def test_mix_settings_from_config():
   assert augment.MixSettings.from_config(config) is None
   config.mixup_alpha, config.cutmix_alpha, config.label_smoothing = 0.8, 1.0, 0.1
   settings = augment.MixSettings.from_config(config)
-  assert settings == augment.MixSettings(mixup_alpha=0.8, cutmix_alpha=1.0, switch_prob=0.5,
-                                         mix_prob=1.0, label_smoothing=0.1)
+  assert settings == augment.MixSettings(
+      mixup_alpha=0.8, cutmix_alpha=1.0, switch_prob=0.5, mix_prob=1.0, label_smoothing=0.1
+  )
   images = jnp.arange(4 * 8 * 8 * 3, dtype=jnp.float32).reshape(4, 8, 8, 3)
   labels = jax.nn.one_hot(jnp.arange(4), 10)
   rng = jax.random.PRNGKey(3)
-  for ours, theirs in zip(settings.mix(rng, images, labels), augment.mix_batch(
-      rng, images, labels, mixup_alpha=0.8, cutmix_alpha=1.0, switch_prob=0.5, mix_prob=1.0,
-      label_smoothing=0.1)):
+  for ours, theirs in zip(
+      settings.mix(rng, images, labels),
+      augment.mix_batch(
+          rng,
+          images,
+          labels,
+          mixup_alpha=0.8,
+          cutmix_alpha=1.0,
+          switch_prob=0.5,
+          mix_prob=1.0,
+          label_smoothing=0.1,
+      ),
+  ):
     np.testing.assert_array_equal(ours, theirs)
 
 
@@ -243,15 +309,20 @@ def _config(data_dir, **overrides):
 
 
 def _batches(config, count, start_step=0):
-  iterator = input_pipeline.train_iterator(input_pipeline.DataSettings.from_config(config), start_step=start_step, process_index=0,
-                                           process_count=1)
+  iterator = input_pipeline.train_iterator(
+      input_pipeline.DataSettings.from_config(config),
+      start_step=start_step,
+      process_index=0,
+      process_count=1,
+  )
   return list(itertools.islice(iterator, count))
 
 
 def test_recipe_pipeline_repeats_examples_and_resumes_exactly(data_dir):
   plain = _batches(_config(data_dir, repeated_aug=3, augment='none'), 2)
-  config = _config(data_dir, repeated_aug=3, randaugment='rand-m9-mstd0.5-inc1',
-                   random_erase_prob=0.25)
+  config = _config(
+      data_dir, repeated_aug=3, randaugment='rand-m9-mstd0.5-inc1', random_erase_prob=0.25
+  )
   augmented = _batches(config, 3)
   for plain_batch, batch in zip(plain, augmented):
     assert batch['image'].shape == (12, 16, 16, 3) and np.all(np.isfinite(batch['image']))

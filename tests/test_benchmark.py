@@ -11,15 +11,30 @@ from PIL import Image
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ['--config=configs/vit.py', '--config.model.depth=2',
-        '--config.model.hidden_size=32', '--config.model.num_heads=2',
-        '--config.model.mlp_dim=64', '--image_size=16', '--steps=1', '--warmup=1', '--repeats=1']
+TINY = [
+    '--config=configs/vit.py',
+    '--config.model.depth=2',
+    '--config.model.hidden_size=32',
+    '--config.model.num_heads=2',
+    '--config.model.mlp_dim=64',
+    '--image_size=16',
+    '--steps=1',
+    '--warmup=1',
+    '--repeats=1',
+]
 
 
 def _benchmark(*args: str) -> subprocess.CompletedProcess:
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
-  return subprocess.run([sys.executable, '-m', 'vit_jax.benchmark', *args], cwd=REPO, env=env,
-                        capture_output=True, text=True, timeout=600, check=False)
+  return subprocess.run(
+      [sys.executable, '-m', 'vit_jax.benchmark', *args],
+      cwd=REPO,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=600,
+      check=False,
+  )
 
 
 def _number(pattern: str, text: str) -> float:
@@ -39,11 +54,14 @@ def test_train_and_inference_against_timm(timm):
     ratio = _number(rf'{kind} ratio: +([\d.]+)x', out)
     assert ours > 0 and theirs > 0
     assert ratio == pytest.approx(ours / theirs, rel=0.02)
-    low, high = (float(x) for x in re.search(rf'{kind} ratio: .*block pairs ([\d.]+)-([\d.]+)x',
-                                             out).groups())
+    low, high = (
+        float(x)
+        for x in re.search(rf'{kind} ratio: .*block pairs ([\d.]+)-([\d.]+)x', out).groups()
+    )
     assert 0 < low <= high
-    fastest, slowest = (float(x) for x in re.search(
-        rf'{kind} ours: .*blocks (\d+)-(\d+) ms/step', out).groups())
+    fastest, slowest = (
+        float(x) for x in re.search(rf'{kind} ours: .*blocks (\d+)-(\d+) ms/step', out).groups()
+    )
     assert 0 <= fastest <= slowest
   # Our model and timm's twin have the same parameters.
   assert out.count('parameters:') == 1
@@ -62,8 +80,15 @@ def test_layers_row_times_a_scanned_rematerialised_model():
 
 
 def test_family_table_row_beside_its_plain_vit_twin():
-  result = _benchmark('--mode=family_table', '--family_models=sa_conv_quadratic', '--image_size=8',
-                      '--batch=2', '--steps=1', '--warmup=1', '--repeats=1')
+  result = _benchmark(
+      '--mode=family_table',
+      '--family_models=sa_conv_quadratic',
+      '--image_size=8',
+      '--batch=2',
+      '--steps=1',
+      '--warmup=1',
+      '--repeats=1',
+  )
   assert result.returncode == 0, result.stderr
   row = next(line for line in result.stdout.splitlines() if line.startswith('sa_conv_quadratic'))
   size, width, depth, _, tokens, ms, vit_tokens, vit_ms, ratio, flop_ratio = row.split()[1:11]
@@ -71,13 +96,19 @@ def test_family_table_row_beside_its_plain_vit_twin():
   assert float(ms) > 0 and float(vit_ms) > 0 and float(ratio) > 0 and float(flop_ratio) > 1
 
 
-@pytest.mark.parametrize('args, message', [
-    (['--layers_row=vit_ti4:2:0'], 'MODEL:SCAN:REMAT'),
-    (['--mode=layers_table', '--layers_models=vit_tiny9'], 'unknown models'),
-    (['--steps=0'], '--steps=0'),
-    (['--mode=input_pipeline', '--late_step=0'], '--late_step=0'),
-    (['--mode=input_pipeline', '--vs_timm'], "--vs_timm needs --config.augment='inception_crop'"),
-])
+@pytest.mark.parametrize(
+    'args, message',
+    [
+        (['--layers_row=vit_ti4:2:0'], 'MODEL:SCAN:REMAT'),
+        (['--mode=layers_table', '--layers_models=vit_tiny9'], 'unknown models'),
+        (['--steps=0'], '--steps=0'),
+        (['--mode=input_pipeline', '--late_step=0'], '--late_step=0'),
+        (
+            ['--mode=input_pipeline', '--vs_timm'],
+            "--vs_timm needs --config.augment='inception_crop'",
+        ),
+    ],
+)
 def test_bad_arguments_are_refused_before_compiling(args, message):
   result = _benchmark(*TINY, *args)
   assert result.returncode != 0
@@ -105,10 +136,17 @@ def _jpeg_folder(root, classes=2, per_class=4):
 def test_input_pipeline_against_timm_on_a_jpeg_folder(timm, tmp_path):
   del timm  # Only to skip where timm is absent.
   root = _jpeg_folder(str(tmp_path / 'images'))
-  result = _benchmark('--mode=input_pipeline', '--vs_timm',
-                      f'--config=configs/deit.py:variant=Ti,image_size=32,dataset=folder:{root}',
-                      f'--data_dir={tmp_path / "tfds"}', '--batch=6', '--steps=1', '--warmup=0',
-                      '--repeats=1', '--late_step=4')
+  result = _benchmark(
+      '--mode=input_pipeline',
+      '--vs_timm',
+      f'--config=configs/deit.py:variant=Ti,image_size=32,dataset=folder:{root}',
+      f'--data_dir={tmp_path / "tfds"}',
+      '--batch=6',
+      '--steps=1',
+      '--warmup=0',
+      '--repeats=1',
+      '--late_step=4',
+  )
   assert result.returncode == 0, result.stderr
   out = result.stdout
   assert 'rand-m9-mstd0.5-inc1, random erasing 0.25, repeated augmentation x3' in out
@@ -144,14 +182,22 @@ def _bytes(pattern: str, text: str) -> float:
 def test_memory_mode_sizes_the_state_of_each_device_of_a_mesh():
   sizes = {}
   for fsdp in (1, 8):
-    result = _benchmark(*TINY, '--batch=16', '--mode=memory', '--devices=8',
-                        f'--config.mesh.fsdp={fsdp}', '--config.mesh.fsdp_min_size=0',
-                        '--config.mu_dtype=bfloat16')
+    result = _benchmark(
+        *TINY,
+        '--batch=16',
+        '--mode=memory',
+        '--devices=8',
+        f'--config.mesh.fsdp={fsdp}',
+        '--config.mesh.fsdp_min_size=0',
+        '--config.mu_dtype=bfloat16',
+    )
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert f'data {8 // fsdp} x fsdp {fsdp} = 8 devices' in out
-    sizes[fsdp] = {part: _bytes(rf'{part}:', out) for part in (
-        'parameters', 'optimizer state', 'training state', 'XLA step memory')}
+    sizes[fsdp] = {
+        part: _bytes(rf'{part}:', out)
+        for part in ('parameters', 'optimizer state', 'training state', 'XLA step memory')
+    }
     sizes[fsdp]['arguments'] = _bytes('arguments', out)
   one, eight = sizes[1], sizes[8]
   # Replicated, each device holds every parameter; AdamW's moments (bfloat16 mu, float32 nu)

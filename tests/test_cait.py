@@ -18,19 +18,38 @@ def _param_count(model, image_size: int) -> int:
   return sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(shapes['params']))
 
 
-@pytest.mark.parametrize('name, image_size, millions', [
-    ('cait_xxs24', 224, 11.96), ('cait_xxs24', 384, 12.03), ('cait_xxs36', 224, 17.30),
-    ('cait_xxs36', 384, 17.37), ('cait_xs24', 384, 26.67), ('cait_s24', 224, 46.92),
-    ('cait_s24', 384, 47.06), ('cait_s36', 384, 68.37), ('cait_m36', 384, 271.22),
-    ('cait_m48', 448, 356.46)])
+@pytest.mark.parametrize(
+    'name, image_size, millions',
+    [
+        ('cait_xxs24', 224, 11.96),
+        ('cait_xxs24', 384, 12.03),
+        ('cait_xxs36', 224, 17.30),
+        ('cait_xxs36', 384, 17.37),
+        ('cait_xs24', 384, 26.67),
+        ('cait_s24', 224, 46.92),
+        ('cait_s24', 384, 47.06),
+        ('cait_s36', 384, 68.37),
+        ('cait_m36', 384, 271.22),
+        ('cait_m48', 448, 356.46),
+    ],
+)
 def test_param_counts_match_spec(name, image_size, millions):
   assert abs(_param_count(models.create(name), image_size) / 1e6 - millions) <= 0.01
 
 
-@pytest.mark.parametrize('name, official, paper', [
-    ('cait_xxs24', 1e-5, 1e-5), ('cait_xxs36', 1e-5, 1e-6), ('cait_xs24', 1e-5, 1e-5),
-    ('cait_s24', 1e-5, 1e-5), ('cait_s36', 1e-6, 1e-6), ('cait_m36', 1e-6, 1e-6),
-    ('cait_m48', 1e-6, 1e-6), ('cait_ti4', 0.1, 0.1)])
+@pytest.mark.parametrize(
+    'name, official, paper',
+    [
+        ('cait_xxs24', 1e-5, 1e-5),
+        ('cait_xxs36', 1e-5, 1e-6),
+        ('cait_xs24', 1e-5, 1e-5),
+        ('cait_s24', 1e-5, 1e-5),
+        ('cait_s36', 1e-6, 1e-6),
+        ('cait_m36', 1e-6, 1e-6),
+        ('cait_m48', 1e-6, 1e-6),
+        ('cait_ti4', 0.1, 0.1),
+    ],
+)
 def test_layer_scale_init_official_values_and_paper_rule(name, official, paper):
   assert models.create(name).layer_scale == official
   assert models.create(name, layer_scale_init='paper').layer_scale == paper
@@ -48,8 +67,17 @@ def test_structure_stages_and_sown_probabilities(tiny_variables):
   params = variables['params']
   assert params['pos_embed'].shape == (1, 16, 24)  # No class slot.
   assert params['cls_token'].shape == (1, 1, 24)
-  assert set(params) == {'patch_embed', 'pos_embed', 'cls_token', 'blocks_0', 'blocks_1',
-                         'blocks_token_only_0', 'blocks_token_only_1', 'norm', 'head'}
+  assert set(params) == {
+      'patch_embed',
+      'pos_embed',
+      'cls_token',
+      'blocks_0',
+      'blocks_1',
+      'blocks_token_only_0',
+      'blocks_token_only_1',
+      'norm',
+      'head',
+  }
   for block in ('blocks_1', 'blocks_token_only_0'):
     np.testing.assert_array_equal(params[block]['gamma_2'], np.full(24, 0.3, np.float32))
   assert params['blocks_0']['attn']['proj_l']['kernel'].shape == (4, 4)
@@ -66,6 +94,7 @@ def test_structure_stages_and_sown_probabilities(tiny_variables):
 def _randomised_timm_state(model, seed: int) -> dict[str, np.ndarray]:
   """timm's own init, with LayerScale, norms and biases moved off their constant values."""
   import torch  # pylint: disable=g-import-not-at-top
+
   generator = torch.Generator().manual_seed(seed)
   state = {}
   for key, value in model.state_dict().items():
@@ -81,6 +110,7 @@ def _randomised_timm_state(model, seed: int) -> dict[str, np.ndarray]:
 
 def test_logits_match_timm_cait_xxs24_224(timm):
   import torch  # pylint: disable=g-import-not-at-top
+
   reference = timm.create_model('cait_xxs24_224', pretrained=False).eval()
   state_dict = _randomised_timm_state(reference, seed=0)
   images = np.random.default_rng(0).normal(size=(2, 224, 224, 3)).astype(np.float32)
@@ -108,16 +138,25 @@ def test_from_timm_and_to_timm_are_inverses(tiny_variables):
 
 def test_bad_configuration_raises_value_error():
   with pytest.raises(ValueError, match='class_attention_depth=0'):
-    jax.eval_shape(cait.CaiT(**TINY, class_attention_depth=0).init, jax.random.key(0),
-                   jnp.zeros((1, 16, 16, 3)))
+    jax.eval_shape(
+        cait.CaiT(**TINY, class_attention_depth=0).init,
+        jax.random.key(0),
+        jnp.zeros((1, 16, 16, 3)),
+    )
   with pytest.raises(ValueError, match='num_heads=5'):
-    jax.eval_shape(cait.CaiT(**dict(TINY, num_heads=5)).init, jax.random.key(0),
-                   jnp.zeros((1, 16, 16, 3)))
+    jax.eval_shape(
+        cait.CaiT(**dict(TINY, num_heads=5)).init, jax.random.key(0), jnp.zeros((1, 16, 16, 3))
+    )
 
 
 def test_tiny_model_trains(fit_one_batch):
-  model = cait.CaiT(**dict(TINY, depth=1), class_attention_depth=1, layer_scale_init=0.1,
-                    dropout_rate=0.1, drop_path_rate=0.1)
+  model = cait.CaiT(
+      **dict(TINY, depth=1),
+      class_attention_depth=1,
+      layer_scale_init=0.1,
+      dropout_rate=0.1,
+      drop_path_rate=0.1,
+  )
   images = jax.random.normal(jax.random.key(1), (8, 8, 8, 3))
   labels = jnp.arange(8) % 5
   losses = fit_one_batch(model, images, labels)

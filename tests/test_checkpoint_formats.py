@@ -37,24 +37,30 @@ def _images(size: int, count: int = 2) -> np.ndarray:
 
 def _timm_logits(model, images: np.ndarray) -> np.ndarray:
   import torch  # pylint: disable=g-import-not-at-top
+
   with torch.no_grad():
     return model(torch.from_numpy(images.transpose(0, 3, 1, 2))).numpy()
 
 
 def _save_pth(state_dict: dict, path: str, **save_kwargs) -> str:
   import torch  # pylint: disable=g-import-not-at-top
+
   torch.save(state_dict, path, **save_kwargs)
   return path
 
 
 def _tensors(state_dict: dict, prefix: str = '') -> dict:
   import torch  # pylint: disable=g-import-not-at-top
-  return {prefix + key: torch.from_numpy(np.ascontiguousarray(value))
-          for key, value in state_dict.items()}
+
+  return {
+      prefix + key: torch.from_numpy(np.ascontiguousarray(value))
+      for key, value in state_dict.items()
+  }
 
 
 def _save_safetensors(state_dict: dict, path: str) -> str:
   from safetensors import numpy as safetensors_numpy  # pylint: disable=g-import-not-at-top
+
   safetensors_numpy.save_file({k: np.ascontiguousarray(v) for k, v in state_dict.items()}, path)
   return path
 
@@ -68,8 +74,9 @@ def test_timm_checkpoints_give_timm_logits(case, timm_model, tmp_path):
       _save_safetensors(state_dict, str(tmp_path / 'plain.safetensors')),
       # The official DeiT/CaiT wrapper, with DataParallel's `module.` prefix.
       _save_pth({'model': _tensors(state_dict, 'module.')}, str(tmp_path / 'wrapped.pth')),
-      _save_pth(_tensors(state_dict), str(tmp_path / 'legacy.pth'),
-                _use_new_zipfile_serialization=False),
+      _save_pth(
+          _tensors(state_dict), str(tmp_path / 'legacy.pth'), _use_new_zipfile_serialization=False
+      ),
   ]
   images = _images(32)
   expected = _timm_logits(model, images)
@@ -84,8 +91,10 @@ def test_ema_weights_are_preferred_like_timm(timm_model, tmp_path):
   ours = _ours('vit_ti16', **TINY)
   _, state_dict = timm_model('vit_tiny_patch16_224', img_size=32, **TINY)
   plain = {key: value + 1.0 for key, value in state_dict.items()}
-  path = _save_pth({'state_dict': _tensors(plain), 'state_dict_ema': _tensors(state_dict),
-                    'epoch': 3}, str(tmp_path / 'train.pth'))
+  path = _save_pth(
+      {'state_dict': _tensors(plain), 'state_dict_ema': _tensors(state_dict), 'epoch': 3},
+      str(tmp_path / 'train.pth'),
+  )
   ema = pretrained.load(path, ours, image_size=32)
   np.testing.assert_array_equal(ema['params']['cls_token'], state_dict['cls_token'])
   raw = pretrained.load(path, ours, image_size=32, use_ema=False)
@@ -97,6 +106,7 @@ def test_bfloat16_safetensors_load_as_timm_runs_them(timm_model, tmp_path):
   for the same bfloat16 values."""
   import torch  # pylint: disable=g-import-not-at-top
   from safetensors import torch as safetensors_torch  # pylint: disable=g-import-not-at-top
+
   ours = _ours('vit_ti16', **TINY)
   model, state_dict = timm_model('vit_tiny_patch16_224', img_size=32, **TINY)
   halved = {key: value.to(torch.bfloat16) for key, value in _tensors(state_dict).items()}
@@ -141,7 +151,8 @@ def _google_npz(state_dict: dict, num_heads: int, path: str) -> str:
       arrays[f'{attention}{name}/kernel'] = qkv_weight[rows].T.reshape(width, num_heads, head_dim)
       arrays[f'{attention}{name}/bias'] = qkv_bias[rows].reshape(num_heads, head_dim)
     arrays[f'{attention}out/kernel'] = state_dict[f'{block}attn.proj.weight'].T.reshape(
-        num_heads, head_dim, width)
+        num_heads, head_dim, width
+    )
     arrays[f'{attention}out/bias'] = state_dict[f'{block}attn.proj.bias']
   np.savez(path, **arrays)
   return path
@@ -150,6 +161,7 @@ def _google_npz(state_dict: dict, num_heads: int, path: str) -> str:
 def test_google_npz_gives_timm_logits(timm, timm_model, tmp_path):
   import torch  # pylint: disable=g-import-not-at-top
   from timm.models import vision_transformer  # pylint: disable=g-import-not-at-top
+
   model, state_dict = timm_model('vit_tiny_patch16_224', img_size=32, **TINY)
   path = _google_npz(state_dict, 3, str(tmp_path / 'ViT-Ti_8.npz'))
   # The file is what timm's own Google-checkpoint reader expects.
@@ -188,6 +200,7 @@ def test_google_npz_pre_logits_load_or_drop_for_fine_tuning(timm_model, tmp_path
 
 def test_export_round_trip_is_exact_and_timm_reads_it(timm, tmp_path):
   from safetensors import torch as safetensors_torch  # pylint: disable=g-import-not-at-top
+
   ours = _ours('deit_ti16_distilled', **TINY)
   images = _images(32)
   variables = _random_variables(ours, 32, seed=3, scale=0.1)
@@ -198,8 +211,9 @@ def test_export_round_trip_is_exact_and_timm_reads_it(timm, tmp_path):
   assert flat.keys() == back.keys()
   for key, value in flat.items():
     np.testing.assert_array_equal(np.asarray(value), back[key])
-  model = timm.create_model('deit_tiny_distilled_patch16_224', pretrained=False, img_size=32,
-                            **TINY).eval()
+  model = timm.create_model(
+      'deit_tiny_distilled_patch16_224', pretrained=False, img_size=32, **TINY
+  ).eval()
   model.load_state_dict(safetensors_torch.load_file(path), strict=True)
   assert sorted(model.state_dict()) == keys
   expected = np.asarray(jax.jit(ours.apply)(variables, images))
@@ -212,11 +226,13 @@ def test_resize_matches_timm_and_pytorch(timm, prefix, grids):
   import torch  # pylint: disable=g-import-not-at-top
   import torch.nn.functional as F  # pylint: disable=g-import-not-at-top
   from timm.layers import resample_abs_pos_embed  # pylint: disable=g-import-not-at-top
+
   old, new = grids
   pos_embed = np.random.default_rng(prefix).normal(size=(1, prefix + old * old, 16))
   pos_embed = pos_embed.astype(np.float32)
-  expected = resample_abs_pos_embed(torch.from_numpy(pos_embed), new_size=[new, new],
-                                    num_prefix_tokens=prefix).numpy()
+  expected = resample_abs_pos_embed(
+      torch.from_numpy(pos_embed), new_size=[new, new], num_prefix_tokens=prefix
+  ).numpy()
   resized = pretrained.resize_pos_embed(pos_embed, (new, new), prefix)
   assert resized.shape == (1, prefix + new * new, 16)
   assert np.abs(resized - expected).max() <= 1e-4
@@ -233,26 +249,37 @@ def test_resize_matches_timm_and_pytorch(timm, prefix, grids):
 def test_load_at_384_resizes_224_position_embedding(timm, timm_model, case, prefix, tmp_path):
   import torch  # pylint: disable=g-import-not-at-top
   from timm.layers import resample_abs_pos_embed  # pylint: disable=g-import-not-at-top
+
   timm_name, our_name = TIMM_CASES[case]
   ours = _ours(our_name, depth=1, num_classes=10)
   _, state_dict = timm_model(timm_name, depth=1, num_classes=10)
   path = _save_safetensors(state_dict, str(tmp_path / 'w224.safetensors'))
   variables = pretrained.load(path, ours, image_size=384)
-  expected = resample_abs_pos_embed(torch.from_numpy(state_dict['pos_embed']), new_size=[24, 24],
-                                    num_prefix_tokens=prefix).numpy()
+  expected = resample_abs_pos_embed(
+      torch.from_numpy(state_dict['pos_embed']), new_size=[24, 24], num_prefix_tokens=prefix
+  ).numpy()
   assert variables['params']['pos_embed'].shape == (1, prefix + 576, 192)
   assert np.abs(variables['params']['pos_embed'] - expected).max() <= 1e-4
 
 
 def _random_variables(model, image_size: int, seed: int = 0, scale: float = 1.0) -> dict:
   """Every variable of `model` drawn at random, N(0, scale^2) (running variances positive)."""
-  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), np.zeros(
-      (1, image_size, image_size, 3), np.float32), train=False))
+  shapes = jax.eval_shape(
+      lambda: model.init(
+          jax.random.key(0), np.zeros((1, image_size, image_size, 3), np.float32), train=False
+      )
+  )
   rng = np.random.default_rng(seed)
-  draw = lambda path, s: (np.abs(rng.normal(size=s.shape)) + 0.5 if path[-1].key == 'var'
-                          else scale * rng.normal(size=s.shape)).astype(np.float32)
-  return {c: jax.tree_util.tree_map_with_path(draw, shapes[c])
-          for c in ('params', 'batch_stats') if c in shapes}
+  draw = lambda path, s: (
+      np.abs(rng.normal(size=s.shape)) + 0.5
+      if path[-1].key == 'var'
+      else scale * rng.normal(size=s.shape)
+  ).astype(np.float32)
+  return {
+      c: jax.tree_util.tree_map_with_path(draw, shapes[c])
+      for c in ('params', 'batch_stats')
+      if c in shapes
+  }
 
 
 def _assert_same_variables(expected: dict, actual: dict) -> None:
@@ -274,8 +301,10 @@ def test_deepvit_official_layout_with_batch_norm_statistics(tmp_path):
     assert state_dict[f'blocks.0.attn.var_norm.{leaf}'].shape == (heads,)
   for i in range(2):  # PyTorch's BatchNorm also stores a counter, which has no Flax counterpart.
     state_dict[f'blocks.{i}.attn.var_norm.num_batches_tracked'] = np.array(7, np.int64)
-  for path in (_save_safetensors(state_dict, str(tmp_path / 'deepvit.safetensors')),
-               _save_pth({'model': _tensors(state_dict)}, str(tmp_path / 'deepvit.pth'))):
+  for path in (
+      _save_safetensors(state_dict, str(tmp_path / 'deepvit.safetensors')),
+      _save_pth({'model': _tensors(state_dict)}, str(tmp_path / 'deepvit.pth')),
+  ):
     loaded = pretrained.load(path, ours, image_size=32)
     assert loaded['batch_stats']
     _assert_same_variables(variables, loaded)
@@ -291,22 +320,30 @@ def test_t2t_vit_14_official_layout(tmp_path):
     assert key in state_dict, key
   assert any(key.startswith('tokens_to_token.attention1.') for key in state_dict)
   # The official training checkpoint: EMA weights beside the raw ones, DataParallel prefixes.
-  path = _save_pth({'state_dict_ema': _tensors(state_dict, 'module.'),
-                    'state_dict': _tensors({k: v * 0 for k, v in state_dict.items()}, 'module.')},
-                   str(tmp_path / 't2t.pth.tar'))
+  path = _save_pth(
+      {
+          'state_dict_ema': _tensors(state_dict, 'module.'),
+          'state_dict': _tensors({k: v * 0 for k, v in state_dict.items()}, 'module.'),
+      },
+      str(tmp_path / 't2t.pth.tar'),
+  )
   _assert_same_variables(variables, pretrained.load(path, ours, image_size=224))
 
 
 # Errors.
 
+
 def test_truncated_and_corrupt_files_are_named(timm_model, tmp_path):
   ours = _ours('vit_ti16', **TINY)
   _, state_dict = timm_model('vit_tiny_patch16_224', img_size=32, **TINY)
-  good = [_save_safetensors(state_dict, str(tmp_path / 'w.safetensors')),
-          _save_pth(_tensors(state_dict), str(tmp_path / 'w.pth')),
-          _save_pth(_tensors(state_dict), str(tmp_path / 'legacy.pth'),
-                    _use_new_zipfile_serialization=False),
-          _google_npz(state_dict, 3, str(tmp_path / 'w.npz'))]
+  good = [
+      _save_safetensors(state_dict, str(tmp_path / 'w.safetensors')),
+      _save_pth(_tensors(state_dict), str(tmp_path / 'w.pth')),
+      _save_pth(
+          _tensors(state_dict), str(tmp_path / 'legacy.pth'), _use_new_zipfile_serialization=False
+      ),
+      _google_npz(state_dict, 3, str(tmp_path / 'w.npz')),
+  ]
   for path in good:
     with open(path, 'rb') as f:
       data = f.read()
@@ -327,6 +364,7 @@ def test_truncated_and_corrupt_files_are_named(timm_model, tmp_path):
 
 class _Payload:
   """Unpickling this would create a file: proof that an arbitrary object was executed."""
+
   marker = ''
 
   def __reduce__(self):
@@ -340,14 +378,20 @@ def test_pickled_objects_are_refused_not_executed(timm_model, tmp_path):
   payload.marker = str(tmp_path / 'executed')
   path = _save_pth({'model': _tensors(state_dict), 'extra': payload}, str(tmp_path / 'evil.pth'))
   assert not os.path.exists(payload.marker)
-  with pytest.raises(ValueError, match='refused as unsafe: it holds Python objects besides tensors'):
+  with pytest.raises(
+      ValueError, match='refused as unsafe: it holds Python objects besides tensors'
+  ):
     pretrained.load(path, ours, image_size=32)
   assert not os.path.exists(payload.marker)
-  bare = str(tmp_path / 'evil.pkl')  # A bare pickle (PyTorch's legacy format) that calls a function.
+  bare = str(
+      tmp_path / 'evil.pkl'
+  )  # A bare pickle (PyTorch's legacy format) that calls a function.
   with open(bare, 'wb') as f:
     pickle.dump({'w': payload}, f, protocol=2)
-  with pytest.raises(ValueError, match=r'refused as unsafe: it holds Python objects besides '
-                                       r'tensors \(io\.open\)'):
+  with pytest.raises(
+      ValueError,
+      match=r'refused as unsafe: it holds Python objects besides ' r'tensors \(io\.open\)',
+  ):
     pretrained.load(bare, ours, image_size=32)
   assert not os.path.exists(payload.marker)
 
@@ -371,16 +415,18 @@ def test_wrong_class_count_without_reset_lists_the_head(timm_model, tmp_path):
   _, state_dict = timm_model('vit_tiny_patch16_224', img_size=32, **TINY)
   path = _save_safetensors(state_dict, str(tmp_path / 'vit.safetensors'))
   ours = _ours('vit_ti16', **{**TINY, 'num_classes': 3})
-  with pytest.raises(ValueError, match=r'class count(.|\n)*params/head/kernel \(192, 10\) vs '
-                                       r'\(192, 3\)'):
+  with pytest.raises(
+      ValueError, match=r'class count(.|\n)*params/head/kernel \(192, 10\) vs ' r'\(192, 3\)'
+  ):
     pretrained.load(path, ours, image_size=32)
   variables = pretrained.load(path, ours, image_size=32, reset_head=True, rng=5)
   # The Google scheme initialises the head to zero; the checkpoint's head was not.
   assert not np.any(variables['params']['head']['kernel'])
   assert variables['params']['head']['kernel'].shape == (192, 3)
   np.testing.assert_array_equal(variables['params']['norm']['scale'], state_dict['norm.weight'])
-  deit_variables = pretrained.load(path, _ours('deit_ti16', **{**TINY, 'num_classes': 3}),
-                                    image_size=32, reset_head=True, rng=5)
+  deit_variables = pretrained.load(
+      path, _ours('deit_ti16', **{**TINY, 'num_classes': 3}), image_size=32, reset_head=True, rng=5
+  )
   kernel = deit_variables['params']['head']['kernel']  # timm/DeiT scheme: N(0, 0.02).
   assert kernel.shape == (192, 3) and 0.015 < kernel.std() < 0.025
 
@@ -395,5 +441,7 @@ def test_mismatch_is_one_error_listing_missing_unexpected_and_shapes(timm_model,
   message = str(error.value)
   assert 'missing from the checkpoint' in message and 'params/norm/bias' in message
   assert 'unexpected in the checkpoint' in message and 'params/blocks_1/attn/qkv/kernel' in message
-  assert 'wrong shape' in message and 'params/blocks_0/mlp/fc1/kernel (192, 768) vs (192, 384)' \
-      in message
+  assert (
+      'wrong shape' in message
+      and 'params/blocks_0/mlp/fc1/kernel (192, 768) vs (192, 384)' in message
+  )

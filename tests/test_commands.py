@@ -14,11 +14,13 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMANDS = ('main', 'analyze', 'evaluate', 'predict', 'export', 'ablate', 'benchmark', 'convert')
 ABSL_MODULES = {'absl.app', 'absl.logging', 'absl.flags'}
-SHARED_FLAG_MODULES = {'evaluate': {'vit_jax.weights.source_flags'},
-                       'predict': {'vit_jax.weights.source_flags'}}
+SHARED_FLAG_MODULES = {
+    'evaluate': {'vit_jax.weights.source_flags'},
+    'predict': {'vit_jax.weights.source_flags'},
+}
 HEAVY = ('tensorflow', 'jax', 'torch')
 # Runs a command as `python -m` does, asks for --helpfull, then names the heavy libraries loaded.
-_HELP = '''
+_HELP = """
 import runpy, sys
 sys.argv = [sys.argv[1], '--helpfull']
 try:
@@ -26,7 +28,9 @@ try:
 except SystemExit:
   pass
 print('loaded:', ','.join(m for m in {heavy!r} if m in sys.modules), file=sys.stderr)
-'''.format(heavy=HEAVY)
+""".format(
+    heavy=HEAVY
+)
 
 
 @pytest.fixture(scope='module')
@@ -34,9 +38,17 @@ def helps() -> dict[str, tuple[str, str]]:
   """Each command's --helpfull output and stderr, all commands' processes at once."""
   env = {k: v for k, v in os.environ.items() if k != 'TF_CPP_MIN_LOG_LEVEL'}
   env['PYTHONPATH'] = os.pathsep.join(filter(None, [REPO, env.get('PYTHONPATH')]))
-  processes = {c: subprocess.Popen([sys.executable, '-c', _HELP, _path(c)], cwd=REPO, env=env,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-               for c in COMMANDS}
+  processes = {
+      c: subprocess.Popen(
+          [sys.executable, '-c', _HELP, _path(c)],
+          cwd=REPO,
+          env=env,
+          stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE,
+          text=True,
+      )
+      for c in COMMANDS
+  }
   return {c: p.communicate(timeout=300) for c, p in processes.items()}
 
 
@@ -74,9 +86,11 @@ def test_ablate_lists_none_of_the_flags_of_the_commands_it_once_borrowed_from(he
 def _shown_command_lines() -> list[tuple[str, str, str]]:
   """(file, command, arguments) of every `python -m vit_jax.COMMAND ...` that the READMEs, the
   configs, the notebooks, the launchers and vit_jax's own docstrings show."""
-  files = [os.path.relpath(path, REPO) for pattern in (
-      '*.md', 'launch/*', 'configs/*.py', 'notebooks/*.ipynb', 'vit_jax/**/*.py')
-           for path in glob.glob(os.path.join(REPO, pattern), recursive=True)]
+  files = [
+      os.path.relpath(path, REPO)
+      for pattern in ('*.md', 'launch/*', 'configs/*.py', 'notebooks/*.ipynb', 'vit_jax/**/*.py')
+      for path in glob.glob(os.path.join(REPO, pattern), recursive=True)
+  ]
   lines = []
   for name in files:
     with open(os.path.join(REPO, name)) as f:

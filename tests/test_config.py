@@ -28,26 +28,41 @@ def _problems(config, devices=1, processes=1) -> list[str]:
   with pytest.raises(config_lib.ConfigError) as raised:
     config_lib.validate(config, devices=devices, processes=processes)
   lines = str(raised.value).splitlines()  # One line for one problem, else a header and one each.
-  assert lines == ([f'Config field not valid: {raised.value.problems[0]}']
-                   if len(lines) == 1 else lines[:1] + [f'  {p}' for p in raised.value.problems])
+  assert lines == (
+      [f'Config field not valid: {raised.value.problems[0]}']
+      if len(lines) == 1
+      else lines[:1] + [f'  {p}' for p in raised.value.problems]
+  )
   return raised.value.problems
 
 
 FAMILY_CONFIGS = [
-    (vit, ''), (vit, 'variant=S/4,dataset=cifar10'), (vit, 'variant=B/16,dataset=imagenet2012'),
-    (deit, ''), (deit, 'distilled=false'), (cait, ''), (deepvit, ''),
-    (deepvit, 'variant=32B,dataset=imagenet2012'), (deepvit, 'baseline=true'), (t2t, ''),
-    (t2t, 'variant=14,dataset=imagenet2012'), (sa_conv, ''), (sa_conv, 'dataset=cifar10'),
-    (sa_conv, 'attention=gaussian,heads=16,dataset=cifar10'), (regnet, ''),
+    (vit, ''),
+    (vit, 'variant=S/4,dataset=cifar10'),
+    (vit, 'variant=B/16,dataset=imagenet2012'),
+    (deit, ''),
+    (deit, 'distilled=false'),
+    (cait, ''),
+    (deepvit, ''),
+    (deepvit, 'variant=32B,dataset=imagenet2012'),
+    (deepvit, 'baseline=true'),
+    (t2t, ''),
+    (t2t, 'variant=14,dataset=imagenet2012'),
+    (sa_conv, ''),
+    (sa_conv, 'dataset=cifar10'),
+    (sa_conv, 'attention=gaussian,heads=16,dataset=cifar10'),
+    (regnet, ''),
     (deit, 'teacher=regnety_160:/weights.pth'),
     # The DeiT recipe: repeated_aug=3 at batch 1024 (the copies of an example may span batches).
-    (deit, 'variant=S,dataset=imagenet2012'), (cait, 'variant=XXS24,dataset=imagenet2012'),
+    (deit, 'variant=S,dataset=imagenet2012'),
+    (cait, 'variant=XXS24,dataset=imagenet2012'),
     (regnet, 'variant=160,dataset=imagenet2012'),
 ]
 
 
-@pytest.mark.parametrize('module, arg', FAMILY_CONFIGS,
-                         ids=[f'{m.__name__}:{a}' for m, a in FAMILY_CONFIGS])
+@pytest.mark.parametrize(
+    'module, arg', FAMILY_CONFIGS, ids=[f'{m.__name__}:{a}' for m, a in FAMILY_CONFIGS]
+)
 def test_family_configs_are_valid(module, arg):
   config_lib.validate(module.get_config(arg or None), devices=1, processes=1)
 
@@ -57,57 +72,60 @@ def test_every_shared_field_has_a_rule_and_nothing_else_does():
   assert fields == {field.name for field in config_lib.FIELDS}
 
 
-@pytest.mark.parametrize('field, value, valid', [
-    ('keep_checkpoints', 0, 'integer >= 1'),
-    ('total_steps', 0, 'integer >= 1'),
-    ('num_epochs', -1.0, 'number > 0, or None'),
-    ('base_lr', -1e-3, 'number > 0'),
-    ('label_smoothing', 2.0, r'\[0, 1\)'),
-    ('warmup_steps', -5, 'integer >= 0'),
-    ('eval_every', 0, 'integer >= 1'),
-    ('log_every', 0, 'integer >= 1'),
-    ('checkpoint_every', 0, 'integer >= 1'),
-    ('eval_batch_size', 0, 'integer >= 1'),
-    ('batch_size', 0, 'integer >= 1'),
-    ('batch_size', -8, 'integer >= 1'),
-    ('image_size', 0, 'integer >= 1'),
-    ('crop_padding', -1, 'integer >= 0'),
-    ('eval_crop_ratio', 0.0, r'\(0, 1\]'),
-    ('eval_crop_ratio', 1.5, r'\(0, 1\]'),
-    ('shuffle_buffer', 0, 'integer >= 1'),
-    ('prefetch', 0, 'integer >= 1'),
-    ('random_erase_prob', 1.5, r'\[0, 1\]'),
-    ('repeated_aug', 0, 'integer >= 1'),
-    ('mixup_alpha', -0.1, 'number >= 0'),
-    ('cutmix_alpha', -1.0, 'number >= 0'),
-    ('mix_switch_prob', 1.1, r'\[0, 1\]'),
-    ('mix_prob', -0.5, r'\[0, 1\]'),
-    ('lr_scaling_batch', -512, 'integer >= 0'),
-    ('min_lr', -1e-5, 'number >= 0'),
-    ('warmup_lr', -1e-6, 'number >= 0'),
-    ('warmup_epochs', -5.0, 'number >= 0'),
-    ('weight_decay', -0.05, 'number >= 0'),
-    ('momentum', 1.0, r'\[0, 1\)'),
-    ('b1', -0.1, r'\[0, 1\)'),
-    ('b2', 1.0, r'\[0, 1\)'),
-    ('eps', 0.0, 'number > 0'),
-    ('grad_clip_norm', -1.0, 'number >= 0'),
-    ('grad_accum_steps', 0, 'integer >= 1'),
-    ('ema_decay', 1.0, r'\[0, 1\)'),
-    ('base_lr', float('nan'), 'number > 0'),
-    ('base_lr', float('inf'), 'number > 0'),
-    ('augment', 'random_crop', "'crop_flip', 'inception_crop', 'simple_random_crop', 'none'"),
-    ('normalization', 'mnist', "'imagenet'"),
-    ('optimizer', 'adagrad', "'adamw', 'sgd', 'lamb'"),
-    ('dtype', 'bfloat17', "'float32', 'bfloat16', 'float16'"),
-    ('mu_dtype', 'int8', "'' \\(the parameters' dtype\\)"),
-    ('randaugment', 'rand-m9-x3', "Unknown section 'x3'"),
-    ('dataset', '', 'non-empty string'),
-    ('train_split', '', 'non-empty string'),
-    ('distillation.type', 'medium', "'none', 'hard', 'soft'"),
-    ('distillation.alpha', 1.5, r'\[0, 1\]'),
-    ('distillation.tau', 0.0, 'number > 0'),
-])
+@pytest.mark.parametrize(
+    'field, value, valid',
+    [
+        ('keep_checkpoints', 0, 'integer >= 1'),
+        ('total_steps', 0, 'integer >= 1'),
+        ('num_epochs', -1.0, 'number > 0, or None'),
+        ('base_lr', -1e-3, 'number > 0'),
+        ('label_smoothing', 2.0, r'\[0, 1\)'),
+        ('warmup_steps', -5, 'integer >= 0'),
+        ('eval_every', 0, 'integer >= 1'),
+        ('log_every', 0, 'integer >= 1'),
+        ('checkpoint_every', 0, 'integer >= 1'),
+        ('eval_batch_size', 0, 'integer >= 1'),
+        ('batch_size', 0, 'integer >= 1'),
+        ('batch_size', -8, 'integer >= 1'),
+        ('image_size', 0, 'integer >= 1'),
+        ('crop_padding', -1, 'integer >= 0'),
+        ('eval_crop_ratio', 0.0, r'\(0, 1\]'),
+        ('eval_crop_ratio', 1.5, r'\(0, 1\]'),
+        ('shuffle_buffer', 0, 'integer >= 1'),
+        ('prefetch', 0, 'integer >= 1'),
+        ('random_erase_prob', 1.5, r'\[0, 1\]'),
+        ('repeated_aug', 0, 'integer >= 1'),
+        ('mixup_alpha', -0.1, 'number >= 0'),
+        ('cutmix_alpha', -1.0, 'number >= 0'),
+        ('mix_switch_prob', 1.1, r'\[0, 1\]'),
+        ('mix_prob', -0.5, r'\[0, 1\]'),
+        ('lr_scaling_batch', -512, 'integer >= 0'),
+        ('min_lr', -1e-5, 'number >= 0'),
+        ('warmup_lr', -1e-6, 'number >= 0'),
+        ('warmup_epochs', -5.0, 'number >= 0'),
+        ('weight_decay', -0.05, 'number >= 0'),
+        ('momentum', 1.0, r'\[0, 1\)'),
+        ('b1', -0.1, r'\[0, 1\)'),
+        ('b2', 1.0, r'\[0, 1\)'),
+        ('eps', 0.0, 'number > 0'),
+        ('grad_clip_norm', -1.0, 'number >= 0'),
+        ('grad_accum_steps', 0, 'integer >= 1'),
+        ('ema_decay', 1.0, r'\[0, 1\)'),
+        ('base_lr', float('nan'), 'number > 0'),
+        ('base_lr', float('inf'), 'number > 0'),
+        ('augment', 'random_crop', "'crop_flip', 'inception_crop', 'simple_random_crop', 'none'"),
+        ('normalization', 'mnist', "'imagenet'"),
+        ('optimizer', 'adagrad', "'adamw', 'sgd', 'lamb'"),
+        ('dtype', 'bfloat17', "'float32', 'bfloat16', 'float16'"),
+        ('mu_dtype', 'int8', "'' \\(the parameters' dtype\\)"),
+        ('randaugment', 'rand-m9-x3', "Unknown section 'x3'"),
+        ('dataset', '', 'non-empty string'),
+        ('train_split', '', 'non-empty string'),
+        ('distillation.type', 'medium', "'none', 'hard', 'soft'"),
+        ('distillation.alpha', 1.5, r'\[0, 1\]'),
+        ('distillation.tau', 0.0, 'number > 0'),
+    ],
+)
 def test_each_bad_value_is_named_with_what_is_valid(field, value, valid):
   problems = _problems(_config(**{field: value}))
   assert len(problems) == 1, problems
@@ -116,14 +134,26 @@ def test_each_bad_value_is_named_with_what_is_valid(field, value, valid):
 
 
 def test_every_bad_field_is_listed_in_one_error():
-  bad = {'keep_checkpoints': 0, 'total_steps': 0, 'num_epochs': -1.0, 'base_lr': -1e-3,
-         'label_smoothing': 2.0, 'warmup_steps': -5, 'eval_every': 0, 'log_every': 0,
-         'checkpoint_every': 0, 'eval_batch_size': 0, 'model.depth': 0}
+  bad = {
+      'keep_checkpoints': 0,
+      'total_steps': 0,
+      'num_epochs': -1.0,
+      'base_lr': -1e-3,
+      'label_smoothing': 2.0,
+      'warmup_steps': -5,
+      'eval_every': 0,
+      'log_every': 0,
+      'checkpoint_every': 0,
+      'eval_batch_size': 0,
+      'model.depth': 0,
+  }
   problems = _problems(_config(**bad))
   assert len(problems) == len(bad)
   for field in bad:
-    assert any(p.startswith(f'--config.{field}=') or field == 'model.depth' and 'depth=0' in p
-               for p in problems), field
+    assert any(
+        p.startswith(f'--config.{field}=') or field == 'model.depth' and 'depth=0' in p
+        for p in problems
+    ), field
 
 
 def test_batches_must_split_over_devices_processes_and_micro_batches():
@@ -131,7 +161,8 @@ def test_batches_must_split_over_devices_processes_and_micro_batches():
   assert problems[0].startswith('--config.batch_size=100: must be a multiple of the 8 device(s)')
   assert 'e.g. 96' in problems[0]
   assert problems[1].startswith(
-      '--config.eval_batch_size=100: must be a multiple of the 8 device(s)')
+      '--config.eval_batch_size=100: must be a multiple of the 8 device(s)'
+  )
   problems = _problems(_config(batch_size=64, grad_accum_steps=16), devices=8, processes=1)
   assert 'grad_accum_steps=16' in problems[0] and 'of 128' in problems[0]
   config_lib.validate(_config(batch_size=64, repeated_aug=3), devices=1, processes=2)
@@ -140,64 +171,95 @@ def test_batches_must_split_over_devices_processes_and_micro_batches():
 
 def test_settings_that_do_not_fit_together():
   assert _problems(_config(warmup_steps=900, total_steps=800)) == [
-      '--config.warmup_steps=900: must be <= --config.total_steps=800.']
-  assert '--config.warmup_epochs=10.0: must be <= --config.num_epochs=5.0' in _problems(
-      _config(num_epochs=5.0, warmup_epochs=10.0))[0]
-  assert 'needs --config.distillation.teacher' in _problems(_config(**{
-      'distillation.type': 'hard', 'distillation.teacher': ''}))[0]
+      '--config.warmup_steps=900: must be <= --config.total_steps=800.'
+  ]
+  assert (
+      '--config.warmup_epochs=10.0: must be <= --config.num_epochs=5.0'
+      in _problems(_config(num_epochs=5.0, warmup_epochs=10.0))[0]
+  )
+  assert (
+      'needs --config.distillation.teacher'
+      in _problems(_config(**{'distillation.type': 'hard', 'distillation.teacher': ''}))[0]
+  )
 
 
 def test_the_digits_default_on_another_dataset_says_which_variant():
   problems = _problems(_config(dataset='cifar10'))  # --config.dataset=cifar10 after loading.
-  assert problems[0].startswith("--config.dataset='cifar10': does not fit the config's default, "
-                                'the quick model for the embedded digits')
+  assert problems[0].startswith(
+      "--config.dataset='cifar10': does not fit the config's default, "
+      'the quick model for the embedded digits'
+  )
   assert "e.g. --config='configs/vit.py:variant=S/16,dataset=cifar10'" in problems[0]
   config_lib.validate(_config(dataset='folder:/images/of/digits'), devices=1, processes=1)
   for module in (vit, deit, cait, deepvit, t2t, regnet):
     first = list(module.VARIANTS)[0]
-    with pytest.raises(ValueError, match=rf"^dataset='imagenet2012': does not fit the config's "
-                                         rf"default.*: add variant= with one of "
-                                         rf"{re.escape(', '.join(module.VARIANTS))} after the "
-                                         rf"config file's colon, e.g. variant={re.escape(first)},"
-                                         r"dataset=imagenet2012;"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^dataset='imagenet2012': does not fit the config's "
+        rf'default.*: add variant= with one of '
+        rf"{re.escape(', '.join(module.VARIANTS))} after the "
+        rf"config file's colon, e.g. variant={re.escape(first)},"
+        r'dataset=imagenet2012;',
+    ):
       module.get_config('dataset=imagenet2012')
     module.get_config('dataset=folder:/images/of/digits')
 
 
 def test_model_fields_are_checked_by_the_model():
   assert _problems(_config(**{'model.num_heads': 3}))[0].startswith(
-      '--config.model: num_heads=3 must divide the hidden width 32')
+      '--config.model: num_heads=3 must divide the hidden width 32'
+  )
   assert _problems(_config(**{'model.name': 'vit_nonexistent'}))[0].startswith(
-      "--config.model.name='vit_nonexistent': Unknown model")
+      "--config.model.name='vit_nonexistent': Unknown model"
+  )
   assert _problems(_config(**{'model.drop_path_rate': 1.0}))[0] == (
-      '--config.model: drop_path_rate=1.0 must be in [0, 1).')
+      '--config.model: drop_path_rate=1.0 must be in [0, 1).'
+  )
 
 
 def test_evaluator_settings_are_checked_by_the_evaluators():
   assert _problems(_config(**{'evaluators.fewshot.shots': (0, 5)})) == [
-      '--config.evaluators.fewshot: fewshot needs shots >= 1; got shots=(0, 5).']
+      '--config.evaluators.fewshot: fewshot needs shots >= 1; got shots=(0, 5).'
+  ]
   assert _problems(_config(**{'evaluators.linear_probe.every': -1}))[0].startswith(
-      '--config.evaluators.linear_probe: LinearProbe needs datasets and every >= 0')
+      '--config.evaluators.linear_probe: LinearProbe needs datasets and every >= 0'
+  )
 
 
-@pytest.mark.parametrize('flags, first_line', [
-    (['--config=configs/no_such.py'],
-     "error: cannot load the config file: [Errno 2] No such file or directory: "
-     "'configs/no_such.py'"),
-    (['--config=configs/vit.py', '--config.batchsize=3'],
-     'error: Did you mean "batch_size"? "batchsize" is not a config field.'),
-    (['--config=configs/vit.py:dataset=imagenet2012'],
-     "error: dataset='imagenet2012': does not fit the config's default, the quick model for "
-     'the embedded digits'),
-    (['--config=configs/vit.py', '--config.keep_checkpoints=0', '--config.eval_every=0'],
-     'error: 2 config fields are not valid:'),
-])
+@pytest.mark.parametrize(
+    'flags, first_line',
+    [
+        (
+            ['--config=configs/no_such.py'],
+            'error: cannot load the config file: [Errno 2] No such file or directory: '
+            "'configs/no_such.py'",
+        ),
+        (
+            ['--config=configs/vit.py', '--config.batchsize=3'],
+            'error: Did you mean "batch_size"? "batchsize" is not a config field.',
+        ),
+        (
+            ['--config=configs/vit.py:dataset=imagenet2012'],
+            "error: dataset='imagenet2012': does not fit the config's default, the quick model for "
+            'the embedded digits',
+        ),
+        (
+            ['--config=configs/vit.py', '--config.keep_checkpoints=0', '--config.eval_every=0'],
+            'error: 2 config fields are not valid:',
+        ),
+    ],
+)
 def test_the_command_line_prints_one_clear_error(tmp_path, flags, first_line):
-  out = subprocess.run([sys.executable, '-m', 'vit_jax.main', f'--workdir={tmp_path / "run"}',
-                        *flags], capture_output=True, text=True, cwd=REPO, timeout=120,
-                       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+  out = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.main', f'--workdir={tmp_path / "run"}', *flags],
+      capture_output=True,
+      text=True,
+      cwd=REPO,
+      timeout=120,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'),
+  )
   assert out.returncode == 1
-  errors = out.stderr[out.stderr.index('error: '):].splitlines()
+  errors = out.stderr[out.stderr.index('error: ') :].splitlines()
   assert errors[0].startswith(first_line), out.stderr[-2000:]
   assert 'Traceback' not in out.stderr
   assert not (tmp_path / 'run').exists()
@@ -230,13 +292,15 @@ def test_fields_without_a_default_can_be_set_from_the_command_line():
 
 def test_three_bad_fields_are_one_error_in_the_flags_words():
   with pytest.raises(config_lib.ConfigError) as raised:
-    config_lib.validate(_config(mix_prob=1.5, optimizer='adagrad', **{'mesh.fsdp': 0}),
-                        devices=1, processes=1)
+    config_lib.validate(
+        _config(mix_prob=1.5, optimizer='adagrad', **{'mesh.fsdp': 0}), devices=1, processes=1
+    )
   assert str(raised.value) == (
       '3 config fields are not valid:\n'
       '  --config.mix_prob=1.5: must be a number in [0, 1].\n'
       "  --config.optimizer='adagrad': must be one of ['adamw', 'sgd', 'lamb'].\n"
-      '  --config.mesh.fsdp=0: must be an integer >= 1.')
+      '  --config.mesh.fsdp=0: must be an integer >= 1.'
+  )
 
 
 def test_unknown_and_missing_fields_are_named():
@@ -250,24 +314,44 @@ def test_unknown_and_missing_fields_are_named():
 
 
 def test_typed_settings_read_the_config_once():
-  config = _config(randaugment='rand-m9-mstd0.5-inc1', random_erase_prob=0.25,
-                   eval_crop_ratio=0.875, mixup_alpha=0.8)
+  config = _config(
+      randaugment='rand-m9-mstd0.5-inc1',
+      random_erase_prob=0.25,
+      eval_crop_ratio=0.875,
+      mixup_alpha=0.8,
+  )
   train = input_pipeline.TrainTransform.from_config(config)
   assert train.randaugment == augment.parse_randaugment('rand-m9-mstd0.5-inc1')
-  assert (train.image_size, train.augment, train.crop_padding, train.flip, train.normalization,
-          train.random_erase_prob) == (16, 'crop_flip', 2, False, 'digits', 0.25)
+  assert (
+      train.image_size,
+      train.augment,
+      train.crop_padding,
+      train.flip,
+      train.normalization,
+      train.random_erase_prob,
+  ) == (16, 'crop_flip', 2, False, 'digits', 0.25)
   assert input_pipeline.TrainTransform.from_config(_config()).randaugment is None
   assert input_pipeline.EvalTransform.from_config(config) == input_pipeline.EvalTransform(
-      image_size=16, crop_ratio=0.875, normalization='digits')
+      image_size=16, crop_ratio=0.875, normalization='digits'
+  )
   assert augment.MixSettings.from_config(config) == augment.MixSettings(
-      mixup_alpha=0.8, cutmix_alpha=0.0, switch_prob=0.5, mix_prob=1.0, label_smoothing=0.0)
+      mixup_alpha=0.8, cutmix_alpha=0.0, switch_prob=0.5, mix_prob=1.0, label_smoothing=0.0
+  )
 
 
 def test_reading_a_config_file_imports_neither_tensorflow_nor_jax():
-  script = ('import sys; from configs import deit; deit.get_config(); '
-            "print(sorted({'tensorflow', 'jax'} & set(sys.modules)))")
-  out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, cwd=REPO,
-                       timeout=60, check=True)
+  script = (
+      'import sys; from configs import deit; deit.get_config(); '
+      "print(sorted({'tensorflow', 'jax'} & set(sys.modules)))"
+  )
+  out = subprocess.run(
+      [sys.executable, '-c', script],
+      capture_output=True,
+      text=True,
+      cwd=REPO,
+      timeout=60,
+      check=True,
+  )
   assert out.stdout.strip() == '[]'
 
 
@@ -283,6 +367,7 @@ def test_unset_evaluator_fields_take_the_evaluators_own_defaults():
   evaluators' own until set, and the loop runs no evaluator unless asked."""
   from vit_jax import evaluators  # pylint: disable=g-import-not-at-top
   from vit_jax.training import train  # pylint: disable=g-import-not-at-top
+
   config = _config()
   for name, settings in config.evaluators.items():
     assert set(settings.values()) == {None}
@@ -299,11 +384,13 @@ def test_section_defaults_are_their_owners_defaults():
   """The command line can set the model section's fields only where the schema lists them; the
   values it lists must be what the model would use unset."""
   from vit_jax import models  # pylint: disable=g-import-not-at-top
+
   sections = {section.name: section.default for section in config_lib.SECTIONS}
   model = sections['model']
   plain = models.create(model['name'], num_classes=10)
   assert {key: getattr(plain, key) for key in model if key != 'name'} == {
-      key: value for key, value in model.items() if key != 'name'}
+      key: value for key, value in model.items() if key != 'name'
+  }
 
 
 def test_the_backbone_parts_can_be_set_on_every_family_config():
@@ -329,7 +416,7 @@ def test_the_backbone_parts_can_be_set_on_every_family_config():
     config_lib.validate(config, devices=1, processes=1)
   config = regnet.get_config()
   config.model.attention = 'talking_heads'  # A CNN has no attention to replace.
-  with pytest.raises(config_lib.ConfigError, match="attention"):
+  with pytest.raises(config_lib.ConfigError, match='attention'):
     config_lib.validate(config, devices=1, processes=1)
 
 

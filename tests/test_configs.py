@@ -15,26 +15,32 @@ CONFIGS = ('vit', 'deit', 'deit3', 'cait', 'deepvit', 't2t', 'sa_conv', 'regnet'
 
 
 def load(name: str):
-  spec = importlib.util.spec_from_file_location(f'configs.{name}',
-                                                os.path.join(REPO, 'configs', f'{name}.py'))
+  spec = importlib.util.spec_from_file_location(
+      f'configs.{name}', os.path.join(REPO, 'configs', f'{name}.py')
+  )
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
 
 
 # (config, argument) pairs that select a published size; each must name a registered model.
-PUBLISHED = [('vit', f'variant={v}') for v in load('vit').VARIANTS] + [
-    ('deit', f'variant={v}') for v in ('Ti', 'S', 'B')] + [
-    ('deit', 'variant=B,distilled=false')] + [
-    ('deit3', f'variant={v}') for v in load('deit3').VARIANTS] + [
-    ('deit3', f'variant={v},finetune={r}') for r, v in load('deit3').FINETUNE_DROP_PATH] + [
-    ('regnet', f'variant={v}') for v in load('regnet').VARIANTS] + [
-    ('cait', f'variant={v}') for v in load('cait').VARIANTS] + [
-    ('deepvit', f'variant={v}') for v in load('deepvit').VARIANTS] + [
-    ('deepvit', f'variant={v},baseline=true') for v in load('deepvit').BASELINES] + [
-    ('t2t', f'variant={v}') for v in load('t2t').VARIANTS] + [
-    ('sa_conv', f'attention={a},heads={h},dataset=cifar10')
-    for a in load('sa_conv').KINDS for h in (9, 16)]
+PUBLISHED = (
+    [('vit', f'variant={v}') for v in load('vit').VARIANTS]
+    + [('deit', f'variant={v}') for v in ('Ti', 'S', 'B')]
+    + [('deit', 'variant=B,distilled=false')]
+    + [('deit3', f'variant={v}') for v in load('deit3').VARIANTS]
+    + [('deit3', f'variant={v},finetune={r}') for r, v in load('deit3').FINETUNE_DROP_PATH]
+    + [('regnet', f'variant={v}') for v in load('regnet').VARIANTS]
+    + [('cait', f'variant={v}') for v in load('cait').VARIANTS]
+    + [('deepvit', f'variant={v}') for v in load('deepvit').VARIANTS]
+    + [('deepvit', f'variant={v},baseline=true') for v in load('deepvit').BASELINES]
+    + [('t2t', f'variant={v}') for v in load('t2t').VARIANTS]
+    + [
+        ('sa_conv', f'attention={a},heads={h},dataset=cifar10')
+        for a in load('sa_conv').KINDS
+        for h in (9, 16)
+    ]
+)
 
 
 @pytest.mark.parametrize('name, arg', PUBLISHED)
@@ -43,8 +49,9 @@ def test_published_sizes_name_registered_models(name, arg):
   config_lib.create_model(config, 10)
 
 
-@pytest.mark.parametrize('arg', [arg for name, arg in PUBLISHED if name == 'deit3']
-                         + ['variant=S,crop=src,epochs=400'])
+@pytest.mark.parametrize(
+    'arg', [arg for name, arg in PUBLISHED if name == 'deit3'] + ['variant=S,crop=src,epochs=400']
+)
 def test_deit3_recipes_pass_the_config_checks(arg):
   """DeiT III's recipes combine 3-Augment, BCE and LAMB (or RandAugment and softmax for the
   fine-tuning) as the config's checks allow."""
@@ -56,15 +63,23 @@ def test_deit3_recipes_pass_the_config_checks(arg):
   assert shapes['params']['pos_embed'].shape[1] == (size // model.patch_size) ** 2
 
 
-@pytest.mark.parametrize('name, arg, message', [
-    ('vit', 'variant=X/16', 'X/16'), ('deit', 'variant=XL', 'XL'), ('cait', 'variant=XXS12', 'XXS12'),
-    ('deepvit', 'variant=8B', '8B'), ('t2t', 'variant=16', '16'),
-    ('sa_conv', 'attention=cubic', 'cubic'), ('regnet', 'variant=161', '161'),
-    ('deit3', 'variant=M', "'M'"), ('deit3', 'variant=S,finetune=224', 'variant=S,finetune=384'),
-    ('deit3', 'crop=center', 'center'),
-    ('vit', 'colour=red', 'colour'),
-    ('vit', 'variant', 'key=value'),
-])
+@pytest.mark.parametrize(
+    'name, arg, message',
+    [
+        ('vit', 'variant=X/16', 'X/16'),
+        ('deit', 'variant=XL', 'XL'),
+        ('cait', 'variant=XXS12', 'XXS12'),
+        ('deepvit', 'variant=8B', '8B'),
+        ('t2t', 'variant=16', '16'),
+        ('sa_conv', 'attention=cubic', 'cubic'),
+        ('regnet', 'variant=161', '161'),
+        ('deit3', 'variant=M', "'M'"),
+        ('deit3', 'variant=S,finetune=224', 'variant=S,finetune=384'),
+        ('deit3', 'crop=center', 'center'),
+        ('vit', 'colour=red', 'colour'),
+        ('vit', 'variant', 'key=value'),
+    ],
+)
 def test_bad_arguments_are_named(name, arg, message):
   with pytest.raises(ValueError, match=message):
     load(name).get_config(arg)

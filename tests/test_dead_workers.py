@@ -19,18 +19,32 @@ import pytest
 from vit_jax.parallel import peers
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ['--config=configs/vit.py', '--config.warmup_steps=1', '--config.log_every=1',
-        '--config.checkpoint_every=2', '--config.eval_every=100000', '--config.model.depth=1',
-        '--config.model.hidden_size=16', '--config.model.num_heads=1', '--config.model.mlp_dim=16',
-        '--config.batch_size=16', '--config.image_size=16', '--config.crop_padding=2',
-        '--config.flip=False', '--config.normalization=digits', '--config.model.patch_size=4',
-        '--config.total_steps=100000']
+TINY = [
+    '--config=configs/vit.py',
+    '--config.warmup_steps=1',
+    '--config.log_every=1',
+    '--config.checkpoint_every=2',
+    '--config.eval_every=100000',
+    '--config.model.depth=1',
+    '--config.model.hidden_size=16',
+    '--config.model.num_heads=1',
+    '--config.model.mlp_dim=16',
+    '--config.batch_size=16',
+    '--config.image_size=16',
+    '--config.crop_padding=2',
+    '--config.flip=False',
+    '--config.normalization=digits',
+    '--config.model.patch_size=4',
+    '--config.total_steps=100000',
+]
 
 
 def test_a_lost_connection_is_told_from_other_errors():
-  gloo = jax.errors.JaxRuntimeError('UNKNOWN: Gloo all-reduce failed: [external/gloo/gloo/'
-                                    'transport/tcp/pair.cc:547] Connection closed by peer '
-                                    '[127.0.0.1]:50879')
+  gloo = jax.errors.JaxRuntimeError(
+      'UNKNOWN: Gloo all-reduce failed: [external/gloo/gloo/'
+      'transport/tcp/pair.cc:547] Connection closed by peer '
+      '[127.0.0.1]:50879'
+  )
   assert peers.lost_peer(gloo).startswith('UNKNOWN: Gloo all-reduce failed')
   try:
     try:
@@ -62,11 +76,26 @@ def test_when_a_worker_dies_the_other_stops_at_once_with_one_line_and_exit_75(tm
   try:
     for i in range(2):
       with open(logs[i], 'w') as f:
-        processes.append(subprocess.Popen(
-            [sys.executable, '-m', 'vit_jax.main', f'--workdir={workdir}', *TINY,
-             f'--config.data_dir={tmp_path / "tfds"}', f'--coordinator_address=127.0.0.1:{port}',
-             '--num_processes=2', f'--process_id={i}'],
-            cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True))
+        processes.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    '-m',
+                    'vit_jax.main',
+                    f'--workdir={workdir}',
+                    *TINY,
+                    f'--config.data_dir={tmp_path / "tfds"}',
+                    f'--coordinator_address=127.0.0.1:{port}',
+                    '--num_processes=2',
+                    f'--process_id={i}',
+                ],
+                cwd=REPO,
+                env=env,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
     deadline = time.monotonic() + 400
     while not (workdir / 'checkpoints' / '4').exists():
       assert time.monotonic() < deadline and processes[0].poll() is None, logs[0].read_text()

@@ -14,10 +14,18 @@ def _param_count(model, image_size: int) -> int:
   return sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(shapes['params']))
 
 
-@pytest.mark.parametrize('name, image_size, millions', [
-    ('deit_ti16', 224, 5.72), ('deit_s16', 224, 22.05), ('deit_b16', 224, 86.57),
-    ('deit_ti16_distilled', 224, 5.91), ('deit_s16_distilled', 224, 22.44),
-    ('deit_b16_distilled', 224, 87.34), ('deit_b16', 384, 86.86)])
+@pytest.mark.parametrize(
+    'name, image_size, millions',
+    [
+        ('deit_ti16', 224, 5.72),
+        ('deit_s16', 224, 22.05),
+        ('deit_b16', 224, 86.57),
+        ('deit_ti16_distilled', 224, 5.91),
+        ('deit_s16_distilled', 224, 22.44),
+        ('deit_b16_distilled', 224, 87.34),
+        ('deit_b16', 384, 86.86),
+    ],
+)
 def test_param_counts_match_spec_table(name, image_size, millions):
   assert abs(_param_count(models.create(name), image_size) / 1e6 - millions) <= 0.01
 
@@ -38,8 +46,9 @@ def test_distilled_outputs_and_inference_modes():
   cls_logits, dist_logits = model.apply(variables, images, train=True)
   assert cls_logits.shape == dist_logits.shape == (2, 7)
   assert not np.allclose(cls_logits, dist_logits)
-  np.testing.assert_allclose(model.apply(variables, images), (cls_logits + dist_logits) / 2,
-                             atol=1e-6)
+  np.testing.assert_allclose(
+      model.apply(variables, images), (cls_logits + dist_logits) / 2, atol=1e-6
+  )
   fused = model.clone(inference_mode='sum_softmax').apply(variables, images)
   expected = (jax.nn.softmax(cls_logits) + jax.nn.softmax(dist_logits)) / 2
   np.testing.assert_allclose(jax.nn.softmax(fused), expected, atol=1e-6)
@@ -52,9 +61,13 @@ def test_undistilled_deit_is_vit_with_timm_init():
   assert abs(np.std(params['head']['kernel']) - 0.02) < 0.01  # timm init: the head is not zero.
 
 
-@pytest.mark.parametrize('overrides, message', [
-    (dict(inference_mode='mean'), 'average_logits'),
-    (dict(representation_size=8), 'representation_size=8')])
+@pytest.mark.parametrize(
+    'overrides, message',
+    [
+        (dict(inference_mode='mean'), 'average_logits'),
+        (dict(representation_size=8), 'representation_size=8'),
+    ],
+)
 def test_bad_fields_raise_value_error(overrides, message):
   with pytest.raises(ValueError, match=message):
     jax.eval_shape(_tiny(**overrides).init, jax.random.key(0), jnp.zeros((1, 16, 16, 3)))
@@ -62,6 +75,7 @@ def test_bad_fields_raise_value_error(overrides, message):
 
 def test_logit_parity_with_timm_deit_tiny_distilled(timm_model):
   import torch  # pylint: disable=g-import-not-at-top
+
   model, state_dict = timm_model('deit_tiny_distilled_patch16_224')
   images = np.random.default_rng(0).normal(size=(2, 224, 224, 3)).astype(np.float32)
   torch_images = torch.from_numpy(images.transpose(0, 3, 1, 2))

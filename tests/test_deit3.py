@@ -29,6 +29,7 @@ def reference(timm):
   """deit's augment.py pieces and BCE (tests/reference/deit3_augment.py)."""
   del timm  # Imported first: it makes torchvision importable.
   from tests.reference import deit3_augment  # pylint: disable=g-import-not-at-top
+
   return deit3_augment
 
 
@@ -47,22 +48,34 @@ def _seed(i: int) -> tf.Tensor:
 
 def test_model_matches_timm_deit3(timm):
   import torch  # pylint: disable=g-import-not-at-top
-  reference = timm.create_model('deit3_small_patch16_224', pretrained=False, num_classes=10,
-                                img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4,
-                                init_values=1e-4).eval()
+
+  reference = timm.create_model(
+      'deit3_small_patch16_224',
+      pretrained=False,
+      num_classes=10,
+      img_size=32,
+      patch_size=8,
+      embed_dim=64,
+      depth=2,
+      num_heads=4,
+      init_values=1e-4,
+  ).eval()
   torch.manual_seed(0)
   for p in reference.parameters():
     p.data.normal_(0, 0.1)
   state = {k: v.detach().numpy() for k, v in reference.state_dict().items()}
-  ours = models.create('deit3_s16', num_classes=10, patch_size=8, hidden_size=64, depth=2,
-                       num_heads=4, mlp_dim=256)
+  ours = models.create(
+      'deit3_s16', num_classes=10, patch_size=8, hidden_size=64, depth=2, num_heads=4, mlp_dim=256
+  )
   variables = deit3.from_timm(state)
   images = np.random.RandomState(0).randn(2, 32, 32, 3).astype(np.float32)
   expected = reference(torch.from_numpy(images).permute(0, 3, 1, 2)).detach().numpy()
   np.testing.assert_allclose(ours.apply(variables, images), expected, atol=1e-5)
   assert set(deit3.to_timm(variables)) == set(state)
-  official = {k.replace('.ls1.gamma', '.gamma_1').replace('.ls2.gamma', '.gamma_2'): v
-              for k, v in state.items()}  # models_v2.py's names.
+  official = {
+      k.replace('.ls1.gamma', '.gamma_1').replace('.ls2.gamma', '.gamma_2'): v
+      for k, v in state.items()
+  }  # models_v2.py's names.
   np.testing.assert_allclose(ours.apply(deit3.from_timm(official), images), expected, atol=1e-5)
 
 
@@ -75,16 +88,21 @@ def test_model_layer_scale_and_constant_drop_path():
 def test_three_augment_ops_equal_deits(reference, photo):
   """Given the op and sigma drawn, our output equals deit's op on the PIL image bit for bit."""
   pil = Image.fromarray(photo)
-  ops = {'grayscale': lambda sigma: reference.gray_scale(p=1.0)(pil),
-         'solarize': lambda sigma: reference.Solarization(p=1.0)(pil),
-         'gaussian_blur': lambda sigma: pil.filter(ImageFilter.GaussianBlur(radius=sigma))}
+  ops = {
+      'grayscale': lambda sigma: reference.gray_scale(p=1.0)(pil),
+      'solarize': lambda sigma: reference.Solarization(p=1.0)(pil),
+      'gaussian_blur': lambda sigma: pil.filter(ImageFilter.GaussianBlur(radius=sigma)),
+  }
   seen = set()
   for i in range(30):
     choice, sigma = augment.three_augment_params(_seed(i))
     op = augment.THREE_AUGMENT_OPS[int(choice)]
     seen.add(op)
-    np.testing.assert_array_equal(augment.three_augment(tf.constant(photo), _seed(i)).numpy(),
-                                  np.asarray(ops[op](float(sigma))), err_msg=op)
+    np.testing.assert_array_equal(
+        augment.three_augment(tf.constant(photo), _seed(i)).numpy(),
+        np.asarray(ops[op](float(sigma))),
+        err_msg=op,
+    )
   assert seen == set(augment.THREE_AUGMENT_OPS)
 
 
@@ -96,7 +114,8 @@ def test_gaussian_blur_equals_pil(photo):
     np.testing.assert_array_equal(
         augment.gaussian_blur(tf.constant(image), sigma).numpy(),
         np.asarray(Image.fromarray(image).filter(ImageFilter.GaussianBlur(radius=float(sigma)))),
-        err_msg=str(sigma))
+        err_msg=str(sigma),
+    )
 
 
 def _which(out: np.ndarray, pil: Image.Image, reference) -> str:
@@ -111,14 +130,18 @@ def _which(out: np.ndarray, pil: Image.Image, reference) -> str:
 def test_three_augment_choice_frequencies_match_deit(reference, photo):
   """Each op is chosen as often as deit's RandomChoice chooses it (chi-square on the counts)."""
   import torch  # pylint: disable=g-import-not-at-top
-  ours = collections.Counter(augment.THREE_AUGMENT_OPS[int(augment.three_augment_params(
-      _seed(i))[0])] for i in range(SAMPLES))
+
+  ours = collections.Counter(
+      augment.THREE_AUGMENT_OPS[int(augment.three_augment_params(_seed(i))[0])]
+      for i in range(SAMPLES)
+  )
   _, secondary = reference.new_data_aug_generator(24, src=False, color_jitter=0)
   pil = Image.fromarray(photo)
   random.seed(0)
   torch.manual_seed(0)
-  theirs = collections.Counter(_which(np.asarray(secondary(pil)), pil, reference)
-                               for _ in range(SAMPLES))
+  theirs = collections.Counter(
+      _which(np.asarray(secondary(pil)), pil, reference) for _ in range(SAMPLES)
+  )
   table = np.array([[ours[op], theirs[op]] for op in augment.THREE_AUGMENT_OPS])
   assert table.min() > SAMPLES / 5, table
   assert stats.chi2_contingency(table).pvalue > 1e-3, table
@@ -129,8 +152,9 @@ def test_gaussian_blur_sigma_distribution_matches_deit(reference, monkeypatch):
   ours = [float(augment.three_augment_params(_seed(i))[1]) for i in range(SAMPLES)]
   drawn = []
   uniform = random.uniform
-  monkeypatch.setattr(reference.random, 'uniform',
-                      lambda a, b: drawn.append(uniform(a, b)) or drawn[-1])
+  monkeypatch.setattr(
+      reference.random, 'uniform', lambda a, b: drawn.append(uniform(a, b)) or drawn[-1]
+  )
   blur = reference.GaussianBlur(p=1.0)
   image = Image.fromarray(np.zeros((4, 4, 3), np.uint8))
   random.seed(0)
@@ -145,20 +169,23 @@ def test_color_jitter_matches_torchvision(reference, photo):
   the orders and factors are drawn as torchvision's ColorJitter draws them."""
   from torchvision.transforms import functional  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
-  adjust = [functional.adjust_brightness, functional.adjust_contrast,
-            functional.adjust_saturation]
+
+  adjust = [functional.adjust_brightness, functional.adjust_contrast, functional.adjust_saturation]
   for i in range(12):
     order, factors = (t.numpy() for t in augment.color_jitter_params(_seed(i), 0.3))
     pil = Image.fromarray(photo)
     for op in order:
       pil = adjust[op](pil, float(factors[op]))
     np.testing.assert_array_equal(
-        augment.color_jitter(tf.constant(photo), _seed(i), 0.3).numpy(), np.asarray(pil))
+        augment.color_jitter(tf.constant(photo), _seed(i), 0.3).numpy(), np.asarray(pil)
+    )
   ours = [augment.color_jitter_params(_seed(i), 0.3) for i in range(SAMPLES)]
   jitter = reference.transforms.ColorJitter(0.3, 0.3, 0.3)
   torch.manual_seed(0)
-  theirs = [jitter.get_params(jitter.brightness, jitter.contrast, jitter.saturation, None)
-            for _ in range(SAMPLES)]
+  theirs = [
+      jitter.get_params(jitter.brightness, jitter.contrast, jitter.saturation, None)
+      for _ in range(SAMPLES)
+  ]
   for op in range(3):
     ks = stats.ks_2samp([float(f[op]) for _, f in ours], [float(t[1 + op]) for t in theirs])
     assert ks.pvalue > 1e-3, op
@@ -176,11 +203,15 @@ def test_simple_random_crop_matches_torchvision(reference, shape):
   torchvision's `get_params` draws them."""
   from torchvision.transforms import functional  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
+
   size, pad = 16, 4
   image = np.random.RandomState(1).randint(0, 256, shape + (3,)).astype(np.uint8)
   padded = np.asarray(functional.pad(Image.fromarray(image), pad, padding_mode='reflect'))
-  windows = {(i, j): padded[i:i + size, j:j + size]
-             for i in range(padded.shape[0] - size + 1) for j in range(padded.shape[1] - size + 1)}
+  windows = {
+      (i, j): padded[i : i + size, j : j + size]
+      for i in range(padded.shape[0] - size + 1)
+      for j in range(padded.shape[1] - size + 1)
+  }
   offsets = []
   for k in range(300):
     out = input_pipeline._simple_random_crop(tf.constant(image), _seed(k), size, pad).numpy()
@@ -201,23 +232,35 @@ def test_bce_matches_deit_on_mixed_targets(reference):
   """Our BCE on mixup / CutMix targets equals deit's (thresholded targets, BCEWithLogitsLoss),
   for one head and for the two heads of a distilled model."""
   import torch  # pylint: disable=g-import-not-at-top
+
   rng = np.random.RandomState(0)
   images = jnp.asarray(rng.rand(8, 8, 8, 3), jnp.float32)
   onehot = jax.nn.one_hot(rng.randint(0, 10, 8), 10)
   for key, (mixup, cutmix) in enumerate([(0.8, 0.0), (0.0, 1.0)]):
-    _, targets = augment.mix_batch(jax.random.PRNGKey(key), images, onehot, mixup_alpha=mixup,
-                                   cutmix_alpha=cutmix, switch_prob=0.5, mix_prob=1.0,
-                                   label_smoothing=0.0)
+    _, targets = augment.mix_batch(
+        jax.random.PRNGKey(key),
+        images,
+        onehot,
+        mixup_alpha=mixup,
+        cutmix_alpha=cutmix,
+        switch_prob=0.5,
+        mix_prob=1.0,
+        label_smoothing=0.0,
+    )
     targets = np.array(targets)
     assert np.all(np.sum(targets > 0, -1) == 2)  # Mixed: two classes each.
     logits = rng.randn(8, 10).astype(np.float32) * 3
-    expected = float(reference.bce_loss(torch.from_numpy(logits),
-                                        torch.from_numpy(targets)))
+    expected = float(reference.bce_loss(torch.from_numpy(logits), torch.from_numpy(targets)))
     assert float(steps.classification_loss(jnp.asarray(logits), targets, 'bce')) == (
-        pytest.approx(expected, rel=1e-6))
+        pytest.approx(expected, rel=1e-6)
+    )
     heads = (jnp.asarray(logits), jnp.asarray(logits[::-1]))
-    both = (expected + float(reference.bce_loss(torch.from_numpy(logits[::-1].copy()),
-                                                torch.from_numpy(targets)))) / 2
+    both = (
+        expected
+        + float(
+            reference.bce_loss(torch.from_numpy(logits[::-1].copy()), torch.from_numpy(targets))
+        )
+    ) / 2
     assert float(steps.classification_loss(heads, targets, 'bce')) == pytest.approx(both, rel=1e-6)
 
 
@@ -225,21 +268,33 @@ def test_lamb_matches_timm(timm):
   """`optimizer='lamb'` follows timm's Lamb (apex FusedLAMB's port) step for step: clipping to
   global norm 1, trust ratio on the decayed parameters only, Adam steps on the others."""
   import torch  # pylint: disable=g-import-not-at-top
+
   rng = np.random.RandomState(0)
   params = {'kernel': rng.randn(6, 4).astype(np.float32), 'bias': rng.randn(4).astype(np.float32)}
-  grads = [{k: (rng.randn(*v.shape) * scale).astype(np.float32) for k, v in params.items()}
-           for scale in (0.01, 5.0, 0.1, 1.0)]
+  grads = [
+      {k: (rng.randn(*v.shape) * scale).astype(np.float32) for k, v in params.items()}
+      for scale in (0.01, 5.0, 0.1, 1.0)
+  ]
   config = config_lib.defaults()
   config.optimizer, config.weight_decay, config.eps = 'lamb', 0.05, 1e-8
-  tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), lambda _: 2e-2,
-                              models.create('vit_ti4', num_classes=10))
+  tx = optim.create_optimizer(
+      optim.OptimizerSettings.from_config(config),
+      lambda _: 2e-2,
+      models.create('vit_ti4', num_classes=10),
+  )
   ours = jax.tree.map(jnp.asarray, params)
   state = tx.init(ours)
   torch_params = {k: torch.nn.Parameter(torch.from_numpy(v.copy())) for k, v in params.items()}
   from timm.optim import Lamb  # pylint: disable=g-import-not-at-top
-  lamb = Lamb([{'params': [torch_params['kernel']], 'weight_decay': 0.05},
-                          {'params': [torch_params['bias']], 'weight_decay': 0.0}],
-                         lr=2e-2, eps=1e-8)
+
+  lamb = Lamb(
+      [
+          {'params': [torch_params['kernel']], 'weight_decay': 0.05},
+          {'params': [torch_params['bias']], 'weight_decay': 0.0},
+      ],
+      lr=2e-2,
+      eps=1e-8,
+  )
   for grad in grads:
     updates, state = tx.update(jax.tree.map(jnp.asarray, grad), state, ours)
     ours = jax.tree.map(lambda p, u: p + u, ours, updates)
@@ -264,13 +319,16 @@ def test_pipeline_applies_three_augment_and_jitter(tmp_path):
   assert recipe['image'].shape == (16, 16, 16, 3)
 
 
-@pytest.mark.parametrize('fields, message', [
-    ({'three_augment': True, 'randaugment': 'rand-m9-mstd0.5-inc1'}, 'replaces RandAugment'),
-    ({'loss': 'bce', 'label_smoothing': 0.1}, 'smoothing gives every class'),
-    ({'loss': 'focal'}, "'softmax_xent', 'bce'"),
-    ({'optimizer': 'lars'}, "'lamb'"),
-    ({'augment': 'src'}, 'simple_random_crop'),
-])
+@pytest.mark.parametrize(
+    'fields, message',
+    [
+        ({'three_augment': True, 'randaugment': 'rand-m9-mstd0.5-inc1'}, 'replaces RandAugment'),
+        ({'loss': 'bce', 'label_smoothing': 0.1}, 'smoothing gives every class'),
+        ({'loss': 'focal'}, "'softmax_xent', 'bce'"),
+        ({'optimizer': 'lars'}, "'lamb'"),
+        ({'augment': 'src'}, 'simple_random_crop'),
+    ],
+)
 def test_config_rejects(fields, message):
   config = config_lib.defaults()
   config.update(fields)
@@ -283,9 +341,11 @@ def test_weights_load_at_a_new_resolution(tmp_path):
   resized, the class token (outside it) kept."""
   import safetensors.numpy  # pylint: disable=g-import-not-at-top
   from vit_jax.weights import pretrained  # pylint: disable=g-import-not-at-top
+
   small = dict(num_classes=10, patch_size=4, hidden_size=32, depth=1, num_heads=2, mlp_dim=64)
-  variables = models.create('deit3_s16', **small).init(jax.random.PRNGKey(0),
-                                                        jnp.zeros((1, 8, 8, 3)))
+  variables = models.create('deit3_s16', **small).init(
+      jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 3))
+  )
   path = str(tmp_path / 'deit3.safetensors')
   safetensors.numpy.save_file(deit3.to_timm(variables), path)
   model = models.create('deit3_s16', **small)
@@ -295,4 +355,3 @@ def test_weights_load_at_a_new_resolution(tmp_path):
   expected = pretrained.resize_pos_embed(np.asarray(variables['params']['pos_embed']), (4, 4), 0)
   np.testing.assert_allclose(loaded['params']['pos_embed'], expected)
   assert model.apply(loaded, jnp.zeros((1, 16, 16, 3))).shape == (1, 10)
-

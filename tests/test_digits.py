@@ -48,10 +48,13 @@ def test_split_is_pinned():
 
 
 def test_loads_in_a_fresh_process_without_the_builder(data_dir):
-  code = ('import tensorflow_datasets as tfds; '
-          f'ds = tfds.load("digits", split="test", data_dir={data_dir!r}); '
-          'print(sum(1 for _ in ds))')
+  code = (
+      'import tensorflow_datasets as tfds; '
+      f'ds = tfds.load("digits", split="test", data_dir={data_dir!r}); '
+      'print(sum(1 for _ in ds))'
+  )
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
-  result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, env=env,
-                          check=True, timeout=120)
+  result = subprocess.run(
+      [sys.executable, '-c', code], capture_output=True, text=True, env=env, check=True, timeout=120
+  )
   assert result.stdout.strip().splitlines()[-1] == '360'

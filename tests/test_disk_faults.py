@@ -27,8 +27,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _mounted(path, *options):
   """A 3 MB tmpfs at `path` for the block; None where this process may not mount."""
   os.makedirs(path, exist_ok=True)
-  mount = subprocess.run(['mount', '-t', 'tmpfs', '-o', ','.join(('size=3m', *options)), 'tmpfs',
-                          str(path)], capture_output=True, check=False)
+  mount = subprocess.run(
+      ['mount', '-t', 'tmpfs', '-o', ','.join(('size=3m', *options)), 'tmpfs', str(path)],
+      capture_output=True,
+      check=False,
+  )
   if mount.returncode != 0:
     yield None
     return
@@ -48,8 +51,11 @@ def _fill(path, leave: int) -> str:
 
 
 def _files(root):
-  return {os.path.relpath(os.path.join(d, f), root): open(os.path.join(d, f), 'rb').read()
-          for d, _, names in os.walk(root) for f in names}
+  return {
+      os.path.relpath(os.path.join(d, f), root): open(os.path.join(d, f), 'rb').read()
+      for d, _, names in os.walk(root)
+      for f in names
+  }
 
 
 def _config(data_dir, total_steps):
@@ -58,17 +64,36 @@ def _config(data_dir, total_steps):
 
 def _main(workdir, data_dir, total_steps):
   """The command line of `_config`, as a user runs it: exit status and stderr."""
-  flags = ['--config=configs/vit.py', f'--workdir={workdir}', f'--config.data_dir={data_dir}',
-           f'--config.total_steps={total_steps}', '--config.checkpoint_every=2',
-           '--config.warmup_steps=2', '--config.log_every=4', '--config.eval_every=1000',
-           '--config.image_size=16', '--config.crop_padding=2', '--config.flip=False',
-           '--config.normalization=digits', '--config.batch_size=32',
-           '--config.eval_batch_size=64', '--config.model.patch_size=4',
-           '--config.model.hidden_size=32', '--config.model.depth=2', '--config.model.num_heads=2',
-           '--config.model.mlp_dim=64']
-  result = subprocess.run([sys.executable, '-m', 'vit_jax.main', *flags], cwd=REPO,
-                          capture_output=True, text=True, timeout=300, check=False,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
+  flags = [
+      '--config=configs/vit.py',
+      f'--workdir={workdir}',
+      f'--config.data_dir={data_dir}',
+      f'--config.total_steps={total_steps}',
+      '--config.checkpoint_every=2',
+      '--config.warmup_steps=2',
+      '--config.log_every=4',
+      '--config.eval_every=1000',
+      '--config.image_size=16',
+      '--config.crop_padding=2',
+      '--config.flip=False',
+      '--config.normalization=digits',
+      '--config.batch_size=32',
+      '--config.eval_batch_size=64',
+      '--config.model.patch_size=4',
+      '--config.model.hidden_size=32',
+      '--config.model.depth=2',
+      '--config.model.num_heads=2',
+      '--config.model.mlp_dim=64',
+  ]
+  result = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.main', *flags],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=300,
+      check=False,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'),
+  )
   return result.returncode, result.stderr
 
 
@@ -79,7 +104,8 @@ def _assert_params_equal(a, b):
 
 @pytest.mark.slow  # A subprocess and three tiny runs.
 def test_disk_full_while_saving_is_one_line_keeps_earlier_checkpoints_and_resumes_exactly(
-    data_dir, tmp_path, monkeypatch):
+    data_dir, tmp_path, monkeypatch
+):
   straight = str(tmp_path / 'straight')
   train.train_and_evaluate(_config(data_dir, 4), straight)
   with _mounted(tmp_path / 'small') as small:
@@ -101,8 +127,10 @@ def test_disk_full_while_saving_is_one_line_keeps_earlier_checkpoints_and_resume
       def full(self, step, *args, **kwargs):
         if step == 4:
           os.makedirs(os.path.join(workdir, 'checkpoints', '4.orbax-checkpoint-tmp', 'state'))
-          raise ValueError("RESOURCE_EXHAUSTED: Error writing local file: No space left on device "
-                           "[os_error_code='28']")
+          raise ValueError(
+              'RESOURCE_EXHAUSTED: Error writing local file: No space left on device '
+              "[os_error_code='28']"
+          )
         return save(self, step, *args, **kwargs)
 
       with monkeypatch.context() as patch:
@@ -110,31 +138,42 @@ def test_disk_full_while_saving_is_one_line_keeps_earlier_checkpoints_and_resume
         with pytest.raises(workdir_lib.Unwritable) as raised:
           train.train_and_evaluate(_config(data_dir, 4), workdir)
       message = f'error: {raised.value}'
-    assert message.startswith(f'error: cannot write {workdir}/checkpoints: no space left on the '
-                              'device (')
-    assert 'for the checkpoint of step 4. Removed its partial checkpoint; the earlier ones ' \
-           '(steps [2]) are intact.' in message
+    assert message.startswith(
+        f'error: cannot write {workdir}/checkpoints: no space left on the ' 'device ('
+    )
+    assert (
+        'for the checkpoint of step 4. Removed its partial checkpoint; the earlier ones '
+        '(steps [2]) are intact.' in message
+    )
     assert 'rerun the same command to resume' in message
     assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['2']
     assert _files(os.path.join(workdir, 'checkpoints', '2')) == checkpoint_2
     train.train_and_evaluate(_config(data_dir, 4), workdir)  # With room again.
-    _assert_params_equal(workdir_lib.Workdir(workdir).read_state()['params'],
-                         workdir_lib.Workdir(straight).read_state()['params'])
+    _assert_params_equal(
+        workdir_lib.Workdir(workdir).read_state()['params'],
+        workdir_lib.Workdir(straight).read_state()['params'],
+    )
 
 
 def test_disk_full_at_start_is_one_error_naming_the_directory(data_dir, tmp_path, monkeypatch):
   with _mounted(tmp_path / 'small') as small:
     if small is None:
+
       def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, 'No space left on device')
+
       monkeypatch.setattr(workdir_lib, 'hold', full)
       workdir = str(tmp_path / 'run')
     else:
       workdir = os.path.join(small, 'run')
       _fill(small, leave=0)
-    with pytest.raises(workdir_lib.Unwritable, match=(
-        rf'^cannot write {workdir}: no space left on the device \(.*\); it needs write access '
-        'and room for its config, logs and checkpoints.$')):
+    with pytest.raises(
+        workdir_lib.Unwritable,
+        match=(
+            rf'^cannot write {workdir}: no space left on the device \(.*\); it needs write access '
+            'and room for its config, logs and checkpoints.$'
+        ),
+    ):
       train.train_and_evaluate(_config(data_dir, 2), workdir)
 
 
@@ -143,19 +182,23 @@ def test_a_read_only_work_directory_is_one_error_and_left_as_it_was(data_dir, tm
     if read_only is None:
       pytest.skip('cannot mount a read-only file system here')
     workdir = os.path.join(read_only, 'run')
-    with pytest.raises(workdir_lib.Unwritable, match=(
-        rf'^cannot write {workdir}: the file system is read-only; it needs write access')):
+    with pytest.raises(
+        workdir_lib.Unwritable,
+        match=(rf'^cannot write {workdir}: the file system is read-only; it needs write access'),
+    ):
       train.train_and_evaluate(_config(data_dir, 2), workdir)
     assert os.listdir(read_only) == []
 
 
-@pytest.mark.parametrize('workdir, message', [
-    ('', '--workdir is empty: name a directory'),
-    ('  ', '--workdir is empty: name a directory'),
-    ('FILE', 'is a file, not a directory'),
-])
-def test_an_empty_workdir_or_a_file_is_refused(data_dir, tmp_path, monkeypatch, workdir,
-                                               message):
+@pytest.mark.parametrize(
+    'workdir, message',
+    [
+        ('', '--workdir is empty: name a directory'),
+        ('  ', '--workdir is empty: name a directory'),
+        ('FILE', 'is a file, not a directory'),
+    ],
+)
+def test_an_empty_workdir_or_a_file_is_refused(data_dir, tmp_path, monkeypatch, workdir, message):
   monkeypatch.chdir(tmp_path)
   if workdir == 'FILE':
     workdir = str(tmp_path / 'notes.txt')

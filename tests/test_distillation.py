@@ -12,36 +12,47 @@ from vit_jax.training import train
 
 def reference_loss(cls_logits, dist_logits, targets, teacher_logits, kind, alpha, tau):
   """deit/losses.py DistillationLoss, written out in NumPy."""
+
   def log_softmax(x):
     x = x - x.max(-1, keepdims=True)
     return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
   base = np.mean(-(targets * log_softmax(cls_logits)).sum(-1))
   if kind == 'hard':
     hard = np.eye(cls_logits.shape[-1])[teacher_logits.argmax(-1)]
     kd = np.mean(-(hard * log_softmax(dist_logits)).sum(-1))
   else:
     lt, ls = log_softmax(teacher_logits / tau), log_softmax(dist_logits / tau)
-    kd = (np.exp(lt) * (lt - ls)).sum() * tau ** 2 / dist_logits.size
+    kd = (np.exp(lt) * (lt - ls)).sum() * tau**2 / dist_logits.size
   return (1 - alpha) * base + alpha * kd
 
 
-@pytest.mark.parametrize('kind, alpha, tau', [('hard', 0.5, 1.0), ('soft', 0.5, 1.0),
-                                              ('soft', 0.3, 3.0)])
+@pytest.mark.parametrize(
+    'kind, alpha, tau', [('hard', 0.5, 1.0), ('soft', 0.5, 1.0), ('soft', 0.3, 3.0)]
+)
 def test_distillation_loss_matches_deit(kind, alpha, tau):
   rng = np.random.default_rng(0)
   cls_logits, dist_logits, teacher = (rng.normal(size=(6, 5)) * 3 for _ in range(3))
   targets = rng.dirichlet(np.ones(5), size=6)
-  ours = steps.distillation_loss((jnp.asarray(cls_logits), jnp.asarray(dist_logits)),
-                                 jnp.asarray(targets), jnp.asarray(teacher), kind=kind,
-                                 alpha=alpha, tau=tau)
+  ours = steps.distillation_loss(
+      (jnp.asarray(cls_logits), jnp.asarray(dist_logits)),
+      jnp.asarray(targets),
+      jnp.asarray(teacher),
+      kind=kind,
+      alpha=alpha,
+      tau=tau,
+  )
   expected = reference_loss(cls_logits, dist_logits, targets, teacher, kind, alpha, tau)
   np.testing.assert_allclose(float(ours), expected, rtol=1e-5)
 
 
 def test_teacher_gets_no_gradient():
   teacher = jnp.array([[2.0, -1.0, 0.5]])
-  grad = jax.grad(lambda t: steps.distillation_loss(
-      jnp.zeros((1, 3)), jnp.eye(3)[:1], t, kind='soft', alpha=0.5, tau=2.0))(teacher)
+  grad = jax.grad(
+      lambda t: steps.distillation_loss(
+          jnp.zeros((1, 3)), jnp.eye(3)[:1], t, kind='soft', alpha=0.5, tau=2.0
+      )
+  )(teacher)
   assert np.all(grad == 0)
 
 

@@ -56,9 +56,14 @@ def test_init_from_teacher_and_analysis_read_the_ema(run, tmp_path):
   config = config.copy_and_resolve_references()
   config.init_from = workdir
   model = config_lib.create_model(config, 10)
-  pretrained = pretrained_lib.load(config.init_from, model, image_size=config.image_size,
-                                  use_ema=config.use_ema, reset_head=True,
-                                  rng=steps.init_rngs(config.seed)[0])  # As fine-tuning reads it.
+  pretrained = pretrained_lib.load(
+      config.init_from,
+      model,
+      image_size=config.image_size,
+      use_ema=config.use_ema,
+      reset_head=True,
+      rng=steps.init_rngs(config.seed)[0],
+  )  # As fine-tuning reads it.
   assert_trees_close(pretrained['params'], state['ema']['params'], atol=1e-7)
   read = lambda c: teacher.load(teacher.TeacherSettings.from_config(c), 10).variables['params']
   config.distillation.type, config.distillation.teacher = 'hard', workdir

@@ -25,11 +25,16 @@ from vit_jax.training import workdir as workdir_lib
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Five examples over six classes, the last one padding (mask 0).
-LOGITS = np.array([[0.1, 2.0, 0.3, 0.0, 0.0, 0.5],
-                   [1.0, 0.2, 0.1, 3.0, 0.0, 0.4],
-                   [0.0, 0.0, 0.0, 0.1, 2.5, 0.2],
-                   [0.7, 0.3, 0.9, 0.0, 0.1, 0.0],
-                   [0.2, 0.2, 5.0, 0.1, 0.0, 0.0]], np.float32)
+LOGITS = np.array(
+    [
+        [0.1, 2.0, 0.3, 0.0, 0.0, 0.5],
+        [1.0, 0.2, 0.1, 3.0, 0.0, 0.4],
+        [0.0, 0.0, 0.0, 0.1, 2.5, 0.2],
+        [0.7, 0.3, 0.9, 0.0, 0.1, 0.0],
+        [0.2, 0.2, 5.0, 0.1, 0.0, 0.0],
+    ],
+    np.float32,
+)
 MASK = np.array([1, 1, 1, 1, 0], np.float32)
 
 
@@ -40,8 +45,11 @@ def _log_softmax(row):
 
 def test_top1_is_argmax_equal_to_label_over_real_examples():
   labels = np.array([1, 0, 4, 0, 2])
-  sums = jax.device_get(steps.top1_sums(jnp.asarray(LOGITS), {'label': jnp.asarray(labels),
-                                                               'mask': jnp.asarray(MASK)}))
+  sums = jax.device_get(
+      steps.top1_sums(
+          jnp.asarray(LOGITS), {'label': jnp.asarray(labels), 'mask': jnp.asarray(MASK)}
+      )
+  )
   # Argmaxes 1, 3, 4, 2 against labels 1, 0, 4, 0: two correct; the padding is not counted.
   assert (float(sums['correct']), float(sums['count'])) == (2.0, 4.0)
   expected_loss = -sum(_log_softmax(LOGITS[i])[labels[i]] for i in range(4))
@@ -53,10 +61,13 @@ def test_real_counts_a_prediction_among_the_labels_and_leaves_out_unlabelled_exa
   label_set[0, [1, 5]] = True  # Argmax 1: correct.
   label_set[1, [0, 2]] = True  # Argmax 3: wrong.
   # Example 2 has no ReaL label: left out, whatever it predicts.
-  label_set[3, [2]] = True     # Argmax 2: correct.
-  label_set[4, [2]] = True     # Padding: left out though its argmax 2 is labelled.
-  sums = jax.device_get(eval_sets.real_sums(jnp.asarray(LOGITS), {
-      'label_set': jnp.asarray(label_set), 'mask': jnp.asarray(MASK)}))
+  label_set[3, [2]] = True  # Argmax 2: correct.
+  label_set[4, [2]] = True  # Padding: left out though its argmax 2 is labelled.
+  sums = jax.device_get(
+      eval_sets.real_sums(
+          jnp.asarray(LOGITS), {'label_set': jnp.asarray(label_set), 'mask': jnp.asarray(MASK)}
+      )
+  )
   assert set(sums) == {'correct', 'count'}
   assert (float(sums['correct']), float(sums['count'])) == (2.0, 3.0)
 
@@ -64,13 +75,17 @@ def test_real_counts_a_prediction_among_the_labels_and_leaves_out_unlabelled_exa
 def test_subset_scores_the_argmax_over_the_subset_logits_only():
   classes = (0, 2, 4)
   labels = np.array([2, 0, 4, 3, 2])
-  sums = jax.device_get(eval_sets.subset_sums(
-      jnp.asarray(LOGITS), {'label': jnp.asarray(labels), 'mask': jnp.asarray(MASK)}, classes))
+  sums = jax.device_get(
+      eval_sets.subset_sums(
+          jnp.asarray(LOGITS), {'label': jnp.asarray(labels), 'mask': jnp.asarray(MASK)}, classes
+      )
+  )
   # Over classes 0, 2, 4 the argmaxes are 2 (0.3 > 0.1), 0, 4 and 2: examples 0 and 1 and 2 are
   # right (over all six logits only example 2 would be). Example 3 is labelled outside the subset.
   assert (float(sums['correct']), float(sums['count'])) == (3.0, 3.0)
-  expected_loss = -sum(_log_softmax(LOGITS[i][list(classes)])[classes.index(labels[i])]
-                       for i in range(3))
+  expected_loss = -sum(
+      _log_softmax(LOGITS[i][list(classes)])[classes.index(labels[i])] for i in range(3)
+  )
   np.testing.assert_allclose(float(sums['loss']), expected_loss, rtol=1e-6)
 
 
@@ -87,25 +102,46 @@ def test_subset_classes_are_timms_indices_in_1k(name):
 
 def test_names_take_the_published_or_the_runs_split():
   parsed = eval_sets.parse_all(
-      ['imagenet2012:validation', 'imagenet2012_real', 'imagenet_v2/topimages', 'imagenet_a',
-       'imagenet_r:test[:10%]', 'imagenet_sketch', 'cifar10', 'digits', 'folder:/data/x:val'],
-      dataset='digits', eval_split='train[:100]')
+      [
+          'imagenet2012:validation',
+          'imagenet2012_real',
+          'imagenet_v2/topimages',
+          'imagenet_a',
+          'imagenet_r:test[:10%]',
+          'imagenet_sketch',
+          'cifar10',
+          'digits',
+          'folder:/data/x:val',
+      ],
+      dataset='digits',
+      eval_split='train[:100]',
+  )
   assert [(s.dataset, s.split, s.scoring) for s in parsed] == [
-      ('imagenet2012', 'validation', 'top1'), ('imagenet2012_real', 'validation', 'real'),
-      ('imagenet_v2/topimages', 'test', 'top1'), ('imagenet_a', 'test', 'imagenet_a'),
-      ('imagenet_r', 'test[:10%]', 'imagenet_r'), ('imagenet_sketch', 'test', 'top1'),
-      ('cifar10', 'test', 'top1'), ('digits', 'train[:100]', 'top1'),
-      ('folder:/data/x', 'val', 'top1')]
+      ('imagenet2012', 'validation', 'top1'),
+      ('imagenet2012_real', 'validation', 'real'),
+      ('imagenet_v2/topimages', 'test', 'top1'),
+      ('imagenet_a', 'test', 'imagenet_a'),
+      ('imagenet_r', 'test[:10%]', 'imagenet_r'),
+      ('imagenet_sketch', 'test', 'top1'),
+      ('cifar10', 'test', 'top1'),
+      ('digits', 'train[:100]', 'top1'),
+      ('folder:/data/x', 'val', 'top1'),
+  ]
   assert (parsed[1].label_key, parsed[1].label_set_key) == ('original_label', 'real_label')
 
 
-@pytest.mark.parametrize('names, message', [
-    (('imagenet_v2', 'imagenet_vv2'), "unknown dataset 'imagenet_vv2'; valid: .*'imagenet_a'"),
-    (('imagenet_a:validation',), "imagenet_a has no labelled split 'validation'; valid: "
-                                 r"\['test'\]"),
-    (('imagenet2012_real:train',), r"no labelled split 'train'; valid: \['validation'\]"),
-    (('digits', 'digits'), r"names \['digits'\] more than once"),
-])
+@pytest.mark.parametrize(
+    'names, message',
+    [
+        (('imagenet_v2', 'imagenet_vv2'), "unknown dataset 'imagenet_vv2'; valid: .*'imagenet_a'"),
+        (
+            ('imagenet_a:validation',),
+            "imagenet_a has no labelled split 'validation'; valid: " r"\['test'\]",
+        ),
+        (('imagenet2012_real:train',), r"no labelled split 'train'; valid: \['validation'\]"),
+        (('digits', 'digits'), r"names \['digits'\] more than once"),
+    ],
+)
 def test_bad_names_are_one_config_error_naming_them(names, message):
   config = common.get_config()
   config.eval_sets = names
@@ -140,12 +176,26 @@ def test_real_label_sets_are_read_from_the_mocked_dataset():
 
 def _tiny_config(**fields) -> ml_collections.ConfigDict:
   config = common.get_config()
-  config.update({'image_size': 16, 'crop_padding': 2, 'flip': False, 'batch_size': 8,
-                 'eval_batch_size': 8, 'total_steps': 2, 'warmup_steps': 1, 'log_every': 1,
-                 'eval_every': 1000, 'checkpoint_every': 1000, 'ema_decay': 0.5,
-                 'shuffle_buffer': 8, **fields})
-  config.model.update(name='vit_ti4', patch_size=4, hidden_size=16, depth=1, num_heads=2,
-                      mlp_dim=32)
+  config.update(
+      {
+          'image_size': 16,
+          'crop_padding': 2,
+          'flip': False,
+          'batch_size': 8,
+          'eval_batch_size': 8,
+          'total_steps': 2,
+          'warmup_steps': 1,
+          'log_every': 1,
+          'eval_every': 1000,
+          'checkpoint_every': 1000,
+          'ema_decay': 0.5,
+          'shuffle_buffer': 8,
+          **fields,
+      }
+  )
+  config.model.update(
+      name='vit_ti4', patch_size=4, hidden_size=16, depth=1, num_heads=2, mlp_dim=32
+  )
   return config
 
 
@@ -167,16 +217,25 @@ def _expected(logits: np.ndarray, example: dict, scoring: str) -> tuple[bool, bo
 def test_a_run_on_mocked_imagenet_reports_every_set_by_name(tmp_path):
   """Three test sets, on TFDS's mocks of the datasets: results.json and the returned metrics hold
   each set's metrics, raw and EMA, equal to the hand-scored logits of the final weights."""
-  config = _tiny_config(dataset='imagenet2012', eval_split='validation', eval_sets=(
-      'imagenet2012:validation', 'imagenet2012_real', 'imagenet_a'))
+  config = _tiny_config(
+      dataset='imagenet2012',
+      eval_split='validation',
+      eval_sets=('imagenet2012:validation', 'imagenet2012_real', 'imagenet_a'),
+  )
   workdir = str(tmp_path / 'run')
   scored_sets = eval_sets.parse_all(['imagenet2012_real', 'imagenet_a'])
   with tfds.testing.mock_data(num_examples=24):
     result = train.train_and_evaluate(config, workdir)
-    raw = {s.dataset: list(tfds.load(s.dataset, split=s.split).as_numpy_iterator())
-           for s in scored_sets}
-    images = {s.dataset: np.concatenate([b['image'] for b in s.batches(input_pipeline.DataSettings.from_config(config))])[:24]
-              for s in scored_sets}
+    raw = {
+        s.dataset: list(tfds.load(s.dataset, split=s.split).as_numpy_iterator())
+        for s in scored_sets
+    }
+    images = {
+        s.dataset: np.concatenate(
+            [b['image'] for b in s.batches(input_pipeline.DataSettings.from_config(config))]
+        )[:24]
+        for s in scored_sets
+    }
   results = workdir_lib.Workdir(workdir).results()
   for name in config.eval_sets:
     for key in ('accuracy', 'count', 'ema_accuracy'):
@@ -190,21 +249,25 @@ def test_a_run_on_mocked_imagenet_reports_every_set_by_name(tmp_path):
     for eval_set in scored_sets:
       name = eval_set.dataset
       logits = np.asarray(apply({'params': weights}, images[name], train=False))
-      scored = [_expected(row, example, eval_set.scoring)
-                for row, example in zip(logits, raw[name])]
+      scored = [
+          _expected(row, example, eval_set.scoring) for row, example in zip(logits, raw[name])
+      ]
       count = sum(s for s, _ in scored)
       assert results[f'{name}/count'] == count
       if count:
         assert results[f'{name}/{prefix}accuracy'] == pytest.approx(
-            sum(c for _, c in scored) / count, abs=1e-9)
+            sum(c for _, c in scored) / count, abs=1e-9
+        )
 
 
 def test_a_set_whose_classes_differ_is_refused_before_the_run_starts(tmp_path):
-  config = _tiny_config(dataset='cifar10', normalization='cifar10',
-                        eval_sets=('cifar10:train', 'imagenet_v2'))
+  config = _tiny_config(
+      dataset='cifar10', normalization='cifar10', eval_sets=('cifar10:train', 'imagenet_v2')
+  )
   with tfds.testing.mock_data(num_examples=4):
-    with pytest.raises(ValueError, match="'imagenet_v2' has 1000 classes, but the model "
-                                         "predicts 10 "):
+    with pytest.raises(
+        ValueError, match="'imagenet_v2' has 1000 classes, but the model " 'predicts 10 '
+    ):
       train.train_and_evaluate(config, str(tmp_path / 'run'))
   assert not os.path.exists(tmp_path / 'run' / 'config.json')
 
@@ -218,13 +281,22 @@ def test_evaluate_command_scores_a_finished_runs_ema_on_the_listed_sets(tmp_path
   run = train.train_and_evaluate(config, str(workdir))
   command = [sys.executable, '-m', 'vit_jax.evaluate', f'--workdir={workdir}']
   env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL='2')
-  good = subprocess.run(command + ['--eval_sets=digits,digits:train[:100],digits:train[-50:]'],
-                        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  good = subprocess.run(
+      command + ['--eval_sets=digits,digits:train[:100],digits:train[-50:]'],
+      cwd=REPO,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
   assert good.returncode == 0, good.stderr[-3000:]
   results = json.loads((workdir / 'results.json').read_text())
   assert results['digits/accuracy'] == pytest.approx(run.metrics['ema_accuracy'], abs=1e-9)
-  assert (results['digits/count'], results['digits:train[:100]/count'],
-          results['digits:train[-50:]/count']) == (360, 100, 50)
+  assert (
+      results['digits/count'],
+      results['digits:train[:100]/count'],
+      results['digits:train[-50:]/count'],
+  ) == (360, 100, 50)
   assert results['test_accuracy'] == run.metrics['accuracy']  # The run's own results are kept.
   assert not any(key.startswith(('fewshot/', 'linear_probe/')) for key in results)
   assert 'digits:train[:100]/accuracy' in good.stdout

@@ -9,25 +9,42 @@ from vit_jax.data import input_pipeline
 from vit_jax.benchmarks import timm_reference
 
 # (height, width): common photo shapes, portrait and landscape, odd and even, square.
-PHOTO_SIZES = ((427, 640), (334, 500), (366, 500), (500, 333), (257, 311), (640, 427),
-               (375, 500), (281, 500), (400, 299), (311, 257), (231, 347), (257, 257), (300, 451))
+PHOTO_SIZES = (
+    (427, 640),
+    (334, 500),
+    (366, 500),
+    (500, 333),
+    (257, 311),
+    (640, 427),
+    (375, 500),
+    (281, 500),
+    (400, 299),
+    (311, 257),
+    (231, 347),
+    (257, 257),
+    (300, 451),
+)
 SETTINGS = ((224, 0.875), (224, 0.9), (224, 1.0), (384, 0.875), (384, 1.0), (160, 0.95))
 
 
 def _timm_transform(size, ratio):
   timm_reference.import_timm()
   import timm.data  # pylint: disable=g-import-not-at-top
-  return timm.data.create_transform(size, is_training=False, crop_pct=ratio,
-                                    interpolation='bicubic')
+
+  return timm.data.create_transform(
+      size, is_training=False, crop_pct=ratio, interpolation='bicubic'
+  )
 
 
 def _timm_window(transform, height, width):
   """(resized height, width, top, left) as timm's own Resize and CenterCrop compute them."""
   import torch  # pylint: disable=g-import-not-at-top
   import torchvision.transforms.functional as tvf  # pylint: disable=g-import-not-at-top
+
   resize, crop = transform.transforms[:2]
   resized_h, resized_w = tvf._compute_resized_output_size(  # pylint: disable=protected-access
-      (height, width), [resize.size])
+      (height, width), [resize.size]
+  )
   positions = torch.arange(resized_h * resized_w).reshape(1, resized_h, resized_w)
   top, left = divmod(int(crop(positions)[0, 0, 0]), resized_w)
   return resized_h, resized_w, top, left
@@ -44,15 +61,16 @@ def photos():
     if height > source.shape[0]:
       source = source.transpose(1, 0, 2)
     top, left = (source.shape[0] - height) // 2, (source.shape[1] - width) // 3
-    cut.append(np.ascontiguousarray(source[top:top + height, left:left + width]))
+    cut.append(np.ascontiguousarray(source[top : top + height, left : left + width]))
   return cut
 
 
 @pytest.mark.parametrize('size, ratio', SETTINGS + ((32, 0.875), (224, 0.5)))
 def test_crop_window_is_timms(size, ratio):
   transform = _timm_transform(size, ratio)
-  shapes = PHOTO_SIZES + tuple((h, w) for h in (size, size + 1, size + 17)
-                               for w in range(size, 3 * size, 29))
+  shapes = PHOTO_SIZES + tuple(
+      (h, w) for h in (size, size + 1, size + 17) for w in range(size, 3 * size, 29)
+  )
   expected = [_timm_window(transform, height, width) for height, width in shapes]
   assert [input_pipeline.centre_crop_window(h, w, size, ratio) for h, w in shapes] == expected
   heights, widths = (tf.constant(side, tf.int32) for side in zip(*shapes))  # Run-time shapes.
@@ -63,12 +81,16 @@ def test_crop_window_is_timms(size, ratio):
 @pytest.mark.parametrize('size, ratio', SETTINGS)
 def test_eval_images_match_timm_on_photographs(photos, size, ratio):
   from PIL import Image  # pylint: disable=g-import-not-at-top
+
   transform = _timm_transform(size, ratio)
   mean, std = (np.asarray(v, np.float32) for v in input_pipeline.NORMALIZATIONS['imagenet'])
-  ours_transform = input_pipeline.EvalTransform(image_size=size, crop_ratio=ratio,
-                                                normalization='imagenet')
-  unknown_shape = tf.function(lambda x: input_pipeline.eval_image(x, ours_transform),
-                              input_signature=[tf.TensorSpec([None, None, 3], tf.uint8)])
+  ours_transform = input_pipeline.EvalTransform(
+      image_size=size, crop_ratio=ratio, normalization='imagenet'
+  )
+  unknown_shape = tf.function(
+      lambda x: input_pipeline.eval_image(x, ours_transform),
+      input_signature=[tf.TensorSpec([None, None, 3], tf.uint8)],
+  )
   errors = []
   for photo in photos:
     expected = transform(Image.fromarray(photo)).numpy().transpose(1, 2, 0)

@@ -36,12 +36,13 @@ def test_ridge_solutions_equal_the_normal_equations(examples, dim):
 
 
 def test_settings_are_checked_by_name():
-  with pytest.raises(ValueError, match="Unknown evaluator 'fewshots'; valid: .'fewshot', "
-                     "'linear_probe'."):
+  with pytest.raises(
+      ValueError, match="Unknown evaluator 'fewshots'; valid: .'fewshot', " "'linear_probe'."
+  ):
     evaluators.create('fewshots')
   with pytest.raises(ValueError, match=r"Unknown settings \['shot'\].*valid: \[.*'shots'"):
     evaluators.create('fewshot', {'shot': (5,)})
-  with pytest.raises(ValueError, match="needs shots >= 1"):
+  with pytest.raises(ValueError, match='needs shots >= 1'):
     evaluators.create('fewshot', {'shots': (0, 5)})
   with pytest.raises(ValueError, match='inverse_l2s=.* must be positive'):
     evaluators.create('linear_probe', {'inverse_l2s': (-1.0,)})
@@ -80,15 +81,31 @@ def test_training_writes_periodic_evaluator_metrics(trained_digits_run):
 @pytest.mark.slow
 def test_cli_on_a_run_writes_results(trained_digits_run, tmp_path):
   result = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.evaluate', f'--workdir={trained_digits_run}',
-       '--shots=1,5', '--seeds=1', f'--out_dir={tmp_path}'],
-      cwd=REPO, capture_output=True, text=True, timeout=600,
-      env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL='2'))
+      [
+          sys.executable,
+          '-m',
+          'vit_jax.evaluate',
+          f'--workdir={trained_digits_run}',
+          '--shots=1,5',
+          '--seeds=1',
+          f'--out_dir={tmp_path}',
+      ],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=600,
+      env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL='2'),
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   with open(tmp_path / 'results.json') as f:
     results = json.load(f)
-  assert set(results) == {'fewshot/digits_1shot', 'fewshot/digits_1shot_l2',
-                          'fewshot/digits_5shot', 'fewshot/digits_5shot_l2',
-                          'linear_probe/digits', 'linear_probe/digits_C'}
+  assert set(results) == {
+      'fewshot/digits_1shot',
+      'fewshot/digits_1shot_l2',
+      'fewshot/digits_5shot',
+      'fewshot/digits_5shot_l2',
+      'linear_probe/digits',
+      'linear_probe/digits_C',
+  }
   assert results['fewshot/digits_5shot'] > results['fewshot/digits_1shot'] - 0.05
   assert 'fewshot/digits_5shot' in result.stdout and 'step 800' in result.stdout

@@ -25,6 +25,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 class CosineAttention(nn.Module):
   """Softmax over the cosine similarities of queries and keys times a learned temperature per
   head (the scaled cosine attention of Swin V2, in its plainest form)."""
+
   num_heads: int
   dropout_rate: float = 0.0
 
@@ -46,8 +47,12 @@ def cosine_kind(monkeypatch):
   """'cosine' registered as an attention kind for the test only."""
   # pylint: disable-next=protected-access
   monkeypatch.setattr(attention, '_KINDS', dict(attention._KINDS))
-  attention.register('cosine', lambda model, grid: functools.partial(
-      CosineAttention, num_heads=model.num_heads, dropout_rate=model.attention_dropout_rate))
+  attention.register(
+      'cosine',
+      lambda model, grid: functools.partial(
+          CosineAttention, num_heads=model.num_heads, dropout_rate=model.attention_dropout_rate
+      ),
+  )
   return 'cosine'
 
 
@@ -64,12 +69,21 @@ def config_from_command_line(*args: str):
 def test_a_new_attention_kind_trains_and_is_analysed(cosine_kind, tmp_path):
   assert cosine_kind in attention.kinds()
   config = config_from_command_line(
-      f'--config={REPO}/configs/vit.py', f'--config.model.attention={cosine_kind}',
-      f'--config.data_dir={tmp_path / "tfds"}', '--config.image_size=16',
-      '--config.crop_padding=2', '--config.total_steps=2', '--config.warmup_steps=0',
-      '--config.batch_size=32', '--config.eval_batch_size=64', '--config.log_every=1',
-      '--config.model.hidden_size=32', '--config.model.depth=2', '--config.model.num_heads=2',
-      '--config.model.mlp_dim=64')
+      f'--config={REPO}/configs/vit.py',
+      f'--config.model.attention={cosine_kind}',
+      f'--config.data_dir={tmp_path / "tfds"}',
+      '--config.image_size=16',
+      '--config.crop_padding=2',
+      '--config.total_steps=2',
+      '--config.warmup_steps=0',
+      '--config.batch_size=32',
+      '--config.eval_batch_size=64',
+      '--config.log_every=1',
+      '--config.model.hidden_size=32',
+      '--config.model.depth=2',
+      '--config.model.num_heads=2',
+      '--config.model.mlp_dim=64',
+  )
   workdir = str(tmp_path / 'run')
   result = train.train_and_evaluate(config, workdir)
   assert result.step == 2 and result.metrics['count'] > 0
@@ -88,5 +102,9 @@ def test_a_new_attention_kind_trains_and_is_analysed(cosine_kind, tmp_path):
   (relevance,) = rollout.token_relevance(layers, (16, 16))
   assert relevance.maps.shape == (3, 4, 4)
   with pytest.raises(ValueError, match="attention='banana' is not valid; choose from .*'cosine'"):
-    config_lib.create_model(config_from_command_line(
-        f'--config={REPO}/configs/vit.py', '--config.model.attention=banana'), 10).check_fields()
+    config_lib.create_model(
+        config_from_command_line(
+            f'--config={REPO}/configs/vit.py', '--config.model.attention=banana'
+        ),
+        10,
+    ).check_fields()

@@ -33,8 +33,10 @@ STEPS = (2, 4, 6)
 
 
 def _run_config(data_dir, **overrides):
-  return tiny_config(data_dir, **{'total_steps': STEPS[-1], 'checkpoint_every': 2,
-                                  'keep_checkpoints': 5, **overrides})
+  return tiny_config(
+      data_dir,
+      **{'total_steps': STEPS[-1], 'checkpoint_every': 2, 'keep_checkpoints': 5, **overrides},
+  )
 
 
 @pytest.fixture(scope='module')
@@ -47,8 +49,11 @@ def trained(data_dir, tmp_path_factory):
 
 
 def _files(root: str) -> dict[str, bytes]:
-  return {os.path.relpath(os.path.join(d, f), root): open(os.path.join(d, f), 'rb').read()
-          for d, _, names in os.walk(root) for f in names}
+  return {
+      os.path.relpath(os.path.join(d, f), root): open(os.path.join(d, f), 'rb').read()
+      for d, _, names in os.walk(root)
+      for f in names
+  }
 
 
 def _largest_array_file(step_dir: str) -> str:
@@ -79,8 +84,10 @@ def _delete_metadata(step_dir):
 
 
 def _garbage_metadata(step_dir):
-  for path in (os.path.join(step_dir, 'state', '_METADATA'),
-               os.path.join(step_dir, 'meta', 'metadata')):
+  for path in (
+      os.path.join(step_dir, 'state', '_METADATA'),
+      os.path.join(step_dir, 'meta', 'metadata'),
+  ):
     with open(path, 'wb') as f:
       f.write(b'\xf4\x88garbage\x00' * 20)
 
@@ -90,23 +97,32 @@ def _empty_step_directory(step_dir):
   os.mkdir(step_dir)
 
 
-CORRUPTIONS = {'truncated_array': _truncate, 'garbage_array': _garbage_arrays,
-               'deleted_manifests': _delete_manifests, 'deleted_metadata': _delete_metadata,
-               'garbage_metadata': _garbage_metadata, 'empty_step_directory': _empty_step_directory}
+CORRUPTIONS = {
+    'truncated_array': _truncate,
+    'garbage_array': _garbage_arrays,
+    'deleted_manifests': _delete_manifests,
+    'deleted_metadata': _delete_metadata,
+    'garbage_metadata': _garbage_metadata,
+    'empty_step_directory': _empty_step_directory,
+}
 
 
 def _abstract_state(config):
   model = config_lib.create_model(config, 10)
-  tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), lambda _: 1e-3,
-                              model)
-  return jax.eval_shape(lambda: steps.init_state(
-      model, tx, steps.init_rngs(config.seed), image_size=config.image_size,
-      ema=bool(config.ema_decay)))
+  tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), lambda _: 1e-3, model)
+  return jax.eval_shape(
+      lambda: steps.init_state(
+          model,
+          tx,
+          steps.init_rngs(config.seed),
+          image_size=config.image_size,
+          ema=bool(config.ema_decay),
+      )
+  )
 
 
 @pytest.mark.parametrize('kind', CORRUPTIONS)
-def test_resume_falls_back_past_an_unreadable_checkpoint(trained, data_dir, tmp_path, caplog,
-                                                         kind):
+def test_resume_falls_back_past_an_unreadable_checkpoint(trained, data_dir, tmp_path, caplog, kind):
   workdir = str(tmp_path / 'run')
   shutil.copytree(trained, workdir)
   newest = os.path.join(workdir, 'checkpoints', str(STEPS[-1]))
@@ -119,14 +135,17 @@ def test_resume_falls_back_past_an_unreadable_checkpoint(trained, data_dir, tmp_
   with caplog.at_level(std_logging.WARNING):
     state = run.resume(_abstract_state(config))
   assert int(state.step) == STEPS[-2]
-  assert (f'Skipping the checkpoint of step {STEPS[-1]} in {newest}, which cannot be read ('
-          in caplog.text)
+  assert (
+      f'Skipping the checkpoint of step {STEPS[-1]} in {newest}, which cannot be read ('
+      in caplog.text
+  )
   # Set aside, byte for byte, where orbax neither restores nor deletes it; the others untouched.
   aside_root = os.path.join(workdir, workdir_lib.UNREADABLE_DIR)
   (aside,) = os.listdir(aside_root)
   assert aside.startswith(f'{STEPS[-1]}.')
   assert f'Moved the unreadable checkpoint of step {STEPS[-1]} to {aside_root}/{aside}' in (
-      caplog.text)
+      caplog.text
+  )
   moved = _files(os.path.join(aside_root, aside))
   assert moved.pop('reason.txt').startswith(f'step {STEPS[-1]} could not be read: '.encode())
   assert moved == corrupted
@@ -156,14 +175,17 @@ def test_readers_of_a_run_skip_an_unreadable_checkpoint_and_move_nothing(trained
   shutil.copytree(trained, workdir)
   _truncate(os.path.join(workdir, 'checkpoints', str(STEPS[-1])))
   before = _files(workdir)
-  step = workdir_lib.Workdir(workdir).read_variables().step  # What analysis, teachers, init_from read.
+  step = (
+      workdir_lib.Workdir(workdir).read_variables().step
+  )  # What analysis, teachers, init_from read.
   assert step == STEPS[-2]
   assert _files(workdir) == before
 
 
 @pytest.mark.parametrize('kind', CORRUPTIONS)
 def test_a_command_reading_past_an_unreadable_checkpoint_prints_one_line_not_tracebacks(
-    trained, tmp_path, kind):
+    trained, tmp_path, kind
+):
   """The reads orbax abandons on a bad checkpoint end on a closed event loop; a command (export
   here; analysis, evaluation and prediction read runs the same way) reports the skip in one
   line, without their tracebacks."""
@@ -171,13 +193,18 @@ def test_a_command_reading_past_an_unreadable_checkpoint_prints_one_line_not_tra
   shutil.copytree(trained, workdir)
   CORRUPTIONS[kind](os.path.join(workdir, 'checkpoints', str(STEPS[-1])))
   out = str(tmp_path / 'run.safetensors')
-  result = subprocess.run([sys.executable, '-m', 'vit_jax.export', f'--workdir={workdir}',
-                           f'--out={out}'], capture_output=True, text=True, check=False,
-                          timeout=300)
+  result = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.export', f'--workdir={workdir}', f'--out={out}'],
+      capture_output=True,
+      text=True,
+      check=False,
+      timeout=300,
+  )
   assert result.returncode == 0, result.stderr
   assert f'(step {STEPS[-2]},' in result.stdout
-  assert 'Traceback' not in result.stderr and 'Event loop is closed' not in result.stderr, (
-      result.stderr)
+  assert (
+      'Traceback' not in result.stderr and 'Event loop is closed' not in result.stderr
+  ), result.stderr
 
 
 def test_no_readable_checkpoint_is_an_error_not_a_silent_restart(trained, data_dir, tmp_path):
@@ -202,8 +229,10 @@ def test_a_second_run_is_refused_naming_the_holder(trained, data_dir, tmp_path):
   with workdir_lib.lock(workdir):
     holder = json.loads(open(os.path.join(workdir, workdir_lib.LOCK_FILE)).read())
     assert holder['pid'] == os.getpid() and holder['host'] and holder['started']
-    with pytest.raises(workdir_lib.WorkdirInUse,
-                       match=rf"'{workdir}' is in use by another run: pid {os.getpid()} on "):
+    with pytest.raises(
+        workdir_lib.WorkdirInUse,
+        match=rf"'{workdir}' is in use by another run: pid {os.getpid()} on ",
+    ):
       train.train_and_evaluate(_run_config(data_dir, total_steps=8), workdir)
     after = _files(workdir)
     after.pop(workdir_lib.LOCK_FILE)
@@ -213,14 +242,16 @@ def test_a_second_run_is_refused_naming_the_holder(trained, data_dir, tmp_path):
 
 def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path, caplog):
   workdir = str(tmp_path / 'run')
-  script = textwrap.dedent(f"""
+  script = textwrap.dedent(
+      f"""
       import sys, time
       sys.path.insert(0, {REPO!r})
       from vit_jax.training import workdir
       with workdir.lock({workdir!r}):
         print('LOCKED', flush=True)
         time.sleep(60)
-      """)
+      """
+  )
   holder = subprocess.Popen([sys.executable, '-c', script], stdout=subprocess.PIPE, text=True)
   try:
     assert holder.stdout.readline().strip() == 'LOCKED'
@@ -241,13 +272,25 @@ def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path, caplog):
 
 
 def _start_main(workdir: str, data_dir: str) -> subprocess.Popen:
-  flags = ['--config=configs/vit.py', f'--workdir={workdir}', f'--config.data_dir={data_dir}',
-           '--config.total_steps=100000', '--config.log_every=1', '--config.model.depth=1',
-           '--config.model.hidden_size=16', '--config.model.num_heads=1',
-           '--config.model.mlp_dim=16', '--config.batch_size=16']
-  return subprocess.Popen([sys.executable, '-m', 'vit_jax.main', *flags], cwd=REPO,
-                          stderr=subprocess.PIPE, text=True,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+  flags = [
+      '--config=configs/vit.py',
+      f'--workdir={workdir}',
+      f'--config.data_dir={data_dir}',
+      '--config.total_steps=100000',
+      '--config.log_every=1',
+      '--config.model.depth=1',
+      '--config.model.hidden_size=16',
+      '--config.model.num_heads=1',
+      '--config.model.mlp_dim=16',
+      '--config.batch_size=16',
+  ]
+  return subprocess.Popen(
+      [sys.executable, '-m', 'vit_jax.main', *flags],
+      cwd=REPO,
+      stderr=subprocess.PIPE,
+      text=True,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'),
+  )
 
 
 def _stop_after_first_step(process: subprocess.Popen, signum: int) -> tuple[int, str]:
@@ -293,8 +336,10 @@ def test_unprepared_manual_dataset_says_where_the_archives_go(tmp_path):
   with pytest.raises(ValueError) as raised:
     input_pipeline.get_dataset_info(input_pipeline.DataSettings.from_config(config))
   message = str(raised.value)
-  assert message.startswith(f"Dataset 'imagenet2012' is not prepared in data_dir={tmp_path}, "
-                            'and TFDS cannot download it')
+  assert message.startswith(
+      f"Dataset 'imagenet2012' is not prepared in data_dir={tmp_path}, "
+      'and TFDS cannot download it'
+  )
   assert f'Put its archives in {tmp_path}/downloads/manual (manual_dir should contain' in message
   assert f'`tfds build imagenet2012 --data_dir={tmp_path} --file_format=array_record`' in message
 
@@ -307,13 +352,16 @@ def test_unprepared_dataset_without_network_names_the_command(tmp_path, monkeypa
 
   monkeypatch.setattr(tfds.core.DatasetBuilder, 'download_and_prepare', offline)
   with pytest.raises(ValueError) as raised:
-    input_pipeline.get_dataset_info(input_pipeline.DataSettings.from_config(tiny_config(str(tmp_path), dataset='cifar10')))
+    input_pipeline.get_dataset_info(
+        input_pipeline.DataSettings.from_config(tiny_config(str(tmp_path), dataset='cifar10'))
+    )
   assert str(raised.value) == (
       f"Dataset 'cifar10' is not prepared in data_dir={tmp_path}, and preparing it failed "
       "(ConnectionError: HTTPSConnectionPool(host='www.cs.toronto.edu'): Max retries exceeded). "
       f'Prepare it once where the network is reachable, `tfds build cifar10 '
       f'--data_dir={tmp_path} --file_format=array_record` (copy that directory here if this '
-      f'machine is offline), then train with --config.data_dir={tmp_path}.')
+      f'machine is offline), then train with --config.data_dir={tmp_path}.'
+  )
 
 
 def _folder_with_a_truncated_jpeg(root: str) -> str:
@@ -323,7 +371,8 @@ def _folder_with_a_truncated_jpeg(root: str) -> str:
       os.makedirs(os.path.join(root, split, name))
       for i in range(2):
         Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(
-            os.path.join(root, split, name, f'{i}.jpg'), quality=90)
+            os.path.join(root, split, name, f'{i}.jpg'), quality=90
+        )
   broken = os.path.join(root, 'train', 'b', '1.jpg')
   with open(broken, 'r+b') as f:
     f.truncate(os.path.getsize(broken) // 2)
@@ -332,8 +381,12 @@ def _folder_with_a_truncated_jpeg(root: str) -> str:
 
 def test_a_truncated_jpeg_is_named_at_preparation(tmp_path):
   broken = _folder_with_a_truncated_jpeg(str(tmp_path / 'images'))
-  with pytest.raises(ValueError, match=(
-      rf"1 file\(s\) in the image folder '{tmp_path}/images' cannot be decoded: {broken} \(")):
+  with pytest.raises(
+      ValueError,
+      match=(
+          rf"1 file\(s\) in the image folder '{tmp_path}/images' cannot be decoded: {broken} \("
+      ),
+  ):
     folder.prepare(str(tmp_path / 'images'), str(tmp_path / 'tfds'))
   assert os.path.exists(broken)
 
@@ -341,8 +394,7 @@ def test_a_truncated_jpeg_is_named_at_preparation(tmp_path):
 def test_a_truncated_jpeg_is_skipped_with_a_warning_when_asked(tmp_path, caplog):
   broken = _folder_with_a_truncated_jpeg(str(tmp_path / 'images'))
   with caplog.at_level(std_logging.WARNING):
-    builder = folder.prepare(str(tmp_path / 'images'), str(tmp_path / 'tfds'),
-                             skip_unreadable=True)
+    builder = folder.prepare(str(tmp_path / 'images'), str(tmp_path / 'tfds'), skip_unreadable=True)
   assert f'Leaving out {broken}, which cannot be decoded' in caplog.text
   assert builder.info.splits['train'].num_examples == 3
   assert builder.info.splits['test'].num_examples == 4

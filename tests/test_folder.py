@@ -60,20 +60,30 @@ def test_scan_infers_sorted_classes_and_fixed_shape(tmp_path):
 def test_info_batches_and_eval_through_the_shared_pipeline(tmp_path):
   root, data_dir = str(tmp_path / 'images'), str(tmp_path / 'tfds')
   written = _write_images(root)
-  config = _config(root, data_dir, image_size=12, augment='none', batch_size=21,
-                   eval_batch_size=4)
+  config = _config(root, data_dir, image_size=12, augment='none', batch_size=21, eval_batch_size=4)
   info = input_pipeline.get_dataset_info(input_pipeline.DataSettings.from_config(config))
   assert (info.num_classes, info.num_train_examples, info.num_eval_examples) == (3, 21, 9)
-  batch = next(input_pipeline.train_iterator(input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1))
+  batch = next(
+      input_pipeline.train_iterator(
+          input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1
+      )
+  )
   assert batch['image'].shape == (21, 12, 12, 3) and batch['image'].dtype == np.float32
   assert collections.Counter(batch['label'].tolist()) == {0: 7, 1: 7, 2: 7}
   # Lossless training images come back exactly (inception normalisation inverted).
   pixels = np.round((batch['image'] * 0.5 + 0.5) * 255).astype(np.uint8)
-  expected = collections.Counter((p.tobytes(), label) for path, (p, label) in written.items()
-                                 if '/train/' in path and p is not None)
+  expected = collections.Counter(
+      (p.tobytes(), label)
+      for path, (p, label) in written.items()
+      if '/train/' in path and p is not None
+  )
   seen = collections.Counter((p.tobytes(), int(label)) for p, label in zip(pixels, batch['label']))
   assert expected <= seen
-  batches = list(input_pipeline.eval_iterator(input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1))
+  batches = list(
+      input_pipeline.eval_iterator(
+          input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1
+      )
+  )
   assert len(batches) == 3
   labels = np.concatenate([b['label'][b['mask'] == 1] for b in batches])
   assert collections.Counter(labels.tolist()) == {0: 3, 1: 3, 2: 3}
@@ -82,22 +92,47 @@ def test_info_batches_and_eval_through_the_shared_pipeline(tmp_path):
 def test_mixed_sizes_stream_and_resize(tmp_path):
   root, data_dir = str(tmp_path / 'images'), str(tmp_path / 'tfds')
   _write_images(root, sizes=((12, 12), (20, 14), (9, 16)))
-  config = _config(root, data_dir, image_size=16, augment='inception_crop', batch_size=8,
-                   eval_batch_size=8, eval_crop_ratio=0.875)
+  config = _config(
+      root,
+      data_dir,
+      image_size=16,
+      augment='inception_crop',
+      batch_size=8,
+      eval_batch_size=8,
+      eval_crop_ratio=0.875,
+  )
   assert folder.scan(root).image_shape == (None, None, 3)
-  batches = list(itertools.islice(
-      input_pipeline.train_iterator(input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1), 2))
+  batches = list(
+      itertools.islice(
+          input_pipeline.train_iterator(
+              input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1
+          ),
+          2,
+      )
+  )
   assert all(b['image'].shape == (8, 16, 16, 3) for b in batches)
-  again = next(input_pipeline.train_iterator(input_pipeline.DataSettings.from_config(config), start_step=1, process_index=0,
-                                             process_count=1))
+  again = next(
+      input_pipeline.train_iterator(
+          input_pipeline.DataSettings.from_config(config),
+          start_step=1,
+          process_index=0,
+          process_count=1,
+      )
+  )
   np.testing.assert_array_equal(again['image'], batches[1]['image'])
-  evaluated = list(input_pipeline.eval_iterator(input_pipeline.DataSettings.from_config(config), process_index=1, process_count=2))
+  evaluated = list(
+      input_pipeline.eval_iterator(
+          input_pipeline.DataSettings.from_config(config), process_index=1, process_count=2
+      )
+  )
   assert all(b['image'].shape == (4, 16, 16, 3) for b in evaluated)
 
 
 def test_missing_folder(tmp_path):
   with pytest.raises(ValueError, match='does not exist.*<split>/<class>'):
-    input_pipeline.get_dataset_info(input_pipeline.DataSettings.from_config(_config(str(tmp_path / 'nowhere'), str(tmp_path))))
+    input_pipeline.get_dataset_info(
+        input_pipeline.DataSettings.from_config(_config(str(tmp_path / 'nowhere'), str(tmp_path)))
+    )
 
 
 def test_empty_class(tmp_path):

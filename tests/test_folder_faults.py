@@ -24,14 +24,16 @@ def _images(root: str, per_class: int = 3) -> str:
       os.makedirs(os.path.join(root, split, name))
       for i in range(per_class):
         Image.fromarray(rng.integers(0, 256, (12, 12, 3), dtype=np.uint8)).save(
-            os.path.join(root, split, name, f'{i}.jpg'))
+            os.path.join(root, split, name, f'{i}.jpg')
+        )
   return root
 
 
 @pytest.mark.slow  # Two processes importing TensorFlow.
 def test_two_processes_preparing_one_new_folder_both_get_it_prepared_once(tmp_path):
   root, data_dir, go = _images(str(tmp_path / 'images')), str(tmp_path / 'tfds'), tmp_path / 'go'
-  script = textwrap.dedent(f"""
+  script = textwrap.dedent(
+      f"""
       import os, sys, time
       sys.path.insert(0, {REPO!r})
       from vit_jax.data import folder
@@ -40,10 +42,19 @@ def test_two_processes_preparing_one_new_folder_both_get_it_prepared_once(tmp_pa
         time.sleep(0.01)
       builder = folder.prepare({root!r}, {data_dir!r})
       print('TRAIN', builder.info.splits['train'].num_examples, flush=True)
-      """)
+      """
+  )
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
-  processes = [subprocess.Popen([sys.executable, '-c', script], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+  processes = [
+      subprocess.Popen(
+          [sys.executable, '-c', script],
+          stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE,
+          text=True,
+          env=env,
+      )
+      for _ in range(2)
+  ]
   for process in processes:  # Both past their imports: they start preparing together.
     assert process.stdout.readline().strip() == 'READY'
   go.touch()
@@ -53,8 +64,13 @@ def test_two_processes_preparing_one_new_folder_both_get_it_prepared_once(tmp_pa
     assert 'TRAIN 6' in out
   (dataset,) = [d for d in os.listdir(os.path.join(data_dir, 'folder')) if not d.endswith('.lock')]
   assert os.listdir(os.path.join(data_dir, 'folder', dataset)) == ['1.0.0']  # No incomplete.*.
-  assert sum('Waiting for another process preparing' in err or 'Subsequent calls' in out
-             for out, err in outputs) >= 1
+  assert (
+      sum(
+          'Waiting for another process preparing' in err or 'Subsequent calls' in out
+          for out, err in outputs
+      )
+      >= 1
+  )
 
 
 def test_a_killed_preparation_is_cleaned_up_on_next_use(tmp_path, caplog):
@@ -94,17 +110,24 @@ def _apple_double(root):
   return path
 
 
-@pytest.mark.parametrize('make, reason', [
-    (_gif_named_jpg, 'a GIF named .jpg, which training does not decode'),
-    (_apple_double, 'an AppleDouble resource fork (macOS metadata), not an image'),
-])
+@pytest.mark.parametrize(
+    'make, reason',
+    [
+        (_gif_named_jpg, 'a GIF named .jpg, which training does not decode'),
+        (_apple_double, 'an AppleDouble resource fork (macOS metadata), not an image'),
+    ],
+)
 def test_a_file_training_cannot_decode_is_named_at_preparation(tmp_path, make, reason):
   root = _images(str(tmp_path / 'images'))
   path = make(root)
   reason = re.escape(reason)
-  with pytest.raises(ValueError, match=(
-      rf"^1 file\(s\) in the image folder '{root}' cannot be decoded: {path} \({reason}\)\. "
-      'Repair or remove them, or set --config.skip_unreadable_images=true')):
+  with pytest.raises(
+      ValueError,
+      match=(
+          rf"^1 file\(s\) in the image folder '{root}' cannot be decoded: {path} \({reason}\)\. "
+          'Repair or remove them, or set --config.skip_unreadable_images=true'
+      ),
+  ):
     folder.prepare(root, str(tmp_path / 'tfds'))
 
 
@@ -135,5 +158,7 @@ def test_files_of_unread_formats_are_counted_in_one_warning(tmp_path, caplog):
   with caplog.at_level(std_logging.WARNING):
     folder.scan(root)
   assert caplog.text.count('left out') == 1
-  assert (f'Image folder {root}: left out 3 file(s) of formats the pipeline does not read '
-          '(.gif: 1, .webp: 2)') in caplog.text
+  assert (
+      f'Image folder {root}: left out 3 file(s) of formats the pipeline does not read '
+      '(.gif: 1, .webp: 2)'
+  ) in caplog.text

@@ -1,5 +1,5 @@
 """The code is formatted as pyproject.toml's `[tool.pyink]` says (two-space indentation, 100
-columns): `pyink vit_jax tests configs` formats it."""
+columns): `pyink vit_jax tests configs launch` formats it."""
 
 import os
 import subprocess
@@ -10,7 +10,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_code_is_formatted_with_pyink():
   result = subprocess.run(
-      [sys.executable, '-m', 'pyink', '--check', 'vit_jax', 'tests', 'configs'],
+      [sys.executable, '-m', 'pyink', '--check', 'vit_jax', 'tests', 'configs', 'launch'],
       capture_output=True,
       text=True,
       cwd=REPO,
@@ -19,4 +19,4 @@ def test_code_is_formatted_with_pyink():
   )
   assert (
       result.returncode == 0
-  ), f'pyink would reformat (run `pyink vit_jax tests configs`):\n{result.stderr[-4000:]}'
+  ), f'pyink would reformat (run `pyink vit_jax tests configs launch`):\n{result.stderr[-4000:]}'

@@ -27,18 +27,21 @@ STEPS = 20
 TOLERANCE = 1e-5  # float32; the two layouts only reduce gradients in another order.
 
 
-@pytest.mark.parametrize('shape, fsdp, min_size, expected', [
-    ((24, 96), 8, 0, P(None, 'fsdp')),          # The largest divisible axis...
-    ((96, 24), 8, 0, P('fsdp')),
-    ((12, 40, 3), 4, 0, P(None, 'fsdp')),
-    ((30, 16), 8, 0, P(None, 'fsdp')),          # ... skipping a larger one that is not.
-    ((64, 64), 8, 0, P('fsdp')),                # Ties: the first.
-    ((3, 10), 8, 0, P()),                       # Nothing divisible: replicated.
-    ((8, 8), 8, 65, P()),                       # Too small: replicated.
-    ((8, 8), 8, 64, P('fsdp')),
-    ((), 8, 0, P()),                            # Scalars (step, counts).
-    ((1024, 4096), 1, 0, P()),                  # fsdp=1: plain data parallelism.
-])
+@pytest.mark.parametrize(
+    'shape, fsdp, min_size, expected',
+    [
+        ((24, 96), 8, 0, P(None, 'fsdp')),  # The largest divisible axis...
+        ((96, 24), 8, 0, P('fsdp')),
+        ((12, 40, 3), 4, 0, P(None, 'fsdp')),
+        ((30, 16), 8, 0, P(None, 'fsdp')),  # ... skipping a larger one that is not.
+        ((64, 64), 8, 0, P('fsdp')),  # Ties: the first.
+        ((3, 10), 8, 0, P()),  # Nothing divisible: replicated.
+        ((8, 8), 8, 65, P()),  # Too small: replicated.
+        ((8, 8), 8, 64, P('fsdp')),
+        ((), 8, 0, P()),  # Scalars (step, counts).
+        ((1024, 4096), 1, 0, P()),  # fsdp=1: plain data parallelism.
+    ],
+)
 def test_fsdp_rule(shape, fsdp, min_size, expected):
   assert sharding.fsdp_spec(shape, fsdp, min_size) == expected
 
@@ -52,30 +55,51 @@ def test_mesh_of_one_device_replicates_everything():
   assert sharding.bytes_per_device(tree, shardings) == 64 * 32 * (4 + 2)
 
 
-@pytest.mark.parametrize('fsdp, message', [
-    (3, r'mesh.fsdp=3: must divide the number of devices \(1\); valid: \[1\]'),
-    (0, r'mesh.fsdp=0: must be an integer >= 1'),
-])
+@pytest.mark.parametrize(
+    'fsdp, message',
+    [
+        (3, r'mesh.fsdp=3: must divide the number of devices \(1\); valid: \[1\]'),
+        (0, r'mesh.fsdp=0: must be an integer >= 1'),
+    ],
+)
 def test_fsdp_that_does_not_divide_the_devices_is_refused(fsdp, message, tmp_path):
   with pytest.raises(ValueError, match=message):
-    train.train_and_evaluate(tiny_config(str(tmp_path / 'tfds'), **{'mesh.fsdp': fsdp}),
-                             str(tmp_path / 'run'))
+    train.train_and_evaluate(
+        tiny_config(str(tmp_path / 'tfds'), **{'mesh.fsdp': fsdp}), str(tmp_path / 'run')
+    )
   assert not (tmp_path / 'run').exists()
 
 
 # Every run shards arrays of any size (`fsdp_min_size=0`), so that these tiny models are split.
-SMALL = {'mesh.fsdp_min_size': 0, 'total_steps': STEPS, 'log_every': 5, 'checkpoint_every': 10,
-         'model.dropout_rate': 0.1, 'model.drop_path_rate': 0.1}
+SMALL = {
+    'mesh.fsdp_min_size': 0,
+    'total_steps': STEPS,
+    'log_every': 5,
+    'checkpoint_every': 10,
+    'model.dropout_rate': 0.1,
+    'model.drop_path_rate': 0.1,
+}
 MODELS = {
     'vit': {},
-    'cait': {'model.name': 'cait_ti4', 'model.depth': 3, 'model.scan_layers': True,
-             'model.class_attention_depth': 1},
+    'cait': {
+        'model.name': 'cait_ti4',
+        'model.depth': 3,
+        'model.scan_layers': True,
+        'model.class_attention_depth': 1,
+    },
     'deepvit': {'model.name': 'deepvit_ti4', 'model.depth': 3, 'model.re_attention_blocks': 2},
     # The rest of the recipe at once: a distilled DeiT learning from the replicated ViT run
     # (its teacher sharded like itself), with EMA, micro-batches, remat and mixup/CutMix.
-    'recipe': {'model.name': 'deit_ti16_distilled', 'model.patch_size': 4, 'model.remat': True,
-               'distillation.type': 'soft', 'ema_decay': 0.9, 'grad_accum_steps': 2,
-               'mixup_alpha': 0.8, 'cutmix_alpha': 1.0},
+    'recipe': {
+        'model.name': 'deit_ti16_distilled',
+        'model.patch_size': 4,
+        'model.remat': True,
+        'distillation.type': 'soft',
+        'ema_decay': 0.9,
+        'grad_accum_steps': 2,
+        'mixup_alpha': 0.8,
+        'cutmix_alpha': 1.0,
+    },
 }
 
 
@@ -84,8 +108,9 @@ def runs(root: str) -> list[dict]:
   items = []
   for name, overrides in MODELS.items():
     for fsdp in (1, 8):
-      items.append({'name': f'{name}_fsdp{fsdp}',
-                    'overrides': {**SMALL, **overrides, 'mesh.fsdp': fsdp}})
+      items.append(
+          {'name': f'{name}_fsdp{fsdp}', 'overrides': {**SMALL, **overrides, 'mesh.fsdp': fsdp}}
+      )
       if 'distillation.type' in overrides:
         items[-1]['overrides']['distillation.teacher'] = os.path.join(root, 'vit_fsdp1')
   # Saved at fsdp=8, stopped (as by a preemption) at step 10, resumed at fsdp=2.
@@ -96,7 +121,7 @@ def runs(root: str) -> list[dict]:
   return items
 
 
-SCRIPT = '''
+SCRIPT = """
 import json, os, sys, time
 os.environ['XLA_FLAGS'] += ' --xla_force_host_platform_device_count=8'  # After conftest's.
 os.environ['TF_CPP_MIN_LOG_LEVEL'] = '2'
@@ -113,7 +138,7 @@ for run in json.loads({runs!r}):
   start = time.time()
   train.train_and_evaluate(tiny_config({data_dir!r}, **run['overrides']), run['workdir'])
   print(run['name'], round(time.time() - start, 1), 's', flush=True)
-'''
+"""
 
 
 @pytest.fixture(scope='module')
@@ -122,8 +147,14 @@ def trained(tmp_path_factory) -> dict[str, str]:
   root = str(tmp_path_factory.mktemp('fsdp'))
   items = runs(root)
   script = SCRIPT.format(repo=REPO, runs=json.dumps(items), data_dir=os.path.join(root, 'tfds'))
-  result = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
-                          cwd=REPO, timeout=1500, check=False)
+  result = subprocess.run(
+      [sys.executable, '-c', script],
+      capture_output=True,
+      text=True,
+      cwd=REPO,
+      timeout=1500,
+      check=False,
+  )
   assert result.returncode == 0, result.stderr[-4000:]
   print(result.stdout)
   return {item['name']: item['workdir'] for item in items}
@@ -131,8 +162,13 @@ def trained(tmp_path_factory) -> dict[str, str]:
 
 def max_difference(a, b) -> float:
   assert jax.tree.structure(a) == jax.tree.structure(b)
-  return max((float(np.max(np.abs(np.asarray(x, np.float32) - np.asarray(y, np.float32))))
-              for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))), default=0.0)
+  return max(
+      (
+          float(np.max(np.abs(np.asarray(x, np.float32) - np.asarray(y, np.float32))))
+          for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+      ),
+      default=0.0,
+  )
 
 
 def saved_layout(workdir: str) -> tuple[dict[str, tuple], dict[str, tuple]]:
@@ -142,8 +178,10 @@ def saved_layout(workdir: str) -> tuple[dict[str, tuple], dict[str, tuple]]:
   tree = run.manager.item_metadata(run.steps()[-1])['state'].tree
   flat = jax.tree_util.tree_flatten_with_path(tree['params'])[0]
   paths = [jax.tree_util.keystr(path) for path, _ in flat]
-  return ({p: tuple(leaf.shape) for p, (_, leaf) in zip(paths, flat)},
-          {p: tuple(leaf.sharding.partition_spec) for p, (_, leaf) in zip(paths, flat)})
+  return (
+      {p: tuple(leaf.shape) for p, (_, leaf) in zip(paths, flat)},
+      {p: tuple(leaf.sharding.partition_spec) for p, (_, leaf) in zip(paths, flat)},
+  )
 
 
 @pytest.mark.slow
@@ -152,8 +190,11 @@ def test_fsdp_8_trains_like_fsdp_1(trained, name):
   replicated, sharded = trained[f'{name}_fsdp1'], trained[f'{name}_fsdp8']
   # The sharded run really was: every kernel with an axis that 8 divides was written split.
   shapes, specs = saved_layout(sharded)
-  kernels = [path for path in specs
-             if path.endswith("['kernel']") and any(n % 8 == 0 for n in shapes[path])]
+  kernels = [
+      path
+      for path in specs
+      if path.endswith("['kernel']") and any(n % 8 == 0 for n in shapes[path])
+  ]
   assert kernels and all('fsdp' in specs[path] for path in kernels), specs
   assert all('fsdp' not in spec for spec in saved_layout(replicated)[1].values())
   state_1, state_8 = (workdir_lib.Workdir(w).read_state() for w in (replicated, sharded))
@@ -161,8 +202,10 @@ def test_fsdp_8_trains_like_fsdp_1(trained, name):
   for part in ('params', 'opt_state', 'ema', 'batch_stats'):
     assert max_difference(state_1[part], state_8[part]) <= TOLERANCE, part
   # Training moved the parameters, so the agreement is not that of two idle models.
-  assert max_difference(state_1['params'], workdir_lib.Workdir(replicated).read_state(10)[
-      'params']) > 1e-3
+  assert (
+      max_difference(state_1['params'], workdir_lib.Workdir(replicated).read_state(10)['params'])
+      > 1e-3
+  )
 
 
 @pytest.mark.slow

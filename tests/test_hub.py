@@ -26,24 +26,43 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the input size of the test).
 CASES = {
     'timm/deit_tiny_patch16_224.fb_in1k': (
-        'deit_tiny_patch16_224', dict(depth=2, img_size=32, patch_size=8), 'deit_ti16', 32),
+        'deit_tiny_patch16_224',
+        dict(depth=2, img_size=32, patch_size=8),
+        'deit_ti16',
+        32,
+    ),
     'timm/deit_small_distilled_patch16_224.fb_in1k': (
-        'deit_small_distilled_patch16_224', dict(depth=2, img_size=32, patch_size=8),
-        'deit_s16_distilled', 32),
+        'deit_small_distilled_patch16_224',
+        dict(depth=2, img_size=32, patch_size=8),
+        'deit_s16_distilled',
+        32,
+    ),
     'timm/cait_xxs24_224.fb_dist_in1k': (
-        'cait_xxs24_224', dict(depth=2, depth_token_only=1, img_size=32, patch_size=8),
-        'cait_xxs24', 32),
+        'cait_xxs24_224',
+        dict(depth=2, depth_token_only=1, img_size=32, patch_size=8),
+        'cait_xxs24',
+        32,
+    ),
     'timm/deit3_small_patch16_224.fb_in1k': (
-        'deit3_small_patch16_224', dict(depth=2, img_size=32, patch_size=8), 'deit3_s16', 32),
+        'deit3_small_patch16_224',
+        dict(depth=2, img_size=32, patch_size=8),
+        'deit3_s16',
+        32,
+    ),
     'timm/regnety_002.pycls_in1k': ('regnety_002', {}, 'regnety_002', 64),
     'timm/vit_small_patch16_224.augreg_in21k_ft_in1k': (
-        'vit_small_patch16_224', dict(depth=1, img_size=32, num_heads=2), 'vit_s16', 32),
+        'vit_small_patch16_224',
+        dict(depth=1, img_size=32, num_heads=2),
+        'vit_s16',
+        32,
+    ),
 }
 LABELS = tuple(f'class {i}' for i in range(10))
 
 
 def _timm_logits(model, images: np.ndarray) -> np.ndarray:
   import torch  # pylint: disable=g-import-not-at-top
+
   with torch.no_grad():
     return model(torch.from_numpy(images.transpose(0, 3, 1, 2))).numpy()
 
@@ -65,71 +84,105 @@ def test_hub_names_load_with_timms_logits(name, hub_cache, timm_model):
 
 def test_metadata_picks_preprocessing():
   config = {
-      'architecture': 'vit_base_patch16_384', 'num_classes': 3, 'label_names': ['a', 'b', 'c'],
+      'architecture': 'vit_base_patch16_384',
+      'num_classes': 3,
+      'label_names': ['a', 'b', 'c'],
       'model_args': {'global_pool': 'token', 'img_size': [384, 384], 'drop_path_rate': 0.1},
-      'pretrained_cfg': {'input_size': [3, 384, 384], 'interpolation': 'bicubic',
-                         'crop_pct': 1.0, 'mean': [0.5] * 3, 'std': [0.5] * 3}}
+      'pretrained_cfg': {
+          'input_size': [3, 384, 384],
+          'interpolation': 'bicubic',
+          'crop_pct': 1.0,
+          'mean': [0.5] * 3,
+          'std': [0.5] * 3,
+      },
+  }
   picked = hub.read_config('hf-hub:x/y', config)
   assert picked['model'] == 'vit_b16'
   assert picked['model_fields'] == {'global_pool': 'token'}
   assert (picked['image_size'], picked['crop_ratio'], picked['normalization']) == (
-      384, 1.0, 'inception')
+      384,
+      1.0,
+      'inception',
+  )
   assert picked['label_names'] == ('a', 'b', 'c')
   config['pretrained_cfg']['mean'] = [0.48145466, 0.4578275, 0.40821073]  # CLIP's.
   with pytest.raises(ValueError, match=r'hf-hub:x/y normalises with mean'):
     hub.read_config('hf-hub:x/y', config)
 
 
-@pytest.mark.parametrize('config, message', [
-    ({'architecture': 'convnext_tiny'}, r"timm architecture 'convnext_tiny' has no registered"),
-    ({'architecture': 'vit_base_patch16_224', 'model_args': {'class_token': False}},
-     r"arguments \{'class_token': False\} that 'vit_b16' has no field for"),
-    ({}, r'names no timm "architecture"'),
-])
+@pytest.mark.parametrize(
+    'config, message',
+    [
+        ({'architecture': 'convnext_tiny'}, r"timm architecture 'convnext_tiny' has no registered"),
+        (
+            {'architecture': 'vit_base_patch16_224', 'model_args': {'class_token': False}},
+            r"arguments \{'class_token': False\} that 'vit_b16' has no field for",
+        ),
+        ({}, r'names no timm "architecture"'),
+    ],
+)
 def test_unsupported_hub_configs_are_named(config, message):
   with pytest.raises(ValueError, match=message):
     hub.read_config('hf-hub:x/y', config)
 
 
-@pytest.mark.parametrize('family', [f for f in models.families() if f.timm_architectures],
-                         ids=lambda f: f.name)
+@pytest.mark.parametrize(
+    'family', [f for f in models.families() if f.timm_architectures], ids=lambda f: f.name
+)
 def test_every_timm_architecture_maps_to_a_model_of_its_shape(family, timm):
   """Each architecture we map builds (on PyTorch's meta device: no memory) a model of our
   model's shape: as many parameters in a transformer (ours traced one block deep, scanned), the
   same stages (blocks, width, group width) in a RegNet."""
   import torch  # pylint: disable=g-import-not-at-top
+
   for architecture, name in family.timm_architectures.items():
     with torch.device('meta'):
       reference = timm.create_model(architecture, pretrained=False, num_classes=10)
     ours = models.create(name, num_classes=10)
     if isinstance(ours, vit.VisionTransformer):
       size = reference.pretrained_cfg['input_size'][-1]
-      shapes = jax.eval_shape(lambda m=ours.clone(scan_layers=True), s=size: m.init(
-          jax.random.key(0), jax.numpy.zeros((1, s, s, 3)), train=False)['params'])
+      shapes = jax.eval_shape(
+          lambda m=ours.clone(scan_layers=True), s=size: m.init(
+              jax.random.key(0), jax.numpy.zeros((1, s, s, 3)), train=False
+          )['params']
+      )
       count = sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(shapes))
       assert count == sum(p.numel() for p in reference.parameters()), (architecture, name)
     else:
-      stages = [(stage.b1.conv3.conv.out_channels, len(list(stage.children())),
-                 stage.b1.conv2.conv.in_channels // stage.b1.conv2.conv.groups)
-                for stage in (getattr(reference, f's{i + 1}') for i in range(len(ours.stages)))]
+      stages = [
+          (
+              stage.b1.conv3.conv.out_channels,
+              len(list(stage.children())),
+              stage.b1.conv2.conv.in_channels // stage.b1.conv2.conv.groups,
+          )
+          for stage in (getattr(reference, f's{i + 1}') for i in range(len(ours.stages)))
+      ]
       assert stages == ours.stages and not hasattr(reference, f's{len(stages) + 1}'), name
 
 
 def test_weights_of_another_family_name_the_model_they_hold(hub_cache, timm_model):
   reference, _ = timm_model('deit_tiny_patch16_224', depth=1, img_size=32, patch_size=8)
   hub_cache('timm/deit_tiny_patch16_224.fb_in1k', reference)
-  with pytest.raises(ValueError, match=r"It holds a 'deit' model \('deit_ti16'\); configs/"
-                                       r'finetune.py:init_from=hf-hub:timm/deit_tiny_patch16_224'):
-    pretrained.load('hf-hub:timm/deit_tiny_patch16_224.fb_in1k',
-                    models.create('cait_xxs24', depth=1), image_size=32)
+  with pytest.raises(
+      ValueError,
+      match=r"It holds a 'deit' model \('deit_ti16'\); configs/"
+      r'finetune.py:init_from=hf-hub:timm/deit_tiny_patch16_224',
+  ):
+    pretrained.load(
+        'hf-hub:timm/deit_tiny_patch16_224.fb_in1k',
+        models.create('cait_xxs24', depth=1),
+        image_size=32,
+    )
 
 
 def test_empty_cache_offline_fails_naming_the_weights_and_the_cache(hub_cache):
   del hub_cache  # Empty, offline.
   name = 'hf-hub:timm/deit_small_patch16_224.fb_in1k'
-  for load in (lambda: hub.resolve(name),
-               lambda: pretrained.load(name, models.create('deit_s16'), image_size=224),
-               lambda: inference.load_weights(name)):
+  for load in (
+      lambda: hub.resolve(name),
+      lambda: pretrained.load(name, models.create('deit_s16'), image_size=224),
+      lambda: inference.load_weights(name),
+  ):
     with pytest.raises(ValueError) as raised:
       load()
     message = str(raised.value)
@@ -137,16 +190,21 @@ def test_empty_cache_offline_fails_naming_the_weights_and_the_cache(hub_cache):
     assert hub.cache_dir() in message and 'Traceback' not in message
 
 
-def test_predict_reads_model_preprocessing_and_labels_from_the_hub(hub_cache, timm_model,
-                                                                   tmp_path):
-  reference, _ = timm_model('deit_tiny_patch16_224', num_classes=10, depth=1, img_size=32,
-                            patch_size=8)
+def test_predict_reads_model_preprocessing_and_labels_from_the_hub(hub_cache, timm_model, tmp_path):
+  reference, _ = timm_model(
+      'deit_tiny_patch16_224', num_classes=10, depth=1, img_size=32, patch_size=8
+  )
   hub_cache('timm/deit_tiny_patch16_224.fb_in1k', reference, label_names=LABELS)
   image = tmp_path / 'a.png'
   Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 48, 3), np.uint8)).save(image)
   run = inference.load_weights('hf-hub:timm/deit_tiny_patch16_224.fb_in1k')
-  assert (run.config.model.name, run.config.image_size, run.config.eval_crop_ratio,
-          run.config.normalization, run.class_names) == ('deit_ti16', 32, 0.9, 'imagenet', LABELS)
+  assert (
+      run.config.model.name,
+      run.config.image_size,
+      run.config.eval_crop_ratio,
+      run.config.normalization,
+      run.class_names,
+  ) == ('deit_ti16', 32, 0.9, 'imagenet', LABELS)
   [prediction] = inference.predict(run, [str(image)], top_k=3)
   pixels = inference.decode_for_model(str(image), run.config)[None]
   expected = _timm_logits(reference, pixels)[0]
@@ -158,42 +216,87 @@ def test_the_command_line_fails_in_one_line_without_network_or_cache(tmp_path):
   image = tmp_path / 'a.png'
   Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(image)
   cache = tmp_path / 'hf_home' / 'hub'
-  env = {**os.environ, 'PYTHONPATH': REPO, 'HF_HOME': str(tmp_path / 'hf_home'),
-         'HF_HUB_CACHE': str(cache), 'HF_HUB_OFFLINE': '1'}
-  done = subprocess.run([sys.executable, '-m', 'vit_jax.predict',
-                         '--init_from=hf-hub:timm/deit_tiny_patch16_224.fb_in1k', str(image)],
-                        env=env, capture_output=True, text=True, cwd=REPO, check=False)
+  env = {
+      **os.environ,
+      'PYTHONPATH': REPO,
+      'HF_HOME': str(tmp_path / 'hf_home'),
+      'HF_HUB_CACHE': str(cache),
+      'HF_HUB_OFFLINE': '1',
+  }
+  done = subprocess.run(
+      [
+          sys.executable,
+          '-m',
+          'vit_jax.predict',
+          '--init_from=hf-hub:timm/deit_tiny_patch16_224.fb_in1k',
+          str(image),
+      ],
+      env=env,
+      capture_output=True,
+      text=True,
+      cwd=REPO,
+      check=False,
+  )
   assert done.returncode == 1
   last = done.stderr.strip().splitlines()[-1]
-  assert last.startswith('error: Cannot get hf-hub:timm/deit_tiny_patch16_224.fb_in1k: neither '
-                         'downloaded (HF_HUB_OFFLINE is set: no network) nor in the Hugging Face '
-                         f'cache {cache}')
+  assert last.startswith(
+      'error: Cannot get hf-hub:timm/deit_tiny_patch16_224.fb_in1k: neither '
+      'downloaded (HF_HUB_OFFLINE is set: no network) nor in the Hugging Face '
+      f'cache {cache}'
+  )
   assert 'Traceback' not in done.stderr
 
 
 def test_fine_tuning_from_a_hub_name_then_eval_only(hub_cache, timm_model, tmp_path):
   """configs/finetune.py from Hub weights (their 1000-class head replaced for the digits' 10),
   with layer-wise lr decay; then eval_only of 10-class Hub weights."""
-  student, _ = timm_model('deit_tiny_patch16_224', depth=1, img_size=16, patch_size=4,
-                          embed_dim=32, num_heads=2)
+  student, _ = timm_model(
+      'deit_tiny_patch16_224', depth=1, img_size=16, patch_size=4, embed_dim=32, num_heads=2
+  )
   hub_cache('timm/deit_tiny_patch16_224.fb_in1k', student)
   config = finetune.get_config(
-      'init_from=hf-hub:timm/deit_tiny_patch16_224.fb_in1k,dataset=digits,layer_decay=0.75')
-  assert (config.model.name, config.model.hidden_size, config.model.depth, config.image_size,
-          config.normalization, config.eval_crop_ratio, config.layer_decay) == (
-              'deit_ti16', 32, 1, 16, 'imagenet', 0.9, 0.75)
-  fast = dict(data_dir=str(tmp_path / 'tfds'), batch_size=32, eval_batch_size=72,
-              num_epochs=None, warmup_epochs=None, total_steps=2, warmup_steps=1, log_every=1,
-              dtype='float32', randaugment='', mixup_alpha=0.0, cutmix_alpha=0.0)
+      'init_from=hf-hub:timm/deit_tiny_patch16_224.fb_in1k,dataset=digits,layer_decay=0.75'
+  )
+  assert (
+      config.model.name,
+      config.model.hidden_size,
+      config.model.depth,
+      config.image_size,
+      config.normalization,
+      config.eval_crop_ratio,
+      config.layer_decay,
+  ) == ('deit_ti16', 32, 1, 16, 'imagenet', 0.9, 0.75)
+  fast = dict(
+      data_dir=str(tmp_path / 'tfds'),
+      batch_size=32,
+      eval_batch_size=72,
+      num_epochs=None,
+      warmup_epochs=None,
+      total_steps=2,
+      warmup_steps=1,
+      log_every=1,
+      dtype='float32',
+      randaugment='',
+      mixup_alpha=0.0,
+      cutmix_alpha=0.0,
+  )
   config.update(fast)
   result = train.train_and_evaluate(config, str(tmp_path / 'run'))
   assert result.step == 2 and np.isfinite(result.metrics['loss'])
 
-  student, _ = timm_model('deit_tiny_patch16_224', num_classes=10, depth=1, img_size=16,
-                          patch_size=4, embed_dim=32, num_heads=2)
+  student, _ = timm_model(
+      'deit_tiny_patch16_224',
+      num_classes=10,
+      depth=1,
+      img_size=16,
+      patch_size=4,
+      embed_dim=32,
+      num_heads=2,
+  )
   hub_cache('timm/deit_tiny_patch16_224.digits', student)
   evaluation = finetune.get_config(
-      'init_from=hf-hub:timm/deit_tiny_patch16_224.digits,dataset=digits')
+      'init_from=hf-hub:timm/deit_tiny_patch16_224.digits,dataset=digits'
+  )
   evaluation.update({**fast, 'eval_only': True})
   result = train.train_and_evaluate(evaluation, str(tmp_path / 'eval'))
   assert result.metrics['count'] == 360 and 0 <= result.metrics['accuracy'] <= 1
@@ -208,10 +311,17 @@ def test_a_teacher_by_hub_name_brings_its_model_and_normalisation(hub_cache, tim
   config.distillation.teacher = 'hf-hub:timm/regnety_002.pycls_in1k'
   teacher = teacher_lib.load(teacher_lib.TeacherSettings.from_config(config), 10)
   assert (type(teacher.model).__name__, teacher.model.depth, teacher.model.num_classes) == (
-      'RegNet', 13, 10)
+      'RegNet',
+      13,
+      10,
+  )
   scale, shift = teacher_lib.normalization_change('digits', 'imagenet')
   np.testing.assert_allclose(teacher.input_scale, scale)
   np.testing.assert_allclose(teacher.input_shift, shift)
   images = np.random.default_rng(0).normal(size=(2, 32, 32, 3)).astype(np.float32)
-  np.testing.assert_allclose(np.asarray(jax.jit(teacher.model.apply)(teacher.variables, images)),
-                             _timm_logits(regnet, images), atol=1e-5, rtol=0)
+  np.testing.assert_allclose(
+      np.asarray(jax.jit(teacher.model.apply)(teacher.variables, images)),
+      _timm_logits(regnet, images),
+      atol=1e-5,
+      rtol=0,
+  )

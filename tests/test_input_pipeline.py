@@ -41,10 +41,17 @@ def _multiset(images, labels):
 
 
 def test_dataset_info(data_dir):
-  info = input_pipeline.get_dataset_info(input_pipeline.DataSettings.from_config(_config(data_dir, image_size=16)))
+  info = input_pipeline.get_dataset_info(
+      input_pipeline.DataSettings.from_config(_config(data_dir, image_size=16))
+  )
   assert info == input_pipeline.DatasetInfo(
-      name='digits', num_classes=10, num_train_examples=1437, num_eval_examples=360, image_size=16,
-      class_names=tuple(str(i) for i in range(10)))
+      name='digits',
+      num_classes=10,
+      num_train_examples=1437,
+      num_eval_examples=360,
+      image_size=16,
+      class_names=tuple(str(i) for i in range(10)),
+  )
 
 
 def test_digits_statistics_are_the_train_split_statistics(data_dir):
@@ -58,7 +65,11 @@ def test_digits_statistics_are_the_train_split_statistics(data_dir):
 def test_one_digits_epoch_is_standardised(data_dir):
   # One batch of 1,437 = one whole epoch; unaugmented 8x8 images normalised by digits' stats.
   config = _config(data_dir, batch_size=1437, image_size=8, augment='none')
-  batch = next(input_pipeline.train_iterator(input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1))
+  batch = next(
+      input_pipeline.train_iterator(
+          input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1
+      )
+  )
   assert batch['image'].shape == (1437, 8, 8, 3) and batch['image'].dtype == np.float32
   assert abs(batch['image'].mean()) < 2e-4 and abs(batch['image'].std() - 1) < 2e-4
   images, labels, _ = _raw_digits(data_dir, 'train')
@@ -71,8 +82,9 @@ def test_one_digits_epoch_is_standardised(data_dir):
 def test_normalisation_of_constant_images(normalization):
   mean, std = (np.array(v, np.float32) for v in input_pipeline.NORMALIZATIONS[normalization])
   at_mean = input_pipeline._normalize(tf.fill([4, 4, 3], 1.0) * 255.0 * mean, normalization)
-  one_std_up = input_pipeline._normalize(tf.fill([4, 4, 3], 1.0) * 255.0 * (mean + std),
-                                         normalization)
+  one_std_up = input_pipeline._normalize(
+      tf.fill([4, 4, 3], 1.0) * 255.0 * (mean + std), normalization
+  )
   np.testing.assert_allclose(at_mean, 0.0, atol=1e-5)
   np.testing.assert_allclose(one_std_up, 1.0, atol=1e-5)
   white = input_pipeline._normalize(tf.fill([2, 2, 3], 255.0), normalization).numpy()
@@ -87,11 +99,23 @@ def test_imagenet_and_inception_constants():
 
 @pytest.mark.parametrize('augment', ['crop_flip', 'inception_crop', 'none'])
 def test_mock_cifar10_train_batches(augment):
-  config = _config(None, dataset='cifar10', normalization='cifar10', image_size=24,
-                   augment=augment, batch_size=16)
+  config = _config(
+      None,
+      dataset='cifar10',
+      normalization='cifar10',
+      image_size=24,
+      augment=augment,
+      batch_size=16,
+  )
   with tfds.testing.mock_data(num_examples=40):
-    batches = list(itertools.islice(
-        input_pipeline.train_iterator(input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1), 4))
+    batches = list(
+        itertools.islice(
+            input_pipeline.train_iterator(
+                input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1
+            ),
+            4,
+        )
+    )
   for batch in batches:
     assert set(batch) == {'image', 'label'}
     assert batch['image'].shape == (16, 24, 24, 3) and batch['image'].dtype == np.float32
@@ -106,12 +130,19 @@ def test_mock_cifar10_train_batches(augment):
 
 
 def test_mock_cifar10_unaugmented_batches_are_normalised_dataset_images():
-  config = _config(None, dataset='cifar10', normalization='cifar10', image_size=32,
-                   augment='none', batch_size=10)
+  config = _config(
+      None, dataset='cifar10', normalization='cifar10', image_size=32, augment='none', batch_size=10
+  )
   with tfds.testing.mock_data(num_examples=20):
     raw = next(tfds.load('cifar10', split='train').batch(20).as_numpy_iterator())
-    batches = list(itertools.islice(
-        input_pipeline.train_iterator(input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1), 2))
+    batches = list(
+        itertools.islice(
+            input_pipeline.train_iterator(
+                input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1
+            ),
+            2,
+        )
+    )
     info = input_pipeline.get_dataset_info(input_pipeline.DataSettings.from_config(config))
   assert (info.num_classes, info.num_train_examples, info.num_eval_examples) == (10, 20, 20)
   pixels = _unnormalize(np.concatenate([b['image'] for b in batches]), 'cifar10')
@@ -120,10 +151,20 @@ def test_mock_cifar10_unaugmented_batches_are_normalised_dataset_images():
 
 
 def test_mock_cifar10_eval_batches():
-  config = _config(None, dataset='cifar10', normalization='cifar10', image_size=28,
-                   eval_crop_ratio=0.875, eval_batch_size=16)
+  config = _config(
+      None,
+      dataset='cifar10',
+      normalization='cifar10',
+      image_size=28,
+      eval_crop_ratio=0.875,
+      eval_batch_size=16,
+  )
   with tfds.testing.mock_data(num_examples=20):
-    batches = list(input_pipeline.eval_iterator(input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1))
+    batches = list(
+        input_pipeline.eval_iterator(
+            input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1
+        )
+    )
   assert len(batches) == 2
   for batch in batches:
     assert batch['image'].shape == (16, 28, 28, 3) and batch['image'].dtype == np.float32
@@ -141,11 +182,16 @@ def test_process_splits_are_disjoint_and_cover_the_split(data_dir):
 
 
 def test_train_epoch_of_each_process_is_its_own_split(data_dir):
-  config = _config(data_dir, batch_size=3 * 479, image_size=8, augment='none',
-                   normalization='inception')
+  config = _config(
+      data_dir, batch_size=3 * 479, image_size=8, augment='none', normalization='inception'
+  )
   seen = collections.Counter()
   for process in range(3):
-    batch = next(input_pipeline.train_iterator(input_pipeline.DataSettings.from_config(config), process_index=process, process_count=3))
+    batch = next(
+        input_pipeline.train_iterator(
+            input_pipeline.DataSettings.from_config(config), process_index=process, process_count=3
+        )
+    )
     assert batch['image'].shape == (479, 8, 8, 3)
     images, labels, _ = _raw_digits(data_dir, input_pipeline._process_split('train', process, 3))
     local = _multiset(_unnormalize(batch['image'], 'inception')[..., :1], batch['label'])
@@ -159,9 +205,16 @@ def test_train_epoch_of_each_process_is_its_own_split(data_dir):
 def test_eval_counts_every_example_once(data_dir, process_count, local_batch):
   # With 7 processes the shards hold 52 or 51 examples: 4 batches of 17 vs 3, so some pad more.
   config = _config(data_dir, eval_batch_size=process_count * local_batch, image_size=8)
-  per_process = [list(input_pipeline.eval_iterator(input_pipeline.DataSettings.from_config(config), process_index=p,
-                                                   process_count=process_count))
-                 for p in range(process_count)]
+  per_process = [
+      list(
+          input_pipeline.eval_iterator(
+              input_pipeline.DataSettings.from_config(config),
+              process_index=p,
+              process_count=process_count,
+          )
+      )
+      for p in range(process_count)
+  ]
   assert len({len(batches) for batches in per_process}) == 1
   real_images, real_labels = [], []
   for batches in per_process:
@@ -170,7 +223,7 @@ def test_eval_counts_every_example_once(data_dir, process_count, local_batch):
       mask = batch['mask'].astype(bool)
       assert set(np.unique(batch['mask'])) <= {0.0, 1.0}
       # Padding only at the end of a process's stream.
-      assert np.all(mask[:mask.sum()])
+      assert np.all(mask[: mask.sum()])
       real_images.append(batch['image'][mask])
       real_labels.append(batch['label'][mask])
   pixels = _unnormalize(np.concatenate(real_images), 'digits')[..., :1]
@@ -180,23 +233,38 @@ def test_eval_counts_every_example_once(data_dir, process_count, local_batch):
 
 
 def _batches(config, start_step, count):
-  iterator = input_pipeline.train_iterator(input_pipeline.DataSettings.from_config(config), start_step=start_step, process_index=1,
-                                           process_count=2)
+  iterator = input_pipeline.train_iterator(
+      input_pipeline.DataSettings.from_config(config),
+      start_step=start_step,
+      process_index=1,
+      process_count=2,
+  )
   return list(itertools.islice(iterator, count))
 
 
 @pytest.mark.parametrize('in_memory', [None, False])
 def test_resume_is_exact(data_dir, in_memory):
   # 718 train examples per process, batch 64: an epoch boundary falls inside step 11.
-  config = _config(data_dir, batch_size=128, image_size=16, augment='crop_flip',
-                   in_memory=in_memory, shuffle_buffer=256)
+  config = _config(
+      data_dir,
+      batch_size=128,
+      image_size=16,
+      augment='crop_flip',
+      in_memory=in_memory,
+      shuffle_buffer=256,
+  )
   uninterrupted = _batches(config, 0, 14)
   resumed = _batches(config, 9, 5)
   for expected, actual in zip(uninterrupted[9:], resumed):
     np.testing.assert_array_equal(expected['image'], actual['image'])
     np.testing.assert_array_equal(expected['label'], actual['label'])
-  other_seed = _batches(_config(data_dir, batch_size=128, image_size=16, seed=1,
-                                in_memory=in_memory, shuffle_buffer=256), 9, 1)
+  other_seed = _batches(
+      _config(
+          data_dir, batch_size=128, image_size=16, seed=1, in_memory=in_memory, shuffle_buffer=256
+      ),
+      9,
+      1,
+  )
   assert not np.array_equal(other_seed[0]['image'], resumed[0]['image'])
 
 
@@ -220,8 +288,12 @@ def test_in_memory_rule(data_dir):
 def test_inception_crop_boxes_follow_timm_ranges():
   areas, ratios = [], []
   for i in range(200):
-    top, left, height, width = (int(v) for v in input_pipeline._inception_crop_box(
-        tf.constant([180, 240]), tf.constant([i, 7], tf.int64)))
+    top, left, height, width = (
+        int(v)
+        for v in input_pipeline._inception_crop_box(
+            tf.constant([180, 240]), tf.constant([i, 7], tf.int64)
+        )
+    )
     assert 0 <= top and top + height <= 180 and 0 <= left and left + width <= 240
     areas.append(height * width / (180 * 240))
     ratios.append(width / height)
@@ -239,8 +311,9 @@ def _photo_like(height=60, width=80):
 @pytest.mark.parametrize('augment', ['inception_crop', 'crop_flip'])
 def test_train_image_from_encoded_bytes_is_the_decoded_images(augment):
   pixels = _photo_like()
-  config = _config(None, image_size=24, augment=augment, normalization='imagenet',
-                   random_erase_prob=0.5)
+  config = _config(
+      None, image_size=24, augment=augment, normalization='imagenet', random_erase_prob=0.5
+  )
   transform = input_pipeline.TrainTransform.from_config(config)
   train = tf.function(lambda image, seed: input_pipeline._train_image(image, seed, transform))
   png, jpeg = tf.io.encode_png(pixels), tf.io.encode_jpeg(pixels, quality=95)
@@ -268,25 +341,38 @@ def test_inception_crop_of_a_jpeg_decodes_the_same_window():
 
 def test_bad_dataset_name_raises():
   with pytest.raises(ValueError, match=r"'no_such_dataset'.*'digits'.*'cifar10'"):
-    input_pipeline.get_dataset_info(input_pipeline.DataSettings.from_config(_config(None, dataset='no_such_dataset')))
+    input_pipeline.get_dataset_info(
+        input_pipeline.DataSettings.from_config(_config(None, dataset='no_such_dataset'))
+    )
 
 
 def test_bad_split_raises(data_dir):
   with pytest.raises(ValueError, match=r"no split 'validation'.*'train', 'test'"):
-    input_pipeline.get_dataset_info(input_pipeline.DataSettings.from_config(_config(data_dir, eval_split='validation')))
+    input_pipeline.get_dataset_info(
+        input_pipeline.DataSettings.from_config(_config(data_dir, eval_split='validation'))
+    )
   with pytest.raises(ValueError, match="no split 'tset'"):
-    next(input_pipeline.eval_iterator(input_pipeline.DataSettings.from_config(_config(data_dir)), split='train[:10]+tset'))
+    next(
+        input_pipeline.eval_iterator(
+            input_pipeline.DataSettings.from_config(_config(data_dir)), split='train[:10]+tset'
+        )
+    )
 
 
 def test_indivisible_batch_raises_before_touching_the_dataset():
   config = _config('/nonexistent', dataset='no_such_dataset', batch_size=128)
   with pytest.raises(ValueError, match='batch_size=128.*process count 3'):
-    input_pipeline.train_iterator(input_pipeline.DataSettings.from_config(config), process_index=0, process_count=3)
+    input_pipeline.train_iterator(
+        input_pipeline.DataSettings.from_config(config), process_index=0, process_count=3
+    )
   with pytest.raises(ValueError, match='eval_batch_size=64.*process count 3'):
-    input_pipeline.eval_iterator(input_pipeline.DataSettings.from_config(config), process_index=0, process_count=3)
+    input_pipeline.eval_iterator(
+        input_pipeline.DataSettings.from_config(config), process_index=0, process_count=3
+    )
 
 
 # Random access on a dataset that is not held in memory: a folder of JPEGs of varied sizes.
+
 
 def _folder_config(jpeg_folder, **overrides):
   root, data_dir = jpeg_folder
@@ -307,9 +393,12 @@ def _deit_recipe(jpeg_folder, **overrides):
 
 
 def _islice(config, start_step, count, process_index=0, process_count=1):
-  iterator = input_pipeline.train_iterator(input_pipeline.DataSettings.from_config(config), start_step=start_step,
-                                           process_index=process_index,
-                                           process_count=process_count)
+  iterator = input_pipeline.train_iterator(
+      input_pipeline.DataSettings.from_config(config),
+      start_step=start_step,
+      process_index=process_index,
+      process_count=process_count,
+  )
   return list(itertools.islice(iterator, count))
 
 
@@ -318,7 +407,9 @@ def test_folder_is_read_by_index(jpeg_folder):
   assert source.random_access and not source.streamable
   assert source.image_feature().shape == (None, None, 3)
   with pytest.raises(ValueError, match='in_memory=False.*ArrayRecord only.*unset'):
-    input_pipeline.train_iterator(input_pipeline.DataSettings.from_config(_folder_config(jpeg_folder, in_memory=False)))
+    input_pipeline.train_iterator(
+        input_pipeline.DataSettings.from_config(_folder_config(jpeg_folder, in_memory=False))
+    )
 
 
 def test_resume_from_any_step_is_exact_across_epochs(jpeg_folder):
@@ -341,8 +432,14 @@ def test_two_processes_read_every_example_once_per_epoch(jpeg_folder):
   # Unaugmented training images are the eval view (resize and centre crop at ratio 1) before the
   # eval transform rounds pixels to whole values: each matches one eval image within half a level.
   config = _folder_config(jpeg_folder, augment='none', batch_size=30, eval_batch_size=30)
-  everything = next(input_pipeline.eval_iterator(input_pipeline.DataSettings.from_config(config), split='train', process_index=0,
-                                                 process_count=1))
+  everything = next(
+      input_pipeline.eval_iterator(
+          input_pipeline.DataSettings.from_config(config),
+          split='train',
+          process_index=0,
+          process_count=1,
+      )
+  )
   assert everything['mask'].sum() == 30
   half_level = 0.5 / 255 / 0.5 + 1e-5  # inception normalisation: (x / 255 - 0.5) / 0.5
   for process_epochs in zip(*(_islice(config, 0, 2, process, 2) for process in range(2))):
@@ -359,6 +456,7 @@ def test_two_processes_read_every_example_once_per_epoch(jpeg_folder):
 
 def test_records_read_for_the_first_batch_do_not_depend_on_the_step(jpeg_folder, monkeypatch):
   from array_record.python import array_record_data_source  # pylint: disable=g-import-not-at-top
+
   reads = []
   original = array_record_data_source.ArrayRecordDataSource.__getitems__
 
@@ -371,8 +469,14 @@ def test_records_read_for_the_first_batch_do_not_depend_on_the_step(jpeg_folder,
   read_at = {}
   for start_step in (0, 17_000):  # 17,000 steps of 6: 102,000 examples consumed before.
     reads.clear()
-    batch = next(input_pipeline.train_iterator(input_pipeline.DataSettings.from_config(config), start_step=start_step, process_index=0,
-                                               process_count=1))
+    batch = next(
+        input_pipeline.train_iterator(
+            input_pipeline.DataSettings.from_config(config),
+            start_step=start_step,
+            process_index=0,
+            process_count=1,
+        )
+    )
     assert batch['image'].shape == (6, 16, 16, 3)
     read_at[start_step] = sum(reads)
   # A batch needs 2 records; reading ahead (prefetch, parallel reads) adds a bounded amount.
@@ -389,25 +493,37 @@ def _one_image_folder(root, encoded: bytes, extension: str) -> str:
   return str(root)
 
 
-@pytest.mark.parametrize('image_format,repeated_aug,window', [
-    ('jpeg', 1, True),  # Only the crop window is decoded...
-    ('jpeg', 3, False),  # ...unless the image is decoded once for its three copies.
-    ('png', 1, False),  # Not a JPEG: decoded whole.
-])
-def test_train_iterator_decodes_what_the_recipe_needs(tmp_path, image_format, repeated_aug,
-                                                      window):
+@pytest.mark.parametrize(
+    'image_format,repeated_aug,window',
+    [
+        ('jpeg', 1, True),  # Only the crop window is decoded...
+        ('jpeg', 3, False),  # ...unless the image is decoded once for its three copies.
+        ('png', 1, False),  # Not a JPEG: decoded whole.
+    ],
+)
+def test_train_iterator_decodes_what_the_recipe_needs(tmp_path, image_format, repeated_aug, window):
   pixels = _photo_like(48, 64)
-  encoded = (tf.io.encode_jpeg(pixels, quality=90) if image_format == 'jpeg'
-             else tf.io.encode_png(pixels)).numpy()
+  encoded = (
+      tf.io.encode_jpeg(pixels, quality=90) if image_format == 'jpeg' else tf.io.encode_png(pixels)
+  ).numpy()
   root = _one_image_folder(tmp_path / 'images', encoded, image_format)
   config = common.get_config()
-  config.update(dataset=f'folder:{root}', data_dir=str(tmp_path / 'tfds'), image_size=16,
-                normalization='inception', augment='inception_crop', flip=False,
-                random_erase_prob=0.0, repeated_aug=repeated_aug, batch_size=6)
+  config.update(
+      dataset=f'folder:{root}',
+      data_dir=str(tmp_path / 'tfds'),
+      image_size=16,
+      normalization='inception',
+      augment='inception_crop',
+      flip=False,
+      random_erase_prob=0.0,
+      repeated_aug=repeated_aug,
+      batch_size=6,
+  )
   transform = input_pipeline.TrainTransform.from_config(config)
   assert input_pipeline.decodes_crop_window(transform, repeated_aug) == (repeated_aug == 1)
-  batches = list(itertools.islice(input_pipeline.train_iterator(
-      config, process_index=0, process_count=1), 2))
+  batches = list(
+      itertools.islice(input_pipeline.train_iterator(config, process_index=0, process_count=1), 2)
+  )
   augment_seed = input_pipeline._seed(config, 0, input_pipeline._AUGMENT_SALT)
 
   @tf.function(input_signature=[tf.TensorSpec([None, None, 3], tf.uint8)])
@@ -417,15 +533,15 @@ def test_train_iterator_decodes_what_the_recipe_needs(tmp_path, image_format, re
   whole = tf.io.decode_image(encoded, channels=3)
   differs = []
   for position in range(12):
-    seed = tf.random.experimental.stateless_fold_in(
-        augment_seed, tf.constant(position, tf.int64))
+    seed = tf.random.experimental.stateless_fold_in(augment_seed, tf.constant(position, tf.int64))
     crop_seed = tf.random.experimental.stateless_split(seed, 4)[0]
     top, left, height, width = input_pipeline._inception_crop_box(tf.shape(whole), crop_seed)
-    from_whole = finish(whole[top:top + height, left:left + width])
+    from_whole = finish(whole[top : top + height, left : left + width])
     expected = from_whole
     if image_format == 'jpeg':
-      from_window = finish(tf.io.decode_and_crop_jpeg(encoded, [top, left, height, width],
-                                                      channels=3))
+      from_window = finish(
+          tf.io.decode_and_crop_jpeg(encoded, [top, left, height, width], channels=3)
+      )
       expected, other = (from_window, from_whole) if window else (from_whole, from_window)
       differs.append(np.abs(other - expected).max())
     np.testing.assert_allclose(batches[position // 6]['image'][position % 6], expected, atol=1e-5)

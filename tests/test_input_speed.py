@@ -33,13 +33,18 @@ def _sleeping_item(index: np.ndarray) -> np.ndarray:
 def _torch_pipeline() -> input_speed.Pipeline:
   torch = pytest.importorskip('torch')
   return input_speed.dataloader_pipeline(
-      'sleeping DataLoader', _SleepingItems(), torch.utils.data.RandomSampler(_SleepingItems()),
-      batch_size=_BATCH, workers=_WORKERS)
+      'sleeping DataLoader',
+      _SleepingItems(),
+      torch.utils.data.RandomSampler(_SleepingItems()),
+      batch_size=_BATCH,
+      workers=_WORKERS,
+  )
 
 
 def _tf_data_pipeline() -> input_speed.Pipeline:
   items = tf.data.Dataset.range(10**9).map(
-      lambda i: tf.numpy_function(_sleeping_item, [i], tf.int64), num_parallel_calls=_WORKERS)
+      lambda i: tf.numpy_function(_sleeping_item, [i], tf.int64), num_parallel_calls=_WORKERS
+  )
   batches = items.batch(_BATCH).prefetch(2).as_numpy_iterator()
   return input_speed.tf_data_pipeline('sleeping tf.data map', batches, buffered=3)
 
@@ -48,16 +53,19 @@ def test_loaders_of_known_speed_are_measured_at_their_speed():
   pipelines = [_tf_data_pipeline(), _torch_pipeline()]
   # The command's default flags: the protocol, not the flags, makes the window steady. Before each
   # block both loaders fill their buffers (sleeping workers do not show on a CPU clock).
-  timings = input_speed.measure(pipelines, steps=5, warmup=2, repeats=3,
-                                    settle=lambda: time.sleep(0.25))
+  timings = input_speed.measure(
+      pipelines, steps=5, warmup=2, repeats=3, settle=lambda: time.sleep(0.25)
+  )
   for pipeline, timing in zip(pipelines, timings):
     assert 1 / timing.wall_s == pytest.approx(_TRUE_BATCHES_PER_S, rel=0.1), pipeline.name
   pipelines[1].close()
 
 
 def test_steady_state_windows_outlast_every_buffer():
-  pipelines = [input_speed.Pipeline(name, lambda n: None, buffered, time.process_time)
-               for name, buffered in (('small', 3), ('large', 8))]
+  pipelines = [
+      input_speed.Pipeline(name, lambda n: None, buffered, time.process_time)
+      for name, buffered in (('small', 3), ('large', 8))
+  ]
   windows = input_speed.steady_state_windows(pipelines, steps=5, warmup=2)
   assert [w.warmup for w in windows] == [2 + 6, 2 + 16]
   assert all(w.timed == input_speed.TIMED_PER_BUFFERED * 8 for w in windows)
@@ -67,6 +75,7 @@ def test_steady_state_windows_outlast_every_buffer():
 def test_timm_reads_an_array_record_dataset_from_its_records(tmp_path):
   from configs import common  # pylint: disable=g-import-not-at-top
   from vit_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
+
   config = common.get_config()
   config.data_dir = str(tmp_path)
   info = input_pipeline.get_dataset_info(config)  # Prepares the digits as ArrayRecord.

@@ -25,8 +25,10 @@ def pinned_jax() -> str:
 def readme_install_lines() -> dict[str, str]:
   """Accelerator extra -> the README's `pip install` line that names it."""
   with open(os.path.join(REPO, 'README.md')) as f:
-    return {m.group(1): m.group(0) for m in
-            re.finditer(r"^pip install .*'jax\[(\w+)\]==([\w.]+)'.*$", f.read(), re.M)}
+    return {
+        m.group(1): m.group(0)
+        for m in re.finditer(r"^pip install .*'jax\[(\w+)\]==([\w.]+)'.*$", f.read(), re.M)
+    }
 
 
 def test_readme_names_the_pinned_jax_with_each_accelerator_extra():
@@ -39,9 +41,22 @@ def test_readme_names_the_pinned_jax_with_each_accelerator_extra():
 
 def _dry_run(*requirements: str) -> subprocess.CompletedProcess:
   return subprocess.run(
-      [sys.executable, '-m', 'pip', 'install', '--dry-run', '--ignore-installed', '--quiet',
-       '--disable-pip-version-check', *requirements],
-      capture_output=True, text=True, timeout=600, check=False)
+      [
+          sys.executable,
+          '-m',
+          'pip',
+          'install',
+          '--dry-run',
+          '--ignore-installed',
+          '--quiet',
+          '--disable-pip-version-check',
+          *requirements,
+      ],
+      capture_output=True,
+      text=True,
+      timeout=600,
+      check=False,
+  )
 
 
 @pytest.fixture(scope='module')
@@ -49,8 +64,10 @@ def registry():
   """Skips unless pip finds itself on the package registry (which it then can reach)."""
   control = _dry_run('--no-deps', 'pip')
   if control.returncode:
-    pytest.skip('pip cannot reach the package registry: '
-                f'{(control.stderr.strip().splitlines() or ["?"])[-1]}')
+    pytest.skip(
+        'pip cannot reach the package registry: '
+        f'{(control.stderr.strip().splitlines() or ["?"])[-1]}'
+    )
 
 
 @pytest.mark.slow

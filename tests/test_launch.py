@@ -17,11 +17,11 @@ from vit_jax.training import workdir as workdir_lib
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TPU = os.path.join(REPO, 'launch', 'tpu_vm.sh')
 SLURM = os.path.join(REPO, 'launch', 'slurm_gpu.sh')
-RECORDER = '''#!{python}
+RECORDER = """#!{python}
 import json, os, sys
 with open(os.environ['LAUNCH_TEST_CALLS'], 'a') as f:
   f.write(json.dumps([os.path.basename(sys.argv[0])] + sys.argv[1:]) + '\\n')
-'''
+"""
 
 
 def requirement_pins() -> dict[str, str]:
@@ -40,8 +40,13 @@ def recorder(tmp_path):
     path.write_text(RECORDER.format(python=sys.executable))
     path.chmod(0o755)
   calls = tmp_path / 'calls.jsonl'
-  env = dict(os.environ, PATH=f'{bin_dir}:{os.environ["PATH"]}', LAUNCH_TEST_CALLS=str(calls),
-             TMPDIR=str(tmp_path), HOME=str(tmp_path / 'home'))
+  env = dict(
+      os.environ,
+      PATH=f'{bin_dir}:{os.environ["PATH"]}',
+      LAUNCH_TEST_CALLS=str(calls),
+      TMPDIR=str(tmp_path),
+      HOME=str(tmp_path / 'home'),
+  )
 
   def read_calls():
     if not calls.exists():
@@ -52,8 +57,7 @@ def recorder(tmp_path):
 
 
 def launch(script, args, env, check=True):
-  out = subprocess.run(['bash', script, *args], capture_output=True, text=True, env=env,
-                       timeout=60)
+  out = subprocess.run(['bash', script, *args], capture_output=True, text=True, env=env, timeout=60)
   if check:
     assert out.returncode == 0, out.stderr
   return out
@@ -67,8 +71,12 @@ def test_scripts_are_valid_bash(script):
   assert '--dry-run' in help_text
 
 
-TPU_ARGS = ['--bucket=gs://my-bucket', '--accelerator=v4-32', '--zone=us-central2-b',
-            '--project=my-project']
+TPU_ARGS = [
+    '--bucket=gs://my-bucket',
+    '--accelerator=v4-32',
+    '--zone=us-central2-b',
+    '--project=my-project',
+]
 TRAIN_FLAGS = ['--', '--config.batch_size=1024', '--config.base_lr=2e-3']
 
 
@@ -78,30 +86,40 @@ def test_tpu_dry_run_prints_the_commands_of_a_run(recorder):
   assert calls() == []  # A dry run runs nothing.
   commands = [shlex.split(line) for line in printed.splitlines()]
   gcloud = [c for c in commands if c[0] == 'gcloud']
-  assert [c[:5] for c in gcloud] == [['gcloud', 'compute', 'tpus', 'tpu-vm', sub] for sub in
-                                     ('create', 'scp', 'ssh', 'ssh', 'ssh', 'ssh')]
+  assert [c[:5] for c in gcloud] == [
+      ['gcloud', 'compute', 'tpus', 'tpu-vm', sub]
+      for sub in ('create', 'scp', 'ssh', 'ssh', 'ssh', 'ssh')
+  ]
   create, scp, install, prepare, train, logs = gcloud
-  assert {'vit-jax', '--accelerator-type=v4-32', '--version=tpu-ubuntu2204-base',
-          '--zone=us-central2-b', '--project=my-project'} <= set(create)
+  assert {
+      'vit-jax',
+      '--accelerator-type=v4-32',
+      '--version=tpu-ubuntu2204-base',
+      '--zone=us-central2-b',
+      '--project=my-project',
+  } <= set(create)
   assert commands[1][:2] == ['git', '-C'] and 'HEAD' in commands[1]  # The archive to copy.
   assert '--worker=all' in scp and '--worker=all' in install and '--worker=all' in train
   assert '--worker=0' in prepare and '--worker=0' in logs
 
   def remote(command):
-    return next(word[len('--command='):] for word in command if word.startswith('--command='))
+    return next(word[len('--command=') :] for word in command if word.startswith('--command='))
 
   pins = requirement_pins()
   assert f"'jax[tpu]=={pins['jax']}'" in remote(install)
   assert '-r ~/vit_jax/launch/requirements.txt' in remote(install)
   assert 'uv venv --python 3.11' in remote(install)
-  assert ('launch/prepare_data.py --config=configs/vit.py:variant=S/4,dataset=cifar10 '
-          '--data_dir=gs://my-bucket/tensorflow_datasets --config.batch_size=1024'
-          ) in remote(prepare)
-  assert ('~/venv/bin/python -m vit_jax.main --distributed=on '
-          '--config=configs/vit.py:variant=S/4,dataset=cifar10 '
-          '--workdir=gs://my-bucket/vit_jax/vit-jax '
-          '--config.data_dir=gs://my-bucket/tensorflow_datasets '
-          '--config.batch_size=1024 --config.base_lr=2e-3 > ~/vit_jax.log') in remote(train)
+  assert (
+      'launch/prepare_data.py --config=configs/vit.py:variant=S/4,dataset=cifar10 '
+      '--data_dir=gs://my-bucket/tensorflow_datasets --config.batch_size=1024'
+  ) in remote(prepare)
+  assert (
+      '~/venv/bin/python -m vit_jax.main --distributed=on '
+      '--config=configs/vit.py:variant=S/4,dataset=cifar10 '
+      '--workdir=gs://my-bucket/vit_jax/vit-jax '
+      '--config.data_dir=gs://my-bucket/tensorflow_datasets '
+      '--config.batch_size=1024 --config.base_lr=2e-3 > ~/vit_jax.log'
+  ) in remote(train)
   assert 'tail -n +1 -F ~/vit_jax.log' in remote(logs)
 
   # The real run executes the very same commands.
@@ -121,12 +139,15 @@ def test_tpu_stop_and_delete(recorder):
   assert delete[:6] == ['gcloud', 'compute', 'tpus', 'tpu-vm', 'delete', 'my-tpu']
 
 
-@pytest.mark.parametrize('args, message', [
-    (['train'], 'needs --bucket=gs://BUCKET'),
-    (['--workdir=/local/run', '--data_dir=gs://b/tfds', 'train'], "workdir='/local/run'"),
-    (['launch'], "unknown command 'launch'"),
-    (['--zone', 'train'], 'unknown option --zone'),
-])
+@pytest.mark.parametrize(
+    'args, message',
+    [
+        (['train'], 'needs --bucket=gs://BUCKET'),
+        (['--workdir=/local/run', '--data_dir=gs://b/tfds', 'train'], "workdir='/local/run'"),
+        (['launch'], "unknown command 'launch'"),
+        (['--zone', 'train'], 'unknown option --zone'),
+    ],
+)
 def test_tpu_bad_arguments_are_refused(recorder, args, message):
   env, calls = recorder
   out = launch(TPU, ['--dry-run', *args], env, check=False)
@@ -134,8 +155,13 @@ def test_tpu_bad_arguments_are_refused(recorder, args, message):
   assert calls() == []
 
 
-SLURM_ARGS = ['--nodes=2', '--gpus_per_node=4', '--partition=gpu', '--account=vision',
-              '--data_dir=/shared/tfds']
+SLURM_ARGS = [
+    '--nodes=2',
+    '--gpus_per_node=4',
+    '--partition=gpu',
+    '--account=vision',
+    '--data_dir=/shared/tfds',
+]
 
 
 def test_slurm_dry_run_prints_the_batch_script_and_sbatch(recorder, tmp_path):
@@ -150,17 +176,35 @@ def test_slurm_dry_run_prints_the_batch_script_and_sbatch(recorder, tmp_path):
   end = lines.index('EOF')
   script = '\n'.join(lines[2:end]) + '\n'
   assert shlex.split(lines[end + 1]) == ['sbatch', f'{workdir}/job.sbatch']
-  for directive in ('--nodes=2', '--ntasks-per-node=4', '--gpus-per-node=4', '--partition=gpu',
-                    '--account=vision', '--signal=TERM@300', f'--output={workdir}/slurm-%j.out'):
+  for directive in (
+      '--nodes=2',
+      '--ntasks-per-node=4',
+      '--gpus-per-node=4',
+      '--partition=gpu',
+      '--account=vision',
+      '--signal=TERM@300',
+      f'--output={workdir}/slurm-%j.out',
+  ):
     assert f'#SBATCH {directive}\n' in script
   srun = shlex.split(next(line for line in lines if line.startswith('srun ')))
-  assert srun == ['srun', '--kill-on-bad-exit=1', 'python', '-m', 'vit_jax.main',
-                  '--config=configs/vit.py:variant=S/16,dataset=imagenet2012',
-                  f'--workdir={workdir}', '--config.data_dir=/shared/tfds',
-                  '--config.batch_size=1024', '||', 'status=$?']
+  assert srun == [
+      'srun',
+      '--kill-on-bad-exit=1',
+      'python',
+      '-m',
+      'vit_jax.main',
+      '--config=configs/vit.py:variant=S/16,dataset=imagenet2012',
+      f'--workdir={workdir}',
+      '--config.data_dir=/shared/tfds',
+      '--config.batch_size=1024',
+      '||',
+      'status=$?',
+  ]
   # Exit status 75 (saved and interrupted: the time limit's SIGTERM) requeues the job.
   assert '#SBATCH --requeue\n' in script
-  assert 'if [[ $status -eq 75 ]]; then scontrol requeue "$SLURM_JOB_ID"; fi\nexit $status\n' in script
+  assert (
+      'if [[ $status -eq 75 ]]; then scontrol requeue "$SLURM_JOB_ID"; fi\nexit $status\n' in script
+  )
   assert f'source {env["HOME"]}/.venvs/vit_jax/bin/activate' in script
 
   # The real run writes that script and submits it.
@@ -168,8 +212,9 @@ def test_slurm_dry_run_prints_the_batch_script_and_sbatch(recorder, tmp_path):
   with open(os.path.join(workdir, 'job.sbatch')) as f:
     assert f.read() == script
   assert calls() == [['sbatch', f'{workdir}/job.sbatch']]
-  out = subprocess.run(['bash', '-n', os.path.join(workdir, 'job.sbatch')], capture_output=True,
-                       text=True)
+  out = subprocess.run(
+      ['bash', '-n', os.path.join(workdir, 'job.sbatch')], capture_output=True, text=True
+  )
   assert out.returncode == 0, out.stderr
 
 
@@ -178,16 +223,25 @@ def test_slurm_install_pins_the_tested_versions(recorder):
   printed = launch(SLURM, ['--dry-run', '--venv=/shared/venv', 'install'], env).stdout
   commands = [shlex.split(line) for line in printed.splitlines()]
   assert commands[0] == ['python3.11', '-m', 'venv', '/shared/venv']
-  assert commands[-1] == ['/shared/venv/bin/pip', 'install', '-r',
-                          os.path.join(REPO, 'launch', 'requirements.txt'),
-                          f'jax[cuda12]=={requirement_pins()["jax"]}', '-e', REPO]
+  assert commands[-1] == [
+      '/shared/venv/bin/pip',
+      'install',
+      '-r',
+      os.path.join(REPO, 'launch', 'requirements.txt'),
+      f'jax[cuda12]=={requirement_pins()["jax"]}',
+      '-e',
+      REPO,
+  ]
 
 
-@pytest.mark.parametrize('args, message', [
-    (['submit'], 'needs --workdir'),
-    (['--nodes=0', '--workdir=/w'], "positive integers, got '0'"),
-    (['--workdir=/w', 'run'], "unknown command 'run'"),
-])
+@pytest.mark.parametrize(
+    'args, message',
+    [
+        (['submit'], 'needs --workdir'),
+        (['--nodes=0', '--workdir=/w'], "positive integers, got '0'"),
+        (['--workdir=/w', 'run'], "unknown command 'run'"),
+    ],
+)
 def test_slurm_bad_arguments_are_refused(recorder, args, message):
   env, calls = recorder
   out = launch(SLURM, ['--dry-run', *args], env, check=False)
@@ -213,9 +267,18 @@ def test_pins_satisfy_the_package_requirements():
 def test_prepare_data_prepares_the_config_dataset(tmp_path):
   data_dir = str(tmp_path / 'tfds')
   out = subprocess.run(
-      [sys.executable, 'launch/prepare_data.py', '--config=configs/vit.py',
-       f'--data_dir={data_dir}'], capture_output=True, text=True, cwd=REPO, timeout=180,
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
+      [
+          sys.executable,
+          'launch/prepare_data.py',
+          '--config=configs/vit.py',
+          f'--data_dir={data_dir}',
+      ],
+      capture_output=True,
+      text=True,
+      cwd=REPO,
+      timeout=180,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'),
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   assert f'Prepared digits in {data_dir}: 1437 train / 360 eval examples, 10 classes.' in out.stdout
   assert os.path.isdir(os.path.join(data_dir, 'digits', '1.0.0'))
@@ -223,6 +286,10 @@ def test_prepare_data_prepares_the_config_dataset(tmp_path):
 
 def test_workdir_uris_stay_uris():
   """gs:// work directories (TPU VMs) are not turned into local paths; local ones are absolute."""
-  assert str(workdir_lib.Workdir('gs://bucket/run').file(workdir_lib.CHECKPOINT_DIR)) == 'gs://bucket/run/checkpoints'
-  assert str(workdir_lib.Workdir('run').file(workdir_lib.CHECKPOINT_DIR)) == os.path.join(os.getcwd(), 'run',
-                                                                      'checkpoints')
+  assert (
+      str(workdir_lib.Workdir('gs://bucket/run').file(workdir_lib.CHECKPOINT_DIR))
+      == 'gs://bucket/run/checkpoints'
+  )
+  assert str(workdir_lib.Workdir('run').file(workdir_lib.CHECKPOINT_DIR)) == os.path.join(
+      os.getcwd(), 'run', 'checkpoints'
+  )

@@ -18,22 +18,32 @@ DECAY = 0.6
 # timm name, our registry name, the fields both take (two main blocks, ten classes).
 CASES = {
     'vit': ('vit_tiny_patch16_224', 'vit_ti16', {'depth': 3}, {'depth': 3}),
-    'deit_distilled': ('deit_tiny_distilled_patch16_224', 'deit_ti16_distilled', {'depth': 3},
-                       {'depth': 3}),
-    'cait': ('cait_xxs24_224', 'cait_xxs24', {'depth': 3, 'depth_token_only': 2},
-             {'depth': 3, 'class_attention_depth': 2}),
+    'deit_distilled': (
+        'deit_tiny_distilled_patch16_224',
+        'deit_ti16_distilled',
+        {'depth': 3},
+        {'depth': 3},
+    ),
+    'cait': (
+        'cait_xxs24_224',
+        'cait_xxs24',
+        {'depth': 3, 'depth_token_only': 2},
+        {'depth': 3, 'class_attention_depth': 2},
+    ),
     'regnet': ('regnety_002', 'regnety_002', {}, {}),
 }
 
 
 def _abstract_variables(model, size: int = 32) -> dict:
-  return jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, size, size, 3)),
-                                           train=False))
+  return jax.eval_shape(
+      lambda: model.init(jax.random.key(0), jnp.zeros((1, size, size, 3)), train=False)
+  )
 
 
 def _timm_scales(model, decay: float) -> dict[str, float]:
   """timm's lr_scale of every named parameter of `model`."""
   from timm.optim import param_groups_layer_decay  # pylint: disable=g-import-not-at-top
+
   scale_of = {}
   for group in param_groups_layer_decay(model, weight_decay=0.05, layer_decay=decay):
     for parameter in group['params']:
@@ -50,11 +60,14 @@ def test_scales_equal_timms_param_groups_layer_decay(case, timm):
   variables = _abstract_variables(ours)
   scales = optim.layer_decay_scales(ours, variables['params'], DECAY)
   # Each parameter filled with its factor, renamed and reshaped to timm's layout by our converter.
-  filled = {**variables, 'params': jax.tree.map(lambda s, v: np.broadcast_to(s, v.shape),
-                                                scales, variables['params'])}
+  filled = {
+      **variables,
+      'params': jax.tree.map(lambda s, v: np.broadcast_to(s, v.shape), scales, variables['params']),
+  }
   if 'batch_stats' in variables:
-    filled['batch_stats'] = jax.tree.map(lambda v: np.zeros(v.shape, v.dtype),
-                                         variables['batch_stats'])
+    filled['batch_stats'] = jax.tree.map(
+        lambda v: np.zeros(v.shape, v.dtype), variables['batch_stats']
+    )
   converted = models.family(ours).to_torch(filled)
   assert set(expected) <= set(converted)
   for name, scale in expected.items():
@@ -81,10 +94,8 @@ def test_scanned_blocks_get_one_factor_per_block():
 def test_each_update_is_scaled_by_its_layers_factor(optimizer):
   """With the same gradients, an update (weight decay included) is the undecayed one times
   decay^(top - layer)."""
-  model = models.create('deit_ti16_distilled', num_classes=10, depth=2, hidden_size=24,
-                        num_heads=2)
-  params = jax.tree.map(lambda v: jnp.ones(v.shape, v.dtype),
-                        _abstract_variables(model)['params'])
+  model = models.create('deit_ti16_distilled', num_classes=10, depth=2, hidden_size=24, num_heads=2)
+  params = jax.tree.map(lambda v: jnp.ones(v.shape, v.dtype), _abstract_variables(model)['params'])
   grads = jax.tree.map(lambda p: jnp.full_like(p, 0.3), params)
   config = common.get_config()
   config.optimizer = optimizer
@@ -98,8 +109,14 @@ def test_each_update_is_scaled_by_its_layers_factor(optimizer):
 
   plain, decayed = first_update(1.0), first_update(0.5)
   top = model.top_layer
-  for name, layer in (('patch_embed', 0), ('dist_token', 0), ('blocks_0', 1), ('blocks_1', 2),
-                      ('norm', 2), ('head_dist', top)):
+  for name, layer in (
+      ('patch_embed', 0),
+      ('dist_token', 0),
+      ('blocks_0', 1),
+      ('blocks_1', 2),
+      ('norm', 2),
+      ('head_dist', top),
+  ):
     for got, want in zip(jax.tree.leaves(decayed[name]), jax.tree.leaves(plain[name])):
       np.testing.assert_allclose(got, want * 0.5 ** (top - layer), rtol=1e-6, err_msg=name)
 
@@ -114,10 +131,23 @@ def test_layer_decay_outside_zero_to_one_is_refused(value):
 
 def test_training_with_layer_decay_runs(tmp_path):
   config = common.get_config()
-  config.update(dict(data_dir=str(tmp_path / 'tfds'), image_size=16, crop_padding=2, flip=False,
-                     normalization='digits', batch_size=32, eval_batch_size=64, total_steps=2,
-                     warmup_steps=1, log_every=1, eval_every=1000, checkpoint_every=1000,
-                     layer_decay=0.75))
+  config.update(
+      dict(
+          data_dir=str(tmp_path / 'tfds'),
+          image_size=16,
+          crop_padding=2,
+          flip=False,
+          normalization='digits',
+          batch_size=32,
+          eval_batch_size=64,
+          total_steps=2,
+          warmup_steps=1,
+          log_every=1,
+          eval_every=1000,
+          checkpoint_every=1000,
+          layer_decay=0.75,
+      )
+  )
   config.model.update(dict(name='vit_ti4', hidden_size=32, depth=2, num_heads=2, mlp_dim=64))
   result = train.train_and_evaluate(config, str(tmp_path / 'run'))
   assert result.step == 2
@@ -127,10 +157,23 @@ def test_training_with_layer_decay_runs(tmp_path):
 def test_a_run_with_layer_decay_resumes_under_a_changed_config(tmp_path):
   """The resume check builds the saved config's optimizer too, with the model it decays."""
   config = common.get_config()
-  config.update(dict(data_dir=str(tmp_path / 'tfds'), image_size=16, crop_padding=2, flip=False,
-                     normalization='digits', batch_size=32, eval_batch_size=64, total_steps=2,
-                     warmup_steps=1, log_every=1, eval_every=1000, checkpoint_every=2,
-                     layer_decay=0.75))
+  config.update(
+      dict(
+          data_dir=str(tmp_path / 'tfds'),
+          image_size=16,
+          crop_padding=2,
+          flip=False,
+          normalization='digits',
+          batch_size=32,
+          eval_batch_size=64,
+          total_steps=2,
+          warmup_steps=1,
+          log_every=1,
+          eval_every=1000,
+          checkpoint_every=2,
+          layer_decay=0.75,
+      )
+  )
   config.model.update(dict(name='vit_ti4', hidden_size=32, depth=2, num_heads=2, mlp_dim=64))
   assert train.train_and_evaluate(config, str(tmp_path / 'run')).step == 2
   config.update(dict(total_steps=3, grad_clip_norm=1.0))

@@ -80,16 +80,20 @@ def test_cases_cover_every_pair_of_factors():
     assert {c.dtype for c in rows} == {'float32', 'bfloat16'}
     assert {c.fsdp for c in rows} == {1, 8}
   for f, g in itertools.combinations(FEATURES, 2):
-    seen = {(f in c.features, g in c.features) for c in CASES
-            if not {f, g} & NOT_APPLICABLE.get(c.family, set())}
+    seen = {
+        (f in c.features, g in c.features)
+        for c in CASES
+        if not {f, g} & NOT_APPLICABLE.get(c.family, set())
+    }
     assert seen == set(itertools.product((True, False), repeat=2)), (f, g, seen)
   for feature, dtype, fsdp in itertools.product(FEATURES, ('float32', 'bfloat16'), (1, 8)):
     assert any(feature in c.features and c.dtype == dtype for c in CASES), (feature, dtype)
     assert any(feature in c.features and c.fsdp == fsdp for c in CASES), (feature, fsdp)
 
 
-def family_config(family: str, features: frozenset[str] = frozenset(), dtype: str = 'float32',
-                  fsdp: int = 1):
+def family_config(
+    family: str, features: frozenset[str] = frozenset(), dtype: str = 'float32', fsdp: int = 1
+):
   """The family config's quick run with `features` switched on."""
   config = importlib.import_module(f'configs.{family}').get_config()
   config.dtype = dtype
@@ -116,8 +120,13 @@ def family_config(family: str, features: frozenset[str] = frozenset(), dtype: st
 def test_train_and_eval_steps_export_for_tpu_and_cuda(case):
   config = family_config(case.family, case.features, case.dtype, case.fsdp)
   exported = lowering.export_steps(
-      config, 10, lowering.abstract_mesh(case.fsdp), batch_size=16, case=str(case),
-      teacher_model=TEACHER if 'teacher' in case.features else None)
+      config,
+      10,
+      lowering.abstract_mesh(case.fsdp),
+      batch_size=16,
+      case=str(case),
+      teacher_model=TEACHER if 'teacher' in case.features else None,
+  )
   for name in ('train', 'eval'):
     assert exported[name].platforms == lowering.PLATFORMS, (case, name)
     assert exported[name].nr_devices == 8, (case, name)
@@ -135,11 +144,13 @@ def test_cudnn_attention_cannot_be_cross_lowered_and_the_error_names_case_step_a
   vit_jax.benchmark --mode=device_report`), and here only for the clear error."""
   config = family_config('vit', dtype='bfloat16', fsdp=8)
   config.model.attention_implementation = 'cudnn'
-  with pytest.raises(lowering.LoweringError, match=r"vit\[cudnn\]: the set-up of the steps does "
-                     r"not lower for \['tpu', 'cuda'\]: .*cuDNN.*models/attention\.py:\d+ "
-                     r"`.*dot_product_attention"):
-    lowering.export_steps(config, 10, lowering.abstract_mesh(8), batch_size=16,
-                          case='vit[cudnn]')
+  with pytest.raises(
+      lowering.LoweringError,
+      match=r'vit\[cudnn\]: the set-up of the steps does '
+      r"not lower for \['tpu', 'cuda'\]: .*cuDNN.*models/attention\.py:\d+ "
+      r'`.*dot_product_attention',
+  ):
+    lowering.export_steps(config, 10, lowering.abstract_mesh(8), batch_size=16, case='vit[cudnn]')
 
 
 # Float32-operand products a bfloat16 step may keep: predicate on the product, and why.
@@ -158,16 +169,22 @@ ALLOWED_FLOAT32_PRODUCTS = {
 
 def not_allowed(products: list[lowering.MatrixProduct]) -> list[lowering.MatrixProduct]:
   """The float32-operand products that no entry of `ALLOWED_FLOAT32_PRODUCTS` explains."""
-  return [p for p in products if p.float32_operand
-          and not any(allowed(p) for allowed in ALLOWED_FLOAT32_PRODUCTS.values())]
+  return [
+      p
+      for p in products
+      if p.float32_operand and not any(allowed(p) for allowed in ALLOWED_FLOAT32_PRODUCTS.values())
+  ]
 
 
 def float32_products(config) -> tuple[list[lowering.MatrixProduct], int]:
   """The float32-operand products, not allowed, of `config`'s jitted train step, and the count of
   all its products."""
   program = lowering.step_programs(config, 10, lowering.abstract_mesh(1, 1), batch_size=8)[0]
-  text = program.function.trace(*program.arguments).lower(
-      lowering_platforms=('tpu',)).as_text(debug_info=True)
+  text = (
+      program.function.trace(*program.arguments)
+      .lower(lowering_platforms=('tpu',))
+      .as_text(debug_info=True)
+  )
   products = lowering.matrix_products(text)
   return not_allowed(products), len(products)
 
@@ -194,7 +211,8 @@ def test_bfloat16_train_step_multiplies_bfloat16_operands(name):
   bad, total = float32_products(config)
   assert total > 0
   assert not bad, f'{name}: {len(bad)} of {total} products take a float32 operand: ' + '; '.join(
-      f'{p.name} {p.operand_types}' for p in bad)
+      f'{p.name} {p.operand_types}' for p in bad
+  )
 
 
 def test_a_float32_operand_product_is_caught():
@@ -205,25 +223,31 @@ def test_a_float32_operand_product_is_caught():
   original = attention.einsum_float32
   try:  # The scores' plain float32-result einsum, as before einsum_float32.
     attention.einsum_float32 = lambda spec, a, b: jnp.einsum(
-        spec, a, b, preferred_element_type=jnp.float32)
+        spec, a, b, preferred_element_type=jnp.float32
+    )
     bad, _ = float32_products(config)
   finally:
     attention.einsum_float32 = original
   assert bad and all('transpose' in p.name for p in bad), bad
 
 
-@pytest.mark.parametrize('spec, shapes', [('bqhd,bkhd->bhqk', ((2, 5, 3, 4), (2, 6, 3, 4))),
-                                          ('bhqk,hg->bgqk', ((2, 3, 5, 5), (3, 3)))])
+@pytest.mark.parametrize(
+    'spec, shapes',
+    [('bqhd,bkhd->bhqk', ((2, 5, 3, 4), (2, 6, 3, 4))), ('bhqk,hg->bgqk', ((2, 3, 5, 5), (3, 3)))],
+)
 def test_einsum_float32_equals_einsum_with_gradients_in_the_operands_dtype(spec, shapes):
-  a, b = (jax.random.normal(key, shape) for key, shape in
-          zip(jax.random.split(jax.random.key(0), 2), shapes))
+  a, b = (
+      jax.random.normal(key, shape)
+      for key, shape in zip(jax.random.split(jax.random.key(0), 2), shapes)
+  )
   weights = jax.random.normal(jax.random.key(1), jnp.einsum(spec, a, b).shape)
   loss = lambda f, a, b: jnp.sum(f(spec, a, b) * weights)
   reference = lambda spec, a, b: jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
-  np.testing.assert_allclose(attention.einsum_float32(spec, a, b), reference(spec, a, b),
-                             rtol=1e-6)
-  for ours, theirs in zip(jax.grad(loss, (1, 2))(attention.einsum_float32, a, b),
-                          jax.grad(loss, (1, 2))(reference, a, b)):
+  np.testing.assert_allclose(attention.einsum_float32(spec, a, b), reference(spec, a, b), rtol=1e-6)
+  for ours, theirs in zip(
+      jax.grad(loss, (1, 2))(attention.einsum_float32, a, b),
+      jax.grad(loss, (1, 2))(reference, a, b),
+  ):
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
   a16, b16 = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
   assert attention.einsum_float32(spec, a16, b16).dtype == jnp.float32
@@ -244,23 +268,41 @@ def test_bfloat16_step_stays_within_bfloat16_tolerance_of_float32(name):
     config = family_config(family, dtype=dtype)
     config.model.update(depth=1, **fields)
     model = config_lib.create_model(config, 10)
-    tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), lambda _: 1e-3,
-                              model)
-    state = jax.jit(functools.partial(steps.init_state, model, tx, steps.init_rngs(config.seed),
-                                image_size=config.image_size, ema=bool(config.ema_decay)))()
+    tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), lambda _: 1e-3, model)
+    state = jax.jit(
+        functools.partial(
+            steps.init_state,
+            model,
+            tx,
+            steps.init_rngs(config.seed),
+            image_size=config.image_size,
+            ema=bool(config.ema_decay),
+        )
+    )()
     rng = np.random.default_rng(0)
     size = config.image_size
-    batch = {'image': jnp.asarray(rng.normal(size=(8, size, size, 3)), jnp.float32),
-             'label': jnp.asarray(rng.integers(0, 10, 8), jnp.int32)}
-    variables = {'params': state.params, **({'batch_stats': state.batch_stats}
-                                           if state.batch_stats else {})}
+    batch = {
+        'image': jnp.asarray(rng.normal(size=(8, size, size, 3)), jnp.float32),
+        'label': jnp.asarray(rng.integers(0, 10, 8), jnp.int32),
+    }
+    variables = {
+        'params': state.params,
+        **({'batch_stats': state.batch_stats} if state.batch_stats else {}),
+    }
     logits = jax.jit(model.apply)(variables, batch['image'])
-    new_state, metrics = jax.jit(steps.make_train_step(model, tx, steps.StepSettings.from_config(config), 10))(state, batch)
+    new_state, metrics = jax.jit(
+        steps.make_train_step(model, tx, steps.StepSettings.from_config(config), 10)
+    )(state, batch)
     update = jax.tree.map(lambda new, old: new - old, new_state.params, state.params)
-    results[dtype] = (np.asarray(logits, np.float32), float(metrics['loss']),
-                      np.concatenate([np.ravel(u) for u in jax.tree.leaves(update)]))
-  (logits32, loss32, update32), (logits16, loss16, update16) = (results['float32'],
-                                                                 results['bfloat16'])
+    results[dtype] = (
+        np.asarray(logits, np.float32),
+        float(metrics['loss']),
+        np.concatenate([np.ravel(u) for u in jax.tree.leaves(update)]),
+    )
+  (logits32, loss32, update32), (logits16, loss16, update16) = (
+      results['float32'],
+      results['bfloat16'],
+  )
   np.testing.assert_allclose(logits16, logits32, atol=0.05 * np.abs(logits32).max() + 0.02)
   assert abs(loss16 - loss32) < 0.02 * abs(loss32) + 0.01, (loss16, loss32)
   # Adam's first update is lr * sign(g) where g is not tiny: the directions must agree.

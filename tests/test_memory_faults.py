@@ -27,14 +27,16 @@ def tiny_config(data_dir: str, **overrides):
   config.batch_size, config.eval_batch_size = 16, 64
   config.total_steps, config.warmup_steps = 2, 1
   config.log_every, config.eval_every, config.checkpoint_every = 1, 1000, 1
-  config.model.update(name='vit_ti4', patch_size=4, hidden_size=16, depth=1, num_heads=1,
-                      mlp_dim=16)
+  config.model.update(
+      name='vit_ti4', patch_size=4, hidden_size=16, depth=1, num_heads=1, mlp_dim=16
+  )
   config.update(overrides)
   return config
 
 
-@pytest.mark.parametrize('module, arg', [(vit, 'variant=S/16'), (vit, 'variant=S/4'),
-                                         (deit, 'variant=B')])
+@pytest.mark.parametrize(
+    'module, arg', [(vit, 'variant=S/16'), (vit, 'variant=S/4'), (deit, 'variant=B')]
+)
 def test_a_published_size_without_a_dataset_names_the_dataset_to_add(module, arg):
   with pytest.raises(config_lib.ConfigError) as error:
     config_lib.validate(module.get_config(arg), devices=1, processes=1)
@@ -50,12 +52,18 @@ def test_a_published_size_without_a_dataset_names_the_dataset_to_add(module, arg
 def _step():
   mesh = Mesh(np.array(jax.devices()[:1]), ('data',))
   replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P('data'))
+
   def step(state, batch, teacher):
     del teacher
     h = jnp.tanh(batch['image'].reshape(batch['image'].shape[0], -1) @ state)
     return state - 1e-3 * jnp.mean(h), {'loss': jnp.mean(h)}
-  jitted = jax.jit(step, in_shardings=(replicated, rows, None),
-                   out_shardings=(replicated, replicated), donate_argnums=0)
+
+  jitted = jax.jit(
+      step,
+      in_shardings=(replicated, rows, None),
+      out_shardings=(replicated, replicated),
+      donate_argnums=0,
+  )
   state = jax.ShapeDtypeStruct((16 * 16 * 3, 512), jnp.float32, sharding=replicated)
   return jitted, state, rows
 
@@ -66,13 +74,19 @@ def test_a_step_larger_than_the_free_memory_is_refused_with_both_numbers_and_the
   need = memory.check_fits(step, state, config, rows)  # This host holds it.
   assert need['arguments'] >= 16 * 16 * 3 * 512 * 4 and need['total'] >= need['arguments']
   with pytest.raises(ValueError) as error:
-    memory.check_fits(step, state, config, rows,
-                      available=lambda devices: (need['total'] - 1, 'cpu:0'))
+    memory.check_fits(
+        step, state, config, rows, available=lambda devices: (need['total'] - 1, 'cpu:0')
+    )
   message = str(error.value)
   assert message.startswith(f'The training step needs {memory._size(need["total"])} per device')
   assert f'but cpu:0 has {memory._size(need["total"] - 1)} free' in message
-  for knob in ('batch_size (now 16)', 'grad_accum_steps above 1', 'model.remat=True',
-               'mesh.fsdp above 1', 'dtype=bfloat16'):
+  for knob in (
+      'batch_size (now 16)',
+      'grad_accum_steps above 1',
+      'model.remat=True',
+      'mesh.fsdp above 1',
+      'dtype=bfloat16',
+  ):
     assert knob in message, knob
   assert '\n' not in message
 
@@ -80,12 +94,16 @@ def test_a_step_larger_than_the_free_memory_is_refused_with_both_numbers_and_the
 def test_every_device_kind_reports_free_memory():
   free, where = memory.available_bytes(jax.local_devices())
   assert free > 0
-  assert where.startswith('this host' if jax.local_device_count() == 1 else
-                          f"each of this host's {jax.local_device_count()} cpu devices")
+  assert where.startswith(
+      'this host'
+      if jax.local_device_count() == 1
+      else f"each of this host's {jax.local_device_count()} cpu devices"
+  )
 
 
 def test_a_run_that_cannot_fit_touches_nothing_and_the_first_step_reuses_the_compilation(
-    tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
   config = tiny_config(str(tmp_path / 'tfds'))
   workdir = tmp_path / 'run'
   monkeypatch.setattr(memory, 'available_bytes', lambda devices: (1000, 'the test device'))

@@ -58,12 +58,17 @@ def test_bfloat16_compute_float32_parameters_probabilities_and_logits():
 def test_train_step_keeps_float32_state_and_bfloat16_first_moment():
   config = tiny_config('unused', dtype='bfloat16', mu_dtype='bfloat16', ema_decay=0.9)
   model = config_lib.create_model(config, 10)
-  tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), lambda _: 1e-3,
-                              model)
+  tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), lambda _: 1e-3, model)
   state = steps.init_state(
-      model, tx, steps.init_rngs(config.seed), image_size=config.image_size,
-      ema=bool(config.ema_decay))
-  state, metrics = jax.jit(steps.make_train_step(model, tx, steps.StepSettings.from_config(config), 10))(state, _batch())
+      model,
+      tx,
+      steps.init_rngs(config.seed),
+      image_size=config.image_size,
+      ema=bool(config.ema_decay),
+  )
+  state, metrics = jax.jit(
+      steps.make_train_step(model, tx, steps.StepSettings.from_config(config), 10)
+  )(state, _batch())
   assert metrics['loss'].dtype == jnp.float32 and np.isfinite(float(metrics['loss']))
   for tree in (state.params, state.ema):
     assert {x.dtype for x in jax.tree.leaves(tree)} == {jnp.dtype(jnp.float32)}

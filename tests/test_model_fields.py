@@ -33,8 +33,9 @@ def _tiny(name: str) -> tuple[dict, int]:
   fields = models.fields(name)
   preset = models.create(name)
   if isinstance(preset, vit.VisionTransformer):
-    tiny = dict(hidden_size=16, num_heads=2, depth=3, token_dim=8, class_attention_depth=1,
-                mlp_dim=None)
+    tiny = dict(
+        hidden_size=16, num_heads=2, depth=3, token_dim=8, class_attention_depth=1, mlp_dim=None
+    )
     if getattr(preset, 're_attention_blocks', None) is not None:
       tiny['re_attention_blocks'] = 1
     return tiny, max(16, 2 * preset.patch_size)
@@ -47,10 +48,19 @@ def _shared_values(name: str) -> dict:
   """Every shared field the model has, set to a value other than its preset's."""
   preset = models.create(name)
   candidates = dict(
-      attention_implementation='cudnn', dtype=BF16, param_dtype=BF16, mlp_activation='gelu_tanh',
-      qkv_bias=not getattr(preset, 'qkv_bias', True), dropout_rate=0.125,
-      attention_dropout_rate=0.25, drop_path_rate=0.375, layer_norm_eps=1e-3, scan_layers=True,
-      remat=True, init_scheme='google' if getattr(preset, 'init_scheme', '') == 'timm' else 'timm')
+      attention_implementation='cudnn',
+      dtype=BF16,
+      param_dtype=BF16,
+      mlp_activation='gelu_tanh',
+      qkv_bias=not getattr(preset, 'qkv_bias', True),
+      dropout_rate=0.125,
+      attention_dropout_rate=0.25,
+      drop_path_rate=0.375,
+      layer_norm_eps=1e-3,
+      scan_layers=True,
+      remat=True,
+      init_scheme='google' if getattr(preset, 'init_scheme', '') == 'timm' else 'timm',
+  )
   return {k: v for k, v in candidates.items() if k in models.fields(name)}
 
 
@@ -73,8 +83,9 @@ def _build(name: str, **values):
 
 
 def _in_main_blocks(module: nn.Module) -> bool:
-  return any(part.startswith(('blocks_', 'layers_')) and 'token_only' not in part
-             for part in module.path)
+  return any(
+      part.startswith(('blocks_', 'layers_')) and 'token_only' not in part for part in module.path
+  )
 
 
 @pytest.mark.parametrize('name', models.names())
@@ -86,15 +97,20 @@ def test_every_shared_field_reaches_every_block(name):
   assert called, name
   for module in called:
     where = f'{name}: {type(module).__name__} at {"/".join(module.path)}'
-    if 'dtype' in values and hasattr(module, 'dtype') and not isinstance(
-        module, nn.BatchNorm) and not set(module.path) & set(_FLOAT32_BY_DESIGN):
+    if (
+        'dtype' in values
+        and hasattr(module, 'dtype')
+        and not isinstance(module, nn.BatchNorm)
+        and not set(module.path) & set(_FLOAT32_BY_DESIGN)
+    ):
       assert module.dtype == BF16, where
     if 'param_dtype' in values and hasattr(module, 'param_dtype'):
       assert module.param_dtype == BF16, where
     if isinstance(module, _ATTENTIONS) and 'attention_implementation' in values:
       assert module.fast_path_implementation == 'cudnn', where
     if isinstance(module, (attention.SelfAttention, attention.ClassAttention)) and (
-        'qkv_bias' in values):
+        'qkv_bias' in values
+    ):
       assert module.qkv_bias == values['qkv_bias'], where
     if isinstance(module, layers.Mlp) and 'mlp_activation' in values:
       assert module.activation == 'gelu_tanh', where
@@ -107,8 +123,11 @@ def test_every_shared_field_reaches_every_block(name):
       if isinstance(module, layers.EncoderBlock):
         assert module.dropout_rate == values['dropout_rate'], where
         assert module.layer_norm_eps == values['layer_norm_eps'], where
-    if isinstance(module, nn.LayerNorm) and 'layer_norm_eps' in values and (
-        _in_main_blocks(module) or module.path[-1] == 'norm'):
+    if (
+        isinstance(module, nn.LayerNorm)
+        and 'layer_norm_eps' in values
+        and (_in_main_blocks(module) or module.path[-1] == 'norm')
+    ):
       assert module.epsilon == values['layer_norm_eps'], where
   for path, leaf in jax.tree_util.tree_leaves_with_path(variables['params']):
     if 'param_dtype' in values and path[-1].key not in _FLOAT32_PARAMS:
@@ -116,8 +135,12 @@ def test_every_shared_field_reaches_every_block(name):
   if values.get('scan_layers'):
     assert any('_to_' in key for key in variables['params']), list(variables['params'])
   if 'drop_path_rate' in values:
-    rates = [m.rate for m in called if isinstance(m, layers.DropPath) and (
-        _in_main_blocks(m) or models.family(name).name == 'regnet')]  # RegNet: every block.
+    rates = [
+        m.rate
+        for m in called
+        if isinstance(m, layers.DropPath)
+        and (_in_main_blocks(m) or models.family(name).name == 'regnet')
+    ]  # RegNet: every block.
     assert rates, name
     static = [rate for rate in rates if isinstance(rate, float)]  # Scanned rates are traced.
     assert not static or max(static) == values['drop_path_rate'], (name, rates)
@@ -128,12 +151,16 @@ def _uses_fast_attention(model: nn.Module) -> bool:
   if not isinstance(model, vit.VisionTransformer):
     return False
   kinds = {model.block_attention(i) for i in range(model.depth)}
-  return ('standard' in kinds or model.class_stage == 'class_attention'
-          or (model.stem == 't2t' and model.tokens_type == 'transformer'))
+  return (
+      'standard' in kinds
+      or model.class_stage == 'class_attention'
+      or (model.stem == 't2t' and model.tokens_type == 'transformer')
+  )
 
 
-@pytest.mark.parametrize('name', [n for n in models.names()
-                                  if _uses_fast_attention(models.create(n))])
+@pytest.mark.parametrize(
+    'name', [n for n in models.names() if _uses_fast_attention(models.create(n))]
+)
 def test_cudnn_attention_raises_on_cpu_in_every_family_with_standard_attention(name):
   model, images, variables, _ = _build(name, attention_implementation='cudnn')
   with pytest.raises(RuntimeError, match='cuDNN'):

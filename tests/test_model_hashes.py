@@ -37,8 +37,10 @@ CASES = {
     'vit_google': ('vit_ti4', TINY, 16),
     'vit_timm': ('vit_ti4', TIMM_TINY, 16),
     'vit_gelu_tanh_no_qkv_bias_pre_logits': (
-        'vit_ti4', dict(TIMM_TINY, mlp_activation='gelu_tanh', qkv_bias=False,
-                        representation_size=8), 16),
+        'vit_ti4',
+        dict(TIMM_TINY, mlp_activation='gelu_tanh', qkv_bias=False, representation_size=8),
+        16,
+    ),
     'vit_avg_pool': ('vit_ti4', dict(TIMM_TINY, global_pool='avg'), 16),
     'vit_map_pool': ('vit_ti4', dict(TIMM_TINY, global_pool='map'), 16),
     'vit_layer_scale': ('vit_ti4', dict(TIMM_TINY, layer_scale_init=0.5), 16),
@@ -47,53 +49,90 @@ CASES = {
     'vit_space_to_depth': ('vit_ti4', dict(TIMM_TINY, stem='space_to_depth', patch_size=2), 8),
     'vit_scan': ('vit_ti4', dict(TIMM_TINY, depth=3, scan_layers=True), 16),
     'vit_remat': ('vit_ti4', dict(TIMM_TINY, depth=3, remat=True), 16),
-    'vit_scan_remat_drop_path': ('vit_ti4', dict(TIMM_TINY, depth=3, scan_layers=True, remat=True,
-                                                 drop_path_rate=0.1), 16),
-    **{f'vit_{kind}': ('vit_ti4', dict(TIMM_TINY, attention=kind, global_pool='avg'), 16)
-       for kind in ('quadratic', 'gaussian', 'learned', 'learned_content')},
+    'vit_scan_remat_drop_path': (
+        'vit_ti4',
+        dict(TIMM_TINY, depth=3, scan_layers=True, remat=True, drop_path_rate=0.1),
+        16,
+    ),
+    **{
+        f'vit_{kind}': ('vit_ti4', dict(TIMM_TINY, attention=kind, global_pool='avg'), 16)
+        for kind in ('quadratic', 'gaussian', 'learned', 'learned_content')
+    },
     'vit_class_attention_quadratic': (
-        'vit_ti4', dict(TIMM_TINY, attention='quadratic', class_stage='class_attention',
-                        class_attention_depth=1), 16),
+        'vit_ti4',
+        dict(
+            TIMM_TINY, attention='quadratic', class_stage='class_attention', class_attention_depth=1
+        ),
+        16,
+    ),
     'deit_distilled': ('deit_ti16_distilled', dict(TINY, patch_size=4), 16),
-    'deit_distilled_sum_softmax': ('deit_ti16_distilled', dict(TINY, patch_size=4,
-                                                               inference_mode='sum_softmax'), 16),
+    'deit_distilled_sum_softmax': (
+        'deit_ti16_distilled',
+        dict(TINY, patch_size=4, inference_mode='sum_softmax'),
+        16,
+    ),
     'deit3': ('deit3_s16', dict(TINY, patch_size=4), 16),
     'cait': ('cait_ti4', dict(TINY, class_attention_depth=1), 16),
-    'cait_paper_layer_scale': ('cait_ti4', dict(TINY, class_attention_depth=1,
-                                                layer_scale_init='paper'), 16),
+    'cait_paper_layer_scale': (
+        'cait_ti4',
+        dict(TINY, class_attention_depth=1, layer_scale_init='paper'),
+        16,
+    ),
     'cait_scan': ('cait_ti4', dict(TINY, depth=3, class_attention_depth=2, scan_layers=True), 16),
     'deepvit': ('deepvit_ti4', dict(TINY), 16),
-    'deepvit_partial_scaled': ('deepvit_ti4', dict(TINY, depth=3, re_attention_blocks=1,
-                                                   transform_scale=True, scale_adjustment=0.5),
-                               16),
+    'deepvit_partial_scaled': (
+        'deepvit_ti4',
+        dict(TINY, depth=3, re_attention_blocks=1, transform_scale=True, scale_adjustment=0.5),
+        16,
+    ),
     'deepvit_layer_norm': ('deepvit_ti4', dict(TINY, re_attention_norm='layer'), 16),
     'deepvit_cnn_stem': ('deepvit_s', dict(TINY, patch_size=4, re_attention_blocks=1), 16),
     't2t_performer': ('t2t_vit_ti4', dict(TINY, token_dim=8), 16),
     't2t_transformer': ('t2t_vit_t_ti4', dict(TINY, token_dim=8), 16),
     't2t_scan': ('t2t_vit_t_ti4', dict(TINY, token_dim=8, scan_layers=True), 16),
-    **{f'sa_conv_{kind}': (f'sa_conv_{kind}', dict(num_classes=5, hidden_size=16,
-                                                   intermediate_size=16, num_heads=2,
-                                                   num_layers=2), 8)
-       for kind in ('quadratic', 'gaussian', 'learned', 'learned_content')},
-    'sa_conv_scan': ('sa_conv_quadratic', dict(num_classes=5, hidden_size=16, intermediate_size=16,
-                                               num_heads=2, num_layers=3, scan_layers=True), 8),
-    'regnet': ('regnety_002', dict(num_classes=5, w0=8, wa=8.0, wm=2.0, depth=3, group_width=8,
-                                   stem_width=8), 16),
+    **{
+        f'sa_conv_{kind}': (
+            f'sa_conv_{kind}',
+            dict(num_classes=5, hidden_size=16, intermediate_size=16, num_heads=2, num_layers=2),
+            8,
+        )
+        for kind in ('quadratic', 'gaussian', 'learned', 'learned_content')
+    },
+    'sa_conv_scan': (
+        'sa_conv_quadratic',
+        dict(
+            num_classes=5,
+            hidden_size=16,
+            intermediate_size=16,
+            num_heads=2,
+            num_layers=3,
+            scan_layers=True,
+        ),
+        8,
+    ),
+    'regnet': (
+        'regnety_002',
+        dict(num_classes=5, w0=8, wa=8.0, wm=2.0, depth=3, group_width=8, stem_width=8),
+        16,
+    ),
 }
 
 
 def _image_size(name: str) -> int:
   """The input a registered model is made for: 32 pixels for the CIFAR-sized ones, else 224."""
-  small = (name.startswith('sa_conv') or name.endswith('_ti4')
-           or name[-1] in '24' and name[-2] in 'bist')
+  small = (
+      name.startswith('sa_conv') or name.endswith('_ti4') or name[-1] in '24' and name[-2] in 'bist'
+  )
   return 32 if small else 224
 
 
 def tree_hash(variables) -> str:
   """sha256 of every variable's collection/path, shape and dtype, one sorted line each."""
   flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(variables))
-  lines = sorted(f"{'/'.join(path)} {tuple(leaf.shape)} {jnp.dtype(leaf.dtype).name}"
-                 for path, leaf in flat.items())
+  lines = sorted(
+      f"{'/'.join(path)} {tuple(leaf.shape)} {jnp.dtype(leaf.dtype).name}"
+      for path, leaf in flat.items()
+  )
   return hashlib.sha256('\n'.join(lines).encode()).hexdigest()
 
 
@@ -117,8 +156,11 @@ def case_outputs(case: str) -> dict:
   images = jax.random.normal(jax.random.key(1), (2, size, size, 3))
   variables, logits, state = _init_and_apply(model, images)
   head_input = np.asarray(state['features']['head_input'][0], np.float64).reshape(2, -1)[:, :8]
-  return {'tree': tree_hash(variables), 'logits': np.asarray(logits, np.float64).tolist(),
-          'head_input': head_input.tolist()}
+  return {
+      'tree': tree_hash(variables),
+      'logits': np.asarray(logits, np.float64).tolist(),
+      'head_input': head_input.tolist(),
+  }
 
 
 def _golden() -> dict:
@@ -156,8 +198,9 @@ def test_a_tiny_model_of_every_part_computes_what_it_did(case):
   stored = _golden()['parts'][case]
   assert outputs['tree'] == stored['tree']
   np.testing.assert_allclose(outputs['logits'], stored['logits'], rtol=TOLERANCE, atol=TOLERANCE)
-  np.testing.assert_allclose(outputs['head_input'], stored['head_input'], rtol=TOLERANCE,
-                             atol=TOLERANCE)
+  np.testing.assert_allclose(
+      outputs['head_input'], stored['head_input'], rtol=TOLERANCE, atol=TOLERANCE
+  )
   if case != 'vit_google':  # Google's scheme starts the head at zero.
     assert np.std(outputs['logits']) > 0, 'a constant output pins nothing'
   assert np.std(outputs['head_input']) > 0, 'a constant output pins nothing'

@@ -49,7 +49,7 @@ def get_config():
 '''
 
 # One process, two CPU devices, fed the two processes' streams concatenated in process order.
-REFERENCE = '''
+REFERENCE = """
 import os, sys
 os.environ['XLA_FLAGS'] += ' --xla_force_host_platform_device_count=2'  # After conftest's.
 os.environ['TF_CPP_MIN_LOG_LEVEL'] = '2'
@@ -75,7 +75,7 @@ spec = importlib.util.spec_from_file_location('tiny', {config_file!r})
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 train.train_and_evaluate(module.get_config(), {workdir!r})
-'''
+"""
 
 
 def free_port() -> int:
@@ -86,14 +86,22 @@ def free_port() -> int:
 
 def slurm_task(task: int, tasks: int, port: int) -> dict[str, str]:
   """The variables srun sets for task `task` of a one-node job step (JAX reads these)."""
-  return {'SLURM_JOB_ID': '4242', 'SLURM_NTASKS': str(tasks), 'SLURM_STEP_NUM_TASKS': str(tasks),
-          'SLURM_PROCID': str(task), 'SLURM_LOCALID': str(task), 'SLURM_NODEID': '0',
-          'SLURM_STEP_NODELIST': '127.0.0.1', 'SLURM_STEP_NUM_NODES': '1',
-          'JAX_COORDINATOR_PORT': str(port)}
+  return {
+      'SLURM_JOB_ID': '4242',
+      'SLURM_NTASKS': str(tasks),
+      'SLURM_STEP_NUM_TASKS': str(tasks),
+      'SLURM_PROCID': str(task),
+      'SLURM_LOCALID': str(task),
+      'SLURM_NODEID': '0',
+      'SLURM_STEP_NODELIST': '127.0.0.1',
+      'SLURM_STEP_NUM_NODES': '1',
+      'JAX_COORDINATOR_PORT': str(port),
+  }
 
 
-def run_all(commands: list[list[str]], envs: list[dict[str, str]], logs: list[str],
-            timeout: float) -> list[int]:
+def run_all(
+    commands: list[list[str]], envs: list[dict[str, str]], logs: list[str], timeout: float
+) -> list[int]:
   """Runs the commands at once; returns their exit codes, SIGKILLing every one still alive."""
   base = {k: v for k, v in os.environ.items() if not k.startswith(('SLURM_', 'JAX_'))}
   base.update(TF_CPP_MIN_LOG_LEVEL='2', JAX_PLATFORMS='cpu')
@@ -101,8 +109,16 @@ def run_all(commands: list[list[str]], envs: list[dict[str, str]], logs: list[st
   try:
     for command, env, log in zip(commands, envs, logs):
       with open(log, 'w') as f:
-        processes.append(subprocess.Popen(command, cwd=REPO, env={**base, **env}, stdout=f,
-                                          stderr=subprocess.STDOUT, start_new_session=True))
+        processes.append(
+            subprocess.Popen(
+                command,
+                cwd=REPO,
+                env={**base, **env},
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and any(p.poll() is None for p in processes):
       if any(p.poll() not in (None, 0) for p in processes):
@@ -129,8 +145,11 @@ def assert_all_succeeded(codes: list[int], logs: list[str]) -> None:
     # A fatal abort ends with Python's list of extension modules: drop it, keep what came before.
     text = read_log(log).split('\nExtension modules:')[0]
     errors = [line for line in text.splitlines() if line.startswith(('error:', 'F1', 'E1'))]
-    report.append(f'{log} exited with {code}; error lines:\n' + '\n'.join(errors[:20]) +
-                  f'\n... end of log:\n{text[-3000:]}')
+    report.append(
+        f'{log} exited with {code}; error lines:\n'
+        + '\n'.join(errors[:20])
+        + f'\n... end of log:\n{text[-3000:]}'
+    )
   assert not failed, f'exit codes {codes}\n' + '\n\n'.join(report)
 
 
@@ -147,10 +166,18 @@ def one_device_state(config) -> steps.TrainState:
   schedule = optim.learning_rate_schedule(optim.ScheduleSettings.from_config(config), STEPS, 2)
   tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), schedule, model)
   sharding = NamedSharding(Mesh(np.array(jax.devices()[:1]), ('data',)), P())
-  return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
-                      jax.eval_shape(lambda: steps.init_state(
-      model, tx, steps.init_rngs(config.seed), image_size=config.image_size,
-      ema=bool(config.ema_decay))))
+  return jax.tree.map(
+      lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
+      jax.eval_shape(
+          lambda: steps.init_state(
+              model,
+              tx,
+              steps.init_rngs(config.seed),
+              image_size=config.image_size,
+              ema=bool(config.ema_decay),
+          )
+      ),
+  )
 
 
 def saved_state(workdir: str, config, step: int | None = None) -> steps.TrainState:
@@ -169,16 +196,30 @@ def runs(tmp_path_factory):
   two, one = str(root / 'two_processes'), str(root / 'reference')
   port = free_port()
   # --verbosity=1: the connection and device lines checked below are kept out of a default log.
-  commands = [[sys.executable, '-m', 'vit_jax.main', f'--config={config_file}',
-               f'--workdir={two}', '--verbosity=1']] * 2
-  commands.append([sys.executable, '-c', REFERENCE.format(
-      repo=REPO, config_file=config_file, workdir=one)])
+  commands = [
+      [
+          sys.executable,
+          '-m',
+          'vit_jax.main',
+          f'--config={config_file}',
+          f'--workdir={two}',
+          '--verbosity=1',
+      ]
+  ] * 2
+  commands.append(
+      [sys.executable, '-c', REFERENCE.format(repo=REPO, config_file=config_file, workdir=one)]
+  )
   envs = [slurm_task(0, 2, port), slurm_task(1, 2, port), {}]
   logs = [str(root / name) for name in ('process0.log', 'process1.log', 'reference.log')]
   codes = run_all(commands, envs, logs, TIMEOUT_S)
   assert_all_succeeded(codes, logs)
-  return {'two': two, 'one': one, 'logs': logs, 'config': load_config(config_file),
-          'config_file': config_file}
+  return {
+      'two': two,
+      'one': one,
+      'logs': logs,
+      'config': load_config(config_file),
+      'config_file': config_file,
+  }
 
 
 @pytest.mark.slow
@@ -195,8 +236,13 @@ def test_two_processes_train_like_one_process_with_two_devices(runs):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=0)
   # Training moved the parameters, so the agreement is not that of two idle models.
   earlier = saved_state(runs['two'], config, step=4).params
-  assert max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
-             for a, b in zip(jax.tree.leaves(two), jax.tree.leaves(earlier))) > 1e-4
+  assert (
+      max(
+          float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+          for a, b in zip(jax.tree.leaves(two), jax.tree.leaves(earlier))
+      )
+      > 1e-4
+  )
   with open(os.path.join(runs['two'], 'results.json')) as f:
     results_two = json.load(f)
   with open(os.path.join(runs['one'], 'results.json')) as f:
@@ -224,8 +270,9 @@ def test_two_process_checkpoint_restores_and_resumes_in_one_process(runs, tmp_pa
   # Restored onto this process's one device, with that mesh's shardings.
   state = saved_state(workdir, config)
   assert int(state.step) == STEPS
-  for a, b in zip(jax.tree.leaves(state.params),
-                  jax.tree.leaves(saved_state(runs['one'], config).params)):
+  for a, b in zip(
+      jax.tree.leaves(state.params), jax.tree.leaves(saved_state(runs['one'], config).params)
+  ):
     assert a.sharding.mesh.devices.shape == (1,)
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=0)
 
@@ -246,9 +293,18 @@ def fsdp_run(runs, tmp_path_factory):
   root = tmp_path_factory.mktemp('multiprocess_fsdp')
   workdir = str(root / 'fsdp')
   port = free_port()
-  commands = [[sys.executable, '-m', 'vit_jax.main', f'--config={runs["config_file"]}',
-               f'--workdir={workdir}', '--config.mesh.fsdp=2',
-               '--config.mesh.fsdp_min_size=0', '--verbosity=1']] * 2  # For the mesh line.
+  commands = [
+      [
+          sys.executable,
+          '-m',
+          'vit_jax.main',
+          f'--config={runs["config_file"]}',
+          f'--workdir={workdir}',
+          '--config.mesh.fsdp=2',
+          '--config.mesh.fsdp_min_size=0',
+          '--verbosity=1',
+      ]
+  ] * 2  # For the mesh line.
   logs = [str(root / f'process{i}.log') for i in range(2)]
   codes = run_all(commands, [slurm_task(0, 2, port), slurm_task(1, 2, port)], logs, TIMEOUT_S)
   assert_all_succeeded(codes, logs)
@@ -257,8 +313,9 @@ def fsdp_run(runs, tmp_path_factory):
 
 @pytest.mark.slow
 def test_two_processes_sharing_the_state_train_like_one_process(runs, fsdp_run):
-  assert "Mesh {'data': 1, 'fsdp': 2}" in read_log(os.path.join(os.path.dirname(fsdp_run),
-                                                                 'process0.log'))
+  assert "Mesh {'data': 1, 'fsdp': 2}" in read_log(
+      os.path.join(os.path.dirname(fsdp_run), 'process0.log')
+  )
   config = runs['config']
   sharded, one = saved_state(fsdp_run, config).params, saved_state(runs['one'], config).params
   for a, b in zip(jax.tree.leaves(sharded), jax.tree.leaves(one)):
@@ -278,43 +335,69 @@ def test_a_plain_process_runs_alone():
 
 def test_explicit_flags_and_environment_variables():
   expected = {'coordinator_address': '10.0.0.1:1234', 'num_processes': 4, 'process_id': 3}
-  assert arguments({}, coordinator_address='10.0.0.1:1234', num_processes=4,
-                   process_id=3) == expected
-  environ = {'JAX_COORDINATOR_ADDRESS': '10.0.0.1:1234', 'JAX_NUM_PROCESSES': '4',
-             'JAX_PROCESS_ID': '3'}
+  assert (
+      arguments({}, coordinator_address='10.0.0.1:1234', num_processes=4, process_id=3) == expected
+  )
+  environ = {
+      'JAX_COORDINATOR_ADDRESS': '10.0.0.1:1234',
+      'JAX_NUM_PROCESSES': '4',
+      'JAX_PROCESS_ID': '3',
+  }
   assert arguments(environ) == expected
   assert arguments(environ, process_id=1)['process_id'] == 1  # A flag beats the environment.
   assert arguments({}, coordinator_address='h:1', num_processes=1, process_id=0) is None
 
 
-@pytest.mark.parametrize('environ, flags, message', [
-    ({}, {'coordinator_address': 'h:1'}, 'needs all of'),
-    ({}, {'num_processes': 2, 'process_id': 0}, 'coordinator_address'),
-    ({}, {'coordinator_address': 'h:1', 'num_processes': 2, 'process_id': 2}, 'process_id=2'),
-    ({'JAX_NUM_PROCESSES': 'two'}, {}, 'JAX_NUM_PROCESSES'),
-    ({}, {'coordinator_address': 'h:1', 'num_processes': 0, 'process_id': 0}, 'num_processes=0'),
-])
+@pytest.mark.parametrize(
+    'environ, flags, message',
+    [
+        ({}, {'coordinator_address': 'h:1'}, 'needs all of'),
+        ({}, {'num_processes': 2, 'process_id': 0}, 'coordinator_address'),
+        ({}, {'coordinator_address': 'h:1', 'num_processes': 2, 'process_id': 2}, 'process_id=2'),
+        ({'JAX_NUM_PROCESSES': 'two'}, {}, 'JAX_NUM_PROCESSES'),
+        (
+            {},
+            {'coordinator_address': 'h:1', 'num_processes': 0, 'process_id': 0},
+            'num_processes=0',
+        ),
+    ],
+)
 def test_incomplete_or_bad_settings_are_refused(environ, flags, message):
   with pytest.raises(ValueError, match=message):
     arguments(environ, **flags)
 
 
-SBATCH_SCRIPT = {'SLURM_JOB_ID': '77', 'SLURM_NTASKS': '8', 'SLURM_JOB_NUM_NODES': '2',
-                 'SLURM_NODELIST': 'gpu[01-02]'}
+SBATCH_SCRIPT = {
+    'SLURM_JOB_ID': '77',
+    'SLURM_NTASKS': '8',
+    'SLURM_JOB_NUM_NODES': '2',
+    'SLURM_NODELIST': 'gpu[01-02]',
+}
 
 
 def test_slurm_joins_only_a_job_step_of_several_tasks():
   # The sbatch script itself (or an salloc shell) is one process, whatever --ntasks says.
   assert arguments(SBATCH_SCRIPT) is None
-  one_task = dict(SBATCH_SCRIPT, SLURM_STEP_NUM_TASKS='1', SLURM_PROCID='0', SLURM_LOCALID='0',
-                  SLURM_STEP_NODELIST='gpu01')
+  one_task = dict(
+      SBATCH_SCRIPT,
+      SLURM_STEP_NUM_TASKS='1',
+      SLURM_PROCID='0',
+      SLURM_LOCALID='0',
+      SLURM_STEP_NODELIST='gpu01',
+  )
   assert arguments(one_task) is None
-  srun = dict(SBATCH_SCRIPT, SLURM_STEP_NUM_TASKS='8', SLURM_PROCID='5', SLURM_LOCALID='1',
-              SLURM_STEP_NODELIST='gpu[01-02]')
+  srun = dict(
+      SBATCH_SCRIPT,
+      SLURM_STEP_NUM_TASKS='8',
+      SLURM_PROCID='5',
+      SLURM_LOCALID='1',
+      SLURM_STEP_NODELIST='gpu[01-02]',
+  )
   # JAX reads the coordinator (first node) and this task's GPU (SLURM_LOCALID) itself.
   assert arguments(srun) == {'num_processes': 8, 'process_id': 5}
   assert arguments(dict(srun, JAX_COORDINATOR_ADDRESS='gpu01:5000')) == {
-      'coordinator_address': 'gpu01:5000'}
+      'coordinator_address': 'gpu01:5000'
+  }
 
 
 def test_tpu_and_mpi_clusters_are_left_to_jax():

@@ -24,8 +24,9 @@ def run_notebook(name: str, tmp_path, monkeypatch, timeout: int = 600):
   monkeypatch.setenv('TF_CPP_MIN_LOG_LEVEL', '2')
   monkeypatch.setenv('JAX_PLATFORMS', 'cpu')
   notebook = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
-  client = nbclient.NotebookClient(notebook, timeout=timeout, kernel_name='python3',
-                                   resources={'metadata': {'path': REPO}})
+  client = nbclient.NotebookClient(
+      notebook, timeout=timeout, kernel_name='python3', resources={'metadata': {'path': REPO}}
+  )
   client.execute()
   return notebook
 
@@ -46,13 +47,20 @@ def number_after(text: str, prefix: str) -> float:
 
 
 def images(notebook) -> int:
-  return sum('image/png' in output.get('data', {})
-             for cell in notebook.cells for output in cell.get('outputs', []))
+  return sum(
+      'image/png' in output.get('data', {})
+      for cell in notebook.cells
+      for output in cell.get('outputs', [])
+  )
 
 
 def test_every_notebook_is_tested():
-  tested = {'01_quickstart.ipynb', '02_attention_variants.ipynb', '03_sa_conv.ipynb',
-            '04_pretrained.ipynb'}
+  tested = {
+      '01_quickstart.ipynb',
+      '02_attention_variants.ipynb',
+      '03_sa_conv.ipynb',
+      '04_pretrained.ipynb',
+  }
   assert set(n for n in os.listdir(NOTEBOOKS) if n.endswith('.ipynb')) == tested
 
 
@@ -83,12 +91,19 @@ def test_quickstart(tmp_path, monkeypatch):
 def test_attention_variants(tmp_path, monkeypatch):
   notebook = run_notebook('02_attention_variants.ipynb', tmp_path, monkeypatch)
   text = outputs(notebook)
-  for name in ('vit_ti4', 'deit_ti16_distilled', 'cait_ti4', 'deepvit_ti4', 't2t_vit_t_ti4',
-               'sa_conv_quadratic'):
+  for name in (
+      'vit_ti4',
+      'deit_ti16_distilled',
+      'cait_ti4',
+      'deepvit_ti4',
+      't2t_vit_t_ti4',
+      'sa_conv_quadratic',
+  ):
     assert name in text
   for label in ('ViT', 'DeiT', 'CaiT', 'DeepViT', 'T2T-ViT', 'SA-conv'):
-    assert re.search(rf'^{re.escape(label)} +\d attention layers; main stage 3 blocks', text,
-                     re.MULTILINE), label
+    assert re.search(
+        rf'^{re.escape(label)} +\d attention layers; main stage 3 blocks', text, re.MULTILINE
+    ), label
   assert 'main stage 3 blocks of 9 heads x 64 queries x 64 keys' in text  # SA-conv: 16x16 / 2.
   assert images(notebook) == 2 + 6 + 1  # Two summaries, a collapse plot per model, overlays.
   for family in ('vit', 'deit', 'cait', 'deepvit', 't2t', 'sa_conv'):
@@ -99,8 +114,11 @@ def test_sa_conv(tmp_path, monkeypatch):
   notebook = run_notebook('03_sa_conv.ipynb', tmp_path, monkeypatch)
   text = outputs(notebook)
   assert 'Test accuracy' in text and 'centres of mass' in text
-  for line in ('3x3 kernel, dilation 1: 9 heads', '3x3 kernel, dilation 2: 9 heads',
-               '5x5 kernel, dilation 1: 25 heads'):
+  for line in (
+      '3x3 kernel, dilation 1: 9 heads',
+      '3x3 kernel, dilation 2: 9 heads',
+      '5x5 kernel, dilation 1: 25 heads',
+  ):
     assert number_after(text, line + ', max |attention - convolution| = ') < 1e-4
   assert images(notebook) == 3  # Centres, contours, the heads of the convolution.
   assert os.path.exists(tmp_path / 'sa_conv' / 'analysis' / 'centres.png')

@@ -29,15 +29,27 @@ def _write_test_digits(directory, count: int) -> dict[str, int]:
 
 
 @pytest.mark.slow
-def test_cli_names_the_digits_of_a_trained_run_and_reports_bad_files(trained_digits_run,
-                                                                     tmp_path):
+def test_cli_names_the_digits_of_a_trained_run_and_reports_bad_files(trained_digits_run, tmp_path):
   labels = _write_test_digits(str(tmp_path), 10)
   (tmp_path / 'broken.png').write_text('not an image')
   result = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.predict', f'--workdir={trained_digits_run}', '--json',
-       '--top_k=3', '--batch_size=4', str(tmp_path), str(tmp_path / 'missing_*.jpg')],
-      cwd=REPO, capture_output=True, text=True, timeout=600,
-      env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL='2'))
+      [
+          sys.executable,
+          '-m',
+          'vit_jax.predict',
+          f'--workdir={trained_digits_run}',
+          '--json',
+          '--top_k=3',
+          '--batch_size=4',
+          str(tmp_path),
+          str(tmp_path / 'missing_*.jpg'),
+      ],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=600,
+      env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL='2'),
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   report = json.loads(result.stdout)
   predictions = {p['file']: p['top_k'] for p in report['predictions']}
@@ -56,6 +68,7 @@ def test_cli_names_the_digits_of_a_trained_run_and_reports_bad_files(trained_dig
 def test_published_weight_layout_runs_end_to_end_with_imagenet_names(timm_model, tmp_path):
   import torch  # pylint: disable=g-import-not-at-top
   from safetensors import numpy as safetensors_numpy  # pylint: disable=g-import-not-at-top
+
   reference, state_dict = timm_model('deit_tiny_patch16_224')
   weights = str(tmp_path / 'deit_tiny.safetensors')
   safetensors_numpy.save_file(state_dict, weights)
@@ -76,13 +89,13 @@ def test_published_weight_layout_runs_end_to_end_with_imagenet_names(timm_model,
     logits = reference(torch.from_numpy(image[None].transpose(0, 3, 1, 2))).numpy()[0]
   expected = np.argsort(-logits)[:5]
   assert [i for i, _, _ in prediction.top_k] == expected.tolist()
-  np.testing.assert_allclose([p for _, _, p in prediction.top_k],
-                             np.asarray(jax.nn.softmax(logits))[expected], atol=1e-4)
+  np.testing.assert_allclose(
+      [p for _, _, p in prediction.top_k], np.asarray(jax.nn.softmax(logits))[expected], atol=1e-4
+  )
 
 
 def test_bad_arguments_are_one_clear_error(tmp_path):
   with pytest.raises(ValueError, match=r"^--normalization='imagenets': must be one of"):
-    inference.load_weights(str(tmp_path / 'w.safetensors'), 'deit_ti16',
-                           normalization='imagenets')
+    inference.load_weights(str(tmp_path / 'w.safetensors'), 'deit_ti16', normalization='imagenets')
   paths, missing = inference.image_paths([str(tmp_path / 'nothing_here')])
   assert not paths and missing[0][1].startswith('no such file')

@@ -66,6 +66,7 @@ def write_digit_folder(root: str, label_of, rows_of: dict[str, np.ndarray], scal
 def eval_curve(workdir: str) -> dict[int, float]:
   """Step -> eval accuracy, from the run's TensorBoard summaries."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   curve = {}
   for path in glob.glob(os.path.join(workdir, 'events.out.tfevents*')):
     for event in tf.compat.v1.train.summary_iterator(path):
@@ -113,13 +114,23 @@ def test_image_folder_fine_tunes_at_a_new_resolution_and_evaluates(pretrained, t
   root = str(tmp_path / 'images')
   _, targets = _digit_images()
   rows = {digit: np.flatnonzero(targets == digit)[:10] for digit in (0, 1, 2)}
-  split_rows = {'train': np.concatenate([r[:7] for r in rows.values()]),
-                'test': np.concatenate([r[7:] for r in rows.values()])}
+  split_rows = {
+      'train': np.concatenate([r[:7] for r in rows.values()]),
+      'test': np.concatenate([r[7:] for r in rows.values()]),
+  }
   names = {0: 'zero', 1: 'one', 2: 'two'}
   write_digit_folder(root, names.__getitem__, split_rows, scale=2)
-  config = digits_config(str(tmp_path / 'tfds'), dataset=f'folder:{root}', image_size=16,
-                         batch_size=21, eval_batch_size=9, total_steps=30, warmup_steps=5,
-                         base_lr=1e-3, init_from=workdir)
+  config = digits_config(
+      str(tmp_path / 'tfds'),
+      dataset=f'folder:{root}',
+      image_size=16,
+      batch_size=21,
+      eval_batch_size=9,
+      total_steps=30,
+      warmup_steps=5,
+      base_lr=1e-3,
+      init_from=workdir,
+  )
   run = str(tmp_path / 'fine_tuned')
   metrics = train.train_and_evaluate(config, run).metrics
   assert metrics['count'] == 9
@@ -139,8 +150,9 @@ def test_image_folder_fine_tunes_at_a_new_resolution_and_evaluates(pretrained, t
 
   # The digits checkpoint has 10 classes; evaluating it on 3 classes cannot re-use its head.
   evaluation.init_from = workdir
-  with pytest.raises(ValueError, match=r'class count(.|\n)*params/head/kernel \(64, 10\) vs '
-                                       r'\(64, 3\)'):
+  with pytest.raises(
+      ValueError, match=r'class count(.|\n)*params/head/kernel \(64, 10\) vs ' r'\(64, 3\)'
+  ):
     train.train_and_evaluate(evaluation, str(tmp_path / 'eval_elsewhere'))
 
 
@@ -157,17 +169,25 @@ def test_eval_only_reproduces_the_final_test_accuracy(pretrained, tmp_path):
 def test_export_cli_writes_what_timm_runs(pretrained, timm, tmp_path):
   from safetensors import torch as safetensors_torch  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
+
   workdir, _, _ = pretrained
   out = str(tmp_path / 'vit.safetensors')
-  result = subprocess.run([sys.executable, '-m', 'vit_jax.export', f'--workdir={workdir}',
-                           f'--out={out}'], cwd=REPO, capture_output=True, text=True, check=False)
+  result = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.export', f'--workdir={workdir}', f'--out={out}'],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      check=False,
+  )
   assert result.returncode == 0, result.stderr[-2000:]
-  model = timm.models.VisionTransformer(img_size=8, patch_size=4, embed_dim=64, depth=2,
-                                        num_heads=4, mlp_ratio=2.0, num_classes=10).eval()
+  model = timm.models.VisionTransformer(
+      img_size=8, patch_size=4, embed_dim=64, depth=2, num_heads=4, mlp_ratio=2.0, num_classes=10
+  ).eval()
   model.load_state_dict(safetensors_torch.load_file(out), strict=True)
   variables = workdir_lib.Workdir.open(workdir).read_variables(unrolled=True).variables
-  ours = models.create('vit_ti4', num_classes=10, patch_size=4, hidden_size=64, depth=2,
-                       num_heads=4, mlp_dim=128)
+  ours = models.create(
+      'vit_ti4', num_classes=10, patch_size=4, hidden_size=64, depth=2, num_heads=4, mlp_dim=128
+  )
   images = np.random.default_rng(0).normal(size=(4, 8, 8, 3)).astype(np.float32)
   expected = np.asarray(jax.jit(ours.apply)(variables, images))
   with torch.no_grad():

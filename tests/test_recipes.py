@@ -53,8 +53,11 @@ def test_mixed_targets_follow_the_pixels_within_each_group(kind):
       cutmix_alpha=1.0 if kind == 'cutmix' else 0.0,
   )
   batch, groups = _batch(16), 2
-  out = jax.device_get(steps.training_batch(jax.random.key(3), batch, augment.MixSettings.from_config(config),
-                                            0.1, 10, groups))
+  out = jax.device_get(
+      steps.training_batch(
+          jax.random.key(3), batch, augment.MixSettings.from_config(config), 0.1, 10, groups
+      )
+  )
   images, labels = np.asarray(batch['image']), np.asarray(batch['label'])
   lams = []
   for g in range(groups):
@@ -101,18 +104,22 @@ def test_train_step_learns_from_the_mixed_batch(monkeypatch):
       **{'model.init_scheme': 'timm'},
   )
   model = config_lib.create_model(config, 10)
-  tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), lambda _: 1e-3,
-                              model)
+  tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), lambda _: 1e-3, model)
   state = steps.init_state(
-      model, tx, steps.init_rngs(config.seed), image_size=config.image_size,
-      ema=bool(config.ema_decay))
+      model,
+      tx,
+      steps.init_rngs(config.seed),
+      image_size=config.image_size,
+      ema=bool(config.ema_decay),
+  )
   # The step's own mixing rng is replaced by a fixed one so that the test can redo the mixing.
   original = steps.training_batch
   fixed = lambda rng, *args, **kwargs: original(jax.random.key(6), *args, **kwargs)
   monkeypatch.setattr(steps, 'training_batch', fixed)
   batch = _batch(32)
-  step = jax.jit(steps.make_train_step(model, tx, steps.StepSettings.from_config(config), 10,
-                                       mix_groups=2))
+  step = jax.jit(
+      steps.make_train_step(model, tx, steps.StepSettings.from_config(config), 10, mix_groups=2)
+  )
   _, metrics = step(state, batch)
   used = jax.device_get(fixed(None, batch, augment.MixSettings.from_config(config), 0.1, 10, 2))
   assert not np.allclose(used['targets'].max(-1), 0.91)  # Soft targets, not smoothed one-hots.
@@ -142,11 +149,14 @@ def test_four_micro_batches_equal_one_big_batch(mixing):
   for accumulate in (1, 4):
     config = tiny_config('unused', grad_accum_steps=accumulate, **overrides)
     model = config_lib.create_model(config, 10)
-    tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), lambda _: 1e-3,
-                              model)
+    tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), lambda _: 1e-3, model)
     state = steps.init_state(
-      model, tx, steps.init_rngs(config.seed), image_size=config.image_size,
-      ema=bool(config.ema_decay))
+        model,
+        tx,
+        steps.init_rngs(config.seed),
+        image_size=config.image_size,
+        ema=bool(config.ema_decay),
+    )
     step = jax.jit(steps.make_train_step(model, tx, steps.StepSettings.from_config(config), 10))
     for seed in range(2):
       state, metrics = step(state, _batch(32, seed))
@@ -185,11 +195,14 @@ def test_bad_recipe_settings_fail_before_touching_the_workdir(tmp_path, override
 def test_ema_follows_the_parameters():
   config = tiny_config('unused', ema_decay=0.75)
   model = config_lib.create_model(config, 10)
-  tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), lambda _: 1e-2,
-                              model)
+  tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), lambda _: 1e-2, model)
   state = steps.init_state(
-      model, tx, steps.init_rngs(config.seed), image_size=config.image_size,
-      ema=bool(config.ema_decay))
+      model,
+      tx,
+      steps.init_rngs(config.seed),
+      image_size=config.image_size,
+      ema=bool(config.ema_decay),
+  )
   assert_trees_close(state.ema['params'], state.params, atol=0)
   step = jax.jit(steps.make_train_step(model, tx, steps.StepSettings.from_config(config), 10))
   expected = state.params
@@ -327,7 +340,9 @@ def test_deit_recipe(variant, distilled, tmp_path):
           image_size=224,
       ),
   )
-  assert optim.peak_learning_rate(optim.ScheduleSettings.from_config(config)) == pytest.approx(1e-3)  # 5e-4 × 1024 / 512.
+  assert optim.peak_learning_rate(optim.ScheduleSettings.from_config(config)) == pytest.approx(
+      1e-3
+  )  # 5e-4 × 1024 / 512.
   assert config.model.drop_path_rate == 0.1
   model = config_lib.create_model(config, 10)
   assert model.drop_path_rate == 0.1 and model.dropout_rate == 0.0
@@ -383,7 +398,9 @@ def test_deepvit_recipe(variant, baseline):
       },
   )
   _check_fields(config, dict(repeated_aug=1, num_epochs=300, warmup_epochs=5))
-  assert optim.peak_learning_rate(optim.ScheduleSettings.from_config(config)) == 5e-4  # Not scaled with the batch.
+  assert (
+      optim.peak_learning_rate(optim.ScheduleSettings.from_config(config)) == 5e-4
+  )  # Not scaled with the batch.
   assert config.model.drop_path_rate == 0.2
   model = models.create(config.model.name, num_classes=1000)
   assert (model.re_attention_blocks == 0) == baseline and model.depth == int(variant[:2])

@@ -27,6 +27,7 @@ def timm_regnet(timm, name: str, **kwargs):
   """timm's random `name` in eval mode with every BatchNorm's affine parameters and running
   statistics randomised (the last BN of each block is zero-initialised otherwise)."""
   import torch  # pylint: disable=g-import-not-at-top
+
   torch.manual_seed(0)
   model = timm.create_model(name, pretrained=False, **kwargs).eval()
   generator = torch.Generator().manual_seed(1)
@@ -61,6 +62,7 @@ def test_parameter_count_matches_timm(timm, name):
 def test_timm_weights_give_timm_logits(timm, name):
   """timm's state dict -> from_timm -> our logits equal timm's (eval mode, running statistics)."""
   import torch  # pylint: disable=g-import-not-at-top
+
   reference, state_dict = timm_regnet(timm, name)
   images = np.random.default_rng(0).normal(size=(2, 32, 32, 3)).astype(np.float32)
   with torch.no_grad():
@@ -78,6 +80,7 @@ def test_timm_weights_give_timm_logits(timm, name):
 def test_training_mode_matches_timm(timm):
   """train=True normalises by batch statistics and moves the running mean as PyTorch does."""
   import torch  # pylint: disable=g-import-not-at-top
+
   reference, state_dict = timm_regnet(timm, 'regnety_002', num_classes=10)
   # Large enough that no BatchNorm normalises a handful of values (1x1 maps of a batch of 4 at
   # 32 px amplify float32 noise to 1e-3).
@@ -97,7 +100,8 @@ def test_training_loop_updates_checkpoints_and_averages_batch_stats(tmp_path):
   """In `train.train_and_evaluate`, BatchNorm statistics move, are saved, and get an EMA."""
   config = tiny_config(str(tmp_path / 'tfds'), total_steps=3, ema_decay=0.5)
   config.model = ml_collections.ConfigDict(
-      {'name': 'regnety_002', 'w0': 16, 'wa': 8.0, 'wm': 2.0, 'depth': 2, 'group_width': 8})
+      {'name': 'regnety_002', 'w0': 16, 'wa': 8.0, 'wm': 2.0, 'depth': 2, 'group_width': 8}
+  )
   metrics = train.train_and_evaluate(config, str(tmp_path / 'run')).metrics
   assert 'ema_accuracy' in metrics
   state = workdir_lib.Workdir(str(tmp_path / 'run')).read_state()
@@ -118,6 +122,7 @@ def test_deit_distils_from_a_timm_regnety_weights_file(timm, tmp_path, train_los
   """`teacher=MODEL:FILE`: timm's RegNetY-200MF .pth teaches a tiny distilled DeiT; the teacher
   logits the step uses are timm's on the same (normalised) batch."""
   import torch  # pylint: disable=g-import-not-at-top
+
   reference, state_dict = timm_regnet(timm, 'regnety_002', num_classes=10)
   weights = str(tmp_path / 'regnety_002.pth')
   torch.save({'model': {k: torch.from_numpy(v) for k, v in state_dict.items()}}, weights)
@@ -130,8 +135,7 @@ def test_deit_distils_from_a_timm_regnety_weights_file(timm, tmp_path, train_los
   loaded = teacher.load(teacher.TeacherSettings.from_config(config), num_classes=10)
   images = np.random.default_rng(0).normal(size=(2, 16, 16, 3)).astype(np.float32)
   digits_mean, digits_std = (np.asarray(v) for v in input_pipeline.NORMALIZATIONS['digits'])
-  imagenet_mean, imagenet_std = (np.asarray(v)
-                                 for v in input_pipeline.NORMALIZATIONS['imagenet'])
+  imagenet_mean, imagenet_std = (np.asarray(v) for v in input_pipeline.NORMALIZATIONS['imagenet'])
   timm_images = ((images * digits_std + digits_mean) - imagenet_mean) / imagenet_std
   with torch.no_grad():
     expected = reference(torch.from_numpy(timm_images.transpose(0, 3, 1, 2).astype(np.float32)))
@@ -161,12 +165,15 @@ def test_teacher_spec_errors_name_the_value(tmp_path):
 def test_checkpoints_load_reads_a_timm_file_for_the_family(timm, tmp_path):
   """`init_from=regnety_*.safetensors` goes through this family's from_timm, batch_stats kept."""
   from safetensors import numpy as safetensors_numpy  # pylint: disable=g-import-not-at-top
+
   _, state_dict = timm_regnet(timm, 'regnety_002', num_classes=10)
   path = str(tmp_path / 'regnety_002.safetensors')
   safetensors_numpy.save_file(state_dict, path)
   model = models.create('regnety_002', num_classes=10)
   variables = pretrained.load(path, model, image_size=32)
-  np.testing.assert_array_equal(variables['batch_stats']['s4']['b1']['conv1']['bn']['var'],
-                                state_dict['s4.b1.conv1.bn.running_var'])
+  np.testing.assert_array_equal(
+      variables['batch_stats']['s4']['b1']['conv1']['bn']['var'],
+      state_dict['s4.b1.conv1.bn.running_var'],
+  )
   with pytest.raises(ValueError, match='family'):
     pretrained.load(path, models.create('vit_ti4', num_classes=10), image_size=32)

@@ -27,8 +27,10 @@ def _config(data_dir, **overrides):
 def runs(data_dir, tmp_path_factory):
   """'plain': no clipping, no EMA; 'clipped_ema': both; each trained to step 4."""
   made = {}
-  for name, overrides in (('plain', {}), ('clipped_ema', {'grad_clip_norm': 1.0,
-                                                           'ema_decay': 0.9})):
+  for name, overrides in (
+      ('plain', {}),
+      ('clipped_ema', {'grad_clip_norm': 1.0, 'ema_decay': 0.9}),
+  ):
     workdir = str(tmp_path_factory.mktemp(name) / 'run')
     train.train_and_evaluate(_config(data_dir, **overrides), workdir)
     made[name] = (workdir, overrides)
@@ -36,8 +38,11 @@ def runs(data_dir, tmp_path_factory):
 
 
 def _files(root):
-  return {os.path.relpath(os.path.join(d, f), root): open(os.path.join(d, f), 'rb').read()
-          for d, _, names in os.walk(root) for f in names}
+  return {
+      os.path.relpath(os.path.join(d, f), root): open(os.path.join(d, f), 'rb').read()
+      for d, _, names in os.walk(root)
+      for f in names
+  }
 
 
 def _checkpoints(workdir):
@@ -65,6 +70,7 @@ def _starting_state(config, workdir, monkeypatch):
 
   def stop(*args, **kwargs):
     raise _Started(restore_or_init(*args, **kwargs))
+
   monkeypatch.setattr(train, '_restore_or_init', stop)
   with pytest.raises(_Started) as started:
     train.train_and_evaluate(config, workdir)
@@ -84,14 +90,18 @@ CARRIED = {  # name: (base run, changed fields, the log line's note)
     'ema_on': ('plain', {'ema_decay': 0.99}, 'the EMA starts from the current weights'),
     'ema_off': ('clipped_ema', {'ema_decay': 0.0}, 'the EMA is dropped'),
     'total_steps': ('plain', {'total_steps': 9}, 'schedule is recomputed'),
-    'schedule': ('plain', {'base_lr': 3e-3, 'warmup_steps': 3, 'min_lr': 1e-5},
-                 'schedule is recomputed'),
+    'schedule': (
+        'plain',
+        {'base_lr': 3e-3, 'warmup_steps': 3, 'min_lr': 1e-5},
+        'schedule is recomputed',
+    ),
 }
 
 
 @pytest.mark.parametrize('case', CARRIED)
 def test_a_change_that_adds_or_drops_state_resumes_with_everything_else_carried(
-    runs, data_dir, tmp_path, caplog, monkeypatch, case):
+    runs, data_dir, tmp_path, caplog, monkeypatch, case
+):
   base, changes, note = CARRIED[case]
   workdir, overrides = _copy(runs, base, tmp_path)
   saved = workdir_lib.Workdir(workdir).read_state()
@@ -111,16 +121,16 @@ def test_a_change_that_adds_or_drops_state_resumes_with_everything_else_carried(
   else:
     assert state.ema == {}
   for field, new in changes.items():
-    old = (overrides.get(field, tiny_config(data_dir)[field]) if field != 'total_steps'
-           else STEPS)
+    old = overrides.get(field, tiny_config(data_dir)[field]) if field != 'total_steps' else STEPS
     assert f'with {field} changed from {old} to {new}: ' in caplog.text
   assert note in caplog.text
   assert _checkpoints(workdir) == checkpoints  # Nothing moved, nothing rewritten.
   assert not os.path.exists(os.path.join(workdir, workdir_lib.UNREADABLE_DIR))
 
 
-def test_a_resumed_run_with_clipping_and_an_ema_added_trains_to_the_new_end(runs, data_dir,
-                                                                               tmp_path):
+def test_a_resumed_run_with_clipping_and_an_ema_added_trains_to_the_new_end(
+    runs, data_dir, tmp_path
+):
   """The change the loss-is-NaN message advises, with more steps, as MEASURED.md's run did."""
   workdir, _ = _copy(runs, 'plain', tmp_path)
   config = _config(data_dir, total_steps=STEPS + 2, grad_clip_norm=1.0, ema_decay=0.9)
@@ -130,26 +140,38 @@ def test_a_resumed_run_with_clipping_and_an_ema_added_trains_to_the_new_end(runs
 
 
 REFUSED = {
-    'optimizer': ({'optimizer': 'sgd'}, 'changed optimizer (adamw -> sgd)',
-                  '--config.optimizer=adamw'),
-    'model': ({'model.hidden_size': 64}, 'changed model.hidden_size (32 -> 64)',
-              '--config.model.hidden_size=32'),
-    'model_name': ({'model.name': 'deepvit_ti4'}, 'changed model.name (vit_ti4 -> deepvit_ti4)',
-                   '--config.model.name=vit_ti4'),
+    'optimizer': (
+        {'optimizer': 'sgd'},
+        'changed optimizer (adamw -> sgd)',
+        '--config.optimizer=adamw',
+    ),
+    'model': (
+        {'model.hidden_size': 64},
+        'changed model.hidden_size (32 -> 64)',
+        '--config.model.hidden_size=32',
+    ),
+    'model_name': (
+        {'model.name': 'deepvit_ti4'},
+        'changed model.name (vit_ti4 -> deepvit_ti4)',
+        '--config.model.name=vit_ti4',
+    ),
 }
 
 
 @pytest.mark.parametrize('case', REFUSED)
 def test_a_change_the_state_cannot_take_is_refused_leaving_every_file_as_it_was(
-    runs, data_dir, tmp_path, case):
+    runs, data_dir, tmp_path, case
+):
   changes, what, revert = REFUSED[case]
   workdir, _ = _copy(runs, 'plain', tmp_path)
   before = _files(workdir)
   with pytest.raises(ValueError) as raised:
     train.train_and_evaluate(_config(data_dir, total_steps=8, **changes), workdir)
   message = str(raised.value)
-  assert message.startswith(f"The work directory '{workdir}' holds a checkpoint (step {STEPS}) "
-                            'that this config cannot resume: ')
+  assert message.startswith(
+      f"The work directory '{workdir}' holds a checkpoint (step {STEPS}) "
+      'that this config cannot resume: '
+  )
   assert what in message and revert in message
   assert f'--config.init_from={workdir}' in message
   assert _files(workdir) == before  # config.json and every checkpoint, byte for byte.
@@ -169,6 +191,8 @@ def test_a_damaged_config_json_is_named_with_what_is_wrong(runs, tmp_path):
   path = os.path.join(workdir, workdir_lib.CONFIG_FILE)
   with open(path, 'r+b') as f:
     f.truncate(os.path.getsize(path) // 2)
-  with pytest.raises(ValueError, match=rf'^{path} is damaged \(Unterminated string|^{path} is '
-                     r'damaged \(Expecting'):
+  with pytest.raises(
+      ValueError,
+      match=rf'^{path} is damaged \(Unterminated string|^{path} is ' r'damaged \(Expecting',
+  ):
     workdir_lib.Workdir(workdir).config()

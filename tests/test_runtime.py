@@ -21,8 +21,10 @@ def test_flags_are_added_once_and_never_override_the_user(monkeypatch):
   assert runtime.add_xla_flags({'--xla_cpu_experimental_ynn_fusion_type=': (0,)}) == flags
 
   monkeypatch.setenv('XLA_FLAGS', '--xla_cpu_experimental_ynn_fusion_type=dot')
-  assert (runtime.add_xla_flags({'--xla_cpu_experimental_ynn_fusion_type=': (0,)})
-          == '--xla_cpu_experimental_ynn_fusion_type=dot')
+  assert (
+      runtime.add_xla_flags({'--xla_cpu_experimental_ynn_fusion_type=': (0,)})
+      == '--xla_cpu_experimental_ynn_fusion_type=dot'
+  )
 
 
 def test_flags_unknown_to_the_installed_jaxlib_are_left_out(monkeypatch):
@@ -31,13 +33,18 @@ def test_flags_unknown_to_the_installed_jaxlib_are_left_out(monkeypatch):
   assert runtime._jaxlib_version() >= (0, 7)  # pylint: disable=protected-access
 
 
-@pytest.mark.skipif(platform.system() != 'Linux' or platform.libc_ver()[0] != 'glibc',
-                    reason='glibc malloc settings')
+@pytest.mark.skipif(
+    platform.system() != 'Linux' or platform.libc_ver()[0] != 'glibc',
+    reason='glibc malloc settings',
+)
 def test_configure_keeps_freed_memory_and_jax_still_runs():
-  code = ('from vit_jax import runtime; applied = runtime.configure(); '
-          'import jax.numpy as jnp; assert float(jnp.ones(3).sum()) == 3.0; print(applied)')
-  result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
-                          check=False, timeout=300)
+  code = (
+      'from vit_jax import runtime; applied = runtime.configure(); '
+      'import jax.numpy as jnp; assert float(jnp.ones(3).sum()) == 3.0; print(applied)'
+  )
+  result = subprocess.run(
+      [sys.executable, '-c', code], capture_output=True, text=True, check=False, timeout=300
+  )
   assert result.returncode == 0, result.stderr
   assert "'keep_freed_host_memory': True" in result.stdout
 
@@ -63,10 +70,18 @@ def test_library_info_lines_are_dropped_unless_verbosity_is_raised():
 
 def test_reads_abandoned_after_an_unreadable_checkpoint_print_no_traceback():
   keep = runtime._own_or_important  # pylint: disable=protected-access
-  abandoned = std_logging.LogRecord('asyncio', std_logging.ERROR, 'base_events.py', 1771,
-                                    'Future exception was never retrieved', None, None)
-  other = std_logging.LogRecord('asyncio', std_logging.ERROR, 'base_events.py', 1, 'Unclosed loop',
-                                None, None)
+  abandoned = std_logging.LogRecord(
+      'asyncio',
+      std_logging.ERROR,
+      'base_events.py',
+      1771,
+      'Future exception was never retrieved',
+      None,
+      None,
+  )
+  other = std_logging.LogRecord(
+      'asyncio', std_logging.ERROR, 'base_events.py', 1, 'Unclosed loop', None, None
+  )
   assert not keep(abandoned)
   assert keep(other)
 
@@ -74,17 +89,32 @@ def test_reads_abandoned_after_an_unreadable_checkpoint_print_no_traceback():
 def test_orbax_read_only_notice_is_dropped_for_work_directories_opened_to_be_read():
   keep = runtime._own_or_important  # pylint: disable=protected-access
   orbax_file = os.path.join(os.path.dirname(orbax.checkpoint.__file__), 'checkpoint_manager.py')
-  notice = std_logging.LogRecord('absl', std_logging.WARNING, orbax_file, 849,
-                                 'Given directory is read only=%s', ('/tmp/run/checkpoints',), None)
+  notice = std_logging.LogRecord(
+      'absl',
+      std_logging.WARNING,
+      orbax_file,
+      849,
+      'Given directory is read only=%s',
+      ('/tmp/run/checkpoints',),
+      None,
+  )
   assert not keep(notice)
   assert keep(_record(orbax_file, std_logging.WARNING))
 
 
 def test_tensorflow_loads_without_start_up_notices():
   env = {k: v for k, v in os.environ.items() if k != 'TF_CPP_MIN_LOG_LEVEL'}
-  code = ('import sys; from vit_jax import runtime; runtime.quiet_library_logs(); '
-          'import tensorflow as tf; tf.constant(1); print("after", file=sys.stderr)')
-  result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
-                          check=False, timeout=300, env=env)
+  code = (
+      'import sys; from vit_jax import runtime; runtime.quiet_library_logs(); '
+      'import tensorflow as tf; tf.constant(1); print("after", file=sys.stderr)'
+  )
+  result = subprocess.run(
+      [sys.executable, '-c', code],
+      capture_output=True,
+      text=True,
+      check=False,
+      timeout=300,
+      env=env,
+  )
   assert result.returncode == 0, result.stderr
   assert result.stderr == 'after\n'  # Written to stderr after the import: stderr is back.

@@ -34,13 +34,20 @@ def _space_to_depth_reference(x: np.ndarray, p: int) -> np.ndarray:
 @pytest.mark.parametrize('block, shape', [(2, (2, 8, 6, 3)), (4, (1, 8, 8, 2))])
 def test_space_to_depth_matches_einops_pattern(block, shape):
   x = np.random.default_rng(0).normal(size=shape).astype(np.float32)
-  np.testing.assert_array_equal(stems.space_to_depth(jnp.asarray(x), block),
-                                _space_to_depth_reference(x, block))
+  np.testing.assert_array_equal(
+      stems.space_to_depth(jnp.asarray(x), block), _space_to_depth_reference(x, block)
+  )
 
 
-@pytest.mark.parametrize('name, millions', [
-    ('sa_conv_quadratic', 12.09), ('sa_conv_gaussian', 12.09), ('sa_conv_learned', 12.28),
-    ('sa_conv_learned_content', 29.60)])
+@pytest.mark.parametrize(
+    'name, millions',
+    [
+        ('sa_conv_quadratic', 12.09),
+        ('sa_conv_gaussian', 12.09),
+        ('sa_conv_learned', 12.28),
+        ('sa_conv_learned_content', 29.60),
+    ],
+)
 def test_param_counts_match_spec(name, millions):
   assert abs(_param_count(models.create(name)) / 1e6 - millions) <= 0.01
 
@@ -118,11 +125,15 @@ def test_pytorch_default_initialisation():
 
 def test_bad_downsample_raises_value_error():
   with pytest.raises(ValueError, match='downsample=3'):
-    jax.eval_shape(models.create('sa_conv_quadratic', downsample=3).init, jax.random.key(0),
-                   jnp.zeros((1, 32, 32, 3)))
+    jax.eval_shape(
+        models.create('sa_conv_quadratic', downsample=3).init,
+        jax.random.key(0),
+        jnp.zeros((1, 32, 32, 3)),
+    )
   with pytest.raises(ValueError, match='learned'):
-    models.create('sa_conv_quadratic', attention='sinusoid').init(jax.random.key(0),
-                                                                  jnp.zeros((1, 8, 8, 3)))
+    models.create('sa_conv_quadratic', attention='sinusoid').init(
+        jax.random.key(0), jnp.zeros((1, 8, 8, 3))
+    )
 
 
 def test_tiny_model_trains(fit_one_batch):

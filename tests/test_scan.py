@@ -20,23 +20,46 @@ SWITCHES = [dict(scan_layers=True), dict(remat=True), dict(scan_layers=True, rem
 # Tiny members of every family with a deep block stack, at 16x16 inputs; timm init, so that the
 # head is not zero.
 TINY = {
-    'vit': ('vit_ti4', dict(hidden_size=24, depth=3, num_heads=3, mlp_dim=48, init_scheme='timm',
-                            drop_path_rate=0.2)),
+    'vit': (
+        'vit_ti4',
+        dict(
+            hidden_size=24, depth=3, num_heads=3, mlp_dim=48, init_scheme='timm', drop_path_rate=0.2
+        ),
+    ),
     # Constant drop path, then two unscanned class-attention blocks.
-    'cait': ('cait_ti4', dict(hidden_size=24, depth=3, num_heads=3, layer_scale_init=0.5,
-                              drop_path_rate=0.2)),
+    'cait': (
+        'cait_ti4',
+        dict(hidden_size=24, depth=3, num_heads=3, layer_scale_init=0.5, drop_path_rate=0.2),
+    ),
     # Two scanned groups (content blocks 0-1, Re-attention blocks 2-4) with BatchNorm statistics.
-    'deepvit': ('deepvit_ti4', dict(hidden_size=24, depth=5, num_heads=3, re_attention_blocks=3,
-                                    drop_path_rate=0.2)),
-    't2t': ('t2t_vit_t_ti4', dict(hidden_size=24, depth=3, num_heads=3, mlp_dim=48, token_dim=8,
-                                  soft_splits=((3, 1, 1), (3, 2, 1), (3, 2, 1)),
-                                  drop_path_rate=0.2)),
+    'deepvit': (
+        'deepvit_ti4',
+        dict(hidden_size=24, depth=5, num_heads=3, re_attention_blocks=3, drop_path_rate=0.2),
+    ),
+    't2t': (
+        't2t_vit_t_ti4',
+        dict(
+            hidden_size=24,
+            depth=3,
+            num_heads=3,
+            mlp_dim=48,
+            token_dim=8,
+            soft_splits=((3, 1, 1), (3, 2, 1), (3, 2, 1)),
+            drop_path_rate=0.2,
+        ),
+    ),
     # Positional attention with content on the 8x8 grid; no drop path in this family.
-    'sa_conv': ('sa_conv_learned_content', dict(hidden_size=24, num_heads=4, num_layers=3,
-                                                intermediate_size=32)),
+    'sa_conv': (
+        'sa_conv_learned_content',
+        dict(hidden_size=24, num_heads=4, num_layers=3, intermediate_size=32),
+    ),
     # A head-pruned model: layers 0-1 (2 heads) scan together, layer 2 (3 heads) stays alone.
-    'sa_conv_pruned': ('sa_conv_gaussian', dict(hidden_size=24, num_heads=4, num_layers=3,
-                                                layer_heads=(2, 2, 3), intermediate_size=32)),
+    'sa_conv_pruned': (
+        'sa_conv_gaussian',
+        dict(
+            hidden_size=24, num_heads=4, num_layers=3, layer_heads=(2, 2, 3), intermediate_size=32
+        ),
+    ),
 }
 
 
@@ -51,22 +74,26 @@ def _images(batch: int = 2):
 
 def _max_diff(a, b) -> float:
   assert jax.tree.structure(a) == jax.tree.structure(b)
-  return max(float(jnp.max(jnp.abs(x - y)))
-             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+  return max(float(jnp.max(jnp.abs(x - y))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
 CASES = [('vit', switches) for switches in SWITCHES] + [
-    (family, SWITCHES[-1]) for family in sorted(TINY) if family != 'vit']
+    (family, SWITCHES[-1]) for family in sorted(TINY) if family != 'vit'
+]
 
 
 def _outputs_and_gradients(model, variables):
   """Logits, sown intermediates and the gradient of a scalar loss, in one compiled call."""
+
   def loss(params):
-    logits, state = model.apply({**variables, 'params': params}, _images(),
-                                mutable=['intermediates'])
-    return jnp.sum(logits ** 2), (logits, state['intermediates'])
+    logits, state = model.apply(
+        {**variables, 'params': params}, _images(), mutable=['intermediates']
+    )
+    return jnp.sum(logits**2), (logits, state['intermediates'])
+
   (_, (logits, intermediates)), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(
-      variables['params'])
+      variables['params']
+  )
   return logits, intermediates, grads
 
 
@@ -89,7 +116,8 @@ def test_same_outputs_and_gradients_as_unrolled(family, switches):
   variables = jax.jit(plain.init)(jax.random.key(0), _images())
   logits, intermediates, grads = _outputs_and_gradients(plain, variables)
   logits_s, intermediates_s, grads_s = _outputs_and_gradients(
-      switched, _in_layout_of(switched, variables))
+      switched, _in_layout_of(switched, variables)
+  )
   assert _max_diff(logits, logits_s) <= 1e-5
   # Sown attention maps and gradients, unstacked, match block by block.
   assert _max_diff(intermediates, layouts.unstack_layers(intermediates_s)) <= 1e-5
@@ -111,13 +139,15 @@ def test_scanned_variables_are_stacked_and_convert_to_timm():
 
 def test_batch_statistics_update_like_unrolled():
   """Re-attention BatchNorm running averages: the same update through the scan."""
-  plain, scanned = _tiny('deepvit', drop_path_rate=0.0), _tiny('deepvit', drop_path_rate=0.0,
-                                                               scan_layers=True)
+  plain, scanned = _tiny('deepvit', drop_path_rate=0.0), _tiny(
+      'deepvit', drop_path_rate=0.0, scan_layers=True
+  )
   variables = jax.jit(plain.init)(jax.random.key(0), _images())
   assert variables['batch_stats']
   _, updates = plain.apply(variables, _images(), train=True, mutable=['batch_stats'])
-  _, updates_s = scanned.apply(_in_layout_of(scanned, variables), _images(), train=True,
-                               mutable=['batch_stats'])
+  _, updates_s = scanned.apply(
+      _in_layout_of(scanned, variables), _images(), train=True, mutable=['batch_stats']
+  )
   assert _max_diff(updates, layouts.unstack_layers(updates_s)) <= 1e-5
   assert _max_diff(updates, {'batch_stats': variables['batch_stats']}) > 0
 
@@ -126,8 +156,10 @@ def test_training_mode_draws_per_layer_stochastic_depth():
   model = _tiny('vit', scan_layers=True, remat=True)
   variables = model.init(jax.random.key(0), _images())
   images = _images(batch=32)
-  outputs = [model.apply(variables, images, train=True, rngs={'dropout': jax.random.key(k)})
-             for k in (0, 1)]
+  outputs = [
+      model.apply(variables, images, train=True, rngs={'dropout': jax.random.key(k)})
+      for k in (0, 1)
+  ]
   assert outputs[0].shape == (32, 5)
   # Some of the 64 drop-path draws of rates 0.1 and 0.2 differ between the two rngs.
   assert _max_diff(outputs[0], outputs[1]) > 0
@@ -136,8 +168,11 @@ def test_training_mode_draws_per_layer_stochastic_depth():
 def test_scanned_run_checkpoint_loads_into_either_layout(tmp_path):
   """A work directory trained with scan_layers reads as unrolled variables (init_from, export,
   analysis)."""
-  config = tiny_config(str(tmp_path / 'tfds'), total_steps=2, **{
-      'model.scan_layers': True, 'model.depth': 3, 'model.init_scheme': 'timm'})
+  config = tiny_config(
+      str(tmp_path / 'tfds'),
+      total_steps=2,
+      **{'model.scan_layers': True, 'model.depth': 3, 'model.init_scheme': 'timm'},
+  )
   workdir = str(tmp_path / 'run')
   train.train_and_evaluate(config, workdir)
   saved = workdir_lib.Workdir(workdir).read_state()['params']
@@ -150,12 +185,17 @@ def test_scanned_run_checkpoint_loads_into_either_layout(tmp_path):
   config.model.scan_layers = False
   unrolled = config_lib.create_model(config, 10)
   expected = scanned.apply({'params': saved}, images)
-  np.testing.assert_allclose(unrolled.apply(pretrained.load_for_run(workdir, unrolled, config),
-                                            images), expected, atol=1e-5)
-  np.testing.assert_allclose(scanned.apply(pretrained.load_for_run(workdir, scanned, config),
-                                           images), expected, atol=1e-5)
+  np.testing.assert_allclose(
+      unrolled.apply(pretrained.load_for_run(workdir, unrolled, config), images),
+      expected,
+      atol=1e-5,
+  )
+  np.testing.assert_allclose(
+      scanned.apply(pretrained.load_for_run(workdir, scanned, config), images), expected, atol=1e-5
+  )
 
   from vit_jax.weights import inference  # pylint: disable=g-import-not-at-top
+
   run = inference.load_run(workdir, unroll=True)  # As analysis reads it: per-block maps.
   assert not run.model.scan_layers
   _, state = run.model.apply(run.variables, images, mutable=['intermediates'])

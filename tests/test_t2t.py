@@ -16,20 +16,35 @@ from vit_jax.models import t2t
 
 TOKEN_DIM, D, HEADS, CLASSES = 8, 16, 2, 5
 SPLITS = ((3, 2, 1), (3, 2, 1), (3, 2, 1))  # 16x16 images: 8x8, 4x4, then 2x2 tokens.
-TINY = dict(num_classes=CLASSES, hidden_size=D, depth=1, num_heads=HEADS, token_dim=TOKEN_DIM,
-            soft_splits=SPLITS)
+TINY = dict(
+    num_classes=CLASSES,
+    hidden_size=D,
+    depth=1,
+    num_heads=HEADS,
+    token_dim=TOKEN_DIM,
+    soft_splits=SPLITS,
+)
 
 
 def _unfold(x_nhwc: np.ndarray, kernel: int, stride: int, padding: int) -> np.ndarray:
   torch = pytest.importorskip('torch')
   unfold = torch.nn.Unfold(kernel, stride=stride, padding=padding)
-  return unfold(torch.from_numpy(np.ascontiguousarray(x_nhwc.transpose(0, 3, 1, 2)))).transpose(
-      1, 2).numpy()
+  return (
+      unfold(torch.from_numpy(np.ascontiguousarray(x_nhwc.transpose(0, 3, 1, 2))))
+      .transpose(1, 2)
+      .numpy()
+  )
 
 
-@pytest.mark.parametrize('shape, split', [
-    ((2, 20, 16, 3), (7, 4, 2)), ((1, 9, 9, 5), (3, 2, 1)), ((2, 8, 8, 4), (3, 1, 1)),
-    ((1, 32, 32, 3), (7, 2, 3))])
+@pytest.mark.parametrize(
+    'shape, split',
+    [
+        ((2, 20, 16, 3), (7, 4, 2)),
+        ((1, 9, 9, 5), (3, 2, 1)),
+        ((2, 8, 8, 4), (3, 1, 1)),
+        ((1, 32, 32, 3), (7, 2, 3)),
+    ],
+)
 def test_soft_split_matches_torch_unfold(shape, split):
   x = np.random.default_rng(0).normal(size=shape).astype(np.float32)
   tokens, grid = stems.soft_split(jnp.asarray(x), *split)
@@ -44,8 +59,9 @@ def test_sinusoid_table_matches_the_official_formula():
   for pos in range(n):
     for j in range(d):
       angle = pos / math.pow(10000, 2 * (j // 2) / d)
-      assert table[0, pos, j] == pytest.approx(math.sin(angle) if j % 2 == 0 else math.cos(angle),
-                                               abs=1e-6)
+      assert table[0, pos, j] == pytest.approx(
+          math.sin(angle) if j % 2 == 0 else math.cos(angle), abs=1e-6
+      )
 
 
 def _counts(name: str) -> tuple[int, int]:
@@ -57,8 +73,9 @@ def _counts(name: str) -> tuple[int, int]:
   return tuple(counts)
 
 
-@pytest.mark.parametrize('name, fixed', [
-    ('t2t_vit_14', 197 * 384 + 2 * 32 * 64), ('t2t_vit_t_14', 197 * 384)])
+@pytest.mark.parametrize(
+    'name, fixed', [('t2t_vit_14', 197 * 384 + 2 * 32 * 64), ('t2t_vit_t_14', 197 * 384)]
+)
 def test_param_counts_match_spec(name, fixed):
   trainable, fixed_count = _counts(name)
   assert abs(trainable / 1e6 - 21.47) <= 0.01
@@ -89,8 +106,9 @@ def _token_transformer(sd, p, x):
   q, k, v = np.split(_linear(sd, p + 'attn.qkv', _layer_norm(x, sd, p + 'norm1')), 3, axis=-1)
   attn = _softmax((q * x.shape[-1] ** -0.5) @ k.transpose(0, 2, 1))
   x = v + _linear(sd, p + 'attn.proj', attn @ v)
-  return x + _linear(sd, p + 'mlp.fc2', _gelu(_linear(sd, p + 'mlp.fc1',
-                                                      _layer_norm(x, sd, p + 'norm2'))))
+  return x + _linear(
+      sd, p + 'mlp.fc2', _gelu(_linear(sd, p + 'mlp.fc1', _layer_norm(x, sd, p + 'norm2')))
+  )
 
 
 def _token_performer(sd, p, x):
@@ -101,8 +119,9 @@ def _token_performer(sd, p, x):
   qp, kp = phi(q), phi(k)
   normaliser = (qp @ kp.sum(1)[:, :, None]) + 1e-8
   y = v + _linear(sd, p + 'proj', (qp @ (kp.transpose(0, 2, 1) @ v)) / normaliser)
-  return y + _linear(sd, p + 'mlp.2', _gelu(_linear(sd, p + 'mlp.0',
-                                                    _layer_norm(y, sd, p + 'norm2'))))
+  return y + _linear(
+      sd, p + 'mlp.2', _gelu(_linear(sd, p + 'mlp.0', _layer_norm(y, sd, p + 'norm2')))
+  )
 
 
 def _backbone_block(sd, p, x):
@@ -111,8 +130,9 @@ def _backbone_block(sd, p, x):
   q, k, v = qkv.reshape(b, n, 3, HEADS, D // HEADS).transpose(2, 0, 3, 1, 4)
   attn = _softmax(q @ k.transpose(0, 1, 3, 2) * (D // HEADS) ** -0.5)
   x = x + _linear(sd, p + 'attn.proj', (attn @ v).transpose(0, 2, 1, 3).reshape(b, n, D))
-  return x + _linear(sd, p + 'mlp.fc2', _gelu(_linear(sd, p + 'mlp.fc1',
-                                                      _layer_norm(x, sd, p + 'norm2'))))
+  return x + _linear(
+      sd, p + 'mlp.fc2', _gelu(_linear(sd, p + 'mlp.fc1', _layer_norm(x, sd, p + 'norm2')))
+  )
 
 
 def _official_state_dict(tokens_type: str, seed: int = 0) -> dict[str, np.ndarray]:
@@ -122,27 +142,47 @@ def _official_state_dict(tokens_type: str, seed: int = 0) -> dict[str, np.ndarra
   norm = lambda prefix, n: {f'{prefix}.weight': (1 + normal(n)), f'{prefix}.bias': normal(n)}
   linear = lambda prefix, n_out, n_in, bias=True: {
       f'{prefix}.weight': normal(n_out, n_in),
-      **({f'{prefix}.bias': normal(n_out)} if bias else {})}
-  sd = {'cls_token': normal(1, 1, D), 'pos_embed': t2t.sinusoid_table(5, D),
-        **linear('tokens_to_token.project', D, TOKEN_DIM * 9), **norm('norm', D),
-        **linear('head', CLASSES, D), **norm('blocks.0.norm1', D), **norm('blocks.0.norm2', D),
-        **linear('blocks.0.attn.qkv', 3 * D, D, bias=False), **linear('blocks.0.attn.proj', D, D),
-        **linear('blocks.0.mlp.fc1', 3 * D, D), **linear('blocks.0.mlp.fc2', D, 3 * D)}
+      **({f'{prefix}.bias': normal(n_out)} if bias else {}),
+  }
+  sd = {
+      'cls_token': normal(1, 1, D),
+      'pos_embed': t2t.sinusoid_table(5, D),
+      **linear('tokens_to_token.project', D, TOKEN_DIM * 9),
+      **norm('norm', D),
+      **linear('head', CLASSES, D),
+      **norm('blocks.0.norm1', D),
+      **norm('blocks.0.norm2', D),
+      **linear('blocks.0.attn.qkv', 3 * D, D, bias=False),
+      **linear('blocks.0.attn.proj', D, D),
+      **linear('blocks.0.mlp.fc1', 3 * D, D),
+      **linear('blocks.0.mlp.fc2', D, 3 * D),
+  }
   for i, d_in in ((1, 3 * 9), (2, TOKEN_DIM * 9)):
     p = f'tokens_to_token.attention{i}.'
     sd.update({**norm(p + 'norm1', d_in), **norm(p + 'norm2', TOKEN_DIM)})
     if tokens_type == 'transformer':
-      sd.update({**linear(p + 'attn.qkv', 3 * TOKEN_DIM, d_in, bias=False),
-                 **linear(p + 'attn.proj', TOKEN_DIM, TOKEN_DIM),
-                 **linear(p + 'mlp.fc1', TOKEN_DIM, TOKEN_DIM),
-                 **linear(p + 'mlp.fc2', TOKEN_DIM, TOKEN_DIM)})
+      sd.update(
+          {
+              **linear(p + 'attn.qkv', 3 * TOKEN_DIM, d_in, bias=False),
+              **linear(p + 'attn.proj', TOKEN_DIM, TOKEN_DIM),
+              **linear(p + 'mlp.fc1', TOKEN_DIM, TOKEN_DIM),
+              **linear(p + 'mlp.fc2', TOKEN_DIM, TOKEN_DIM),
+          }
+      )
     else:
-      sd.update({**linear(p + 'kqv', 3 * TOKEN_DIM, d_in),
-                 **linear(p + 'proj', TOKEN_DIM, TOKEN_DIM),
-                 **linear(p + 'mlp.0', TOKEN_DIM, TOKEN_DIM),
-                 **linear(p + 'mlp.2', TOKEN_DIM, TOKEN_DIM),
-                 p + 'w': np.linalg.qr(rng.normal(size=(TOKEN_DIM, TOKEN_DIM // 2)))[0].T.astype(
-                     np.float32) * np.float32(np.sqrt(TOKEN_DIM // 2))})
+      sd.update(
+          {
+              **linear(p + 'kqv', 3 * TOKEN_DIM, d_in),
+              **linear(p + 'proj', TOKEN_DIM, TOKEN_DIM),
+              **linear(p + 'mlp.0', TOKEN_DIM, TOKEN_DIM),
+              **linear(p + 'mlp.2', TOKEN_DIM, TOKEN_DIM),
+              p
+              + 'w': np.linalg.qr(rng.normal(size=(TOKEN_DIM, TOKEN_DIM // 2)))[0].T.astype(
+                  np.float32
+              )
+              * np.float32(np.sqrt(TOKEN_DIM // 2)),
+          }
+      )
   return sd
 
 
@@ -153,12 +193,15 @@ def test_official_state_dict_loads_and_matches_numpy_reference(tokens_type):
   model = t2t.T2TViT(**TINY, tokens_type=tokens_type)
   images = np.random.default_rng(1).normal(size=(2, 16, 16, 3)).astype(np.float32)
   template = jax.eval_shape(model.init, jax.random.key(0), jnp.asarray(images))
-  assert (jax.tree_util.tree_structure(template)
-          == jax.tree_util.tree_structure(jax.tree_util.tree_map(jnp.asarray, variables)))
-  jax.tree_util.tree_map(lambda t, v: np.testing.assert_equal(t.shape, v.shape), template,
-                         variables)
-  apply = jax.jit(functools.partial(model.apply, capture_intermediates=True,
-                                    mutable=['intermediates']))
+  assert jax.tree_util.tree_structure(template) == jax.tree_util.tree_structure(
+      jax.tree_util.tree_map(jnp.asarray, variables)
+  )
+  jax.tree_util.tree_map(
+      lambda t, v: np.testing.assert_equal(t.shape, v.shape), template, variables
+  )
+  apply = jax.jit(
+      functools.partial(model.apply, capture_intermediates=True, mutable=['intermediates'])
+  )
   logits, state = apply(variables, jnp.asarray(images))
   captured = state['intermediates']['tokens_to_token']
   sd64 = {k: np.asarray(v, np.float64) for k, v in sd.items()}
@@ -199,8 +242,9 @@ def test_init_pos_embed_is_the_sinusoid_table_and_features_are_orthogonal():
 
 
 def test_fixed_parameters_get_zero_gradient_and_the_model_trains():
-  model = t2t.T2TViT(**dict(TINY, soft_splits=SPLITS[:2]), tokens_type='performer',
-                     drop_path_rate=0.1)
+  model = t2t.T2TViT(
+      **dict(TINY, soft_splits=SPLITS[:2]), tokens_type='performer', drop_path_rate=0.1
+  )
   images = jax.random.normal(jax.random.key(1), (8, 16, 16, 3))
   labels = jnp.arange(8) % CLASSES
   params = jax.jit(model.init)(jax.random.key(0), images)['params']
@@ -227,21 +271,36 @@ def test_fixed_parameters_get_zero_gradient_and_the_model_trains():
     assert (not np.any(grad)) == fixed, jax.tree_util.keystr(path)
 
 
-@pytest.mark.parametrize('overrides, image_size, message', [
-    (dict(tokens_type='convolution'), 16, 'convolution'),
-    (dict(soft_splits=((3, 0, 1),)), 16, 'soft_splits'),
-    (dict(soft_splits=((7, 4, 0),)), 4, 'too small')])
+@pytest.mark.parametrize(
+    'overrides, image_size, message',
+    [
+        (dict(tokens_type='convolution'), 16, 'convolution'),
+        (dict(soft_splits=((3, 0, 1),)), 16, 'soft_splits'),
+        (dict(soft_splits=((7, 4, 0),)), 4, 'too small'),
+    ],
+)
 def test_bad_configuration_raises_value_error(overrides, image_size, message):
   with pytest.raises(ValueError, match=message):
-    jax.eval_shape(t2t.T2TViT(**dict(TINY, **overrides)).init, jax.random.key(0),
-                   jnp.zeros((1, image_size, image_size, 3)))
+    jax.eval_shape(
+        t2t.T2TViT(**dict(TINY, **overrides)).init,
+        jax.random.key(0),
+        jnp.zeros((1, image_size, image_size, 3)),
+    )
 
 
 # Published parameter counts (official README), every parameter counted as the official code's
 # `model.parameters()` does, the fixed sinusoid table and Performer features included.
-PUBLISHED_MILLIONS = {'t2t_vit_7': 4.3, 't2t_vit_10': 5.9, 't2t_vit_12': 6.9, 't2t_vit_14': 21.5,
-                      't2t_vit_19': 39.2, 't2t_vit_24': 64.1, 't2t_vit_t_14': 21.5,
-                      't2t_vit_t_19': 39.2, 't2t_vit_t_24': 64.1}
+PUBLISHED_MILLIONS = {
+    't2t_vit_7': 4.3,
+    't2t_vit_10': 5.9,
+    't2t_vit_12': 6.9,
+    't2t_vit_14': 21.5,
+    't2t_vit_19': 39.2,
+    't2t_vit_24': 64.1,
+    't2t_vit_t_14': 21.5,
+    't2t_vit_t_19': 39.2,
+    't2t_vit_t_24': 64.1,
+}
 
 
 @pytest.mark.parametrize('name', sorted(PUBLISHED_MILLIONS))
@@ -256,13 +315,21 @@ def test_official_model_code_and_released_checkpoint_layout(name, tmp_path):
   torch = pytest.importorskip('torch')
   from vit_jax.weights import pretrained  # pylint: disable=g-import-not-at-top
   from vit_jax.benchmarks import timm_reference  # pylint: disable=g-import-not-at-top
+
   timm_reference.import_timm()
   from tests.reference import t2t_vit as official  # pylint: disable=g-import-not-at-top
+
   width, depth, heads, mlp_ratio = t2t.SIZES[name.rsplit('_', 1)[-1]]
   torch.manual_seed(0)
-  reference = official.T2T_ViT(img_size=64, tokens_type='transformer' if '_t_' in name else
-                               'performer', num_classes=7, embed_dim=width, depth=depth,
-                               num_heads=heads, mlp_ratio=mlp_ratio).eval()
+  reference = official.T2T_ViT(
+      img_size=64,
+      tokens_type='transformer' if '_t_' in name else 'performer',
+      num_classes=7,
+      embed_dim=width,
+      depth=depth,
+      num_heads=heads,
+      mlp_ratio=mlp_ratio,
+  ).eval()
   with torch.no_grad():
     for key, value in reference.state_dict().items():
       if key != 'pos_embed' and not key.endswith('.w'):

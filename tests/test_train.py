@@ -60,8 +60,9 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path):
   workdir = str(tmp_path)
   config = tiny_config(data_dir, total_steps=4, checkpoint_every=2, log_every=2)
   train.train_and_evaluate(config, workdir)
-  config = tiny_config(data_dir, total_steps=40, checkpoint_every=2, log_every=2, base_lr=1e30,
-                       warmup_steps=0)
+  config = tiny_config(
+      data_dir, total_steps=40, checkpoint_every=2, log_every=2, base_lr=1e30, warmup_steps=0
+  )
   with pytest.raises(FloatingPointError, match='last good checkpoint'):
     train.train_and_evaluate(config, workdir)
   params = final_params(workdir)
@@ -70,7 +71,8 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path):
 
 def test_eight_devices_equal_one_device(data_dir):
   """One train step sharded over 8 CPU devices gives the parameters of the 1-device step."""
-  script = textwrap.dedent(f"""
+  script = textwrap.dedent(
+      f"""
       import os
       os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'
       import sys; sys.path.insert(0, {REPO!r}); sys.path.insert(0, {os.path.join(REPO, 'tests')!r})
@@ -101,20 +103,24 @@ def test_eight_devices_equal_one_device(data_dir):
       diff = max(float(np.max(np.abs(a - b))) for a, b in
                  zip(jax.tree.leaves(results[0]), jax.tree.leaves(results[1])))
       print('MAXDIFF', diff)
-      """)
+      """
+  )
   out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   diff = float(out.stdout.split('MAXDIFF')[1])
   assert diff <= 1e-5
 
 
-@pytest.mark.parametrize('overrides, message', [
-    ({'model.name': 'vit_nonexistent'}, 'vit_nonexistent'),
-    ({'dataset': 'not_a_dataset'}, 'not_a_dataset'),
-    ({'image_size': 9}, '9'),
-    ({'model.num_heads': 3}, 'num_heads'),
-    ({'optimizer': 'adagrad'}, 'adagrad'),
-])
+@pytest.mark.parametrize(
+    'overrides, message',
+    [
+        ({'model.name': 'vit_nonexistent'}, 'vit_nonexistent'),
+        ({'dataset': 'not_a_dataset'}, 'not_a_dataset'),
+        ({'image_size': 9}, '9'),
+        ({'model.num_heads': 3}, 'num_heads'),
+        ({'optimizer': 'adagrad'}, 'adagrad'),
+    ],
+)
 def test_bad_input_fails_before_touching_the_workdir(data_dir, tmp_path, overrides, message):
   config = tiny_config(data_dir, **overrides)
   workdir = tmp_path / 'run'
@@ -124,7 +130,8 @@ def test_bad_input_fails_before_touching_the_workdir(data_dir, tmp_path, overrid
 
 
 def test_batch_not_divisible_by_devices():
-  script = textwrap.dedent(f"""
+  script = textwrap.dedent(
+      f"""
       import os
       os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'
       import sys; sys.path.insert(0, {REPO!r})
@@ -135,7 +142,8 @@ def test_batch_not_divisible_by_devices():
         config_lib.validate(config)
       except ValueError as e:
         print('ERROR', e)
-      """)
+      """
+  )
   out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, timeout=120)
   assert 'batch_size=100: must be a multiple of the 8 device(s)' in out.stdout
 
@@ -152,9 +160,19 @@ def test_workdir_of_another_model_is_refused_and_left_untouched(data_dir, tmp_pa
 
 def test_unknown_config_key_is_refused_by_the_command_line(tmp_path):
   out = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.main', '--config=configs/vit.py',
-       f'--workdir={tmp_path / "run"}', '--config.not_a_field=1'],
-      capture_output=True, text=True, cwd=REPO, timeout=120)
+      [
+          sys.executable,
+          '-m',
+          'vit_jax.main',
+          '--config=configs/vit.py',
+          f'--workdir={tmp_path / "run"}',
+          '--config.not_a_field=1',
+      ],
+      capture_output=True,
+      text=True,
+      cwd=REPO,
+      timeout=120,
+  )
   assert out.returncode != 0
   assert 'not_a_field' in out.stderr
   assert not (tmp_path / 'run').exists()
@@ -165,13 +183,29 @@ def test_default_config_reaches_95_percent(data_dir, tmp_path):
   """The README's main command, configs/vit.py with no argument on the embedded digits, run as a
   user runs it: its own process, XLA's full optimisation (not the suite's fast compile)."""
   from conftest import FAST_COMPILE  # pylint: disable=g-import-not-at-top
+
   workdir = tmp_path / 'run'
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2',
-             XLA_FLAGS=os.environ.get('XLA_FLAGS', '').replace(FAST_COMPILE, '').strip())
-  result = subprocess.run([sys.executable, '-m', 'vit_jax.main', '--config=configs/vit.py',
-                           f'--workdir={workdir}', f'--config.data_dir={data_dir}'],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
-                          check=False)
+  env = dict(
+      os.environ,
+      TF_CPP_MIN_LOG_LEVEL='2',
+      XLA_FLAGS=os.environ.get('XLA_FLAGS', '').replace(FAST_COMPILE, '').strip(),
+  )
+  result = subprocess.run(
+      [
+          sys.executable,
+          '-m',
+          'vit_jax.main',
+          '--config=configs/vit.py',
+          f'--workdir={workdir}',
+          f'--config.data_dir={data_dir}',
+      ],
+      cwd=REPO,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=900,
+      check=False,
+  )
   assert result.returncode == 0, result.stderr[-4000:]
   results = json.loads((workdir / 'results.json').read_text())
   assert results['test_count'] == 360
@@ -180,8 +214,9 @@ def test_default_config_reaches_95_percent(data_dir, tmp_path):
 
 def test_progress_rate_leaves_out_timed_sections():
   """Evaluation, checkpoints and compilation in `timed` do not lower steps/s or raise the ETA."""
-  progress = train.Progress(num_train_steps=10, writer=metric_writers.MultiWriter([]),
-                            every_steps=1)
+  progress = train.Progress(
+      num_train_steps=10, writer=metric_writers.MultiWriter([]), every_steps=1
+  )
   progress(1)
   with progress.timed('eval'):
     time.sleep(0.5)

@@ -24,30 +24,44 @@ from ml_collections import config_flags
 from vit_jax import runtime
 from vit_jax.training import run_sequence
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'A grid config: configs/ablations.py '
-                                          'with its grid=NAME.', lock_config=True)
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Directory of the runs, one per variant (and '
-                               'seed), and ablation.json.')
-_TIMING_STEPS = flags.DEFINE_integer('timing_steps', 5, 'Training steps per timed block; each '
-                                     'variant runs 3 blocks, alternating with the others.')
-_COLLAPSE_IMAGES = flags.DEFINE_integer('collapse_images', 64, 'Test images for the collapse '
-                                        'metric.')
-_SEEDS = flags.DEFINE_integer('seeds', 1, 'Trainings per variant, each with its own seed.',
-                              lower_bound=1)
+_CONFIG = config_flags.DEFINE_config_file(
+    'config', None, 'A grid config: configs/ablations.py ' 'with its grid=NAME.', lock_config=True
+)
+_WORKDIR = flags.DEFINE_string(
+    'workdir', None, 'Directory of the runs, one per variant (and ' 'seed), and ablation.json.'
+)
+_TIMING_STEPS = flags.DEFINE_integer(
+    'timing_steps',
+    5,
+    'Training steps per timed block; each ' 'variant runs 3 blocks, alternating with the others.',
+)
+_COLLAPSE_IMAGES = flags.DEFINE_integer(
+    'collapse_images', 64, 'Test images for the collapse ' 'metric.'
+)
+_SEEDS = flags.DEFINE_integer(
+    'seeds', 1, 'Trainings per variant, each with its own seed.', lower_bound=1
+)
 flags.mark_flags_as_required(['config', 'workdir'])
 
 
 def main(argv) -> None:
   del argv
   from vit_jax.analysis import ablation  # pylint: disable=g-import-not-at-top
+
   try:
     with run_sequence.Stopper() as stopper:  # Interruptions stop between trainings.
-      rows = ablation.run_grid(_CONFIG.value, _WORKDIR.value, timing_steps=_TIMING_STEPS.value,
-                               collapse_images=_COLLAPSE_IMAGES.value, seeds=_SEEDS.value,
-                               stopper=stopper)
+      rows = ablation.run_grid(
+          _CONFIG.value,
+          _WORKDIR.value,
+          timing_steps=_TIMING_STEPS.value,
+          collapse_images=_COLLAPSE_IMAGES.value,
+          seeds=_SEEDS.value,
+          stopper=stopper,
+      )
   except (run_sequence.Interrupted, KeyboardInterrupt) as e:
-    print(str(e) or 'Interrupted; rerun the same command to resume where it stopped.',
-          file=sys.stderr)
+    print(
+        str(e) or 'Interrupted; rerun the same command to resume where it stopped.', file=sys.stderr
+    )
     sys.exit(run_sequence.EXIT_PREEMPTED)
   print(ablation.table(rows))
 

@@ -25,34 +25,55 @@ from absl import flags
 from vit_jax import runtime
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Work directory of a training run.')
-_WHAT = flags.DEFINE_list('what', ['all'], 'Analyses: all (those that apply to the model), or any '
-                          'of those listed above.')
+_WHAT = flags.DEFINE_list(
+    'what',
+    ['all'],
+    'Analyses: all (those that apply to the model), or any ' 'of those listed above.',
+)
 _STEP = flags.DEFINE_integer('step', None, 'Checkpoint step to analyse (default: newest).')
 _NUM_IMAGES = flags.DEFINE_integer('num_images', 64, 'Eval images to average over.')
 _BATCH_SIZE = flags.DEFINE_integer('batch_size', 16, 'Images per forward pass.')
 _WINDOW = flags.DEFINE_integer('window', 11, 'Cells shown around the query pixel.')
 _THRESHOLD = flags.DEFINE_float('threshold', 0.9, 'Similarity above which a block is collapsed.')
 _NEIGHBOURS = flags.DEFINE_integer('neighbours', 3, 'Largest k of the k-next-block similarity.')
-_PRUNING_RULE = flags.DEFINE_enum('pruning_rule', 'official', ['official', 'paper'],
-                                  'Condition-number threshold: official code 1e3, paper 1e5.')
-_FINETUNE_STEPS = flags.DEFINE_integer('finetune_steps', 0,
-                                       'Steps to fine-tune the pruned model (0: only write it).')
-_FINETUNE_LR_FACTOR = flags.DEFINE_float('finetune_lr_factor', 0.1,
-                                         'Fine-tuning learning rate as a fraction of base_lr.')
-_USE_EMA = flags.DEFINE_bool('use_ema', True, 'Analyse the run\'s EMA weights where it kept an '
-                             'EMA; --nouse_ema analyses the raw ones.')
+_PRUNING_RULE = flags.DEFINE_enum(
+    'pruning_rule',
+    'official',
+    ['official', 'paper'],
+    'Condition-number threshold: official code 1e3, paper 1e5.',
+)
+_FINETUNE_STEPS = flags.DEFINE_integer(
+    'finetune_steps', 0, 'Steps to fine-tune the pruned model (0: only write it).'
+)
+_FINETUNE_LR_FACTOR = flags.DEFINE_float(
+    'finetune_lr_factor', 0.1, 'Fine-tuning learning rate as a fraction of base_lr.'
+)
+_USE_EMA = flags.DEFINE_bool(
+    'use_ema',
+    True,
+    "Analyse the run's EMA weights where it kept an " 'EMA; --nouse_ema analyses the raw ones.',
+)
 flags.mark_flags_as_required(['workdir'])
 
 
 def main(argv) -> None:
   del argv
   from vit_jax.analysis import report as report_lib  # pylint: disable=g-import-not-at-top
+
   report_lib.analyze(
-      _WORKDIR.value, _WHAT.value, step=_STEP.value, num_images=_NUM_IMAGES.value,
-      batch_size=_BATCH_SIZE.value, window=_WINDOW.value, threshold=_THRESHOLD.value,
-      neighbours=_NEIGHBOURS.value, pruning_rule=_PRUNING_RULE.value,
-      finetune_steps=_FINETUNE_STEPS.value, finetune_lr_factor=_FINETUNE_LR_FACTOR.value,
-      use_ema=_USE_EMA.value)
+      _WORKDIR.value,
+      _WHAT.value,
+      step=_STEP.value,
+      num_images=_NUM_IMAGES.value,
+      batch_size=_BATCH_SIZE.value,
+      window=_WINDOW.value,
+      threshold=_THRESHOLD.value,
+      neighbours=_NEIGHBOURS.value,
+      pruning_rule=_PRUNING_RULE.value,
+      finetune_steps=_FINETUNE_STEPS.value,
+      finetune_lr_factor=_FINETUNE_LR_FACTOR.value,
+      use_ema=_USE_EMA.value,
+  )
 
 
 if __name__ == '__main__':

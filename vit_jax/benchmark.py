@@ -43,49 +43,93 @@ MODES = ('step', 'family_table', 'layers_table', 'memory', 'input_pipeline', 'de
 
 _MODE = flags.DEFINE_enum('mode', 'step', MODES, 'What to measure (see above).')
 _CONFIG = config_flags.DEFINE_config_file(
-    'config', 'configs/vit.py:variant=Ti/4', 'Training configuration file.', lock_config=False)
+    'config', 'configs/vit.py:variant=Ti/4', 'Training configuration file.', lock_config=False
+)
 _BATCH = flags.DEFINE_integer('batch', None, "Batch size (default: the config's batch_size).")
 _STEPS = flags.DEFINE_integer('steps', 5, 'Timed steps per block.', lower_bound=1)
 _WARMUP = flags.DEFINE_integer('warmup', 2, 'Untimed steps before every timed block.')
-_REPEATS = flags.DEFINE_integer('repeats', 3, 'Timed blocks per contender; the median counts.',
-                                lower_bound=1)
-_MODEL = flags.DEFINE_string('model', None, 'Registry name replacing config.model.name (the '
-                             "config's model overrides are dropped).")
+_REPEATS = flags.DEFINE_integer(
+    'repeats', 3, 'Timed blocks per contender; the median counts.', lower_bound=1
+)
+_MODEL = flags.DEFINE_string(
+    'model',
+    None,
+    'Registry name replacing config.model.name (the ' "config's model overrides are dropped).",
+)
 _IMAGE_SIZE = flags.DEFINE_integer('image_size', None, "Input resolution (default: the config's).")
-_DTYPE = flags.DEFINE_enum('dtype', None, ['float32', 'bfloat16', 'float16'],
-                           "Computation dtype (default: the config's); parameters stay float32 "
-                           '(timm: autocast).')
+_DTYPE = flags.DEFINE_enum(
+    'dtype',
+    None,
+    ['float32', 'bfloat16', 'float16'],
+    "Computation dtype (default: the config's); parameters stay float32 " '(timm: autocast).',
+)
 _NUM_CLASSES = flags.DEFINE_integer('num_classes', 10, 'Classes of the random labels.')
-_THREADS = flags.DEFINE_integer('threads', None, 'Run on the first N CPUs only, for XLA and torch '
-                                'alike (default: every CPU this process may use).')
-_CPU_TUNING = flags.DEFINE_bool('cpu_tuning', True, 'Apply vit_jax.runtime.configure() as the '
-                                'training command does; --nocpu_tuning measures stock settings.')
-_VS_TIMM = flags.DEFINE_bool('vs_timm', False, "step, input_pipeline: also time timm's twin (a "
-                             'VisionTransformer of the same shape with torch AdamW; its '
-                             'transforms in a DataLoader).')
+_THREADS = flags.DEFINE_integer(
+    'threads',
+    None,
+    'Run on the first N CPUs only, for XLA and torch '
+    'alike (default: every CPU this process may use).',
+)
+_CPU_TUNING = flags.DEFINE_bool(
+    'cpu_tuning',
+    True,
+    'Apply vit_jax.runtime.configure() as the '
+    'training command does; --nocpu_tuning measures stock settings.',
+)
+_VS_TIMM = flags.DEFINE_bool(
+    'vs_timm',
+    False,
+    "step, input_pipeline: also time timm's twin (a "
+    'VisionTransformer of the same shape with torch AdamW; its '
+    'transforms in a DataLoader).',
+)
 flags.DEFINE_alias('vs-timm', 'vs_timm')
 _INFERENCE = flags.DEFINE_bool('inference', True, 'step: also time inference steps.')
-_PEAK_TFLOPS = flags.DEFINE_float('peak_tflops', None, "step: the device's peak TFLOP/s at "
-                                  '--dtype, for model FLOPs utilisation (default: '
-                                  'device_report.PEAK_TFLOPS for bfloat16).')
-_FAMILY_MODELS = flags.DEFINE_list('family_models', None, 'family_table: registry names, at '
-                                   '--image_size (default: tables.FAMILY_MODELS, each at its own).')
-_LAYERS_MODELS = flags.DEFINE_list('layers_models', ['cait_xxs24', 'deepvit_32b'],
-                                   'layers_table: registry names (at --image_size, default 224).')
-_LAYERS_ROW = flags.DEFINE_string('layers_row', None, 'layers_table: MODEL:SCAN:REMAT (0 or 1), '
-                                  'one row, printed as JSON (the table runs one process each).')
+_PEAK_TFLOPS = flags.DEFINE_float(
+    'peak_tflops',
+    None,
+    "step: the device's peak TFLOP/s at "
+    '--dtype, for model FLOPs utilisation (default: '
+    'device_report.PEAK_TFLOPS for bfloat16).',
+)
+_FAMILY_MODELS = flags.DEFINE_list(
+    'family_models',
+    None,
+    'family_table: registry names, at '
+    '--image_size (default: tables.FAMILY_MODELS, each at its own).',
+)
+_LAYERS_MODELS = flags.DEFINE_list(
+    'layers_models',
+    ['cait_xxs24', 'deepvit_32b'],
+    'layers_table: registry names (at --image_size, default 224).',
+)
+_LAYERS_ROW = flags.DEFINE_string(
+    'layers_row',
+    None,
+    'layers_table: MODEL:SCAN:REMAT (0 or 1), '
+    'one row, printed as JSON (the table runs one process each).',
+)
 flags.register_validator(
-    'layers_row', lambda row: row is None or re.fullmatch(r'[\w.-]+:[01]:[01]', row) is not None,
-    'must be MODEL:SCAN:REMAT with 0 or 1 for each switch, e.g. cait_xxs24:1:0.')
-_DEVICES = flags.DEFINE_integer('devices', None, 'memory: devices of the mesh (default: '
-                                'config.mesh.fsdp).')
-_LATE_STEP = flags.DEFINE_integer('late_step', None, 'input_pipeline: the late start step whose '
-                                  'first batch is timed (default: the first step after 100,000 '
-                                  'consumed examples).', lower_bound=1)
+    'layers_row',
+    lambda row: row is None or re.fullmatch(r'[\w.-]+:[01]:[01]', row) is not None,
+    'must be MODEL:SCAN:REMAT with 0 or 1 for each switch, e.g. cait_xxs24:1:0.',
+)
+_DEVICES = flags.DEFINE_integer(
+    'devices', None, 'memory: devices of the mesh (default: ' 'config.mesh.fsdp).'
+)
+_LATE_STEP = flags.DEFINE_integer(
+    'late_step',
+    None,
+    'input_pipeline: the late start step whose '
+    'first batch is timed (default: the first step after 100,000 '
+    'consumed examples).',
+    lower_bound=1,
+)
 _DATA_DIR = flags.DEFINE_string('data_dir', None, "TFDS data directory (default: the config's).")
 _REDUCED = flags.DEFINE_bool('reduced', None, 'device_report: tiny sizes (default: on CPU).')
-_REPORT_JSON = flags.DEFINE_string('report_json', 'device_report.json',
-                                   'device_report: where the table is written as JSON.')
+_REPORT_JSON = flags.DEFINE_string(
+    'report_json', 'device_report.json', 'device_report: where the table is written as JSON.'
+)
 
 
 def _before_libraries() -> None:
@@ -94,14 +138,15 @@ def _before_libraries() -> None:
     cpus = sorted(os.sched_getaffinity(0))
     if not 1 <= _THREADS.value <= len(cpus):
       raise ValueError(f'--threads={_THREADS.value} must be in [1, {len(cpus)}].')
-    os.sched_setaffinity(0, cpus[:_THREADS.value])  # XLA sizes its thread pool from this.
+    os.sched_setaffinity(0, cpus[: _THREADS.value])  # XLA sizes its thread pool from this.
   if _MODE.value == 'memory':
     devices = _DEVICES.value or _CONFIG.value.mesh.fsdp
     if devices < 1:
       raise ValueError(f'--devices={devices} must be >= 1.')
     os.environ['JAX_PLATFORMS'] = 'cpu'
-    os.environ['XLA_FLAGS'] = (f'{os.environ.get("XLA_FLAGS", "")} '
-                               f'--xla_force_host_platform_device_count={devices}').strip()
+    os.environ['XLA_FLAGS'] = (
+        f'{os.environ.get("XLA_FLAGS", "")} ' f'--xla_force_host_platform_device_count={devices}'
+    ).strip()
 
 
 def _layers_row_command(row: str) -> list[str]:
@@ -135,26 +180,48 @@ def main(argv) -> None:
   for flag in (_LAYERS_MODELS, _FAMILY_MODELS):
     unknown = [n for n in flag.value or () if n not in models.names()]
     if unknown:
-      raise ValueError(f'--{flag.name}: unknown models {unknown}; registered: '
-                       f'{sorted(models.names())}.')
+      raise ValueError(
+          f'--{flag.name}: unknown models {unknown}; registered: ' f'{sorted(models.names())}.'
+      )
   deep = mode == 'layers_table' or _LAYERS_ROW.value  # ImageNet-sized models: smaller defaults.
   config = training_step.benchmark_config(
-      config, batch=_BATCH.value or (8 if deep else config.batch_size),
+      config,
+      batch=_BATCH.value or (8 if deep else config.batch_size),
       image_size=_IMAGE_SIZE.value or (224 if deep else config.image_size),
       dtype=None if mode == 'input_pipeline' else _DTYPE.value,
-      model_name=None if mode == 'input_pipeline' else _MODEL.value)
+      model_name=None if mode == 'input_pipeline' else _MODEL.value,
+  )
   timing = dict(steps=_STEPS.value, warmup=_WARMUP.value, repeats=_REPEATS.value)
   if _LAYERS_ROW.value:
     name, scan, remat = _LAYERS_ROW.value.split(':')
-    print(json.dumps(tables.layers_row(config, name, scan == '1', remat == '1',
-                                       num_classes=_NUM_CLASSES.value, steps=_STEPS.value,
-                                       warmup=_WARMUP.value)))
+    print(
+        json.dumps(
+            tables.layers_row(
+                config,
+                name,
+                scan == '1',
+                remat == '1',
+                num_classes=_NUM_CLASSES.value,
+                steps=_STEPS.value,
+                warmup=_WARMUP.value,
+            )
+        )
+    )
   elif mode == 'step':
-    training_step.run_single(config, num_classes=_NUM_CLASSES.value, vs_timm=_VS_TIMM.value,
-                             inference=_INFERENCE.value, peak_tflops=_PEAK_TFLOPS.value, **timing)
+    training_step.run_single(
+        config,
+        num_classes=_NUM_CLASSES.value,
+        vs_timm=_VS_TIMM.value,
+        inference=_INFERENCE.value,
+        peak_tflops=_PEAK_TFLOPS.value,
+        **timing,
+    )
   elif mode == 'family_table':
-    sizes = ({name: config.image_size for name in _FAMILY_MODELS.value} if _FAMILY_MODELS.value
-             else tables.FAMILY_MODELS)
+    sizes = (
+        {name: config.image_size for name in _FAMILY_MODELS.value}
+        if _FAMILY_MODELS.value
+        else tables.FAMILY_MODELS
+    )
     tables.run_family_table(config, sizes=sizes, num_classes=_NUM_CLASSES.value, **timing)
   elif mode == 'layers_table':
     tables.run_layers_table(config, names=_LAYERS_MODELS.value, row_command=_layers_row_command)

@@ -43,8 +43,9 @@ class ConfigError(ValueError):
     if len(problems) == 1:
       super().__init__(f'Config field not valid: {problems[0]}')
     else:
-      super().__init__(f'{len(problems)} config fields are not valid:\n'
-                       + '\n'.join(f'  {p}' for p in problems))
+      super().__init__(
+          f'{len(problems)} config fields are not valid:\n' + '\n'.join(f'  {p}' for p in problems)
+      )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +55,7 @@ class Rule:
   `describe` is called when the words are needed, so that a rule may name values owned by a
   module that is only imported when a config is checked.
   """
+
   accepts: Callable[[Any], bool]
   describe: Callable[[], str]
 
@@ -68,19 +70,31 @@ def _is_number(value: Any) -> bool:
 
 def integer(low: int | None = None) -> Rule:
   """An int (not a bool) of at least `low`."""
-  return Rule(lambda v: isinstance(v, int) and not isinstance(v, bool)
-              and (low is None or v >= low),
-              lambda: 'an integer' if low is None else f'an integer >= {low}')
+  return Rule(
+      lambda v: isinstance(v, int) and not isinstance(v, bool) and (low is None or v >= low),
+      lambda: 'an integer' if low is None else f'an integer >= {low}',
+  )
 
 
-def number(low: float, high: float = math.inf, *, low_open: bool = False,
-           high_open: bool = False, optional: bool = False) -> Rule:
+def number(
+    low: float,
+    high: float = math.inf,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+    optional: bool = False,
+) -> Rule:
   """A finite number in the interval; `optional` also accepts None (unset)."""
+
   def accepts(v):
     if v is None:
       return optional
-    return (_is_number(v) and (v > low if low_open else v >= low)
-            and (v < high if high_open else v <= high))
+    return (
+        _is_number(v)
+        and (v > low if low_open else v >= low)
+        and (v < high if high_open else v <= high)
+    )
+
   if high == math.inf:
     words = f'a number {">" if low_open else ">="} {low:g}'
   else:
@@ -100,35 +114,43 @@ def choice(values: Iterable[Any] | Callable[[], Iterable[Any]], *, unset: str = 
 
 def text(*, empty: bool = False, optional: bool = False) -> Rule:
   """A string (non-empty unless `empty`); `optional` also accepts None."""
-  return Rule(lambda v: (v is None and optional) or (isinstance(v, str) and (empty or bool(v))),
-              lambda: ('a string' if empty else 'a non-empty string')
-              + (' or None' if optional else ''))
+  return Rule(
+      lambda v: (v is None and optional) or (isinstance(v, str) and (empty or bool(v))),
+      lambda: ('a string' if empty else 'a non-empty string') + (' or None' if optional else ''),
+  )
 
 
 def boolean(*, optional: bool = False) -> Rule:
   """True or false; `optional` also accepts None (unset: decided automatically)."""
-  return Rule(lambda v: isinstance(v, bool) or (v is None and optional),
-              lambda: 'true or false' + (', or None (unset: automatic)' if optional else ''))
+  return Rule(
+      lambda v: isinstance(v, bool) or (v is None and optional),
+      lambda: 'true or false' + (', or None (unset: automatic)' if optional else ''),
+  )
 
 
 PROBABILITY = number(0.0, 1.0)
 RATE_BELOW_ONE = number(0.0, 1.0, high_open=True)
-NAMES = Rule(lambda v: isinstance(v, (tuple, list)) and all(isinstance(n, str) for n in v),
-             lambda: 'a tuple of parameter names')
+NAMES = Rule(
+    lambda v: isinstance(v, (tuple, list)) and all(isinstance(n, str) for n in v),
+    lambda: 'a tuple of parameter names',
+)
 
 
 def _normalizations() -> tuple[str, ...]:
   from vit_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
+
   return tuple(input_pipeline.NORMALIZATIONS)
 
 
 def _augments() -> tuple[str, ...]:
   from vit_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
+
   return input_pipeline.AUGMENTS
 
 
 def _losses() -> tuple[str, ...]:
   from vit_jax.training import steps  # pylint: disable=g-import-not-at-top
+
   return tuple(steps.LOSSES)
 
 
@@ -137,12 +159,14 @@ def _randaugment(spec: Any) -> bool:
     return False
   if spec:
     from vit_jax.data import augment  # pylint: disable=g-import-not-at-top
+
     augment.parse_randaugment(spec)  # Its ValueError says what is wrong with the spec.
   return True
 
 
 def _eval_sets(specs: Any) -> bool:
   from vit_jax.evaluators import eval_sets  # pylint: disable=g-import-not-at-top
+
   eval_sets.parse_all(specs)  # Its ValueError names the bad set and what is valid.
   return True
 
@@ -154,6 +178,7 @@ class Field:
   `field_type` is needed only where the default is None (ml_collections must know what the field
   will hold to accept it from the command line).
   """
+
   name: str
   default: Any
   rule: Rule
@@ -168,6 +193,7 @@ class Section:
   A `default` value that is a type declares a field unset (None) until the command line sets it:
   its owner's own default applies.
   """
+
   name: str
   default: dict[str, Any]
   owner: str
@@ -177,152 +203,292 @@ class Section:
 FIELDS: tuple[Field, ...] = (
     Field('seed', 0, integer(), 'Seeds parameters, data order and augmentation.'),
     # Data.
-    Field('dataset', datasets.DIGITS, Rule(datasets.chosen, lambda: 'a non-empty string'),
-          "'digits' (embedded, nothing to download), 'folder:/path/to/images' or a TFDS name."),
-    Field('data_dir', None, text(optional=True), 'TFDS data directory; None: TFDS default.',
-          field_type=str),
+    Field(
+        'dataset',
+        datasets.DIGITS,
+        Rule(datasets.chosen, lambda: 'a non-empty string'),
+        "'digits' (embedded, nothing to download), 'folder:/path/to/images' or a TFDS name.",
+    ),
+    Field(
+        'data_dir',
+        None,
+        text(optional=True),
+        'TFDS data directory; None: TFDS default.',
+        field_type=str,
+    ),
     Field('train_split', 'train', text(), "TFDS split to train on, e.g. 'train[:90%]'."),
     Field('eval_split', 'test', text(), 'TFDS split to evaluate on.'),
-    Field('eval_sets', (),
-          Rule(_eval_sets, lambda: "a tuple of test-set names 'DATASET[:SPLIT]' "
-               "(vit_jax/evaluators/eval_sets.py), e.g. ('imagenet2012_real', 'imagenet_v2')"),
-          'Test sets scored beside eval_split, when it is, each under its own name: any TFDS '
-          "'name:split', digits, 'folder:/path:split'; ImageNet-ReaL multi-label, ImageNet-A/-R "
-          'on their 200 classes.'),
+    Field(
+        'eval_sets',
+        (),
+        Rule(
+            _eval_sets,
+            lambda: "a tuple of test-set names 'DATASET[:SPLIT]' "
+            "(vit_jax/evaluators/eval_sets.py), e.g. ('imagenet2012_real', 'imagenet_v2')",
+        ),
+        'Test sets scored beside eval_split, when it is, each under its own name: any TFDS '
+        "'name:split', digits, 'folder:/path:split'; ImageNet-ReaL multi-label, ImageNet-A/-R "
+        'on their 200 classes.',
+    ),
     Field('image_size', 32, integer(1), 'Model input resolution; the pipeline resizes to it.'),
-    Field('augment', 'crop_flip', choice(_augments),
-          'Training crop: pad and random crop, inception crop, DeiT III\'s simple random crop, or '
-          'resize only.'),
-    Field('crop_padding', 4, integer(0),
-          "Padding before the random crop: zeros ('crop_flip'), reflected ('simple_random_crop')."),
+    Field(
+        'augment',
+        'crop_flip',
+        choice(_augments),
+        "Training crop: pad and random crop, inception crop, DeiT III's simple random crop, or "
+        'resize only.',
+    ),
+    Field(
+        'crop_padding',
+        4,
+        integer(0),
+        "Padding before the random crop: zeros ('crop_flip'), reflected ('simple_random_crop').",
+    ),
     Field('flip', True, boolean(), 'Random horizontal flips during training.'),
-    Field('eval_crop_ratio', 1.0, number(0.0, 1.0, low_open=True),
-          'Evaluation: resize to image_size / ratio, then centre crop.'),
-    Field('normalization', 'imagenet', choice(_normalizations),
-          "Per-channel mean and std: 'imagenet', 'inception' (0.5/0.5), 'cifar10', 'digits'."),
+    Field(
+        'eval_crop_ratio',
+        1.0,
+        number(0.0, 1.0, low_open=True),
+        'Evaluation: resize to image_size / ratio, then centre crop.',
+    ),
+    Field(
+        'normalization',
+        'imagenet',
+        choice(_normalizations),
+        "Per-channel mean and std: 'imagenet', 'inception' (0.5/0.5), 'cifar10', 'digits'.",
+    ),
     Field('shuffle_buffer', 10_000, integer(1), 'Shuffle buffer of a streamed TFRecord dataset.'),
     Field('prefetch', 2, integer(1), 'Batches prepared ahead.'),
-    Field('in_memory', None, boolean(optional=True),
-          'A TFRecord-only dataset held in memory (True) or streamed (False); None: held when '
-          'its images are of one shape and fit in input_pipeline.IN_MEMORY_MAX_BYTES.', field_type=bool),
-    Field('skip_unreadable_images', False, boolean(),
-          'Image folders: leave out, with a warning naming each, files that do not decode.'),
+    Field(
+        'in_memory',
+        None,
+        boolean(optional=True),
+        'A TFRecord-only dataset held in memory (True) or streamed (False); None: held when '
+        'its images are of one shape and fit in input_pipeline.IN_MEMORY_MAX_BYTES.',
+        field_type=bool,
+    ),
+    Field(
+        'skip_unreadable_images',
+        False,
+        boolean(),
+        'Image folders: leave out, with a warning naming each, files that do not decode.',
+    ),
     # Recipe augmentations, per example in the tf.data pipeline.
-    Field('randaugment', '',
-          Rule(_randaugment, lambda: "'' (off) or a timm spec such as 'rand-m9-mstd0.5-inc1'"),
-          "timm RandAugment spec, e.g. 'rand-m9-mstd0.5-inc1'; '' = off."),
-    Field('three_augment', False, boolean(),
-          "DeiT III's 3-Augment: one of grayscale, solarization, Gaussian blur per image."),
-    Field('color_jitter', 0.0, number(0.0),
-          'Colour jitter strength (brightness, contrast, saturation; DeiT III: 0.3); 0 = off.'),
-    Field('random_erase_prob', 0.0, PROBABILITY,
-          'Random erasing (one box, per-pixel normal noise).'),
-    Field('repeated_aug', 1, integer(1),
-          'Copies of each example per batch (DeiT: 3); batch_size counts the copies.'),
+    Field(
+        'randaugment',
+        '',
+        Rule(_randaugment, lambda: "'' (off) or a timm spec such as 'rand-m9-mstd0.5-inc1'"),
+        "timm RandAugment spec, e.g. 'rand-m9-mstd0.5-inc1'; '' = off.",
+    ),
+    Field(
+        'three_augment',
+        False,
+        boolean(),
+        "DeiT III's 3-Augment: one of grayscale, solarization, Gaussian blur per image.",
+    ),
+    Field(
+        'color_jitter',
+        0.0,
+        number(0.0),
+        'Colour jitter strength (brightness, contrast, saturation; DeiT III: 0.3); 0 = off.',
+    ),
+    Field(
+        'random_erase_prob', 0.0, PROBABILITY, 'Random erasing (one box, per-pixel normal noise).'
+    ),
+    Field(
+        'repeated_aug',
+        1,
+        integer(1),
+        'Copies of each example per batch (DeiT: 3); batch_size counts the copies.',
+    ),
     # Mixup / CutMix on device, per device's share of the batch (timm Mixup, mode 'batch').
     Field('mixup_alpha', 0.0, number(0.0), 'Mixup Beta(alpha, alpha); 0 = off (DeiT: 0.8).'),
     Field('cutmix_alpha', 0.0, number(0.0), 'CutMix Beta(alpha, alpha); 0 = off (DeiT: 1.0).'),
     Field('mix_switch_prob', 0.5, PROBABILITY, 'P(CutMix) when both are on.'),
     Field('mix_prob', 1.0, PROBABILITY, 'P(a batch is mixed at all).'),
     # Optimisation.
-    Field('batch_size', 128, integer(1),
-          'Global batch, summed over every device of every process.'),
+    Field(
+        'batch_size', 128, integer(1), 'Global batch, summed over every device of every process.'
+    ),
     Field('eval_batch_size', 256, integer(1), 'Global evaluation batch.'),
-    Field('optimizer', 'adamw', choice(OPTIMIZERS),
-          "'adamw', 'sgd' with momentum, or 'lamb' (DeiT III; apex FusedLAMB's semantics)."),
+    Field(
+        'optimizer',
+        'adamw',
+        choice(OPTIMIZERS),
+        "'adamw', 'sgd' with momentum, or 'lamb' (DeiT III; apex FusedLAMB's semantics).",
+    ),
     Field('base_lr', 1e-3, number(0.0, low_open=True), 'Peak learning rate.'),
-    Field('lr_scaling_batch', 0, integer(0),
-          'If > 0, lr = base_lr * batch_size / lr_scaling_batch.'),
+    Field(
+        'lr_scaling_batch', 0, integer(0), 'If > 0, lr = base_lr * batch_size / lr_scaling_batch.'
+    ),
     Field('min_lr', 0.0, number(0.0), 'Learning rate at the end of the cosine.'),
     Field('warmup_lr', 0.0, number(0.0), 'Learning rate at the first warm-up step (DeiT: 1e-6).'),
     Field('warmup_steps', 100, integer(0), 'Linear warm-up steps.'),
     Field('total_steps', 1000, integer(1), 'Optimizer steps.'),
-    Field('num_epochs', None, number(0.0, low_open=True, optional=True),
-          'Epochs; when set, overrides total_steps.', field_type=float),
-    Field('warmup_epochs', None, number(0.0, optional=True),
-          'Warm-up epochs; when set, overrides warmup_steps.', field_type=float),
+    Field(
+        'num_epochs',
+        None,
+        number(0.0, low_open=True, optional=True),
+        'Epochs; when set, overrides total_steps.',
+        field_type=float,
+    ),
+    Field(
+        'warmup_epochs',
+        None,
+        number(0.0, optional=True),
+        'Warm-up epochs; when set, overrides warmup_steps.',
+        field_type=float,
+    ),
     Field('weight_decay', 0.05, number(0.0), 'Decoupled weight decay.'),
     Field('momentum', 0.9, RATE_BELOW_ONE, 'SGD momentum.'),
     Field('b1', 0.9, RATE_BELOW_ONE, 'Adam beta1.'),
     Field('b2', 0.999, RATE_BELOW_ONE, 'Adam beta2.'),
     Field('eps', 1e-8, number(0.0, low_open=True), 'Adam epsilon.'),
-    Field('layer_decay', 1.0, number(0.0, 1.0, low_open=True),
-          'Layer-wise lr decay: the lr of layer l (0 = embeddings, depth + 1 = head) is scaled '
-          'by layer_decay^(depth + 1 - l), as timm\'s --layer-decay (BEiT, MAE: 0.65-0.75); '
-          '1 = off.'),
-    Field('grad_clip_norm', 0.0, number(0.0),
-          "Global gradient-norm clipping; 0 = off ('lamb' always clips at 1, as apex's)."),
+    Field(
+        'layer_decay',
+        1.0,
+        number(0.0, 1.0, low_open=True),
+        'Layer-wise lr decay: the lr of layer l (0 = embeddings, depth + 1 = head) is scaled '
+        "by layer_decay^(depth + 1 - l), as timm's --layer-decay (BEiT, MAE: 0.65-0.75); "
+        '1 = off.',
+    ),
+    Field(
+        'grad_clip_norm',
+        0.0,
+        number(0.0),
+        "Global gradient-norm clipping; 0 = off ('lamb' always clips at 1, as apex's).",
+    ),
     Field('label_smoothing', 0.0, RATE_BELOW_ONE, 'Label smoothing (folded into mixed targets).'),
-    Field('loss', 'softmax_xent', choice(_losses),
-          "'softmax_xent', or 'bce': binary cross-entropy on targets > 0 (deit --bce-loss)."),
-    Field('grad_accum_steps', 1, integer(1),
-          'Micro-batches per optimizer step (batch_size is per step).'),
-    Field('ema_decay', 0.0, RATE_BELOW_ONE,
-          'Per-step EMA of the variables, evaluated beside them; 0 = off.'),
+    Field(
+        'loss',
+        'softmax_xent',
+        choice(_losses),
+        "'softmax_xent', or 'bce': binary cross-entropy on targets > 0 (deit --bce-loss).",
+    ),
+    Field(
+        'grad_accum_steps',
+        1,
+        integer(1),
+        'Micro-batches per optimizer step (batch_size is per step).',
+    ),
+    Field(
+        'ema_decay',
+        0.0,
+        RATE_BELOW_ONE,
+        'Per-step EMA of the variables, evaluated beside them; 0 = off.',
+    ),
     # Precision: parameters, softmax, norms and the loss stay float32.
     Field('dtype', 'float32', choice(DTYPES), 'Compute dtype of the model.'),
-    Field('mu_dtype', '', choice(DTYPES, unset="the parameters' dtype"),
-          "Adam first moment / SGD momentum dtype; '' = the parameters'."),
-    Field('no_decay_names', ('bias', 'scale', 'pos_embed', 'cls_token'), NAMES,
-          'Parameters never decayed (besides every 1-D one). DeiT does decay dist_token.'),
+    Field(
+        'mu_dtype',
+        '',
+        choice(DTYPES, unset="the parameters' dtype"),
+        "Adam first moment / SGD momentum dtype; '' = the parameters'.",
+    ),
+    Field(
+        'no_decay_names',
+        ('bias', 'scale', 'pos_embed', 'cls_token'),
+        NAMES,
+        'Parameters never decayed (besides every 1-D one). DeiT does decay dist_token.',
+    ),
     # Devices: a (data x fsdp) mesh over every device (vit_jax.parallel.sharding).
-    Field('mesh.fsdp', 1, integer(1),
-          'Devices that split parameters, gradients, optimizer state and EMA; 1 = replicated. '
-          'Must divide the number of devices.'),
-    Field('mesh.fsdp_min_size', 2**18, integer(0),
-          'Arrays with fewer elements (1 MiB in float32) stay replicated.'),
+    Field(
+        'mesh.fsdp',
+        1,
+        integer(1),
+        'Devices that split parameters, gradients, optimizer state and EMA; 1 = replicated. '
+        'Must divide the number of devices.',
+    ),
+    Field(
+        'mesh.fsdp_min_size',
+        2**18,
+        integer(0),
+        'Arrays with fewer elements (1 MiB in float32) stay replicated.',
+    ),
     # Logging, evaluation and checkpoints.
     Field('log_every', 50, integer(1), 'Steps between progress lines.'),
     Field('eval_every', 500, integer(1), 'Steps between evaluations.'),
     Field('checkpoint_every', 500, integer(1), 'Steps between checkpoints.'),
-    Field('profile_steps', 0, integer(0),
-          'Training steps after the first traced by jax.profiler into WORKDIR/plugins/profile '
-          "(TensorBoard's profile tab); 0 = off."),
+    Field(
+        'profile_steps',
+        0,
+        integer(0),
+        'Training steps after the first traced by jax.profiler into WORKDIR/plugins/profile '
+        "(TensorBoard's profile tab); 0 = off.",
+    ),
     Field('keep_checkpoints', 3, integer(1), 'Checkpoints kept.'),
     # DeiT distillation from a teacher.
     Field('distillation.type', 'none', choice(DISTILLATION_TYPES), 'Distillation loss.'),
     Field('distillation.alpha', 0.5, PROBABILITY, 'Weight of the distillation term.'),
     Field('distillation.tau', 1.0, number(0.0, low_open=True), "Temperature of 'soft'."),
-    Field('distillation.teacher', '', text(empty=True),
-          "The teacher: a run's --workdir, Hub weights (hf-hub:timm/regnety_160.deit_in1k), or "
-          'MODEL:FILE (e.g. regnety_160:/path/regnety.pth).'),
-    Field('distillation.teacher_normalization', '',
-          choice(_normalizations, unset="the student's"),
-          "Inputs the teacher was trained on; '' = the student's (a work directory's: its own)."),
+    Field(
+        'distillation.teacher',
+        '',
+        text(empty=True),
+        "The teacher: a run's --workdir, Hub weights (hf-hub:timm/regnety_160.deit_in1k), or "
+        'MODEL:FILE (e.g. regnety_160:/path/regnety.pth).',
+    ),
+    Field(
+        'distillation.teacher_normalization',
+        '',
+        choice(_normalizations, unset="the student's"),
+        "Inputs the teacher was trained on; '' = the student's (a work directory's: its own).",
+    ),
     # Weights to start from, or to evaluate.
-    Field('init_from', '', text(empty=True),
-          'Pretrained weights (timm/DeiT/CaiT/DeepViT/T2T .pth or .safetensors, Google ViT .npz, '
-          'Hub weights hf-hub:ORG/NAME, or a work directory) to start from; a --workdir holding '
-          'a checkpoint resumes instead.'),
-    Field('eval_only', False, boolean(),
-          "Only evaluate init_from (else --workdir's newest checkpoint) on eval_split."),
-    Field('use_ema', True, boolean(),
-          "Read a run's EMA weights where it kept them (eval_only, init_from, the teacher)."),
+    Field(
+        'init_from',
+        '',
+        text(empty=True),
+        'Pretrained weights (timm/DeiT/CaiT/DeepViT/T2T .pth or .safetensors, Google ViT .npz, '
+        'Hub weights hf-hub:ORG/NAME, or a work directory) to start from; a --workdir holding '
+        'a checkpoint resumes instead.',
+    ),
+    Field(
+        'eval_only',
+        False,
+        boolean(),
+        "Only evaluate init_from (else --workdir's newest checkpoint) on eval_split.",
+    ),
+    Field(
+        'use_ema',
+        True,
+        boolean(),
+        "Read a run's EMA weights where it kept them (eval_only, init_from, the teacher).",
+    ),
 )
 
 SECTIONS: tuple[Section, ...] = (
-    Section('evaluators', {
-        'fewshot': {'every': int, 'datasets': tuple, 'shots': tuple, 'seeds': int},
-        'linear_probe': {'every': int, 'datasets': tuple},
-    }, 'vit_jax.evaluators',
-            'Evaluators of frozen pre-logits, run every `every` steps and at the end when '
-            '`every` > 0. Unset (None) fields take the evaluator\'s own defaults '
-            '(vit_jax/evaluators), under which it is off; e.g. '
-            '--config.evaluators.fewshot.every=400.'),
-    Section('model', {'name': 'vit_ti4', 'scan_layers': False, 'remat': False}, 'vit_jax.models',
-            'name: a registry key (vit_jax.models.names()); every other field is passed to '
-            'vit_jax.models.create(). scan_layers: one traced block run by nn.scan; remat: '
-            'activations recomputed in the backward pass. The backbone\'s parts and shared '
-            'fields (vit_jax.models.parts.Parts) are unset (None: the registered model\'s own '
-            'value) until set, e.g. --config.model.attention=talking_heads.'),
+    Section(
+        'evaluators',
+        {
+            'fewshot': {'every': int, 'datasets': tuple, 'shots': tuple, 'seeds': int},
+            'linear_probe': {'every': int, 'datasets': tuple},
+        },
+        'vit_jax.evaluators',
+        'Evaluators of frozen pre-logits, run every `every` steps and at the end when '
+        "`every` > 0. Unset (None) fields take the evaluator's own defaults "
+        '(vit_jax/evaluators), under which it is off; e.g. '
+        '--config.evaluators.fewshot.every=400.',
+    ),
+    Section(
+        'model',
+        {'name': 'vit_ti4', 'scan_layers': False, 'remat': False},
+        'vit_jax.models',
+        'name: a registry key (vit_jax.models.names()); every other field is passed to '
+        'vit_jax.models.create(). scan_layers: one traced block run by nn.scan; remat: '
+        "activations recomputed in the backward pass. The backbone's parts and shared "
+        "fields (vit_jax.models.parts.Parts) are unset (None: the registered model's own "
+        'value) until set, e.g. --config.model.attention=talking_heads.',
+    ),
 )
 
 
 def _part_field_type(annotation: Any) -> type:
   """What ml_collections must accept for a part field of `annotation` (`X | None` -> X; a field
   of several types, such as `layer_scale_init`'s float or 'paper', takes any literal)."""
-  kinds = [kind for kind in getattr(annotation, '__args__', (annotation,))
-           if kind is not type(None)]
+  kinds = [
+      kind for kind in getattr(annotation, '__args__', (annotation,)) if kind is not type(None)
+  ]
   return kinds[0] if len(kinds) == 1 else object
 
 
@@ -332,6 +498,7 @@ def model_part_fields() -> dict[str, type]:
   command line; unset (None) they keep the registered model's value, and the model checks them
   (`check_fields`)."""
   from vit_jax.models import parts  # pylint: disable=g-import-not-at-top
+
   return {field.name: _part_field_type(field.type) for field in dataclasses.fields(parts.Parts)}
 
 
@@ -378,6 +545,7 @@ def model_from_section(model: Any, num_classes: int, dtype: str) -> Any:
   """The model a `model` section ({'name': ..., fields}) describes, computing in `dtype` unless
   the section sets its own (`create_model`; a teacher's section, saved or from the Hub)."""
   from vit_jax import models  # pylint: disable=g-import-not-at-top
+
   overrides = model_overrides(model)
   overrides.setdefault('dtype', dtype)
   return models.create(model['name'], num_classes=num_classes, **overrides)
@@ -388,10 +556,12 @@ _BY_NAME = {field.name: field for field in FIELDS}
 
 def _config_dict(tree: dict[str, Any]) -> ml_collections.ConfigDict:
   """Nested dicts as nested ConfigDicts (tuples stay tuples; a type: unset, of that type)."""
+
   def value(v):
     if isinstance(v, dict):
       return _config_dict(v)
     return ml_collections.FieldReference(None, field_type=v) if isinstance(v, type) else v
+
   return ml_collections.ConfigDict({k: value(v) for k, v in tree.items()})
 
 
@@ -412,8 +582,11 @@ def defaults() -> ml_collections.ConfigDict:
       if parent not in target:
         target[parent] = ml_collections.ConfigDict()
       target = target[parent]
-    target[leaf] = (field.default if field.default is not None
-                    else ml_collections.FieldReference(None, field_type=field.field_type))
+    target[leaf] = (
+        field.default
+        if field.default is not None
+        else ml_collections.FieldReference(None, field_type=field.field_type)
+    )
   for section in SECTIONS:
     config[section.name] = _config_dict(section.default)
   for name, field_type in model_part_fields().items():
@@ -445,8 +618,10 @@ def _field_problems(fields: dict[str, Any]) -> list[str]:
   for path, value in sorted(fields.items(), key=lambda item: rank.get(item[0], len(rank))):
     field = _BY_NAME.get(path)
     if field is None:
-      problems.append(f'{FLAG}{path}={value!r}: not a known field; valid fields: '
-                      f'{sorted(_BY_NAME)} (python -m vit_jax.config lists them).')
+      problems.append(
+          f'{FLAG}{path}={value!r}: not a known field; valid fields: '
+          f'{sorted(_BY_NAME)} (python -m vit_jax.config lists them).'
+      )
       continue
     try:
       if not field.rule.accepts(value):
@@ -466,26 +641,40 @@ def _batch_problems(c: dict[str, Any], devices: int, processes: int) -> list[str
         f'{FLAG}batch_size={batch}: must be a multiple of the {devices} device(s) × '
         f'{FLAG}grad_accum_steps={accumulate} and of the {processes} process(es), i.e. of {step} '
         f'(e.g. {max(step, batch // step * step)}), so that every micro-batch spans every device '
-        'equally.')
+        'equally.'
+    )
   eval_batch = c['eval_batch_size']
   if eval_batch % math.lcm(devices, processes):
     step = math.lcm(devices, processes)
-    problems.append(f'{FLAG}eval_batch_size={eval_batch}: must be a multiple of the {devices} '
-                    f'device(s) and {processes} process(es), i.e. of {step} (e.g. '
-                    f'{max(step, eval_batch // step * step)}).')
+    problems.append(
+        f'{FLAG}eval_batch_size={eval_batch}: must be a multiple of the {devices} '
+        f'device(s) and {processes} process(es), i.e. of {step} (e.g. '
+        f'{max(step, eval_batch // step * step)}).'
+    )
   return problems
 
 
 def _schedule_problems(c: dict[str, Any]) -> list[str]:
   """A warm-up longer than the training it belongs to."""
   problems = []
-  if c['num_epochs'] is None and c['warmup_epochs'] is None and c['warmup_steps'] > c['total_steps']:
-    problems.append(f'{FLAG}warmup_steps={c["warmup_steps"]}: must be <= {FLAG}total_steps='
-                    f'{c["total_steps"]}.')
-  if c['num_epochs'] is not None and c['warmup_epochs'] is not None and (
-      c['warmup_epochs'] > c['num_epochs']):
-    problems.append(f'{FLAG}warmup_epochs={c["warmup_epochs"]}: must be <= {FLAG}num_epochs='
-                    f'{c["num_epochs"]}.')
+  if (
+      c['num_epochs'] is None
+      and c['warmup_epochs'] is None
+      and c['warmup_steps'] > c['total_steps']
+  ):
+    problems.append(
+        f'{FLAG}warmup_steps={c["warmup_steps"]}: must be <= {FLAG}total_steps='
+        f'{c["total_steps"]}.'
+    )
+  if (
+      c['num_epochs'] is not None
+      and c['warmup_epochs'] is not None
+      and (c['warmup_epochs'] > c['num_epochs'])
+  ):
+    problems.append(
+        f'{FLAG}warmup_epochs={c["warmup_epochs"]}: must be <= {FLAG}num_epochs='
+        f'{c["num_epochs"]}.'
+    )
   return problems
 
 
@@ -493,40 +682,51 @@ def _distillation_problems(c: dict[str, Any]) -> list[str]:
   """Distillation without a teacher."""
   problems = []
   if c['distillation.type'] != 'none' and not c['distillation.teacher']:
-    problems.append(f"{FLAG}distillation.type={c['distillation.type']!r}: needs "
-                    f'{FLAG}distillation.teacher, the --workdir of a run of vit_jax.main or '
-                    f"MODEL:FILE (or {FLAG}distillation.type='none').")
+    problems.append(
+        f"{FLAG}distillation.type={c['distillation.type']!r}: needs "
+        f'{FLAG}distillation.teacher, the --workdir of a run of vit_jax.main or '
+        f"MODEL:FILE (or {FLAG}distillation.type='none')."
+    )
   return problems
 
 
-def quick_default_problems(dataset: str, normalization: str, variants: Sequence[str] = (),
-                           *, name: str = f'{FLAG}dataset') -> list[str]:
+def quick_default_problems(
+    dataset: str, normalization: str, variants: Sequence[str] = (), *, name: str = f'{FLAG}dataset'
+) -> list[str]:
   """The quick model of a family config (for the embedded 8×8 digits, normalization='digits')
   asked to train on another named dataset, which it does not fit; an image folder may hold
   digits itself. `variants` (the family's published sizes) are named as the ones to pick."""
-  if (normalization != 'digits' or dataset == datasets.DIGITS
-      or dataset.startswith(datasets.FOLDER_PREFIX)):
+  if (
+      normalization != 'digits'
+      or dataset == datasets.DIGITS
+      or dataset.startswith(datasets.FOLDER_PREFIX)
+  ):
     return []
   unknown = datasets.unknown(dataset)
   if unknown:  # Said first: no variant makes an unknown name train.
     return [f'{name}={dataset!r}: {unknown}']
   if variants:
-    pick = (f'add variant= with one of {", ".join(variants)} after the config file\'s colon, '
-            f'e.g. variant={list(variants)[0]},dataset={dataset}')
+    pick = (
+        f'add variant= with one of {", ".join(variants)} after the config file\'s colon, '
+        f'e.g. variant={list(variants)[0]},dataset={dataset}'
+    )
   else:
-    pick = ("add variant= after the config file's colon (its docstring lists the published "
-            f"sizes), e.g. --config='configs/vit.py:variant=S/16,dataset={dataset}' (S/4 for "
-            '32-pixel images)')
-  return [f"{name}={dataset!r}: does not fit the config's default, the quick model for the "
-          f"embedded digits (normalization='digits'): {pick}; or set every field for it "
-          f'yourself (at least {FLAG}normalization).']
+    pick = (
+        "add variant= after the config file's colon (its docstring lists the published "
+        f"sizes), e.g. --config='configs/vit.py:variant=S/16,dataset={dataset}' (S/4 for "
+        '32-pixel images)'
+    )
+  return [
+      f"{name}={dataset!r}: does not fit the config's default, the quick model for the "
+      f"embedded digits (normalization='digits'): {pick}; or set every field for it "
+      f'yourself (at least {FLAG}normalization).'
+  ]
 
 
 def require_fit(config: ml_collections.ConfigDict, variants: Sequence[str]) -> None:
   """Raises ValueError when a family config's quick digits default got another dataset (as the
   `dataset=` argument after the config file's colon)."""
-  problems = quick_default_problems(config.dataset, config.normalization, variants,
-                                    name='dataset')
+  problems = quick_default_problems(config.dataset, config.normalization, variants, name='dataset')
   if problems:
     raise ValueError(problems[0])
 
@@ -535,14 +735,18 @@ def _recipe_problems(c: dict[str, Any]) -> list[str]:
   """DeiT III's pieces with the settings they replace or cannot work with."""
   problems = []
   if c['three_augment'] and c['randaugment']:
-    problems.append(f"{FLAG}three_augment=True: replaces RandAugment (deit main.py swaps the whole "
-                    f"training transform for 3-Augment); set {FLAG}randaugment='' or "
-                    f'{FLAG}three_augment=False.')
+    problems.append(
+        f'{FLAG}three_augment=True: replaces RandAugment (deit main.py swaps the whole '
+        f"training transform for 3-Augment); set {FLAG}randaugment='' or "
+        f'{FLAG}three_augment=False.'
+    )
   if c['loss'] == 'bce' and c['label_smoothing'] > 0:
-    problems.append(f"{FLAG}loss='bce' with {FLAG}label_smoothing={c['label_smoothing']}: BCE "
-                    'targets are the classes with weight > 0 (deit engine.py), and smoothing '
-                    f'gives every class weight > 0; set {FLAG}label_smoothing=0.0 (DeiT III) or '
-                    f"{FLAG}loss='softmax_xent'.")
+    problems.append(
+        f"{FLAG}loss='bce' with {FLAG}label_smoothing={c['label_smoothing']}: BCE "
+        'targets are the classes with weight > 0 (deit engine.py), and smoothing '
+        f'gives every class weight > 0; set {FLAG}label_smoothing=0.0 (DeiT III) or '
+        f"{FLAG}loss='softmax_xent'."
+    )
   return problems
 
 
@@ -550,8 +754,10 @@ _BATCH_FIELDS = ('batch_size', 'eval_batch_size', 'grad_accum_steps', 'repeated_
 _JOINT_CHECKS = (
     (('num_epochs', 'warmup_epochs', 'warmup_steps', 'total_steps'), _schedule_problems),
     (('distillation.type', 'distillation.teacher'), _distillation_problems),
-    (('normalization', 'dataset'),
-     lambda c: quick_default_problems(c['dataset'], c['normalization'])),
+    (
+        ('normalization', 'dataset'),
+        lambda c: quick_default_problems(c['dataset'], c['normalization']),
+    ),
     (('three_augment', 'randaugment', 'loss', 'label_smoothing'), _recipe_problems),
 )
 
@@ -559,19 +765,22 @@ _JOINT_CHECKS = (
 def _model_problems(model: ml_collections.ConfigDict) -> list[str]:
   """The registered model's own field checks (`check_fields`), as one problem."""
   from vit_jax import models  # pylint: disable=g-import-not-at-top
+
   name = model.get('name')
   overrides = model_overrides(model)
   try:
     models.create(name, num_classes=1, **overrides).check_fields()
   except (ValueError, TypeError) as e:
-    return [f'{FLAG}model.name={name!r}: {e}' if name not in models.names()
-            else f'{FLAG}model: {e}']
+    return [
+        f'{FLAG}model.name={name!r}: {e}' if name not in models.names() else f'{FLAG}model: {e}'
+    ]
   return []
 
 
 def _evaluator_problems(config: ml_collections.ConfigDict) -> list[str]:
   """Every evaluator's settings, checked by the evaluator itself (`vit_jax.evaluators`)."""
   from vit_jax import evaluators  # pylint: disable=g-import-not-at-top
+
   problems = []
   for name, settings in config.evaluators.items():
     try:
@@ -581,22 +790,29 @@ def _evaluator_problems(config: ml_collections.ConfigDict) -> list[str]:
   return problems
 
 
-def validate(config: ml_collections.ConfigDict, *, devices: int | None = None,
-             processes: int | None = None) -> None:
+def validate(
+    config: ml_collections.ConfigDict, *, devices: int | None = None, processes: int | None = None
+) -> None:
   """Raises `ConfigError` listing every bad field of `config`; compiles and reads nothing.
 
   `devices` and `processes` (default: JAX's global counts) are what the batches must divide.
   """
   import jax  # pylint: disable=g-import-not-at-top
   from vit_jax.parallel import sharding  # pylint: disable=g-import-not-at-top
+
   devices = jax.device_count() if devices is None else devices
   processes = jax.process_count() if processes is None else processes
   fields = _flatten(config)
   problems = _field_problems(fields)
-  problems += [f'{FLAG}{path}: missing; every config needs it (see vit_jax/config.py).'
-               for path in sorted(set(_BY_NAME) - set(fields))]
-  problems += [f'{FLAG}{section.name}: missing; every config needs it (see vit_jax/config.py).'
-               for section in SECTIONS if section.name not in config]
+  problems += [
+      f'{FLAG}{path}: missing; every config needs it (see vit_jax/config.py).'
+      for path in sorted(set(_BY_NAME) - set(fields))
+  ]
+  problems += [
+      f'{FLAG}{section.name}: missing; every config needs it (see vit_jax/config.py).'
+      for section in SECTIONS
+      if section.name not in config
+  ]
   bad = {p.removeprefix(FLAG).split('=', 1)[0].split(':', 1)[0] for p in problems}
   # Each joint check runs only when the fields it reads are valid on their own.
   if not bad & set(_BATCH_FIELDS):

@@ -28,25 +28,39 @@ from vit_jax.weights import source_flags
 
 _LOAD = source_flags.define()
 flags.adopt_module_key_flags(source_flags)  # Listed by --help with the command's own.
-_EVALUATORS = flags.DEFINE_list('evaluators', None, 'Any of fewshot, linear_probe (default: both, '
-                                'unless --eval_sets is given).')
+_EVALUATORS = flags.DEFINE_list(
+    'evaluators',
+    None,
+    'Any of fewshot, linear_probe (default: both, ' 'unless --eval_sets is given).',
+)
 _EVAL_SETS = flags.DEFINE_list(
-    'eval_sets', [], "Test sets 'DATASET[:SPLIT]' to score the model's predictions on, e.g. "
-    'imagenet2012_real,imagenet_v2,imagenet_a (vit_jax/evaluators/eval_sets.py).')
-_DATASETS = flags.DEFINE_list('datasets', ['digits'],
-                              "Datasets: 'digits', TFDS names, 'folder:/path/to/images'.")
+    'eval_sets',
+    [],
+    "Test sets 'DATASET[:SPLIT]' to score the model's predictions on, e.g. "
+    'imagenet2012_real,imagenet_v2,imagenet_a (vit_jax/evaluators/eval_sets.py).',
+)
+_DATASETS = flags.DEFINE_list(
+    'datasets', ['digits'], "Datasets: 'digits', TFDS names, 'folder:/path/to/images'."
+)
 _TRAIN_SPLIT = flags.DEFINE_string('train_split', 'train', 'Split the classifiers are fitted on.')
 _TEST_SPLIT = flags.DEFINE_string('test_split', 'test', 'Split they are scored on.')
 _SHOTS = flags.DEFINE_list('shots', ['1', '5', '10', '25'], 'Few-shot: examples per class.')
 _SEEDS = flags.DEFINE_integer('seeds', 3, 'Few-shot: draws of the shots, averaged.')
-_OUT_DIR = flags.DEFINE_string('out_dir', None, 'Where results.json and TensorBoard files go '
-                               '(default: --workdir; required with --init_from).')
+_OUT_DIR = flags.DEFINE_string(
+    'out_dir',
+    None,
+    'Where results.json and TensorBoard files go '
+    '(default: --workdir; required with --init_from).',
+)
 
 
 def settings(name: str) -> dict:
   """The flags' settings of evaluator `name`."""
-  common = {'datasets': tuple(_DATASETS.value), 'train_split': _TRAIN_SPLIT.value,
-            'test_split': _TEST_SPLIT.value}
+  common = {
+      'datasets': tuple(_DATASETS.value),
+      'train_split': _TRAIN_SPLIT.value,
+      'test_split': _TEST_SPLIT.value,
+  }
   if name != 'fewshot':
     return common
   try:
@@ -79,9 +93,18 @@ def main(argv) -> None:
   num_classes = len(run.class_names)
   data = input_pipeline.DataSettings.from_config(run.config)
   eval_sets = eval_sets_lib.checked(_EVAL_SETS.value, data, num_classes=num_classes)
-  metrics = (eval_sets_lib.evaluate_variables(
-      eval_sets, run.model, run.variables, data, sharding.MeshSettings.from_config(run.config),
-      num_classes) if eval_sets else {})
+  metrics = (
+      eval_sets_lib.evaluate_variables(
+          eval_sets,
+          run.model,
+          run.variables,
+          data,
+          sharding.MeshSettings.from_config(run.config),
+          num_classes,
+      )
+      if eval_sets
+      else {}
+  )
   for evaluator in evaluators.values():
     metrics.update(evaluator.run(run.model, run.variables, data))
   for key, value in metrics.items():

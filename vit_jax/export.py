@@ -14,8 +14,11 @@ from vit_jax import runtime
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Work directory written by vit_jax.main.')
 _OUT = flags.DEFINE_string('out', None, 'The .safetensors file to write.')
-_USE_EMA = flags.DEFINE_bool('use_ema', True, 'Export the run\'s EMA weights where it kept an EMA; '
-                             '--nouse_ema exports the raw ones.')
+_USE_EMA = flags.DEFINE_bool(
+    'use_ema',
+    True,
+    "Export the run's EMA weights where it kept an EMA; " '--nouse_ema exports the raw ones.',
+)
 flags.mark_flags_as_required(['workdir', 'out'])
 
 
@@ -30,8 +33,10 @@ def main(argv) -> None:
   name = run.config().model.name
   saved = run.read_variables(use_ema=_USE_EMA.value, unrolled=True)
   keys = pretrained.export_timm(saved.variables, models.create(name), _OUT.value)
-  print(f'Wrote {len(keys)} tensors of {name} (step {saved.step}, '
-        f'{"ema" if saved.ema else "raw"} weights) to {_OUT.value}.')
+  print(
+      f'Wrote {len(keys)} tensors of {name} (step {saved.step}, '
+      f'{"ema" if saved.ema else "raw"} weights) to {_OUT.value}.'
+  )
 
 
 if __name__ == '__main__':

@@ -25,9 +25,12 @@ def _stop_at_once(signum, frame) -> None:
   PreemptionWatcher` is, and saves first): nothing is being trained that a checkpoint would keep,
   so the process ends now, with one line, however deep in an import or a compilation it is."""
   del frame
-  os.write(_STDERR, f'{signal.Signals(signum).name}: stopped before any training step could be '
-                    'saved; the work directory\'s checkpoints (if any) are intact. Rerun the same '
-                    'command to resume.\n'.encode())
+  os.write(
+      _STDERR,
+      f'{signal.Signals(signum).name}: stopped before any training step could be '
+      "saved; the work directory's checkpoints (if any) are intact. Rerun the same "
+      'command to resume.\n'.encode(),
+  )
   os._exit(EXIT_PREEMPTED)  # pylint: disable=protected-access
 
 
@@ -43,46 +46,70 @@ from vit_jax.parallel import distributed  # pylint: disable=g-import-not-at-top,
 from vit_jax.parallel import peers  # pylint: disable=g-import-not-at-top,wrong-import-position
 from vit_jax import runtime  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Training configuration file.',
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+    'config', None, 'Training configuration file.', lock_config=True
+)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints, logs and results.')
 _DISTRIBUTED = flags.DEFINE_enum(
-    'distributed', 'auto', ['auto', 'on', 'off'],
+    'distributed',
+    'auto',
+    ['auto', 'on', 'off'],
     "Join a multi-process run. 'auto': when one is detected (the flags below or their JAX_* "
     "environment variables, a SLURM job step of several tasks, Open MPI, a Cloud TPU VM); 'on': "
-    "always call jax.distributed.initialize() and let JAX find the cluster; 'off': never.")
+    "always call jax.distributed.initialize() and let JAX find the cluster; 'off': never.",
+)
 _COORDINATOR = flags.DEFINE_string(
-    'coordinator_address', None, 'host:port of process 0, for multi-process runs started by hand '
-    '(default: $JAX_COORDINATOR_ADDRESS).')
+    'coordinator_address',
+    None,
+    'host:port of process 0, for multi-process runs started by hand '
+    '(default: $JAX_COORDINATOR_ADDRESS).',
+)
 _NUM_PROCESSES = flags.DEFINE_integer(
-    'num_processes', None, 'Number of processes, with --coordinator_address (default: '
-    '$JAX_NUM_PROCESSES).')
+    'num_processes',
+    None,
+    'Number of processes, with --coordinator_address (default: ' '$JAX_NUM_PROCESSES).',
+)
 _PROCESS_ID = flags.DEFINE_integer(
-    'process_id', None, 'This process, 0..num_processes-1, with --coordinator_address (default: '
-    '$JAX_PROCESS_ID).')
+    'process_id',
+    None,
+    'This process, 0..num_processes-1, with --coordinator_address (default: ' '$JAX_PROCESS_ID).',
+)
 flags.mark_flags_as_required(['config', 'workdir'])
 
 
 def _first_refusal(error: BaseException) -> Exception | None:
   """The first write the work directory refused, where cleaning up after it failed again."""
   from vit_jax.training import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
-  return next((x for x in reversed(runtime.error_chain(error))
-               if isinstance(x, workdir_lib.Unwritable)), None)
+
+  return next(
+      (x for x in reversed(runtime.error_chain(error)) if isinstance(x, workdir_lib.Unwritable)),
+      None,
+  )
 
 
 def main(argv) -> None:
   del argv
   logging.debug('Process settings: %s', runtime.configure())  # Before JAX starts its backend.
-  distributed.initialize(_DISTRIBUTED.value, coordinator_address=_COORDINATOR.value,
-                         num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
+  distributed.initialize(
+      _DISTRIBUTED.value,
+      coordinator_address=_COORDINATOR.value,
+      num_processes=_NUM_PROCESSES.value,
+      process_id=_PROCESS_ID.value,
+  )
   import jax  # pylint: disable=g-import-not-at-top
   from vit_jax.training import train  # pylint: disable=g-import-not-at-top
   from vit_jax.training import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+
   if jax.process_index() != 0:  # Process 0 speaks for all; the others report only problems.
     logging.set_verbosity(logging.WARNING)
-  logging.debug('JAX process %d of %d; %d local / %d global devices (%s).', jax.process_index(),
-                jax.process_count(), jax.local_device_count(), jax.device_count(),
-                jax.devices()[0].device_kind)
+  logging.debug(
+      'JAX process %d of %d; %d local / %d global devices (%s).',
+      jax.process_index(),
+      jax.process_count(),
+      jax.local_device_count(),
+      jax.device_count(),
+      jax.devices()[0].device_kind,
+  )
   try:
     result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except (ValueError, FloatingPointError) as e:
@@ -97,8 +124,11 @@ def main(argv) -> None:
     logging.debug('Stopped by an error.', exc_info=True)
     sys.exit(f'error: {refusal}')
   except KeyboardInterrupt:  # Before the loop could save, or a second Ctrl-C: nothing new saved.
-    logging.warning('Interrupted; the newest checkpoint in %s (if any) is intact. Rerun the same '
-                    'command to resume.', _WORKDIR.value)
+    logging.warning(
+        'Interrupted; the newest checkpoint in %s (if any) is intact. Rerun the same '
+        'command to resume.',
+        _WORKDIR.value,
+    )
     sys.exit(EXIT_PREEMPTED)
   if result.preempted:
     sys.exit(EXIT_PREEMPTED)
@@ -111,15 +141,19 @@ def main_of_one_process(argv) -> None:
     main(argv)
   except SystemExit as e:
     import jax  # pylint: disable=g-import-not-at-top
+
     if e.code in (0, None) or not jax.distributed.is_initialized():
       raise
-    peers.exit_now(e.code if isinstance(e.code, int) else 1,
-                   '' if isinstance(e.code, int) else str(e.code))
+    peers.exit_now(
+        e.code if isinstance(e.code, int) else 1, '' if isinstance(e.code, int) else str(e.code)
+    )
   except Exception:  # pylint: disable=broad-except
     import jax  # pylint: disable=g-import-not-at-top
+
     if not jax.distributed.is_initialized():
       raise
     import traceback  # pylint: disable=g-import-not-at-top
+
     traceback.print_exc()
     peers.exit_now(1)
 

@@ -32,6 +32,7 @@ _JSON = flags.DEFINE_bool('json', False, 'Print one JSON document, not text line
 
 def main(argv) -> None:
   from vit_jax.weights import inference  # pylint: disable=g-import-not-at-top
+
   if not argv[1:]:
     raise ValueError('Name at least one image file, folder or glob.')
   run = _LOAD()
@@ -48,9 +49,17 @@ def main(argv) -> None:
       failures.append(result)
       print(f'skipped {result[0]}: {result[1]}', file=sys.stderr)
   if _JSON.value:
-    print(json.dumps({'source': run.source, 'model': run.config.model.name,
-                      'predictions': [p.to_json() for p in predictions],
-                      'skipped': [{'file': f, 'reason': r} for f, r in failures]}, indent=1))
+    print(
+        json.dumps(
+            {
+                'source': run.source,
+                'model': run.config.model.name,
+                'predictions': [p.to_json() for p in predictions],
+                'skipped': [{'file': f, 'reason': r} for f, r in failures],
+            },
+            indent=1,
+        )
+    )
   if not predictions:
     sys.exit(1)
 

@@ -95,8 +95,11 @@ def _abandoned_read(record: logging.LogRecord) -> bool:
 def _reraised_save_failure(record: logging.LogRecord) -> bool:
   """orbax's traceback of a save that failed in one of its threads: orbax re-raises the error in
   the caller (`Workdir.save`, `wait_until_finished`), which reports it in one line."""
-  return (record.levelno >= logging.ERROR and record.exc_info is not None
-          and f'{os.sep}orbax{os.sep}checkpoint{os.sep}' in record.pathname)
+  return (
+      record.levelno >= logging.ERROR
+      and record.exc_info is not None
+      and f'{os.sep}orbax{os.sep}checkpoint{os.sep}' in record.pathname
+  )
 
 
 def _read_only_notice(record: logging.LogRecord) -> bool:
@@ -121,6 +124,7 @@ def quiet_preparation() -> Iterator[None]:
     yield
     return
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
   tfds.disable_progress_bar()
   try:
     with contextlib.redirect_stdout(open(os.devnull, 'w', encoding='utf-8')) as devnull:
@@ -141,8 +145,12 @@ def _own_or_important(record: logging.LogRecord) -> bool:
   """
   if absl_logging.get_verbosity() >= 1:
     return True
-  if (_abandoned_read(record) or _read_only_notice(record) or _reraised_save_failure(record)
-      or _expected_library_notice(record)):
+  if (
+      _abandoned_read(record)
+      or _read_only_notice(record)
+      or _reraised_save_failure(record)
+      or _expected_library_notice(record)
+  ):
     return False
   return record.levelno >= logging.WARNING or record.pathname.startswith(_PACKAGE_DIR)
 
@@ -247,8 +255,12 @@ def parse_flags(argv: list[str]) -> list[str]:
   return remaining
 
 
-def run(main: Callable[[list[str]], None], *, takes_arguments: bool = False,
-        before_libraries: Callable[[], None] | None = None) -> None:
+def run(
+    main: Callable[[list[str]], None],
+    *,
+    takes_arguments: bool = False,
+    before_libraries: Callable[[], None] | None = None,
+) -> None:
   """Runs a command's `main(argv)` under absl, after the prologue every command shares.
 
   Flags are parsed first (`--help` answers before any library loads); then `before_libraries`
@@ -259,13 +271,16 @@ def run(main: Callable[[list[str]], None], *, takes_arguments: bool = False,
 
   def prologue_then_main(argv: list[str]) -> None:
     if argv[1:] and not takes_arguments:  # One line, not absl's whole usage text.
-      sys.exit(f'error: unexpected argument(s) {" ".join(map(repr, argv[1:]))}: every setting '
-               'is a flag (--helpfull lists them).')
+      sys.exit(
+          f'error: unexpected argument(s) {" ".join(map(repr, argv[1:]))}: every setting '
+          'is a flag (--helpfull lists them).'
+      )
     try:
       if before_libraries is not None:
         before_libraries()
       quiet_library_logs()
       import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
       tf.config.set_visible_devices([], 'GPU')
       main(argv)
     except ValueError as e:

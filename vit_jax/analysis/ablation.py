@@ -23,8 +23,9 @@ from vit_jax.training import train
 COLUMNS = ('variant', 'accuracy', 'params', 'GFLOPs/step', 'step ms', 'similar blocks')
 
 
-def variant_config(config: ml_collections.ConfigDict,
-                   fields: dict[str, Any]) -> ml_collections.ConfigDict:
+def variant_config(
+    config: ml_collections.ConfigDict, fields: dict[str, Any]
+) -> ml_collections.ConfigDict:
   """The training config of one variant: `config` without `variants`, its model with `fields`."""
   config = config.copy_and_resolve_references()
   del config['variants']
@@ -33,20 +34,32 @@ def variant_config(config: ml_collections.ConfigDict,
   return config
 
 
-def step_costs(configs: list[ml_collections.ConfigDict], num_classes: int,
-               steps: int) -> list[dict[str, float]]:
+def step_costs(
+    configs: list[ml_collections.ConfigDict], num_classes: int, steps: int
+) -> list[dict[str, float]]:
   """Parameters, FLOPs and time of one training step of each config's model; the variants'
   timed blocks of `steps` steps alternate (`training_step.time_interleaved`), so drift in the
   machine's speed falls on all alike."""
   contenders = [training_step.jax_contender(c, num_classes, inference=False) for c in configs]
-  timings = training_step.time_interleaved(contenders, kind='train', steps=steps, warmup=1,
-                                       repeats=3)
-  return [{'params': c.num_params, 'GFLOPs/step': (c.train_flops or 0.0) / 1e9,
-           'step ms': 1e3 * timing.wall_s} for c, timing in zip(contenders, timings)]
+  timings = training_step.time_interleaved(
+      contenders, kind='train', steps=steps, warmup=1, repeats=3
+  )
+  return [
+      {
+          'params': c.num_params,
+          'GFLOPs/step': (c.train_flops or 0.0) / 1e9,
+          'step ms': 1e3 * timing.wall_s,
+      }
+      for c, timing in zip(contenders, timings)
+  ]
 
 
-def train_and_measure(config: ml_collections.ConfigDict, run_dir: str, collapse_images: int,
-                      stopper: run_sequence.Stopper | None = None) -> tuple[float, int]:
+def train_and_measure(
+    config: ml_collections.ConfigDict,
+    run_dir: str,
+    collapse_images: int,
+    stopper: run_sequence.Stopper | None = None,
+) -> tuple[float, int]:
   """Test accuracy and similar-block count of `config` trained in `run_dir`: those recorded by
   an earlier run of the grid, else measured now (and recorded). With a `stopper`, an
   interruption stops before the training or inside it, checkpointed (`run_sequence`)."""
@@ -57,18 +70,23 @@ def train_and_measure(config: ml_collections.ConfigDict, run_dir: str, collapse_
     stopper.check(run_dir)
   result = train.train_and_evaluate(config, run_dir)
   if result.preempted:
-    raise run_sequence.Interrupted(f'Interrupted at step {result.step} of {run_dir} (saved); '
-                                   'rerun the same command to resume where it stopped.')
+    raise run_sequence.Interrupted(
+        f'Interrupted at step {result.step} of {run_dir} (saved); '
+        'rerun the same command to resume where it stopped.'
+    )
   report = report_lib.analyze(run_dir, ['collapse'], num_images=collapse_images)
   main = report['collapse'].get('main', {})
-  measured = {'accuracy': float(result.metrics['accuracy']),
-              'similar_blocks': main.get('similar_block_count', 0)}
+  measured = {
+      'accuracy': float(result.metrics['accuracy']),
+      'similar_blocks': main.get('similar_block_count', 0),
+  }
   run_sequence.record(run_dir, config, measured)
   return measured['accuracy'], measured['similar_blocks']
 
 
-def seed_runs(config: ml_collections.ConfigDict, run_dir: str,
-              seeds: int) -> list[tuple[ml_collections.ConfigDict, str]]:
+def seed_runs(
+    config: ml_collections.ConfigDict, run_dir: str, seeds: int
+) -> list[tuple[ml_collections.ConfigDict, str]]:
   """(config, work directory) of each training of one variant: `run_dir` itself for one seed,
   else `run_dir`/seed_K with seed `config.seed` + K."""
   if seeds == 1:
@@ -81,22 +99,35 @@ def seed_runs(config: ml_collections.ConfigDict, run_dir: str,
   return runs
 
 
-def run_grid(config: ml_collections.ConfigDict, workdir: str, *, timing_steps: int = 5,
-             collapse_images: int = 64, seeds: int = 1,
-             stopper: run_sequence.Stopper | None = None) -> list[dict[str, Any]]:
+def run_grid(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    *,
+    timing_steps: int = 5,
+    collapse_images: int = 64,
+    seeds: int = 1,
+    stopper: run_sequence.Stopper | None = None,
+) -> list[dict[str, Any]]:
   """Trains and measures every variant of `config.variants` (`seeds` times each), skipping the
   trainings an earlier, interrupted run finished; returns one row per variant."""
   num_classes = input_pipeline.get_dataset_info(
-      input_pipeline.DataSettings.from_config(config)).num_classes
+      input_pipeline.DataSettings.from_config(config)
+  ).num_classes
   names = list(config.variants)
   configs = [variant_config(config, dict(config.variants[name])) for name in names]
   rows = []
   for name, run_config in zip(names, configs):
-    accuracies, similar = zip(*(
-        train_and_measure(seed_config, run_dir, collapse_images, stopper)
-        for seed_config, run_dir in seed_runs(run_config, os.path.join(workdir, name), seeds)))
-    row = {'variant': name, 'accuracy': statistics.fmean(accuracies),
-           'similar blocks': similar[0] if seeds == 1 else statistics.fmean(similar)}
+    accuracies, similar = zip(
+        *(
+            train_and_measure(seed_config, run_dir, collapse_images, stopper)
+            for seed_config, run_dir in seed_runs(run_config, os.path.join(workdir, name), seeds)
+        )
+    )
+    row = {
+        'variant': name,
+        'accuracy': statistics.fmean(accuracies),
+        'similar blocks': similar[0] if seeds == 1 else statistics.fmean(similar),
+    }
     if seeds > 1:
       row.update(accuracies=list(accuracies), accuracy_std=statistics.stdev(accuracies))
     rows.append(row)
@@ -111,12 +142,19 @@ def run_grid(config: ml_collections.ConfigDict, workdir: str, *, timing_steps: i
 
 def table(rows: list[dict[str, Any]]) -> str:
   """The rows as a Markdown table (accuracy as mean ± standard deviation over several seeds)."""
+
   def cell(row: dict[str, Any], column: str) -> str:
     value = row[column]
     if column == 'accuracy' and 'accuracy_std' in row:
       return f'{value:.4f} ± {row["accuracy_std"]:.4f}'
-    return f'{value:,.4g}' if isinstance(value, float) else f'{value:,}' if isinstance(
-        value, int) else str(value)
+    return (
+        f'{value:,.4g}'
+        if isinstance(value, float)
+        else f'{value:,}'
+        if isinstance(value, int)
+        else str(value)
+    )
+
   lines = ['| ' + ' | '.join(COLUMNS) + ' |', '|' + '---|' * len(COLUMNS)]
   lines += ['| ' + ' | '.join(cell(row, c) for c in COLUMNS) + ' |' for row in rows]
   return '\n'.join(lines)

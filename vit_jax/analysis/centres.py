@@ -38,6 +38,7 @@ def mass_level(probs: np.ndarray, mass: float) -> float:
 class HeadContours:
   """One head's probabilities on the key grid and its mass contours, in cells relative to the
   query: `lines[m]` is a list of (points, 2) arrays of (row offset, column offset)."""
+
   probs: np.ndarray
   query: tuple[int, int]
   levels: dict[float, float]
@@ -47,17 +48,20 @@ class HeadContours:
     """The expected (row, col) offset of the attended key from the query."""
     rows, cols = np.indices(self.probs.shape)
     weights = self.probs / self.probs.sum()
-    return np.array([(weights * rows).sum() - self.query[0],
-                     (weights * cols).sum() - self.query[1]])
+    return np.array(
+        [(weights * rows).sum() - self.query[0], (weights * cols).sum() - self.query[1]]
+    )
 
 
-def head_contours(probs: np.ndarray, query: tuple[int, int],
-                  masses: Sequence[float] = MASSES) -> HeadContours:
+def head_contours(
+    probs: np.ndarray, query: tuple[int, int], masses: Sequence[float] = MASSES
+) -> HeadContours:
   """The mass contours of one head's (rows, cols) probabilities for the query at `query`."""
   probs = np.asarray(probs, np.float64)
   rows, cols = probs.shape
-  generator = contourpy.contour_generator(np.arange(cols) - query[1], np.arange(rows) - query[0],
-                                          probs)
+  generator = contourpy.contour_generator(
+      np.arange(cols) - query[1], np.arange(rows) - query[0], probs
+  )
   levels, lines = {}, {}
   for mass in masses:
     levels[mass] = mass_level(probs, mass)
@@ -65,17 +69,24 @@ def head_contours(probs: np.ndarray, query: tuple[int, int],
   return HeadContours(probs, query, levels, lines)
 
 
-def layer_contours(query_maps: maps_lib.QueryMaps,
-                   masses: Sequence[float] = MASSES) -> list[HeadContours]:
+def layer_contours(
+    query_maps: maps_lib.QueryMaps, masses: Sequence[float] = MASSES
+) -> list[HeadContours]:
   """Contours of every head of one layer's centre-query maps over the full key grid."""
-  if query_maps.query_cell is None or query_maps.maps.shape[1:] != (query_maps.grid.rows,
-                                                                      query_maps.grid.cols):
+  if query_maps.query_cell is None or query_maps.maps.shape[1:] != (
+      query_maps.grid.rows,
+      query_maps.grid.cols,
+  ):
     raise ValueError(f'{query_maps.layer}: contours need the centre query over the full grid.')
   return [head_contours(m, query_maps.query_cell, masses) for m in query_maps.maps]
 
 
-def plot(layers: Sequence[tuple[str, list[HeadContours]]], path: str, window: int = 11,
-         centres: Sequence[np.ndarray | None] | None = None) -> None:
+def plot(
+    layers: Sequence[tuple[str, list[HeadContours]]],
+    path: str,
+    window: int = 11,
+    centres: Sequence[np.ndarray | None] | None = None,
+) -> None:
   """One panel per layer: each head's 50 % / 90 % contours within `window` cells of the query
   (cut to the grid); learned centres mu as crosses."""
   columns = min(len(layers), 3)
@@ -107,10 +118,13 @@ def plot(layers: Sequence[tuple[str, list[HeadContours]]], path: str, window: in
     ax.grid(True, which='minor', alpha=0.3)
     ax.set_aspect(1)
     ax.set_title(name, fontsize=9)
-  for ax in axes.ravel()[len(layers):]:
+  for ax in axes.ravel()[len(layers) :]:
     ax.axis('off')
-  fig.suptitle('Attention of the centre query pixel (black): 50 % (solid) and 90 % (dotted) of '
-               'the mass per head', fontsize=9)
+  fig.suptitle(
+      'Attention of the centre query pixel (black): 50 % (solid) and 90 % (dotted) of '
+      'the mass per head',
+      fontsize=9,
+  )
   fig.tight_layout()
   fig.savefig(path, dpi=110)
 
@@ -122,11 +136,15 @@ def contours_json(layers: Sequence[tuple[str, list[HeadContours]]]) -> dict[str,
     entries = []
     for contours in heads:
       peak = np.unravel_index(np.argmax(contours.probs), contours.probs.shape)
-      entries.append({
-          'centre_of_mass': np.round(contours.centre_of_mass(), 4).tolist(),
-          'argmax': [int(peak[0] - contours.query[0]), int(peak[1] - contours.query[1])],
-          **{f'cells_{int(round(m * 100))}': int((contours.probs > level).sum())
-             for m, level in contours.levels.items()},
-      })
+      entries.append(
+          {
+              'centre_of_mass': np.round(contours.centre_of_mass(), 4).tolist(),
+              'argmax': [int(peak[0] - contours.query[0]), int(peak[1] - contours.query[1])],
+              **{
+                  f'cells_{int(round(m * 100))}': int((contours.probs > level).sum())
+                  for m, level in contours.levels.items()
+              },
+          }
+      )
     out[name] = entries
   return out

@@ -46,12 +46,11 @@ def neighbour_similarity(similarity: np.ndarray, k: int) -> np.ndarray:
   size = len(similarity)
   out = np.full(size, np.nan)
   for p in range(size - 1):
-    out[p] = np.mean(similarity[p, p + 1:p + 1 + k])
+    out[p] = np.mean(similarity[p, p + 1 : p + 1 + k])
   return out
 
 
-def similar_blocks(similarity: np.ndarray,
-                   threshold: float = SIMILARITY_THRESHOLD) -> list[int]:
+def similar_blocks(similarity: np.ndarray, threshold: float = SIMILARITY_THRESHOLD) -> list[int]:
   """Blocks p >= 1 whose map matches the previous block's: M[p-1, p] > threshold."""
   return [p for p in range(1, len(similarity)) if similarity[p - 1, p] > threshold]
 
@@ -69,6 +68,7 @@ def inter_head_similarity(probs: np.ndarray) -> float:
 @dataclasses.dataclass(frozen=True)
 class Collapse:
   """The collapse measurements of one stage of equally shaped attention layers."""
+
   layers: list[str]
   similarity: np.ndarray  # (layers, layers) M.
   inter_head: np.ndarray  # (layers,)
@@ -84,8 +84,9 @@ class Collapse:
     return {
         'layers': self.layers,
         'similarity': [clean(row) for row in self.similarity],
-        'neighbour_similarity': {str(k): clean(neighbour_similarity(self.similarity, k))
-                                 for k in range(1, max_k + 1)},
+        'neighbour_similarity': {
+            str(k): clean(neighbour_similarity(self.similarity, k)) for k in range(1, max_k + 1)
+        },
         'threshold': self.threshold,
         'similar_blocks': self.similar,
         'similar_block_count': len(self.similar),
@@ -93,11 +94,16 @@ class Collapse:
     }
 
 
-def measure(stage: Sequence[np.ndarray], names: Sequence[str],
-            threshold: float = SIMILARITY_THRESHOLD) -> Collapse:
+def measure(
+    stage: Sequence[np.ndarray], names: Sequence[str], threshold: float = SIMILARITY_THRESHOLD
+) -> Collapse:
   """Cross-layer and inter-head similarity of one stage of maps."""
-  return Collapse(list(names), cross_layer_similarity(stage),
-                  np.array([inter_head_similarity(a) for a in stage]), threshold)
+  return Collapse(
+      list(names),
+      cross_layer_similarity(stage),
+      np.array([inter_head_similarity(a) for a in stage]),
+      threshold,
+  )
 
 
 def plot(collapse: Collapse, path: str, max_k: int = 3, title: str = '') -> None:
@@ -130,8 +136,13 @@ def plot(collapse: Collapse, path: str, max_k: int = 3, title: str = '') -> None
   ax.set_ylim(-0.2, max(size - 1, 1) + 0.2)
 
   ax = axes[2]
-  image = ax.imshow(collapse.similarity, vmin=lowest, vmax=1, cmap='magma',
-                    extent=(0.5, size + 0.5, size + 0.5, 0.5))
+  image = ax.imshow(
+      collapse.similarity,
+      vmin=lowest,
+      vmax=1,
+      cmap='magma',
+      extent=(0.5, size + 0.5, size + 0.5, 0.5),
+  )
   ax.set_xlabel('block q')
   ax.set_ylabel('block p')
   ax.set_title('M^{p,q}', fontsize=9)

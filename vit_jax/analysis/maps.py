@@ -26,6 +26,7 @@ MAX_PREFIX_TOKENS = 2  # Class and distillation tokens.
 @dataclasses.dataclass(frozen=True)
 class LayerMaps:
   """The sown maps of one attention module: (images, heads, queries, keys), float32."""
+
   name: str
   probs: np.ndarray
 
@@ -38,6 +39,7 @@ class LayerMaps:
 @dataclasses.dataclass(frozen=True)
 class Grid:
   """Keys = `prefix` non-spatial tokens, then a row-major rows x cols grid of `cell` pixels."""
+
   prefix: int
   rows: int
   cols: int
@@ -88,15 +90,18 @@ def attention_maps(model: nn.Module, variables: Any, images: Any) -> list[LayerM
       suffix = f'#{i}' if len(values) > 1 else ''
       layers.append(LayerMaps(name + suffix, np.asarray(value, np.float32)))
   if not layers:
-    raise ValueError(f'{type(model).__name__} sowed no {SOWN_NAME!r}; every attention module '
-                     "must sow its probabilities to 'intermediates'.")
+    raise ValueError(
+        f'{type(model).__name__} sowed no {SOWN_NAME!r}; every attention module '
+        "must sow its probabilities to 'intermediates'."
+    )
   return layers
 
 
 def concatenate(batches: Sequence[list[LayerMaps]]) -> list[LayerMaps]:
   """The maps of several image batches joined along the image axis."""
-  return [LayerMaps(parts[0].name, np.concatenate([p.probs for p in parts]))
-          for parts in zip(*batches)]
+  return [
+      LayerMaps(parts[0].name, np.concatenate([p.probs for p in parts])) for parts in zip(*batches)
+  ]
 
 
 def is_square(layer: LayerMaps) -> bool:
@@ -119,8 +124,10 @@ def main_stage(layers: Sequence[LayerMaps]) -> list[int]:
   """The longest stage of square maps (the self-attention backbone); the last one on ties."""
   square = [g for g in stages(layers) if is_square(layers[g[0]])]
   if not square:
-    raise ValueError('No self-attention stage: no layer has as many queries as keys; shapes: '
-                     f'{[layer.shape for layer in layers]}.')
+    raise ValueError(
+        'No self-attention stage: no layer has as many queries as keys; shapes: '
+        f'{[layer.shape for layer in layers]}.'
+    )
   return max(reversed(square), key=len)
 
 
@@ -150,13 +157,14 @@ def window(grid_maps: np.ndarray, centre: tuple[int, int], size: int) -> np.ndar
   r0, c0 = centre[0] - half, centre[1] - half
   rs, re = max(r0, 0), min(r0 + size, rows)
   cs, ce = max(c0, 0), min(c0 + size, cols)
-  out[..., rs - r0:re - r0, cs - c0:ce - c0] = grid_maps[..., rs:re, cs:ce]
+  out[..., rs - r0 : re - r0, cs - c0 : ce - c0] = grid_maps[..., rs:re, cs:ce]
   return out
 
 
 @dataclasses.dataclass(frozen=True)
 class QueryMaps:
   """Mean over images of one query's attention over the key grid, per head."""
+
   layer: str
   query: str  # 'centre' (the centre grid token) or 'class' (a single class-token query).
   maps: np.ndarray  # (heads, rows, cols) over the grid keys, or a window of them.
@@ -164,8 +172,9 @@ class QueryMaps:
   query_cell: tuple[int, int] | None  # Where the query sits in `maps`; None for 'class'.
 
 
-def query_maps(layers: Sequence[LayerMaps], image_shape: tuple[int, int],
-               window_size: int | None = None) -> list[QueryMaps]:
+def query_maps(
+    layers: Sequence[LayerMaps], image_shape: tuple[int, int], window_size: int | None = None
+) -> list[QueryMaps]:
   """Per layer, the attention of the centre grid token (or the single class query) per head.
 
   Square layers use their centre grid token as the query, cropped to `window_size` cells around
@@ -178,7 +187,9 @@ def query_maps(layers: Sequence[LayerMaps], image_shape: tuple[int, int],
     grid = key_grid(keys, image_shape)
     if grid is None or queries not in (1, keys):
       continue
-    spatial = layer.probs[..., grid.prefix:].reshape(layer.probs.shape[:3] + (grid.rows, grid.cols))
+    spatial = layer.probs[..., grid.prefix :].reshape(
+        layer.probs.shape[:3] + (grid.rows, grid.cols)
+    )
     if queries == 1:
       result.append(QueryMaps(layer.name, 'class', spatial[:, :, 0].mean(0), grid, None))
       continue
@@ -205,8 +216,12 @@ def plot_query_maps(maps: Sequence[QueryMaps], path: str, title: str = '') -> No
         continue
       image = layer.maps[head]
       # Maps mixed across heads (talking heads, Re-attention) may be negative.
-      ax.imshow(np.ma.masked_invalid(image), cmap='viridis', vmin=min(np.nanmin(image), 0.0),
-                vmax=max(np.nanmax(image), 1e-12))
+      ax.imshow(
+          np.ma.masked_invalid(image),
+          cmap='viridis',
+          vmin=min(np.nanmin(image), 0.0),
+          vmax=max(np.nanmax(image), 1e-12),
+      )
       if layer.query_cell is not None:
         r, c = layer.query_cell
         ax.add_patch(patches.Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, ec='black', lw=1.5))
@@ -214,8 +229,11 @@ def plot_query_maps(maps: Sequence[QueryMaps], path: str, title: str = '') -> No
         ax.set_title(f'head {head}', fontsize=8)
       if head == 0:
         ax.set_ylabel(f'{layer.layer}\n({layer.query})', fontsize=6)
-  fig.suptitle(title or 'Attention of the centre token (class token for class attention), '
-               'mean over images', fontsize=9)
+  fig.suptitle(
+      title
+      or 'Attention of the centre token (class token for class attention), ' 'mean over images',
+      fontsize=9,
+  )
   fig.tight_layout()
   fig.savefig(path, dpi=110)
 
@@ -228,8 +246,9 @@ def display_image(image: np.ndarray) -> np.ndarray:
   return (image - image.min()) / max(image.max() - image.min(), 1e-12)
 
 
-def overlay(image: np.ndarray, heatmap: np.ndarray, alpha: float = 0.6,
-            cmap: str = 'inferno') -> np.ndarray:
+def overlay(
+    image: np.ndarray, heatmap: np.ndarray, alpha: float = 0.6, cmap: str = 'inferno'
+) -> np.ndarray:
   """(H, W, 3) RGB in [0, 1]: `image` (any range) alpha-blended with `heatmap` (rows, cols).
 
   Each heatmap cell covers its patch of the image (nearest upsampling); the heatmap is scaled to

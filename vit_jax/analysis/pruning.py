@@ -34,20 +34,22 @@ def _layer_names(params: Any) -> list[str]:
 def head_spectra(params: Any, attention: str) -> list[np.ndarray]:
   """Per layer, (heads, 2) eigenvalues (ascending) of A_h^T A_h; isotropic: s_h^2 twice."""
   if attention not in PRUNABLE:
-    raise ValueError(f'Only Gaussian heads can be pruned: attention={attention!r}; valid: '
-                     f'{list(PRUNABLE)}.')
+    raise ValueError(
+        f'Only Gaussian heads can be pruned: attention={attention!r}; valid: ' f'{list(PRUNABLE)}.'
+    )
   spectra = []
   for name in _layer_names(params):
     spreads = np.asarray(params[name]['attention']['attention_spreads'], np.float64)
     if attention == 'quadratic':
-      spectra.append(np.repeat((spreads ** 2)[:, None], 2, axis=1))
+      spectra.append(np.repeat((spreads**2)[:, None], 2, axis=1))
     else:
       spectra.append(np.linalg.eigvalsh(np.einsum('hji,hjk->hik', spreads, spreads)))
   return spectra
 
 
-def degenerate_heads(params: Any, attention: str, *, rule: str = 'official',
-                     min_eigenvalue: float = MIN_EIGENVALUE) -> list[list[int]]:
+def degenerate_heads(
+    params: Any, attention: str, *, rule: str = 'official', min_eigenvalue: float = MIN_EIGENVALUE
+) -> list[list[int]]:
   """Per layer, the heads to prune: condition number above PRUNING_RULES[rule] (non-isotropic
   heads) or largest eigenvalue below `min_eigenvalue`."""
   if rule not in PRUNING_RULES:
@@ -56,8 +58,7 @@ def degenerate_heads(params: Any, attention: str, *, rule: str = 'official',
   result = []
   for eigenvalues in head_spectra(params, attention):
     smallest, largest = eigenvalues[:, 0], eigenvalues[:, 1]
-    condition = np.divide(largest, smallest, out=np.full_like(largest, np.inf),
-                          where=smallest > 0)
+    condition = np.divide(largest, smallest, out=np.full_like(largest, np.inf), where=smallest > 0)
     flat = largest < min_eigenvalue
     if attention == 'gaussian':
       flat = flat | (condition > max_condition)
@@ -77,8 +78,10 @@ def prune(params: Any, heads: Sequence[Sequence[int]]) -> tuple[dict, tuple[int,
     count = attention['attention_centers'].shape[0]
     keep = [h for h in range(count) if h not in set(drop)]
     if not keep:
-      raise ValueError(f'Every head of {name} is degenerate ({sorted(drop)}); a layer needs at '
-                       'least one head. Use a larger condition threshold for this model.')
+      raise ValueError(
+          f'Every head of {name} is degenerate ({sorted(drop)}); a layer needs at '
+          'least one head. Use a larger condition threshold for this model.'
+      )
     attention['attention_centers'] = attention['attention_centers'][keep]
     attention['attention_spreads'] = attention['attention_spreads'][keep]
     value = dict(attention['value'])
@@ -98,12 +101,19 @@ def forward_cost(model: Any, params: Any, image_size: int) -> dict[str, float]:
   compiled = jax.jit(lambda p, x: model.apply({'params': p}, x)).lower(shapes, images).compile()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  return {'parameters': int(sum(np.prod(np.shape(x)) for x in jax.tree.leaves(params))),
-          'flops': float(cost['flops'])}
+  return {
+      'parameters': int(sum(np.prod(np.shape(x)) for x in jax.tree.leaves(params))),
+      'flops': float(cost['flops']),
+  }
 
 
-def pruned_config(config: ml_collections.ConfigDict, layer_heads: Sequence[int], *,
-                  steps: int, lr_factor: float = 0.1) -> ml_collections.ConfigDict:
+def pruned_config(
+    config: ml_collections.ConfigDict,
+    layer_heads: Sequence[int],
+    *,
+    steps: int,
+    lr_factor: float = 0.1,
+) -> ml_collections.ConfigDict:
   """The run's config for the pruned model, fine-tuned for `steps` at `lr_factor` x base_lr."""
   config = ml_collections.ConfigDict(config.to_dict())
   config.model.layer_heads = tuple(int(h) for h in layer_heads)
@@ -117,24 +127,36 @@ def pruned_config(config: ml_collections.ConfigDict, layer_heads: Sequence[int],
   return config
 
 
-def write_run(config: ml_collections.ConfigDict, params: Any, workdir: str,
-              num_classes: int) -> None:
+def write_run(
+    config: ml_collections.ConfigDict, params: Any, workdir: str, num_classes: int
+) -> None:
   """Writes a work directory with config.json and a step-0 checkpoint of `params` (e.g. a pruned
   model), from which `train.train_and_evaluate(config, workdir)` trains on."""
   if workdir_lib.Workdir(workdir).has_checkpoint():
-    raise ValueError(f'{workdir!r} already holds a checkpoint; remove it or use another '
-                     'directory.')
+    raise ValueError(
+        f'{workdir!r} already holds a checkpoint; remove it or use another ' 'directory.'
+    )
   model = config_lib.create_model(config, num_classes)
   total, warmup = config.total_steps, config.warmup_steps
   schedule = optim.learning_rate_schedule(optim.ScheduleSettings.from_config(config), total, warmup)
   tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), schedule, model)
-  abstract = jax.eval_shape(lambda: steps.init_state(
-      model, tx, steps.init_rngs(config.seed), image_size=config.image_size,
-      ema=bool(config.ema_decay)))
+  abstract = jax.eval_shape(
+      lambda: steps.init_state(
+          model,
+          tx,
+          steps.init_rngs(config.seed),
+          image_size=config.image_size,
+          ema=bool(config.ema_decay),
+      )
+  )
   params = jax.tree.map(lambda x, s: jnp.asarray(x, s.dtype), params, abstract.params)
   state = abstract.replace(
-      step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-      batch_stats={}, rng=jax.random.split(jax.random.PRNGKey(config.seed))[1])
+      step=jnp.zeros((), jnp.int32),
+      params=params,
+      opt_state=tx.init(params),
+      batch_stats={},
+      rng=jax.random.split(jax.random.PRNGKey(config.seed))[1],
+  )
   with contextlib.ExitStack() as run_scope:
     run = workdir_lib.Workdir(workdir).start(config, run_scope)
     run.save(0, state, model_name=config.model.name)

@@ -32,24 +32,28 @@ from vit_jax.weights import inference
 
 ANALYSES = ('collapse', 'maps', 'rollout', 'distance', 'centres', 'pruning')
 
+
 def eval_images(config: ml_collections.ConfigDict, count: int) -> np.ndarray:
   """The first `count` real images of the eval split, (count, S, S, 3)."""
   images = []
-  for batch in input_pipeline.eval_iterator(input_pipeline.DataSettings.from_config(config),
-                                              process_index=0, process_count=1):
+  for batch in input_pipeline.eval_iterator(
+      input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1
+  ):
     images.append(batch['image'][batch['mask'] > 0])
     if sum(len(x) for x in images) >= count:
       break
   return np.concatenate(images)[:count]
 
 
-def accuracy(model: nn.Module, variables: dict[str, Any],
-             config: ml_collections.ConfigDict) -> float:
+def accuracy(
+    model: nn.Module, variables: dict[str, Any], config: ml_collections.ConfigDict
+) -> float:
   """Top-1 accuracy over the whole eval split."""
   predict = jax.jit(lambda v, x: jax.numpy.argmax(model.apply(v, x, train=False), -1))
   correct = total = 0.0
-  for batch in input_pipeline.eval_iterator(input_pipeline.DataSettings.from_config(config),
-                                              process_index=0, process_count=1):
+  for batch in input_pipeline.eval_iterator(
+      input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1
+  ):
     hits = np.asarray(predict(variables, batch['image'])) == batch['label']
     correct += float((hits * batch['mask']).sum())
     total += float(batch['mask'].sum())
@@ -77,8 +81,10 @@ def _resolve(what: Sequence[str] | str, model: nn.Module) -> tuple[list[str], bo
   what = [what] if isinstance(what, str) else list(what)
   if not model_analyses(model):
     with_attention = [f.name for f in models.families() if _has_attention(f.model_class)]
-    raise ValueError(f'{type(model).__name__} has no attention layers, so there is nothing to '
-                     f'analyse; the analyses apply to the families {", ".join(with_attention)}.')
+    raise ValueError(
+        f'{type(model).__name__} has no attention layers, so there is nothing to '
+        f'analyse; the analyses apply to the families {", ".join(with_attention)}.'
+    )
   if what == ['all']:
     return model_analyses(model), False
   unknown = [w for w in what if w not in ANALYSES]
@@ -86,8 +92,10 @@ def _resolve(what: Sequence[str] | str, model: nn.Module) -> tuple[list[str], bo
     raise ValueError(f'Unknown analyses {unknown}; valid: all, {", ".join(ANALYSES)}.')
   invalid = [w for w in what if w not in model_analyses(model)]
   if invalid:
-    raise ValueError(f'{invalid} do not apply to {type(model).__name__}; it supports '
-                     f'{model_analyses(model)}.')
+    raise ValueError(
+        f'{invalid} do not apply to {type(model).__name__}; it supports '
+        f'{model_analyses(model)}.'
+    )
   return what, True
 
 
@@ -98,9 +106,11 @@ def _batch_means(layers, what: Sequence[str], image_shape, window: int) -> dict[
     for index, stage in enumerate(maps.stages(layers)):
       if len(stage) > 1 and maps.is_square(layers[stage[0]]):
         means[f'collapse/{index}/similarity'] = collapse.cross_layer_similarity(
-            [layers[i].probs for i in stage])
+            [layers[i].probs for i in stage]
+        )
         means[f'collapse/{index}/inter_head'] = [
-            collapse.inter_head_similarity(layers[i].probs) for i in stage]
+            collapse.inter_head_similarity(layers[i].probs) for i in stage
+        ]
   if 'maps' in what:
     for query in maps.query_maps(layers, image_shape, window):
       means[f'maps/{query.layer}'] = query.maps
@@ -132,16 +142,27 @@ class _Outputs:
     logging.info('Skipping %s: %s', name, reason)
 
 
-def analyze(workdir: str, what: Sequence[str] | str = 'all', *, step: int | None = None,
-            num_images: int = 64, batch_size: int = 16, window: int = 11,
-            threshold: float = 0.9, neighbours: int = 3, pruning_rule: str = 'official',
-            finetune_steps: int = 0, finetune_lr_factor: float = 0.1,
-            use_ema: bool = True) -> dict[str, Any]:
+def analyze(
+    workdir: str,
+    what: Sequence[str] | str = 'all',
+    *,
+    step: int | None = None,
+    num_images: int = 64,
+    batch_size: int = 16,
+    window: int = 11,
+    threshold: float = 0.9,
+    neighbours: int = 3,
+    pruning_rule: str = 'official',
+    finetune_steps: int = 0,
+    finetune_lr_factor: float = 0.1,
+    use_ema: bool = True,
+) -> dict[str, Any]:
   """Runs the analyses on `workdir`'s checkpoint (its EMA weights where it kept an EMA, unless
   `use_ema=False`), writes PNGs and analysis.json, returns it."""
   if num_images < 1 or batch_size < 1 or window < 1:
-    raise ValueError(f'num_images={num_images}, batch_size={batch_size} and window={window} '
-                     'must be >= 1.')
+    raise ValueError(
+        f'num_images={num_images}, batch_size={batch_size} and window={window} ' 'must be >= 1.'
+    )
   run = inference.load_run(workdir, step, use_ema=use_ema, unroll=True)  # Per-block maps.
   what, explicit = _resolve(what, run.model)
   run_dir = workdir_lib.Workdir(workdir)
@@ -155,7 +176,7 @@ def analyze(workdir: str, what: Sequence[str] | str = 'all', *, step: int | None
   relevance_parts, attention_parts = [], []
   prefix_names = [p.removesuffix('_token') for p in getattr(run.model, 'prefix_tokens', ())]
   for start in range(0, len(images), batch_size):
-    batch = images[start:start + batch_size]
+    batch = images[start : start + batch_size]
     layers = maps.attention_maps(run.model, run.variables, batch)
     for key, value in _batch_means(layers, what, image_shape, window).items():
       sums[key] = sums.get(key, 0.0) + len(batch) * np.asarray(value, np.float64)
@@ -165,29 +186,53 @@ def analyze(workdir: str, what: Sequence[str] | str = 'all', *, step: int | None
   means = {key: value / len(images) for key, value in sums.items()}
 
   report: dict[str, Any] = {
-      'model': name, 'step': run.step, 'weights': 'ema' if run.ema else 'raw',
+      'model': name,
+      'step': run.step,
+      'weights': 'ema' if run.ema else 'raw',
       'num_images': len(images),
-      'layers': [{'name': layer.name, 'heads': layer.shape[0], 'queries': layer.shape[1],
-                  'keys': layer.shape[2]} for layer in layers]}
+      'layers': [
+          {
+              'name': layer.name,
+              'heads': layer.shape[0],
+              'queries': layer.shape[1],
+              'keys': layer.shape[2],
+          }
+          for layer in layers
+      ],
+  }
   if 'collapse' in what:
-    report['collapse'] = _collapse(layers, means, threshold, neighbours, out,
-                                   f'{name}: attention collapse, {len(images)} images')
+    report['collapse'] = _collapse(
+        layers,
+        means,
+        threshold,
+        neighbours,
+        out,
+        f'{name}: attention collapse, {len(images)} images',
+    )
   if 'maps' in what:
-    report['maps'] = _maps(layers, means, image_shape, window, out,
-                           f'{name}: attention of the centre token (class token for class '
-                           f'attention) per layer x head, mean over {len(images)} images')
+    report['maps'] = _maps(
+        layers,
+        means,
+        image_shape,
+        window,
+        out,
+        f'{name}: attention of the centre token (class token for class '
+        f'attention) per layer x head, mean over {len(images)} images',
+    )
   if 'rollout' in what:
     relevance = rollout.concatenate(relevance_parts)
-    rollout.plot_relevance(relevance, images, out.path('rollout.png'),
-                           attention=rollout.concatenate(attention_parts))
+    rollout.plot_relevance(
+        relevance, images, out.path('rollout.png'), attention=rollout.concatenate(attention_parts)
+    )
     report['rollout'] = rollout.relevance_json(relevance)
   if 'distance' in what:
     report['distance'] = _distance(layers, means, image_shape, out)
   if 'centres' in what:
     report['centres'] = _centres(run.variables, layers, means, image_shape, window, out)
   if 'pruning' in what:
-    report['pruning'] = _pruning(run, out.directory, pruning_rule, finetune_steps,
-                                 finetune_lr_factor)
+    report['pruning'] = _pruning(
+        run, out.directory, pruning_rule, finetune_steps, finetune_lr_factor
+    )
   report['files'] = out.files
   run_dir.write_json(os.path.join(workdir_lib.ANALYSIS_DIR, 'analysis.json'), report)
   logging.info('Wrote %s to %s.', ', '.join(out.files + ['analysis.json']), out.directory)
@@ -201,14 +246,21 @@ def _collapse(layers, means, threshold, neighbours, out, title) -> dict[str, Any
   for index, stage in enumerate(maps.stages(layers)):
     if f'collapse/{index}/similarity' not in means:
       continue
-    result = collapse.Collapse([layers[i].name for i in stage],
-                               means[f'collapse/{index}/similarity'],
-                               means[f'collapse/{index}/inter_head'], threshold)
+    result = collapse.Collapse(
+        [layers[i].name for i in stage],
+        means[f'collapse/{index}/similarity'],
+        means[f'collapse/{index}/inter_head'],
+        threshold,
+    )
     report['main' if stage == main else f'stage_{index}'] = result.to_json(neighbours)
     heads, queries, keys = layers[stage[0]].shape
     filename = 'collapse.png' if stage == main else f'collapse_stage_{index}.png'
-    collapse.plot(result, out.path(filename), neighbours,
-                  f'{title}; {len(stage)} blocks of {heads} heads, {queries}x{keys} maps')
+    collapse.plot(
+        result,
+        out.path(filename),
+        neighbours,
+        f'{title}; {len(stage)} blocks of {heads} heads, {queries}x{keys} maps',
+    )
   if not report:
     out.skip('collapse', 'no two consecutive self-attention layers have maps of one shape.')
   return report
@@ -216,30 +268,44 @@ def _collapse(layers, means, threshold, neighbours, out, title) -> dict[str, Any
 
 def _maps(layers, means, image_shape, window, out, title) -> dict[str, Any]:
   """maps.png: the centre (or class) query's attention per layer x head."""
-  queries = [maps.QueryMaps(q.layer, q.query, means[f'maps/{q.layer}'], q.grid, q.query_cell)
-             for q in maps.query_maps(layers, image_shape, window)]
+  queries = [
+      maps.QueryMaps(q.layer, q.query, means[f'maps/{q.layer}'], q.grid, q.query_cell)
+      for q in maps.query_maps(layers, image_shape, window)
+  ]
   if not queries:
     out.skip('maps', 'no layer has keys on an image grid.')
     return {}
   maps.plot_query_maps(queries, out.path('maps.png'), title)
-  return {q.layer: {'query': q.query, 'grid': [q.grid.rows, q.grid.cols],
-                    'peak_per_head': np.nanmax(q.maps.reshape(len(q.maps), -1), -1).round(6)
-                                     .tolist()}
-          for q in queries}
+  return {
+      q.layer: {
+          'query': q.query,
+          'grid': [q.grid.rows, q.grid.cols],
+          'peak_per_head': np.nanmax(q.maps.reshape(len(q.maps), -1), -1).round(6).tolist(),
+      }
+      for q in queries
+  }
 
 
 def _distance(layers, means, image_shape, out) -> dict[str, Any]:
   """distance.png: mean attention distance per head and layer, against uniform attention."""
-  distances = {layer.name: means[f'distance/{layer.name}'] for layer in layers
-               if f'distance/{layer.name}' in means}
+  distances = {
+      layer.name: means[f'distance/{layer.name}']
+      for layer in layers
+      if f'distance/{layer.name}' in means
+  }
   if not distances:
     out.skip('distance', 'no square attention layer has tokens on an image grid.')
     return {}
-  uniform = {layer.name: rollout.uniform_distance(maps.key_grid(layer.shape[2], image_shape))
-             for layer in layers if layer.name in distances}
+  uniform = {
+      layer.name: rollout.uniform_distance(maps.key_grid(layer.shape[2], image_shape))
+      for layer in layers
+      if layer.name in distances
+  }
   rollout.plot_distances(distances, uniform, out.path('distance.png'), image_shape[0])
-  return {name: {'heads': np.round(v, 4).tolist(), 'uniform': round(uniform[name], 4)}
-          for name, v in distances.items()}
+  return {
+      name: {'heads': np.round(v, 4).tolist(), 'uniform': round(uniform[name], 4)}
+      for name, v in distances.items()
+  }
 
 
 def _centres(variables, layers, means, image_shape, window, out) -> dict[str, Any]:
@@ -248,8 +314,9 @@ def _centres(variables, layers, means, image_shape, window, out) -> dict[str, An
   queries = [q for q in maps.query_maps(layers, image_shape) if q.query == 'centre']
   panels, mus = [], []
   for index, query in enumerate(queries):
-    averaged = maps.QueryMaps(query.layer, query.query, means[f'centres/{query.layer}'],
-                              query.grid, query.query_cell)
+    averaged = maps.QueryMaps(
+        query.layer, query.query, means[f'centres/{query.layer}'], query.grid, query.query_cell
+    )
     panels.append((f'layer {index}', centres.layer_contours(averaged)))
     mu = heads[index].get('attention_centers')
     mus.append(None if mu is None else np.asarray(mu))
@@ -257,42 +324,49 @@ def _centres(variables, layers, means, image_shape, window, out) -> dict[str, An
   report = centres.contours_json(panels)
   for (name, _), mu in zip(panels, mus):
     if mu is not None:
-      report[name] = [dict(entry, mu=np.round(m, 4).tolist())
-                      for entry, m in zip(report[name], mu)]
+      report[name] = [dict(entry, mu=np.round(m, 4).tolist()) for entry, m in zip(report[name], mu)]
   return report
 
 
-def _pruning(run: inference.Run, out_dir: str, rule: str, finetune_steps: int,
-             lr_factor: float) -> dict[str, Any]:
+def _pruning(
+    run: inference.Run, out_dir: str, rule: str, finetune_steps: int, lr_factor: float
+) -> dict[str, Any]:
   """Prunes degenerate heads, compares size, FLOPs and accuracy, writes the pruned run."""
   config, model, variables = run.config, run.model, run.variables
   num_classes = len(run.class_names)
   params = variables['params']
   heads = pruning.degenerate_heads(params, model.attention, rule=rule)
   pruned_params, layer_heads = pruning.prune(params, heads)
-  pruned_config = pruning.pruned_config(config, layer_heads, steps=finetune_steps,
-                                        lr_factor=lr_factor)
+  pruned_config = pruning.pruned_config(
+      config, layer_heads, steps=finetune_steps, lr_factor=lr_factor
+  )
   pruned_model = config_lib.create_model(pruned_config, num_classes)
   before = pruning.forward_cost(model, params, config.image_size)
   after = pruning.forward_cost(pruned_model, pruned_params, config.image_size)
   report = {
-      'rule': rule, 'max_condition': pruning.PRUNING_RULES[rule],
+      'rule': rule,
+      'max_condition': pruning.PRUNING_RULES[rule],
       'min_eigenvalue': pruning.MIN_EIGENVALUE,
       'eigenvalues': [e.tolist() for e in pruning.head_spectra(params, model.attention)],
-      'pruned_heads': heads, 'pruned_per_layer': [len(h) for h in heads],
+      'pruned_heads': heads,
+      'pruned_per_layer': [len(h) for h in heads],
       'layer_heads': list(layer_heads),
       'parameters': [before['parameters'], after['parameters']],
       'flops': [before['flops'], after['flops']],
-      'accuracy': [accuracy(model, variables, config),
-                   accuracy(pruned_model, {'params': pruned_params}, config)],
+      'accuracy': [
+          accuracy(model, variables, config),
+          accuracy(pruned_model, {'params': pruned_params}, config),
+      ],
   }
   run_dir = os.path.join(out_dir, f'pruned_{rule}')
   pruned = workdir_lib.Workdir(run_dir)
   if pruned.has_checkpoint():  # Pruned before: fine-tune on from where it stands.
     saved = pruned.config().model.get('layer_heads')
     if list(saved or ()) != list(layer_heads):
-      raise ValueError(f'{run_dir!r} holds a model pruned to {saved} heads per layer, not '
-                       f'{list(layer_heads)}; remove it to prune again.')
+      raise ValueError(
+          f'{run_dir!r} holds a model pruned to {saved} heads per layer, not '
+          f'{list(layer_heads)}; remove it to prune again.'
+      )
   else:
     pruning.write_run(pruned_config, pruned_params, run_dir, num_classes)
   report['pruned_workdir'] = run_dir

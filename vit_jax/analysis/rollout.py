@@ -37,8 +37,9 @@ def rollout(stage: Sequence[np.ndarray], residual: float = 0.5) -> np.ndarray:
   return result
 
 
-def class_rollout(tokens_rollout: np.ndarray, class_stage: Sequence[np.ndarray],
-                  residual: float = 0.5) -> np.ndarray:
+def class_rollout(
+    tokens_rollout: np.ndarray, class_stage: Sequence[np.ndarray], residual: float = 0.5
+) -> np.ndarray:
   """(images, 1 + tokens) contribution of [class token parameter; input tokens] to the class token
   after CaiT's class-attention stage.
 
@@ -52,8 +53,10 @@ def class_rollout(tokens_rollout: np.ndarray, class_stage: Sequence[np.ndarray],
   through_tokens = np.concatenate([np.zeros((images, tokens, 1)), tokens_rollout], axis=-1)
   for probs in class_stage:
     if probs.shape[-2:] != (1, 1 + tokens):
-      raise ValueError(f'Class attention over 1 + {tokens} tokens expected; got (queries, keys) '
-                       f'= {probs.shape[-2:]}.')
+      raise ValueError(
+          f'Class attention over 1 + {tokens} tokens expected; got (queries, keys) '
+          f'= {probs.shape[-2:]}.'
+      )
     a = _row_distributions(_row_distributions(probs[:, :, 0]).mean(1))
     attended = a[:, :1] * relevance + np.einsum('bi,bik->bk', a[:, 1:], through_tokens)
     relevance = residual * relevance + (1 - residual) * attended
@@ -63,18 +66,24 @@ def class_rollout(tokens_rollout: np.ndarray, class_stage: Sequence[np.ndarray],
 @dataclasses.dataclass(frozen=True)
 class Relevance:
   """Rollout of one output token over the input grid, per image: (images, rows, cols)."""
+
   token: str
   maps: np.ndarray
 
 
 def concatenate(batches: Sequence[list[Relevance]]) -> list[Relevance]:
   """The relevance maps of several image batches joined along the image axis."""
-  return [Relevance(parts[0].token, np.concatenate([p.maps for p in parts]))
-          for parts in zip(*batches)]
+  return [
+      Relevance(parts[0].token, np.concatenate([p.maps for p in parts])) for parts in zip(*batches)
+  ]
 
 
-def token_relevance(layers: Sequence[maps_lib.LayerMaps], image_shape: tuple[int, int],
-                    prefix_names: Sequence[str] = (), residual: float = 0.5) -> list[Relevance]:
+def token_relevance(
+    layers: Sequence[maps_lib.LayerMaps],
+    image_shape: tuple[int, int],
+    prefix_names: Sequence[str] = (),
+    residual: float = 0.5,
+) -> list[Relevance]:
   """Rollout of the tokens a model classifies from, over the input patches of its main stage.
 
   The prefix tokens (class; distillation for DeiT) when the stage has them; CaiT's class token
@@ -84,17 +93,21 @@ def token_relevance(layers: Sequence[maps_lib.LayerMaps], image_shape: tuple[int
   tokens = layers[stage[0]].shape[-1]
   grid = maps_lib.key_grid(tokens, image_shape)
   if grid is None:
-    raise ValueError(f'The {tokens} tokens of {layers[stage[0]].name} do not form a grid on a '
-                     f'{image_shape} image.')
+    raise ValueError(
+        f'The {tokens} tokens of {layers[stage[0]].name} do not form a grid on a '
+        f'{image_shape} image.'
+    )
   rolled = rollout([layers[i].probs for i in stage], residual)
-  to_grid = lambda r: r[:, grid.prefix:].reshape(-1, grid.rows, grid.cols)
+  to_grid = lambda r: r[:, grid.prefix :].reshape(-1, grid.rows, grid.cols)
   if grid.prefix:
-    names = list(prefix_names) if len(prefix_names) == grid.prefix else [
-        f'prefix_{i}' for i in range(grid.prefix)]
+    names = (
+        list(prefix_names)
+        if len(prefix_names) == grid.prefix
+        else [f'prefix_{i}' for i in range(grid.prefix)]
+    )
     return [Relevance(name, to_grid(rolled[:, i])) for i, name in enumerate(names)]
   following = stage[-1] + 1
-  class_stage = [layer.probs for layer in layers[following:]
-                 if layer.shape[1:] == (1, tokens + 1)]
+  class_stage = [layer.probs for layer in layers[following:] if layer.shape[1:] == (1, tokens + 1)]
   if class_stage:
     # The class token's own parameter (column 0) carries no image information.
     relevance = class_rollout(rolled, class_stage, residual)[:, 1:]
@@ -103,8 +116,11 @@ def token_relevance(layers: Sequence[maps_lib.LayerMaps], image_shape: tuple[int
   return [Relevance('centre', to_grid(rolled[:, row * grid.cols + col]))]
 
 
-def final_attention(layers: Sequence[maps_lib.LayerMaps], image_shape: tuple[int, int],
-                    prefix_names: Sequence[str] = ()) -> list[Relevance]:
+def final_attention(
+    layers: Sequence[maps_lib.LayerMaps],
+    image_shape: tuple[int, int],
+    prefix_names: Sequence[str] = (),
+) -> list[Relevance]:
   """The last layer's head-mean attention over the image grid, of the tokens the model classifies
   from: each prefix token (CaiT: the class token of its last class-attention layer), or the
   centre token when there is none (SA-conv)."""
@@ -112,9 +128,10 @@ def final_attention(layers: Sequence[maps_lib.LayerMaps], image_shape: tuple[int
   _, queries, keys = last.shape
   grid = maps_lib.key_grid(keys, image_shape)
   if grid is None:
-    raise ValueError(f'The {keys} keys of {last.name} do not form a grid on a {image_shape} '
-                     'image.')
-  spatial = _row_distributions(_row_distributions(last.probs[..., grid.prefix:]).mean(1))
+    raise ValueError(
+        f'The {keys} keys of {last.name} do not form a grid on a {image_shape} ' 'image.'
+    )
+  spatial = _row_distributions(_row_distributions(last.probs[..., grid.prefix :]).mean(1))
   to_grid = lambda a: a.reshape(-1, grid.rows, grid.cols)
   if grid.prefix:
     count = min(grid.prefix, queries)
@@ -124,9 +141,14 @@ def final_attention(layers: Sequence[maps_lib.LayerMaps], image_shape: tuple[int
   return [Relevance('centre', to_grid(spatial[:, row * grid.cols + col]))]
 
 
-def plot_relevance(relevance: Sequence[Relevance], images: np.ndarray, path: str,
-                   examples: int = 4, attention: Sequence[Relevance] = (),
-                   alpha: float = 0.6) -> None:
+def plot_relevance(
+    relevance: Sequence[Relevance],
+    images: np.ndarray,
+    path: str,
+    examples: int = 4,
+    attention: Sequence[Relevance] = (),
+    alpha: float = 0.6,
+) -> None:
   """Mean rollout over images, then a few images with their rollout maps (and the last layer's
   `attention`, when given) alpha-blended over them."""
   panels = [(f'rollout: {r.token}', r) for r in relevance]
@@ -146,15 +168,18 @@ def plot_relevance(relevance: Sequence[Relevance], images: np.ndarray, path: str
     axes[1 + i, 0].imshow(maps_lib.display_image(images[i]))
     for j, (_, r) in enumerate(panels, start=1):
       axes[1 + i, j].imshow(maps_lib.overlay(images[i], r.maps[i], alpha))
-  fig.suptitle('Attention rollout (Abnar & Zuidema) and last-layer attention\nmean over images, '
-               'then over single images', fontsize=9)
+  fig.suptitle(
+      'Attention rollout (Abnar & Zuidema) and last-layer attention\nmean over images, '
+      'then over single images',
+      fontsize=9,
+  )
   fig.tight_layout()
   fig.savefig(path, dpi=110)
 
 
 def mean_distance(probs: np.ndarray, grid: maps_lib.Grid) -> np.ndarray:
   """(heads,) mean attention distance in pixels of square maps (images, heads, tokens, tokens)."""
-  spatial = _row_distributions(probs[:, :, grid.prefix:, grid.prefix:])
+  spatial = _row_distributions(probs[:, :, grid.prefix :, grid.prefix :])
   positions = grid.positions()
   distances = np.linalg.norm(positions[:, None] - positions[None], axis=-1)
   return np.einsum('bhqk,qk->bhq', spatial, distances).mean(axis=(0, 2))
@@ -166,8 +191,9 @@ def uniform_distance(grid: maps_lib.Grid) -> float:
   return float(np.linalg.norm(positions[:, None] - positions[None], axis=-1).mean())
 
 
-def attention_distances(layers: Sequence[maps_lib.LayerMaps],
-                        image_shape: tuple[int, int]) -> dict[str, np.ndarray]:
+def attention_distances(
+    layers: Sequence[maps_lib.LayerMaps], image_shape: tuple[int, int]
+) -> dict[str, np.ndarray]:
   """Per square layer whose tokens lie on a grid: the mean attention distance of each head."""
   result = {}
   for layer in layers:
@@ -178,8 +204,9 @@ def attention_distances(layers: Sequence[maps_lib.LayerMaps],
   return result
 
 
-def plot_distances(distances: dict[str, np.ndarray], uniform: dict[str, float], path: str,
-                   image_size: int) -> None:
+def plot_distances(
+    distances: dict[str, np.ndarray], uniform: dict[str, float], path: str, image_size: int
+) -> None:
   """Mean attention distance of every head against the layer (ViT Figure 7); a gray dash marks
   uniform attention."""
   fig = figure.Figure(figsize=(max(5.0, 0.45 * len(distances) + 2), 4))
@@ -187,8 +214,13 @@ def plot_distances(distances: dict[str, np.ndarray], uniform: dict[str, float], 
   labelled = 0
   for i, (name, values) in enumerate(distances.items()):
     for head, value in enumerate(values):
-      ax.scatter([i], [value], s=16, color=f'C{head % 10}',
-                 label=f'head {head}' if head >= labelled else None)
+      ax.scatter(
+          [i],
+          [value],
+          s=16,
+          color=f'C{head % 10}',
+          label=f'head {head}' if head >= labelled else None,
+      )
     labelled = max(labelled, len(values))
     ax.plot([i - 0.3, i + 0.3], [uniform[name]] * 2, color='gray', lw=1, ls='--')
   ax.set_xticks(range(len(distances)))
@@ -196,8 +228,11 @@ def plot_distances(distances: dict[str, np.ndarray], uniform: dict[str, float], 
   ax.set_ylabel('mean attention distance (pixels)')
   ax.set_ylim(0, None)
   ax.legend(fontsize=6, loc='lower right', ncol=2)
-  ax.set_title(f'Mean attention distance per head, {image_size}-pixel images\n'
-               '(dashes: uniform attention over the grid)', fontsize=9)
+  ax.set_title(
+      f'Mean attention distance per head, {image_size}-pixel images\n'
+      '(dashes: uniform attention over the grid)',
+      fontsize=9,
+  )
   fig.tight_layout()
   fig.savefig(path, dpi=110)
 

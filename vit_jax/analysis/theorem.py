@@ -40,6 +40,7 @@ HARD_ATTENTION_ALPHA = 46.0
 @dataclasses.dataclass(frozen=True)
 class AttentionConv:
   """An SA-conv quadratic-attention layer and its parameters that compute a convolution."""
+
   module: attention_lib.PositionalAttention
   params: dict
   margin: int  # Zero tokens added on each side of the grid.
@@ -54,28 +55,37 @@ class AttentionConv:
     m = self.margin
     padded = jnp.pad(x, ((0, 0), (m, m), (m, m), (0, width - self.in_features)))
     y = self.module.apply({'params': self.params}, padded)
-    return y[:, m:m + x.shape[1], m:m + x.shape[2], :self.out_features]
+    return y[:, m : m + x.shape[1], m : m + x.shape[2], : self.out_features]
 
   @property
   def module_width(self) -> int:
     return max(self.in_features, self.out_features)
 
 
-def conv_to_attention(kernel: np.ndarray | jax.Array, bias: np.ndarray | jax.Array | None = None,
-                      *, dilation: int = 1, alpha: float = HARD_ATTENTION_ALPHA) -> AttentionConv:
+def conv_to_attention(
+    kernel: np.ndarray | jax.Array,
+    bias: np.ndarray | jax.Array | None = None,
+    *,
+    dilation: int = 1,
+    alpha: float = HARD_ATTENTION_ALPHA,
+) -> AttentionConv:
   """The quadratic-attention layer with K^2 heads that equals a stride-1, zero-padded ('SAME')
   K x K convolution with `kernel` (K, K, D_in, D_out) in HWIO layout, `bias` (D_out,) and
   `dilation` (Cordonnier et al., Theorem 1 via Lemmas 1 and 2; see the module doc)."""
   kernel = np.asarray(kernel, np.float32)
   if kernel.ndim != 4 or kernel.shape[0] != kernel.shape[1] or kernel.shape[0] < 1:
-    raise ValueError(f'kernel must be (K, K, D_in, D_out) with a square K x K window; got shape '
-                     f'{kernel.shape}.')
+    raise ValueError(
+        f'kernel must be (K, K, D_in, D_out) with a square K x K window; got shape '
+        f'{kernel.shape}.'
+    )
   size, _, in_features, out_features = kernel.shape
   if dilation < 1:
     raise ValueError(f'dilation={dilation} must be >= 1.')
   if alpha <= 0:
-    raise ValueError(f'alpha={alpha} must be > 0 (larger is harder attention; '
-                     f'{HARD_ATTENTION_ALPHA} is one-hot in float32).')
+    raise ValueError(
+        f'alpha={alpha} must be > 0 (larger is harder attention; '
+        f'{HARD_ATTENTION_ALPHA} is one-hot in float32).'
+    )
   bias = np.zeros(out_features, np.float32) if bias is None else np.asarray(bias, np.float32)
   if bias.shape != (out_features,):
     raise ValueError(f'bias must have shape ({out_features},); got {bias.shape}.')
@@ -92,9 +102,16 @@ def conv_to_attention(kernel: np.ndarray | jax.Array, bias: np.ndarray | jax.Arr
   params = {
       'attention_centers': jnp.asarray(centres),
       'attention_spreads': jnp.full((len(taps),), math.sqrt(2 * alpha), jnp.float32),
-      'value': {'kernel': jnp.asarray(value.reshape(len(taps) * width, width)),
-                'bias': jnp.asarray(value_bias)},
+      'value': {
+          'kernel': jnp.asarray(value.reshape(len(taps) * width, width)),
+          'bias': jnp.asarray(value_bias),
+      },
   }
   module = attention_lib.PositionalAttention(num_heads=len(taps), scores='quadratic')
-  return AttentionConv(module, params, margin=(size - 1) * dilation - low,
-                       in_features=in_features, out_features=out_features)
+  return AttentionConv(
+      module,
+      params,
+      margin=(size - 1) * dilation - low,
+      in_features=in_features,
+      out_features=out_features,
+  )

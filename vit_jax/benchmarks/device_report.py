@@ -35,9 +35,17 @@ from vit_jax.training import steps
 FAMILIES = ('vit', 'deit', 'cait', 'deepvit', 't2t', 'sa_conv', 'regnet')
 
 # Dense peak bfloat16 TFLOP/s per chip, by the start of `device_kind` (vendor data sheets).
-PEAK_TFLOPS = {'NVIDIA H100': 989.0, 'NVIDIA H200': 989.0, 'NVIDIA A100': 312.0,
-               'TPU v4': 275.0, 'TPU v5 lite': 197.0, 'TPU v5e': 197.0, 'TPU v5p': 459.0,
-               'TPU v6 lite': 918.0, 'TPU v6e': 918.0}
+PEAK_TFLOPS = {
+    'NVIDIA H100': 989.0,
+    'NVIDIA H200': 989.0,
+    'NVIDIA A100': 312.0,
+    'TPU v4': 275.0,
+    'TPU v5 lite': 197.0,
+    'TPU v5e': 197.0,
+    'TPU v5p': 459.0,
+    'TPU v6 lite': 918.0,
+    'TPU v6e': 918.0,
+}
 
 
 def peak_tflops(device_kind: str) -> float | None:
@@ -57,6 +65,7 @@ def compiled_flops(compiled) -> float | None:
 @dataclasses.dataclass
 class Row:
   """One line of the table: what was checked, its outcome (None: measured, nothing to pass)."""
+
   check: str
   result: str
   ok: bool | None
@@ -73,19 +82,34 @@ def family_config(family: str, arg: str | None = None) -> ml_collections.ConfigD
 
 def _random_batch(config: ml_collections.ConfigDict, size: int, num_classes: int) -> dict:
   rng = np.random.default_rng(0)
-  return {'image': jnp.asarray(rng.standard_normal(
-              (size, config.image_size, config.image_size, 3), np.float32)),
-          'label': jnp.asarray(rng.integers(0, num_classes, size), np.int32)}
+  return {
+      'image': jnp.asarray(
+          rng.standard_normal((size, config.image_size, config.image_size, 3), np.float32)
+      ),
+      'label': jnp.asarray(rng.integers(0, num_classes, size), np.int32),
+  }
 
 
-def _compiled_train_step(config: ml_collections.ConfigDict, batch: dict, num_classes: int
-                         ) -> tuple[Callable, steps.TrainState]:
+def _compiled_train_step(
+    config: ml_collections.ConfigDict, batch: dict, num_classes: int
+) -> tuple[Callable, steps.TrainState]:
   model = config_lib.create_model(config, num_classes)
-  tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), lambda _: config.base_lr, model)
-  state = jax.jit(lambda: steps.init_state(
-      model, tx, steps.init_rngs(config.seed), image_size=config.image_size,
-      ema=bool(config.ema_decay)))()
-  step = jax.jit(steps.make_train_step(model, tx, steps.StepSettings.from_config(config), num_classes), donate_argnums=0)
+  tx = optim.create_optimizer(
+      optim.OptimizerSettings.from_config(config), lambda _: config.base_lr, model
+  )
+  state = jax.jit(
+      lambda: steps.init_state(
+          model,
+          tx,
+          steps.init_rngs(config.seed),
+          image_size=config.image_size,
+          ema=bool(config.ema_decay),
+      )
+  )()
+  step = jax.jit(
+      steps.make_train_step(model, tx, steps.StepSettings.from_config(config), num_classes),
+      donate_argnums=0,
+  )
   return step.lower(state, batch).compile(), state
 
 
@@ -110,10 +134,15 @@ def family_rows(*, reduced: bool, num_steps: int) -> list[Row]:
     seconds = (time.perf_counter() - start) / num_steps
     finite = bool(np.all(np.isfinite(losses)))
     falling = finite and losses[-1] < losses[0]
-    rows.append(Row(f'{family} training ({config.model.name}, bf16)',
-                    f'loss {losses[0]:.3f} -> {losses[-1]:.3f} in {num_steps} steps, '
-                    f'{1e3 * seconds:.0f} ms/step', finite and falling,
-                    {'losses': losses, 'step_s': seconds}))
+    rows.append(
+        Row(
+            f'{family} training ({config.model.name}, bf16)',
+            f'loss {losses[0]:.3f} -> {losses[-1]:.3f} in {num_steps} steps, '
+            f'{1e3 * seconds:.0f} ms/step',
+            finite and falling,
+            {'losses': losses, 'step_s': seconds},
+        )
+    )
   return rows
 
 
@@ -128,13 +157,16 @@ def _time(function: Callable[[], Any], repeats: int) -> float:
 def attention_row(*, reduced: bool, repeats: int) -> Row:
   """cuDNN against XLA `jax.nn.dot_product_attention`, forward and backward, bfloat16."""
   batch, tokens, heads, head_dim = (2, 17, 2, 16) if reduced else (64, 197, 12, 64)
-  q, k, v = (jax.random.normal(key, (batch, tokens, heads, head_dim), jnp.bfloat16)
-             for key in jax.random.split(jax.random.key(0), 3))
+  q, k, v = (
+      jax.random.normal(key, (batch, tokens, heads, head_dim), jnp.bfloat16)
+      for key in jax.random.split(jax.random.key(0), 3)
+  )
 
   def step(implementation):
     def loss(q, k, v):
       out = jax.nn.dot_product_attention(q, k, v, implementation=implementation)
       return jnp.sum(out.astype(jnp.float32) ** 2), out
+
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
 
   xla = step('xla')
@@ -146,20 +178,30 @@ def attention_row(*, reduced: bool, repeats: int) -> Row:
     (_, cudnn_out), cudnn_grads = cudnn(q, k, v)
   except Exception as e:  # pylint: disable=broad-except
     reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-    return Row('attention cuDNN vs XLA (bf16)',
-               f'cuDNN unavailable on {jax.devices()[0].platform} ({reason}); XLA '
-               f'{1e3 * xla_s:.2f} ms fwd+bwd, {shape}', None, numbers)
+    return Row(
+        'attention cuDNN vs XLA (bf16)',
+        f'cuDNN unavailable on {jax.devices()[0].platform} ({reason}); XLA '
+        f'{1e3 * xla_s:.2f} ms fwd+bwd, {shape}',
+        None,
+        numbers,
+    )
   (_, xla_out), xla_grads = xla(q, k, v)
   as32 = lambda x: np.asarray(x, np.float32)
   out_diff = float(np.max(np.abs(as32(cudnn_out) - as32(xla_out))))
-  grad_diff = max(float(np.max(np.abs(as32(a) - as32(b))) / (np.max(np.abs(as32(b))) + 1e-6))
-                  for a, b in zip(cudnn_grads, xla_grads))
+  grad_diff = max(
+      float(np.max(np.abs(as32(a) - as32(b))) / (np.max(np.abs(as32(b))) + 1e-6))
+      for a, b in zip(cudnn_grads, xla_grads)
+  )
   cudnn_s = _time(lambda: cudnn(q, k, v), repeats)
   ok = out_diff < 2e-2 and grad_diff < 2e-2
   numbers.update(cudnn_ms=1e3 * cudnn_s, max_abs_diff=out_diff, max_rel_grad_diff=grad_diff)
-  return Row('attention cuDNN vs XLA (bf16)',
-             f'max |diff| {out_diff:.2g} (grads {grad_diff:.2g} rel); cuDNN {1e3 * cudnn_s:.2f} '
-             f'ms, XLA {1e3 * xla_s:.2f} ms fwd+bwd, {shape}', ok, numbers)
+  return Row(
+      'attention cuDNN vs XLA (bf16)',
+      f'max |diff| {out_diff:.2g} (grads {grad_diff:.2g} rel); cuDNN {1e3 * cudnn_s:.2f} '
+      f'ms, XLA {1e3 * xla_s:.2f} ms fwd+bwd, {shape}',
+      ok,
+      numbers,
+  )
 
 
 def training_throughput_row(*, reduced: bool, repeats: int) -> Row:
@@ -182,8 +224,14 @@ def training_throughput_row(*, reduced: bool, repeats: int) -> Row:
   flops = compiled_flops(step)
   kind = jax.devices()[0].device_kind
   peak = peak_tflops(kind)
-  numbers = {'model': config.model.name, 'batch': batch_size, 'image_size': config.image_size,
-             'images_per_s': images_per_s, 'step_s': seconds, 'flops': flops}
+  numbers = {
+      'model': config.model.name,
+      'batch': batch_size,
+      'image_size': config.image_size,
+      'images_per_s': images_per_s,
+      'step_s': seconds,
+      'flops': flops,
+  }
   text = f'{images_per_s:.1f} images/s (batch {batch_size} at {config.image_size} px)'
   if flops:
     achieved = flops / seconds / 1e12 / jax.local_device_count()
@@ -206,7 +254,9 @@ def input_pipeline_row(*, reduced: bool, needed_images_per_s: float, num_batches
     config = family_config('deit', 'variant=B')
     config.dataset = 'digits'
     config.batch_size = 128 * jax.local_device_count()
-  batches = input_pipeline.train_iterator(input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1)
+  batches = input_pipeline.train_iterator(
+      input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1
+  )
   next(batches)
   for _ in range(2):  # What the prefetch buffer held.
     next(batches)
@@ -216,10 +266,13 @@ def input_pipeline_row(*, reduced: bool, needed_images_per_s: float, num_batches
   images_per_s = num_batches * config.batch_size / (time.perf_counter() - start)
   cores = len(os.sched_getaffinity(0))
   ratio = images_per_s / needed_images_per_s
-  return Row(f'input pipeline ({config.image_size} px, {cores} host cores)',
-             f'{images_per_s:.0f} images/s, {ratio:.2f}x the {needed_images_per_s:.0f} images/s '
-             'the training step needs', ratio >= 1.0,
-             {'images_per_s': images_per_s, 'cores': cores, 'step_needs': needed_images_per_s})
+  return Row(
+      f'input pipeline ({config.image_size} px, {cores} host cores)',
+      f'{images_per_s:.0f} images/s, {ratio:.2f}x the {needed_images_per_s:.0f} images/s '
+      'the training step needs',
+      ratio >= 1.0,
+      {'images_per_s': images_per_s, 'cores': cores, 'step_needs': needed_images_per_s},
+  )
 
 
 def run(*, reduced: bool | None = None, json_path: str | None = None) -> list[Row]:
@@ -232,11 +285,17 @@ def run(*, reduced: bool | None = None, json_path: str | None = None) -> list[Ro
   rows.append(attention_row(reduced=reduced, repeats=repeats))
   throughput = training_throughput_row(reduced=reduced, repeats=repeats)
   rows.append(throughput)
-  rows.append(input_pipeline_row(reduced=reduced,
-                                 needed_images_per_s=throughput.numbers['images_per_s'],
-                                 num_batches=4 if reduced else 50))
-  header = (f'device report: {jax.device_count()} x {device.device_kind} ({device.platform}), '
-            f'jax {jax.__version__}' + (', reduced sizes' if reduced else ''))
+  rows.append(
+      input_pipeline_row(
+          reduced=reduced,
+          needed_images_per_s=throughput.numbers['images_per_s'],
+          num_batches=4 if reduced else 50,
+      )
+  )
+  header = (
+      f'device report: {jax.device_count()} x {device.device_kind} ({device.platform}), '
+      f'jax {jax.__version__}' + (', reduced sizes' if reduced else '')
+  )
   width = max(len(r.check) for r in rows)
   status = {True: 'ok', False: 'FAIL', None: '--'}
   print(header)
@@ -244,7 +303,16 @@ def run(*, reduced: bool | None = None, json_path: str | None = None) -> list[Ro
     print(f'{row.check:<{width}}  {status[row.ok]:<4}  {row.result}')
   if json_path:
     with open(json_path, 'w') as f:
-      json.dump({'device': device.device_kind, 'platform': device.platform,
-                 'devices': jax.device_count(), 'jax': jax.__version__, 'reduced': reduced,
-                 'rows': [dataclasses.asdict(r) for r in rows]}, f, indent=1)
+      json.dump(
+          {
+              'device': device.device_kind,
+              'platform': device.platform,
+              'devices': jax.device_count(),
+              'jax': jax.__version__,
+              'reduced': reduced,
+              'rows': [dataclasses.asdict(r) for r in rows],
+          },
+          f,
+          indent=1,
+      )
   return rows

@@ -59,6 +59,7 @@ TIMED_PER_BUFFERED = 10  # The timed window, in multiples of the most batches a 
 @dataclasses.dataclass
 class Pipeline:
   """A source of training batches, and what timing it needs to know."""
+
   name: str
   take: Callable[[int], None]  # Draws n batches.
   buffered: int  # Batches it may hold ready while idle.
@@ -68,6 +69,7 @@ class Pipeline:
 
 def tf_data_pipeline(name: str, batches: Any, buffered: int) -> Pipeline:
   """A pipeline drawing from the iterator `batches` of a `tf.data` pipeline in this process."""
+
   def take(n: int) -> None:
     for _ in range(n):
       next(batches)
@@ -75,16 +77,22 @@ def tf_data_pipeline(name: str, batches: Any, buffered: int) -> Pipeline:
   return Pipeline(name, take, buffered, time.process_time)
 
 
-def dataloader_pipeline(name: str, dataset: Any, sampler: Iterable[int], *, batch_size: int,
-                        workers: int) -> Pipeline:
+def dataloader_pipeline(
+    name: str, dataset: Any, sampler: Iterable[int], *, batch_size: int, workers: int
+) -> Pipeline:
   """A torch `DataLoader` of `workers` processes over `sampler`'s epochs, one after another."""
   # pylint: disable=g-import-not-at-top
   import psutil
   import torch
   # pylint: enable=g-import-not-at-top
   loader = torch.utils.data.DataLoader(
-      dataset, batch_size=batch_size, sampler=_Epochs(sampler), num_workers=workers,
-      prefetch_factor=_TIMM_PREFETCH_FACTOR, drop_last=True)
+      dataset,
+      batch_size=batch_size,
+      sampler=_Epochs(sampler),
+      num_workers=workers,
+      prefetch_factor=_TIMM_PREFETCH_FACTOR,
+      drop_last=True,
+  )
   holder = {'batches': iter(loader)}
 
   def take(n: int) -> None:
@@ -110,25 +118,36 @@ def dataloader_pipeline(name: str, dataset: Any, sampler: Iterable[int], *, batc
 @dataclasses.dataclass(frozen=True)
 class Window:
   """Batches drawn untimed, then timed, in each block of a pipeline."""
+
   warmup: int
   timed: int
 
 
-def steady_state_windows(pipelines: Sequence[Pipeline], *, steps: int,
-                         warmup: int) -> list[Window]:
+def steady_state_windows(pipelines: Sequence[Pipeline], *, steps: int, warmup: int) -> list[Window]:
   """Each pipeline's warm-up (`warmup` + twice what it buffers) and the common timed window (at
   least `TIMED_PER_BUFFERED` times the largest buffer, or `steps`)."""
   timed = max(steps, TIMED_PER_BUFFERED * max(p.buffered for p in pipelines))
   return [Window(warmup + 2 * p.buffered, timed) for p in pipelines]
 
 
-def measure(pipelines: Sequence[Pipeline], *, steps: int, warmup: int, repeats: int,
-            settle: Callable[[], None] = lambda: None) -> list[stopwatch.Timing]:
+def measure(
+    pipelines: Sequence[Pipeline],
+    *,
+    steps: int,
+    warmup: int,
+    repeats: int,
+    settle: Callable[[], None] = lambda: None,
+) -> list[stopwatch.Timing]:
   """Seconds per batch of each pipeline in steady state, blocks alternating (module docstring)."""
   windows = steady_state_windows(pipelines, steps=steps, warmup=warmup)
   return stopwatch.time_blocks(
-      [p.take for p in pipelines], steps=windows[0].timed, warmups=[w.warmup for w in windows],
-      repeats=repeats, cpu_clocks=[p.cpu_clock for p in pipelines], settle=settle)
+      [p.take for p in pipelines],
+      steps=windows[0].timed,
+      warmups=[w.warmup for w in windows],
+      repeats=repeats,
+      cpu_clocks=[p.cpu_clock for p in pipelines],
+      settle=settle,
+  )
 
 
 def default_late_step(batch_size: int) -> int:
@@ -139,14 +158,18 @@ def default_late_step(batch_size: int) -> int:
 def check_vs_timm(config: ml_collections.ConfigDict) -> None:
   """Raises ValueError if timm's training transform cannot reproduce the config's recipe."""
   if config.augment != 'inception_crop':
-    raise ValueError(f"--vs_timm needs --config.augment='inception_crop' (timm's training crop); "
-                     f'got {config.augment!r}.')
+    raise ValueError(
+        f"--vs_timm needs --config.augment='inception_crop' (timm's training crop); "
+        f'got {config.augment!r}.'
+    )
 
 
 def _ours(config: ml_collections.ConfigDict) -> tuple[Pipeline, float]:
   """`train_iterator` from step 0, and the seconds to its first batch (compiling included)."""
   start = time.perf_counter()
-  batches = input_pipeline.train_iterator(input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1)
+  batches = input_pipeline.train_iterator(
+      input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1
+  )
   next(batches)
   first_batch_s = time.perf_counter() - start
   # Its prefetched batches, the batch being assembled and the parallel map's elements in flight.
@@ -156,6 +179,7 @@ def _ours(config: ml_collections.ConfigDict) -> tuple[Pipeline, float]:
 def _posterize_in_range(image, bits_to_keep, **kwargs):
   """timm's posterize with its bit count clamped to 1..8, as current Pillow requires."""
   from timm.data import auto_augment  # pylint: disable=g-import-not-at-top
+
   return auto_augment.posterize(image, min(max(int(bits_to_keep), 1), 8), **kwargs)
 
 
@@ -165,8 +189,7 @@ class _EncodedImages:
   `records[i]` is a dict holding the encoded image at `image_key` and the label at `label_key`.
   """
 
-  def __init__(self, records: Any, image_key: str, label_key: str,
-               transform: Callable[[Any], Any]):
+  def __init__(self, records: Any, image_key: str, label_key: str, transform: Callable[[Any], Any]):
     self.records, self.transform = records, transform
     self.image_key, self.label_key = image_key, label_key
 
@@ -175,6 +198,7 @@ class _EncodedImages:
 
   def __getitem__(self, index: int):
     from PIL import Image  # pylint: disable=g-import-not-at-top
+
     record = self.records[index]
     image = Image.open(io.BytesIO(record[self.image_key])).convert('RGB')
     return self.transform(image), int(record[self.label_key])
@@ -198,18 +222,24 @@ def _timm_images(config: ml_collections.ConfigDict, transform: Callable[[Any], A
   split = config.train_split.split('[')[0]
   if config.dataset.startswith(folder.PREFIX):
     import torchvision  # pylint: disable=g-import-not-at-top
-    root = folder.scan(config.dataset[len(folder.PREFIX):]).root
+
+    root = folder.scan(config.dataset[len(folder.PREFIX) :]).root
     return torchvision.datasets.ImageFolder(os.path.join(root, split), transform=transform)
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
   builder = tfds.builder(config.dataset, data_dir=config.data_dir)
   image_key, label_key = builder.info.supervised_keys
   decoders = {image_key: tfds.decode.SkipDecoding()}
   if convert.has_array_record(builder):
-    records = builder.as_data_source(split=config.train_split, decoders=decoders,
-                                     file_format=convert.ARRAY_RECORD)
+    records = builder.as_data_source(
+        split=config.train_split, decoders=decoders, file_format=convert.ARRAY_RECORD
+    )
   else:
-    records = list(tfds.as_numpy(
-        builder.as_dataset(split=config.train_split, decoders=decoders).take(TIMM_RECORDS)))
+    records = list(
+        tfds.as_numpy(
+            builder.as_dataset(split=config.train_split, decoders=decoders).take(TIMM_RECORDS)
+        )
+    )
   return _EncodedImages(records, image_key, label_key, transform)
 
 
@@ -218,6 +248,7 @@ def _timm(config: ml_collections.ConfigDict, workers: int) -> Pipeline:
   # pylint: disable=g-import-not-at-top
   import torch
   from vit_jax.benchmarks import timm_reference
+
   timm = timm_reference.import_timm()
   from timm.data import auto_augment
   from timm.data import create_transform
@@ -227,22 +258,42 @@ def _timm(config: ml_collections.ConfigDict, workers: int) -> Pipeline:
     auto_augment.NAME_TO_OP[name] = _posterize_in_range
   mean, std = input_pipeline.NORMALIZATIONS[config.normalization]
   transform = create_transform(
-      config.image_size, is_training=True, scale=input_pipeline.INCEPTION_CROP_AREA,
-      ratio=input_pipeline.INCEPTION_CROP_RATIO, hflip=0.5 if config.flip else 0.0,
-      color_jitter=None, auto_augment=config.randaugment or None,
-      interpolation='bicubic', re_prob=config.random_erase_prob, re_mode='pixel',
-      mean=mean, std=std)
+      config.image_size,
+      is_training=True,
+      scale=input_pipeline.INCEPTION_CROP_AREA,
+      ratio=input_pipeline.INCEPTION_CROP_RATIO,
+      hflip=0.5 if config.flip else 0.0,
+      color_jitter=None,
+      auto_augment=config.randaugment or None,
+      interpolation='bicubic',
+      re_prob=config.random_erase_prob,
+      re_mode='pixel',
+      mean=mean,
+      std=std,
+  )
   images = _timm_images(config, transform)
   repeats = config.repeated_aug
-  sampler = (RepeatAugSampler(images, num_replicas=1, rank=0, num_repeats=repeats,
-                              selected_round=0)
-             if repeats > 1 else torch.utils.data.RandomSampler(images))
-  return dataloader_pipeline(f'timm {timm.__version__} (DataLoader)', images, sampler,
-                             batch_size=config.batch_size, workers=workers)
+  sampler = (
+      RepeatAugSampler(images, num_replicas=1, rank=0, num_repeats=repeats, selected_round=0)
+      if repeats > 1
+      else torch.utils.data.RandomSampler(images)
+  )
+  return dataloader_pipeline(
+      f'timm {timm.__version__} (DataLoader)',
+      images,
+      sampler,
+      batch_size=config.batch_size,
+      workers=workers,
+  )
 
 
-def wait_until_idle(cpu_clock: Callable[[], float], *, interval_s: float = 0.25,
-                    idle_cores: float = 0.1, timeout_s: float = 60.0) -> None:
+def wait_until_idle(
+    cpu_clock: Callable[[], float],
+    *,
+    interval_s: float = 0.25,
+    idle_cores: float = 0.1,
+    timeout_s: float = 60.0,
+) -> None:
   """Waits until `cpu_clock` advances by less than `idle_cores` per second: the pipelines have
   filled their buffers and stopped working."""
   deadline = time.perf_counter() + timeout_s
@@ -256,42 +307,64 @@ def wait_until_idle(cpu_clock: Callable[[], float], *, interval_s: float = 0.25,
 def time_to_first_batch(config: ml_collections.ConfigDict, start_step: int) -> float:
   """Seconds from `train_iterator(config, start_step=...)` to its first batch."""
   start = time.perf_counter()
-  next(input_pipeline.train_iterator(input_pipeline.DataSettings.from_config(config), start_step=start_step, process_index=0,
-                                     process_count=1))
+  next(
+      input_pipeline.train_iterator(
+          input_pipeline.DataSettings.from_config(config),
+          start_step=start_step,
+          process_index=0,
+          process_count=1,
+      )
+  )
   return time.perf_counter() - start
 
 
 def _recipe(config: ml_collections.ConfigDict) -> str:
   parts = [config.augment] + (['flip'] if config.flip else [])
-  parts += [config.randaugment or 'no RandAugment',
-            f'random erasing {config.random_erase_prob}',
-            f'repeated augmentation x{config.repeated_aug}',
-            f'{config.normalization} normalisation']
+  parts += [
+      config.randaugment or 'no RandAugment',
+      f'random erasing {config.random_erase_prob}',
+      f'repeated augmentation x{config.repeated_aug}',
+      f'{config.normalization} normalisation',
+  ]
   return ', '.join(parts)
 
 
 def _decodes_per_image(config: ml_collections.ConfigDict) -> str:
   """How many JPEG decodes each training image costs ours (`input_pipeline.decodes_crop_window`)."""
   repeats = config.repeated_aug
-  if input_pipeline.decodes_crop_window(input_pipeline.TrainTransform.from_config(config),
-                                        repeats):
+  if input_pipeline.decodes_crop_window(input_pipeline.TrainTransform.from_config(config), repeats):
     return '1 of the crop window'
   if repeats > 1:
     return f'1/{repeats} of the whole image (decoded once for its {repeats} copies)'
   return '1 of the whole image'
 
 
-def _throughput(config: ml_collections.ConfigDict, ours: Pipeline, *, workers: int, steps: int,
-                warmup: int, repeats: int, vs_timm: bool, suffix: str = '') -> dict[str, float]:
+def _throughput(
+    config: ml_collections.ConfigDict,
+    ours: Pipeline,
+    *,
+    workers: int,
+    steps: int,
+    warmup: int,
+    repeats: int,
+    vs_timm: bool,
+    suffix: str = '',
+) -> dict[str, float]:
   """Images/s of `ours` (and timm's on the same recipe) in steady state; prints and returns them."""
   batch = config.batch_size
   pipelines = [ours] + ([_timm(config, workers)] if vs_timm else [])
-  settle = functools.partial(wait_until_idle, pipelines[-1].cpu_clock) if vs_timm else (
-      lambda: None)
+  settle = (
+      functools.partial(wait_until_idle, pipelines[-1].cpu_clock) if vs_timm else (lambda: None)
+  )
   windows = steady_state_windows(pipelines, steps=steps, warmup=warmup)
-  stopwatch.report('protocol' + suffix, ', '.join(
-      f'{label}: {w.warmup} batches warm-up, {w.timed} timed'
-      for label, w in zip(('ours', 'timm'), windows)) + f'; {repeats} alternating blocks each')
+  stopwatch.report(
+      'protocol' + suffix,
+      ', '.join(
+          f'{label}: {w.warmup} batches warm-up, {w.timed} timed'
+          for label, w in zip(('ours', 'timm'), windows)
+      )
+      + f'; {repeats} alternating blocks each',
+  )
   timings = measure(pipelines, steps=steps, warmup=warmup, repeats=repeats, settle=settle)
   results = {}
   for label, pipeline, timing in zip(('ours', 'timm'), pipelines, timings):
@@ -299,25 +372,41 @@ def _throughput(config: ml_collections.ConfigDict, ours: Pipeline, *, workers: i
     results[f'{label}_images_per_s'] = images_per_s
     results[f'{label}_cpu_ms_per_image'] = 1e3 * timing.cpu_s / batch
     slowest, fastest = (batch / t for t in (max(timing.block_wall_s), min(timing.block_wall_s)))
-    stopwatch.report(label + suffix, f'{images_per_s:.1f} images/s, {images_per_s / workers:.1f} '
-                     f'per core, {1e3 * timing.cpu_s / batch:.2f} ms CPU/image ({pipeline.name}; '
-                     f'median of {repeats} blocks, range {slowest:.0f}-{fastest:.0f} images/s)')
+    stopwatch.report(
+        label + suffix,
+        f'{images_per_s:.1f} images/s, {images_per_s / workers:.1f} '
+        f'per core, {1e3 * timing.cpu_s / batch:.2f} ms CPU/image ({pipeline.name}; '
+        f'median of {repeats} blocks, range {slowest:.0f}-{fastest:.0f} images/s)',
+    )
   copies = ' (each copy loaded and decoded anew)' if config.repeated_aug > 1 else ''
-  stopwatch.report('decodes' + suffix, f'ours {_decodes_per_image(config)} per image' + (
-      f'; timm 1 of the whole image per image{copies}' if vs_timm else ''))
+  stopwatch.report(
+      'decodes' + suffix,
+      f'ours {_decodes_per_image(config)} per image'
+      + (f'; timm 1 of the whole image per image{copies}' if vs_timm else ''),
+  )
   if vs_timm:
     pipelines[1].close()
     results['ratio'] = results['ours_images_per_s'] / results['timm_images_per_s']
     results['cpu_ratio'] = results['timm_cpu_ms_per_image'] / results['ours_cpu_ms_per_image']
     paired = stopwatch.paired_ratios(*timings)
-    stopwatch.report('ratio' + suffix, f"{results['ratio']:.2f}x timm's images/s (block pairs "
-                     f"{min(paired):.2f}-{max(paired):.2f}x); {results['cpu_ratio']:.2f}x timm's "
-                     'images per CPU second')
+    stopwatch.report(
+        'ratio' + suffix,
+        f"{results['ratio']:.2f}x timm's images/s (block pairs "
+        f"{min(paired):.2f}-{max(paired):.2f}x); {results['cpu_ratio']:.2f}x timm's "
+        'images per CPU second',
+    )
   return {f'{key}{suffix.replace(" ", "_")}': value for key, value in results.items()}
 
 
-def run(config: ml_collections.ConfigDict, *, steps: int, warmup: int, repeats: int,
-        vs_timm: bool, late_step: int | None) -> dict[str, float]:
+def run(
+    config: ml_collections.ConfigDict,
+    *,
+    steps: int,
+    warmup: int,
+    repeats: int,
+    vs_timm: bool,
+    late_step: int | None,
+) -> dict[str, float]:
   """Benchmarks the training input pipeline (and timm's); prints and returns the numbers.
 
   With `vs_timm` and repeated augmentation, the recipe without it is compared too (keys and report
@@ -328,16 +417,22 @@ def run(config: ml_collections.ConfigDict, *, steps: int, warmup: int, repeats: 
   late_step = late_step or default_late_step(config.batch_size)
   workers = len(os.sched_getaffinity(0))
   batch = config.batch_size
-  stopwatch.report('dataset',
-                   f'{config.dataset} ({config.train_split}), data_dir {config.data_dir}')
+  stopwatch.report(
+      'dataset', f'{config.dataset} ({config.train_split}), data_dir {config.data_dir}'
+  )
   stopwatch.report('batch', f'{batch} x {config.image_size}x{config.image_size}x3 float32')
   stopwatch.report('recipe', _recipe(config))
-  stopwatch.report('workers', f'{workers} CPUs: as many tf.data threads'
-                   + (' and DataLoader worker processes' if vs_timm else ''))
+  stopwatch.report(
+      'workers',
+      f'{workers} CPUs: as many tf.data threads'
+      + (' and DataLoader worker processes' if vs_timm else ''),
+  )
   stopwatch.report('load average', f'{stopwatch.load_average()} (start)')
   ours, cold_s = _ours(config)
-  stopwatch.report('first batch', f"{cold_s:.1f} s (the process's first pipeline, compiling the "
-                   'augmentation ops)')
+  stopwatch.report(
+      'first batch',
+      f"{cold_s:.1f} s (the process's first pipeline, compiling the " 'augmentation ops)',
+  )
   timing = dict(workers=workers, steps=steps, warmup=warmup, repeats=repeats, vs_timm=vs_timm)
   results = _throughput(config, ours, **timing)
   del ours  # Stops its threads before the next contenders run.
@@ -356,8 +451,11 @@ def run(config: ml_collections.ConfigDict, *, steps: int, warmup: int, repeats: 
   results['first_batch_s'] = statistics.median(firsts[0])
   results['late_first_batch_s'] = statistics.median(firsts[late_step])
   early, late = (', '.join(f'{s:.2f}' for s in firsts[step]) for step in firsts)
-  stopwatch.report('first batch', f'step 0: {early} s; step {late_step} ({late_step * batch:,} '
-                   f'examples consumed): {late} s; median ratio '
-                   f"{results['late_first_batch_s'] / results['first_batch_s']:.2f}x")
+  stopwatch.report(
+      'first batch',
+      f'step 0: {early} s; step {late_step} ({late_step * batch:,} '
+      f'examples consumed): {late} s; median ratio '
+      f"{results['late_first_batch_s'] / results['first_batch_s']:.2f}x",
+  )
   stopwatch.report('load average', f'{stopwatch.load_average()} (end)')
   return results

@@ -30,8 +30,10 @@ from vit_jax.training import train
 
 PLATFORMS = ('tpu', 'cuda')
 
-_PRODUCT = re.compile(r'stablehlo\.(dot_general|convolution)\b.*:\s*\(([^)]*)\)\s*->\s*'
-                      r'tensor<[^>]*>(?:\s*loc\((#loc\d+)\))?')
+_PRODUCT = re.compile(
+    r'stablehlo\.(dot_general|convolution)\b.*:\s*\(([^)]*)\)\s*->\s*'
+    r'tensor<[^>]*>(?:\s*loc\((#loc\d+)\))?'
+)
 _LOCATION = re.compile(r'^(#loc\d+) = loc\((?:"([^"]*)"|(#loc\d+)|callsite\((#loc\d+))')
 _ELEMENT = re.compile(r'x?([a-z]+\d*)>$')
 
@@ -41,6 +43,7 @@ class MatrixProduct:
   """A dot_general or convolution of a lowered program: its operands' element types (`f32`,
   `bf16`, ...), whether its algorithm rounds both operands to bfloat16 first, and the name stack
   of the code that made it (e.g. 'transpose(jvp(CaiT))/.../attn/proj_w/dot_general')."""
+
   op: str
   operand_types: tuple[str, ...]
   bfloat16_algorithm: bool
@@ -84,23 +87,31 @@ def matrix_products(text: str) -> list[MatrixProduct]:
       continue
     op, operands, location = match.groups()
     types = tuple(_ELEMENT.search(t.strip()).group(1) for t in operands.split(', tensor'))
-    products.append(MatrixProduct(
-        op=op, operand_types=types,
-        bfloat16_algorithm='lhs_precision_type = bf16, rhs_precision_type = bf16' in line,
-        name=names.get(location, '') if location else ''))
+    products.append(
+        MatrixProduct(
+            op=op,
+            operand_types=types,
+            bfloat16_algorithm='lhs_precision_type = bf16, rhs_precision_type = bf16' in line,
+            name=names.get(location, '') if location else '',
+        )
+    )
   return products
 
 
 def abstract_mesh(fsdp: int, devices: int = 8) -> AbstractMesh:
   """The (data, fsdp) mesh of `sharding.make_mesh` over `devices` devices that need not exist."""
   sharding.check_mesh(fsdp, devices)
-  return AbstractMesh((devices // fsdp, fsdp), sharding.MESH_AXES,
-                      axis_types=(AxisType.Auto,) * len(sharding.MESH_AXES))
+  return AbstractMesh(
+      (devices // fsdp, fsdp),
+      sharding.MESH_AXES,
+      axis_types=(AxisType.Auto,) * len(sharding.MESH_AXES),
+  )
 
 
 @dataclasses.dataclass(frozen=True)
 class StepProgram:
   """A jitted step and abstract (shape, dtype, sharding) arguments to lower it with."""
+
   name: str
   function: Callable[..., Any]
   arguments: tuple[Any, ...]
@@ -108,16 +119,25 @@ class StepProgram:
 
 def _batch(mesh: Any, size: int, image_size: int, *, eval_mask: bool) -> dict[str, Any]:
   layout = sharding.batch_sharding(mesh)
-  batch = {'image': jax.ShapeDtypeStruct((size, image_size, image_size, 3), jnp.float32,
-                                         sharding=layout),
-           'label': jax.ShapeDtypeStruct((size,), jnp.int32, sharding=layout)}
+  batch = {
+      'image': jax.ShapeDtypeStruct(
+          (size, image_size, image_size, 3), jnp.float32, sharding=layout
+      ),
+      'label': jax.ShapeDtypeStruct((size,), jnp.int32, sharding=layout),
+  }
   if eval_mask:
     batch['mask'] = jax.ShapeDtypeStruct((size,), jnp.float32, sharding=layout)
   return batch
 
 
-def step_programs(config: ml_collections.ConfigDict, num_classes: int, mesh: Any, *,
-                  batch_size: int, teacher_model: str | None = None) -> list[StepProgram]:
+def step_programs(
+    config: ml_collections.ConfigDict,
+    num_classes: int,
+    mesh: Any,
+    *,
+    batch_size: int,
+    teacher_model: str | None = None,
+) -> list[StepProgram]:
   """The train and eval steps of a run of `config` on `mesh`, as `vit_jax.training.train` jits them.
 
   `teacher_model` (a registered name) distils from that model, in the run's dtype, with
@@ -127,25 +147,45 @@ def step_programs(config: ml_collections.ConfigDict, num_classes: int, mesh: Any
   model = config_lib.create_model(config, num_classes)
   schedule = optim.learning_rate_schedule(settings.schedule, max(config.total_steps, 2), 1)
   tx = optim.create_optimizer(settings.optimizer, schedule, model)
-  abstract_state = jax.eval_shape(lambda: steps.init_state(
-      model, tx, steps.init_rngs(settings.seed), image_size=config.image_size,
-      ema=bool(settings.step.ema_decay)))
+  abstract_state = jax.eval_shape(
+      lambda: steps.init_state(
+          model,
+          tx,
+          steps.init_rngs(settings.seed),
+          image_size=config.image_size,
+          ema=bool(settings.step.ema_decay),
+      )
+  )
   teacher = teacher_variables = None
   if teacher_model is not None:
-    teacher_net = models.create(teacher_model, num_classes=num_classes,
-                                dtype=jnp.dtype(config.dtype))
+    teacher_net = models.create(
+        teacher_model, num_classes=num_classes, dtype=jnp.dtype(config.dtype)
+    )
     images = jnp.zeros((1, config.image_size, config.image_size, 3), jnp.float32)
     variables = jax.eval_shape(lambda: teacher_net.init(jax.random.key(0), images, train=False))
     teacher = steps.Teacher(teacher_net, variables)
-  programs = train.Programs.build(model, tx, settings.step, num_classes, mesh, abstract_state,
-                                  settings.mesh.fsdp_min_size, teacher)
+  programs = train.Programs.build(
+      model,
+      tx,
+      settings.step,
+      num_classes,
+      mesh,
+      abstract_state,
+      settings.mesh.fsdp_min_size,
+      teacher,
+  )
   if teacher is not None:
     teacher_variables = sharding.abstract(teacher.variables, programs.teacher_sharding)
   state = sharding.abstract(abstract_state, programs.state_sharding)
   train_batch = _batch(mesh, batch_size, config.image_size, eval_mask=False)
-  return [StepProgram('train', programs.train_step, (state, train_batch, teacher_variables)),
-          StepProgram('eval', train.jitted_eval_step(model, num_classes, mesh),
-                      (state, _batch(mesh, batch_size, config.image_size, eval_mask=True)))]
+  return [
+      StepProgram('train', programs.train_step, (state, train_batch, teacher_variables)),
+      StepProgram(
+          'eval',
+          train.jitted_eval_step(model, num_classes, mesh),
+          (state, _batch(mesh, batch_size, config.image_size, eval_mask=True)),
+      ),
+  ]
 
 
 class LoweringError(RuntimeError):
@@ -160,31 +200,43 @@ def _innermost_project_frame(error: BaseException) -> str:
   return f'{frame.filename.rsplit("/vit_jax/", 1)[1]}:{frame.lineno} `{frame.line}`'
 
 
-def _lowering_error(case: str, what: str, platforms: Sequence[str],
-                    error: Exception) -> LoweringError:
+def _lowering_error(
+    case: str, what: str, platforms: Sequence[str], error: Exception
+) -> LoweringError:
   message = str(error).splitlines()[0] if str(error) else ''
-  return LoweringError(f'{case}: {what} does not lower for {list(platforms)}: '
-                       f'{type(error).__name__}: {message} (at {_innermost_project_frame(error)})')
+  return LoweringError(
+      f'{case}: {what} does not lower for {list(platforms)}: '
+      f'{type(error).__name__}: {message} (at {_innermost_project_frame(error)})'
+  )
 
 
-def export_steps(config: ml_collections.ConfigDict, num_classes: int, mesh: Any, *,
-                 batch_size: int, case: str, teacher_model: str | None = None,
-                 platforms: Sequence[str] = PLATFORMS) -> dict[str, jax.export.Exported]:
+def export_steps(
+    config: ml_collections.ConfigDict,
+    num_classes: int,
+    mesh: Any,
+    *,
+    batch_size: int,
+    case: str,
+    teacher_model: str | None = None,
+    platforms: Sequence[str] = PLATFORMS,
+) -> dict[str, jax.export.Exported]:
   """`step_programs`' steps exported for `platforms` (one lowering for all of them), by name.
 
   Raises LoweringError naming `case`, the step (or the set-up, tracing the model's
   initialisation) and the failing op with its source line in vit_jax.
   """
   try:
-    programs = step_programs(config, num_classes, mesh, batch_size=batch_size,
-                             teacher_model=teacher_model)
+    programs = step_programs(
+        config, num_classes, mesh, batch_size=batch_size, teacher_model=teacher_model
+    )
   except Exception as e:  # pylint: disable=broad-except
     raise _lowering_error(case, 'the set-up of the steps', platforms, e) from e
   exported = {}
   for program in programs:
     try:
       exported[program.name] = jax.export.export(program.function, platforms=platforms)(
-          *program.arguments)
+          *program.arguments
+      )
     except Exception as e:  # pylint: disable=broad-except
       raise _lowering_error(case, f'the {program.name} step', platforms, e) from e
   return exported

@@ -35,27 +35,43 @@ def memory_per_device(config, num_classes: int) -> dict[str, int]:
   model = config_lib.create_model(config, num_classes)
   tx = optim.create_optimizer(
       optim.OptimizerSettings.from_config(config),
-      optim.learning_rate_schedule(optim.ScheduleSettings.from_config(config), 2, 1), model)
+      optim.learning_rate_schedule(optim.ScheduleSettings.from_config(config), 2, 1),
+      model,
+  )
   mesh = sharding.make_mesh(config.mesh.fsdp)
-  state = jax.eval_shape(lambda: steps.init_state(
-      model, tx, steps.init_rngs(config.seed), image_size=config.image_size,
-      ema=bool(config.ema_decay)))
+  state = jax.eval_shape(
+      lambda: steps.init_state(
+          model,
+          tx,
+          steps.init_rngs(config.seed),
+          image_size=config.image_size,
+          ema=bool(config.ema_decay),
+      )
+  )
   layout = sharding.fsdp_shardings(state, mesh, config.mesh.fsdp_min_size)
   size, batch_size = config.image_size, config.batch_size
   spread = sharding.batch_sharding(mesh)
-  batch = {'image': jax.ShapeDtypeStruct((batch_size, size, size, 3), jnp.float32,
-                                         sharding=spread),
-           'label': jax.ShapeDtypeStruct((batch_size,), jnp.int32, sharding=spread)}
-  step = steps.sharded_train_step(model, tx, steps.StepSettings.from_config(config),
-                                  num_classes, mesh, layout)
-  memory = training_step.compiled_memory_bytes(step.lower(sharding.abstract(state, layout), batch,
-                                             None).compile())
-  parts = {name: sharding.bytes_per_device(getattr(state, name), getattr(layout, name))
-           for name in ('params', 'opt_state', 'ema', 'batch_stats')}
-  return {**parts, 'state': sharding.bytes_per_device(state, layout),
-          'all_params': sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state.params)),
-          'num_params': sum(x.size for x in jax.tree.leaves(state.params)),
-          **memory}
+  batch = {
+      'image': jax.ShapeDtypeStruct((batch_size, size, size, 3), jnp.float32, sharding=spread),
+      'label': jax.ShapeDtypeStruct((batch_size,), jnp.int32, sharding=spread),
+  }
+  step = steps.sharded_train_step(
+      model, tx, steps.StepSettings.from_config(config), num_classes, mesh, layout
+  )
+  memory = training_step.compiled_memory_bytes(
+      step.lower(sharding.abstract(state, layout), batch, None).compile()
+  )
+  parts = {
+      name: sharding.bytes_per_device(getattr(state, name), getattr(layout, name))
+      for name in ('params', 'opt_state', 'ema', 'batch_stats')
+  }
+  return {
+      **parts,
+      'state': sharding.bytes_per_device(state, layout),
+      'all_params': sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state.params)),
+      'num_params': sum(x.size for x in jax.tree.leaves(state.params)),
+      **memory,
+  }
 
 
 def run_memory(config, *, num_classes: int) -> dict[str, int]:
@@ -63,21 +79,33 @@ def run_memory(config, *, num_classes: int) -> dict[str, int]:
   devices, fsdp = jax.device_count(), config.mesh.fsdp
   sharding.check_mesh(fsdp, devices)
   stopwatch.report('model', f'{config.model.name} {config_lib.model_overrides(config.model)}')
-  stopwatch.report('mesh', f'data {devices // fsdp} x fsdp {fsdp} = {devices} devices '
-                   f'({jax.devices()[0].platform}; XLA\'s account on this backend)')
-  stopwatch.report('batch', f'{config.batch_size} x {config.image_size}x{config.image_size}x3 '
-                   f'({config.batch_size // devices} per device), dtype {config.dtype}, '
-                   f'optimizer {config.optimizer}, mu_dtype {config.mu_dtype or "as parameters"}')
+  stopwatch.report(
+      'mesh',
+      f'data {devices // fsdp} x fsdp {fsdp} = {devices} devices '
+      f"({jax.devices()[0].platform}; XLA's account on this backend)",
+  )
+  stopwatch.report(
+      'batch',
+      f'{config.batch_size} x {config.image_size}x{config.image_size}x3 '
+      f'({config.batch_size // devices} per device), dtype {config.dtype}, '
+      f'optimizer {config.optimizer}, mu_dtype {config.mu_dtype or "as parameters"}',
+  )
   sizes = memory_per_device(config, num_classes)
   per_device = lambda key: f'{byte_size(sizes[key])} per device'
-  stopwatch.report('parameters', f'{per_device("params")}, of {byte_size(sizes["all_params"])} '
-                   f'({sizes["num_params"]:,} parameters)')
+  stopwatch.report(
+      'parameters',
+      f'{per_device("params")}, of {byte_size(sizes["all_params"])} '
+      f'({sizes["num_params"]:,} parameters)',
+  )
   stopwatch.report('optimizer state', per_device('opt_state'))
   if sizes['ema'] or sizes['batch_stats']:
     stopwatch.report('EMA', per_device('ema'))
     stopwatch.report('batch statistics', per_device('batch_stats'))
   stopwatch.report('training state', per_device('state'))
-  stopwatch.report('XLA step memory', f'{per_device("total")} live at once: arguments '
-                   f'{byte_size(sizes["arguments"])} (state and batch), temporaries '
-                   f'{byte_size(sizes["temp"])}')
+  stopwatch.report(
+      'XLA step memory',
+      f'{per_device("total")} live at once: arguments '
+      f'{byte_size(sizes["arguments"])} (state and batch), temporaries '
+      f'{byte_size(sizes["temp"])}',
+  )
   return sizes

@@ -21,6 +21,7 @@ def load_average() -> str:
 @dataclasses.dataclass
 class Timing:
   """Wall-clock and process CPU seconds per step of each timed block, in the order they ran."""
+
   block_wall_s: tuple[float, ...]
   block_cpu_s: tuple[float, ...]
 
@@ -41,9 +42,15 @@ def paired_ratios(ours: Timing, theirs: Timing) -> list[float]:
   return [t / o for o, t in zip(ours.block_wall_s, theirs.block_wall_s)]
 
 
-def time_blocks(runs: Sequence[Callable[[int], None]], *, steps: int, warmups: Sequence[int],
-                repeats: int, cpu_clocks: Sequence[Callable[[], float]] | None = None,
-                settle: Callable[[], None] = lambda: None) -> list[Timing]:
+def time_blocks(
+    runs: Sequence[Callable[[int], None]],
+    *,
+    steps: int,
+    warmups: Sequence[int],
+    repeats: int,
+    cpu_clocks: Sequence[Callable[[], float]] | None = None,
+    settle: Callable[[], None] = lambda: None,
+) -> list[Timing]:
   """Per-step wall and CPU seconds of each `run(n)` (n steps), their blocks alternating.
 
   Before each block: `settle()`, then `warmups[i]` untimed steps. CPU seconds are read from

@@ -13,6 +13,7 @@ def import_timm() -> types.ModuleType:
   they are declared instead. Raises ImportError without torch or timm.
   """
   import torch  # pylint: disable=g-import-not-at-top
+
   try:
     import torchvision  # pylint: disable=g-import-not-at-top,unused-import
   except (RuntimeError, ImportError):
@@ -22,4 +23,5 @@ def import_timm() -> types.ModuleType:
       library.define('qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor')
       _TORCHVISION_SCHEMAS.append(library)
   import timm  # pylint: disable=g-import-not-at-top
+
   return timm

@@ -28,23 +28,60 @@ import jax.numpy as jnp
 import tensorflow as tf
 
 # timm's _RAND_TRANSFORMS ('inc0') and _RAND_INCREASING_TRANSFORMS ('inc1').
-RAND_OPS = ('AutoContrast', 'Equalize', 'Invert', 'Rotate', 'Posterize', 'Solarize',
-            'SolarizeAdd', 'Color', 'Contrast', 'Brightness', 'Sharpness', 'ShearX', 'ShearY',
-            'TranslateXRel', 'TranslateYRel')
-RAND_INCREASING_OPS = ('AutoContrast', 'Equalize', 'Invert', 'Rotate', 'PosterizeIncreasing',
-                       'SolarizeIncreasing', 'SolarizeAdd', 'ColorIncreasing',
-                       'ContrastIncreasing', 'BrightnessIncreasing', 'SharpnessIncreasing',
-                       'ShearX', 'ShearY', 'TranslateXRel', 'TranslateYRel')
+RAND_OPS = (
+    'AutoContrast',
+    'Equalize',
+    'Invert',
+    'Rotate',
+    'Posterize',
+    'Solarize',
+    'SolarizeAdd',
+    'Color',
+    'Contrast',
+    'Brightness',
+    'Sharpness',
+    'ShearX',
+    'ShearY',
+    'TranslateXRel',
+    'TranslateYRel',
+)
+RAND_INCREASING_OPS = (
+    'AutoContrast',
+    'Equalize',
+    'Invert',
+    'Rotate',
+    'PosterizeIncreasing',
+    'SolarizeIncreasing',
+    'SolarizeAdd',
+    'ColorIncreasing',
+    'ContrastIncreasing',
+    'BrightnessIncreasing',
+    'SharpnessIncreasing',
+    'ShearX',
+    'ShearY',
+    'TranslateXRel',
+    'TranslateYRel',
+)
 INTERPOLATIONS = ('bicubic', 'bilinear', 'random')
 _LEVEL_DENOM = 10.0
 _TRANSLATE_PCT = 0.45
-_SIGNED_OPS = ('Rotate', 'ShearX', 'ShearY', 'TranslateXRel', 'TranslateYRel', 'ColorIncreasing',
-               'ContrastIncreasing', 'BrightnessIncreasing', 'SharpnessIncreasing')
+_SIGNED_OPS = (
+    'Rotate',
+    'ShearX',
+    'ShearY',
+    'TranslateXRel',
+    'TranslateYRel',
+    'ColorIncreasing',
+    'ContrastIncreasing',
+    'BrightnessIncreasing',
+    'SharpnessIncreasing',
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class RandAugmentSpec:
   """A parsed timm RandAugment string such as 'rand-m9-mstd0.5-inc1'."""
+
   magnitude: float = 10.0
   num_layers: int = 2
   prob: float = 0.5
@@ -61,20 +98,27 @@ def parse_randaugment(spec: str) -> RandAugmentSpec:
   """Parses timm's 'rand-m{M}-n{N}-p{P}-mstd{S}-mmax{X}-inc{0|1}' (sections in any order)."""
   sections = spec.split('-')
   if sections[0] != 'rand':
-    raise ValueError(f"RandAugment spec {spec!r} must start with 'rand-', e.g. "
-                     "'rand-m9-mstd0.5-inc1'.")
+    raise ValueError(
+        f"RandAugment spec {spec!r} must start with 'rand-', e.g. " "'rand-m9-mstd0.5-inc1'."
+    )
   values = {}
   for section in sections[1:]:
     match = re.fullmatch(r'(mstd|mmax|inc|m|n|p)(\d+(?:\.\d*)?)', section)
     if not match:
-      raise ValueError(f'Unknown section {section!r} in RandAugment spec {spec!r}; valid: '
-                       'm<magnitude>, n<layers>, p<prob>, mstd<std>, mmax<max>, inc<0|1>.')
+      raise ValueError(
+          f'Unknown section {section!r} in RandAugment spec {spec!r}; valid: '
+          'm<magnitude>, n<layers>, p<prob>, mstd<std>, mmax<max>, inc<0|1>.'
+      )
     values[match.group(1)] = float(match.group(2))
   magnitude_std = values.get('mstd', 0.0)
   return RandAugmentSpec(
-      magnitude=values.get('m', _LEVEL_DENOM), num_layers=int(values.get('n', 2)),
-      prob=values.get('p', 0.5), magnitude_std=math.inf if magnitude_std > 100 else magnitude_std,
-      magnitude_max=values.get('mmax', _LEVEL_DENOM), increasing=bool(values.get('inc', 0)))
+      magnitude=values.get('m', _LEVEL_DENOM),
+      num_layers=int(values.get('n', 2)),
+      prob=values.get('p', 0.5),
+      magnitude_std=math.inf if magnitude_std > 100 else magnitude_std,
+      magnitude_max=values.get('mmax', _LEVEL_DENOM),
+      increasing=bool(values.get('inc', 0)),
+  )
 
 
 def level_to_arg(name: str, magnitude: tf.Tensor, negate: tf.Tensor) -> tf.Tensor:
@@ -111,7 +155,8 @@ def _grayscale(image: tf.Tensor) -> tf.Tensor:
   """PIL's RGB -> L conversion (ITU-R 601-2 luma, 16-bit fixed point)."""
   rgb = tf.cast(image, tf.int32)
   luma = tf.bitwise.right_shift(
-      rgb[..., 0] * 19595 + rgb[..., 1] * 38470 + rgb[..., 2] * 7471 + 0x8000, 16)
+      rgb[..., 0] * 19595 + rgb[..., 1] * 38470 + rgb[..., 2] * 7471 + 0x8000, 16
+  )
   return luma[..., None]
 
 
@@ -153,8 +198,11 @@ def _equalize(image: tf.Tensor) -> tf.Tensor:
   """ImageOps.equalize: per channel, map values through the normalised cumulative histogram."""
   histogram = _histograms(image)
   nonzero = histogram > 0
-  last_nonzero = tf.gather(histogram, 255 - tf.argmax(tf.reverse(tf.cast(nonzero, tf.int32), [1]),
-                                                      axis=1, output_type=tf.int32), batch_dims=1)
+  last_nonzero = tf.gather(
+      histogram,
+      255 - tf.argmax(tf.reverse(tf.cast(nonzero, tf.int32), [1]), axis=1, output_type=tf.int32),
+      batch_dims=1,
+  )
   step = (tf.reduce_sum(histogram, 1) - last_nonzero) // 255
   before = tf.cumsum(histogram, axis=1, exclusive=True)
   table = (step[:, None] // 2 + before) // tf.maximum(step[:, None], 1)
@@ -167,8 +215,9 @@ def _posterize(image: tf.Tensor, bits: tf.Tensor) -> tf.Tensor:
   """ImageOps.posterize: keep the `bits` most significant bits (8 or more: unchanged)."""
   bits = tf.cast(bits, tf.int32)
   mask = tf.bitwise.invert(tf.bitwise.left_shift(1, 8 - tf.minimum(bits, 8)) - 1)
-  return tf.where(bits >= 8, image, tf.cast(tf.bitwise.bitwise_and(tf.cast(image, tf.int32), mask),
-                                            tf.uint8))
+  return tf.where(
+      bits >= 8, image, tf.cast(tf.bitwise.bitwise_and(tf.cast(image, tf.int32), mask), tf.uint8)
+  )
 
 
 def _solarize(image: tf.Tensor, threshold: tf.Tensor) -> tf.Tensor:
@@ -190,7 +239,7 @@ def _smooth(image: tf.Tensor) -> tf.Tensor:
   window = 4 * values[1:-1, 1:-1]
   for dy in range(3):
     for dx in range(3):
-      window += values[dy:dy + height - 2, dx:dx + width - 2]
+      window += values[dy : dy + height - 2, dx : dx + width - 2]
   # round(window / 13), in integers: the sum is exact and no quotient is a tie.
   smoothed = tf.cast((2 * window + 13) // 26, tf.uint8)
   rows, cols = tf.range(height)[:, None], tf.range(width)[None, :]
@@ -201,15 +250,23 @@ def _smooth(image: tf.Tensor) -> tf.Tensor:
 def _cubic_weights(t: tf.Tensor) -> tf.Tensor:
   """PIL's affine bicubic: cubic convolution with a = -1, taps at offsets -1, 0, 1, 2 from floor."""
   a = -1.0
+
   def near(x):  # |x| <= 1
     return ((a + 2) * x - (a + 3)) * x * x + 1
+
   def far(x):  # 1 < |x| < 2
     return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
   return tf.stack([far(1 + t), near(t), near(1 - t), far(2 - t)], -1)
 
 
-def _affine(image: tf.Tensor, matrix: tuple[tf.Tensor, ...], fill: tf.Tensor,
-            bicubic: bool | tf.Tensor, along: str = 'xy') -> tf.Tensor:
+def _affine(
+    image: tf.Tensor,
+    matrix: tuple[tf.Tensor, ...],
+    fill: tf.Tensor,
+    bicubic: bool | tf.Tensor,
+    along: str = 'xy',
+) -> tf.Tensor:
   """PIL's Image.transform(AFFINE, matrix): output pixel (x, y) samples the input at
   (a x + b y + c, d x + e y + f), measured at pixel centres; outside the image is `fill`.
 
@@ -219,8 +276,11 @@ def _affine(image: tf.Tensor, matrix: tuple[tf.Tensor, ...], fill: tf.Tensor,
   a, b, c, d, e, f = (tf.cast(v, tf.float64) for v in matrix)  # PIL works in double.
   shape = tf.shape(image)
   height, width = shape[0], shape[1]
-  ys, xs = tf.meshgrid(tf.range(height, dtype=tf.float64) + 0.5,
-                       tf.range(width, dtype=tf.float64) + 0.5, indexing='ij')
+  ys, xs = tf.meshgrid(
+      tf.range(height, dtype=tf.float64) + 0.5,
+      tf.range(width, dtype=tf.float64) + 0.5,
+      indexing='ij',
+  )
   x_in = a * xs + b * ys + c
   y_in = d * xs + e * ys + f
   w_f, h_f = tf.cast(width, tf.float64), tf.cast(height, tf.float64)
@@ -261,8 +321,9 @@ def _rotate_matrix(degrees: tf.Tensor, height: tf.Tensor, width: tf.Tensor):
   return (cos, sin, cx - cos * cx - sin * cy, -sin, cos, cy + sin * cx - cos * cy)
 
 
-def _pixel_op(name: str, image: tf.Tensor, arg: tf.Tensor, fill: tf.Tensor,
-              bicubic: bool | tf.Tensor) -> tf.Tensor:
+def _pixel_op(
+    name: str, image: tf.Tensor, arg: tf.Tensor, fill: tf.Tensor, bicubic: bool | tf.Tensor
+) -> tf.Tensor:
   """The pixel work of `apply_op`, on an image of static shape."""
   height, width = image.shape[0], image.shape[1]
   one, zero = tf.constant(1.0, tf.float64), tf.constant(0.0, tf.float64)
@@ -302,9 +363,10 @@ def _pixel_op(name: str, image: tf.Tensor, arg: tf.Tensor, fill: tf.Tensor,
 
 # One XLA program per op and image shape: fused, the per-pixel work of the geometric ops costs a
 # fifth of what TensorFlow's kernels spend on it, one op at a time, and every op gets cheaper.
-_COMPILED_OPS = {name: tf.function(functools.partial(_pixel_op, name), jit_compile=True,
-                                   autograph=False)
-                 for name in sorted(set(RAND_OPS + RAND_INCREASING_OPS))}
+_COMPILED_OPS = {
+    name: tf.function(functools.partial(_pixel_op, name), jit_compile=True, autograph=False)
+    for name in sorted(set(RAND_OPS + RAND_INCREASING_OPS))
+}
 
 
 @functools.cache
@@ -323,14 +385,21 @@ def _ignore_jax_xla_flags() -> None:
       os.environ['XLA_FLAGS'] = jax_flags
 
 
-def apply_op(name: str, image: tf.Tensor, arg: tf.Tensor, fill: tf.Tensor | tuple[int, int, int],
-             bicubic: bool | tf.Tensor) -> tf.Tensor:
+def apply_op(
+    name: str,
+    image: tf.Tensor,
+    arg: tf.Tensor,
+    fill: tf.Tensor | tuple[int, int, int],
+    bicubic: bool | tf.Tensor,
+) -> tf.Tensor:
   """timm's NAME_TO_OP[name](image, arg) on a uint8 (H, W, 3) image of static shape."""
   if name not in _COMPILED_OPS:
     raise ValueError(f'Unknown RandAugment op {name!r}; valid: {sorted(_COMPILED_OPS)}.')
   if not image.shape.is_fully_defined():
-    raise ValueError(f'RandAugment needs an image of static shape, got {image.shape}; resize or '
-                     'crop to a fixed size first.')
+    raise ValueError(
+        f'RandAugment needs an image of static shape, got {image.shape}; resize or '
+        'crop to a fixed size first.'
+    )
   _ignore_jax_xla_flags()
   return _COMPILED_OPS[name](image, tf.cast(arg, tf.float64), tf.cast(fill, tf.uint8), bicubic)
 
@@ -347,8 +416,14 @@ def sample_magnitude(seed: tf.Tensor, spec: RandAugmentSpec) -> tf.Tensor:
 
 
 @tf.autograph.experimental.do_not_convert
-def randaugment(image: tf.Tensor, seed: tf.Tensor, spec: RandAugmentSpec, *,
-                fill: tuple[int, int, int], interpolation: str = 'bicubic') -> tf.Tensor:
+def randaugment(
+    image: tf.Tensor,
+    seed: tf.Tensor,
+    spec: RandAugmentSpec,
+    *,
+    fill: tuple[int, int, int],
+    interpolation: str = 'bicubic',
+) -> tf.Tensor:
   """timm's RandAugment on one uint8 (H, W, 3) image of static shape: `num_layers` ops drawn
   with replacement, each applied (and only then computed) with probability `prob` at a freshly
   sampled magnitude.
@@ -364,7 +439,9 @@ def randaugment(image: tf.Tensor, seed: tf.Tensor, spec: RandAugmentSpec, *,
   def layer(index, image):
     choice_seed, apply_seed, magnitude_seed, sign_seed, resample_seed = tf.unstack(
         tf.random.experimental.stateless_split(
-            tf.random.experimental.stateless_fold_in(seed, index), 5))
+            tf.random.experimental.stateless_fold_in(seed, index), 5
+        )
+    )
     choice = tf.random.stateless_uniform([], choice_seed, 0, len(ops), dtype=tf.int32)
     apply = tf.random.stateless_uniform([], apply_seed) < spec.prob
     magnitude = sample_magnitude(magnitude_seed, spec)
@@ -374,15 +451,18 @@ def randaugment(image: tf.Tensor, seed: tf.Tensor, spec: RandAugmentSpec, *,
     else:
       bicubic = interpolation == 'bicubic'
     branches = [
-        (lambda name=name: apply_op(name, image, level_to_arg(name, magnitude, negate), fill,
-                                    bicubic))
-        for name in ops]
+        (
+            lambda name=name: apply_op(
+                name, image, level_to_arg(name, magnitude, negate), fill, bicubic
+            )
+        )
+        for name in ops
+    ]
     augmented = tf.cond(apply, lambda: tf.switch_case(choice, branches), lambda: image)
     return index + 1, tf.ensure_shape(augmented, image.shape)
 
   # One traced layer, looped: the graph holds each op once however many layers there are.
-  _, image = tf.while_loop(lambda index, _: index < spec.num_layers, layer,
-                           (tf.constant(0), image))
+  _, image = tf.while_loop(lambda index, _: index < spec.num_layers, layer, (tf.constant(0), image))
   return image
 
 
@@ -448,9 +528,11 @@ def three_augment(image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
   """3-Augment (DeiT III Section 3): one of grayscale (PIL's luma, tiled to RGB), solarization
   (threshold 128) or Gaussian blur (sigma uniform in [0.1, 2]), chosen uniformly."""
   choice, sigma = three_augment_params(seed)
-  branches = [lambda: tf.tile(tf.cast(_grayscale(image), tf.uint8), [1, 1, 3]),
-              lambda: _solarize(image, SOLARIZE_THRESHOLD),
-              lambda: gaussian_blur(image, sigma)]
+  branches = [
+      lambda: tf.tile(tf.cast(_grayscale(image), tf.uint8), [1, 1, 3]),
+      lambda: _solarize(image, SOLARIZE_THRESHOLD),
+      lambda: gaussian_blur(image, sigma),
+  ]
   return tf.ensure_shape(tf.switch_case(choice, branches), image.shape)
 
 
@@ -465,15 +547,17 @@ def color_jitter_params(seed: tf.Tensor, strength: float) -> tuple[tf.Tensor, tf
   order_seed, factor_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
   keys = tf.random.stateless_uniform([len(COLOR_JITTER_OPS)], order_seed)
   order = tf.argsort(keys)
-  factors = tf.random.stateless_uniform([len(COLOR_JITTER_OPS)], factor_seed,
-                                        max(0.0, 1.0 - strength), 1.0 + strength)
+  factors = tf.random.stateless_uniform(
+      [len(COLOR_JITTER_OPS)], factor_seed, max(0.0, 1.0 - strength), 1.0 + strength
+  )
   return order, factors
 
 
 def enhance(image: tf.Tensor, op: tf.Tensor, factor: tf.Tensor) -> tf.Tensor:
   """Adjustment `COLOR_JITTER_OPS[op]` of a uint8 image by `factor`, as PIL's ImageEnhance."""
-  branches = [lambda name=name: apply_op(name, image, factor, (0, 0, 0), False)
-              for name in COLOR_JITTER_OPS]
+  branches = [
+      lambda name=name: apply_op(name, image, factor, (0, 0, 0), False) for name in COLOR_JITTER_OPS
+  ]
   return tf.ensure_shape(tf.switch_case(op, branches), image.shape)
 
 
@@ -497,7 +581,8 @@ _ERASE_ATTEMPTS = 10
 def erase_box(seed: tf.Tensor, height: int, width: int) -> tuple[tf.Tensor, ...]:
   """timm's RandomErasing box (top, left, h, w); h = w = 0 if none of the 10 attempts fits."""
   area_seed, aspect_seed, top_seed, left_seed = tf.unstack(
-      tf.random.experimental.stateless_split(seed, 4))
+      tf.random.experimental.stateless_split(seed, 4)
+  )
   n = _ERASE_ATTEMPTS
   area = tf.random.stateless_uniform([n], area_seed, *ERASE_AREA) * float(height * width)
   log_lo, log_hi = math.log(ERASE_ASPECT[0]), math.log(ERASE_ASPECT[1])
@@ -537,9 +622,18 @@ def random_erase(image: tf.Tensor, seed: tf.Tensor, probability: float) -> tf.Te
 # Mixup / CutMix, on a batch on device.
 
 
-def mix_batch(rng: jax.Array, images: jax.Array, labels_onehot: jax.Array, *,
-              mixup_alpha: float, cutmix_alpha: float, switch_prob: float, mix_prob: float,
-              label_smoothing: float, correct_lam: bool = True) -> tuple[jax.Array, jax.Array]:
+def mix_batch(
+    rng: jax.Array,
+    images: jax.Array,
+    labels_onehot: jax.Array,
+    *,
+    mixup_alpha: float,
+    cutmix_alpha: float,
+    switch_prob: float,
+    mix_prob: float,
+    label_smoothing: float,
+    correct_lam: bool = True,
+) -> tuple[jax.Array, jax.Array]:
   """timm's Mixup(mode='batch'): one λ per batch, each image mixed with its mirror in the batch.
 
   images: (B, H, W, C); labels_onehot: (B, K). With probability `mix_prob` the batch is mixed:
@@ -549,11 +643,14 @@ def mix_batch(rng: jax.Array, images: jax.Array, labels_onehot: jax.Array, *,
   mixed images and soft targets λ y + (1 - λ) y[::-1], y smoothed to (1 - s) y + s / K.
   """
   if mixup_alpha <= 0 and cutmix_alpha <= 0:
-    raise ValueError(f'mix_batch needs mixup_alpha > 0 or cutmix_alpha > 0, got {mixup_alpha} '
-                     f'and {cutmix_alpha}.')
+    raise ValueError(
+        f'mix_batch needs mixup_alpha > 0 or cutmix_alpha > 0, got {mixup_alpha} '
+        f'and {cutmix_alpha}.'
+    )
   num_classes = labels_onehot.shape[-1]
   targets = labels_onehot.astype(jnp.float32) * (1.0 - label_smoothing) + (
-      label_smoothing / num_classes)
+      label_smoothing / num_classes
+  )
   apply_rng, switch_rng, lam_rng, y_rng, x_rng = jax.random.split(rng, 5)
   apply = jax.random.uniform(apply_rng) < mix_prob
   if mixup_alpha > 0 and cutmix_alpha > 0:
@@ -590,6 +687,7 @@ def mix_batch(rng: jax.Array, images: jax.Array, labels_onehot: jax.Array, *,
 @dataclasses.dataclass(frozen=True)
 class MixSettings:
   """`mix_batch`'s settings (timm's Mixup arguments), from a run config by `from_config`."""
+
   mixup_alpha: float
   cutmix_alpha: float
   switch_prob: float
@@ -601,11 +699,16 @@ class MixSettings:
     """The config's mixup/CutMix, or None when neither is on (both alphas 0)."""
     if config.mixup_alpha == 0 and config.cutmix_alpha == 0:
       return None
-    return cls(mixup_alpha=config.mixup_alpha, cutmix_alpha=config.cutmix_alpha,
-               switch_prob=config.mix_switch_prob, mix_prob=config.mix_prob,
-               label_smoothing=config.label_smoothing)
+    return cls(
+        mixup_alpha=config.mixup_alpha,
+        cutmix_alpha=config.cutmix_alpha,
+        switch_prob=config.mix_switch_prob,
+        mix_prob=config.mix_prob,
+        label_smoothing=config.label_smoothing,
+    )
 
-  def mix(self, rng: jax.Array, images: jax.Array,
-          labels_onehot: jax.Array) -> tuple[jax.Array, jax.Array]:
+  def mix(
+      self, rng: jax.Array, images: jax.Array, labels_onehot: jax.Array
+  ) -> tuple[jax.Array, jax.Array]:
     """`mix_batch` with these settings."""
     return mix_batch(rng, images, labels_onehot, **dataclasses.asdict(self))

@@ -5,9 +5,9 @@ when a config file is loaded; `unknown` asks TFDS about any other name): `DIGITS
 `FOLDER_PREFIX` (your own images, 'folder:/path/to/images', `folder.py`).
 """
 
-DIGITS = 'digits'
-FOLDER_PREFIX = 'folder:'
-NONE_CHOSEN = ''  # A family config's published size given no dataset= (`chosen`).
+DIGITS = "digits"
+FOLDER_PREFIX = "folder:"
+NONE_CHOSEN = ""  # A family config's published size given no dataset= (`chosen`).
 
 
 def chosen(name: str) -> bool:
@@ -15,12 +15,14 @@ def chosen(name: str) -> bool:
   config's published size (variant=) came without one: the quick default's 8×8 digits do not fit
   a model published at 224 (or 32) pixels with that data's recipe."""
   if name == NONE_CHOSEN:
-    raise ValueError("must name a dataset (a non-empty string). A published size (variant=) "
-                     "needs the dataset it was published on: add "
-                     "dataset=imagenet2012 after the config file's colon (dataset=cifar10 for the "
-                     "32-pixel sizes), e.g. --config='configs/vit.py:variant=S/16,"
-                     "dataset=imagenet2012' --config.data_dir=DIR; or drop variant= for the quick "
-                     'model on the embedded digits.')
+    raise ValueError(
+        "must name a dataset (a non-empty string). A published size (variant=) "
+        "needs the dataset it was published on: add "
+        "dataset=imagenet2012 after the config file's colon (dataset=cifar10 for the "
+        "32-pixel sizes), e.g. --config='configs/vit.py:variant=S/16,"
+        "dataset=imagenet2012' --config.data_dir=DIR; or drop variant= for the quick "
+        "model on the embedded digits."
+    )
   return isinstance(name, str)
 
 
@@ -32,10 +34,13 @@ def unknown(name: str) -> str | None:
   if name == DIGITS or name.startswith(FOLDER_PREFIX):
     return None
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
   try:
-    tfds.builder_cls(name.split(':')[0].split('/')[0])
+    tfds.builder_cls(name.split(":")[0].split("/")[0])
   except tfds.core.registered.DatasetNotFoundError:
-    return (f'no such dataset. Valid: {DIGITS!r} (embedded), '
-            f"'{FOLDER_PREFIX}/path/to/images' (your own images) or a TFDS dataset name, e.g. "
-            "'cifar10', 'cifar100', 'imagenet2012' (tfds.list_builders()).")
+    return (
+        f"no such dataset. Valid: {DIGITS!r} (embedded), "
+        f"'{FOLDER_PREFIX}/path/to/images' (your own images) or a TFDS dataset name, e.g. "
+        "'cifar10', 'cifar100', 'imagenet2012' (tfds.list_builders())."
+    )
   return None

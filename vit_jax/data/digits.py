@@ -48,7 +48,8 @@ def split_indices() -> dict[str, np.ndarray]:
   """Rows of `load_digits()` in each split: the fixed stratified 80/20 split."""
   labels = sk_datasets.load_digits().target
   train, test = model_selection.train_test_split(
-      np.arange(len(labels)), test_size=TEST_FRACTION, stratify=labels, random_state=SPLIT_SEED)
+      np.arange(len(labels)), test_size=TEST_FRACTION, stratify=labels, random_state=SPLIT_SEED
+  )
   return {'train': np.sort(train), 'test': np.sort(test)}
 
 
@@ -64,11 +65,13 @@ class Digits(tfds.core.GeneratorBasedBuilder):
     return tfds.core.DatasetInfo(
         builder=self,
         description=__doc__,
-        features=tfds.features.FeaturesDict({
-            'image': tfds.features.Image(shape=(8, 8, 1)),
-            'label': tfds.features.ClassLabel(num_classes=NUM_CLASSES),
-            'index': np.int64,
-        }),
+        features=tfds.features.FeaturesDict(
+            {
+                'image': tfds.features.Image(shape=(8, 8, 1)),
+                'label': tfds.features.ClassLabel(num_classes=NUM_CLASSES),
+                'index': np.int64,
+            }
+        ),
         supervised_keys=('image', 'label'),
         homepage='https://archive.ics.uci.edu/dataset/80',
         citation=_CITATION,

@@ -47,6 +47,7 @@ _LAYOUT = '<root>/<split>/<class>/*.jpg|*.jpeg|*.png, e.g. <root>/train/cat/1.jp
 class FolderConfig(tfds.core.BuilderConfig):
   """A scanned image folder: its root, classes, files per split and common image shape, and the
   files that cannot be trained on with the reason of each."""
+
   root: str = ''
   classes: tuple[str, ...] = ()
   files: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()  # (split, ((class, path), ...))
@@ -61,8 +62,10 @@ class FolderConfig(tfds.core.BuilderConfig):
 def _not_tfds_folder_config_line(record: std_logging.LogRecord) -> bool:
   """Drops TFDS's 'Using custom data configuration: <config>' for image folders (`prepare` logs
   the folder's name, image count and fingerprint once instead)."""
-  return not (record.msg == 'Using custom data configuration: %s' and isinstance(
-      record.args and record.args[0], FolderConfig))
+  return not (
+      record.msg == 'Using custom data configuration: %s'
+      and isinstance(record.args and record.args[0], FolderConfig)
+  )
 
 
 logging.get_absl_logger().addFilter(_not_tfds_folder_config_line)
@@ -70,8 +73,11 @@ _reported: set[str] = set()  # Folders whose description (and left-out formats) 
 
 
 def _list_dirs(path: str) -> list[str]:
-  return sorted(name for name in os.listdir(path)
-                if os.path.isdir(os.path.join(path, name)) and not name.startswith('.'))
+  return sorted(
+      name
+      for name in os.listdir(path)
+      if os.path.isdir(os.path.join(path, name)) and not name.startswith('.')
+  )
 
 
 def scan(root: str, skip_unreadable: bool = False) -> FolderConfig:
@@ -89,8 +95,10 @@ def scan(root: str, skip_unreadable: bool = False) -> FolderConfig:
   classes_of = {split: _list_dirs(os.path.join(root, split)) for split in splits}
   for split, classes in classes_of.items():
     if not classes:
-      raise ValueError(f'Split directory {os.path.join(root, split)!r} has no class '
-                       f'directories; expected {_LAYOUT}.')
+      raise ValueError(
+          f'Split directory {os.path.join(root, split)!r} has no class '
+          f'directories; expected {_LAYOUT}.'
+      )
   reference_split = splits[0]
   classes = classes_of[reference_split]
   for split in splits[1:]:
@@ -99,7 +107,8 @@ def scan(root: str, skip_unreadable: bool = False) -> FolderConfig:
       only_there = sorted(set(classes) - set(classes_of[split]))
       raise ValueError(
           f'Image folder {root!r}: splits {reference_split!r} and {split!r} have different '
-          f'classes (only in {split!r}: {only_here}; only in {reference_split!r}: {only_there}).')
+          f'classes (only in {split!r}: {only_here}; only in {reference_split!r}: {only_there}).'
+      )
   files, sizes, fingerprint = [], set(), hashlib.sha256()
   unreadable, other_formats = [], collections.Counter()
   for split in splits:
@@ -107,19 +116,27 @@ def scan(root: str, skip_unreadable: bool = False) -> FolderConfig:
     for name in classes:
       class_dir = os.path.join(root, split, name)
       names = os.listdir(class_dir)
-      paths = sorted(os.path.join(class_dir, f) for f in names
-                     if f.lower().endswith(IMAGE_EXTENSIONS))
-      other_formats.update(os.path.splitext(f)[1].lower() or f for f in names
-                           if not f.lower().endswith(IMAGE_EXTENSIONS) and not f.startswith('.')
-                           and os.path.isfile(os.path.join(class_dir, f)))
+      paths = sorted(
+          os.path.join(class_dir, f) for f in names if f.lower().endswith(IMAGE_EXTENSIONS)
+      )
+      other_formats.update(
+          os.path.splitext(f)[1].lower() or f
+          for f in names
+          if not f.lower().endswith(IMAGE_EXTENSIONS)
+          and not f.startswith('.')
+          and os.path.isfile(os.path.join(class_dir, f))
+      )
       if not paths:
-        raise ValueError(f'Class directory {class_dir!r} holds no images (extensions '
-                         f'{IMAGE_EXTENSIONS}); every class needs at least one per split.')
+        raise ValueError(
+            f'Class directory {class_dir!r} holds no images (extensions '
+            f'{IMAGE_EXTENSIONS}); every class needs at least one per split.'
+        )
       for path in paths:
         size, reason = _image_size(path)
         stat = os.stat(path)
-        fingerprint.update(f'{os.path.relpath(path, root)}\0{stat.st_size}\0'
-                           f'{stat.st_mtime_ns}\n'.encode())
+        fingerprint.update(
+            f'{os.path.relpath(path, root)}\0{stat.st_size}\0' f'{stat.st_mtime_ns}\n'.encode()
+        )
         if reason is not None:
           unreadable.append((path, reason))
           continue
@@ -129,17 +146,25 @@ def scan(root: str, skip_unreadable: bool = False) -> FolderConfig:
   if unreadable and not skip_unreadable:
     raise _cannot_train_on(root, unreadable)
   if other_formats and root not in _reported:
-    logging.warning('Image folder %s: left out %d file(s) of formats the pipeline does not read '
-                    '(%s); only %s are read: convert them to use them.', root,
-                    sum(other_formats.values()),
-                    ', '.join(f'{ext}: {n}' for ext, n in sorted(other_formats.items())),
-                    '/'.join(IMAGE_EXTENSIONS))
+    logging.warning(
+        'Image folder %s: left out %d file(s) of formats the pipeline does not read '
+        '(%s); only %s are read: convert them to use them.',
+        root,
+        sum(other_formats.values()),
+        ', '.join(f'{ext}: {n}' for ext, n in sorted(other_formats.items())),
+        '/'.join(IMAGE_EXTENSIONS),
+    )
   width, height = next(iter(sizes)) if len(sizes) == 1 else (None, None)
   fingerprint.update(root.encode() + (b'\0skip_unreadable' if skip_unreadable else b''))
   return FolderConfig(
-      name=f'f{fingerprint.hexdigest()[:16]}', description=f'Images under {root}.', root=root,
-      classes=tuple(classes), files=tuple(files), image_shape=(height, width, 3),
-      unreadable=tuple(unreadable))
+      name=f'f{fingerprint.hexdigest()[:16]}',
+      description=f'Images under {root}.',
+      root=root,
+      classes=tuple(classes),
+      files=tuple(files),
+      image_shape=(height, width, 3),
+      unreadable=tuple(unreadable),
+  )
 
 
 def _image_size(path: str) -> tuple[tuple[int, int] | None, str | None]:
@@ -162,16 +187,20 @@ def _image_size(path: str) -> tuple[tuple[int, int] | None, str | None]:
   if kind not in ('JPEG', 'PNG'):
     return None, f'a {kind} named {os.path.splitext(path)[1]}, which training does not decode'
   if size[0] * size[1] > pil_image.MAX_IMAGE_PIXELS:
-    return None, (f'{size[0]}x{size[1]} pixels, more than the {pil_image.MAX_IMAGE_PIXELS:,} '
-                  'beyond which decoding is treated as a decompression bomb')
+    return None, (
+        f'{size[0]}x{size[1]} pixels, more than the {pil_image.MAX_IMAGE_PIXELS:,} '
+        'beyond which decoding is treated as a decompression bomb'
+    )
   return size, None
 
 
 def _cannot_train_on(root: str, failures: list[tuple[str, str]]) -> ValueError:
   listing = '; '.join(f'{path} ({reason})' for path, reason in failures)
-  return ValueError(f'{len(failures)} file(s) in the image folder {root!r} cannot be decoded: '
-                    f'{listing}. Repair or remove them, or set '
-                    '--config.skip_unreadable_images=true to train without them.')
+  return ValueError(
+      f'{len(failures)} file(s) in the image folder {root!r} cannot be decoded: '
+      f'{listing}. Repair or remove them, or set '
+      '--config.skip_unreadable_images=true to train without them.'
+  )
 
 
 class Folder(tfds.core.GeneratorBasedBuilder):
@@ -187,11 +216,13 @@ class Folder(tfds.core.GeneratorBasedBuilder):
     return tfds.core.DatasetInfo(
         builder=self,
         description=config.description,
-        features=tfds.features.FeaturesDict({
-            'image': tfds.features.Image(shape=config.image_shape),
-            'label': tfds.features.ClassLabel(names=config.classes),
-            'filename': tfds.features.Text(),
-        }),
+        features=tfds.features.FeaturesDict(
+            {
+                'image': tfds.features.Image(shape=config.image_shape),
+                'label': tfds.features.ClassLabel(names=config.classes),
+                'filename': tfds.features.Text(),
+            }
+        ),
         supervised_keys=('image', 'label'),
     )
 
@@ -218,8 +249,11 @@ def _decode_error(path: str) -> str | None:
 def _without_undecodable(config: FolderConfig, skip_unreadable: bool) -> FolderConfig:
   """`config` with every file decoded once; ValueError naming those that fail, unless skipping."""
   failures = list(config.unreadable) + [
-      (path, reason) for _, files in config.files for _, path in files
-      if (reason := _decode_error(path)) is not None]
+      (path, reason)
+      for _, files in config.files
+      for _, path in files
+      if (reason := _decode_error(path)) is not None
+  ]
   if not failures:
     return config
   if not skip_unreadable:
@@ -227,13 +261,16 @@ def _without_undecodable(config: FolderConfig, skip_unreadable: bool) -> FolderC
   for path, reason in failures:
     logging.warning('Leaving out %s, which cannot be decoded (%s).', path, reason)
   bad = {path for path, _ in failures}
-  files = tuple((split, tuple((name, path) for name, path in split_files if path not in bad))
-                for split, split_files in config.files)
+  files = tuple(
+      (split, tuple((name, path) for name, path in split_files if path not in bad))
+      for split, split_files in config.files
+  )
   return dataclasses.replace(config, files=files)
 
 
-def prepare(root: str, data_dir: str | None = None, *,
-            skip_unreadable: bool = False) -> tfds.core.DatasetBuilder:
+def prepare(
+    root: str, data_dir: str | None = None, *, skip_unreadable: bool = False
+) -> tfds.core.DatasetBuilder:
   """The builder for the image folder `root`, prepared under `data_dir` on first use.
 
   Preparing decodes every image once (see the module docstring for files that do not decode).
@@ -250,10 +287,14 @@ def prepare(root: str, data_dir: str | None = None, *,
       convert.add_array_record(builder)  # A folder prepared as TFRecord by an earlier version.
   if config.root not in _reported:
     _reported.add(config.root)
-    logging.info('Image folder %s: %d images in %d classes (%s), prepared as %s.', config.root,
-                 sum(len(files) for _, files in config.files), len(config.classes),
-                 ', '.join(f'{split} {len(files)}' for split, files in config.files),
-                 builder.data_dir)
+    logging.info(
+        'Image folder %s: %d images in %d classes (%s), prepared as %s.',
+        config.root,
+        sum(len(files) for _, files in config.files),
+        len(config.classes),
+        ', '.join(f'{split} {len(files)}' for split, files in config.files),
+        builder.data_dir,
+    )
   return builder
 
 
@@ -268,8 +309,11 @@ def preparing(builder: tfds.core.DatasetBuilder) -> Iterator[None]:
     try:
       fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-      logging.info('Waiting for another process preparing %s (lock %s.lock).',
-                   getattr(builder.builder_config, 'root', builder.name), dataset_dir)
+      logging.info(
+          'Waiting for another process preparing %s (lock %s.lock).',
+          getattr(builder.builder_config, 'root', builder.name),
+          dataset_dir,
+      )
       fcntl.flock(f, fcntl.LOCK_EX)
     try:
       yield
@@ -285,6 +329,7 @@ def _remove_incomplete(builder: tfds.core.DatasetBuilder) -> None:
     return
   for name in os.listdir(dataset_dir):
     if name.startswith('incomplete.'):
-      logging.warning('Removing %s, left by a preparation that was stopped.',
-                      os.path.join(dataset_dir, name))
+      logging.warning(
+          'Removing %s, left by a preparation that was stopped.', os.path.join(dataset_dir, name)
+      )
       shutil.rmtree(os.path.join(dataset_dir, name), ignore_errors=True)

@@ -71,6 +71,7 @@ _SHUFFLE_SALT, _AUGMENT_SALT = 0, 1
 @dataclasses.dataclass(frozen=True)
 class DatasetInfo:
   """What training needs to know about a dataset before building anything."""
+
   name: str
   num_classes: int
   num_train_examples: int
@@ -82,6 +83,7 @@ class DatasetInfo:
 @dataclasses.dataclass(frozen=True)
 class _Source:
   """A resolved dataset: its builder and the feature keys of image and label."""
+
   builder: tfds.core.DatasetBuilder
   image_key: str
   label_key: str
@@ -105,8 +107,12 @@ class _Source:
     return self.builder.info.features[self.image_key]
 
 
-def _resolve(data: 'DataSettings', dataset: str | None = None,
-             label_key: str | None = None, label_set_key: str | None = None) -> _Source:
+def _resolve(
+    data: 'DataSettings',
+    dataset: str | None = None,
+    label_key: str | None = None,
+    label_set_key: str | None = None,
+) -> _Source:
   """Finds (and prepares, if needed) the builder of `dataset` (default `data.dataset`).
 
   Its image and label are its supervised keys, or 'image' and `label_key` where given;
@@ -116,21 +122,32 @@ def _resolve(data: 'DataSettings', dataset: str | None = None,
   with runtime.quiet_preparation():  # No progress bars in a run's log.
     builder = _prepared_builder(data, name)
   keys = builder.info.supervised_keys
-  image_key, supervised_label = keys if (
-      isinstance(keys, tuple) and len(keys) == 2
-      and all(isinstance(k, str) for k in keys)) else ('image', 'label')
+  image_key, supervised_label = (
+      keys
+      if (isinstance(keys, tuple) and len(keys) == 2 and all(isinstance(k, str) for k in keys))
+      else ('image', 'label')
+  )
   label_key = label_key or supervised_label
   features = builder.info.features
-  if not (image_key in features and isinstance(features[image_key], tfds.features.Image)
-          and label_key in features
-          and isinstance(features[label_key], tfds.features.ClassLabel)):
-    raise ValueError(f'Dataset {name!r} is not an image-classification dataset: it needs an Image '
-                     f'feature and a ClassLabel feature, but its features are {features}.')
+  if not (
+      image_key in features
+      and isinstance(features[image_key], tfds.features.Image)
+      and label_key in features
+      and isinstance(features[label_key], tfds.features.ClassLabel)
+  ):
+    raise ValueError(
+        f'Dataset {name!r} is not an image-classification dataset: it needs an Image '
+        f'feature and a ClassLabel feature, but its features are {features}.'
+    )
   if label_set_key is not None and not (
-      label_set_key in features and isinstance(features[label_set_key], tfds.features.Sequence)
-      and isinstance(features[label_set_key].feature, tfds.features.ClassLabel)):
-    raise ValueError(f'Dataset {name!r} has no feature {label_set_key!r} holding a sequence of '
-                     f'class labels; its features are {features}.')
+      label_set_key in features
+      and isinstance(features[label_set_key], tfds.features.Sequence)
+      and isinstance(features[label_set_key].feature, tfds.features.ClassLabel)
+  ):
+    raise ValueError(
+        f'Dataset {name!r} has no feature {label_set_key!r} holding a sequence of '
+        f'class labels; its features are {features}.'
+    )
   return _Source(builder, image_key, label_key, label_set_key)
 
 
@@ -139,14 +156,17 @@ def _prepared_builder(data: 'DataSettings', name: str) -> tfds.core.DatasetBuild
   if name == digits.NAME:
     return digits.prepare(data.data_dir)
   if name.startswith(folder.PREFIX):
-    return folder.prepare(name[len(folder.PREFIX):], data.data_dir,
-                          skip_unreadable=data.skip_unreadable_images)
+    return folder.prepare(
+        name[len(folder.PREFIX) :], data.data_dir, skip_unreadable=data.skip_unreadable_images
+    )
   try:
     builder = tfds.builder(name, data_dir=data.data_dir)
   except tfds.core.registered.DatasetNotFoundError:
-    message = (f'Unknown dataset {name!r}. Valid: {digits.NAME!r} (embedded), '
-               f"'{folder.PREFIX}/path/to/images' (your own images) or any TFDS dataset name, "
-               "e.g. 'cifar10', 'cifar100', 'imagenet2012' (tfds.list_builders()).")
+    message = (
+        f'Unknown dataset {name!r}. Valid: {digits.NAME!r} (embedded), '
+        f"'{folder.PREFIX}/path/to/images' (your own images) or any TFDS dataset name, "
+        "e.g. 'cifar10', 'cifar100', 'imagenet2012' (tfds.list_builders())."
+    )
     raise ValueError(message) from None
   _prepare_tfds(builder)
   return builder
@@ -165,14 +185,18 @@ def _prepare_tfds(builder: tfds.core.DatasetBuilder) -> None:
       what, how = 'TFDS cannot download it', (
           f'Put its archives in {root}/downloads/manual '
           f'({" ".join(builder.MANUAL_DOWNLOAD_INSTRUCTIONS.split())}), then run '
-          f'`tfds build {name} --data_dir={root} --file_format=array_record`')
+          f'`tfds build {name} --data_dir={root} --file_format=array_record`'
+      )
     else:
       what, how = 'preparing it failed', (
           f'Prepare it once where the network is reachable, `tfds build {name} '
           f'--data_dir={root} --file_format=array_record` (copy that directory here if this '
-          'machine is offline)')
-    raise ValueError(f'Dataset {name!r} is not prepared in data_dir={root}, and {what} ({reason}). '
-                     f'{how}, then train with --config.data_dir={root}.') from None
+          'machine is offline)'
+      )
+    raise ValueError(
+        f'Dataset {name!r} is not prepared in data_dir={root}, and {what} ({reason}). '
+        f'{how}, then train with --config.data_dir={root}.'
+    ) from None
 
 
 def _check_split(source: _Source, split: str) -> None:
@@ -183,8 +207,10 @@ def _check_split(source: _Source, split: str) -> None:
   for part in split.split('+'):
     base = part.split('[')[0].strip()
     if base not in known:
-      raise ValueError(f'Dataset {source.name!r} has no split {base!r} (in {split!r}); valid '
-                       f"splits: {known}, optionally sliced, e.g. '{known[0]}[:90%]'.")
+      raise ValueError(
+          f'Dataset {source.name!r} has no split {base!r} (in {split!r}); valid '
+          f"splits: {known}, optionally sliced, e.g. '{known[0]}[:90%]'."
+      )
 
 
 def _num_examples(source: _Source, split: Any) -> int:
@@ -193,7 +219,8 @@ def _num_examples(source: _Source, split: Any) -> int:
     return source.builder.info.splits[split].num_examples
   except KeyError:  # No split metadata (a mocked dataset): count the records.
     records = source.builder.as_dataset(
-        split=split, decoders={source.image_key: tfds.decode.SkipDecoding()})
+        split=split, decoders={source.image_key: tfds.decode.SkipDecoding()}
+    )
     count = int(records.cardinality())
     return count if count >= 0 else int(records.reduce(0, lambda n, _: n + 1))
 
@@ -204,8 +231,10 @@ def _process_split(split: str, process_index: int, process_count: int) -> Any:
 
 def _local_batch(batch_size: int, process_count: int, field: str) -> int:
   if batch_size <= 0 or batch_size % process_count:
-    raise ValueError(f'--config.{field}={batch_size} must be a positive multiple of the '
-                     f'process count {process_count}.')
+    raise ValueError(
+        f'--config.{field}={batch_size} must be a positive multiple of the '
+        f'process count {process_count}.'
+    )
   return batch_size // process_count
 
 
@@ -229,11 +258,18 @@ def get_dataset_info(data: 'DataSettings') -> DatasetInfo:
       num_train_examples=_num_examples(source, data.train_split),
       num_eval_examples=_num_examples(source, data.eval_split),
       image_size=data.image_size,
-      class_names=tuple(labels.names))
+      class_names=tuple(labels.names),
+  )
 
 
-def eval_num_classes(data: 'DataSettings', *, dataset: str, split: str,
-                     label_key: str | None = None, label_set_key: str | None = None) -> int:
+def eval_num_classes(
+    data: 'DataSettings',
+    *,
+    dataset: str,
+    split: str,
+    label_key: str | None = None,
+    label_set_key: str | None = None,
+) -> int:
   """The class count of `dataset`'s labels, checking that it and its `split` exist (an
   evaluation set's, before anything compiles); ValueError naming what is valid otherwise."""
   source = _resolve(data, dataset, label_key, label_set_key)
@@ -259,16 +295,23 @@ def _resize(image: tf.Tensor, height: Any, width: Any) -> tf.Tensor:
   if image.shape[0] == height and image.shape[1] == width:
     return tf.cast(image, tf.float32)
   # Antialiasing changes nothing when upsampling, and the plain kernel is faster.
-  upsampling = (isinstance(height, int) and isinstance(width, int) and image.shape[0] is not None
-                and image.shape[1] is not None and image.shape[0] <= height
-                and image.shape[1] <= width)
-  resized = tf.image.resize(tf.cast(image, tf.float32), [height, width], method='bicubic',
-                            antialias=not upsampling)
+  upsampling = (
+      isinstance(height, int)
+      and isinstance(width, int)
+      and image.shape[0] is not None
+      and image.shape[1] is not None
+      and image.shape[0] <= height
+      and image.shape[1] <= width
+  )
+  resized = tf.image.resize(
+      tf.cast(image, tf.float32), [height, width], method='bicubic', antialias=not upsampling
+  )
   return tf.clip_by_value(resized, 0.0, 255.0)
 
 
-def centre_crop_window(height: Any, width: Any, size: int, crop_ratio: float
-                       ) -> tuple[Any, Any, Any, Any]:
+def centre_crop_window(
+    height: Any, width: Any, size: int, crop_ratio: float
+) -> tuple[Any, Any, Any, Any]:
   """(resized height, resized width, top, left) of timm's eval transform of a height x width image.
 
   timm's `transforms_imagenet_eval(size, crop_pct=crop_ratio)` is torchvision's
@@ -284,8 +327,9 @@ def centre_crop_window(height: Any, width: Any, size: int, crop_ratio: float
     top, left = (round((side - size) / 2) for side in resized)
     return resized[0], resized[1], top, left
   shorter = tf.minimum(height, width)
-  long_side = tf.cast(short * tf.cast(tf.maximum(height, width), tf.int64)
-                      // tf.cast(shorter, tf.int64), tf.int32)
+  long_side = tf.cast(
+      short * tf.cast(tf.maximum(height, width), tf.int64) // tf.cast(shorter, tf.int64), tf.int32
+  )
   resized_h = tf.where(height <= width, short, long_side)
   resized_w = tf.where(height <= width, long_side, short)
   offset = lambda side: tf.cast(tf.round(tf.cast(side - size, tf.float64) / 2), tf.int32)
@@ -303,18 +347,20 @@ def _resize_centre_crop(image: tf.Tensor, size: int, crop_ratio: float) -> tf.Te
   shape = (image.shape[0], image.shape[1]) if static else tf.unstack(tf.shape(image)[:2])
   height, width, top, left = centre_crop_window(*shape, size, crop_ratio)
   image = _resize(image, height, width)
-  return image[top:top + size, left:left + size]
+  return image[top : top + size, left : left + size]
 
 
 def _inception_crop_box(image_shape: tf.Tensor, seed: tf.Tensor) -> tuple[tf.Tensor, ...]:
   """timm's RandomResizedCrop box: (top, left, height, width)."""
   height, width = tf.cast(image_shape[0], tf.float32), tf.cast(image_shape[1], tf.float32)
   area_seed, ratio_seed, top_seed, left_seed = tf.unstack(
-      tf.random.experimental.stateless_split(seed, 4))
+      tf.random.experimental.stateless_split(seed, 4)
+  )
   n = _INCEPTION_CROP_ATTEMPTS
   area = height * width * tf.random.stateless_uniform([n], area_seed, *INCEPTION_CROP_AREA)
-  log_ratio = tf.random.stateless_uniform([n], ratio_seed, math.log(INCEPTION_CROP_RATIO[0]),
-                                          math.log(INCEPTION_CROP_RATIO[1]))
+  log_ratio = tf.random.stateless_uniform(
+      [n], ratio_seed, math.log(INCEPTION_CROP_RATIO[0]), math.log(INCEPTION_CROP_RATIO[1])
+  )
   ratio = tf.exp(log_ratio)
   crop_w = tf.round(tf.sqrt(area * ratio))
   crop_h = tf.round(tf.sqrt(area / ratio))
@@ -356,9 +402,10 @@ def _inception_crop(image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
   `decode_jpeg_and_inception_crop` does); chroma upsampling makes a few pixels along the window's
   edge differ by a few levels from those of a full decode.
   """
+
   def crop(decoded):
     top, left, height, width = _inception_crop_box(tf.shape(decoded), seed)
-    return decoded[top:top + height, left:left + width]
+    return decoded[top : top + height, left : left + width]
 
   if image.dtype != tf.string:
     return crop(_to_rgb(image))
@@ -385,6 +432,7 @@ def _simple_random_crop(image: tf.Tensor, seed: tf.Tensor, size: int, padding: i
 @dataclasses.dataclass(frozen=True)
 class TrainTransform:
   """How one training image is cropped, augmented and normalised (`from_config` reads a run's)."""
+
   image_size: int
   augment: str  # One of AUGMENTS.
   crop_padding: int
@@ -397,32 +445,41 @@ class TrainTransform:
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> 'TrainTransform':
-    return cls(image_size=config.image_size, augment=config.augment,
-               crop_padding=config.crop_padding, flip=config.flip,
-               normalization=config.normalization,
-               randaugment=(augment.parse_randaugment(config.randaugment)
-                            if config.randaugment else None),
-               three_augment=config.three_augment, color_jitter=config.color_jitter,
-               random_erase_prob=config.random_erase_prob)
+    return cls(
+        image_size=config.image_size,
+        augment=config.augment,
+        crop_padding=config.crop_padding,
+        flip=config.flip,
+        normalization=config.normalization,
+        randaugment=(augment.parse_randaugment(config.randaugment) if config.randaugment else None),
+        three_augment=config.three_augment,
+        color_jitter=config.color_jitter,
+        random_erase_prob=config.random_erase_prob,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class EvalTransform:
   """How one image is resized, centre-cropped and normalised for evaluation and prediction."""
+
   image_size: int
   crop_ratio: float  # In (0, 1]: resize to image_size / crop_ratio, then centre crop.
   normalization: str  # A key of NORMALIZATIONS.
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> 'EvalTransform':
-    return cls(image_size=config.image_size, crop_ratio=config.eval_crop_ratio,
-               normalization=config.normalization)
+    return cls(
+        image_size=config.image_size,
+        crop_ratio=config.eval_crop_ratio,
+        normalization=config.normalization,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class DataSettings:
   """Which dataset a run reads, how it batches, orders and preprocesses it (`from_config` reads a
   run's)."""
+
   dataset: str
   data_dir: str | None
   train_split: str
@@ -441,14 +498,23 @@ class DataSettings:
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> 'DataSettings':
-    return cls(dataset=config.dataset, data_dir=config.data_dir, train_split=config.train_split,
-               eval_split=config.eval_split, image_size=config.image_size,
-               batch_size=config.batch_size, eval_batch_size=config.eval_batch_size,
-               seed=config.seed, repeated_aug=config.repeated_aug,
-               shuffle_buffer=config.shuffle_buffer, prefetch=config.prefetch,
-               in_memory=config.in_memory, skip_unreadable_images=config.skip_unreadable_images,
-               train_transform=TrainTransform.from_config(config),
-               eval_transform=EvalTransform.from_config(config))
+    return cls(
+        dataset=config.dataset,
+        data_dir=config.data_dir,
+        train_split=config.train_split,
+        eval_split=config.eval_split,
+        image_size=config.image_size,
+        batch_size=config.batch_size,
+        eval_batch_size=config.eval_batch_size,
+        seed=config.seed,
+        repeated_aug=config.repeated_aug,
+        shuffle_buffer=config.shuffle_buffer,
+        prefetch=config.prefetch,
+        in_memory=config.in_memory,
+        skip_unreadable_images=config.skip_unreadable_images,
+        train_transform=TrainTransform.from_config(config),
+        eval_transform=EvalTransform.from_config(config),
+    )
 
 
 def _train_image(image: tf.Tensor, seed: tf.Tensor, transform: TrainTransform) -> tf.Tensor:
@@ -459,7 +525,8 @@ def _train_image(image: tf.Tensor, seed: tf.Tensor, transform: TrainTransform) -
   """
   size = transform.image_size
   crop_seed, flip_seed, randaugment_seed, erase_seed = tf.unstack(
-      tf.random.experimental.stateless_split(seed, 4))
+      tf.random.experimental.stateless_split(seed, 4)
+  )
   if transform.augment == 'inception_crop':
     image = _resize(_inception_crop(image, crop_seed), size, size)
   elif transform.augment == 'simple_random_crop':
@@ -477,10 +544,17 @@ def _train_image(image: tf.Tensor, seed: tf.Tensor, transform: TrainTransform) -
     pixels = tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8)
     if transform.randaugment is not None:
       mean = NORMALIZATIONS[transform.normalization][0]
-      pixels = augment.randaugment(pixels, randaugment_seed, transform.randaugment,
-                                   fill=tuple(min(255, round(255 * m)) for m in mean))
-    three_seed, jitter_seed = tf.unstack(tf.random.experimental.stateless_split(
-        tf.random.experimental.stateless_fold_in(randaugment_seed, 1), 2))
+      pixels = augment.randaugment(
+          pixels,
+          randaugment_seed,
+          transform.randaugment,
+          fill=tuple(min(255, round(255 * m)) for m in mean),
+      )
+    three_seed, jitter_seed = tf.unstack(
+        tf.random.experimental.stateless_split(
+            tf.random.experimental.stateless_fold_in(randaugment_seed, 1), 2
+        )
+    )
     if transform.three_augment:
       pixels = augment.three_augment(pixels, three_seed)
     if transform.color_jitter:
@@ -521,13 +595,14 @@ def decodes_crop_window(transform: 'TrainTransform', repeated_aug: int) -> bool:
   return transform.augment == 'inception_crop' and repeated_aug == 1
 
 
-def _array_record_lookup(source: _Source, split: Any, encoded: bool = False
-                         ) -> tuple[int, Lookup]:
+def _array_record_lookup(source: _Source, split: Any, encoded: bool = False) -> tuple[int, Lookup]:
   """(N, lookup) over the ArrayRecord records of `split`: reads only the records asked for;
   `encoded` leaves 8-bit images encoded."""
   records = source.builder.as_data_source(
-      split=split, deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES,
-      file_format=convert.ARRAY_RECORD)
+      split=split,
+      deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES,
+      file_format=convert.ARRAY_RECORD,
+  )
   features = source.builder.info.features
   feature = source.image_feature()
   encoded = encoded and feature.dtype == tf.uint8
@@ -537,7 +612,8 @@ def _array_record_lookup(source: _Source, split: Any, encoded: bool = False
 
   def parse(serialized: tf.Tensor) -> tuple[tf.Tensor, ...]:
     example = features.deserialize_example(
-        serialized, decoders={source.image_key: tfds.decode.SkipDecoding()})
+        serialized, decoders={source.image_key: tfds.decode.SkipDecoding()}
+    )
     label_set = () if source.label_set_key is None else (example[source.label_set_key],)
     image = example[source.image_key]
     image = image if encoded else feature.decode_example(image)
@@ -546,7 +622,8 @@ def _array_record_lookup(source: _Source, split: Any, encoded: bool = False
   def lookup(indices: tf.data.Dataset) -> tf.data.Dataset:
     chunks = indices.batch(_READ_CHUNK).map(
         lambda i: tf.ensure_shape(tf.numpy_function(read, [i], tf.string, stateful=False), [None]),
-        num_parallel_calls=tf.data.AUTOTUNE)
+        num_parallel_calls=tf.data.AUTOTUNE,
+    )
     return chunks.unbatch().map(parse, num_parallel_calls=tf.data.AUTOTUNE)
 
   return len(records), lookup
@@ -568,27 +645,33 @@ def _in_memory_lookup(source: _Source, split: Any) -> tuple[int, Lookup]:
   if not chunks:
     raise ValueError(f'Split {split} of {source.name!r} is empty.')
   # Variables are captured by reference; constants would be copied into the tf.data graph.
-  images = tf.Variable(np.concatenate([chunk[source.image_key] for chunk in chunks]),
-                       trainable=False)
-  labels = tf.Variable(np.concatenate([chunk[source.label_key] for chunk in chunks]),
-                       trainable=False)
+  images = tf.Variable(
+      np.concatenate([chunk[source.image_key] for chunk in chunks]), trainable=False
+  )
+  labels = tf.Variable(
+      np.concatenate([chunk[source.label_key] for chunk in chunks]), trainable=False
+  )
 
   def lookup(indices: tf.data.Dataset) -> tf.data.Dataset:
-    return indices.map(lambda i: (tf.gather(images, i), tf.gather(labels, i)),
-                       num_parallel_calls=tf.data.AUTOTUNE)
+    return indices.map(
+        lambda i: (tf.gather(images, i), tf.gather(labels, i)), num_parallel_calls=tf.data.AUTOTUNE
+    )
 
   return int(labels.shape[0]), lookup
 
 
-def _random_access(data: 'DataSettings', source: _Source, split: Any,
-                   encoded: bool = False) -> tuple[int, Lookup] | None:
+def _random_access(
+    data: 'DataSettings', source: _Source, split: Any, encoded: bool = False
+) -> tuple[int, Lookup] | None:
   """`split` read by example index, or None where it can only be streamed (module docstring);
   `encoded`: ArrayRecord images stay encoded (`_array_record_lookup`)."""
   forced = data.in_memory
   if forced is not None and not source.streamable:
-    raise ValueError(f'--config.in_memory={forced} chooses between holding a TFRecord dataset in '
-                     f'memory and streaming it, but {source.name!r} is stored as ArrayRecord only '
-                     'and read by index; leave --config.in_memory unset (None).')
+    raise ValueError(
+        f'--config.in_memory={forced} chooses between holding a TFRecord dataset in '
+        f'memory and streaming it, but {source.name!r} is stored as ArrayRecord only '
+        'and read by index; leave --config.in_memory unset (None).'
+    )
   if source.random_access and forced is None:
     return _array_record_lookup(source, split, encoded)
   if _fits_in_memory(data, source, split):
@@ -613,8 +696,9 @@ def _shuffled_examples(data, num, lookup, start, process_index) -> tf.data.Datas
 
   def index(draw):
     epoch_seed = tf.random.experimental.stateless_fold_in(shuffle_seed, draw // num)
-    return tf.random.experimental.index_shuffle(draw % num, epoch_seed,
-                                                tf.constant(num - 1, tf.int64))
+    return tf.random.experimental.index_shuffle(
+        draw % num, epoch_seed, tf.constant(num - 1, tf.int64)
+    )
 
   # Each drawn example fills `repeats` consecutive positions; it is read and decoded once.
   draws = tf.data.Dataset.counter(start // repeats)
@@ -632,11 +716,15 @@ def _shuffled_examples(data, num, lookup, start, process_index) -> tf.data.Datas
 def _streamed_examples(data, source, split, start, process_index) -> tf.data.Dataset:
   """As `_shuffled_examples`, from a seeded file order and shuffle buffer (TFRecord only)."""
   records = source.builder.as_dataset(
-      split=split, shuffle_files=True, decoders={source.image_key: tfds.decode.SkipDecoding()},
-      read_config=tfds.ReadConfig(shuffle_seed=data.seed + process_index))
+      split=split,
+      shuffle_files=True,
+      decoders={source.image_key: tfds.decode.SkipDecoding()},
+      read_config=tfds.ReadConfig(shuffle_seed=data.seed + process_index),
+  )
   repeats = data.repeated_aug
-  records = records.repeat().shuffle(data.shuffle_buffer, seed=data.seed + process_index,
-                                     reshuffle_each_iteration=True)
+  records = records.repeat().shuffle(
+      data.shuffle_buffer, seed=data.seed + process_index, reshuffle_each_iteration=True
+  )
   records = records.flat_map(lambda r: tf.data.Dataset.from_tensors(r).repeat(repeats))
   records = records.enumerate().skip(start)
 
@@ -646,9 +734,13 @@ def _streamed_examples(data, source, split, start, process_index) -> tf.data.Dat
   return records.map(example, num_parallel_calls=tf.data.AUTOTUNE)
 
 
-def train_iterator(data: 'DataSettings', *, start_step: int = 0,
-                   process_index: int | None = None,
-                   process_count: int | None = None) -> Iterator[dict[str, np.ndarray]]:
+def train_iterator(
+    data: 'DataSettings',
+    *,
+    start_step: int = 0,
+    process_index: int | None = None,
+    process_count: int | None = None,
+) -> Iterator[dict[str, np.ndarray]]:
   """Infinite training batches of this process: 'image' (B, S, S, 3) float32, 'label' (B,) int32.
 
   B = data.batch_size // process_count. Batches from `start_step=k` equal batches k, k+1, ...
@@ -666,8 +758,9 @@ def train_iterator(data: 'DataSettings', *, start_step: int = 0,
   split = _process_split(data.train_split, process_index, process_count)
   start = start_step * local_batch
   transform = data.train_transform
-  access = _random_access(data, source, split,
-                          encoded=decodes_crop_window(transform, data.repeated_aug))
+  access = _random_access(
+      data, source, split, encoded=decodes_crop_window(transform, data.repeated_aug)
+  )
   if access is not None:
     examples = _shuffled_examples(data, *access, start, process_index)
   else:
@@ -677,8 +770,12 @@ def train_iterator(data: 'DataSettings', *, start_step: int = 0,
         '(on the order of 10,000 records/s, e.g. about an hour late in a 300-epoch ImageNet run), '
         'and the resumed order is only approximately the original. Add an ArrayRecord copy for '
         'exact resume at the same cost at any step: python -m vit_jax.convert '
-        '--dataset=%s%s', source.name, local_batch, source.name,
-        f' --data_dir={data.data_dir}' if data.data_dir else '')
+        '--dataset=%s%s',
+        source.name,
+        local_batch,
+        source.name,
+        f' --data_dir={data.data_dir}' if data.data_dir else '',
+    )
     examples = _streamed_examples(data, source, split, start, process_index)
   augment_seed = _seed(data, process_index, _AUGMENT_SALT)
 
@@ -694,10 +791,16 @@ def train_iterator(data: 'DataSettings', *, start_step: int = 0,
 # Evaluation.
 
 
-def eval_iterator(data: 'DataSettings', *, split: str | None = None,
-                  dataset: str | None = None, label_key: str | None = None,
-                  label_set_key: str | None = None, process_index: int | None = None,
-                  process_count: int | None = None) -> Iterator[dict[str, np.ndarray]]:
+def eval_iterator(
+    data: 'DataSettings',
+    *,
+    split: str | None = None,
+    dataset: str | None = None,
+    label_key: str | None = None,
+    label_set_key: str | None = None,
+    process_index: int | None = None,
+    process_count: int | None = None,
+) -> Iterator[dict[str, np.ndarray]]:
   """One pass over this process's part of `split` (default data.eval_split) of `dataset`
   (default data.dataset), padded.
 
@@ -711,34 +814,42 @@ def eval_iterator(data: 'DataSettings', *, split: str | None = None,
   split = data.eval_split if split is None else split
   source = _resolve(data, dataset, label_key, label_set_key)
   _check_split(source, split)
-  most = max(_num_examples(source, _process_split(split, p, process_count))
-             for p in range(process_count))
+  most = max(
+      _num_examples(source, _process_split(split, p, process_count)) for p in range(process_count)
+  )
   num_batches = -(-most // local_batch)
   local_split = _process_split(split, process_index, process_count)
-  keys = (source.image_key, source.label_key) + (
-      () if label_set_key is None else (label_set_key,))
+  keys = (source.image_key, source.label_key) + (() if label_set_key is None else (label_set_key,))
   if source.random_access:
     num, lookup = _array_record_lookup(source, local_split)
     examples = lookup(tf.data.Dataset.range(num))
   else:
     examples = source.builder.as_dataset(split=local_split, shuffle_files=False).map(
-        lambda record: tuple(record[key] for key in keys))
+        lambda record: tuple(record[key] for key in keys)
+    )
   size = data.image_size
   transform = data.eval_transform
   num_classes = source.builder.info.features[source.label_key].num_classes
 
   def preprocess(image, label, *label_set):
-    example = {'image': eval_image(image, transform), 'label': tf.cast(label, tf.int32),
-               'mask': tf.constant(1.0, tf.float32)}
+    example = {
+        'image': eval_image(image, transform),
+        'label': tf.cast(label, tf.int32),
+        'mask': tf.constant(1.0, tf.float32),
+    }
     if label_set:  # The union of the labels' one-hot rows: none for an unlabelled example.
       example['label_set'] = tf.reduce_sum(tf.one_hot(label_set[0], num_classes), 0) > 0
     return example
 
-  padding = {'image': tf.zeros([size, size, 3], tf.float32), 'label': tf.constant(0, tf.int32),
-             'mask': tf.constant(0.0, tf.float32)}
+  padding = {
+      'image': tf.zeros([size, size, 3], tf.float32),
+      'label': tf.constant(0, tf.int32),
+      'mask': tf.constant(0.0, tf.float32),
+  }
   if label_set_key is not None:
     padding['label_set'] = tf.zeros([num_classes], tf.bool)
   batches = examples.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE).concatenate(
-      tf.data.Dataset.from_tensors(padding).repeat())
+      tf.data.Dataset.from_tensors(padding).repeat()
+  )
   batches = batches.take(num_batches * local_batch).batch(local_batch).prefetch(data.prefetch)
   return batches.as_numpy_iterator()

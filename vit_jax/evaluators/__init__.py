@@ -28,8 +28,9 @@ def create(name: str, settings: Mapping[str, Any] | None = None) -> frozen.Evalu
   unknown = [key for key in settings if key not in valid]
   if unknown:
     raise ValueError(f'Unknown settings {unknown} of evaluator {name!r}; valid: {valid}.')
-  settings = {key: tuple(value) if isinstance(value, list) else value
-              for key, value in settings.items()}
+  settings = {
+      key: tuple(value) if isinstance(value, list) else value for key, value in settings.items()
+  }
   return cls(**settings)
 
 
@@ -39,8 +40,12 @@ def periodic(sections: Mapping[str, Mapping[str, Any]]) -> dict[str, frozen.Eval
   return {name: evaluator for name, evaluator in evaluators.items() if evaluator.every > 0}
 
 
-def due(evaluators: Mapping[str, frozen.Evaluator], step: int,
-        last_step: int) -> dict[str, frozen.Evaluator]:
+def due(
+    evaluators: Mapping[str, frozen.Evaluator], step: int, last_step: int
+) -> dict[str, frozen.Evaluator]:
   """The evaluators to run after `step`: every `every` steps, and all of them at the last."""
-  return {name: evaluator for name, evaluator in evaluators.items()
-          if step % evaluator.every == 0 or step == last_step}
+  return {
+      name: evaluator
+      for name, evaluator in evaluators.items()
+      if step % evaluator.every == 0 or step == last_step
+  }

@@ -39,7 +39,8 @@ SCORINGS = ('top1', 'real', 'imagenet_a', 'imagenet_r')
 # Examples", github.com/hendrycks/natural-adv-examples) and ImageNet-R (Hendrycks et al. 2021, "The
 # Many Faces of Robustness", github.com/hendrycks/imagenet-r), as timm lists them in
 # timm/data/_info/imagenet_{a,r}_synsets.txt; their indices among the 1000 are `subset_classes`.
-IMAGENET_A_WNIDS = tuple('''
+IMAGENET_A_WNIDS = tuple(
+    """
 n01498041 n01531178 n01534433 n01558993 n01580077 n01614925 n01616318 n01631663 n01641577
 n01669191 n01677366 n01687978 n01694178 n01698640 n01735189 n01770081 n01770393 n01774750
 n01784675 n01819313 n01820546 n01833805 n01843383 n01847000 n01855672 n01882714 n01910747
@@ -63,8 +64,10 @@ n04507155 n04509417 n04532670 n04540053 n04554684 n04562935 n04591713 n04606251 
 n07695742 n07697313 n07697537 n07714990 n07718472 n07720875 n07734744 n07749582 n07753592
 n07760859 n07768694 n07831146 n09229709 n09246464 n09472597 n09835506 n11879895 n12057211
 n12144580 n12267677
-'''.split())
-IMAGENET_R_WNIDS = tuple('''
+""".split()
+)
+IMAGENET_R_WNIDS = tuple(
+    """
 n01443537 n01484850 n01494475 n01498041 n01514859 n01518878 n01531178 n01534433 n01614925
 n01616318 n01630670 n01632777 n01644373 n01677366 n01694178 n01748264 n01770393 n01774750
 n01784675 n01806143 n01820546 n01833805 n01843383 n01847000 n01855672 n01860187 n01882714
@@ -88,7 +91,8 @@ n04465501 n04487394 n04522168 n04536866 n04552348 n04591713 n07614500 n07693725 
 n07697313 n07697537 n07714571 n07714990 n07718472 n07720875 n07734744 n07742313 n07745940
 n07749582 n07753275 n07753592 n07768694 n07873807 n07880968 n07920052 n09472597 n09835506
 n10565667 n12267677
-'''.split())
+""".split()
+)
 SUBSET_WNIDS = {'imagenet_a': IMAGENET_A_WNIDS, 'imagenet_r': IMAGENET_R_WNIDS}
 
 
@@ -96,6 +100,7 @@ SUBSET_WNIDS = {'imagenet_a': IMAGENET_A_WNIDS, 'imagenet_r': IMAGENET_R_WNIDS}
 class Published:
   """A published ImageNet test set: its labelled splits (the first is the default), its scoring
   and the features holding its label (and its ReaL labels)."""
+
   splits: tuple[str, ...]
   scoring: str
   label_key: str | None = None  # None: the dataset's supervised label.
@@ -104,8 +109,9 @@ class Published:
 
 PUBLISHED = {
     'imagenet2012': Published(('validation', 'train'), 'top1'),
-    'imagenet2012_real': Published(('validation',), 'real', label_key='original_label',
-                                   label_set_key='real_label'),
+    'imagenet2012_real': Published(
+        ('validation',), 'real', label_key='original_label', label_set_key='real_label'
+    ),
     'imagenet_v2': Published(('test',), 'top1'),
     'imagenet_a': Published(('test',), 'imagenet_a'),
     'imagenet_r': Published(('test',), 'imagenet_r'),
@@ -130,8 +136,9 @@ def real_sums(logits: jax.Array, batch: dict[str, jax.Array]) -> dict[str, jax.A
   return {'correct': jnp.sum(hit & labelled), 'count': jnp.sum(labelled)}
 
 
-def subset_sums(logits: jax.Array, batch: dict[str, jax.Array],
-                classes: Sequence[int]) -> dict[str, jax.Array]:
+def subset_sums(
+    logits: jax.Array, batch: dict[str, jax.Array], classes: Sequence[int]
+) -> dict[str, jax.Array]:
   """Top-1 and cross-entropy over the logits of `classes` only (labels index all the logits);
   examples labelled outside `classes` are not counted."""
   classes = jnp.asarray(classes)
@@ -140,13 +147,17 @@ def subset_sums(logits: jax.Array, batch: dict[str, jax.Array],
   scored = (target >= 0) & (batch['mask'] > 0)
   restricted = logits[:, classes]
   loss = optax.softmax_cross_entropy_with_integer_labels(restricted, jnp.maximum(target, 0))
-  return {'correct': jnp.sum((jnp.argmax(restricted, -1) == target) & scored),
-          'loss': jnp.sum(jnp.where(scored, loss, 0.0)), 'count': jnp.sum(scored)}
+  return {
+      'correct': jnp.sum((jnp.argmax(restricted, -1) == target) & scored),
+      'loss': jnp.sum(jnp.where(scored, loss, 0.0)),
+      'count': jnp.sum(scored),
+  }
 
 
 @dataclasses.dataclass(frozen=True)
 class EvalSet:
   """One test set: the dataset and split it reads and how it is scored (`SCORINGS`)."""
+
   name: str  # As written in the list: the prefix of its metrics.
   dataset: str
   split: str
@@ -161,9 +172,13 @@ class EvalSet:
 
   def batches(self, data: input_pipeline.DataSettings) -> Iterator[dict[str, np.ndarray]]:
     """One padded pass over the set, preprocessed as the run `data` evaluates."""
-    return input_pipeline.eval_iterator(data, dataset=self.dataset, split=self.split,
-                                        label_key=self.label_key,
-                                        label_set_key=self.label_set_key)
+    return input_pipeline.eval_iterator(
+        data,
+        dataset=self.dataset,
+        split=self.split,
+        label_key=self.label_key,
+        label_set_key=self.label_set_key,
+    )
 
 
 def score(scoring: str) -> steps.Score:
@@ -185,7 +200,8 @@ def _known_dataset(name: str) -> str:
     raise ValueError(
         f'unknown dataset {name!r}; valid: {list(PUBLISHED)}, any TFDS dataset name '
         f"(tfds.list_builders()), '{datasets.DIGITS}' or '{datasets.FOLDER_PREFIX}/path/to/images'"
-        ', each optionally followed by :SPLIT') from None
+        ', each optionally followed by :SPLIT'
+    ) from None
   return name
 
 
@@ -195,40 +211,46 @@ def parse(spec: str, *, dataset: str = '', eval_split: str = 'test') -> EvalSet:
   if not isinstance(spec, str) or not spec.strip():
     raise ValueError(f"{spec!r} is not a set name; write 'DATASET[:SPLIT]', e.g. 'imagenet_v2'")
   is_folder = spec.startswith(datasets.FOLDER_PREFIX)
-  rest = spec[len(datasets.FOLDER_PREFIX):] if is_folder else spec
+  rest = spec[len(datasets.FOLDER_PREFIX) :] if is_folder else spec
   name, _, split = rest.partition(':')
   name = (datasets.FOLDER_PREFIX if is_folder else '') + name.strip()
   if name in ('', datasets.FOLDER_PREFIX):
     raise ValueError(f'{spec!r} names no dataset')
   _known_dataset(name)
   published = PUBLISHED.get(name.split('/')[0])
-  split = split.strip() or (eval_split if name == dataset else
-                            published.splits[0] if published else 'test')
+  split = split.strip() or (
+      eval_split if name == dataset else published.splits[0] if published else 'test'
+  )
   if published is None:
     return EvalSet(spec, name, split)
   for part in split.split('+'):
     if part.split('[')[0].strip() not in published.splits:
-      raise ValueError(f'{spec!r}: {name} has no labelled split {part!r}; valid: '
-                       f'{list(published.splits)}, optionally sliced, e.g. '
-                       f"'{name}:{published.splits[0]}[:1000]'")
-  return EvalSet(spec, name, split, published.scoring, published.label_key,
-                 published.label_set_key)
+      raise ValueError(
+          f'{spec!r}: {name} has no labelled split {part!r}; valid: '
+          f'{list(published.splits)}, optionally sliced, e.g. '
+          f"'{name}:{published.splits[0]}[:1000]'"
+      )
+  return EvalSet(spec, name, split, published.scoring, published.label_key, published.label_set_key)
 
 
-def parse_all(specs: Sequence[str], *, dataset: str = '',
-              eval_split: str = 'test') -> tuple[EvalSet, ...]:
+def parse_all(
+    specs: Sequence[str], *, dataset: str = '', eval_split: str = 'test'
+) -> tuple[EvalSet, ...]:
   """The sets of a list of names (`parse`); ValueError naming the first bad or repeated one."""
   if isinstance(specs, str) or not isinstance(specs, (tuple, list)):
-    raise ValueError(f"must be a tuple of set names, e.g. ('imagenet2012_real', 'imagenet_v2'); "
-                     f'got {specs!r}')
+    raise ValueError(
+        f"must be a tuple of set names, e.g. ('imagenet2012_real', 'imagenet_v2'); "
+        f'got {specs!r}'
+    )
   repeated = sorted({spec for spec in specs if list(specs).count(spec) > 1})
   if repeated:
     raise ValueError(f'names {repeated} more than once')
   return tuple(parse(spec, dataset=dataset, eval_split=eval_split) for spec in specs)
 
 
-def checked(specs: Sequence[str], data: input_pipeline.DataSettings, *,
-            num_classes: int) -> tuple[EvalSet, ...]:
+def checked(
+    specs: Sequence[str], data: input_pipeline.DataSettings, *, num_classes: int
+) -> tuple[EvalSet, ...]:
   """The sets of `specs` (a run's `eval_sets`) beside the run reading `data`, each checked
   against its data before anything compiles: the dataset and split exist and its labels are
   `num_classes` classes."""
@@ -238,48 +260,75 @@ def checked(specs: Sequence[str], data: input_pipeline.DataSettings, *,
     raise ValueError(f'eval_sets: {e}.') from None
   for eval_set in eval_sets:
     classes = input_pipeline.eval_num_classes(
-        data, dataset=eval_set.dataset, split=eval_set.split, label_key=eval_set.label_key,
-        label_set_key=eval_set.label_set_key)
+        data,
+        dataset=eval_set.dataset,
+        split=eval_set.split,
+        label_key=eval_set.label_key,
+        label_set_key=eval_set.label_set_key,
+    )
     if classes != num_classes:
-      raise ValueError(f'eval_sets: {eval_set.name!r} has {classes} classes, but the model '
-                       f'predicts {num_classes} (of {data.dataset!r}); evaluate it with a model '
-                       f'of {classes} classes.')
+      raise ValueError(
+          f'eval_sets: {eval_set.name!r} has {classes} classes, but the model '
+          f'predicts {num_classes} (of {data.dataset!r}); evaluate it with a model '
+          f'of {classes} classes.'
+      )
   return eval_sets
 
 
-def compile_steps(eval_sets: Sequence[EvalSet], model: nn.Module, num_classes: int,
-                  mesh: jax.sharding.Mesh, top1_step: Callable | None = None
-                  ) -> dict[str, Callable]:
+def compile_steps(
+    eval_sets: Sequence[EvalSet],
+    model: nn.Module,
+    num_classes: int,
+    mesh: jax.sharding.Mesh,
+    top1_step: Callable | None = None,
+) -> dict[str, Callable]:
   """The jitted eval step (`steps.make_eval_step`) of each scoring the sets use, by scoring;
   `top1_step`: the run's own, where it has one."""
   eval_steps = {} if top1_step is None else {'top1': top1_step}
   for scoring in sorted({s.scoring for s in eval_sets} - set(eval_steps)):
-    eval_steps[scoring] = jax.jit(steps.make_eval_step(model, num_classes, score(scoring)),
-                                  out_shardings=sharding.replicated(mesh))
+    eval_steps[scoring] = jax.jit(
+        steps.make_eval_step(model, num_classes, score(scoring)),
+        out_shardings=sharding.replicated(mesh),
+    )
   return eval_steps
 
 
-def evaluate(eval_sets: Sequence[EvalSet], eval_steps: dict[str, Callable],
-             state: steps.TrainState, data: input_pipeline.DataSettings,
-             data_sharding: jax.sharding.NamedSharding,
-             known: dict[tuple[Any, ...], dict[str, float]] | None = None) -> dict[str, float]:
+def evaluate(
+    eval_sets: Sequence[EvalSet],
+    eval_steps: dict[str, Callable],
+    state: steps.TrainState,
+    data: input_pipeline.DataSettings,
+    data_sharding: jax.sharding.NamedSharding,
+    known: dict[tuple[Any, ...], dict[str, float]] | None = None,
+) -> dict[str, float]:
   """Every set's metrics of `state` (and of its EMA), as 'NAME/accuracy', ...; a set whose
   `reads` is a key of `known` takes those metrics instead of being read again."""
   metrics = {}
   for eval_set in eval_sets:
     result = (known or {}).get(eval_set.reads)
     if result is None:
-      result = evaluation.evaluate_with_ema(eval_steps[eval_set.scoring], state,
-                                            lambda s=eval_set: s.batches(data), data_sharding)
+      result = evaluation.evaluate_with_ema(
+          eval_steps[eval_set.scoring], state, lambda s=eval_set: s.batches(data), data_sharding
+      )
     metrics.update({f'{eval_set.name}/{k}': v for k, v in result.items()})
   return metrics
 
 
-def evaluate_variables(eval_sets: Sequence[EvalSet], model: nn.Module, variables: dict[str, Any],
-                       data: input_pipeline.DataSettings, mesh_settings: sharding.MeshSettings,
-                       num_classes: int) -> dict[str, float]:
+def evaluate_variables(
+    eval_sets: Sequence[EvalSet],
+    model: nn.Module,
+    variables: dict[str, Any],
+    data: input_pipeline.DataSettings,
+    mesh_settings: sharding.MeshSettings,
+    num_classes: int,
+) -> dict[str, float]:
   """Every set's metrics of frozen `variables` (host arrays, e.g. a run's EMA weights)."""
   mesh = sharding.make_mesh(mesh_settings.fsdp)
   state = evaluation.frozen_state(variables, mesh, mesh_settings.fsdp_min_size)
-  return evaluate(eval_sets, compile_steps(eval_sets, model, num_classes, mesh), state, data,
-                  sharding.batch_sharding(mesh))
+  return evaluate(
+      eval_sets,
+      compile_steps(eval_sets, model, num_classes, mesh),
+      state,
+      data,
+      sharding.batch_sharding(mesh),
+  )

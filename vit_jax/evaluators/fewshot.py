@@ -22,7 +22,7 @@ from vit_jax.evaluators import frozen
 
 BIAS_FEATURE = 100.0
 DEFAULT_SHOTS = (1, 5, 10, 25)
-DEFAULT_L2_REGS = tuple(2.0 ** k for k in range(-10, 21, 2))
+DEFAULT_L2_REGS = tuple(2.0**k for k in range(-10, 21, 2))
 
 
 @jax.jit
@@ -55,26 +55,37 @@ def _accuracies(solutions: dict[str, jax.Array], x: jax.Array, labels: jax.Array
   return jnp.mean(predictions == labels[None], axis=-1)
 
 
-def fewshot_accuracy(data: frozen.Dataset, *, shots: int, seed: int, l2_regs: tuple[float, ...],
-                     validation_per_class: int) -> tuple[float, float]:
+def fewshot_accuracy(
+    data: frozen.Dataset,
+    *,
+    shots: int,
+    seed: int,
+    l2_regs: tuple[float, ...],
+    validation_per_class: int,
+) -> tuple[float, float]:
   """(test accuracy, chosen l2) of ridge regression on `shots` train examples per class."""
   features, labels, num_classes = data.train.features, data.train.labels, data.num_classes
   rng = np.random.default_rng(seed)
   per_class = [rng.permutation(np.flatnonzero(labels == c)) for c in range(num_classes)]
   short = [c for c, indices in enumerate(per_class) if len(indices) < shots]
   if short:
-    raise ValueError(f'{shots}-shot evaluation needs {shots} training examples of every class; '
-                     f'classes {short} have fewer.')
+    raise ValueError(
+        f'{shots}-shot evaluation needs {shots} training examples of every class; '
+        f'classes {short} have fewer.'
+    )
   chosen = np.concatenate([indices[:shots] for indices in per_class])
   targets = 2.0 * jax.nn.one_hot(labels[chosen], num_classes) - 1.0
   solutions = _ridge_solutions(features[chosen], targets, jnp.asarray(l2_regs, jnp.float32))
   best = 0
   if len(l2_regs) > 1:
-    held_out = np.concatenate([indices[shots:shots + validation_per_class]
-                               for indices in per_class])
+    held_out = np.concatenate(
+        [indices[shots : shots + validation_per_class] for indices in per_class]
+    )
     if not len(held_out):
-      raise ValueError(f'Choosing l2 among {len(l2_regs)} values needs training examples beyond '
-                       f'the {shots} shots; give one l2_regs value instead.')
+      raise ValueError(
+          f'Choosing l2 among {len(l2_regs)} values needs training examples beyond '
+          f'the {shots} shots; give one l2_regs value instead.'
+      )
     validation = np.asarray(_accuracies(solutions, features[held_out], labels[held_out]))
     best = len(validation) - 1 - int(np.argmax(validation[::-1]))  # Ties: the stronger l2.
   accuracy = np.asarray(_accuracies(solutions, data.test.features, data.test.labels))[best]
@@ -84,6 +95,7 @@ def fewshot_accuracy(data: frozen.Dataset, *, shots: int, seed: int, l2_regs: tu
 @dataclasses.dataclass(frozen=True)
 class FewShot(frozen.Evaluator):
   """Few-shot ridge regression on frozen pre-logits, over `datasets` and `shots`."""
+
   shots: tuple[int, ...] = DEFAULT_SHOTS
   seeds: int = 3
   l2_regs: tuple[float, ...] = DEFAULT_L2_REGS
@@ -94,8 +106,10 @@ class FewShot(frozen.Evaluator):
     if not self.shots or min(self.shots) < 1:
       raise ValueError(f'fewshot needs shots >= 1; got shots={self.shots}.')
     if self.seeds < 1 or self.validation_per_class < 1:
-      raise ValueError(f'fewshot seeds={self.seeds} and validation_per_class='
-                       f'{self.validation_per_class} must be >= 1.')
+      raise ValueError(
+          f'fewshot seeds={self.seeds} and validation_per_class='
+          f'{self.validation_per_class} must be >= 1.'
+      )
     if not self.l2_regs or min(self.l2_regs) <= 0:
       raise ValueError(f'fewshot l2_regs={self.l2_regs} must be positive numbers.')
 
@@ -103,9 +117,16 @@ class FewShot(frozen.Evaluator):
     """Test accuracy (mean over seeds) and chosen l2 (median) for every shot count."""
     metrics = {}
     for shots in self.shots:
-      results = [fewshot_accuracy(data, shots=shots, seed=seed, l2_regs=tuple(self.l2_regs),
-                                  validation_per_class=self.validation_per_class)
-                 for seed in range(self.seeds)]
+      results = [
+          fewshot_accuracy(
+              data,
+              shots=shots,
+              seed=seed,
+              l2_regs=tuple(self.l2_regs),
+              validation_per_class=self.validation_per_class,
+          )
+          for seed in range(self.seeds)
+      ]
       metrics[f'fewshot/{data.name}_{shots}shot'] = float(np.mean([r[0] for r in results]))
       metrics[f'fewshot/{data.name}_{shots}shot_l2'] = float(np.median([r[1] for r in results]))
     return metrics

@@ -18,6 +18,7 @@ from vit_jax.models import features
 @dataclasses.dataclass(frozen=True)
 class Split:
   """The frozen pre-logits (examples, width) and labels (examples,) of one split."""
+
   features: np.ndarray
   labels: np.ndarray
 
@@ -25,6 +26,7 @@ class Split:
 @dataclasses.dataclass(frozen=True)
 class Dataset:
   """The train and test splits of one dataset, as an evaluator fits and scores on them."""
+
   name: str  # For metric names: the dataset, or a folder's base name.
   num_classes: int
   train: Split
@@ -34,38 +36,48 @@ class Dataset:
 def metric_name(dataset: str) -> str:
   """'cifar10' -> 'cifar10'; 'folder:/data/flowers/' -> 'flowers'."""
   if dataset.startswith(folder.PREFIX):
-    return os.path.basename(os.path.normpath(dataset[len(folder.PREFIX):]))
+    return os.path.basename(os.path.normpath(dataset[len(folder.PREFIX) :]))
   return dataset.replace('/', '_')
 
 
 @functools.cache
 def _pre_logits_fn(model: nn.Module) -> Callable[[Any, jax.Array], jax.Array]:
-  return jax.jit(lambda variables, images: features.extract(model, variables, images,
-                                                            blocks=0).pre_logits)
+  return jax.jit(
+      lambda variables, images: features.extract(model, variables, images, blocks=0).pre_logits
+  )
 
 
-def _split(model: nn.Module, variables: Any, data: input_pipeline.DataSettings,
-           split: str) -> Split:
+def _split(
+    model: nn.Module, variables: Any, data: input_pipeline.DataSettings, split: str
+) -> Split:
   """Every example of `split` of `data.dataset`, preprocessed as in evaluation."""
   outputs, labels = [], []
-  for batch in input_pipeline.eval_iterator(data, split=split, process_index=0,
-                                            process_count=1):
+  for batch in input_pipeline.eval_iterator(data, split=split, process_index=0, process_count=1):
     real = batch['mask'] > 0
-    outputs.append(np.asarray(_pre_logits_fn(model)(variables, batch['image']),
-                              np.float32)[real])
+    outputs.append(np.asarray(_pre_logits_fn(model)(variables, batch['image']), np.float32)[real])
     labels.append(batch['label'][real])
   return Split(np.concatenate(outputs), np.concatenate(labels))
 
 
-def dataset(model: nn.Module, variables: Any, data: input_pipeline.DataSettings, name: str, *,
-            train_split: str, test_split: str) -> Dataset:
+def dataset(
+    model: nn.Module,
+    variables: Any,
+    data: input_pipeline.DataSettings,
+    name: str,
+    *,
+    train_split: str,
+    test_split: str,
+) -> Dataset:
   """The frozen features of dataset `name` (digits, a TFDS name or 'folder:PATH'), its images
   preprocessed as the run `data` (the model's run or weights') evaluates."""
   data = dataclasses.replace(data, dataset=name, train_split=train_split, eval_split=test_split)
   info = input_pipeline.get_dataset_info(data)
-  return Dataset(metric_name(name), info.num_classes,
-                 _split(model, variables, data, train_split),
-                 _split(model, variables, data, test_split))
+  return Dataset(
+      metric_name(name),
+      info.num_classes,
+      _split(model, variables, data, train_split),
+      _split(model, variables, data, test_split),
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +86,7 @@ class Evaluator(abc.ABC):
 
   A subclass defines `evaluate(data: Dataset) -> {metric: value}`; `run` feeds it every dataset.
   """
+
   datasets: tuple[str, ...] = ('digits',)
   train_split: str = 'train'
   test_split: str = 'test'
@@ -81,20 +94,32 @@ class Evaluator(abc.ABC):
 
   def __post_init__(self):
     if not self.datasets or self.every < 0:
-      raise ValueError(f'{type(self).__name__} needs datasets and every >= 0; got datasets='
-                       f'{self.datasets}, every={self.every}.')
+      raise ValueError(
+          f'{type(self).__name__} needs datasets and every >= 0; got datasets='
+          f'{self.datasets}, every={self.every}.'
+      )
 
   @abc.abstractmethod
   def evaluate(self, data: Dataset) -> dict[str, float]:
     """The metrics of one dataset's frozen features."""
 
-  def run(self, model: nn.Module, variables: Any,
-          data: input_pipeline.DataSettings) -> dict[str, float]:
+  def run(
+      self, model: nn.Module, variables: Any, data: input_pipeline.DataSettings
+  ) -> dict[str, float]:
     """The metrics of `model`'s frozen features on every dataset, preprocessed as the run
     `data` (the run's or the weights') evaluates."""
     metrics = {}
     for name in self.datasets:
-      metrics.update(self.evaluate(dataset(model, variables, data, name,
-                                           train_split=self.train_split,
-                                           test_split=self.test_split)))
+      metrics.update(
+          self.evaluate(
+              dataset(
+                  model,
+                  variables,
+                  data,
+                  name,
+                  train_split=self.train_split,
+                  test_split=self.test_split,
+              )
+          )
+      )
     return metrics

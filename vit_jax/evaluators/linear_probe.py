@@ -19,18 +19,21 @@ from sklearn import preprocessing
 from vit_jax.evaluators import frozen
 
 
-def fit(features: np.ndarray, labels: np.ndarray, inverse_l2: float,
-        max_iter: int) -> pipeline.Pipeline:
+def fit(
+    features: np.ndarray, labels: np.ndarray, inverse_l2: float, max_iter: int
+) -> pipeline.Pipeline:
   """Standardisation then logistic regression, fitted on (features, labels)."""
   probe = pipeline.make_pipeline(
       preprocessing.StandardScaler(),
-      linear_model.LogisticRegression(C=inverse_l2, max_iter=max_iter))
+      linear_model.LogisticRegression(C=inverse_l2, max_iter=max_iter),
+  )
   return probe.fit(features, labels)
 
 
 @dataclasses.dataclass(frozen=True)
 class LinearProbe(frozen.Evaluator):
   """Logistic regression on frozen pre-logits of `datasets`."""
+
   inverse_l2s: tuple[float, ...] = (0.01, 0.1, 1.0, 10.0)
   validation_fraction: float = 0.1
   max_iter: int = 1000
@@ -40,16 +43,22 @@ class LinearProbe(frozen.Evaluator):
     if not self.inverse_l2s or min(self.inverse_l2s) <= 0:
       raise ValueError(f'linear_probe inverse_l2s={self.inverse_l2s} must be positive numbers.')
     if not 0 < self.validation_fraction < 1 or self.max_iter < 1:
-      raise ValueError(f'linear_probe validation_fraction={self.validation_fraction} must be in '
-                       f'(0, 1) and max_iter={self.max_iter} >= 1.')
+      raise ValueError(
+          f'linear_probe validation_fraction={self.validation_fraction} must be in '
+          f'(0, 1) and max_iter={self.max_iter} >= 1.'
+      )
 
   def choose_inverse_l2(self, data: frozen.Dataset) -> float:
     """The C of `inverse_l2s` with the best accuracy on the held-out part of the train split."""
     if len(self.inverse_l2s) == 1:
       return float(self.inverse_l2s[0])
     fit_x, val_x, fit_y, val_y = model_selection.train_test_split(
-        data.train.features, data.train.labels, test_size=self.validation_fraction,
-        random_state=0, stratify=data.train.labels)
+        data.train.features,
+        data.train.labels,
+        test_size=self.validation_fraction,
+        random_state=0,
+        stratify=data.train.labels,
+    )
     scores = [fit(fit_x, fit_y, c, self.max_iter).score(val_x, val_y) for c in self.inverse_l2s]
     return float(self.inverse_l2s[int(np.argmax(scores))])
 
@@ -57,5 +66,7 @@ class LinearProbe(frozen.Evaluator):
     """Test accuracy of the probe fitted on the whole train split, and its C."""
     inverse_l2 = self.choose_inverse_l2(data)
     probe = fit(data.train.features, data.train.labels, inverse_l2, self.max_iter)
-    return {f'linear_probe/{data.name}': float(probe.score(data.test.features, data.test.labels)),
-            f'linear_probe/{data.name}_C': inverse_l2}
+    return {
+        f'linear_probe/{data.name}': float(probe.score(data.test.features, data.test.labels)),
+        f'linear_probe/{data.name}_C': inverse_l2,
+    }

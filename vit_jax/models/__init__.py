@@ -42,6 +42,7 @@ class Family:
   timm_arguments: timm's model argument (config.json `model_args`) -> our field of the same
     meaning; None for the arguments that change training only, not the weights.
   """
+
   name: str
   model_class: type['nn.Module']
   models: Mapping[str, functools.partial]
@@ -54,8 +55,7 @@ class Family:
 @functools.cache
 def families() -> tuple[Family, ...]:
   """Every family, in `FAMILY_MODULES` order."""
-  return tuple(importlib.import_module(f'{__name__}.{module}').FAMILY
-               for module in FAMILY_MODULES)
+  return tuple(importlib.import_module(f'{__name__}.{module}').FAMILY for module in FAMILY_MODULES)
 
 
 @functools.cache
@@ -64,8 +64,9 @@ def _registry() -> dict[str, tuple[Family, functools.partial]]:
   for family_ in families():
     for name, factory in family_.models.items():
       if name in models:
-        raise ValueError(f'Model name {name!r} is registered twice (second in family '
-                         f'{family_.name!r}).')
+        raise ValueError(
+            f'Model name {name!r} is registered twice (second in family ' f'{family_.name!r}).'
+        )
       models[name] = family_, factory
   return dict(sorted(models.items()))
 
@@ -89,18 +90,25 @@ def family(model: 'str | nn.Module') -> Family:
   for family_ in families():
     if type(model) is family_.model_class:
       return family_
-  raise ValueError(f'{type(model).__name__} is no registered family\'s model class; valid: '
-                   f'{[f.model_class.__name__ for f in families()]}.')
+  raise ValueError(
+      f"{type(model).__name__} is no registered family's model class; valid: "
+      f'{[f.model_class.__name__ for f in families()]}.'
+  )
 
 
 def timm_architecture(architecture: str) -> str:
   """The registered model that timm's `architecture` names (e.g. 'deit_small_patch16_224' ->
   'deit_s16'); ValueError listing the architectures every family reads."""
-  known = {timm_name: name for family_ in families()
-           for timm_name, name in family_.timm_architectures.items()}
+  known = {
+      timm_name: name
+      for family_ in families()
+      for timm_name, name in family_.timm_architectures.items()
+  }
   if architecture not in known:
-    raise ValueError(f'timm architecture {architecture!r} has no registered counterpart; known: '
-                     f'{sorted(known)}.')
+    raise ValueError(
+        f'timm architecture {architecture!r} has no registered counterpart; known: '
+        f'{sorted(known)}.'
+    )
   return known[architecture]
 
 
@@ -115,12 +123,15 @@ def create(name: str, **overrides: Any) -> 'nn.Module':
   `dtype`/`param_dtype` may be given as strings ('float32', 'bfloat16').
   """
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
   _, factory = _entry(name)
   valid = fields(name)
   for key, value in overrides.items():
     if key not in valid:
-      raise ValueError(f'Unknown override {key!r} for model {name!r} '
-                       f'({factory.func.__name__}); valid fields: {valid}.')
+      raise ValueError(
+          f'Unknown override {key!r} for model {name!r} '
+          f'({factory.func.__name__}); valid fields: {valid}.'
+      )
     if key in _DTYPE_FIELDS and isinstance(value, str):
       overrides[key] = jnp.dtype(value)
   return factory(**overrides)

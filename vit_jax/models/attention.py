@@ -34,9 +34,13 @@ POSITIONAL_KINDS = ('quadratic', 'gaussian', 'learned', 'learned_content')
 torch_default_kernel_init = nn.initializers.variance_scaling(1.0 / 3.0, 'fan_in', 'uniform')
 
 
-def dense_dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers: Any,
-                      precision: Any = None, preferred_element_type: Dtype | None = None
-                      ) -> jax.Array:
+def dense_dot_general(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    dimension_numbers: Any,
+    precision: Any = None,
+    preferred_element_type: Dtype | None = None,
+) -> jax.Array:
   """`lax.dot_general` for `Dense`: on CPU, (batch, tokens, in) x (in, out) as one 2-D matmul.
 
   With the leading axes merged, XLA's CPU compiler computes the kernel gradient as one direct
@@ -44,14 +48,29 @@ def dense_dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers: Any,
   ViT training step). Elsewhere (TPU tiles the two minor axes) the dot is left as it is.
   """
   (lhs_contracting, rhs_contracting), (lhs_batch, _) = dimension_numbers
-  if (jax.default_backend() == 'cpu' and lhs.ndim > 2 and rhs.ndim == 2 and not lhs_batch
-      and tuple(lhs_contracting) == (lhs.ndim - 1,) and tuple(rhs_contracting) == (0,)):
-    out = jax.lax.dot_general(lhs.reshape(-1, lhs.shape[-1]), rhs, (((1,), (0,)), ((), ())),
-                              precision=precision,
-                              preferred_element_type=preferred_element_type)
+  if (
+      jax.default_backend() == 'cpu'
+      and lhs.ndim > 2
+      and rhs.ndim == 2
+      and not lhs_batch
+      and tuple(lhs_contracting) == (lhs.ndim - 1,)
+      and tuple(rhs_contracting) == (0,)
+  ):
+    out = jax.lax.dot_general(
+        lhs.reshape(-1, lhs.shape[-1]),
+        rhs,
+        (((1,), (0,)), ((), ())),
+        precision=precision,
+        preferred_element_type=preferred_element_type,
+    )
     return out.reshape(lhs.shape[:-1] + rhs.shape[1:])
-  return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
-                             preferred_element_type=preferred_element_type)
+  return jax.lax.dot_general(
+      lhs,
+      rhs,
+      dimension_numbers,
+      precision=precision,
+      preferred_element_type=preferred_element_type,
+  )
 
 
 def Dense(features: int, **kwargs: Any) -> nn.Dense:  # pylint: disable=invalid-name
@@ -88,12 +107,17 @@ def einsum_float32(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
   bfloat16 first, as an einsum with a bfloat16 result would do).
   """
   return _float32_product(
-      lambda a, b, dtype: jnp.einsum(spec, a, b, preferred_element_type=dtype), a, b)
+      lambda a, b, dtype: jnp.einsum(spec, a, b, preferred_element_type=dtype), a, b
+  )
 
 
-def float32_dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers: Any,
-                        precision: Any = None, preferred_element_type: Dtype | None = None
-                        ) -> jax.Array:
+def float32_dot_general(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    dimension_numbers: Any,
+    precision: Any = None,
+    preferred_element_type: Dtype | None = None,
+) -> jax.Array:
   """`dense_dot_general` with a float32 result and `einsum_float32`'s backward pass.
 
   The `dot_general` of a `Dense` whose output feeds a float32 computation (head mixing before
@@ -101,8 +125,12 @@ def float32_dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers: Any,
   """
   del preferred_element_type  # Always float32.
   return _float32_product(
-      lambda a, b, dtype: dense_dot_general(a, b, dimension_numbers, precision=precision,
-                                            preferred_element_type=dtype), lhs, rhs)
+      lambda a, b, dtype: dense_dot_general(
+          a, b, dimension_numbers, precision=precision, preferred_element_type=dtype
+      ),
+      lhs,
+      rhs,
+  )
 
 
 def torch_default_bias_init(fan_in: int) -> Initializer:
@@ -125,7 +153,8 @@ def split_heads_init(kernel_init: Initializer, parts: int) -> Initializer:
     fan_in, fan_out = shape[0], shape[-1]
     keys = jax.random.split(key, parts)
     return jnp.concatenate(
-        [kernel_init(k, (fan_in, fan_out // parts), dtype) for k in keys], axis=-1)
+        [kernel_init(k, (fan_in, fan_out // parts), dtype) for k in keys], axis=-1
+    )
 
   return init
 
@@ -134,8 +163,10 @@ def check_heads(width: int, num_heads: int, what: str) -> int:
   """Returns the head dimension, or raises when `num_heads` does not divide `width`."""
   if num_heads < 1 or width % num_heads:
     divisors = [h for h in range(1, width + 1) if width % h == 0]
-    raise ValueError(f'num_heads={num_heads} must divide the {what} width {width}; '
-                     f'valid num_heads: {divisors}.')
+    raise ValueError(
+        f'num_heads={num_heads} must divide the {what} width {width}; '
+        f'valid num_heads: {divisors}.'
+    )
   return width // num_heads
 
 
@@ -149,11 +180,17 @@ def _check_choice(value: str, choices: tuple[str, ...], field: str) -> None:
     raise ValueError(f'{field}={value!r} is not valid; choose from {list(choices)}.')
 
 
-def attend(module: nn.Module, scores: jax.Array, values: jax.Array, *,
-           dropout_rate: float, train: bool,
-           pre_softmax: Callable[[jax.Array], jax.Array] | None = None,
-           post_softmax: Callable[[jax.Array], jax.Array] | None = None,
-           dropout_before_post_softmax: bool = False) -> jax.Array:
+def attend(
+    module: nn.Module,
+    scores: jax.Array,
+    values: jax.Array,
+    *,
+    dropout_rate: float,
+    train: bool,
+    pre_softmax: Callable[[jax.Array], jax.Array] | None = None,
+    post_softmax: Callable[[jax.Array], jax.Array] | None = None,
+    dropout_before_post_softmax: bool = False,
+) -> jax.Array:
   """The shared pipeline: scores -> mix -> softmax -> mix -> sow -> dropout -> weighted values.
 
   scores: (batch, heads, queries, keys), or (heads, queries, keys) when they do not depend on the
@@ -172,8 +209,9 @@ def attend(module: nn.Module, scores: jax.Array, values: jax.Array, *,
     probs = post_softmax(probs).astype(jnp.float32)
   if module.is_mutable_collection('intermediates'):
     batch = values.shape[0]
-    module.sow('intermediates', 'attention_probs',
-               jnp.broadcast_to(probs, (batch,) + probs.shape[-3:]))
+    module.sow(
+        'intermediates', 'attention_probs', jnp.broadcast_to(probs, (batch,) + probs.shape[-3:])
+    )
   if not dropout_before_post_softmax:
     probs = dropout(probs)
   probs_axes = 'bhqk' if probs.ndim == 4 else 'hqk'
@@ -186,8 +224,9 @@ CHUNKED_ATTENTION_MIN_PAIRS = 1024 * 1024
 ATTENTION_CHUNK_SIZE = 512
 
 
-def chunked_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
-                      chunk_size: int = ATTENTION_CHUNK_SIZE) -> jax.Array:
+def chunked_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, *, chunk_size: int = ATTENTION_CHUNK_SIZE
+) -> jax.Array:
   """softmax(q k^T) v by query chunks, each recomputed in the backward pass (Rabe & Staats 2021).
 
   Exactly `jax.nn.dot_product_attention(q, k, v, scale=1.0)` for q pre-scaled, all (batch, tokens,
@@ -200,8 +239,9 @@ def chunked_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
   bounds = [queries * i // num_chunks for i in range(num_chunks + 1)]  # Near-equal chunks.
 
   attend_chunk = jax.checkpoint(lambda q_chunk: softmax_attention(q_chunk, k, v))
-  return jnp.concatenate([attend_chunk(q[:, start:stop])
-                          for start, stop in zip(bounds[:-1], bounds[1:])], axis=1)
+  return jnp.concatenate(
+      [attend_chunk(q[:, start:stop]) for start, stop in zip(bounds[:-1], bounds[1:])], axis=1
+  )
 
 
 def softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
@@ -216,11 +256,19 @@ def softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
   return jnp.einsum('bhqk,bkhd->bqhd', probs, v)
 
 
-def content_attention(module: nn.Module, q: jax.Array, k: jax.Array, v: jax.Array, *,
-                      dropout_rate: float, train: bool, implementation: str | None = None,
-                      pre_softmax: Callable[[jax.Array], jax.Array] | None = None,
-                      post_softmax: Callable[[jax.Array], jax.Array] | None = None,
-                      dropout_before_post_softmax: bool = False) -> jax.Array:
+def content_attention(
+    module: nn.Module,
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    dropout_rate: float,
+    train: bool,
+    implementation: str | None = None,
+    pre_softmax: Callable[[jax.Array], jax.Array] | None = None,
+    post_softmax: Callable[[jax.Array], jax.Array] | None = None,
+    dropout_before_post_softmax: bool = False,
+) -> jax.Array:
   """softmax(q k^T) v for q pre-scaled, all (batch, tokens, heads, head_dim).
 
   When nothing needs the explicit probabilities: with `implementation` None, `softmax_attention`
@@ -228,9 +276,12 @@ def content_attention(module: nn.Module, q: jax.Array, k: jax.Array, v: jax.Arra
   float16/bfloat16), `jax.nn.dot_product_attention` of that implementation. Otherwise the shared
   pipeline `attend`.
   """
-  fast = (pre_softmax is None and post_softmax is None
-          and not module.is_mutable_collection('intermediates')
-          and (not train or dropout_rate == 0.0))
+  fast = (
+      pre_softmax is None
+      and post_softmax is None
+      and not module.is_mutable_collection('intermediates')
+      and (not train or dropout_rate == 0.0)
+  )
   if fast and implementation is None:
     if jax.default_backend() == 'cpu' and q.shape[1] * k.shape[1] >= CHUNKED_ATTENTION_MIN_PAIRS:
       return chunked_attention(q, k, v)
@@ -238,9 +289,16 @@ def content_attention(module: nn.Module, q: jax.Array, k: jax.Array, v: jax.Arra
   if fast:
     return jax.nn.dot_product_attention(q, k, v, scale=1.0, implementation=implementation)
   scores = einsum_float32('bqhd,bkhd->bhqk', q, k)
-  return attend(module, scores, v, dropout_rate=dropout_rate, train=train,
-                pre_softmax=pre_softmax, post_softmax=post_softmax,
-                dropout_before_post_softmax=dropout_before_post_softmax)
+  return attend(
+      module,
+      scores,
+      v,
+      dropout_rate=dropout_rate,
+      train=train,
+      pre_softmax=pre_softmax,
+      post_softmax=post_softmax,
+      dropout_before_post_softmax=dropout_before_post_softmax,
+  )
 
 
 def _merge_heads(heads: jax.Array) -> jax.Array:
@@ -259,6 +317,7 @@ class SelfAttention(nn.Module):
   matrix without bias (`reattn_weights`) and LayerNorm over heads (`reattn_norm`).
   re_attention_scale multiplies the re-attention map by head_dim^-1/2 (`transform_scale`).
   """
+
   num_heads: int
   qkv_bias: bool = True
   attention_dropout_rate: float = 0.0
@@ -272,32 +331,60 @@ class SelfAttention(nn.Module):
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
-  def _mix_heads_dense(self, t: jax.Array, name: str, kernel_init: Initializer | None = None,
-                       bias_init: Initializer | None = None) -> jax.Array:
+  def _mix_heads_dense(
+      self,
+      t: jax.Array,
+      name: str,
+      kernel_init: Initializer | None = None,
+      bias_init: Initializer | None = None,
+  ) -> jax.Array:
     """Dense with bias over the head axis of (batch, heads, queries, keys): operands in `dtype`,
     result in float32 (for the softmax or normalisation after it)."""
-    mixed = nn.Dense(self.num_heads, kernel_init=kernel_init or self.kernel_init,
-                     bias_init=bias_init or self.bias_init, dtype=self.dtype,
-                     param_dtype=self.param_dtype, dot_general=float32_dot_general,
-                     name=name)(jnp.moveaxis(t, 1, -1))
+    mixed = nn.Dense(
+        self.num_heads,
+        kernel_init=kernel_init or self.kernel_init,
+        bias_init=bias_init or self.bias_init,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        dot_general=float32_dot_general,
+        name=name,
+    )(jnp.moveaxis(t, 1, -1))
     return jnp.moveaxis(mixed, -1, 1)
 
   def _re_attention(self, probs: jax.Array, train: bool, head_dim: int) -> jax.Array:
     heads = self.num_heads
     if self.re_attention_norm == 'batch':
-      mixed = self._mix_heads_dense(probs, 'reatten_matrix', kernel_init=torch_default_kernel_init,
-                                    bias_init=torch_default_bias_init(heads))
-      normed = nn.BatchNorm(use_running_average=not train, axis=1, momentum=0.9, epsilon=1e-5,
-                            use_fast_variance=False, dtype=jnp.float32,
-                            param_dtype=self.param_dtype, name='var_norm')(mixed)
+      mixed = self._mix_heads_dense(
+          probs,
+          'reatten_matrix',
+          kernel_init=torch_default_kernel_init,
+          bias_init=torch_default_bias_init(heads),
+      )
+      normed = nn.BatchNorm(
+          use_running_average=not train,
+          axis=1,
+          momentum=0.9,
+          epsilon=1e-5,
+          use_fast_variance=False,
+          dtype=jnp.float32,
+          param_dtype=self.param_dtype,
+          name='var_norm',
+      )(mixed)
     else:
-      theta = self.param('reattn_weights', nn.initializers.normal(1.0), (heads, heads),
-                         self.param_dtype)
+      theta = self.param(
+          'reattn_weights', nn.initializers.normal(1.0), (heads, heads), self.param_dtype
+      )
       mixed = einsum_float32('bhqk,hg->bgqk', probs.astype(self.dtype), theta.astype(self.dtype))
-      normed = nn.LayerNorm(epsilon=1e-5, reduction_axes=1, feature_axes=1,
-                            use_fast_variance=False, dtype=jnp.float32,
-                            param_dtype=self.param_dtype, name='reattn_norm')(mixed)
-    return normed * (head_dim ** -0.5 if self.re_attention_scale else 1.0)
+      normed = nn.LayerNorm(
+          epsilon=1e-5,
+          reduction_axes=1,
+          feature_axes=1,
+          use_fast_variance=False,
+          dtype=jnp.float32,
+          param_dtype=self.param_dtype,
+          name='reattn_norm',
+      )(mixed)
+    return normed * (head_dim**-0.5 if self.re_attention_scale else 1.0)
 
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
@@ -306,11 +393,17 @@ class SelfAttention(nn.Module):
     _check_choice(self.re_attention_norm, RE_ATTENTION_NORMS, 're_attention_norm')
     width = x.shape[-1]
     head_dim = check_heads(width, self.num_heads, 'token')
-    qkv = Dense(3 * width, use_bias=self.qkv_bias,
-                kernel_init=split_heads_init(self.kernel_init, 3), bias_init=self.bias_init,
-                dtype=self.dtype, param_dtype=self.param_dtype, name='qkv')(x)
+    qkv = Dense(
+        3 * width,
+        use_bias=self.qkv_bias,
+        kernel_init=split_heads_init(self.kernel_init, 3),
+        bias_init=self.bias_init,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        name='qkv',
+    )(x)
     qkv = qkv.reshape(x.shape[:2] + (3, self.num_heads, head_dim))
-    q, k, v = qkv[:, :, 0] * jnp.asarray(head_dim ** -0.5, qkv.dtype), qkv[:, :, 1], qkv[:, :, 2]
+    q, k, v = qkv[:, :, 0] * jnp.asarray(head_dim**-0.5, qkv.dtype), qkv[:, :, 1], qkv[:, :, 2]
     pre_softmax = post_softmax = None
     if self.head_mixing == 'talking_heads':
       pre_softmax = lambda s: self._mix_heads_dense(s, 'proj_l')
@@ -318,18 +411,32 @@ class SelfAttention(nn.Module):
     elif self.head_mixing == 're_attention':
       post_softmax = lambda p: self._re_attention(p, train, head_dim)
     heads = content_attention(
-        self, q, k, v, dropout_rate=self.attention_dropout_rate, train=train,
+        self,
+        q,
+        k,
+        v,
+        dropout_rate=self.attention_dropout_rate,
+        train=train,
         implementation=self.fast_path_implementation,
-        pre_softmax=pre_softmax, post_softmax=post_softmax,
-        dropout_before_post_softmax=self.head_mixing == 're_attention')
-    out = Dense(width, kernel_init=self.kernel_init, bias_init=self.bias_init, dtype=self.dtype,
-                param_dtype=self.param_dtype, name='proj')(_merge_heads(heads))
+        pre_softmax=pre_softmax,
+        post_softmax=post_softmax,
+        dropout_before_post_softmax=self.head_mixing == 're_attention',
+    )
+    out = Dense(
+        width,
+        kernel_init=self.kernel_init,
+        bias_init=self.bias_init,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        name='proj',
+    )(_merge_heads(heads))
     return nn.Dropout(rate=self.dropout_rate, deterministic=not train)(out)
 
 
 class ClassAttention(nn.Module):
   """CaiT class attention: the query comes from the class token x[:, 0] only, keys and values
   from all of x = [class; patches]; separate q/k/v Dense. Returns (batch, 1, features)."""
+
   num_heads: int
   qkv_bias: bool = True
   attention_dropout_rate: float = 0.0
@@ -347,18 +454,36 @@ class ClassAttention(nn.Module):
     head_dim = check_heads(width, self.num_heads, 'token')
 
     def project(inputs: jax.Array, name: str) -> jax.Array:
-      out = Dense(width, use_bias=self.qkv_bias, kernel_init=self.kernel_init,
-                  bias_init=self.bias_init, dtype=self.dtype, param_dtype=self.param_dtype,
-                  name=name)(inputs)
+      out = Dense(
+          width,
+          use_bias=self.qkv_bias,
+          kernel_init=self.kernel_init,
+          bias_init=self.bias_init,
+          dtype=self.dtype,
+          param_dtype=self.param_dtype,
+          name=name,
+      )(inputs)
       return out.reshape(out.shape[:2] + (self.num_heads, head_dim))
 
     q = project(x[:, :1], 'q')
-    q = q * jnp.asarray(head_dim ** -0.5, q.dtype)
-    heads = content_attention(self, q, project(x, 'k'), project(x, 'v'),
-                              dropout_rate=self.attention_dropout_rate, train=train,
-                              implementation=self.fast_path_implementation)
-    out = Dense(width, kernel_init=self.kernel_init, bias_init=self.bias_init, dtype=self.dtype,
-                param_dtype=self.param_dtype, name='proj')(_merge_heads(heads))
+    q = q * jnp.asarray(head_dim**-0.5, q.dtype)
+    heads = content_attention(
+        self,
+        q,
+        project(x, 'k'),
+        project(x, 'v'),
+        dropout_rate=self.attention_dropout_rate,
+        train=train,
+        implementation=self.fast_path_implementation,
+    )
+    out = Dense(
+        width,
+        kernel_init=self.kernel_init,
+        bias_init=self.bias_init,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        name='proj',
+    )(_merge_heads(heads))
     return nn.Dropout(rate=self.dropout_rate, deterministic=not train)(out)
 
 
@@ -369,6 +494,7 @@ class TokenAttention(nn.Module):
   width per head as in the official code; returns v + proj(A v), so the caller's block uses V as
   the skip connection (EncoderBlock(attention_residual=False)).
   """
+
   features: int = 64
   num_heads: int = 1
   qkv_bias: bool = False
@@ -385,17 +511,35 @@ class TokenAttention(nn.Module):
     _check_rank(x, 3, '(batch, tokens, features)', type(self).__name__)
     head_dim = check_heads(self.features, self.num_heads, 'output')
     input_head_dim = check_heads(x.shape[-1], self.num_heads, 'input')
-    qkv = Dense(3 * self.features, use_bias=self.qkv_bias,
-                kernel_init=split_heads_init(self.kernel_init, 3), bias_init=self.bias_init,
-                dtype=self.dtype, param_dtype=self.param_dtype, name='qkv')(x)
+    qkv = Dense(
+        3 * self.features,
+        use_bias=self.qkv_bias,
+        kernel_init=split_heads_init(self.kernel_init, 3),
+        bias_init=self.bias_init,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        name='qkv',
+    )(x)
     qkv = qkv.reshape(x.shape[:2] + (3, self.num_heads, head_dim))
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-    q = q * jnp.asarray(input_head_dim ** -0.5, q.dtype)
-    heads = content_attention(self, q, k, v, dropout_rate=self.attention_dropout_rate,
-                              train=train, implementation=self.fast_path_implementation)
-    out = Dense(self.features, kernel_init=self.kernel_init, bias_init=self.bias_init,
-                dtype=self.dtype, param_dtype=self.param_dtype,
-                name='proj')(_merge_heads(heads))
+    q = q * jnp.asarray(input_head_dim**-0.5, q.dtype)
+    heads = content_attention(
+        self,
+        q,
+        k,
+        v,
+        dropout_rate=self.attention_dropout_rate,
+        train=train,
+        implementation=self.fast_path_implementation,
+    )
+    out = Dense(
+        self.features,
+        kernel_init=self.kernel_init,
+        bias_init=self.bias_init,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        name='proj',
+    )(_merge_heads(heads))
     out = nn.Dropout(rate=self.dropout_rate, deterministic=not train)(out)
     return _merge_heads(v) + out
 
@@ -413,6 +557,7 @@ class AxisScores(NamedTuple):
   row: (heads, rows, rows); col: (heads, cols, cols); cross: (heads,), or None when the scores
   split by axis (isotropic quadratic and learned encodings).
   """
+
   row: jax.Array
   col: jax.Array
   cross: jax.Array | None
@@ -463,6 +608,7 @@ class PositionalAttention(nn.Module):
   Scores that split into row and column parts ('quadratic', 'learned' without content) attend
   axis by axis (`separable_attend`) unless probabilities are collected or dropped out.
   """
+
   num_heads: int = 9
   scores: str = 'gaussian'
   use_content: bool = False
@@ -480,52 +626,75 @@ class PositionalAttention(nn.Module):
   param_dtype: Dtype = jnp.float32
 
   def _dense(self, features: int, fan_in: int, name: str, use_bias: bool = True) -> nn.Dense:
-    return Dense(features, use_bias=use_bias, kernel_init=self.kernel_init,
-                 bias_init=self.bias_init_from_fan_in(fan_in), dtype=self.dtype,
-                 param_dtype=self.param_dtype, name=name)
+    return Dense(
+        features,
+        use_bias=use_bias,
+        kernel_init=self.kernel_init,
+        bias_init=self.bias_init_from_fan_in(fan_in),
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        name=name,
+    )
 
   def _gaussian_scores(self, rows: int, cols: int) -> AxisScores:
     """v_h . r_delta of the quadratic / Gaussian encoding, split by offset axis."""
     heads, std = self.num_heads, self.spread_init_std
-    centres = self.param('attention_centers', nn.initializers.normal(self.centre_init_std),
-                         (heads, 2), self.param_dtype).astype(jnp.float32)
+    centres = self.param(
+        'attention_centers',
+        nn.initializers.normal(self.centre_init_std),
+        (heads, 2),
+        self.param_dtype,
+    ).astype(jnp.float32)
     if self.scores == 'quadratic':
-      spreads = self.param('attention_spreads',
-                           lambda key, shape, dtype: 1 + std * jax.random.normal(key, shape, dtype),
-                           (heads,), self.param_dtype).astype(jnp.float32)
-      a = c = spreads ** 2
+      spreads = self.param(
+          'attention_spreads',
+          lambda key, shape, dtype: 1 + std * jax.random.normal(key, shape, dtype),
+          (heads,),
+          self.param_dtype,
+      ).astype(jnp.float32)
+      a = c = spreads**2
       b = None  # Isotropic: no d1 d2 term, so the scores split into row and column parts.
     else:
       spreads = self.param(
           'attention_spreads',
-          lambda key, shape, dtype: jnp.eye(2, dtype=dtype) + std * jax.random.normal(
-              key, shape, dtype), (heads, 2, 2), self.param_dtype).astype(jnp.float32)
+          lambda key, shape, dtype: jnp.eye(2, dtype=dtype)
+          + std * jax.random.normal(key, shape, dtype),
+          (heads, 2, 2),
+          self.param_dtype,
+      ).astype(jnp.float32)
       inverse_covariance = jnp.einsum('hij,hkj->hik', spreads, spreads)
-      a, b, c = (inverse_covariance[:, 0, 0], inverse_covariance[:, 0, 1],
-                 inverse_covariance[:, 1, 1])
+      a, b, c = (
+          inverse_covariance[:, 0, 0],
+          inverse_covariance[:, 0, 1],
+          inverse_covariance[:, 1, 1],
+      )
     mu1, mu2 = centres[:, 0], centres[:, 1]
     # v_h . r_delta = v1 d1 + v2 d2 - a d1^2 / 2 - c d2^2 / 2 - b d1 d2.
     v1 = a * mu1 if b is None else a * mu1 + b * mu2
     v2 = c * mu2 if b is None else c * mu2 + b * mu1
     d1 = axis_offsets(rows).astype(jnp.float32)
     d2 = axis_offsets(cols).astype(jnp.float32)
-    row = v1[:, None, None] * d1 - 0.5 * a[:, None, None] * d1 ** 2
-    col = v2[:, None, None] * d2 - 0.5 * c[:, None, None] * d2 ** 2
+    row = v1[:, None, None] * d1 - 0.5 * a[:, None, None] * d1**2
+    col = v2[:, None, None] * d2 - 0.5 * c[:, None, None] * d2**2
     return AxisScores(row, col, None if b is None else -b)
 
   def _learned_scores(self, rows: int, cols: int, width: int) -> AxisScores:
     """Scores from learned row and column offset embeddings, split by offset axis."""
     size = self.max_grid_size or max(rows, cols)
     if max(rows, cols) > size:
-      raise ValueError(f'A {rows}x{cols} grid exceeds max_grid_size={size}; '
-                       f'set max_grid_size >= {max(rows, cols)}.')
+      raise ValueError(
+          f'A {rows}x{cols} grid exceeds max_grid_size={size}; '
+          f'set max_grid_size >= {max(rows, cols)}.'
+      )
     dim = self.position_encoding_size or width
     parts = []
     for length, name in ((rows, 'row'), (cols, 'col')):
-      table = self.param(f'{name}_embeddings', self.embedding_init, (2 * size - 1, dim),
-                         self.param_dtype)
+      table = self.param(
+          f'{name}_embeddings', self.embedding_init, (2 * size - 1, dim), self.param_dtype
+      )
       per_offset = self._dense(self.num_heads, dim, f'head_keys_{name}', use_bias=False)(
-          table.astype(jnp.float32))
+          table.astype(jnp.float32)
+      )
       parts.append(jnp.moveaxis(per_offset[axis_offsets(length) + size - 1], -1, 0))
     return AxisScores(parts[0].astype(jnp.float32), parts[1].astype(jnp.float32), None)
 
@@ -539,8 +708,10 @@ class PositionalAttention(nn.Module):
       return self._attend(x, train)
     _check_rank(x, 3, '(batch, tokens, features)', type(self).__name__)
     if x.shape[1] != self.grid[0] * self.grid[1]:
-      raise ValueError(f'{x.shape[1]} tokens do not fill grid={self.grid}; positional attention '
-                       'takes the patch tokens only (no class or distillation token).')
+      raise ValueError(
+          f'{x.shape[1]} tokens do not fill grid={self.grid}; positional attention '
+          'takes the patch tokens only (no class or distillation token).'
+      )
     out = self._attend(x.reshape((x.shape[0],) + tuple(self.grid) + (x.shape[-1],)), train)
     return out.reshape(x.shape)
 
@@ -550,9 +721,12 @@ class PositionalAttention(nn.Module):
       axis_scores = self._learned_scores(rows, cols, width)
     else:
       axis_scores = self._gaussian_scores(rows, cols)
-    separable = (axis_scores.cross is None and not self.use_content
-                 and not self.is_mutable_collection('intermediates')
-                 and (not train or self.attention_dropout_rate == 0.0))
+    separable = (
+        axis_scores.cross is None
+        and not self.use_content
+        and not self.is_mutable_collection('intermediates')
+        and (not train or self.attention_dropout_rate == 0.0)
+    )
     if separable:
       heads = separable_attend(axis_scores, x).reshape(batch, rows * cols, self.num_heads, width)
     else:
@@ -573,8 +747,12 @@ class PositionalAttention(nn.Module):
 def positional(kind: str, **fields: Any) -> functools.partial:
   """`PositionalAttention` of one of `POSITIONAL_KINDS`, with `fields`."""
   _check_choice(kind, POSITIONAL_KINDS, 'attention')
-  return functools.partial(PositionalAttention, scores=kind.removesuffix('_content'),
-                           use_content=kind == 'learned_content', **fields)
+  return functools.partial(
+      PositionalAttention,
+      scores=kind.removesuffix('_content'),
+      use_content=kind == 'learned_content',
+      **fields,
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -588,6 +766,7 @@ class Kind:
   patch_tokens_only: the kind attends over the patch grid alone (no class or distillation token
   in the main blocks).
   """
+
   build: Callable[[Any, tuple[int, int]], Callable[..., nn.Module]]
   patch_tokens_only: bool = False
 
@@ -595,8 +774,12 @@ class Kind:
 _KINDS: dict[str, Kind] = {}
 
 
-def register(name: str, build: Callable[[Any, tuple[int, int]], Callable[..., nn.Module]], *,
-             patch_tokens_only: bool = False) -> None:
+def register(
+    name: str,
+    build: Callable[[Any, tuple[int, int]], Callable[..., nn.Module]],
+    *,
+    patch_tokens_only: bool = False,
+) -> None:
   """Makes `name` an attention kind of every transformer (`--config.model.attention=name`)."""
   if name in _KINDS:
     raise ValueError(f'Attention kind {name!r} is registered already; registered: {kinds()}.')
@@ -618,17 +801,27 @@ def kind(name: str) -> Kind:
 def _content(head_mixing: str) -> Callable[[Any, tuple[int, int]], Callable[..., nn.Module]]:
   """Content attention with `head_mixing`, from the model's shared attention fields."""
   return lambda model, grid: functools.partial(
-      SelfAttention, head_mixing=head_mixing, re_attention_norm=model.re_attention_norm,
-      **model.attention_fields())
+      SelfAttention,
+      head_mixing=head_mixing,
+      re_attention_norm=model.re_attention_norm,
+      **model.attention_fields(),
+  )
 
 
 def _positional(name: str) -> Callable[[Any, tuple[int, int]], Callable[..., nn.Module]]:
   """Cordonnier et al.'s kind `name` over the patch grid, from the model's fields."""
   return lambda model, grid: positional(
-      name, grid=grid, num_heads=model.num_heads, centre_init_std=model.centre_init_std,
-      spread_init_std=model.spread_init_std, position_encoding_size=model.position_encoding_size,
-      attention_dropout_rate=model.attention_dropout_rate, dropout_rate=model.dropout_rate,
-      dtype=model.dtype, param_dtype=model.param_dtype)
+      name,
+      grid=grid,
+      num_heads=model.num_heads,
+      centre_init_std=model.centre_init_std,
+      spread_init_std=model.spread_init_std,
+      position_encoding_size=model.position_encoding_size,
+      attention_dropout_rate=model.attention_dropout_rate,
+      dropout_rate=model.dropout_rate,
+      dtype=model.dtype,
+      param_dtype=model.param_dtype,
+  )
 
 
 # Content attention without or with head mixing (CaiT's talking heads, DeepViT's Re-attention),

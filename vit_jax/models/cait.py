@@ -29,6 +29,7 @@ class CaiT(vit.VisionTransformer):
   stage (timm 0.3.2's single rate); the class stage has no dropout. Every self-attention block
   has the same drop-path rate (deit's cait_models.py).
   """
+
   num_classes: int = 1000
   hidden_size: int = 192
   depth: int = 24
@@ -50,13 +51,15 @@ _TIMM_KEY = re.compile(
     r'|blocks\.\d+\.(gamma_[12]|(norm[12]|attn\.(qkv|proj|proj_l|proj_w)|mlp\.fc[12])'
     r'\.(weight|bias))'
     r'|blocks_token_only\.\d+\.(gamma_[12]|(norm[12]|attn\.[qkv]|attn\.proj|mlp\.fc[12])'
-    r'\.(weight|bias))')
+    r'\.(weight|bias))'
+)
 
 
 def from_timm(state_dict: models.StateDict) -> dict[str, dict]:
   """timm/deit `Cait` state dict (without the `module.` prefix) -> Flax variables {'params'}."""
   return layouts.variables_from_torch(
-      layouts.checked_keys(state_dict, _TIMM_KEY, 'CaiT of timm/deit (cait_models.py)'))
+      layouts.checked_keys(state_dict, _TIMM_KEY, 'CaiT of timm/deit (cait_models.py)')
+  )
 
 
 def to_timm(variables: models.Variables) -> dict[str, np.ndarray]:
@@ -64,10 +67,17 @@ def to_timm(variables: models.Variables) -> dict[str, np.ndarray]:
   return layouts.variables_to_torch(variables)
 
 
-def _cait(hidden_size: int, depth: int, num_heads: int, layer_scale_init: float,
-          patch_size: int = 16) -> functools.partial:
-  return functools.partial(CaiT, patch_size=patch_size, hidden_size=hidden_size, depth=depth,
-                           num_heads=num_heads, layer_scale_init=layer_scale_init)
+def _cait(
+    hidden_size: int, depth: int, num_heads: int, layer_scale_init: float, patch_size: int = 16
+) -> functools.partial:
+  return functools.partial(
+      CaiT,
+      patch_size=patch_size,
+      hidden_size=hidden_size,
+      depth=depth,
+      num_heads=num_heads,
+      layer_scale_init=layer_scale_init,
+  )
 
 
 # Official sizes and LayerScale inits (deit/cait_models.py); the image size is set by the input
@@ -85,9 +95,17 @@ MODELS = {
 }
 TIMM_ARCHITECTURES = {
     f'{name}_{resolution}': name
-    for name, resolutions in (('cait_xxs24', (224, 384)), ('cait_xxs36', (224, 384)),
-                              ('cait_xs24', (384,)), ('cait_s24', (224, 384)),
-                              ('cait_s36', (384,)), ('cait_m36', (384,)), ('cait_m48', (448,)))
-    for resolution in resolutions}
-FAMILY = models.Family('cait', CaiT, MODELS, from_timm, to_timm, TIMM_ARCHITECTURES,
-                       vit.TIMM_ARGUMENTS)
+    for name, resolutions in (
+        ('cait_xxs24', (224, 384)),
+        ('cait_xxs36', (224, 384)),
+        ('cait_xs24', (384,)),
+        ('cait_s24', (224, 384)),
+        ('cait_s36', (384,)),
+        ('cait_m36', (384,)),
+        ('cait_m48', (448,)),
+    )
+    for resolution in resolutions
+}
+FAMILY = models.Family(
+    'cait', CaiT, MODELS, from_timm, to_timm, TIMM_ARCHITECTURES, vit.TIMM_ARGUMENTS
+)

@@ -26,6 +26,7 @@ class DeepViT(vit.VisionTransformer):
   The MLP is 3 times the width by default; `transform_scale` multiplies the re-attended map by
   hd^-1/2.
   """
+
   num_classes: int = 1000
   hidden_size: int = 384
   depth: int = 16
@@ -41,8 +42,10 @@ class DeepViT(vit.VisionTransformer):
   def check_fields(self) -> None:
     super().check_fields()
     if self.re_attention_blocks is not None and not 0 <= self.re_attention_blocks <= self.depth:
-      raise ValueError(f're_attention_blocks={self.re_attention_blocks} must be None (all) or '
-                       f'in [0, depth={self.depth}].')
+      raise ValueError(
+          f're_attention_blocks={self.re_attention_blocks} must be None (all) or '
+          f'in [0, depth={self.depth}].'
+      )
     if self.scale_adjustment <= 0:
       raise ValueError(f'scale_adjustment={self.scale_adjustment} must be > 0.')
 
@@ -77,7 +80,8 @@ _DVIT_REPO_KEY = re.compile(
     r'|patch_embed\.(conv[12]\.weight|bn[12]\.(weight|bias|running_mean|running_var'
     r'|num_batches_tracked))'
     r'|blocks\.\d+\.((norm[12]|attn\.(qkv|proj|reatten_matrix)|mlp\.fc[12])\.(weight|bias)'
-    r'|attn\.var_norm\.(weight|bias|running_mean|running_var|num_batches_tracked))')
+    r'|attn\.var_norm\.(weight|bias|running_mean|running_var|num_batches_tracked))'
+)
 _THETA = '.attn.reatten_matrix.weight'
 
 
@@ -89,8 +93,11 @@ def from_dvit_repo(state_dict: models.StateDict) -> dict[str, dict]:
   """
   layouts.checked_keys(state_dict, _DVIT_REPO_KEY, 'DeepViT of zhoudaquan/dvit_repo')
   return layouts.variables_from_torch(
-      {key: np.asarray(value)[:, :, 0, 0] if key.endswith(_THETA) else value
-       for key, value in state_dict.items()})
+      {
+          key: np.asarray(value)[:, :, 0, 0] if key.endswith(_THETA) else value
+          for key, value in state_dict.items()
+      }
+  )
 
 
 def to_dvit_repo(variables: models.Variables) -> dict[str, np.ndarray]:
@@ -101,8 +108,10 @@ def to_dvit_repo(variables: models.Variables) -> dict[str, np.ndarray]:
   state_dict = layouts.variables_to_torch(variables)
   lucidrains = [key for key in state_dict if '.reattn_' in key]
   if lucidrains:
-    raise ValueError(f'{lucidrains[0]} belongs to re_attention_norm=\'layer\', which has no '
-                     'official checkpoint layout; only re_attention_norm=\'batch\' converts.')
+    raise ValueError(
+        f"{lucidrains[0]} belongs to re_attention_norm='layer', which has no "
+        "official checkpoint layout; only re_attention_norm='batch' converts."
+    )
   for key in list(state_dict):
     if key.endswith(_THETA):
       state_dict[key] = state_dict[key][:, :, None, None]
@@ -121,8 +130,9 @@ def _deepvit(depth: int, hidden_size: int = 384, **fields) -> functools.partial:
 MODELS = {
     **{f'deepvit_{d}b': _deepvit(d) for d in (16, 24, 32)},
     **{f'deepvit_vit_{d}b': _deepvit(d, re_attention_blocks=0) for d in (16, 24, 32)},
-    'deepvit_s': _deepvit(16, 396, re_attention_blocks=5, transform_scale=True,
-                          scale_adjustment=0.5, stem='cnn'),
+    'deepvit_s': _deepvit(
+        16, 396, re_attention_blocks=5, transform_scale=True, scale_adjustment=0.5, stem='cnn'
+    ),
     'deepvit_l': _deepvit(32, 420, re_attention_blocks=12, scale_adjustment=0.5, stem='cnn'),
     'deepvit_ti4': _deepvit(12, 192, patch_size=4),
     'deepvit_vit_ti4': _deepvit(12, 192, patch_size=4, re_attention_blocks=0),

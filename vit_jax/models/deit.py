@@ -17,13 +17,20 @@ from vit_jax.models import vit
 
 class DeiT(vit.VisionTransformer):
   """DeiT: `VisionTransformer` with the timm/DeiT init (and `distilled` for the ⚗ models)."""
+
   init_scheme: str = 'timm'
 
 
 def _deit(size: str, distilled: bool) -> functools.partial:
   depth, hidden_size, num_heads = vit.SIZES[size]
-  return functools.partial(DeiT, patch_size=16, hidden_size=hidden_size, depth=depth,
-                           num_heads=num_heads, distilled=distilled)
+  return functools.partial(
+      DeiT,
+      patch_size=16,
+      hidden_size=hidden_size,
+      depth=depth,
+      num_heads=num_heads,
+      distilled=distilled,
+  )
 
 
 # The 384 fine-tuned models share these modules; the position embedding follows the input size.
@@ -32,11 +39,14 @@ MODELS = {
     **{f'deit_{size}16_distilled': _deit(size, True) for size in ('ti', 's', 'b')},
 }
 TIMM_ARCHITECTURES = {
-    **{f'deit_{timm_size}{kind}_patch16_224': f'deit_{size}16{suffix}'
-       for size, timm_size in (('ti', 'tiny'), ('s', 'small'), ('b', 'base'))
-       for kind, suffix in (('', ''), ('_distilled', '_distilled'))},
+    **{
+        f'deit_{timm_size}{kind}_patch16_224': f'deit_{size}16{suffix}'
+        for size, timm_size in (('ti', 'tiny'), ('s', 'small'), ('b', 'base'))
+        for kind, suffix in (('', ''), ('_distilled', '_distilled'))
+    },
     'deit_base_patch16_384': 'deit_b16',
     'deit_base_distilled_patch16_384': 'deit_b16_distilled',
 }
-FAMILY = models.Family('deit', DeiT, MODELS, vit.from_timm, vit.to_timm, TIMM_ARCHITECTURES,
-                       vit.TIMM_ARGUMENTS)
+FAMILY = models.Family(
+    'deit', DeiT, MODELS, vit.from_timm, vit.to_timm, TIMM_ARCHITECTURES, vit.TIMM_ARGUMENTS
+)

@@ -24,6 +24,7 @@ from vit_jax.models import vit
 
 class DeiT3(vit.VisionTransformer):
   """DeiT III's ViT: LayerScale 1e-4, constant drop path, position embedding on patches only."""
+
   init_scheme: str = 'timm'
   layer_scale_init: float | str | None = 1e-4
 
@@ -52,8 +53,7 @@ _GAMMA = re.compile(r'(blocks\.\d+)\.gamma_([12])')
 
 def from_timm(state_dict: models.StateDict) -> dict[str, dict]:
   """Official deit (`gamma_1`) or timm (`ls1.gamma`) DeiT III state dict -> Flax variables."""
-  renamed = {_TIMM_LAYER_SCALE.sub(r'\1.gamma_\2', key): value
-             for key, value in state_dict.items()}
+  renamed = {_TIMM_LAYER_SCALE.sub(r'\1.gamma_\2', key): value for key, value in state_dict.items()}
   gammas = {key: value for key, value in renamed.items() if _GAMMA.fullmatch(key)}
   others = {key: value for key, value in renamed.items() if key not in gammas}
   variables = vit.from_timm(others)
@@ -65,8 +65,7 @@ def from_timm(state_dict: models.StateDict) -> dict[str, dict]:
 
 def to_timm(variables: models.Variables) -> dict[str, np.ndarray]:
   """Flax variables -> timm's DeiT III state dict (`blocks.i.ls1.gamma`)."""
-  return {_GAMMA.sub(r'\1.ls\2.gamma', key): value
-          for key, value in vit.to_timm(variables).items()}
+  return {_GAMMA.sub(r'\1.ls\2.gamma', key): value for key, value in vit.to_timm(variables).items()}
 
 
 # (depth, hidden_size, num_heads): models_v2.py's sizes (ViT-M is DeiT III's own); MLP 4x wide.
@@ -75,8 +74,9 @@ SIZES = {**vit.SIZES, 'm': (12, 512, 8)}
 
 def _deit3(size: str, patch_size: int) -> functools.partial:
   depth, hidden_size, num_heads = SIZES[size]
-  return functools.partial(DeiT3, patch_size=patch_size, hidden_size=hidden_size, depth=depth,
-                           num_heads=num_heads)
+  return functools.partial(
+      DeiT3, patch_size=patch_size, hidden_size=hidden_size, depth=depth, num_heads=num_heads
+  )
 
 
 # deit_{small,medium,base,large}_patch16_LS and deit_huge_patch14_LS; any input size.
@@ -85,11 +85,18 @@ MODELS = {
     'deit3_h14': _deit3('h', 14),
 }
 TIMM_ARCHITECTURES = {
-    **{f'deit3_{timm_size}_patch16_{resolution}': f'deit3_{size}16'
-       for size, timm_size, resolutions in (('s', 'small', (224, 384)), ('m', 'medium', (224,)),
-                                            ('b', 'base', (224, 384)), ('l', 'large', (224, 384)))
-       for resolution in resolutions},
+    **{
+        f'deit3_{timm_size}_patch16_{resolution}': f'deit3_{size}16'
+        for size, timm_size, resolutions in (
+            ('s', 'small', (224, 384)),
+            ('m', 'medium', (224,)),
+            ('b', 'base', (224, 384)),
+            ('l', 'large', (224, 384)),
+        )
+        for resolution in resolutions
+    },
     'deit3_huge_patch14_224': 'deit3_h14',
 }
-FAMILY = models.Family('deit3', DeiT3, MODELS, from_timm, to_timm, TIMM_ARCHITECTURES,
-                       vit.TIMM_ARGUMENTS)
+FAMILY = models.Family(
+    'deit3', DeiT3, MODELS, from_timm, to_timm, TIMM_ARCHITECTURES, vit.TIMM_ARGUMENTS
+)

@@ -45,6 +45,7 @@ class Features:
     feature map).
   head_inputs: what each head reads (class, then distillation head of a distilled DeiT).
   """
+
   pre_logits: jax.Array
   prefix_tokens: dict[str, jax.Array]
   patch_grid: dict[str, jax.Array]
@@ -64,17 +65,20 @@ def _chosen(names: list[str], blocks: int | Sequence[int] | None) -> list[str]:
     return names
   if isinstance(blocks, int):
     if not 0 <= blocks <= count:
-      raise ValueError(f'blocks={blocks} must be between 0 and the model\'s {count} blocks.')
-    return names[count - blocks:]
+      raise ValueError(f"blocks={blocks} must be between 0 and the model's {count} blocks.")
+    return names[count - blocks :]
   bad = [i for i in blocks if not -count <= i < count]
   if bad:
-    raise ValueError(f'Block indices {bad} are out of range for a model of {count} blocks; '
-                     f'valid: {-count}..{count - 1}.')
+    raise ValueError(
+        f'Block indices {bad} are out of range for a model of {count} blocks; '
+        f'valid: {-count}..{count - 1}.'
+    )
   return [names[i] for i in blocks]
 
 
-def _split(tokens: jax.Array, num_prefix: int, image_shape: tuple[int, int]
-           ) -> tuple[jax.Array, jax.Array]:
+def _split(
+    tokens: jax.Array, num_prefix: int, image_shape: tuple[int, int]
+) -> tuple[jax.Array, jax.Array]:
   """(batch, prefix + rows * cols, width) or a (batch, rows, cols, width) grid -> (prefix, grid)."""
   if tokens.ndim == 4:
     return tokens[:, :0, 0, :], tokens
@@ -83,14 +87,16 @@ def _split(tokens: jax.Array, num_prefix: int, image_shape: tuple[int, int]
   height, image_width = image_shape
   rows = round(math.sqrt(patches * height / image_width))
   if rows < 1 or patches % rows:
-    raise ValueError(f'{patches} patch tokens do not form a grid on a {height}x{image_width} '
-                     'image.')
+    raise ValueError(
+        f'{patches} patch tokens do not form a grid on a {height}x{image_width} ' 'image.'
+    )
   grid = tokens[:, num_prefix:].reshape(batch, rows, patches // rows, width)
   return tokens[:, :num_prefix], grid
 
 
-def extract(model: nn.Module, variables: Any, images: jax.Array, *,
-            blocks: int | Sequence[int] | None = 1) -> Features:
+def extract(
+    model: nn.Module, variables: Any, images: jax.Array, *, blocks: int | Sequence[int] | None = 1
+) -> Features:
   """The features of `model` on NHWC `images`: `blocks` (timm's `indices`; default the last
   block), the final normalised tokens and the pre-logits, in inference mode."""
   variables = {k: v for k, v in dict(variables).items() if k in ('params', 'batch_stats')}
@@ -109,5 +115,9 @@ def extract(model: nn.Module, variables: Any, images: jax.Array, *,
   encoded_prefix = 0 if encoded.ndim == 4 else encoded.shape[1] - patches
   prefix[ENCODED], grid[ENCODED] = _split(encoded, encoded_prefix, images.shape[1:3])
   head_inputs = tuple(sown['head_input'])
-  return Features(pre_logits=jnp.mean(jnp.stack(head_inputs), axis=0), prefix_tokens=prefix,
-                  patch_grid=grid, head_inputs=head_inputs)
+  return Features(
+      pre_logits=jnp.mean(jnp.stack(head_inputs), axis=0),
+      prefix_tokens=prefix,
+      patch_grid=grid,
+      head_inputs=head_inputs,
+  )

@@ -37,6 +37,7 @@ def sow_feature(module: nn.Module, name: str, value: jax.Array) -> None:
 @dataclasses.dataclass(frozen=True)
 class InitScheme:
   """The initialisers of one published scheme, shared by every module of a model."""
+
   dense_kernel: Initializer
   dense_bias: Initializer
   mlp_bias: Initializer
@@ -52,17 +53,27 @@ class InitScheme:
     if name == 'timm':
       # timm's trunc_normal_(std=.02) truncates at +-2 absolute (100 sigma): a plain normal.
       normal = nn.initializers.normal(stddev=0.02)
-      return cls(dense_kernel=normal, dense_bias=nn.initializers.zeros,
-                 mlp_bias=nn.initializers.zeros, head_kernel=normal, cls_token=normal,
-                 pos_embed=normal, patch_kernel=attention_lib.torch_default_kernel_init,
-                 patch_bias_from_fan_in=attention_lib.torch_default_bias_init)
+      return cls(
+          dense_kernel=normal,
+          dense_bias=nn.initializers.zeros,
+          mlp_bias=nn.initializers.zeros,
+          head_kernel=normal,
+          cls_token=normal,
+          pos_embed=normal,
+          patch_kernel=attention_lib.torch_default_kernel_init,
+          patch_bias_from_fan_in=attention_lib.torch_default_bias_init,
+      )
     if name == 'google':
-      return cls(dense_kernel=nn.initializers.xavier_uniform(), dense_bias=nn.initializers.zeros,
-                 mlp_bias=nn.initializers.normal(stddev=1e-6),
-                 head_kernel=nn.initializers.zeros, cls_token=nn.initializers.zeros,
-                 pos_embed=nn.initializers.normal(stddev=0.02),
-                 patch_kernel=nn.initializers.lecun_normal(),
-                 patch_bias_from_fan_in=lambda _: nn.initializers.zeros)
+      return cls(
+          dense_kernel=nn.initializers.xavier_uniform(),
+          dense_bias=nn.initializers.zeros,
+          mlp_bias=nn.initializers.normal(stddev=1e-6),
+          head_kernel=nn.initializers.zeros,
+          cls_token=nn.initializers.zeros,
+          pos_embed=nn.initializers.normal(stddev=0.02),
+          patch_kernel=nn.initializers.lecun_normal(),
+          patch_bias_from_fan_in=lambda _: nn.initializers.zeros,
+      )
     raise ValueError(f'Unknown init_scheme {name!r}; valid: {list(INIT_SCHEMES)}.')
 
 
@@ -71,6 +82,7 @@ class DropPath(nn.Module):
 
   `rate` may be a traced scalar (a per-layer rate scanned over by `VisionTransformer.blocks`).
   """
+
   rate: float | jax.Array = 0.0
 
   @nn.compact
@@ -98,6 +110,7 @@ ACTIVATIONS = {'gelu': gelu, 'gelu_tanh': functools.partial(nn.gelu, approximate
 
 class Mlp(nn.Module):
   """fc1 -> GELU (`activation`, exact by default) -> dropout -> fc2 -> dropout (timm `Mlp`)."""
+
   hidden_dim: int
   out_dim: int | None = None
   dropout_rate: float = 0.0
@@ -110,9 +123,13 @@ class Mlp(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
     out_dim = self.out_dim or x.shape[-1]
-    dense = functools.partial(attention_lib.Dense, kernel_init=self.kernel_init,
-                              bias_init=self.bias_init, dtype=self.dtype,
-                              param_dtype=self.param_dtype)
+    dense = functools.partial(
+        attention_lib.Dense,
+        kernel_init=self.kernel_init,
+        bias_init=self.bias_init,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+    )
     dropout = nn.Dropout(rate=self.dropout_rate, deterministic=not train)
     x = dropout(ACTIVATIONS[self.activation](dense(self.hidden_dim, name='fc1')(x)))
     return dropout(dense(out_dim, name='fc2')(x))
@@ -135,6 +152,7 @@ class EncoderBlock(nn.Module):
   attention output replace x (T2T's token attention already adds its own V skip).
   `scale_adjustment` s is DeepViT's official rescaling: x + f(LN(s x)) / s for both branches.
   """
+
   attention: ModuleDef
   mlp_dim: int
   dropout_rate: float = 0.0
@@ -153,8 +171,9 @@ class EncoderBlock(nn.Module):
     """A residual branch's output times its LayerScale `name` (if any), over the scale
     adjustment (if any)."""
     if self.layer_scale_init is not None:
-      gamma = self.param(name, nn.initializers.constant(self.layer_scale_init), (y.shape[-1],),
-                         self.param_dtype)
+      gamma = self.param(
+          name, nn.initializers.constant(self.layer_scale_init), (y.shape[-1],), self.param_dtype
+      )
       y = y * gamma.astype(y.dtype)
     return y if self.scale_adjustment == 1.0 else y / jnp.asarray(self.scale_adjustment, y.dtype)
 
@@ -162,14 +181,22 @@ class EncoderBlock(nn.Module):
     """LayerNorm `name` of x (of s x under a scale adjustment s)."""
     if self.scale_adjustment != 1.0:
       x = x * jnp.asarray(self.scale_adjustment, x.dtype)
-    return nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype,
-                        param_dtype=self.param_dtype, name=name)(x)
+    return nn.LayerNorm(
+        epsilon=self.layer_norm_eps, dtype=self.dtype, param_dtype=self.param_dtype, name=name
+    )(x)
 
   def mlp(self, x: jax.Array, train: bool) -> jax.Array:
     """The block's MLP branch on LN(x), before LayerScale."""
-    return Mlp(self.mlp_dim, dropout_rate=self.dropout_rate, activation=self.mlp_activation,
-               kernel_init=self.mlp_kernel_init, bias_init=self.mlp_bias_init, dtype=self.dtype,
-               param_dtype=self.param_dtype, name='mlp')(self.norm(x, 'norm2'), train=train)
+    return Mlp(
+        self.mlp_dim,
+        dropout_rate=self.dropout_rate,
+        activation=self.mlp_activation,
+        kernel_init=self.mlp_kernel_init,
+        bias_init=self.mlp_bias_init,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        name='mlp',
+    )(self.norm(x, 'norm2'), train=train)
 
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
@@ -191,8 +218,9 @@ class ClassAttentionBlock(EncoderBlock):
   @nn.compact
   def __call__(self, x: jax.Array, cls: jax.Array, *, train: bool = False) -> jax.Array:
     tokens = jnp.concatenate([cls, x], axis=1)
-    cls = cls + self.branch(self.attention(name='attn')(self.norm(tokens, 'norm1'), train=train),
-                            'gamma_1')
+    cls = cls + self.branch(
+        self.attention(name='attn')(self.norm(tokens, 'norm1'), train=train), 'gamma_1'
+    )
     return cls + self.branch(self.mlp(cls, train), 'gamma_2')
 
 
@@ -201,20 +229,31 @@ class _Layer(nn.Module):
 
   The block shares this module's scope, so its variables sit where the plain block's would.
   """
+
   block: ModuleDef
   train: bool
 
   @nn.compact
-  def __call__(self, x: jax.Array, drop_path_rate: jax.Array | None = None
-               ) -> tuple[jax.Array, None]:
+  def __call__(
+      self, x: jax.Array, drop_path_rate: jax.Array | None = None
+  ) -> tuple[jax.Array, None]:
     block = self.block() if drop_path_rate is None else self.block(drop_path_rate=drop_path_rate)
     nn.share_scope(self, block)
     return block(x, train=self.train), None
 
 
-def apply_blocks(block: ModuleDef, x: jax.Array, *, count: int, first: int, train: bool,
-                 scan_layers: bool, remat: bool, prefix: str = 'blocks',
-                 drop_path_rates: Sequence[float] | None = None) -> jax.Array:
+def apply_blocks(
+    block: ModuleDef,
+    x: jax.Array,
+    *,
+    count: int,
+    first: int,
+    train: bool,
+    scan_layers: bool,
+    remat: bool,
+    prefix: str = 'blocks',
+    drop_path_rates: Sequence[float] | None = None,
+) -> jax.Array:
   """Applies `count` blocks `{prefix}_{first}`, ... in sequence (inside a compact method).
 
   The one place where every family's block stack is scanned or rematerialised. `block(name=...)`
@@ -243,13 +282,16 @@ def apply_blocks(block: ModuleDef, x: jax.Array, *, count: int, first: int, trai
         x = one_block(i)(name=name)(x, train=train)
     return x
   layer = nn.remat(_Layer, prevent_cse=False) if remat else _Layer
-  scan = nn.scan(layer, variable_axes={True: 0}, split_rngs={'params': True, 'dropout': True},
-                 in_axes=0, length=count)
+  scan = nn.scan(
+      layer,
+      variable_axes={True: 0},
+      split_rngs={'params': True, 'dropout': True},
+      in_axes=0,
+      length=count,
+  )
   name = layouts.scanned_name(prefix, first, first + count - 1)
   if rates is None or all(rate == rates[0] for rate in rates):
     x, _ = scan(one_block(0), train, name=name)(x)
   else:
     x, _ = scan(block, train, name=name)(x, jnp.asarray(rates, jnp.float32))
   return x
-
-

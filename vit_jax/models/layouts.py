@@ -20,14 +20,17 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def checked_keys(state_dict: Mapping[str, Any], layout: re.Pattern[str],
-                 source: str) -> Mapping[str, Any]:
+def checked_keys(
+    state_dict: Mapping[str, Any], layout: re.Pattern[str], source: str
+) -> Mapping[str, Any]:
   """`state_dict`, after checking that every key is one of `layout`'s; ValueError naming the keys
   outside it and `source`, the code that defines the layout."""
   unknown = [key for key in state_dict if not layout.fullmatch(key)]
   if unknown:
-    raise ValueError(f'Keys outside the {source} layout: {unknown[:20]}'
-                     f'{f" (and {len(unknown) - 20} more)" if len(unknown) > 20 else ""}.')
+    raise ValueError(
+        f'Keys outside the {source} layout: {unknown[:20]}'
+        f'{f" (and {len(unknown) - 20} more)" if len(unknown) > 20 else ""}.'
+    )
   return state_dict
 
 
@@ -60,7 +63,7 @@ def variables_from_torch(state_dict: Mapping[str, Any]) -> dict[str, dict]:
     if leaf == 'num_batches_tracked':
       continue
     if leaf in ('running_mean', 'running_var'):
-      collection, leaf = 'batch_stats', leaf[len('running_'):]
+      collection, leaf = 'batch_stats', leaf[len('running_') :]
     elif leaf == 'weight':
       if value.ndim == 1:
         leaf = 'scale'
@@ -95,7 +98,6 @@ def variables_to_torch(variables: Mapping[str, Any]) -> dict[str, np.ndarray]:
       names = [re.sub(r'_(\d+)$', r'.\1', name) for name in modules]
       state_dict['.'.join(names + [leaf])] = value
   return state_dict
-
 
 
 def block_indices(name: str, prefix: str) -> np.ndarray | None:
@@ -158,4 +160,3 @@ def stack_layers(tree: Any, like: Any) -> Any:
     elif key in tree:
       out[key] = stack_layers(tree[key], value)
   return out
-

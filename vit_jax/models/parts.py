@@ -28,6 +28,7 @@ import dataclasses
 @dataclasses.dataclass(kw_only=True)
 class Parts:
   """The backbone's parts and shared settings, with ViT's defaults (see the module docstring)."""
+
   stem: str = 'patch'
   tokens_type: str = 'performer'
   token_dim: int = 64

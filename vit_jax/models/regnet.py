@@ -25,11 +25,13 @@ from vit_jax import models
 from vit_jax.models import Dtype
 from vit_jax.models import layers
 from vit_jax.models import layouts
+
 _WIDTH_QUANTUM = 8
 
 
-def stage_widths(w0: int, wa: float, wm: float, depth: int, group_width: int,
-                 bottleneck_ratio: float = 1.0) -> list[tuple[int, int, int]]:
+def stage_widths(
+    w0: int, wa: float, wm: float, depth: int, group_width: int, bottleneck_ratio: float = 1.0
+) -> list[tuple[int, int, int]]:
   """(width, blocks, group width) of every stage, as timm's `generate_regnet` and
   `adjust_widths_groups_comp` compute them (in float32, as they do).
 
@@ -50,14 +52,16 @@ def stage_widths(w0: int, wa: float, wm: float, depth: int, group_width: int,
   return stages
 
 
-def conv_kernel_init(kernel_size: int, features: int,
-                     groups: int = 1) -> nn.initializers.Initializer:
+def conv_kernel_init(
+    kernel_size: int, features: int, groups: int = 1
+) -> nn.initializers.Initializer:
   """timm's RegNet conv init: N(0, 2 / fan_out), fan_out = k * k * out / groups."""
-  return nn.initializers.normal(stddev=math.sqrt(2.0 * groups / (kernel_size ** 2 * features)))
+  return nn.initializers.normal(stddev=math.sqrt(2.0 * groups / (kernel_size**2 * features)))
 
 
 class ConvBN(nn.Module):
   """timm's `ConvNormAct` without its activation: conv (no bias, PyTorch padding) + BatchNorm."""
+
   features: int
   kernel_size: int = 1
   stride: int = 1
@@ -69,19 +73,35 @@ class ConvBN(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
     pad = (self.stride - 1 + self.kernel_size - 1) // 2  # timm `get_padding`.
-    x = nn.Conv(self.features, (self.kernel_size,) * 2, strides=(self.stride,) * 2,
-                padding=((pad, pad), (pad, pad)), feature_group_count=self.groups, use_bias=False,
-                kernel_init=conv_kernel_init(self.kernel_size, self.features, self.groups),
-                dtype=self.dtype, param_dtype=self.param_dtype, name='conv')(x)
+    x = nn.Conv(
+        self.features,
+        (self.kernel_size,) * 2,
+        strides=(self.stride,) * 2,
+        padding=((pad, pad), (pad, pad)),
+        feature_group_count=self.groups,
+        use_bias=False,
+        kernel_init=conv_kernel_init(self.kernel_size, self.features, self.groups),
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        name='conv',
+    )(x)
     scale_init = nn.initializers.zeros if self.zero_init_scale else nn.initializers.ones
-    x = nn.BatchNorm(use_running_average=not train, momentum=0.9, epsilon=1e-5,
-                     use_fast_variance=False, scale_init=scale_init, dtype=jnp.float32,
-                     param_dtype=self.param_dtype, name='bn')(x)
+    x = nn.BatchNorm(
+        use_running_average=not train,
+        momentum=0.9,
+        epsilon=1e-5,
+        use_fast_variance=False,
+        scale_init=scale_init,
+        dtype=jnp.float32,
+        param_dtype=self.param_dtype,
+        name='bn',
+    )(x)
     return x.astype(self.dtype)
 
 
 class SqueezeExcite(nn.Module):
   """timm's `SEModule`: x * sigmoid(fc2(relu(fc1(mean over space of x)))), 1x1 convs."""
+
   reduced: int
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
@@ -89,8 +109,9 @@ class SqueezeExcite(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     channels = x.shape[-1]
-    conv = functools.partial(nn.Conv, kernel_size=(1, 1), dtype=self.dtype,
-                             param_dtype=self.param_dtype)
+    conv = functools.partial(
+        nn.Conv, kernel_size=(1, 1), dtype=self.dtype, param_dtype=self.param_dtype
+    )
     s = jnp.mean(x.astype(jnp.float32), axis=(1, 2), keepdims=True).astype(self.dtype)
     s = nn.relu(conv(self.reduced, kernel_init=conv_kernel_init(1, self.reduced), name='fc1')(s))
     s = conv(channels, kernel_init=conv_kernel_init(1, channels), name='fc2')(s)
@@ -102,6 +123,7 @@ class Bottleneck(nn.Module):
 
   The SE bottleneck is `se_ratio` x the block's input width, as in timm and pycls.
   """
+
   features: int
   stride: int = 1
   group_width: int = 1
@@ -117,11 +139,18 @@ class Bottleneck(nn.Module):
     bottleneck = int(round(self.features * self.bottleneck_ratio))
     conv_bn = functools.partial(ConvBN, dtype=self.dtype, param_dtype=self.param_dtype)
     y = nn.relu(conv_bn(bottleneck, name='conv1')(x, train=train))
-    y = nn.relu(conv_bn(bottleneck, 3, self.stride, bottleneck // self.group_width,
-                        name='conv2')(y, train=train))
+    y = nn.relu(
+        conv_bn(bottleneck, 3, self.stride, bottleneck // self.group_width, name='conv2')(
+            y, train=train
+        )
+    )
     if self.se_ratio:
-      y = SqueezeExcite(int(round(in_features * self.se_ratio)), dtype=self.dtype,
-                        param_dtype=self.param_dtype, name='se')(y)
+      y = SqueezeExcite(
+          int(round(in_features * self.se_ratio)),
+          dtype=self.dtype,
+          param_dtype=self.param_dtype,
+          name='se',
+      )(y)
     y = conv_bn(self.features, zero_init_scale=True, name='conv3')(y, train=train)
     shortcut = x
     if in_features != self.features or self.stride != 1:
@@ -131,6 +160,7 @@ class Bottleneck(nn.Module):
 
 class RegStage(nn.Module):
   """Blocks of one width (timm `RegStage`, blocks `b1`, `b2`, ...); the first one has stride 2."""
+
   features: int
   group_width: int
   drop_path_rates: tuple[float, ...]
@@ -142,9 +172,17 @@ class RegStage(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
     for j, rate in enumerate(self.drop_path_rates):
-      x = Bottleneck(self.features, 2 if j == 0 else 1, self.group_width, self.bottleneck_ratio,
-                     self.se_ratio, rate, dtype=self.dtype, param_dtype=self.param_dtype,
-                     name=f'b{j + 1}')(x, train=train)
+      x = Bottleneck(
+          self.features,
+          2 if j == 0 else 1,
+          self.group_width,
+          self.bottleneck_ratio,
+          self.se_ratio,
+          rate,
+          dtype=self.dtype,
+          param_dtype=self.param_dtype,
+          name=f'b{j + 1}',
+      )(x, train=train)
     layers.sow_feature(self, 'tokens', x)
     return x
 
@@ -156,6 +194,7 @@ class RegNet(nn.Module):
   any H, W works, down to 1x1 feature maps. `drop_path_rate` rises linearly over the blocks
   (timm); `dropout_rate` drops pooled features before the head. Returns float32 logits.
   """
+
   num_classes: int = 1000
   w0: int = 200
   wa: float = 106.23
@@ -184,8 +223,10 @@ class RegNet(nn.Module):
       if getattr(self, name) < 1:
         raise ValueError(f'{name}={getattr(self, name)} must be >= 1.')
     if not 0 < self.bottleneck_ratio <= 1 or not 0 <= self.se_ratio <= 1:
-      raise ValueError(f'bottleneck_ratio={self.bottleneck_ratio} must be in (0, 1] and '
-                       f'se_ratio={self.se_ratio} in [0, 1].')
+      raise ValueError(
+          f'bottleneck_ratio={self.bottleneck_ratio} must be in (0, 1] and '
+          f'se_ratio={self.se_ratio} in [0, 1].'
+      )
     for name in ('drop_path_rate', 'dropout_rate'):
       if not 0.0 <= getattr(self, name) < 1.0:
         raise ValueError(f'{name}={getattr(self, name)} must be in [0, 1).')
@@ -193,8 +234,9 @@ class RegNet(nn.Module):
   @property
   def stages(self) -> list[tuple[int, int, int]]:
     """(width, blocks, group width) of every stage."""
-    return stage_widths(self.w0, self.wa, self.wm, self.depth, self.group_width,
-                        self.bottleneck_ratio)
+    return stage_widths(
+        self.w0, self.wa, self.wm, self.depth, self.group_width, self.bottleneck_ratio
+    )
 
   @property
   def top_layer(self) -> int:
@@ -209,7 +251,7 @@ class RegNet(nn.Module):
     stage = re.fullmatch(r's(\d+)', path[0])
     block = re.fullmatch(r'b(\d+)', path[1]) if stage and len(path) > 1 else None
     if block:
-      before = sum(blocks for _, blocks, _ in self.stages[:int(stage.group(1)) - 1])
+      before = sum(blocks for _, blocks, _ in self.stages[: int(stage.group(1)) - 1])
       return np.array([before + int(block.group(1))])
     return np.array([self.top_layer])
 
@@ -218,21 +260,36 @@ class RegNet(nn.Module):
     self.check_fields()
     if images.ndim != 4 or images.shape[-1] != 3:
       raise ValueError(f'Expected images of shape (batch, height, width, 3); got {images.shape}.')
-    x = nn.relu(ConvBN(self.stem_width, 3, 2, dtype=self.dtype, param_dtype=self.param_dtype,
-                       name='stem')(images.astype(self.dtype), train=train))
+    x = nn.relu(
+        ConvBN(self.stem_width, 3, 2, dtype=self.dtype, param_dtype=self.param_dtype, name='stem')(
+            images.astype(self.dtype), train=train
+        )
+    )
     stages = self.stages
     rates = np.linspace(0.0, self.drop_path_rate, sum(blocks for _, blocks, _ in stages))
     first = np.cumsum([0] + [blocks for _, blocks, _ in stages])
     for i, (width, blocks, group_width) in enumerate(stages):
-      x = RegStage(width, group_width, tuple(float(r) for r in rates[first[i]:first[i + 1]]),
-                   self.bottleneck_ratio, self.se_ratio, dtype=self.dtype,
-                   param_dtype=self.param_dtype, name=f's{i + 1}')(x, train=train)
+      x = RegStage(
+          width,
+          group_width,
+          tuple(float(r) for r in rates[first[i] : first[i + 1]]),
+          self.bottleneck_ratio,
+          self.se_ratio,
+          dtype=self.dtype,
+          param_dtype=self.param_dtype,
+          name=f's{i + 1}',
+      )(x, train=train)
     layers.sow_feature(self, 'encoded', x)
     x = jnp.mean(x.astype(jnp.float32), axis=(1, 2))
     layers.sow_feature(self, 'head_input', x)
     x = nn.Dropout(self.dropout_rate, deterministic=not train)(x).astype(self.dtype)
-    logits = nn.Dense(self.num_classes, kernel_init=nn.initializers.normal(0.01),
-                      dtype=self.dtype, param_dtype=self.param_dtype, name='head')(x)
+    logits = nn.Dense(
+        self.num_classes,
+        kernel_init=nn.initializers.normal(0.01),
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        name='head',
+    )(x)
     return logits.astype(jnp.float32)
 
 
@@ -240,14 +297,16 @@ class RegNet(nn.Module):
 _TIMM_KEY = re.compile(
     r'(stem|s\d+\.b\d+\.(conv[123]|downsample))\.(conv\.weight|bn\.(weight|bias|running_mean'
     r'|running_var|num_batches_tracked))'
-    r'|s\d+\.b\d+\.se\.fc[12]\.(weight|bias)|head\.fc\.(weight|bias)')
+    r'|s\d+\.b\d+\.se\.fc[12]\.(weight|bias)|head\.fc\.(weight|bias)'
+)
 
 
 def from_timm(state_dict: models.StateDict) -> dict[str, dict]:
   """timm `RegNet` state dict -> Flax variables {'params', 'batch_stats'}."""
   layouts.checked_keys(state_dict, _TIMM_KEY, "timm's RegNet (timm models/regnet.py)")
-  return layouts.variables_from_torch({key.replace('head.fc.', 'head.'): value
-                                   for key, value in state_dict.items()})
+  return layouts.variables_from_torch(
+      {key.replace('head.fc.', 'head.'): value for key, value in state_dict.items()}
+  )
 
 
 def to_timm(variables: models.Variables) -> dict[str, np.ndarray]:
@@ -261,8 +320,9 @@ def to_timm(variables: models.Variables) -> dict[str, np.ndarray]:
 
 
 def _regnety(w0: int, wa: float, wm: float, depth: int, group_width: int) -> functools.partial:
-  return functools.partial(RegNet, w0=w0, wa=wa, wm=wm, depth=depth, group_width=group_width,
-                           se_ratio=0.25)
+  return functools.partial(
+      RegNet, w0=w0, wa=wa, wm=wm, depth=depth, group_width=group_width, se_ratio=0.25
+  )
 
 
 # timm's `model_cfgs` of the RegNetY family (pycls RegNetY-200MF ... -32GF); the digits give the
@@ -282,7 +342,13 @@ MODELS = {
     'regnety_320': _regnety(232, 115.89, 2.53, 20, 232),
 }
 # timm names its RegNetYs as we do; its other arguments change training only.
-TIMM_ARGUMENTS = {'in_chans': None, 'num_classes': None, 'global_pool': None, 'drop_rate': None,
-                  'drop_path_rate': None}
-FAMILY = models.Family('regnet', RegNet, MODELS, from_timm, to_timm,
-                       {name: name for name in MODELS}, TIMM_ARGUMENTS)
+TIMM_ARGUMENTS = {
+    'in_chans': None,
+    'num_classes': None,
+    'global_pool': None,
+    'drop_rate': None,
+    'drop_path_rate': None,
+}
+FAMILY = models.Family(
+    'regnet', RegNet, MODELS, from_timm, to_timm, {name: name for name in MODELS}, TIMM_ARGUMENTS
+)

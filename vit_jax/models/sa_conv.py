@@ -35,6 +35,7 @@ from vit_jax.models import layouts
 
 class BertLayer(nn.Module):
   """Post-LN layer: LN(x + Drop(Dense(SA(x)))), then LN(h + Drop(Dense(GELU(Dense(h)))))."""
+
   attention: functools.partial
   intermediate_size: int
   dropout_rate: float = 0.1
@@ -56,15 +57,21 @@ class BertLayer(nn.Module):
     return np.array([self.top_layer]) if indices is None else indices + 1
 
   def _dense(self, features: int, fan_in: int, name: str) -> nn.Dense:
-    return stems.torch_dense(features, fan_in, dtype=self.dtype, param_dtype=self.param_dtype,
-                       name=name)
+    return stems.torch_dense(
+        features, fan_in, dtype=self.dtype, param_dtype=self.param_dtype, name=name
+    )
 
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
     width = x.shape[-1]
     dropout = nn.Dropout(rate=self.dropout_rate, deterministic=not train)
-    norm = functools.partial(nn.LayerNorm, epsilon=self.layer_norm_eps, use_fast_variance=False,
-                             dtype=self.dtype, param_dtype=self.param_dtype)
+    norm = functools.partial(
+        nn.LayerNorm,
+        epsilon=self.layer_norm_eps,
+        use_fast_variance=False,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+    )
     y = self.attention(name='attention')(x, train=train)
     y = dropout(self._dense(width, width, 'attention_output')(y))
     h = norm(name='attention_norm')(x + y)
@@ -83,6 +90,7 @@ class SAConv(nn.Module):
   (`layers.apply_blocks`); scanning stacks each run of consecutive layers with equal head counts
   under `layers_{first}_to_{last}`.
   """
+
   num_classes: int = 10
   attention: str = 'quadratic'
   num_heads: int = 9
@@ -104,23 +112,29 @@ class SAConv(nn.Module):
   def check_fields(self) -> None:
     """Raises ValueError for an inconsistent configuration."""
     if self.attention not in attention_lib.POSITIONAL_KINDS:
-      raise ValueError(f'Unknown attention {self.attention!r}; valid: '
-                       f'{list(attention_lib.POSITIONAL_KINDS)}.')
+      raise ValueError(
+          f'Unknown attention {self.attention!r}; valid: '
+          f'{list(attention_lib.POSITIONAL_KINDS)}.'
+      )
     for name in ('num_classes', 'num_heads', 'num_layers', 'hidden_size', 'intermediate_size'):
       if getattr(self, name) < 1:
         raise ValueError(f'{name}={getattr(self, name)} must be >= 1.')
-    if self.layer_heads is not None and (len(self.layer_heads) != self.num_layers
-                                         or min(self.layer_heads) < 1):
-      raise ValueError(f'layer_heads={self.layer_heads} must be None or {self.num_layers} '
-                       'head counts (one per layer), each >= 1.')
+    if self.layer_heads is not None and (
+        len(self.layer_heads) != self.num_layers or min(self.layer_heads) < 1
+    ):
+      raise ValueError(
+          f'layer_heads={self.layer_heads} must be None or {self.num_layers} '
+          'head counts (one per layer), each >= 1.'
+      )
     for name in ('dropout_rate', 'attention_dropout_rate'):
       rate = getattr(self, name)
       if not 0.0 <= rate < 1.0:
         raise ValueError(f'{name}={rate} must be in [0, 1).')
 
   def _dense(self, features: int, fan_in: int, name: str) -> nn.Dense:
-    return stems.torch_dense(features, fan_in, dtype=self.dtype, param_dtype=self.param_dtype,
-                       name=name)
+    return stems.torch_dense(
+        features, fan_in, dtype=self.dtype, param_dtype=self.param_dtype, name=name
+    )
 
   @nn.compact
   def __call__(self, images: jax.Array, *, train: bool = False) -> jax.Array:
@@ -130,19 +144,37 @@ class SAConv(nn.Module):
     x = stems.space_to_depth(images, self.downsample)
     x = self._dense(self.hidden_size, x.shape[-1], 'features_upscale')(x)
     attention = attention_lib.positional(
-        self.attention, num_heads=self.num_heads, centre_init_std=self.centre_init_std,
-        spread_init_std=self.spread_init_std, attention_dropout_rate=self.attention_dropout_rate,
-        dtype=self.dtype, param_dtype=self.param_dtype)
+        self.attention,
+        num_heads=self.num_heads,
+        centre_init_std=self.centre_init_std,
+        spread_init_std=self.spread_init_std,
+        attention_dropout_rate=self.attention_dropout_rate,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+    )
     heads = self.layer_heads or (self.num_heads,) * self.num_layers
     first = 0
     for group_heads, group in itertools.groupby(heads):
       count = len(list(group))
       layer = functools.partial(
-          BertLayer, functools.partial(attention, num_heads=int(group_heads)),
-          self.intermediate_size, dropout_rate=self.dropout_rate,
-          layer_norm_eps=self.layer_norm_eps, dtype=self.dtype, param_dtype=self.param_dtype)
-      x = layers.apply_blocks(layer, x, count=count, first=first, train=train,
-                           scan_layers=self.scan_layers, remat=self.remat, prefix='layers')
+          BertLayer,
+          functools.partial(attention, num_heads=int(group_heads)),
+          self.intermediate_size,
+          dropout_rate=self.dropout_rate,
+          layer_norm_eps=self.layer_norm_eps,
+          dtype=self.dtype,
+          param_dtype=self.param_dtype,
+      )
+      x = layers.apply_blocks(
+          layer,
+          x,
+          count=count,
+          first=first,
+          train=train,
+          scan_layers=self.scan_layers,
+          remat=self.remat,
+          prefix='layers',
+      )
       first += count
     pooled = jnp.mean(x.astype(jnp.float32), axis=(1, 2)).astype(self.dtype)
     layers.sow_feature(self, 'encoded', x)
@@ -156,8 +188,10 @@ def attention_heads(params: dict) -> list[dict[str, jax.Array]]:
   positional attention (`vit.VisionTransformer.attention`); stacked (`scan_layers`) or not."""
   params = layouts.unstack_layers(params)
   for prefix, module in (('layers_', 'attention'), ('blocks_', 'attn')):
-    layers = sorted((k for k in params if k.startswith(prefix) and k[len(prefix):].isdigit()),
-                    key=lambda k: int(k[len(prefix):]))
+    layers = sorted(
+        (k for k in params if k.startswith(prefix) and k[len(prefix) :].isdigit()),
+        key=lambda k: int(k[len(prefix) :]),
+    )
     if layers:
       return [dict(params[k][module]) for k in layers]
   return []

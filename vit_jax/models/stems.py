@@ -28,10 +28,13 @@ def check_images(images: jax.Array, patch_size: int) -> tuple[int, int]:
     raise ValueError(f'Expected NHWC images of rank 4; got shape {images.shape}.')
   height, width = images.shape[1:3]
   if patch_size < 1 or height % patch_size or width % patch_size:
-    valid = sorted(set(d for d in range(1, min(height, width) + 1)
-                       if height % d == 0 and width % d == 0))
-    raise ValueError(f'patch_size={patch_size} must divide the image size {height}x{width}; '
-                     f'valid patch sizes: {valid}.')
+    valid = sorted(
+        set(d for d in range(1, min(height, width) + 1) if height % d == 0 and width % d == 0)
+    )
+    raise ValueError(
+        f'patch_size={patch_size} must divide the image size {height}x{width}; '
+        f'valid patch sizes: {valid}.'
+    )
   return height // patch_size, width // patch_size
 
 
@@ -41,8 +44,9 @@ def space_to_depth(images: jax.Array, block: int) -> jax.Array:
   batch, height, width, channels = images.shape
   if block < 1 or height % block or width % block:
     valid = [b for b in range(1, min(height, width) + 1) if height % b == 0 and width % b == 0]
-    raise ValueError(f'downsample={block} must divide the image size {height}x{width}; '
-                     f'valid: {valid}.')
+    raise ValueError(
+        f'downsample={block} must divide the image size {height}x{width}; ' f'valid: {valid}.'
+    )
   x = images.reshape(batch, height // block, block, width // block, block, channels)
   x = x.transpose(0, 1, 3, 2, 4, 5)
   return x.reshape(batch, height // block, width // block, block * block * channels)
@@ -50,12 +54,17 @@ def space_to_depth(images: jax.Array, block: int) -> jax.Array:
 
 def torch_dense(features: int, fan_in: int, **kwargs) -> nn.Dense:
   """A Linear with PyTorch's default init, which SA-conv's official `BertImage` keeps."""
-  return attention_lib.Dense(features, kernel_init=attention_lib.torch_default_kernel_init,
-                             bias_init=attention_lib.torch_default_bias_init(fan_in), **kwargs)
+  return attention_lib.Dense(
+      features,
+      kernel_init=attention_lib.torch_default_kernel_init,
+      bias_init=attention_lib.torch_default_bias_init(fan_in),
+      **kwargs,
+  )
 
 
 class PatchEmbedding(nn.Module):
   """Conv(kernel = stride = patch): (batch, rows, cols, hidden) patch tokens."""
+
   patch_size: int
   hidden_size: int
   kernel_init: Initializer = attention_lib.torch_default_kernel_init
@@ -66,12 +75,19 @@ class PatchEmbedding(nn.Module):
   @nn.compact
   def __call__(self, images: jax.Array) -> jax.Array:
     check_images(images, self.patch_size)
-    fan_in = images.shape[-1] * self.patch_size ** 2
+    fan_in = images.shape[-1] * self.patch_size**2
     p = self.patch_size
-    return nn.Conv(self.hidden_size, (p, p), strides=(p, p), padding='VALID',
-                   kernel_init=self.kernel_init, bias_init=self.bias_init_from_fan_in(fan_in),
-                   dtype=self.dtype, param_dtype=self.param_dtype, name='proj')(images)
-
+    return nn.Conv(
+        self.hidden_size,
+        (p, p),
+        strides=(p, p),
+        padding='VALID',
+        kernel_init=self.kernel_init,
+        bias_init=self.bias_init_from_fan_in(fan_in),
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        name='proj',
+    )(images)
 
 
 class SpaceToDepthEmbedding(nn.Module):
@@ -80,6 +96,7 @@ class SpaceToDepthEmbedding(nn.Module):
   As a function of the image it is a patch embedding of patch `block`; it differs in the feature
   order of its kernel and in its initialisation (PyTorch's Linear default, as SA-conv keeps).
   """
+
   block: int
   hidden_size: int
   dtype: Dtype = jnp.float32
@@ -89,8 +106,9 @@ class SpaceToDepthEmbedding(nn.Module):
   def __call__(self, images: jax.Array, *, train: bool = False) -> jax.Array:
     del train  # A linear map: the same in training and evaluation.
     x = space_to_depth(images, self.block)
-    return torch_dense(self.hidden_size, x.shape[-1], dtype=self.dtype,
-                       param_dtype=self.param_dtype, name='proj')(x)
+    return torch_dense(
+        self.hidden_size, x.shape[-1], dtype=self.dtype, param_dtype=self.param_dtype, name='proj'
+    )(x)
 
 
 class CnnStem(nn.Module):
@@ -99,6 +117,7 @@ class CnnStem(nn.Module):
   Convolutions keep PyTorch's default init (the official `_init_weights` skips them); BatchNorm
   uses eps 1e-5 and PyTorch's momentum 0.1 (Flax momentum 0.9), running stats when not training.
   """
+
   patch_size: int
   hidden_size: int
   stem_width: int = 64
@@ -108,26 +127,46 @@ class CnnStem(nn.Module):
   @nn.compact
   def __call__(self, images: jax.Array, *, train: bool = False) -> jax.Array:
     if self.patch_size % 2:
-      raise ValueError(f'patch_size={self.patch_size} must be even with the CNN stem '
-                       '(its first conv has stride 2).')
+      raise ValueError(
+          f'patch_size={self.patch_size} must be even with the CNN stem '
+          '(its first conv has stride 2).'
+      )
     check_images(images, self.patch_size)
-    conv = functools.partial(nn.Conv, kernel_init=attention_lib.torch_default_kernel_init,
-                             dtype=self.dtype, param_dtype=self.param_dtype)
-    batch_norm = functools.partial(nn.BatchNorm, use_running_average=not train, momentum=0.9,
-                                   epsilon=1e-5, dtype=jnp.float32, param_dtype=self.param_dtype)
-    x = conv(self.stem_width, (7, 7), strides=(2, 2), padding=((3, 3), (3, 3)), use_bias=False,
-             name='conv1')(images)
+    conv = functools.partial(
+        nn.Conv,
+        kernel_init=attention_lib.torch_default_kernel_init,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+    )
+    batch_norm = functools.partial(
+        nn.BatchNorm,
+        use_running_average=not train,
+        momentum=0.9,
+        epsilon=1e-5,
+        dtype=jnp.float32,
+        param_dtype=self.param_dtype,
+    )
+    x = conv(
+        self.stem_width,
+        (7, 7),
+        strides=(2, 2),
+        padding=((3, 3), (3, 3)),
+        use_bias=False,
+        name='conv1',
+    )(images)
     x = nn.relu(batch_norm(name='bn1')(x)).astype(self.dtype)
     x = conv(self.stem_width, (3, 3), padding=((1, 1), (1, 1)), use_bias=False, name='conv2')(x)
     x = nn.relu(batch_norm(name='bn2')(x)).astype(self.dtype)
     p = self.patch_size // 2
     bias_init = attention_lib.torch_default_bias_init(self.stem_width * p * p)
-    return conv(self.hidden_size, (p, p), strides=(p, p), padding='VALID', bias_init=bias_init,
-                name='proj')(x)
+    return conv(
+        self.hidden_size, (p, p), strides=(p, p), padding='VALID', bias_init=bias_init, name='proj'
+    )(x)
 
 
-def soft_split(x: jax.Array, kernel_size: int, stride: int,
-               padding: int) -> tuple[jax.Array, tuple[int, int]]:
+def soft_split(
+    x: jax.Array, kernel_size: int, stride: int, padding: int
+) -> tuple[jax.Array, tuple[int, int]]:
   """Overlapping patches of an NHWC map as tokens, features in `nn.Unfold`'s (C, kh, kw) order.
 
   Returns (batch, rows * cols, C * k * k) tokens in row-major order and the grid (rows, cols).
@@ -140,25 +179,33 @@ def soft_split(x: jax.Array, kernel_size: int, stride: int,
   cols = (width + 2 * padding - kernel_size) // stride + 1
   x = jnp.pad(x, ((0, 0), (padding, padding), (padding, padding), (0, 0)))
   offsets = [(i, j) for i in range(kernel_size) for j in range(kernel_size)]
-  patches = jnp.stack([x[:, i:i + stride * (rows - 1) + 1:stride,
-                         j:j + stride * (cols - 1) + 1:stride] for i, j in offsets], axis=-1)
-  return patches.reshape(batch, rows * cols, channels * kernel_size ** 2), (rows, cols)
+  patches = jnp.stack(
+      [
+          x[:, i : i + stride * (rows - 1) + 1 : stride, j : j + stride * (cols - 1) + 1 : stride]
+          for i, j in offsets
+      ],
+      axis=-1,
+  )
+  return patches.reshape(batch, rows * cols, channels * kernel_size**2), (rows, cols)
 
 
-def check_soft_splits(soft_splits: tuple[tuple[int, int, int], ...],
-                      image_size: tuple[int, int] | None = None) -> None:
+def check_soft_splits(
+    soft_splits: tuple[tuple[int, int, int], ...], image_size: tuple[int, int] | None = None
+) -> None:
   """Raises unless `soft_splits` are (kernel, stride, padding) triples that leave a non-empty
   grid of an image of `image_size` (when given)."""
-  if len(soft_splits) < 1 or any(len(s) != 3 or min(s[:2]) < 1 or s[2] < 0
-                                 for s in soft_splits):
-    raise ValueError(f'soft_splits={soft_splits} must be a non-empty tuple of '
-                     '(kernel >= 1, stride >= 1, padding >= 0) triples.')
+  if len(soft_splits) < 1 or any(len(s) != 3 or min(s[:2]) < 1 or s[2] < 0 for s in soft_splits):
+    raise ValueError(
+        f'soft_splits={soft_splits} must be a non-empty tuple of '
+        '(kernel >= 1, stride >= 1, padding >= 0) triples.'
+    )
   size = image_size
   for kernel, stride, padding in soft_splits if size else ():
     size = tuple((s + 2 * padding - kernel) // stride + 1 for s in size)
     if min(size) < 1:
-      raise ValueError(f'Images of size {image_size} are too small for '
-                       f'soft_splits={soft_splits}.')
+      raise ValueError(
+          f'Images of size {image_size} are too small for ' f'soft_splits={soft_splits}.'
+      )
 
 
 class TokenPerformer(nn.Module):
@@ -169,6 +216,7 @@ class TokenPerformer(nn.Module):
   y = v + Drop(proj(phi(q) (phi(k)^T v) / (phi(q) . sum_t phi(k_t) + 1e-8))), then
   y + Drop(MLP(LN(y))). The implicit attention matrix is sown only when asked for.
   """
+
   activation: Callable[[jax.Array], jax.Array]
   dim: int = 64
   kernel_ratio: float = 0.5
@@ -184,8 +232,9 @@ class TokenPerformer(nn.Module):
 
     w x multiplies operands in `dtype`; |x|^2 and the exponential are float32.
     """
-    projected = attention_lib.einsum_float32('bti,mi->btm', x.astype(self.dtype),
-                                             w.astype(self.dtype))
+    projected = attention_lib.einsum_float32(
+        'bti,mi->btm', x.astype(self.dtype), w.astype(self.dtype)
+    )
     x = x.astype(jnp.float32)
     half_norm = 0.5 * jnp.sum(x * x, axis=-1, keepdims=True)
     return jnp.exp(projected - half_norm) / math.sqrt(w.shape[0])
@@ -194,26 +243,35 @@ class TokenPerformer(nn.Module):
   def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
     num_features = int(self.dim * self.kernel_ratio)
     if num_features < 1:
-      raise ValueError(f'kernel_ratio={self.kernel_ratio} leaves no random features for '
-                       f'dim={self.dim}; it must be >= {1 / self.dim}.')
-    dense = functools.partial(attention_lib.Dense, kernel_init=self.kernel_init,
-                              bias_init=self.bias_init, dtype=self.dtype,
-                              param_dtype=self.param_dtype)
-    norm = functools.partial(nn.LayerNorm, epsilon=self.layer_norm_eps, dtype=self.dtype,
-                             param_dtype=self.param_dtype)
+      raise ValueError(
+          f'kernel_ratio={self.kernel_ratio} leaves no random features for '
+          f'dim={self.dim}; it must be >= {1 / self.dim}.'
+      )
+    dense = functools.partial(
+        attention_lib.Dense,
+        kernel_init=self.kernel_init,
+        bias_init=self.bias_init,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+    )
+    norm = functools.partial(
+        nn.LayerNorm, epsilon=self.layer_norm_eps, dtype=self.dtype, param_dtype=self.param_dtype
+    )
     dropout = nn.Dropout(rate=self.dropout_rate, deterministic=not train)
 
     def orthogonal_rows(key, shape, dtype=jnp.float32):
       return nn.initializers.orthogonal(scale=math.sqrt(shape[0]))(key, shape, dtype)
 
     # Frozen random features stay float32 whatever param_dtype is (official requires_grad=False).
-    w = jax.lax.stop_gradient(self.param(
-        'random_features', orthogonal_rows, (num_features, self.dim), jnp.float32))
+    w = jax.lax.stop_gradient(
+        self.param('random_features', orthogonal_rows, (num_features, self.dim), jnp.float32)
+    )
     k, q, v = jnp.split(dense(3 * self.dim, name='kqv')(norm(name='norm1')(x)), 3, axis=-1)
     kp, qp = self._features(k, w), self._features(q, w)
     # The features' products take operands in `dtype` and accumulate in float32.
     product = lambda spec, a, b: attention_lib.einsum_float32(
-        spec, a.astype(self.dtype), b.astype(self.dtype))
+        spec, a.astype(self.dtype), b.astype(self.dtype)
+    )
     normaliser = product('btm,bm->bt', qp, kp.sum(axis=1))[..., None] + 1e-8
     if self.is_mutable_collection('intermediates'):
       probs = product('bqm,bkm->bqk', qp, kp) / normaliser
@@ -231,6 +289,7 @@ class TokensToToken(nn.Module):
   `token_block(name=...)` builds one token block (`TokenPerformer`, or a transformer block over
   `attention.TokenAttention`); `soft_splits` lists (kernel, stride, padding) of each soft split.
   """
+
   hidden_size: int
   soft_splits: tuple[tuple[int, int, int], ...]
   token_block: ModuleDef
@@ -248,7 +307,12 @@ class TokensToToken(nn.Module):
     for i, split in enumerate(self.soft_splits[1:], start=1):
       x = self.token_block(name=f'attention{i}')(x, train=train)
       x, grid = soft_split(x.reshape((x.shape[0],) + grid + (x.shape[-1],)), *split)
-    x = attention_lib.Dense(self.hidden_size, kernel_init=self.kernel_init,
-                            bias_init=self.bias_init, dtype=self.dtype,
-                            param_dtype=self.param_dtype, name='project')(x)
+    x = attention_lib.Dense(
+        self.hidden_size,
+        kernel_init=self.kernel_init,
+        bias_init=self.bias_init,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        name='project',
+    )(x)
     return x.reshape((x.shape[0],) + grid + (x.shape[-1],))

@@ -47,6 +47,7 @@ class T2TViT(vit.VisionTransformer):
   blocks have no qkv bias and LayerNorm eps 1e-5 (official `nn.LayerNorm`); the MLP is 3 times
   the width by default. `soft_splits` lists (kernel, stride, padding) of each soft split.
   """
+
   num_classes: int = 1000
   hidden_size: int = 384
   depth: int = 14
@@ -72,23 +73,30 @@ _T2T_REPO_KEY = re.compile(
     r'cls_token|pos_embed|(norm|head)\.(weight|bias)'
     r'|blocks\.\d+\.(norm[12]|attn\.(qkv|proj)|mlp\.fc[12])\.(weight|bias)'
     r'|tokens_to_token\.(project\.(weight|bias)|attention\d+\.(w|(norm[12]|attn\.(qkv|proj)'
-    r'|mlp\.fc[12]|kqv|proj|mlp\.[02])\.(weight|bias)))')
+    r'|mlp\.fc[12]|kqv|proj|mlp\.[02])\.(weight|bias)))'
+)
 _PERFORMER_FEATURES = re.compile(r'(tokens_to_token\.attention\d+)\.(w|random_features)$')
 
 
 def from_t2t_repo(state_dict: models.StateDict) -> dict[str, dict]:
   """Official T2T-ViT state dict (`state_dict_ema`, no `module.` prefix) -> Flax variables."""
-  layouts.checked_keys(state_dict, _T2T_REPO_KEY,
-                       'official T2T-ViT (yitu-opensource/T2T-ViT, models/t2t_vit.py)')
+  layouts.checked_keys(
+      state_dict, _T2T_REPO_KEY, 'official T2T-ViT (yitu-opensource/T2T-ViT, models/t2t_vit.py)'
+  )
   return layouts.variables_from_torch(
-      {_PERFORMER_FEATURES.sub(r'\1.random_features', key): value
-       for key, value in state_dict.items()})
+      {
+          _PERFORMER_FEATURES.sub(r'\1.random_features', key): value
+          for key, value in state_dict.items()
+      }
+  )
 
 
 def to_t2t_repo(variables: models.Variables) -> dict[str, np.ndarray]:
   """Flax variables -> official T2T-ViT state dict (inverse of `from_t2t_repo`)."""
-  return {_PERFORMER_FEATURES.sub(r'\1.w', key): value
-          for key, value in layouts.variables_to_torch(variables).items()}
+  return {
+      _PERFORMER_FEATURES.sub(r'\1.w', key): value
+      for key, value in layouts.variables_to_torch(variables).items()
+  }
 
 
 # The published sizes for 224x224 inputs (official `models/t2t_vit.py`): (width, depth, heads,
@@ -97,16 +105,26 @@ def to_t2t_repo(variables: models.Variables) -> dict[str, np.ndarray]:
 # were trained and evaluated with the default qk scale, head_dim^-0.5 (their `pretrained=True`
 # branch, which sets width^-0.5, loads timm-hosted weights that were never published).
 SIZES = {
-    '7': (256, 7, 4, 2), '10': (256, 10, 4, 2), '12': (256, 12, 4, 2),
-    '14': (384, 14, 6, 3), '19': (448, 19, 7, 3), '24': (512, 24, 8, 3),
+    '7': (256, 7, 4, 2),
+    '10': (256, 10, 4, 2),
+    '12': (256, 12, 4, 2),
+    '14': (384, 14, 6, 3),
+    '19': (448, 19, 7, 3),
+    '24': (512, 24, 8, 3),
 }
 TRANSFORMER_T2T_SIZES = ('14', '19', '24')
 
 
 def _t2t(size: str, tokens_type: str) -> functools.partial:
   width, depth, heads, mlp_ratio = SIZES[size]
-  return functools.partial(T2TViT, tokens_type=tokens_type, hidden_size=width, depth=depth,
-                           num_heads=heads, mlp_dim=int(mlp_ratio * width))
+  return functools.partial(
+      T2TViT,
+      tokens_type=tokens_type,
+      hidden_size=width,
+      depth=depth,
+      num_heads=heads,
+      mlp_dim=int(mlp_ratio * width),
+  )
 
 
 # The `_ti4` pair is for 32x32 inputs: soft splits (7, 2, 3), (3, 2, 1), (3, 1, 1) take
@@ -115,7 +133,9 @@ _SPLITS_32 = ((7, 2, 3), (3, 2, 1), (3, 1, 1))
 MODELS = {
     **{f't2t_vit_{size}': _t2t(size, 'performer') for size in SIZES},
     **{f't2t_vit_t_{size}': _t2t(size, 'transformer') for size in TRANSFORMER_T2T_SIZES},
-    **{name: functools.partial(_t2t('7', tokens_type), soft_splits=_SPLITS_32)
-       for name, tokens_type in (('t2t_vit_ti4', 'performer'), ('t2t_vit_t_ti4', 'transformer'))},
+    **{
+        name: functools.partial(_t2t('7', tokens_type), soft_splits=_SPLITS_32)
+        for name, tokens_type in (('t2t_vit_ti4', 'performer'), ('t2t_vit_t_ti4', 'transformer'))
+    },
 }
 FAMILY = models.Family('t2t', T2TViT, MODELS, from_t2t_repo, to_t2t_repo)

@@ -50,6 +50,7 @@ class AttentionPool(nn.Module):
   A learned `latent` query attends to the tokens (`q`, `kv`, `proj`); then y + MLP(LN(y)).
   Returns (batch, width); the attention probabilities are sown like every attention's.
   """
+
   num_heads: int
   mlp_dim: int
   mlp_activation: str = 'gelu'
@@ -62,21 +63,37 @@ class AttentionPool(nn.Module):
   def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
     batch, tokens, width = x.shape
     head_dim = attention_lib.check_heads(width, self.num_heads, 'hidden')
-    dense = functools.partial(attention_lib.Dense, kernel_init=self.kernel_init, dtype=self.dtype,
-                              param_dtype=self.param_dtype)
+    dense = functools.partial(
+        attention_lib.Dense,
+        kernel_init=self.kernel_init,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+    )
     latent = self.param('latent', self.kernel_init, (1, 1, width), self.param_dtype)
     q = dense(width, name='q')(latent.astype(x.dtype)).reshape(1, self.num_heads, 1, head_dim)
-    k, v = jnp.split(dense(2 * width, name='kv')(x).reshape(
-        batch, tokens, 2 * self.num_heads, head_dim), 2, axis=2)
+    k, v = jnp.split(
+        dense(2 * width, name='kv')(x).reshape(batch, tokens, 2 * self.num_heads, head_dim),
+        2,
+        axis=2,
+    )
     scores = attention_lib.einsum_float32(
-        'bhqd,bkhd->bhqk', jnp.broadcast_to(q * jnp.asarray(head_dim ** -0.5, q.dtype),
-                                            (batch,) + q.shape[1:]), k)
+        'bhqd,bkhd->bhqk',
+        jnp.broadcast_to(q * jnp.asarray(head_dim**-0.5, q.dtype), (batch,) + q.shape[1:]),
+        k,
+    )
     y = attention_lib.attend(self, scores, v, dropout_rate=0.0, train=train)
     y = dense(width, name='proj')(y.reshape(batch, 1, width))
-    norm = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype, param_dtype=self.param_dtype,
-                        name='norm')
-    mlp = layers.Mlp(self.mlp_dim, activation=self.mlp_activation, kernel_init=self.kernel_init,
-                     dtype=self.dtype, param_dtype=self.param_dtype, name='mlp')
+    norm = nn.LayerNorm(
+        epsilon=self.layer_norm_eps, dtype=self.dtype, param_dtype=self.param_dtype, name='norm'
+    )
+    mlp = layers.Mlp(
+        self.mlp_dim,
+        activation=self.mlp_activation,
+        kernel_init=self.kernel_init,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        name='mlp',
+    )
     y = y + mlp(norm(y), train=train)
     return y[:, 0]
 
@@ -118,6 +135,7 @@ class VisionTransformer(nn.Module, parts.Parts):
   - `distilled`: DeiT's distillation token and second head `head_dist`; with train=True the model
     returns (cls_logits, dist_logits), at inference per `inference_mode` (see `deit.py`).
   """
+
   num_classes: int = 1000
   patch_size: int = 16
   hidden_size: int = 768
@@ -177,49 +195,71 @@ class VisionTransformer(nn.Module, parts.Parts):
       if not 0.0 <= rate < 1.0:
         raise ValueError(f'{name}={rate} must be in [0, 1).')
     layers.InitScheme.named(self.init_scheme)
-    for name, valid in (('global_pool', GLOBAL_POOLS), ('mlp_activation', layers.ACTIVATIONS),
-                        ('attention_implementation', (None, 'xla', 'cudnn')),
-                        ('stem', stems.STEMS), ('tokens_type', stems.TOKENS_TYPES),
-                        ('attention', attention_lib.kinds()),
-                        ('re_attention_norm', attention_lib.RE_ATTENTION_NORMS),
-                        ('class_stage', CLASS_STAGES), ('inference_mode', INFERENCE_MODES)):
+    for name, valid in (
+        ('global_pool', GLOBAL_POOLS),
+        ('mlp_activation', layers.ACTIVATIONS),
+        ('attention_implementation', (None, 'xla', 'cudnn')),
+        ('stem', stems.STEMS),
+        ('tokens_type', stems.TOKENS_TYPES),
+        ('attention', attention_lib.kinds()),
+        ('re_attention_norm', attention_lib.RE_ATTENTION_NORMS),
+        ('class_stage', CLASS_STAGES),
+        ('inference_mode', INFERENCE_MODES),
+    ):
       if getattr(self, name) not in valid:
-        raise ValueError(f'{name}={getattr(self, name)!r} is not valid; choose from '
-                         f'{list(valid)}.')
+        raise ValueError(
+            f'{name}={getattr(self, name)!r} is not valid; choose from ' f'{list(valid)}.'
+        )
     if isinstance(self.layer_scale_init, str) and self.layer_scale_init != 'paper':
-      raise ValueError(f'layer_scale_init={self.layer_scale_init!r} is not valid; choose a number, '
-                       "None (no LayerScale) or 'paper' (CaiT's depth rule).")
+      raise ValueError(
+          f'layer_scale_init={self.layer_scale_init!r} is not valid; choose a number, '
+          "None (no LayerScale) or 'paper' (CaiT's depth rule)."
+      )
     if self.mlp_dim is not None and self.mlp_ratio is not None:
-      raise ValueError(f'mlp_dim={self.mlp_dim} and mlp_ratio={self.mlp_ratio} both give the MLP '
-                       'width; set one of them (the other None).')
+      raise ValueError(
+          f'mlp_dim={self.mlp_dim} and mlp_ratio={self.mlp_ratio} both give the MLP '
+          'width; set one of them (the other None).'
+      )
     if self.stem == 't2t':
       stems.check_soft_splits(self.soft_splits)
     if self.stem == 'cnn' and self.patch_size % 2:
-      raise ValueError(f'patch_size={self.patch_size} must be even with stem=\'cnn\' (its first '
-                       'conv has stride 2).')
+      raise ValueError(
+          f"patch_size={self.patch_size} must be even with stem='cnn' (its first "
+          'conv has stride 2).'
+      )
     self.check_parts()
 
   def check_parts(self) -> None:
     """Raises ValueError for parts that cannot work together."""
     if self.class_stage == 'class_attention':
       if self.class_attention_depth < 1:
-        raise ValueError(f'class_attention_depth={self.class_attention_depth} must be >= 1 with '
-                         "class_stage='class_attention'.")
+        raise ValueError(
+            f'class_attention_depth={self.class_attention_depth} must be >= 1 with '
+            "class_stage='class_attention'."
+        )
       if self.global_pool != 'token':
-        raise ValueError(f"class_stage='class_attention' makes the head read the class token; "
-                         f"global_pool={self.global_pool!r} must be 'token'.")
+        raise ValueError(
+            f"class_stage='class_attention' makes the head read the class token; "
+            f"global_pool={self.global_pool!r} must be 'token'."
+        )
     if self.distilled:
       if self.class_stage != 'token' or self.global_pool != 'token':
-        raise ValueError('distilled=True needs the class and distillation tokens from the first '
-                         f"block: class_stage='token' and global_pool='token' (got "
-                         f'{self.class_stage!r}, {self.global_pool!r}).')
+        raise ValueError(
+            'distilled=True needs the class and distillation tokens from the first '
+            f"block: class_stage='token' and global_pool='token' (got "
+            f'{self.class_stage!r}, {self.global_pool!r}).'
+        )
       if self.representation_size is not None:
-        raise ValueError(f'representation_size={self.representation_size} is not supported with '
-                         'distilled=True; use representation_size=None.')
+        raise ValueError(
+            f'representation_size={self.representation_size} is not supported with '
+            'distilled=True; use representation_size=None.'
+        )
     if attention_lib.kind(self.attention).patch_tokens_only and self.prefix_tokens:
-      raise ValueError(f'attention={self.attention!r} attends over the patch grid only, but the '
-                       f'main blocks also carry {list(self.prefix_tokens)}: set '
-                       "class_stage='class_attention' or global_pool='avg' or 'map'.")
+      raise ValueError(
+          f'attention={self.attention!r} attends over the patch grid only, but the '
+          f'main blocks also carry {list(self.prefix_tokens)}: set '
+          "class_stage='class_attention' or global_pool='avg' or 'map'."
+      )
 
   @property
   def scheme(self) -> layers.InitScheme:
@@ -243,8 +283,10 @@ class VisionTransformer(nn.Module, parts.Parts):
     name = path[0]
     if name in ('patch_embed', 'tokens_to_token', 'pos_embed', 'cls_token', 'dist_token'):
       return np.array([0])
-    for prefix, offset in (('blocks', 1),
-                           ('blocks_token_only', self.depth - self.class_attention_depth + 1)):
+    for prefix, offset in (
+        ('blocks', 1),
+        ('blocks_token_only', self.depth - self.class_attention_depth + 1),
+    ):
       indices = layouts.block_indices(name, prefix)
       if indices is not None:
         return indices + offset
@@ -252,31 +294,59 @@ class VisionTransformer(nn.Module, parts.Parts):
       return np.array([self.depth])
     return np.array([self.top_layer])
 
-  def blocks(self, block: ModuleDef, x: jax.Array, *, first: int, drop_path_rates: Sequence[float],
-             train: bool, prefix: str = 'blocks') -> jax.Array:
+  def blocks(
+      self,
+      block: ModuleDef,
+      x: jax.Array,
+      *,
+      first: int,
+      drop_path_rates: Sequence[float],
+      train: bool,
+      prefix: str = 'blocks',
+  ) -> jax.Array:
     """`layers.apply_blocks` with this model's `scan_layers` and `remat`, one block per
     drop-path rate."""
-    return layers.apply_blocks(block, x, count=len(drop_path_rates), first=first, train=train,
-                        scan_layers=self.scan_layers, remat=self.remat, prefix=prefix,
-                        drop_path_rates=drop_path_rates)
+    return layers.apply_blocks(
+        block,
+        x,
+        count=len(drop_path_rates),
+        first=first,
+        train=train,
+        scan_layers=self.scan_layers,
+        remat=self.remat,
+        prefix=prefix,
+        drop_path_rates=drop_path_rates,
+    )
 
   def attention_fields(self) -> dict[str, Any]:
     """What every content-attention module of the model receives; families extend it."""
     scheme = self.scheme
-    return dict(num_heads=self.num_heads, qkv_bias=self.qkv_bias,
-                attention_dropout_rate=self.attention_dropout_rate,
-                dropout_rate=self.dropout_rate, kernel_init=scheme.dense_kernel,
-                bias_init=scheme.dense_bias, fast_path_implementation=self.attention_implementation,
-                dtype=self.dtype, param_dtype=self.param_dtype)
+    return dict(
+        num_heads=self.num_heads,
+        qkv_bias=self.qkv_bias,
+        attention_dropout_rate=self.attention_dropout_rate,
+        dropout_rate=self.dropout_rate,
+        kernel_init=scheme.dense_kernel,
+        bias_init=scheme.dense_bias,
+        fast_path_implementation=self.attention_implementation,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+    )
 
   def block_fields(self) -> dict[str, Any]:
     """What every block of the model receives (main and class stage); families extend it."""
     scheme = self.scheme
-    return dict(mlp_dim=self.mlp_width,
-                dropout_rate=self.dropout_rate, layer_norm_eps=self.layer_norm_eps,
-                layer_scale_init=self.layer_scale, mlp_activation=self.mlp_activation,
-                mlp_kernel_init=scheme.dense_kernel, mlp_bias_init=scheme.mlp_bias,
-                dtype=self.dtype, param_dtype=self.param_dtype)
+    return dict(
+        mlp_dim=self.mlp_width,
+        dropout_rate=self.dropout_rate,
+        layer_norm_eps=self.layer_norm_eps,
+        layer_scale_init=self.layer_scale,
+        mlp_activation=self.mlp_activation,
+        mlp_kernel_init=scheme.dense_kernel,
+        mlp_bias_init=scheme.mlp_bias,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+    )
 
   def block_attention(self, index: int) -> str:
     """The attention kind of main block `index` (`attention` in every block by default)."""
@@ -296,36 +366,64 @@ class VisionTransformer(nn.Module, parts.Parts):
     scheme = self.scheme
     dtypes = dict(dtype=self.dtype, param_dtype=self.param_dtype)
     if self.stem == 'cnn':
-      return stems.CnnStem(self.patch_size, self.hidden_size, **dtypes,
-                           name='patch_embed')(images, train=train)
+      return stems.CnnStem(self.patch_size, self.hidden_size, **dtypes, name='patch_embed')(
+          images, train=train
+      )
     if self.stem == 'space_to_depth':
-      return stems.SpaceToDepthEmbedding(self.patch_size, self.hidden_size, **dtypes,
-                                         name='patch_embed')(images, train=train)
+      return stems.SpaceToDepthEmbedding(
+          self.patch_size, self.hidden_size, **dtypes, name='patch_embed'
+      )(images, train=train)
     if self.stem == 't2t':
-      return stems.TokensToToken(self.hidden_size, self.soft_splits, self.token_block(),
-                                 kernel_init=scheme.dense_kernel, bias_init=scheme.dense_bias,
-                                 **dtypes, name='tokens_to_token')(images, train=train)
-    return stems.PatchEmbedding(self.patch_size, self.hidden_size, kernel_init=scheme.patch_kernel,
-                          bias_init_from_fan_in=scheme.patch_bias_from_fan_in, **dtypes,
-                          name='patch_embed')(images)
+      return stems.TokensToToken(
+          self.hidden_size,
+          self.soft_splits,
+          self.token_block(),
+          kernel_init=scheme.dense_kernel,
+          bias_init=scheme.dense_bias,
+          **dtypes,
+          name='tokens_to_token',
+      )(images, train=train)
+    return stems.PatchEmbedding(
+        self.patch_size,
+        self.hidden_size,
+        kernel_init=scheme.patch_kernel,
+        bias_init_from_fan_in=scheme.patch_bias_from_fan_in,
+        **dtypes,
+        name='patch_embed',
+    )(images)
 
   def token_block(self) -> ModuleDef:
     """T2T's token block (`tokens_type`): a Performer, or a transformer block over one-head
     token attention with a V skip (T2T-ViT Section 3.1, official `Token_transformer`)."""
     scheme = self.scheme
-    common = dict(kernel_init=scheme.dense_kernel, bias_init=scheme.dense_bias,
-                  dtype=self.dtype, param_dtype=self.param_dtype)
+    common = dict(
+        kernel_init=scheme.dense_kernel,
+        bias_init=scheme.dense_bias,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+    )
     if self.tokens_type == 'performer':
-      return functools.partial(stems.TokenPerformer, layers.ACTIVATIONS[self.mlp_activation],
-                               self.token_dim, **common)
-    attention = functools.partial(attention_lib.TokenAttention, features=self.token_dim,
-                                  fast_path_implementation=self.attention_implementation,
-                                  **common)
+      return functools.partial(
+          stems.TokenPerformer, layers.ACTIVATIONS[self.mlp_activation], self.token_dim, **common
+      )
+    attention = functools.partial(
+        attention_lib.TokenAttention,
+        features=self.token_dim,
+        fast_path_implementation=self.attention_implementation,
+        **common,
+    )
     return functools.partial(
-        layers.EncoderBlock, attention, self.token_dim, layer_norm_eps=1e-5,
+        layers.EncoderBlock,
+        attention,
+        self.token_dim,
+        layer_norm_eps=1e-5,
         attention_residual=False,
-        mlp_activation=self.mlp_activation, mlp_kernel_init=scheme.dense_kernel,
-        mlp_bias_init=scheme.dense_bias, dtype=self.dtype, param_dtype=self.param_dtype)
+        mlp_activation=self.mlp_activation,
+        mlp_kernel_init=scheme.dense_kernel,
+        mlp_bias_init=scheme.dense_bias,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+    )
 
   def position_embedding(self, tokens: tuple[int, int]) -> jax.Array:
     """The learned (1, tokens, width) position embedding `pos_embed`."""
@@ -343,20 +441,28 @@ class VisionTransformer(nn.Module, parts.Parts):
   def with_prefix_tokens(self, x: jax.Array) -> jax.Array:
     """(batch, tokens, width) tokens with the `prefix_tokens` prepended, in their order."""
     batch, _, width = x.shape
-    prefix = [jnp.broadcast_to(
-        self.param(name, self.scheme.cls_token, (1, 1, width), self.param_dtype).astype(x.dtype),
-        (batch, 1, width)) for name in self.prefix_tokens]
+    prefix = [
+        jnp.broadcast_to(
+            self.param(name, self.scheme.cls_token, (1, 1, width), self.param_dtype).astype(
+                x.dtype
+            ),
+            (batch, 1, width),
+        )
+        for name in self.prefix_tokens
+    ]
     return jnp.concatenate(prefix + [x], axis=1)
 
-  def checked_position_embedding(self, tokens: tuple[int, int],
-                                 image_shape: tuple[int, int]) -> jax.Array:
+  def checked_position_embedding(
+      self, tokens: tuple[int, int], image_shape: tuple[int, int]
+  ) -> jax.Array:
     """`position_embedding(tokens)`, after checking that stored weights have that shape."""
     if self.has_variable('params', 'pos_embed'):
       stored = self.get_variable('params', 'pos_embed').shape
       if stored != (1,) + tuple(tokens):
         raise ValueError(
             f'pos_embed has shape {stored} but images of size {tuple(image_shape)} give '
-            f'{tokens[0]} tokens; resize the position embedding.')
+            f'{tokens[0]} tokens; resize the position embedding.'
+        )
     return self.position_embedding(tokens)
 
   def encode(self, x: jax.Array, *, train: bool, grid: tuple[int, int]) -> jax.Array:
@@ -365,15 +471,18 @@ class VisionTransformer(nn.Module, parts.Parts):
     first = 0
     for kind, run in itertools.groupby(self.block_attention(i) for i in range(self.depth)):
       count = len(list(run))
-      block = functools.partial(layers.EncoderBlock, self.attention_module(kind, grid),
-                                **self.block_fields())
-      x = self.blocks(block, x, first=first, drop_path_rates=rates[first:first + count],
-                      train=train)
+      block = functools.partial(
+          layers.EncoderBlock, self.attention_module(kind, grid), **self.block_fields()
+      )
+      x = self.blocks(
+          block, x, first=first, drop_path_rates=rates[first : first + count], train=train
+      )
       first += count
     if self.class_stage == 'class_attention':
       x = jnp.concatenate([self.class_attention_stage(x, train=train), x], axis=1)
-    return nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype,
-                        param_dtype=self.param_dtype, name='norm')(x)
+    return nn.LayerNorm(
+        epsilon=self.layer_norm_eps, dtype=self.dtype, param_dtype=self.param_dtype, name='norm'
+    )(x)
 
   def class_attention_stage(self, x: jax.Array, *, train: bool) -> jax.Array:
     """CaiT's class stage: the class token, updated by `class_attention_depth` blocks whose
@@ -381,12 +490,15 @@ class VisionTransformer(nn.Module, parts.Parts):
     batch, _, width = x.shape
     cls = self.param('cls_token', self.scheme.cls_token, (1, 1, width), self.param_dtype)
     cls = jnp.broadcast_to(cls.astype(x.dtype), (batch, 1, width))
-    attention = functools.partial(attention_lib.ClassAttention, **{
-        **self.attention_fields(), 'attention_dropout_rate': 0.0, 'dropout_rate': 0.0})
+    attention = functools.partial(
+        attention_lib.ClassAttention,
+        **{**self.attention_fields(), 'attention_dropout_rate': 0.0, 'dropout_rate': 0.0},
+    )
     fields = {**self.block_fields(), 'dropout_rate': 0.0}
     for i in range(self.class_attention_depth):
       cls = layers.ClassAttentionBlock(attention, **fields, name=f'blocks_token_only_{i}')(
-          x, cls, train=train)
+          x, cls, train=train
+      )
     return cls
 
   def classify(self, features: jax.Array, name: str = 'head') -> jax.Array:
@@ -395,17 +507,29 @@ class VisionTransformer(nn.Module, parts.Parts):
     What the head reads is sown as `head_input` (once per head: twice in a distilled DeiT).
     """
     if self.representation_size is not None:
-      features = nn.tanh(nn.Dense(self.representation_size, dtype=self.dtype,
-                                  param_dtype=self.param_dtype, name='pre_logits')(features))
+      features = nn.tanh(
+          nn.Dense(
+              self.representation_size,
+              dtype=self.dtype,
+              param_dtype=self.param_dtype,
+              name='pre_logits',
+          )(features)
+      )
     layers.sow_feature(self, 'head_input', features)
     scheme = self.scheme
-    logits = nn.Dense(self.num_classes, kernel_init=scheme.head_kernel, dtype=self.dtype,
-                      param_dtype=self.param_dtype, name=name)(features)
+    logits = nn.Dense(
+        self.num_classes,
+        kernel_init=scheme.head_kernel,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        name=name,
+    )(features)
     return logits.astype(jnp.float32)
 
   @nn.compact
-  def __call__(self, images: jax.Array, *,
-               train: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
+  def __call__(
+      self, images: jax.Array, *, train: bool = False
+  ) -> jax.Array | tuple[jax.Array, jax.Array]:
     self.check_fields()
     x, grid = self.embed(images, train=train)
     x = self.encode(x, train=train, grid=grid)
@@ -424,10 +548,16 @@ class VisionTransformer(nn.Module, parts.Parts):
     if self.global_pool == 'avg':
       return jnp.mean(x, axis=1)
     if self.global_pool == 'map':
-      return AttentionPool(self.num_heads, self.mlp_width,
-                           mlp_activation=self.mlp_activation, layer_norm_eps=self.layer_norm_eps,
-                           kernel_init=self.scheme.dense_kernel, dtype=self.dtype,
-                           param_dtype=self.param_dtype, name='attn_pool')(x, train=train)
+      return AttentionPool(
+          self.num_heads,
+          self.mlp_width,
+          mlp_activation=self.mlp_activation,
+          layer_norm_eps=self.layer_norm_eps,
+          kernel_init=self.scheme.dense_kernel,
+          dtype=self.dtype,
+          param_dtype=self.param_dtype,
+          name='attn_pool',
+      )(x, train=train)
     return x[:, 0]
 
 
@@ -436,21 +566,25 @@ _TIMM_KEY = re.compile(
     r'(patch_embed\.proj\.(weight|bias)|cls_token|dist_token|pos_embed|(norm|head|head_dist)\.'
     r'(weight|bias)|pre_logits\.fc\.(weight|bias)|blocks\.\d+\.(norm1|norm2|attn\.qkv|attn\.proj|'
     r'mlp\.fc1|mlp\.fc2)\.(weight|bias)'
-    r'|attn_pool\.(latent|(q|kv|proj|norm|mlp\.fc[12])\.(weight|bias)))')
+    r'|attn_pool\.(latent|(q|kv|proj|norm|mlp\.fc[12])\.(weight|bias)))'
+)
 
 
 def from_timm(state_dict: Mapping[str, Any]) -> dict[str, dict]:
   """timm `VisionTransformer` / deit state dict -> Flax variables {'params': ...}."""
   layouts.checked_keys(state_dict, _TIMM_KEY, 'timm ViT/DeiT (timm models/vision_transformer.py)')
-  renamed = {key.replace('pre_logits.fc.', 'pre_logits.'): value
-             for key, value in state_dict.items()}
+  renamed = {
+      key.replace('pre_logits.fc.', 'pre_logits.'): value for key, value in state_dict.items()
+  }
   return layouts.variables_from_torch(renamed)
 
 
 def to_timm(variables: Mapping[str, Any]) -> dict[str, np.ndarray]:
   """Flax variables -> timm `VisionTransformer` / deit state dict (inverse of `from_timm`)."""
-  return {key.replace('pre_logits.', 'pre_logits.fc.'): value
-          for key, value in layouts.variables_to_torch(variables).items()}
+  return {
+      key.replace('pre_logits.', 'pre_logits.fc.'): value
+      for key, value in layouts.variables_to_torch(variables).items()
+  }
 
 
 # (depth, hidden_size, num_heads) of the papers' sizes (ViT Table 1; DeiT Table 1); the MLP is
@@ -466,14 +600,22 @@ SIZES = {
 
 def _vit(size: str, patch_size: int) -> functools.partial:
   depth, hidden_size, num_heads = SIZES[size]
-  return functools.partial(VisionTransformer, patch_size=patch_size, hidden_size=hidden_size,
-                           depth=depth, num_heads=num_heads)
+  return functools.partial(
+      VisionTransformer,
+      patch_size=patch_size,
+      hidden_size=hidden_size,
+      depth=depth,
+      num_heads=num_heads,
+  )
 
 
 # /16, /32 (and H/14) for 224x224 inputs; /4 and /2 for 32x32 inputs (CIFAR, digits).
 MODELS = {
-    **{f'vit_{size}{patch}': _vit(size, patch)
-       for size in ('ti', 's', 'b', 'l') for patch in (16, 32)},
+    **{
+        f'vit_{size}{patch}': _vit(size, patch)
+        for size in ('ti', 's', 'b', 'l')
+        for patch in (16, 32)
+    },
     'vit_h14': _vit('h', 14),
     **{f'vit_{size}{patch}': _vit(size, patch) for size in ('ti', 's', 'b') for patch in (4, 2)},
 }
@@ -482,21 +624,39 @@ MODELS = {
 TIMM_ARCHITECTURES = {
     f'vit_{timm_size}_patch{patch}_{resolution}': f'vit_{size}{patch}'
     for size, timm_size, patch, resolutions in (
-        ('ti', 'tiny', 16, (224, 384)), ('s', 'small', 16, (224, 384)),
-        ('s', 'small', 32, (224, 384)), ('b', 'base', 16, (224, 384)),
-        ('b', 'base', 32, (224, 384)), ('l', 'large', 16, (224, 384)),
-        ('l', 'large', 32, (224, 384)), ('h', 'huge', 14, (224,)))
-    for resolution in resolutions}
+        ('ti', 'tiny', 16, (224, 384)),
+        ('s', 'small', 16, (224, 384)),
+        ('s', 'small', 32, (224, 384)),
+        ('b', 'base', 16, (224, 384)),
+        ('b', 'base', 32, (224, 384)),
+        ('l', 'large', 16, (224, 384)),
+        ('l', 'large', 32, (224, 384)),
+        ('h', 'huge', 14, (224,)),
+    )
+    for resolution in resolutions
+}
 # timm's VisionTransformer / Cait arguments -> our fields (None: training only). `img_size` is
 # the input's (the position embedding follows it).
 TIMM_ARGUMENTS = {
-    'patch_size': 'patch_size', 'embed_dim': 'hidden_size', 'depth': 'depth',
-    'num_heads': 'num_heads', 'mlp_ratio': 'mlp_ratio', 'qkv_bias': 'qkv_bias',
-    'global_pool': 'global_pool', 'init_values': 'layer_scale_init',
-    'depth_token_only': 'class_attention_depth', 'img_size': None, 'in_chans': None,
-    'num_classes': None, 'drop_rate': None, 'pos_drop_rate': None, 'proj_drop_rate': None,
-    'attn_drop_rate': None, 'drop_path_rate': None,
+    'patch_size': 'patch_size',
+    'embed_dim': 'hidden_size',
+    'depth': 'depth',
+    'num_heads': 'num_heads',
+    'mlp_ratio': 'mlp_ratio',
+    'qkv_bias': 'qkv_bias',
+    'global_pool': 'global_pool',
+    'init_values': 'layer_scale_init',
+    'depth_token_only': 'class_attention_depth',
+    'img_size': None,
+    'in_chans': None,
+    'num_classes': None,
+    'drop_rate': None,
+    'pos_drop_rate': None,
+    'proj_drop_rate': None,
+    'attn_drop_rate': None,
+    'drop_path_rate': None,
 }
 
-FAMILY = models.Family('vit', VisionTransformer, MODELS, from_timm, to_timm, TIMM_ARCHITECTURES,
-                       TIMM_ARGUMENTS)
+FAMILY = models.Family(
+    'vit', VisionTransformer, MODELS, from_timm, to_timm, TIMM_ARCHITECTURES, TIMM_ARGUMENTS
+)

@@ -25,9 +25,14 @@ def on_cloud_tpu_vm() -> bool:
   return has_chips and importlib.util.find_spec('libtpu') is not None
 
 
-def distributed_arguments(environ: Mapping[str, str], *, coordinator_address: str | None = None,
-                          num_processes: int | None = None, process_id: int | None = None,
-                          on_cloud_tpu_vm: bool = False) -> dict[str, Any] | None:
+def distributed_arguments(
+    environ: Mapping[str, str],
+    *,
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    on_cloud_tpu_vm: bool = False,
+) -> dict[str, Any] | None:
   """The arguments for `jax.distributed.initialize`, or None when this process runs alone.
 
   Explicit values (flags, else JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID) come
@@ -52,22 +57,33 @@ def distributed_arguments(environ: Mapping[str, str], *, coordinator_address: st
       raise ValueError(f'--num_processes={num_processes} must be at least 1.')
     if num_processes is not None and process_id is not None:
       if not 0 <= process_id < num_processes:
-        raise ValueError(f'--process_id={process_id} must be in [0, {num_processes}) for '
-                         f'--num_processes={num_processes}.')
+        raise ValueError(
+            f'--process_id={process_id} must be in [0, {num_processes}) for '
+            f'--num_processes={num_processes}.'
+        )
       if num_processes == 1:
         return None
       if not coordinator_address:
-        raise ValueError('--num_processes and --process_id need --coordinator_address=HOST:PORT '
-                         '(or JAX_COORDINATOR_ADDRESS), the address of process 0.')
-      return {'coordinator_address': coordinator_address, 'num_processes': num_processes,
-              'process_id': process_id}
+        raise ValueError(
+            '--num_processes and --process_id need --coordinator_address=HOST:PORT '
+            '(or JAX_COORDINATOR_ADDRESS), the address of process 0.'
+        )
+      return {
+          'coordinator_address': coordinator_address,
+          'num_processes': num_processes,
+          'process_id': process_id,
+      }
     if not (in_slurm_step or mpi_ranks > 1 or on_tpu_slice or on_cloud_tpu_vm):
       raise ValueError(
           f'An explicit multi-process run needs all of --coordinator_address '
           f'({coordinator_address}), --num_processes ({num_processes}) and --process_id '
-          f'({process_id}), or their JAX_* environment variables.')
-    arguments = {'coordinator_address': coordinator_address, 'num_processes': num_processes,
-                 'process_id': process_id}
+          f'({process_id}), or their JAX_* environment variables.'
+      )
+    arguments = {
+        'coordinator_address': coordinator_address,
+        'num_processes': num_processes,
+        'process_id': process_id,
+    }
     return {k: v for k, v in arguments.items() if v is not None}
   if in_slurm_step:
     return {'num_processes': slurm_tasks, 'process_id': int(environ['SLURM_PROCID'])}
@@ -76,22 +92,34 @@ def distributed_arguments(environ: Mapping[str, str], *, coordinator_address: st
   return None
 
 
-def initialize(mode: str = 'auto', *, coordinator_address: str | None = None,
-               num_processes: int | None = None, process_id: int | None = None) -> None:
+def initialize(
+    mode: str = 'auto',
+    *,
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+) -> None:
   """Connects the processes of a multi-process run; a no-op for one process. `mode`: 'auto'
   joins a run that `distributed_arguments` detects, 'on' always calls
   jax.distributed.initialize() (JAX finds the cluster), 'off' never."""
   import jax  # pylint: disable=g-import-not-at-top
+
   if mode == 'off':
     return
   arguments = distributed_arguments(
-      os.environ, coordinator_address=coordinator_address, num_processes=num_processes,
-      process_id=process_id, on_cloud_tpu_vm=on_cloud_tpu_vm())
+      os.environ,
+      coordinator_address=coordinator_address,
+      num_processes=num_processes,
+      process_id=process_id,
+      on_cloud_tpu_vm=on_cloud_tpu_vm(),
+  )
   if arguments is None and mode == 'on':
     arguments = {}
   if arguments is not None:
-    logging.info('jax.distributed.initialize(%s)',
-                 ', '.join(f'{k}={v!r}' for k, v in arguments.items()))
+    logging.info(
+        'jax.distributed.initialize(%s)', ', '.join(f'{k}={v!r}' for k, v in arguments.items())
+    )
     from vit_jax.parallel import peers  # pylint: disable=g-import-not-at-top
+
     jax.distributed.initialize(**arguments, **peers.initialize_options())
     peers.quiet_fatal_errors(logging.get_verbosity())

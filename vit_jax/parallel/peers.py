@@ -25,8 +25,14 @@ EXIT_PREEMPTED = os.EX_TEMPFAIL  # 75: rerunning every process resumes from the 
 HEARTBEAT_TIMEOUT_S = 10
 # Words of the runtime's errors for a connection to another process that was lost. Gloo's come as
 # a ValueError, XLA's as JaxRuntimeError: the words decide, whatever the type.
-_LOST_CONNECTION = ('connection closed by peer', 'connection reset by peer', 'socket closed',
-                    'broken pipe', 'stopped sending heartbeats', 'remote process exited')
+_LOST_CONNECTION = (
+    'connection closed by peer',
+    'connection reset by peer',
+    'socket closed',
+    'broken pipe',
+    'stopped sending heartbeats',
+    'remote process exited',
+)
 _STDERR = os.dup(2)  # Kept: the TensorFlow import points fd 2 at /dev/null for a while.
 
 
@@ -63,8 +69,10 @@ def dead_processes() -> list[int]:
   """The processes that JAX's coordination service no longer counts as alive ([] where it still
   counts them all, or cannot be asked)."""
   import jax  # pylint: disable=g-import-not-at-top
+
   try:
     from jax._src import distributed  # pylint: disable=g-import-not-at-top
+
     client = distributed.global_state.client
     alive = client.get_live_nodes(list(range(jax.process_count())))
   except Exception:  # pylint: disable=broad-except
@@ -91,12 +99,18 @@ def end_run(error: BaseException, workdir: str) -> NoReturn | None:
   """Where `error` is a lost peer in a multi-process run, ends this process with one line naming
   the dead process(es) and EXIT_PREEMPTED; otherwise returns."""
   import jax  # pylint: disable=g-import-not-at-top
+
   words = lost_peer(error) if jax.process_count() > 1 else None
   if words is None:
     return None
   dead = dead_processes()
-  who = (f'process {", ".join(map(str, dead))} of {jax.process_count()}' if dead else
-         f'another of the {jax.process_count()} processes')
-  exit_now(EXIT_PREEMPTED,
-           f'error: {who} stopped (process {jax.process_index()} lost its connection: {words}); '
-           f'the checkpoints in {workdir} are intact. Rerun all processes to resume.')
+  who = (
+      f'process {", ".join(map(str, dead))} of {jax.process_count()}'
+      if dead
+      else f'another of the {jax.process_count()} processes'
+  )
+  exit_now(
+      EXIT_PREEMPTED,
+      f'error: {who} stopped (process {jax.process_index()} lost its connection: {words}); '
+      f'the checkpoints in {workdir} are intact. Rerun all processes to resume.',
+  )

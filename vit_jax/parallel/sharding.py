@@ -27,8 +27,10 @@ def check_mesh(fsdp: int, device_count: int) -> None:
   """Raises ValueError unless `fsdp` is a positive divisor of the device count."""
   if isinstance(fsdp, bool) or not isinstance(fsdp, int) or fsdp < 1 or device_count % fsdp:
     divisors = [d for d in range(1, device_count + 1) if device_count % d == 0]
-    raise ValueError(f'mesh.fsdp={fsdp!r}: must divide the number of devices ({device_count}); '
-                     f'valid: {divisors}.')
+    raise ValueError(
+        f'mesh.fsdp={fsdp!r}: must divide the number of devices ({device_count}); '
+        f'valid: {divisors}.'
+    )
 
 
 def make_mesh(fsdp: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
@@ -39,8 +41,12 @@ def make_mesh(fsdp: int = 1, devices: Sequence[jax.Device] | None = None) -> Mes
   """
   devices = list(jax.devices() if devices is None else devices)
   check_mesh(fsdp, len(devices))
-  return jax.make_mesh((len(devices) // fsdp, fsdp), MESH_AXES,
-                       axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
+  return jax.make_mesh(
+      (len(devices) // fsdp, fsdp),
+      MESH_AXES,
+      axis_types=(AxisType.Auto,) * len(MESH_AXES),
+      devices=devices,
+  )
 
 
 def fsdp_spec(shape: Sequence[int], fsdp: int, min_size: int) -> P:
@@ -78,28 +84,34 @@ def place(tree: Any, shardings: Any) -> Any:
 
   Each device receives only its own slice (no device ever holds a whole sharded array).
   """
+
   def put(x, sharding):
     x = np.asarray(x)
     return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
   return jax.tree.map(put, tree, shardings)
 
 
 def abstract(tree: Any, shardings: Any) -> Any:
   """`tree`'s shapes and dtypes as ShapeDtypeStructs carrying `shardings` (restore targets)."""
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=s),
-                      tree, shardings)
+  return jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=s), tree, shardings
+  )
 
 
 def bytes_per_device(tree: Any, shardings: Any) -> int:
   """The bytes of `tree` that one device holds under `shardings` (the largest shard)."""
-  return sum(int(np.prod(s.shard_shape(np.shape(x)), dtype=np.int64)) * np.dtype(x.dtype).itemsize
-             for x, s in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings)))
+  return sum(
+      int(np.prod(s.shard_shape(np.shape(x)), dtype=np.int64)) * np.dtype(x.dtype).itemsize
+      for x, s in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings))
+  )
 
 
 @dataclasses.dataclass(frozen=True)
 class MeshSettings:
   """The mesh of a run: `fsdp` devices split the state; arrays under `fsdp_min_size` elements
   stay replicated (`from_config` reads a run's `mesh` section)."""
+
   fsdp: int = 1
   fsdp_min_size: int = 2**18
 
@@ -108,8 +120,8 @@ class MeshSettings:
     return cls(fsdp=config.mesh.fsdp, fsdp_min_size=config.mesh.fsdp_min_size)
 
 
-def global_batch(batch: dict[str, np.ndarray],
-                 data_sharding: NamedSharding) -> dict[str, jax.Array]:
+def global_batch(
+    batch: dict[str, np.ndarray], data_sharding: NamedSharding
+) -> dict[str, jax.Array]:
   """Assembles one global array per key from this process's share of the batch."""
   return {k: jax.make_array_from_process_local_data(data_sharding, v) for k, v in batch.items()}
-

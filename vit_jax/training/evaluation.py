@@ -18,8 +18,13 @@ from vit_jax.training import steps
 def frozen_state(variables: dict[str, Any], mesh: Mesh, fsdp_min_size: int) -> steps.TrainState:
   """Frozen `variables` (host arrays) placed on `mesh` as a state the eval steps read."""
   variables = sharding.place(variables, sharding.fsdp_shardings(variables, mesh, fsdp_min_size))
-  return steps.TrainState(step=jnp.zeros((), jnp.int32), params=variables['params'],
-                          opt_state=None, batch_stats=variables.get('batch_stats', {}), rng=None)
+  return steps.TrainState(
+      step=jnp.zeros((), jnp.int32),
+      params=variables['params'],
+      opt_state=None,
+      batch_stats=variables.get('batch_stats', {}),
+      rng=None,
+  )
 
 
 def _metrics(totals: dict[str, float]) -> dict[str, float]:
@@ -31,9 +36,12 @@ def _metrics(totals: dict[str, float]) -> dict[str, float]:
   return {**metrics, 'count': int(totals.get('count', 0.0))}
 
 
-def _evaluate_states(eval_step: Callable, states: dict[str, steps.TrainState],
-                     batches: Iterator[dict[str, np.ndarray]],
-                     data_sharding: NamedSharding) -> dict[str, dict[str, float]]:
+def _evaluate_states(
+    eval_step: Callable,
+    states: dict[str, steps.TrainState],
+    batches: Iterator[dict[str, np.ndarray]],
+    data_sharding: NamedSharding,
+) -> dict[str, dict[str, float]]:
   """`_metrics` of each of `states` over one pass of `batches`."""
   totals = {name: {} for name in states}
   for batch in batches:
@@ -44,16 +52,22 @@ def _evaluate_states(eval_step: Callable, states: dict[str, steps.TrainState],
   return {name: _metrics(sums) for name, sums in totals.items()}
 
 
-def evaluate(eval_step: Callable, state: steps.TrainState,
-             batches: Iterator[dict[str, np.ndarray]],
-             data_sharding: NamedSharding) -> dict[str, float]:
+def evaluate(
+    eval_step: Callable,
+    state: steps.TrainState,
+    batches: Iterator[dict[str, np.ndarray]],
+    data_sharding: NamedSharding,
+) -> dict[str, float]:
   """Top-1 accuracy (and mean loss, where the scoring has one) over every scored example."""
   return _evaluate_states(eval_step, {'': state}, batches, data_sharding)['']
 
 
-def evaluate_with_ema(eval_step: Callable, state: steps.TrainState,
-                      batches: Callable[[], Iterator[dict[str, np.ndarray]]],
-                      data_sharding: NamedSharding) -> dict[str, float]:
+def evaluate_with_ema(
+    eval_step: Callable,
+    state: steps.TrainState,
+    batches: Callable[[], Iterator[dict[str, np.ndarray]]],
+    data_sharding: NamedSharding,
+) -> dict[str, float]:
   """`evaluate` of the raw variables, plus `ema_accuracy` (and `ema_loss`) with an EMA: both
   in one pass over the batches."""
   states = {'': state, 'ema': state.ema_view()} if state.ema else {'': state}

@@ -26,10 +26,17 @@ def compiled_bytes(compiled: Any) -> dict[str, int]:
   memory = compiled.memory_analysis()
   if memory is None:
     return {}
-  total = (memory.temp_size_in_bytes + memory.argument_size_in_bytes
-           + memory.output_size_in_bytes - memory.alias_size_in_bytes)
-  return {'arguments': memory.argument_size_in_bytes, 'temp': memory.temp_size_in_bytes,
-          'total': total}
+  total = (
+      memory.temp_size_in_bytes
+      + memory.argument_size_in_bytes
+      + memory.output_size_in_bytes
+      - memory.alias_size_in_bytes
+  )
+  return {
+      'arguments': memory.argument_size_in_bytes,
+      'temp': memory.temp_size_in_bytes,
+      'total': total,
+  }
 
 
 def host_available_bytes() -> int | None:
@@ -66,8 +73,10 @@ def available_bytes(devices: list[jax.Device]) -> tuple[int, str] | None:
     return None
   if len(devices) == 1:
     return host, 'this host'
-  return host // len(devices), (f"each of this host's {len(devices)} {devices[0].platform} "
-                                f'devices (sharing its {_size(host)} available)')
+  return host // len(devices), (
+      f"each of this host's {len(devices)} {devices[0].platform} "
+      f'devices (sharing its {_size(host)} available)'
+  )
 
 
 def _size(count: int) -> str:
@@ -78,41 +87,52 @@ def _size(count: int) -> str:
   return f'{count / 2**10:,.1f} KiB'
 
 
-def train_batch(config: ml_collections.ConfigDict, data_sharding: NamedSharding
-                ) -> dict[str, jax.ShapeDtypeStruct]:
+def train_batch(
+    config: ml_collections.ConfigDict, data_sharding: NamedSharding
+) -> dict[str, jax.ShapeDtypeStruct]:
   """The global training batch's shapes, dtypes and layout, as `steps.global_batch` makes it."""
   size, batch = config.image_size, config.batch_size
-  return {'image': jax.ShapeDtypeStruct((batch, size, size, 3), jnp.float32,
-                                        sharding=data_sharding),
-          'label': jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=data_sharding)}
+  return {
+      'image': jax.ShapeDtypeStruct((batch, size, size, 3), jnp.float32, sharding=data_sharding),
+      'label': jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=data_sharding),
+  }
 
 
-def too_big_message(need: dict[str, int], free: int, where: str,
-                    config: ml_collections.ConfigDict) -> str:
+def too_big_message(
+    need: dict[str, int], free: int, where: str, config: ml_collections.ConfigDict
+) -> str:
   """The refusal: both numbers and the settings that shrink the step."""
-  knobs = [f'a smaller batch_size (now {config.batch_size})',
-           f'grad_accum_steps above {config.grad_accum_steps} (the same batch in micro-batches)']
+  knobs = [
+      f'a smaller batch_size (now {config.batch_size})',
+      f'grad_accum_steps above {config.grad_accum_steps} (the same batch in micro-batches)',
+  ]
   if not config.model.get('remat', False):
     knobs.append('model.remat=True (recompute activations in the backward pass)')
   knobs.append(f'mesh.fsdp above {config.mesh.fsdp} (split the training state over devices)')
   if config.dtype == 'float32':
     knobs.append('dtype=bfloat16')
-  return (f'The training step needs {_size(need["total"])} per device (XLA\'s account: '
-          f'{_size(need["arguments"])} of arguments, {_size(need["temp"])} of temporaries) but '
-          f'{where} has {_size(free)} free; nothing was trained and the work directory is as it '
-          f'was. Shrink the step with --config.FIELD: {"; ".join(knobs)}.')
+  return (
+      f'The training step needs {_size(need["total"])} per device (XLA\'s account: '
+      f'{_size(need["arguments"])} of arguments, {_size(need["temp"])} of temporaries) but '
+      f'{where} has {_size(free)} free; nothing was trained and the work directory is as it '
+      f'was. Shrink the step with --config.FIELD: {"; ".join(knobs)}.'
+  )
 
 
-def check_fits(train_step: Callable[..., Any], abstract_state: Any,
-               config: ml_collections.ConfigDict, data_sharding: NamedSharding,
-               teacher_variables: Any = None,
-               available: Callable[[list[jax.Device]], tuple[int, str] | None] | None = None
-               ) -> dict[str, int]:
+def check_fits(
+    train_step: Callable[..., Any],
+    abstract_state: Any,
+    config: ml_collections.ConfigDict,
+    data_sharding: NamedSharding,
+    teacher_variables: Any = None,
+    available: Callable[[list[jax.Device]], tuple[int, str] | None] | None = None,
+) -> dict[str, int]:
   """Compiles the jitted `train_step` for the run's arguments (ShapeDtypeStructs with their
   shardings) and raises ValueError if XLA's account of it exceeds the free memory of this
   process's devices; returns the account (empty where the backend gives none)."""
-  compiled = train_step.lower(abstract_state, train_batch(config, data_sharding),
-                              teacher_variables).compile()
+  compiled = train_step.lower(
+      abstract_state, train_batch(config, data_sharding), teacher_variables
+  ).compile()
   need = compiled_bytes(compiled)
   found = (available or available_bytes)(jax.local_devices()) if need else None
   if found is not None and need['total'] > found[0]:

@@ -23,6 +23,7 @@ import optax
 @dataclasses.dataclass(frozen=True)
 class ScheduleSettings:
   """How long a run trains and its learning rate per step (`from_config` reads a run's)."""
+
   batch_size: int  # Global.
   total_steps: int
   num_epochs: float | None  # When set, overrides total_steps.
@@ -41,6 +42,7 @@ class ScheduleSettings:
 @dataclasses.dataclass(frozen=True)
 class OptimizerSettings:
   """The optimizer of a run (`from_config` reads a run's)."""
+
   optimizer: str  # 'adamw', 'sgd' or 'lamb'.
   b1: float
   b2: float
@@ -77,20 +79,26 @@ def peak_learning_rate(schedule: ScheduleSettings) -> float:
   return schedule.base_lr
 
 
-def learning_rate_schedule(schedule: ScheduleSettings, total_steps: int,
-                           warmup_steps: int) -> optax.Schedule:
+def learning_rate_schedule(
+    schedule: ScheduleSettings, total_steps: int, warmup_steps: int
+) -> optax.Schedule:
   """Linear warm-up from `warmup_lr` to the peak, then cosine decay to `min_lr`, per step."""
   return optax.warmup_cosine_decay_schedule(
-      init_value=schedule.warmup_lr, peak_value=peak_learning_rate(schedule),
-      warmup_steps=warmup_steps, decay_steps=max(total_steps, warmup_steps + 1),
-      end_value=schedule.min_lr)
+      init_value=schedule.warmup_lr,
+      peak_value=peak_learning_rate(schedule),
+      warmup_steps=warmup_steps,
+      decay_steps=max(total_steps, warmup_steps + 1),
+      end_value=schedule.min_lr,
+  )
 
 
 def weight_decay_mask(params: Any, no_decay_names: tuple[str, ...]) -> Any:
   """True where weight decay applies: not on 1-D parameters nor on names in `no_decay_names`."""
+
   def decays(path, leaf):
     names = [str(getattr(k, 'key', k)) for k in path]
     return np.ndim(leaf) > 1 and not any(n in no_decay_names for n in names)
+
   return jax.tree_util.tree_map_with_path(decays, params)
 
 
@@ -101,8 +109,10 @@ def layer_decay_scales(model: nn.Module, params: Any, decay: float) -> Any:
   if not 0.0 < decay <= 1.0:
     raise ValueError(f'layer_decay={decay} must be in (0, 1] (1: off).')
   if not hasattr(model, 'layer_ids'):
-    raise ValueError(f'{type(model).__name__} assigns no layers (layer_ids) for layer-wise lr '
-                     'decay; use layer_decay=1.')
+    raise ValueError(
+        f'{type(model).__name__} assigns no layers (layer_ids) for layer-wise lr '
+        'decay; use layer_decay=1.'
+    )
 
   def scale(path, leaf):
     ids = model.layer_ids(tuple(str(getattr(k, 'key', k)) for k in path))
@@ -110,15 +120,18 @@ def layer_decay_scales(model: nn.Module, params: Any, decay: float) -> Any:
     if factors.size == 1:
       return factors.reshape(())
     return factors.reshape(factors.shape + (1,) * (np.ndim(leaf) - 1))
+
   return jax.tree_util.tree_map_with_path(scale, params)
 
 
 def scale_by_layer_decay(model: nn.Module, decay: float) -> optax.GradientTransformation:
   """Multiplies each update by its `layer_decay_scales` factor."""
+
   def update(updates, params=None):
     del params
     scales = layer_decay_scales(model, updates, decay)
     return jax.tree.map(lambda u, s: (u * s).astype(u.dtype), updates, scales)
+
   return optax.stateless(update)
 
 
@@ -126,8 +139,16 @@ def scale_by_layer_decay(model: nn.Module, decay: float) -> optax.GradientTransf
 LAMB_MAX_GRAD_NORM = 1.0
 
 
-def lamb(learning_rate: optax.ScalarOrSchedule, *, b1: float, b2: float, eps: float,
-         weight_decay: float, mask: Any, mu_dtype: Any = None) -> optax.GradientTransformation:
+def lamb(
+    learning_rate: optax.ScalarOrSchedule,
+    *,
+    b1: float,
+    b2: float,
+    eps: float,
+    weight_decay: float,
+    mask: Any,
+    mu_dtype: Any = None,
+) -> optax.GradientTransformation:
   """LAMB (You et al. 2020) as DeiT III runs it: apex `FusedLAMB` (timm's `--opt fusedlamb`;
   timm's `Lamb` is its port).
 
@@ -141,11 +162,13 @@ def lamb(learning_rate: optax.ScalarOrSchedule, *, b1: float, b2: float, eps: fl
       optax.scale_by_adam(b1=b1, b2=b2, eps=eps, mu_dtype=mu_dtype),
       optax.add_decayed_weights(weight_decay, mask),
       optax.masked(optax.scale_by_trust_ratio(), mask),
-      optax.scale_by_learning_rate(learning_rate))
+      optax.scale_by_learning_rate(learning_rate),
+  )
 
 
-def create_optimizer(settings: OptimizerSettings, schedule: optax.ScalarOrSchedule,
-                     model: nn.Module) -> optax.GradientTransformation:
+def create_optimizer(
+    settings: OptimizerSettings, schedule: optax.ScalarOrSchedule, model: nn.Module
+) -> optax.GradientTransformation:
   """AdamW, SGD with momentum and L2 weight decay, or LAMB, under the mask; optional clipping;
   with `layer_decay` < 1 each update scaled per layer of `model` (`scale_by_layer_decay`).
 
@@ -154,14 +177,30 @@ def create_optimizer(settings: OptimizerSettings, schedule: optax.ScalarOrSchedu
   mask = lambda params: weight_decay_mask(params, tuple(settings.no_decay_names))
   mu_dtype = jnp.dtype(settings.mu_dtype) if settings.mu_dtype else None
   if settings.optimizer == 'adamw':
-    tx = optax.adamw(schedule, b1=settings.b1, b2=settings.b2, eps=settings.eps,
-                     mu_dtype=mu_dtype, weight_decay=settings.weight_decay, mask=mask)
+    tx = optax.adamw(
+        schedule,
+        b1=settings.b1,
+        b2=settings.b2,
+        eps=settings.eps,
+        mu_dtype=mu_dtype,
+        weight_decay=settings.weight_decay,
+        mask=mask,
+    )
   elif settings.optimizer == 'sgd':
-    tx = optax.chain(optax.add_decayed_weights(settings.weight_decay, mask),
-                     optax.sgd(schedule, momentum=settings.momentum, accumulator_dtype=mu_dtype))
+    tx = optax.chain(
+        optax.add_decayed_weights(settings.weight_decay, mask),
+        optax.sgd(schedule, momentum=settings.momentum, accumulator_dtype=mu_dtype),
+    )
   elif settings.optimizer == 'lamb':
-    tx = lamb(schedule, b1=settings.b1, b2=settings.b2, eps=settings.eps,
-              weight_decay=settings.weight_decay, mask=mask, mu_dtype=mu_dtype)
+    tx = lamb(
+        schedule,
+        b1=settings.b1,
+        b2=settings.b2,
+        eps=settings.eps,
+        weight_decay=settings.weight_decay,
+        mask=mask,
+        mu_dtype=mu_dtype,
+    )
   else:
     raise ValueError(f"Unknown optimizer {settings.optimizer!r}; valid: 'adamw', 'sgd', 'lamb'.")
   if settings.layer_decay != 1.0:

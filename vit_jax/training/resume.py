@@ -30,13 +30,37 @@ _ADDS_OR_DROPS = {
     'ema_decay': ('the EMA starts from the current weights', 'the EMA is dropped'),
 }
 # Fields that shape no saved array but matter to the run's course: said so when they change.
-_SCHEDULE = ('total_steps', 'num_epochs', 'warmup_steps', 'warmup_epochs', 'base_lr', 'min_lr',
-             'warmup_lr', 'lr_scaling_batch')
+_SCHEDULE = (
+    'total_steps',
+    'num_epochs',
+    'warmup_steps',
+    'warmup_epochs',
+    'base_lr',
+    'min_lr',
+    'warmup_lr',
+    'lr_scaling_batch',
+)
 # Fields a refusal does not name: they change nothing saved.
-_NOT_SAVED = (*_SCHEDULE, *_ADDS_OR_DROPS, 'seed', 'log_every', 'eval_every', 'checkpoint_every',
-              'keep_checkpoints', 'eval_batch_size', 'eval_split', 'init_from', 'eval_only',
-              'use_ema', 'prefetch', 'shuffle_buffer', 'in_memory', 'evaluators', 'data_dir',
-              'profile_steps')
+_NOT_SAVED = (
+    *_SCHEDULE,
+    *_ADDS_OR_DROPS,
+    'seed',
+    'log_every',
+    'eval_every',
+    'checkpoint_every',
+    'keep_checkpoints',
+    'eval_batch_size',
+    'eval_split',
+    'init_from',
+    'eval_only',
+    'use_ema',
+    'prefetch',
+    'shuffle_buffer',
+    'in_memory',
+    'evaluators',
+    'data_dir',
+    'profile_steps',
+)
 
 
 _HARMLESS = 'nothing saved depends on it'
@@ -52,6 +76,7 @@ class Plan:
 
   `saved_config` is this config with the saved run's state-only fields (clipping and EMA on or off).
   """
+
   step: int
   saved_config: ml_collections.ConfigDict
   changed: dict[str, tuple[Any, Any]]
@@ -67,26 +92,36 @@ def _leaves(tree: Any, prefix: str = '') -> dict[str, Any]:
   return flat
 
 
-def changed_fields(saved: ml_collections.ConfigDict | None,
-                   config: ml_collections.ConfigDict) -> dict[str, tuple[Any, Any]]:
+def changed_fields(
+    saved: ml_collections.ConfigDict | None, config: ml_collections.ConfigDict
+) -> dict[str, tuple[Any, Any]]:
   """field -> (saved value, new value) for every field that differs; {} without a saved config."""
   if saved is None:
     return {}
   as_json = lambda c: _leaves(json.loads(c.to_json_best_effort()))
   before, after = as_json(saved), as_json(config)
-  return {k: (before.get(k), after.get(k)) for k in sorted(set(before) | set(after))
-          if before.get(k) != after.get(k)}
+  return {
+      k: (before.get(k), after.get(k))
+      for k in sorted(set(before) | set(after))
+      if before.get(k) != after.get(k)
+  }
 
 
-def _with_state_fields(config: ml_collections.ConfigDict, saved: ml_collections.ConfigDict | None,
-                       clip: bool, ema: bool) -> ml_collections.ConfigDict:
+def _with_state_fields(
+    config: ml_collections.ConfigDict,
+    saved: ml_collections.ConfigDict | None,
+    clip: bool,
+    ema: bool,
+) -> ml_collections.ConfigDict:
   """`config` with gradient clipping and the EMA on or off as a saved run may have had them."""
+
   def value(name, on, default_on):
     if bool(config[name]) == on:
       return config[name]
     if saved is not None and bool(saved.get(name)) == on:
       return saved[name]
     return default_on if on else 0.0
+
   copy = ml_collections.ConfigDict(config.to_dict())
   copy.grad_clip_norm = value('grad_clip_norm', clip, 1.0)
   copy.ema_decay = value('ema_decay', ema, 0.999)
@@ -111,8 +146,12 @@ def _note(field: str, old: Any, new: Any) -> str:
   return _HARMLESS
 
 
-def plan(run: workdir_lib.Workdir, config: ml_collections.ConfigDict, abstract_state: Any,
-         abstract_for: Callable[[ml_collections.ConfigDict], Any]) -> Plan | None:
+def plan(
+    run: workdir_lib.Workdir,
+    config: ml_collections.ConfigDict,
+    abstract_state: Any,
+    abstract_for: Callable[[ml_collections.ConfigDict], Any],
+) -> Plan | None:
   """How this config resumes `run`'s newest checkpoint whose metadata reads; None without one.
 
   `abstract_state` is this config's (abstract) training state, `abstract_for(c)` that of another
@@ -142,37 +181,61 @@ def plan(run: workdir_lib.Workdir, config: ml_collections.ConfigDict, abstract_s
         for field, (old, new) in changed.items():
           note = _note(field, old, new)
           log = logging.info if note == _HARMLESS else logging.warning
-          log('Resuming step %d of %s with %s changed from %s to %s: %s.', step, run.path, field,
-              _flag(old), _flag(new), note)
+          log(
+              'Resuming step %d of %s with %s changed from %s to %s: %s.',
+              step,
+              run.path,
+              field,
+              _flag(old),
+              _flag(new),
+              note,
+          )
         return Plan(step=step, saved_config=like, changed=changed)
-  raise IncompatibleCheckpoint(_refusal(run, step, saved_model, config, changed,
-                                        workdir_lib.ShapeDiff.between(
-                                            saved_shapes, workdir_lib.flat_shapes(abstract_state))))
+  raise IncompatibleCheckpoint(
+      _refusal(
+          run,
+          step,
+          saved_model,
+          config,
+          changed,
+          workdir_lib.ShapeDiff.between(saved_shapes, workdir_lib.flat_shapes(abstract_state)),
+      )
+  )
 
 
-def _refusal(run: workdir_lib.Workdir, step: int, saved_model: str,
-             config: ml_collections.ConfigDict, changed: dict[str, tuple[Any, Any]],
-             diff: workdir_lib.ShapeDiff) -> str:
+def _refusal(
+    run: workdir_lib.Workdir,
+    step: int,
+    saved_model: str,
+    config: ml_collections.ConfigDict,
+    changed: dict[str, tuple[Any, Any]],
+    diff: workdir_lib.ShapeDiff,
+) -> str:
   """One error: what differs, and both ways forward."""
   named = {k: v for k, v in changed.items() if not k.startswith(_NOT_SAVED)}
   if saved_model != config.model.name:
     named.setdefault('model.name', (saved_model, config.model.name))
   if named:
-    what = 'changed ' + ', '.join(f'{k} ({_flag(old)} -> {_flag(new)})'
-                                  for k, (old, new) in named.items())
-    revert = ' '.join(f'--config.{k}={_flag(old)}' for k, (old, _) in named.items()
-                      if old is not None)
+    what = 'changed ' + ', '.join(
+        f'{k} ({_flag(old)} -> {_flag(new)})' for k, (old, new) in named.items()
+    )
+    revert = ' '.join(
+        f'--config.{k}={_flag(old)}' for k, (old, _) in named.items() if old is not None
+    )
   else:  # No config.json to compare with: the saved arrays say what differs.
-    what = 'its saved arrays differ from this config\'s' + diff.listing(limit=5)
+    what = "its saved arrays differ from this config's" + diff.listing(limit=5)
     revert = f'the config in its {workdir_lib.CONFIG_FILE}'
-  return (f'The work directory {run.path!r} holds a checkpoint (step {step}) that this config '
-          f'cannot resume: {what}. Nothing was changed. Either revert ({revert}) to resume it, '
-          f'or start a new run from its weights: --workdir=NEW_DIR '
-          f'--config.init_from={run.path}.')
+  return (
+      f'The work directory {run.path!r} holds a checkpoint (step {step}) that this config '
+      f'cannot resume: {what}. Nothing was changed. Either revert ({revert}) to resume it, '
+      f'or start a new run from its weights: --workdir=NEW_DIR '
+      f'--config.init_from={run.path}.'
+  )
 
 
-def carry_over(state: steps.TrainState, ema: bool, abstract_state: Any,
-               state_sharding: Any) -> steps.TrainState:
+def carry_over(
+    state: steps.TrainState, ema: bool, abstract_state: Any, state_sharding: Any
+) -> steps.TrainState:
   """A saved state read in its own layout (`Plan.saved_config`'s) in this run's layout
   (`abstract_state`, with an EMA if `ema`).
 

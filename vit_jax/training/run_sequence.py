@@ -50,22 +50,29 @@ class Stopper:
     if signum == signal.SIGINT and self.requested:
       raise KeyboardInterrupt
     self.requested = signal.Signals(signum).name
-    logging.warning('%s: stopping after the current step of the sequence (Ctrl-C again stops at '
-                    'once).', self.requested)
+    logging.warning(
+        '%s: stopping after the current step of the sequence (Ctrl-C again stops at ' 'once).',
+        self.requested,
+    )
 
   def check(self, before: str) -> None:
     """Raises Interrupted if a signal came; `before` names the training not yet started."""
     if self.requested:
-      raise Interrupted(f'{self.requested}: stopped before {before}; the finished trainings are '
-                        'recorded. Rerun the same command to resume where it stopped.')
+      raise Interrupted(
+          f'{self.requested}: stopped before {before}; the finished trainings are '
+          'recorded. Rerun the same command to resume where it stopped.'
+      )
 
 
 def stop_at_once(signum, frame) -> None:
   """A handler for SIGTERM and Ctrl-C while a command starts (imports, flags): nothing has been
   trained, so the process ends now with one line and EXIT_PREEMPTED."""
   del frame
-  os.write(_STDERR, f'{signal.Signals(signum).name}: stopped before any training started. Rerun the '
-              'same command to resume.\n'.encode())
+  os.write(
+      _STDERR,
+      f'{signal.Signals(signum).name}: stopped before any training started. Rerun the '
+      'same command to resume.\n'.encode(),
+  )
   os._exit(EXIT_PREEMPTED)  # pylint: disable=protected-access
 
 

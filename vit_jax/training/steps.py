@@ -29,6 +29,7 @@ class TrainState:
   `ema` holds the exponential moving average of the variables ({'params', 'batch_stats'}) when
   `config.ema_decay > 0`, else {}.
   """
+
   step: jax.Array
   params: Any
   opt_state: Any
@@ -57,13 +58,15 @@ def binary_cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
 
 
 # Per-example loss of logits against (batch, classes) targets, by the config's `loss`.
-LOSSES = {'softmax_xent': lambda logits, targets: optax.softmax_cross_entropy(
-              logits.astype(jnp.float32), targets),
-          'bce': binary_cross_entropy}
+LOSSES = {
+    'softmax_xent': lambda logits, targets: optax.softmax_cross_entropy(
+        logits.astype(jnp.float32), targets
+    ),
+    'bce': binary_cross_entropy,
+}
 
 
-def classification_loss(outputs: Any, targets: jax.Array, kind: str = 'softmax_xent'
-                        ) -> jax.Array:
+def classification_loss(outputs: Any, targets: jax.Array, kind: str = 'softmax_xent') -> jax.Array:
   """Mean loss `kind` (`LOSSES`) against (soft) targets, averaged over both heads of a distilled
   model."""
   heads = outputs if isinstance(outputs, tuple) else (outputs,)
@@ -71,8 +74,16 @@ def classification_loss(outputs: Any, targets: jax.Array, kind: str = 'softmax_x
   return jnp.mean(sum(losses) / len(losses))
 
 
-def distillation_loss(outputs: Any, targets: jax.Array, teacher_logits: jax.Array, *, kind: str,
-                      alpha: float, tau: float, loss: str = 'softmax_xent') -> jax.Array:
+def distillation_loss(
+    outputs: Any,
+    targets: jax.Array,
+    teacher_logits: jax.Array,
+    *,
+    kind: str,
+    alpha: float,
+    tau: float,
+    loss: str = 'softmax_xent',
+) -> jax.Array:
   """DeiT's loss (deit/losses.py): (1 - alpha) L(cls, targets) + alpha KD(dist, teacher), L the
   base criterion `loss` (`LOSSES`).
 
@@ -85,19 +96,21 @@ def distillation_loss(outputs: Any, targets: jax.Array, teacher_logits: jax.Arra
   teacher_logits = jax.lax.stop_gradient(teacher_logits.astype(jnp.float32))
   dist_logits = dist_logits.astype(jnp.float32)
   if kind == 'hard':
-    kd = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(
-        dist_logits, jnp.argmax(teacher_logits, -1)))
+    kd = jnp.mean(
+        optax.softmax_cross_entropy_with_integer_labels(dist_logits, jnp.argmax(teacher_logits, -1))
+    )
   else:  # 'soft': the schema's rule (config.DISTILLATION_TYPES) admits no other kind.
     log_p_student = jax.nn.log_softmax(dist_logits / tau, -1)
     log_p_teacher = jax.nn.log_softmax(teacher_logits / tau, -1)
     kd = jnp.sum(jnp.exp(log_p_teacher) * (log_p_teacher - log_p_student))
-    kd = kd * tau ** 2 / dist_logits.size
+    kd = kd * tau**2 / dist_logits.size
   return (1 - alpha) * base + alpha * kd
 
 
 @dataclasses.dataclass(frozen=True)
 class DistillationLoss:
   """`distillation_loss`'s settings: 'hard' or 'soft', the weight `alpha` and temperature `tau`."""
+
   kind: str
   alpha: float
   tau: float
@@ -109,6 +122,7 @@ class StepSettings:
 
   `distillation` is None unless the run distils (then the step takes a `Teacher`).
   """
+
   loss: str = 'softmax_xent'  # A key of LOSSES.
   label_smoothing: float = 0.0
   mix: augment.MixSettings | None = None  # None: no mixup/CutMix.
@@ -119,11 +133,16 @@ class StepSettings:
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> 'StepSettings':
     spec = config.distillation
-    return cls(loss=config.loss, label_smoothing=config.label_smoothing,
-               mix=augment.MixSettings.from_config(config),
-               grad_accum_steps=config.grad_accum_steps, ema_decay=config.ema_decay,
-               distillation=(None if spec.type == 'none'
-                             else DistillationLoss(spec.type, spec.alpha, spec.tau)))
+    return cls(
+        loss=config.loss,
+        label_smoothing=config.label_smoothing,
+        mix=augment.MixSettings.from_config(config),
+        grad_accum_steps=config.grad_accum_steps,
+        ema_decay=config.ema_decay,
+        distillation=(
+            None if spec.type == 'none' else DistillationLoss(spec.type, spec.alpha, spec.tau)
+        ),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +152,7 @@ class Teacher:
   `input_scale`/`input_shift` (per channel, or None) map the student's normalised images to the
   teacher's normalisation when the two were trained with different ones.
   """
+
   model: nn.Module
   variables: Any
   input_scale: np.ndarray | None = None
@@ -145,9 +165,14 @@ class Teacher:
     return classifier_logits(self.model.apply(variables, images, train=False))
 
 
-def training_batch(rng: jax.Array, batch: dict[str, jax.Array], mix: augment.MixSettings | None,
-                   label_smoothing: float, num_classes: int,
-                   mix_groups: int = 1) -> dict[str, jax.Array]:
+def training_batch(
+    rng: jax.Array,
+    batch: dict[str, jax.Array],
+    mix: augment.MixSettings | None,
+    label_smoothing: float,
+    num_classes: int,
+    mix_groups: int = 1,
+) -> dict[str, jax.Array]:
   """The batch the model learns from: images, soft `targets` and the `label` scored by accuracy.
 
   With mixup/CutMix on (`mixup_alpha` or `cutmix_alpha` > 0) the batch is split into
@@ -158,14 +183,21 @@ def training_batch(rng: jax.Array, batch: dict[str, jax.Array], mix: augment.Mix
   """
   onehot = jax.nn.one_hot(batch['label'], num_classes)
   if mix is None:
-    return {'image': batch['image'], 'label': batch['label'],
-            'targets': optax.smooth_labels(onehot, label_smoothing)}
+    return {
+        'image': batch['image'],
+        'label': batch['label'],
+        'targets': optax.smooth_labels(onehot, label_smoothing),
+    }
   group = lambda x: x.reshape((mix_groups, x.shape[0] // mix_groups) + x.shape[1:])
-  images, targets = jax.vmap(mix.mix)(jax.random.split(rng, mix_groups),
-                                           group(batch['image']), group(onehot))
+  images, targets = jax.vmap(mix.mix)(
+      jax.random.split(rng, mix_groups), group(batch['image']), group(onehot)
+  )
   targets = targets.reshape((-1, num_classes))
-  return {'image': images.reshape(batch['image'].shape), 'targets': targets,
-          'label': jnp.argmax(targets, -1).astype(batch['label'].dtype)}
+  return {
+      'image': images.reshape(batch['image'].shape),
+      'targets': targets,
+      'label': jnp.argmax(targets, -1).astype(batch['label'].dtype),
+  }
 
 
 def micro_batches(batch: dict[str, jax.Array], count: int) -> dict[str, jax.Array]:
@@ -173,9 +205,11 @@ def micro_batches(batch: dict[str, jax.Array], count: int) -> dict[str, jax.Arra
 
   Strided rows keep each device's share of every micro-batch on that device.
   """
+
   def split(x):
     x = x.reshape((x.shape[0] // count, count) + x.shape[1:])
     return jnp.swapaxes(x, 0, 1)
+
   return jax.tree.map(split, batch)
 
 
@@ -185,33 +219,45 @@ def update_ema(ema: Any, variables: Any, decay: float) -> Any:
   return optax.incremental_update(variables, ema, step_size=1.0 - decay)
 
 
-def accumulated(micro_step: Callable, params: Any, batch_stats: Any, batch: dict[str, jax.Array],
-                dropout_rng: jax.Array, count: int,
-                zeros: Any) -> tuple[Any, Any, jax.Array, jax.Array]:
+def accumulated(
+    micro_step: Callable,
+    params: Any,
+    batch_stats: Any,
+    batch: dict[str, jax.Array],
+    dropout_rng: jax.Array,
+    count: int,
+    zeros: Any,
+) -> tuple[Any, Any, jax.Array, jax.Array]:
   """`micro_step`'s (gradients, batch statistics, loss, accuracy) over `count` micro-batches.
 
   A `lax.scan` sums the gradients (from `zeros`, laid out like the parameters) and threads the
   batch statistics through the micro-batches in turn; micro-batch j draws its dropout from
   `dropout_rng` folded with j. Gradients, loss and accuracy are their means.
   """
+
   def body(carry, micro):
     grad_sum, batch_stats = carry
     grads, batch_stats, loss, accuracy = micro_step(
-        params, batch_stats, micro, jax.random.fold_in(dropout_rng, micro['index']))
+        params, batch_stats, micro, jax.random.fold_in(dropout_rng, micro['index'])
+    )
     grad_sum = jax.tree.map(lambda s, g: s + g.astype(s.dtype), grad_sum, grads)
     return (grad_sum, batch_stats), (loss, accuracy)
 
   micros = {**micro_batches(batch, count), 'index': jnp.arange(count)}
-  (grad_sum, batch_stats), (losses, accuracies) = jax.lax.scan(
-      body, (zeros, batch_stats), micros)
+  (grad_sum, batch_stats), (losses, accuracies) = jax.lax.scan(body, (zeros, batch_stats), micros)
   grads = jax.tree.map(lambda g: g / count, grad_sum)
   return grads, batch_stats, jnp.mean(losses), jnp.mean(accuracies)
 
 
-def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
-                    settings: StepSettings, num_classes: int,
-                    teacher: Teacher | None = None, mix_groups: int = 1,
-                    param_shardings: Any = None) -> Callable[..., tuple[TrainState, dict]]:
+def make_train_step(
+    model: nn.Module,
+    tx: optax.GradientTransformation,
+    settings: StepSettings,
+    num_classes: int,
+    teacher: Teacher | None = None,
+    mix_groups: int = 1,
+    param_shardings: Any = None,
+) -> Callable[..., tuple[TrainState, dict]]:
   """The (unjitted) train step `(state, batch[, teacher_variables])`: forward, loss, update.
 
   `param_shardings` (the parameters' `NamedSharding`s, under `jax.jit`) lays out the gradients,
@@ -228,8 +274,10 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
   ema_decay = settings.ema_decay
   distillation = settings.distillation
   if (teacher is None) != (distillation is None):
-    raise ValueError('A train step distils exactly when it is given a teacher: '
-                     f'distillation={distillation}, teacher={teacher}.')
+    raise ValueError(
+        'A train step distils exactly when it is given a teacher: '
+        f'distillation={distillation}, teacher={teacher}.'
+    )
 
   def like_params(tree):
     if param_shardings is None:
@@ -247,14 +295,21 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
       if batch_stats:
         variables['batch_stats'] = batch_stats
         mutable = ['batch_stats']
-      outputs, updates = model.apply(variables, batch['image'], train=True,
-                                     rngs={'dropout': dropout_rng}, mutable=mutable)
+      outputs, updates = model.apply(
+          variables, batch['image'], train=True, rngs={'dropout': dropout_rng}, mutable=mutable
+      )
       if teacher is None:
         loss = classification_loss(outputs, batch['targets'], settings.loss)
       else:
-        loss = distillation_loss(outputs, batch['targets'], teacher_logits,
-                                 kind=distillation.kind, alpha=distillation.alpha,
-                                 tau=distillation.tau, loss=settings.loss)
+        loss = distillation_loss(
+            outputs,
+            batch['targets'],
+            teacher_logits,
+            kind=distillation.kind,
+            alpha=distillation.alpha,
+            tau=distillation.tau,
+            loss=settings.loss,
+        )
       return loss, (outputs, updates.get('batch_stats', batch_stats))
 
     (loss, (outputs, batch_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
@@ -264,43 +319,63 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
 
   def train_step(state: TrainState, batch: dict[str, jax.Array], teacher_variables: Any = None):
     dropout_rng, mix_rng = jax.random.split(jax.random.fold_in(state.rng, state.step))
-    batch = training_batch(mix_rng, batch, settings.mix, settings.label_smoothing, num_classes,
-                           mix_groups)
+    batch = training_batch(
+        mix_rng, batch, settings.mix, settings.label_smoothing, num_classes, mix_groups
+    )
     one_batch = functools.partial(micro_step, teacher_variables=teacher_variables)
     if accumulate == 1:
-      grads, batch_stats, loss, accuracy = one_batch(state.params, state.batch_stats, batch,
-                                                     dropout_rng)
+      grads, batch_stats, loss, accuracy = one_batch(
+          state.params, state.batch_stats, batch, dropout_rng
+      )
     else:
       zeros = like_params(jax.tree.map(jnp.zeros_like, state.params))
-      grads, batch_stats, loss, accuracy = accumulated(one_batch, state.params, state.batch_stats,
-                                                       batch, dropout_rng, accumulate, zeros)
+      grads, batch_stats, loss, accuracy = accumulated(
+          one_batch, state.params, state.batch_stats, batch, dropout_rng, accumulate, zeros
+      )
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = {'loss': loss, 'accuracy': accuracy, 'grad_norm': optax.global_norm(grads)}
     ema = state.ema
     if ema_decay:
       ema = update_ema(ema, {'params': params, 'batch_stats': batch_stats}, ema_decay)
-    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
-                              batch_stats=batch_stats, ema=ema)
+    new_state = state.replace(
+        step=state.step + 1, params=params, opt_state=opt_state, batch_stats=batch_stats, ema=ema
+    )
     return new_state, metrics
 
   return train_step
 
 
-def sharded_train_step(model: nn.Module, tx: optax.GradientTransformation,
-                       settings: StepSettings, num_classes: int, mesh: Mesh,
-                       state_sharding: Any, teacher: Teacher | None = None,
-                       teacher_sharding: Any = None) -> Callable[..., tuple[TrainState, dict]]:
+def sharded_train_step(
+    model: nn.Module,
+    tx: optax.GradientTransformation,
+    settings: StepSettings,
+    num_classes: int,
+    mesh: Mesh,
+    state_sharding: Any,
+    teacher: Teacher | None = None,
+    teacher_sharding: Any = None,
+) -> Callable[..., tuple[TrainState, dict]]:
   """`make_train_step` jitted for `mesh`: the state (donated) and the teacher's variables in
   their layouts, the batch over every device, metrics replicated.
 
   Mixup/CutMix pairs and draws λ within each device's share of the batch.
   """
-  step = make_train_step(model, tx, settings, num_classes, teacher, mix_groups=mesh.size,
-                         param_shardings=state_sharding.params)
-  return jax.jit(step, in_shardings=(state_sharding, sharding.batch_sharding(mesh),
-                                     teacher_sharding),
-                 out_shardings=(state_sharding, sharding.replicated(mesh)), donate_argnums=0)
+  step = make_train_step(
+      model,
+      tx,
+      settings,
+      num_classes,
+      teacher,
+      mix_groups=mesh.size,
+      param_shardings=state_sharding.params,
+  )
+  return jax.jit(
+      step,
+      in_shardings=(state_sharding, sharding.batch_sharding(mesh), teacher_sharding),
+      out_shardings=(state_sharding, sharding.replicated(mesh)),
+      donate_argnums=0,
+  )
 
 
 # An evaluation set's scoring: (logits (B, classes) float32, batch) -> sums over the batch's real
@@ -312,13 +387,18 @@ def top1_sums(logits: jax.Array, batch: dict[str, jax.Array]) -> dict[str, jax.A
   """Correct top-1 predictions, cross-entropy and the count of real examples (mask 1)."""
   mask = batch['mask']
   loss = optax.softmax_cross_entropy(logits, jax.nn.one_hot(batch['label'], logits.shape[-1]))
-  return {'correct': jnp.sum((jnp.argmax(logits, -1) == batch['label']) * mask),
-          'loss': jnp.sum(loss * mask), 'count': jnp.sum(mask)}
+  return {
+      'correct': jnp.sum((jnp.argmax(logits, -1) == batch['label']) * mask),
+      'loss': jnp.sum(loss * mask),
+      'count': jnp.sum(mask),
+  }
 
 
-def make_eval_step(model: nn.Module, num_classes: int, score: Score = top1_sums
-                   ) -> Callable[[TrainState, dict[str, jax.Array]], dict[str, jax.Array]]:
+def make_eval_step(
+    model: nn.Module, num_classes: int, score: Score = top1_sums
+) -> Callable[[TrainState, dict[str, jax.Array]], dict[str, jax.Array]]:
   """The (unjitted) eval step: `score`'s sums (default: top-1 and loss) of the model's logits."""
+
   def eval_step(state: TrainState, batch: dict[str, jax.Array]):
     variables = {'params': state.params}
     if state.batch_stats:
@@ -338,16 +418,27 @@ def init_rngs(seed: int) -> tuple[jax.Array, jax.Array]:
   return params_rng, train_rng
 
 
-def init_state(model: nn.Module, tx: optax.GradientTransformation,
-               rngs: tuple[jax.Array, jax.Array], *, image_size: int, ema: bool) -> TrainState:
+def init_state(
+    model: nn.Module,
+    tx: optax.GradientTransformation,
+    rngs: tuple[jax.Array, jax.Array],
+    *,
+    image_size: int,
+    ema: bool,
+) -> TrainState:
   """A fresh training state: parameters initialised from `rngs` (`init_rngs`), with an EMA if
   `ema`."""
   params_rng, train_rng = rngs
   images = jnp.zeros((1, image_size, image_size, 3), jnp.float32)
   variables = model.init({'params': params_rng}, images, train=False)
   params = variables['params']
-  state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                     batch_stats=variables.get('batch_stats', {}), rng=train_rng)
+  state = TrainState(
+      step=jnp.zeros((), jnp.int32),
+      params=params,
+      opt_state=tx.init(params),
+      batch_stats=variables.get('batch_stats', {}),
+      rng=train_rng,
+  )
   return with_fresh_ema(state, ema)
 
 

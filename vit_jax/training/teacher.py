@@ -31,10 +31,12 @@ def normalization_change(student: str, teacher: str) -> tuple[np.ndarray, np.nda
     return None
   for name in (student, teacher):
     if name not in input_pipeline.NORMALIZATIONS:
-      raise ValueError(f'Unknown normalization {name!r}; valid: '
-                       f'{list(input_pipeline.NORMALIZATIONS)}.')
-  (mean_s, std_s), (mean_t, std_t) = (np.asarray(input_pipeline.NORMALIZATIONS[n], np.float32)
-                                      for n in (student, teacher))
+      raise ValueError(
+          f'Unknown normalization {name!r}; valid: ' f'{list(input_pipeline.NORMALIZATIONS)}.'
+      )
+  (mean_s, std_s), (mean_t, std_t) = (
+      np.asarray(input_pipeline.NORMALIZATIONS[n], np.float32) for n in (student, teacher)
+  )
   return std_s / std_t, (mean_s - mean_t) / std_t
 
 
@@ -42,6 +44,7 @@ def normalization_change(student: str, teacher: str) -> tuple[np.ndarray, np.nda
 class TeacherSettings:
   """Which teacher a distilling run learns from and how it reads it (`from_config`: None for a
   run that does not distil)."""
+
   teacher: str  # A work directory, 'hf-hub:ORG/NAME' or 'MODEL:FILE'.
   teacher_normalization: str  # '': the student's (a work directory's or Hub weights': their own).
   normalization: str  # The student's.
@@ -53,10 +56,14 @@ class TeacherSettings:
   def from_config(cls, config: ml_collections.ConfigDict) -> 'TeacherSettings | None':
     if config.distillation.type == 'none':
       return None
-    return cls(teacher=config.distillation.teacher,
-               teacher_normalization=config.distillation.teacher_normalization,
-               normalization=config.normalization, dtype=config.dtype,
-               image_size=config.image_size, use_ema=config.use_ema)
+    return cls(
+        teacher=config.distillation.teacher,
+        teacher_normalization=config.distillation.teacher_normalization,
+        normalization=config.normalization,
+        dtype=config.dtype,
+        image_size=config.image_size,
+        use_ema=config.use_ema,
+    )
 
 
 def load(settings: TeacherSettings, num_classes: int) -> steps.Teacher:
@@ -81,7 +88,8 @@ def load(settings: TeacherSettings, num_classes: int) -> steps.Teacher:
       raise ValueError(
           f'distillation.teacher={settings.teacher!r} must be a work directory written by '
           'vit_jax.main, or MODEL:FILE with MODEL a registered model name and FILE its weights '
-          f'(e.g. regnety_160:/path/regnety_160.pth). {e}') from None
+          f'(e.g. regnety_160:/path/regnety_160.pth). {e}'
+      ) from None
     section = saved.model
     normalization = settings.teacher_normalization or saved.get('normalization', normalization)
   elif not os.path.isfile(path) and not hub.is_hub_name(path):
@@ -89,11 +97,15 @@ def load(settings: TeacherSettings, num_classes: int) -> steps.Teacher:
   else:
     section = {'name': model_name}
   model = config_lib.model_from_section(section, num_classes, settings.dtype)
-  variables = pretrained.load(path, model, image_size=settings.image_size,
-                              use_ema=settings.use_ema)
+  variables = pretrained.load(path, model, image_size=settings.image_size, use_ema=settings.use_ema)
   change = normalization_change(settings.normalization, normalization)
-  logging.info('Distilling from %s in %s (%s); the teacher sees the student\'s batch in %s '
-               'normalisation%s.', section['name'], path,
-               'EMA weights where kept' if settings.use_ema else 'raw weights', normalization,
-               '' if change is None else f' (converted from {settings.normalization})')
+  logging.info(
+      "Distilling from %s in %s (%s); the teacher sees the student's batch in %s "
+      'normalisation%s.',
+      section['name'],
+      path,
+      'EMA weights where kept' if settings.use_ema else 'raw weights',
+      normalization,
+      '' if change is None else f' (converted from {settings.normalization})',
+  )
   return steps.Teacher(model, variables, *(change or (None, None)))

@@ -48,6 +48,7 @@ from vit_jax.weights import pretrained as pretrained_lib
 class Settings:
   """A validated config resolved once into the settings each module reads; the code below the
   set-up receives the piece it reads."""
+
   model_name: str
   seed: int
   init_from: str  # '': none.
@@ -68,18 +69,25 @@ class Settings:
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> 'Settings':
-    return cls(model_name=config.model.name, seed=config.seed, init_from=config.init_from,
-               use_ema=config.use_ema, eval_only=config.eval_only,
-               eval_sets=tuple(config.eval_sets), log_every=config.log_every,
-               eval_every=config.eval_every, checkpoint_every=config.checkpoint_every,
-               profile_steps=config.profile_steps,
-               data=input_pipeline.DataSettings.from_config(config),
-               schedule=optim.ScheduleSettings.from_config(config),
-               optimizer=optim.OptimizerSettings.from_config(config),
-               step=steps.StepSettings.from_config(config),
-               teacher=teacher_lib.TeacherSettings.from_config(config),
-               mesh=sharding.MeshSettings.from_config(config),
-               evaluators=evaluators_lib.periodic(config.evaluators))
+    return cls(
+        model_name=config.model.name,
+        seed=config.seed,
+        init_from=config.init_from,
+        use_ema=config.use_ema,
+        eval_only=config.eval_only,
+        eval_sets=tuple(config.eval_sets),
+        log_every=config.log_every,
+        eval_every=config.eval_every,
+        checkpoint_every=config.checkpoint_every,
+        profile_steps=config.profile_steps,
+        data=input_pipeline.DataSettings.from_config(config),
+        schedule=optim.ScheduleSettings.from_config(config),
+        optimizer=optim.OptimizerSettings.from_config(config),
+        step=steps.StepSettings.from_config(config),
+        teacher=teacher_lib.TeacherSettings.from_config(config),
+        mesh=sharding.MeshSettings.from_config(config),
+        evaluators=evaluators_lib.periodic(config.evaluators),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +99,7 @@ class RunResult:
   metrics (`fewshot/…`); empty when `preempted` (SIGTERM or Ctrl-C), the
   run having saved `step` to resume from. `step` is None for `eval_only` of a weights file.
   """
+
   step: int | None
   metrics: dict[str, Any]
   preempted: bool = False
@@ -109,13 +118,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
   run_dir = workdir_lib.Workdir(workdir)  # Read-only until `start` takes the lock.
   mesh = sharding.make_mesh(settings.mesh.fsdp)
   if settings.eval_only and not settings.init_from and not run_dir.has_checkpoint():
-    raise ValueError(f'eval_only needs --config.init_from=PATH or a --workdir with a training '
-                     f'checkpoint; {workdir!r} has none.')
+    raise ValueError(
+        f'eval_only needs --config.init_from=PATH or a --workdir with a training '
+        f'checkpoint; {workdir!r} has none.'
+    )
 
   # Data.
   info = input_pipeline.get_dataset_info(settings.data)
-  eval_sets = eval_sets_lib.checked(settings.eval_sets, settings.data,
-                                    num_classes=info.num_classes)
+  eval_sets = eval_sets_lib.checked(settings.eval_sets, settings.data, num_classes=info.num_classes)
 
   # Model and optimizer.
   model = config_lib.create_model(config, info.num_classes)
@@ -132,39 +142,69 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
 
   init = fresh_state(tx, bool(settings.step.ema_decay))
   abstract_state = jax.eval_shape(init)
-  teacher = (None if settings.teacher is None
-             else teacher_lib.load(settings.teacher, info.num_classes))
-  logging.debug('Model %s: %s parameters; %d classes; %d train / %d eval examples; %d steps.',
-                settings.model_name,
-                f'{sum(np.prod(x.shape) for x in jax.tree.leaves(abstract_state.params)):,}',
-                info.num_classes, info.num_train_examples, info.num_eval_examples, total_steps)
+  teacher = (
+      None if settings.teacher is None else teacher_lib.load(settings.teacher, info.num_classes)
+  )
+  logging.debug(
+      'Model %s: %s parameters; %d classes; %d train / %d eval examples; %d steps.',
+      settings.model_name,
+      f'{sum(np.prod(x.shape) for x in jax.tree.leaves(abstract_state.params)):,}',
+      info.num_classes,
+      info.num_train_examples,
+      info.num_eval_examples,
+      total_steps,
+  )
 
   # Sharding: the state's and the teacher's layouts on the mesh, and the train step for them.
-  programs = Programs.build(model, tx, settings.step, info.num_classes, mesh, abstract_state,
-                            settings.mesh.fsdp_min_size, teacher)
+  programs = Programs.build(
+      model,
+      tx,
+      settings.step,
+      info.num_classes,
+      mesh,
+      abstract_state,
+      settings.mesh.fsdp_min_size,
+      teacher,
+  )
   state_sharding = programs.state_sharding
-  teacher_variables = (None if teacher is None
-                       else sharding.place(teacher.variables, programs.teacher_sharding))
-  logging.debug('Mesh %s; per device: %.1f MiB of parameters, %.1f MiB of training state.',
-                dict(mesh.shape),
-                sharding.bytes_per_device(abstract_state.params, state_sharding.params) / 2**20,
-                sharding.bytes_per_device(abstract_state, state_sharding) / 2**20)
+  teacher_variables = (
+      None if teacher is None else sharding.place(teacher.variables, programs.teacher_sharding)
+  )
+  logging.debug(
+      'Mesh %s; per device: %.1f MiB of parameters, %.1f MiB of training state.',
+      dict(mesh.shape),
+      sharding.bytes_per_device(abstract_state.params, state_sharding.params) / 2**20,
+      sharding.bytes_per_device(abstract_state, state_sharding) / 2**20,
+  )
   # A step that cannot fit the devices' memory is refused before the work directory is touched.
-  memory.check_fits(programs.train_step, sharding.abstract(abstract_state, state_sharding), config,
-                    programs.data_sharding, teacher and sharding.abstract(
-                        teacher.variables, programs.teacher_sharding))
+  memory.check_fits(
+      programs.train_step,
+      sharding.abstract(abstract_state, state_sharding),
+      config,
+      programs.data_sharding,
+      teacher and sharding.abstract(teacher.variables, programs.teacher_sharding),
+  )
 
   # The state: resumed from the newest checkpoint, else fine-tuned from init_from, else fresh.
   # `plan` refuses, touching nothing, a checkpoint this config cannot take.
   resuming = run_dir.has_checkpoint()
-  abstract_for = lambda saved: jax.eval_shape(fresh_state(optim.create_optimizer(
-      optim.OptimizerSettings.from_config(saved), schedule, model), bool(saved.ema_decay)))
+  abstract_for = lambda saved: jax.eval_shape(
+      fresh_state(
+          optim.create_optimizer(optim.OptimizerSettings.from_config(saved), schedule, model),
+          bool(saved.ema_decay),
+      )
+  )
   plan = resume_lib.plan(run_dir, config, abstract_state, abstract_for)
   pretrained = None
   if settings.init_from and not resuming:
-    pretrained = pretrained_lib.load(settings.init_from, model,
-                                     image_size=settings.data.image_size,
-                                     use_ema=settings.use_ema, reset_head=True, rng=rngs[0])
+    pretrained = pretrained_lib.load(
+        settings.init_from,
+        model,
+        image_size=settings.data.image_size,
+        use_ema=settings.use_ema,
+        reset_head=True,
+        rng=rngs[0],
+    )
     logging.info('Fine-tuning from %s.', settings.init_from)
   elif settings.init_from:
     logging.info('Resuming %s; init_from=%s is not read again.', workdir, settings.init_from)
@@ -174,23 +214,29 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
     run_dir.start(config, run_scope)  # Locked, config.json written, checkpoints kept.
     watcher = run_scope.enter_context(PreemptionWatcher())
     with workdir_lib.writing(workdir, workdir_lib.ROOM):
-      writer = metric_writers.create_default_writer(workdir,
-                                                    just_logging=jax.process_index() > 0)
+      writer = metric_writers.create_default_writer(workdir, just_logging=jax.process_index() > 0)
     run_scope.callback(writer.close)
     run_scope.callback(_stop_profiling)
     saved = None
     if resuming:  # The saved run's layout (this config's, or the saved config's).
       saved = abstract_state if plan is None else abstract_for(plan.saved_config)
-      saved = sharding.abstract(saved, sharding.fsdp_shardings(saved, mesh,
-                                                               settings.mesh.fsdp_min_size))
-    state = _restore_or_init(run_dir, saved, init, abstract_state, state_sharding, pretrained,
-                             ema=bool(settings.step.ema_decay))
+      saved = sharding.abstract(
+          saved, sharding.fsdp_shardings(saved, mesh, settings.mesh.fsdp_min_size)
+      )
+    state = _restore_or_init(
+        run_dir,
+        saved,
+        init,
+        abstract_state,
+        state_sharding,
+        pretrained,
+        ema=bool(settings.step.ema_decay),
+    )
 
     # The loop.
     start_step = int(state.step)
     train_batches = input_pipeline.train_iterator(settings.data, start_step=start_step)
-    progress = Progress(num_train_steps=total_steps, writer=writer,
-                        every_steps=settings.log_every)
+    progress = Progress(num_train_steps=total_steps, writer=writer, every_steps=settings.log_every)
     profile = _profiler(workdir, settings.profile_steps, start_step, total_steps)
     pending, last_saved, frozen_metrics = [], start_step, {}
     for step in range(start_step + 1, total_steps + 1):
@@ -198,7 +244,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
       if step == start_step + 1:  # Compiles the step: not training time.
         with progress.timed('compile', state):
           state, metrics = jax.block_until_ready(
-              programs.train_step(state, batch, teacher_variables))
+              programs.train_step(state, batch, teacher_variables)
+          )
       else:
         state, metrics = programs.train_step(state, batch, teacher_variables)
       if profile is not None:
@@ -211,18 +258,26 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
         fetched, pending = _finite(jax.device_get(pending), step, last_saved, workdir), []
       progress(step)
       if at_log:
-        _log_progress(writer, progress, fetched, step, total_steps, schedule,
-                      settings.data.batch_size)
+        _log_progress(
+            writer, progress, fetched, step, total_steps, schedule, settings.data.batch_size
+        )
       if at_ckpt or stop:
         with progress.timed('checkpoint', state):
           run_dir.save(step, state, model_name=settings.model_name)
         last_saved = step
-        logging.info('step %d  saved checkpoint %s', step,
-                     run_dir.file(workdir_lib.CHECKPOINT_DIR) / str(step))
+        logging.info(
+            'step %d  saved checkpoint %s',
+            step,
+            run_dir.file(workdir_lib.CHECKPOINT_DIR) / str(step),
+        )
       if stop:
         run_dir.wait_until_finished()
-        logging.warning('Preemption requested: saved step %d to %s; exiting. Rerun the same '
-                        'command to resume.', step, workdir)
+        logging.warning(
+            'Preemption requested: saved step %d to %s; exiting. Rerun the same '
+            'command to resume.',
+            step,
+            workdir,
+        )
         return RunResult(step=step, metrics={}, preempted=True)
       due = evaluators_lib.due(settings.evaluators, step, total_steps)
       if due:
@@ -236,11 +291,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
 
     # The final evaluation.
     run_dir.wait_until_finished()
-    eval_metrics, set_metrics = _log_evaluation(evaluate(state), evaluate.eval_sets, writer,
-                                                total_steps, final=True)
-    run_dir.write_results({'step': total_steps,
-                           **{f'test_{k}': v for k, v in eval_metrics.items()},
-                           **set_metrics, **frozen_metrics})
+    eval_metrics, set_metrics = _log_evaluation(
+        evaluate(state), evaluate.eval_sets, writer, total_steps, final=True
+    )
+    run_dir.write_results(
+        {
+            'step': total_steps,
+            **{f'test_{k}': v for k, v in eval_metrics.items()},
+            **set_metrics,
+            **frozen_metrics,
+        }
+    )
     writer.flush()
     return RunResult(step=total_steps, metrics={**eval_metrics, **set_metrics, **frozen_metrics})
 
@@ -253,6 +314,7 @@ class Evaluation:
   """A run's evaluation: top-1 and loss on its eval split (and of its EMA), and those of its
   `eval_sets`, each scoring's step compiled once for the mesh. Called with a state, it returns
   (metrics, the sets' 'NAME/…' metrics)."""
+
   data: input_pipeline.DataSettings
   eval_step: Callable[..., dict[str, jax.Array]]
   eval_sets: tuple[eval_sets_lib.EvalSet, ...]
@@ -260,33 +322,54 @@ class Evaluation:
   data_sharding: NamedSharding
 
   @classmethod
-  def build(cls, model: nn.Module, num_classes: int, mesh: Mesh,
-            data: input_pipeline.DataSettings,
-            eval_sets: tuple[eval_sets_lib.EvalSet, ...]) -> 'Evaluation':
+  def build(
+      cls,
+      model: nn.Module,
+      num_classes: int,
+      mesh: Mesh,
+      data: input_pipeline.DataSettings,
+      eval_sets: tuple[eval_sets_lib.EvalSet, ...],
+  ) -> 'Evaluation':
     eval_step = jitted_eval_step(model, num_classes, mesh)
-    return cls(data, eval_step, eval_sets,
-               eval_sets_lib.compile_steps(eval_sets, model, num_classes, mesh, eval_step),
-               sharding.batch_sharding(mesh))
+    return cls(
+        data,
+        eval_step,
+        eval_sets,
+        eval_sets_lib.compile_steps(eval_sets, model, num_classes, mesh, eval_step),
+        sharding.batch_sharding(mesh),
+    )
 
   def __call__(self, state: steps.TrainState) -> tuple[dict[str, float], dict[str, float]]:
-    metrics = evaluation.evaluate_with_ema(self.eval_step, state,
-                                           lambda: input_pipeline.eval_iterator(self.data),
-                                           self.data_sharding)
+    metrics = evaluation.evaluate_with_ema(
+        self.eval_step, state, lambda: input_pipeline.eval_iterator(self.data), self.data_sharding
+    )
     # The run's own eval split as a test set: a listed set that reads it is not read again.
     own = eval_sets_lib.EvalSet(self.data.eval_split, self.data.dataset, self.data.eval_split)
-    set_metrics = eval_sets_lib.evaluate(self.eval_sets, self.set_steps, state, self.data,
-                                         self.data_sharding, known={own.reads: metrics})
+    set_metrics = eval_sets_lib.evaluate(
+        self.eval_sets,
+        self.set_steps,
+        state,
+        self.data,
+        self.data_sharding,
+        known={own.reads: metrics},
+    )
     return metrics, set_metrics
 
 
-def jitted_eval_step(model: nn.Module, num_classes: int,
-                     mesh: Mesh) -> Callable[..., dict[str, jax.Array]]:
+def jitted_eval_step(
+    model: nn.Module, num_classes: int, mesh: Mesh
+) -> Callable[..., dict[str, jax.Array]]:
   """The top-1 eval step (`steps.make_eval_step`) jitted for `mesh`, its sums replicated."""
   return jax.jit(steps.make_eval_step(model, num_classes), out_shardings=sharding.replicated(mesh))
 
 
-def _evaluate_only(settings: Settings, run_dir: workdir_lib.Workdir, model: nn.Module,
-                   mesh: Mesh, evaluate: Evaluation) -> RunResult:
+def _evaluate_only(
+    settings: Settings,
+    run_dir: workdir_lib.Workdir,
+    model: nn.Module,
+    mesh: Mesh,
+    evaluate: Evaluation,
+) -> RunResult:
   """Top-1 on the eval split (and the eval sets) of `settings.init_from`, else of the work
   directory's newest checkpoint.
 
@@ -295,22 +378,34 @@ def _evaluate_only(settings: Settings, run_dir: workdir_lib.Workdir, model: nn.M
   head is re-initialised).
   """
   source = settings.init_from or run_dir.path
-  variables = pretrained_lib.load(source, model, image_size=settings.data.image_size,
-                                  use_ema=settings.use_ema)
+  variables = pretrained_lib.load(
+      source, model, image_size=settings.data.image_size, use_ema=settings.use_ema
+  )
   state = evaluation.frozen_state(variables, mesh, settings.mesh.fsdp_min_size)
   metrics, set_metrics = evaluate(state)
   data = settings.data
-  report = {'source': source, 'use_ema': settings.use_ema, 'model': settings.model_name,
-            'dataset': data.dataset, 'split': data.eval_split, 'image_size': data.image_size,
-            **metrics, **set_metrics}
+  report = {
+      'source': source,
+      'use_ema': settings.use_ema,
+      'model': settings.model_name,
+      'dataset': data.dataset,
+      'split': data.eval_split,
+      'image_size': data.image_size,
+      **metrics,
+      **set_metrics,
+  }
   run_dir.write_json('eval_report.json', report)
   if jax.process_index() == 0:
     weights = f'{"EMA weights where kept" if settings.use_ema else "raw weights"} of {source}'
-    print(f'Top-1 on {data.dataset}/{data.eval_split}: {metrics["accuracy"]:.4f} '
-          f'({metrics["count"]} examples; {weights}).')
+    print(
+        f'Top-1 on {data.dataset}/{data.eval_split}: {metrics["accuracy"]:.4f} '
+        f'({metrics["count"]} examples; {weights}).'
+    )
     for eval_set in evaluate.eval_sets:
-      print(f'Top-1 on {eval_set.name}: {set_metrics[f"{eval_set.name}/accuracy"]:.4f} '
-            f'({set_metrics[f"{eval_set.name}/count"]} examples scored; {weights}).')
+      print(
+          f'Top-1 on {eval_set.name}: {set_metrics[f"{eval_set.name}/accuracy"]:.4f} '
+          f'({set_metrics[f"{eval_set.name}/count"]} examples scored; {weights}).'
+      )
   return RunResult(step=None, metrics={**metrics, **set_metrics})
 
 
@@ -318,21 +413,30 @@ def _evaluate_only(settings: Settings, run_dir: workdir_lib.Workdir, model: nn.M
 class Programs:
   """A run's train step jitted for its mesh, with the layouts it takes: the training state's and
   the teacher's (one rule places both), and the batch's."""
+
   train_step: Callable[..., tuple[steps.TrainState, dict[str, jax.Array]]]
   state_sharding: Any
   teacher_sharding: Any  # None without a teacher.
   data_sharding: NamedSharding
 
   @classmethod
-  def build(cls, model: nn.Module, tx: optax.GradientTransformation,
-            step_settings: steps.StepSettings, num_classes: int, mesh: Mesh,
-            abstract_state: steps.TrainState, fsdp_min_size: int,
-            teacher: steps.Teacher | None = None) -> 'Programs':
+  def build(
+      cls,
+      model: nn.Module,
+      tx: optax.GradientTransformation,
+      step_settings: steps.StepSettings,
+      num_classes: int,
+      mesh: Mesh,
+      abstract_state: steps.TrainState,
+      fsdp_min_size: int,
+      teacher: steps.Teacher | None = None,
+  ) -> 'Programs':
     layout = lambda tree: sharding.fsdp_shardings(tree, mesh, fsdp_min_size)
     state_sharding = layout(abstract_state)
     teacher_sharding = None if teacher is None else layout(teacher.variables)
-    train_step = steps.sharded_train_step(model, tx, step_settings, num_classes, mesh,
-                                          state_sharding, teacher, teacher_sharding)
+    train_step = steps.sharded_train_step(
+        model, tx, step_settings, num_classes, mesh, state_sharding, teacher, teacher_sharding
+    )
     return cls(train_step, state_sharding, teacher_sharding, sharding.batch_sharding(mesh))
 
 
@@ -366,9 +470,11 @@ class PreemptionWatcher:
     if signum == signal.SIGINT and self.requested:
       raise KeyboardInterrupt
     self.requested = True
-    logging.warning('%s: saving a checkpoint after this step, then exiting%s.',
-                    signal.Signals(signum).name,
-                    ' (Ctrl-C again stops at once)' if signum == signal.SIGINT else '')
+    logging.warning(
+        '%s: saving a checkpoint after this step, then exiting%s.',
+        signal.Signals(signum).name,
+        ' (Ctrl-C again stops at once)' if signum == signal.SIGINT else '',
+    )
 
   def should_stop(self, run_dir: workdir_lib.Workdir, step: int) -> bool:
     # On several processes, orbax agrees on one step across all of them.
@@ -383,9 +489,16 @@ def _stop_profiling() -> None:
     pass
 
 
-def _restore_or_init(run_dir: workdir_lib.Workdir, saved: Any, init: Callable[[], steps.TrainState],
-                     abstract_state: steps.TrainState, state_sharding: Any,
-                     pretrained: dict[str, Any] | None, *, ema: bool) -> steps.TrainState:
+def _restore_or_init(
+    run_dir: workdir_lib.Workdir,
+    saved: Any,
+    init: Callable[[], steps.TrainState],
+    abstract_state: steps.TrainState,
+    state_sharding: Any,
+    pretrained: dict[str, Any] | None,
+    *,
+    ema: bool,
+) -> steps.TrainState:
   """The state the loop starts from, in `state_sharding`'s layout: the newest readable checkpoint
   read as the abstract state `saved` (its run's layout) and carried over to this run's, when
   resuming (`saved` given); else a fresh state (`init`), with `pretrained`'s variables when
@@ -393,8 +506,9 @@ def _restore_or_init(run_dir: workdir_lib.Workdir, saved: Any, init: Callable[[]
   if saved is not None:
     state = run_dir.resume(saved)
     if workdir_lib.flat_shapes(saved) != workdir_lib.flat_shapes(abstract_state):
-      state = resume_lib.carry_over(state, ema, sharding.abstract(abstract_state, state_sharding),
-                                    state_sharding)
+      state = resume_lib.carry_over(
+          state, ema, sharding.abstract(abstract_state, state_sharding), state_sharding
+      )
     logging.debug('Resumed from step %d of %s.', int(state.step), run_dir.path)
     return state
   state = jax.jit(init, out_shardings=state_sharding)()
@@ -402,7 +516,8 @@ def _restore_or_init(run_dir: workdir_lib.Workdir, saved: Any, init: Callable[[]
     return state
   state = state.replace(
       params=sharding.place(pretrained['params'], state_sharding.params),
-      batch_stats=sharding.place(pretrained.get('batch_stats', {}), state_sharding.batch_stats))
+      batch_stats=sharding.place(pretrained.get('batch_stats', {}), state_sharding.batch_stats),
+  )
   return jax.jit(lambda s: steps.with_fresh_ema(s, ema), out_shardings=state_sharding)(state)
 
 
@@ -414,10 +529,12 @@ class Progress:
   otherwise lower steps/s and raise the ETA. `steps_per_s` is the rate of the latest report.
   """
 
-  def __init__(self, *, num_train_steps: int, writer: metric_writers.MetricWriter,
-               every_steps: int):
+  def __init__(
+      self, *, num_train_steps: int, writer: metric_writers.MetricWriter, every_steps: int
+  ):
     self._report = periodic_actions.ReportProgress(
-        num_train_steps=num_train_steps, writer=writer, every_steps=every_steps, every_secs=None)
+        num_train_steps=num_train_steps, writer=writer, every_steps=every_steps, every_secs=None
+    )
     self._paused = 0.0  # Seconds spent in `timed` sections.
     self._last: tuple[int, float] | None = None  # (step, clock) of the latest report.
     self.steps_per_s = math.nan
@@ -444,41 +561,60 @@ class Progress:
       self._paused += time.monotonic() - start
 
 
-def _profiler(workdir: str, profile_steps: int, start_step: int,
-              total_steps: int) -> periodic_actions.Profile | None:
+def _profiler(
+    workdir: str, profile_steps: int, start_step: int, total_steps: int
+) -> periodic_actions.Profile | None:
   """clu's `Profile`, tracing (`jax.profiler`) the `profile_steps` steps after the first into
   WORKDIR/plugins/profile, where TensorBoard's profile tab finds them; None when off."""
   count = min(profile_steps, total_steps - start_step - 1)
   if count <= 0:
     return None
-  return periodic_actions.Profile(logdir=workdir, num_profile_steps=count,
-                                  profile_duration_ms=None, first_profile=start_step + 1,
-                                  every_steps=None, every_secs=None)
+  return periodic_actions.Profile(
+      logdir=workdir,
+      num_profile_steps=count,
+      profile_duration_ms=None,
+      first_profile=start_step + 1,
+      every_steps=None,
+      every_secs=None,
+  )
 
 
-def _finite(fetched: list[dict[str, np.ndarray]], step: int, last_saved: int,
-            workdir: str) -> list[dict[str, np.ndarray]]:
+def _finite(
+    fetched: list[dict[str, np.ndarray]], step: int, last_saved: int, workdir: str
+) -> list[dict[str, np.ndarray]]:
   """`fetched` (the steps' metrics since the last fetch); raises if a loss is not finite."""
   losses = np.array([m['loss'] for m in fetched])
   if not np.all(np.isfinite(losses)):
     raise FloatingPointError(
         f'The training loss became {losses[~np.isfinite(losses)][0]} at or before step {step}; '
         'stopping without saving. '
-        + (f'The last good checkpoint (step {last_saved}) is kept in {workdir}. '
-           if last_saved else 'No checkpoint had been saved yet. ')
-        + 'Lower base_lr, enable grad_clip_norm, or check the data.')
+        + (
+            f'The last good checkpoint (step {last_saved}) is kept in {workdir}. '
+            if last_saved
+            else 'No checkpoint had been saved yet. '
+        )
+        + 'Lower base_lr, enable grad_clip_norm, or check the data.'
+    )
   return fetched
 
 
-def _log_progress(writer: metric_writers.MetricWriter, progress: Progress,
-                  fetched: list[dict[str, np.ndarray]], step: int, total_steps: int,
-                  schedule: optax.Schedule, batch_size: int) -> None:
+def _log_progress(
+    writer: metric_writers.MetricWriter,
+    progress: Progress,
+    fetched: list[dict[str, np.ndarray]],
+    step: int,
+    total_steps: int,
+    schedule: optax.Schedule,
+    batch_size: int,
+) -> None:
   """Writes the training summaries of the steps in `fetched` and logs the progress line."""
   images_per_s = progress.steps_per_s * batch_size
-  summary = {'train/loss': float(np.mean([m['loss'] for m in fetched])),
-             'train/accuracy': float(np.mean([m['accuracy'] for m in fetched])),
-             'train/grad_norm': float(fetched[-1]['grad_norm']),
-             'train/lr': float(schedule(step - 1))}
+  summary = {
+      'train/loss': float(np.mean([m['loss'] for m in fetched])),
+      'train/accuracy': float(np.mean([m['accuracy'] for m in fetched])),
+      'train/grad_norm': float(fetched[-1]['grad_norm']),
+      'train/lr': float(schedule(step - 1)),
+  }
   if math.isfinite(images_per_s):
     summary['train/images_per_s'] = images_per_s
   writer.write_scalars(step, summary)
@@ -486,12 +622,23 @@ def _log_progress(writer: metric_writers.MetricWriter, progress: Progress,
   if math.isfinite(images_per_s):
     eta = (total_steps - step) / progress.steps_per_s
     speed = f'  {images_per_s:.0f} img/s  ETA {time.strftime("%H:%M:%S", time.gmtime(eta))}'
-  logging.info('step %d/%d  loss %.4f  acc %.3f  lr %.2e%s', step, total_steps,
-               summary['train/loss'], summary['train/accuracy'], summary['train/lr'], speed)
+  logging.info(
+      'step %d/%d  loss %.4f  acc %.3f  lr %.2e%s',
+      step,
+      total_steps,
+      summary['train/loss'],
+      summary['train/accuracy'],
+      summary['train/lr'],
+      speed,
+  )
 
 
-def run_evaluators(evaluators: Mapping[str, Any], model: nn.Module, state: steps.TrainState,
-                   data: input_pipeline.DataSettings) -> dict[str, float]:
+def run_evaluators(
+    evaluators: Mapping[str, Any],
+    model: nn.Module,
+    state: steps.TrainState,
+    data: input_pipeline.DataSettings,
+) -> dict[str, float]:
   """The metrics of `evaluators` (`vit_jax.evaluators`) on the state's frozen variables, the
   images preprocessed as the run `data` evaluates."""
   variables = {'params': state.params}
@@ -501,29 +648,52 @@ def run_evaluators(evaluators: Mapping[str, Any], model: nn.Module, state: steps
   metrics = {}
   for name, evaluator in evaluators.items():
     metrics.update(evaluator.run(model, variables, data))
-    logging.info('step %d  %s: %s', int(state.step), name,
-                 ', '.join(f'{k} {v:.4g}' for k, v in metrics.items() if k.startswith(name)))
+    logging.info(
+        'step %d  %s: %s',
+        int(state.step),
+        name,
+        ', '.join(f'{k} {v:.4g}' for k, v in metrics.items() if k.startswith(name)),
+    )
   return metrics
 
 
-def _log_evaluation(results: tuple[dict[str, float], dict[str, float]],
-                    eval_sets: tuple[eval_sets_lib.EvalSet, ...],
-                    writer: metric_writers.MetricWriter, step: int, final: bool = False
-                    ) -> tuple[dict[str, float], dict[str, float]]:
+def _log_evaluation(
+    results: tuple[dict[str, float], dict[str, float]],
+    eval_sets: tuple[eval_sets_lib.EvalSet, ...],
+    writer: metric_writers.MetricWriter,
+    step: int,
+    final: bool = False,
+) -> tuple[dict[str, float], dict[str, float]]:
   """`Evaluation`'s (metrics, set metrics), written and logged; returned as they came."""
   metrics, set_metrics = results
   writer.write_scalars(step, {f'eval/{k}': v for k, v in {**metrics, **set_metrics}.items()})
-  ema_note = lambda m, prefix='': (f'; EMA accuracy {m[prefix + "ema_accuracy"]:.4f}'
-                                   if prefix + 'ema_accuracy' in m else '')
+  ema_note = lambda m, prefix='': (
+      f'; EMA accuracy {m[prefix + "ema_accuracy"]:.4f}' if prefix + 'ema_accuracy' in m else ''
+  )
   if final:
-    logging.info('Final test accuracy: %.4f (%d examples, step %d)%s.', metrics['accuracy'],
-                 metrics['count'], step, ema_note(metrics))
+    logging.info(
+        'Final test accuracy: %.4f (%d examples, step %d)%s.',
+        metrics['accuracy'],
+        metrics['count'],
+        step,
+        ema_note(metrics),
+    )
   else:
-    logging.info('step %d  test accuracy %.4f  test loss %.4f%s', step, metrics['accuracy'],
-                 metrics['loss'], ema_note(metrics))
+    logging.info(
+        'step %d  test accuracy %.4f  test loss %.4f%s',
+        step,
+        metrics['accuracy'],
+        metrics['loss'],
+        ema_note(metrics),
+    )
   for eval_set in eval_sets:
     prefix = f'{eval_set.name}/'
-    logging.info('step %d  %s accuracy %.4f (%d examples scored)%s', step, eval_set.name,
-                 set_metrics[prefix + 'accuracy'], set_metrics[prefix + 'count'],
-                 ema_note(set_metrics, prefix))
+    logging.info(
+        'step %d  %s accuracy %.4f (%d examples scored)%s',
+        step,
+        eval_set.name,
+        set_metrics[prefix + 'accuracy'],
+        set_metrics[prefix + 'count'],
+        ema_note(set_metrics, prefix),
+    )
   return metrics, set_metrics

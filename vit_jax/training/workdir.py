@@ -77,12 +77,20 @@ class Unwritable(ValueError):
 
 
 # errno of a refused write, and how tensorstore words the same (it raises ValueError, not OSError).
-_REFUSALS = {errno.ENOSPC: 'no space left on the device', errno.EDQUOT: 'the disk quota is used up',
-             errno.EROFS: 'the file system is read-only', errno.EACCES: 'permission denied',
-             errno.EPERM: 'permission denied'}
-_REFUSAL_TEXTS = {'No space left on device': errno.ENOSPC, "os_error_code='28'": errno.ENOSPC,
-                  'Disk quota exceeded': errno.EDQUOT, 'Read-only file system': errno.EROFS,
-                  'Permission denied': errno.EACCES}
+_REFUSALS = {
+    errno.ENOSPC: 'no space left on the device',
+    errno.EDQUOT: 'the disk quota is used up',
+    errno.EROFS: 'the file system is read-only',
+    errno.EACCES: 'permission denied',
+    errno.EPERM: 'permission denied',
+}
+_REFUSAL_TEXTS = {
+    'No space left on device': errno.ENOSPC,
+    "os_error_code='28'": errno.ENOSPC,
+    'Disk quota exceeded': errno.EDQUOT,
+    'Read-only file system': errno.EROFS,
+    'Permission denied': errno.EACCES,
+}
 
 
 def refused_write(error: BaseException) -> int | None:
@@ -107,8 +115,9 @@ def _size(count: int) -> str:
 
 def _disk_bytes(path: epath.Path) -> int:
   """The bytes of the files under a local `path` (0 on an object store)."""
-  return sum(os.path.getsize(os.path.join(d, f)) for d, _, names in os.walk(str(path))
-             for f in names)
+  return sum(
+      os.path.getsize(os.path.join(d, f)) for d, _, names in os.walk(str(path)) for f in names
+  )
 
 
 def unwritable(error: BaseException, path: str, needs: str) -> Unwritable | None:
@@ -149,25 +158,34 @@ def _existing_parent(path: str) -> str:
 def check_path(workdir: str | None) -> None:
   """Raises ValueError for a --workdir that cannot be one: empty, or an existing file."""
   if not workdir or not str(workdir).strip():
-    raise ValueError('--workdir is empty: name a directory for the run (it is created if '
-                     'missing), e.g. --workdir=/tmp/vit_run.')
+    raise ValueError(
+        '--workdir is empty: name a directory for the run (it is created if '
+        'missing), e.g. --workdir=/tmp/vit_run.'
+    )
   if '://' not in workdir and os.path.exists(workdir) and not os.path.isdir(workdir):
-    raise ValueError(f'--workdir={workdir} is a file, not a directory: name a directory for the '
-                     'run (it is created if missing).')
+    raise ValueError(
+        f'--workdir={workdir} is a file, not a directory: name a directory for the '
+        'run (it is created if missing).'
+    )
 
 
 def _holder() -> dict[str, Any]:
-  return {'host': socket.gethostname(), 'pid': os.getpid(),
-          'started': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-          'command': ' '.join([os.path.basename(sys.executable), *sys.argv])}
+  return {
+      'host': socket.gethostname(),
+      'pid': os.getpid(),
+      'started': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
+      'command': ' '.join([os.path.basename(sys.executable), *sys.argv]),
+  }
 
 
 def _describe(text: str) -> str:
   """'pid 123 on host, started 2026-…, command: python -m …' from a lock file's content."""
   try:
     holder = json.loads(text)
-    return (f'pid {holder["pid"]} on {holder["host"]}, started {holder["started"]}, command: '
-            f'{holder["command"]}')
+    return (
+        f'pid {holder["pid"]} on {holder["host"]}, started {holder["started"]}, command: '
+        f'{holder["command"]}'
+    )
   except (ValueError, KeyError, TypeError):
     return 'a run that recorded no details'
 
@@ -178,8 +196,11 @@ def lock(workdir: str) -> Iterator[None]:
   path = epath.Path(workdir)
   path.mkdir(parents=True, exist_ok=True)
   if '://' in workdir:
-    logging.warning('%s is on an object store, which has no file locks: nothing stops a second '
-                    'run from writing to it at the same time; start only one.', workdir)
+    logging.warning(
+        '%s is on an object store, which has no file locks: nothing stops a second '
+        'run from writing to it at the same time; start only one.',
+        workdir,
+    )
     (path / LOCK_FILE).write_text(json.dumps(_holder()))
     yield
     return
@@ -192,12 +213,14 @@ def lock(workdir: str) -> Iterator[None]:
       raise WorkdirInUse(
           f'The work directory {workdir!r} is in use by another run: {_describe(f.read())}. Wait '
           'for it to finish or stop it (SIGTERM saves a checkpoint), or choose another '
-          '--workdir.') from None
+          '--workdir.'
+      ) from None
     f.seek(0)
     previous = f.read()
     if previous.strip():  # Released by the kernel, not by its run: that run ended abruptly.
-      logging.warning('Taking over the lock of %s, which ended without releasing it.',
-                      _describe(previous))
+      logging.warning(
+          'Taking over the lock of %s, which ended without releasing it.', _describe(previous)
+      )
     f.seek(0)
     f.truncate()
     f.write(json.dumps(_holder()))
@@ -225,7 +248,8 @@ def refuse_if_in_use(workdir: str) -> None:
         raise WorkdirInUse(
             f'The work directory {workdir!r} is in use by another run: {_describe(f.read())}. '
             'Wait for it to finish or stop it (SIGTERM saves a checkpoint), or choose another '
-            '--workdir.') from None
+            '--workdir.'
+        ) from None
       fcntl.flock(f, fcntl.LOCK_UN)
   except PermissionError:  # Unreadable here: `hold` decides when the run takes it.
     return
@@ -240,14 +264,18 @@ def hold(workdir: str, run_scope: contextlib.ExitStack) -> None:
     except WorkdirInUse as e:
       error = e
   if jax.process_count() > 1 and not int(
-      multihost_utils.broadcast_one_to_all(np.int32(error is None))):
-    error = error or WorkdirInUse(f'Process 0 found the work directory {workdir!r} in use by '
-                                  'another run (its log names the holder).')
+      multihost_utils.broadcast_one_to_all(np.int32(error is None))
+  ):
+    error = error or WorkdirInUse(
+        f'Process 0 found the work directory {workdir!r} in use by '
+        'another run (its log names the holder).'
+    )
   if error is not None:
     raise error
 
 
 # Comparing variables by shape.
+
 
 def flat_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
   """Maps every leaf's path ('params/blocks_0/attn/qkv/kernel') to its shape.
@@ -256,43 +284,60 @@ def flat_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
   """
   flat = jax.tree_util.tree_flatten_with_path(tree)[0]
   name = lambda k: getattr(k, 'key', getattr(k, 'idx', getattr(k, 'name', k)))  # dict, list, attr
-  return {'/'.join(str(name(k)) for k in path):
-          tuple(getattr(leaf, 'shape', np.shape(leaf))) for path, leaf in flat}
+  return {
+      '/'.join(str(name(k)) for k in path): tuple(getattr(leaf, 'shape', np.shape(leaf)))
+      for path, leaf in flat
+  }
 
 
 @dataclasses.dataclass(frozen=True)
 class ShapeDiff:
   """How the variables found (in a checkpoint) differ from those wanted (by a model), by path."""
+
   missing: list[str]
   unexpected: list[str]
   reshaped: list[str]  # 'path (found shape) vs (wanted shape)'
 
   @classmethod
-  def between(cls, found: Mapping[str, tuple[int, ...]],
-              wanted: Mapping[str, tuple[int, ...]]) -> 'ShapeDiff':
-    return cls(sorted(set(wanted) - set(found)), sorted(set(found) - set(wanted)),
-               sorted(f'{k} {tuple(found[k])} vs {tuple(wanted[k])}'
-                      for k in set(found) & set(wanted) if tuple(found[k]) != tuple(wanted[k])))
+  def between(
+      cls, found: Mapping[str, tuple[int, ...]], wanted: Mapping[str, tuple[int, ...]]
+  ) -> 'ShapeDiff':
+    return cls(
+        sorted(set(wanted) - set(found)),
+        sorted(set(found) - set(wanted)),
+        sorted(
+            f'{k} {tuple(found[k])} vs {tuple(wanted[k])}'
+            for k in set(found) & set(wanted)
+            if tuple(found[k]) != tuple(wanted[k])
+        ),
+    )
 
   def __bool__(self) -> bool:
     return bool(self.missing or self.unexpected or self.reshaped)
 
   def listing(self, limit: int = 12) -> str:
     """One indented line per kind of difference, each naming up to `limit` paths."""
+
     def line(title, items):
-      shown = ', '.join(items[:limit]) + (f', … ({len(items) - limit} more)'
-                                          if len(items) > limit else '')
+      shown = ', '.join(items[:limit]) + (
+          f', … ({len(items) - limit} more)' if len(items) > limit else ''
+      )
       return f'\n  {title} ({len(items)}): {shown}' if items else ''
-    return (line('missing from the checkpoint', self.missing)
-            + line('unexpected in the checkpoint', self.unexpected)
-            + line('wrong shape, checkpoint vs model', self.reshaped))
+
+    return (
+        line('missing from the checkpoint', self.missing)
+        + line('unexpected in the checkpoint', self.unexpected)
+        + line('wrong shape, checkpoint vs model', self.reshaped)
+    )
 
 
 # The run.
 
+
 @dataclasses.dataclass(frozen=True)
 class SavedVariables:
   """A run's model variables ({'params'[, 'batch_stats']}) at `step`; `ema`: they are its EMA."""
+
   variables: dict[str, Any]
   step: int
   ema: bool
@@ -324,8 +369,10 @@ class Workdir:
     """The trained run in `path`; ValueError unless it has a config.json and a checkpoint."""
     run = cls(path)
     if not run.file(CONFIG_FILE).exists() or not run.steps():
-      raise ValueError(f'{path!r} is not a work directory of a vit_jax.main run: expected '
-                       f'{CONFIG_FILE} and a checkpoint in {run.file(CHECKPOINT_DIR)}/<step>.')
+      raise ValueError(
+          f'{path!r} is not a work directory of a vit_jax.main run: expected '
+          f'{CONFIG_FILE} and a checkpoint in {run.file(CHECKPOINT_DIR)}/<step>.'
+      )
     return run
 
   def start(self, config: ml_collections.ConfigDict, run_scope: contextlib.ExitStack) -> 'Workdir':
@@ -359,10 +406,11 @@ class Workdir:
       if not isinstance(saved, dict) or not isinstance(saved.get('model'), dict):
         raise ValueError('it is not a config: no "model" section')
     except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError.
-      raise ValueError(f'{path} is damaged ({e}); restore it from a copy, or write it again with '
-                       'the command that trained this run.') from None
-    saved['model'] = {k: tuple(v) if isinstance(v, list) else v
-                      for k, v in saved['model'].items()}
+      raise ValueError(
+          f'{path} is damaged ({e}); restore it from a copy, or write it again with '
+          'the command that trained this run.'
+      ) from None
+    saved['model'] = {k: tuple(v) if isinstance(v, list) else v for k, v in saved['model'].items()}
     return ml_collections.ConfigDict(saved)
 
   def steps(self) -> list[int]:
@@ -394,15 +442,18 @@ class Workdir:
       try:
         return self._restore(step, like)['state']
       except Exception as e:  # Orbax, tensorstore, json: many kinds. pylint: disable=broad-except
-        raise ValueError(f'The checkpoint of step {step} in {self.path!r} cannot be read '
-                         f'({_reason(e)}); it may be truncated or corrupt.') from e
+        raise ValueError(
+            f'The checkpoint of step {step} in {self.path!r} cannot be read '
+            f'({_reason(e)}); it may be truncated or corrupt.'
+        ) from e
     found = self._newest_readable(lambda s: self._restore(s, like)['state'])
     if found is None:
       raise ValueError(f'{self.path!r} holds no readable checkpoint (steps {self.steps()}).')
     return found[1]
 
-  def read_variables(self, step: int | None = None, *, use_ema: bool = True,
-                     unrolled: bool = False) -> SavedVariables:
+  def read_variables(
+      self, step: int | None = None, *, use_ema: bool = True, unrolled: bool = False
+  ) -> SavedVariables:
     """The model variables at `step` (default: newest readable) as host arrays: the run's EMA
     when it kept one (`ema_decay` > 0) and `use_ema`, as the published DeiT/CaiT/T2T numbers are
     the EMA model's, else the trained variables; in the layout the run trained in, or with
@@ -415,8 +466,12 @@ class Workdir:
       variables['batch_stats'] = source['batch_stats']
     if unrolled:
       variables = layouts.unstack_layers(variables)
-    logging.info('Read the %s weights of %s (step %d).', 'EMA' if ema else 'raw', self.path,
-                 int(state['step']))
+    logging.info(
+        'Read the %s weights of %s (step %d).',
+        'EMA' if ema else 'raw',
+        self.path,
+        int(state['step']),
+    )
     return SavedVariables(variables, int(state['step']), ema)
 
   def newest_layout(self) -> tuple[int, str, dict[str, tuple[int, ...]]] | None:
@@ -426,7 +481,8 @@ class Workdir:
       return None
     found = self._newest_readable(
         lambda step: (self._restore(step, state=False)['meta']['model'], self.saved_shapes(step)),
-        quiet=True)
+        quiet=True,
+    )
     return None if found is None else (found[0], *found[1])
 
   def _layout_or_none(self, step: int) -> dict[str, tuple[int, ...]] | None:
@@ -460,7 +516,8 @@ class Workdir:
           raise IncompatibleLayout(
               f'The checkpoint of step {step} in {self.file(CHECKPOINT_DIR)} holds another '
               'layout of the training state than the newer ones; it was not moved. Move it out '
-              'of the way by hand to resume from an older one, or start a new run.') from None
+              'of the way by hand to resume from an older one, or start a new run.'
+          ) from None
         raise
 
     found = self._newest_readable(read, on_unreadable=self._set_aside)
@@ -468,7 +525,8 @@ class Workdir:
       raise ValueError(
           f'None of the {len(steps)} checkpoints in {self.file(CHECKPOINT_DIR)} could be read '
           f'(steps {steps}); each was moved to {UNREADABLE_DIR}/ beside it, see the warnings '
-          'above. Rerun to train afresh from step 0, or move a repaired one back.')
+          'above. Rerun to train afresh from step 0, or move a repaired one back.'
+      )
     return found[1]
 
   def save(self, step: int, state: Any, *, model_name: str) -> None:
@@ -479,9 +537,13 @@ class Workdir:
     """
     self._saving = (step, sum(int(x.nbytes) for x in jax.tree.leaves(state)))
     with self._refusals_reported():
-      self.manager.save(step, args=ocp.args.Composite(
-          state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave({'model': model_name})),
-                        force=True)
+      self.manager.save(
+          step,
+          args=ocp.args.Composite(
+              state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave({'model': model_name})
+          ),
+          force=True,
+      )
 
   def wait_until_finished(self) -> None:
     """Blocks until every checkpoint save has been written."""
@@ -499,17 +561,22 @@ class Workdir:
       finished = [s for s in self._finished_steps() if s != step]
       if finished:  # Its newest checkpoint on disk, metadata included, says best.
         size = max(size, _disk_bytes(self.file(CHECKPOINT_DIR) / str(finished[-1])))
-      refusal = unwritable(e, str(self.file(CHECKPOINT_DIR)),
-                           f'about {_size(size)} for the checkpoint of step {step}')
+      refusal = unwritable(
+          e,
+          str(self.file(CHECKPOINT_DIR)),
+          f'about {_size(size)} for the checkpoint of step {step}',
+      )
       if refusal is None:
         raise
       if jax.process_index() == 0:
         for partial in self.file(CHECKPOINT_DIR).glob(f'*{ocp.path.atomicity.TMP_DIR_SUFFIX}*'):
           shutil.rmtree(partial, ignore_errors=True)
-      raise Unwritable(f'{refusal} Removed its partial checkpoint; '
-                       + (f'the earlier ones (steps {finished}) are intact. ' if finished else '')
-                       + 'Make room (or --workdir elsewhere, copying this one), then rerun the '
-                       'same command to resume.') from None
+      raise Unwritable(
+          f'{refusal} Removed its partial checkpoint; '
+          + (f'the earlier ones (steps {finished}) are intact. ' if finished else '')
+          + 'Make room (or --workdir elsewhere, copying this one), then rerun the '
+          'same command to resume.'
+      ) from None
 
   def _finished_steps(self) -> list[int]:
     """Finished checkpoints by their directory names (orbax's manager may be mid-failure)."""
@@ -547,12 +614,19 @@ class Workdir:
       read_only = self._keep is None
       options = ocp.CheckpointManagerOptions(  # Read-only: nothing to keep or save, as orbax wants.
           max_to_keep=None if read_only else self._keep,
-          save_interval_steps=0 if read_only else 1, create=not read_only, read_only=read_only,
-          cleanup_tmp_directories=not read_only)  # A killed or refused save's partial one.
+          save_interval_steps=0 if read_only else 1,
+          create=not read_only,
+          read_only=read_only,
+          cleanup_tmp_directories=not read_only,
+      )  # A killed or refused save's partial one.
       self._manager = ocp.CheckpointManager(
-          self.file(CHECKPOINT_DIR), options=options,
-          item_handlers={'state': ocp.StandardCheckpointHandler(),
-                         'meta': ocp.JsonCheckpointHandler()})
+          self.file(CHECKPOINT_DIR),
+          options=options,
+          item_handlers={
+              'state': ocp.StandardCheckpointHandler(),
+              'meta': ocp.JsonCheckpointHandler(),
+          },
+      )
     return self._manager
 
   def _restore(self, step: int, like: Any = None, *, state: bool = True) -> Any:
@@ -569,9 +643,13 @@ class Workdir:
       items['state'] = ocp.args.StandardRestore(like)
     return self.manager.restore(step, args=ocp.args.Composite(**items))
 
-  def _newest_readable(self, read: Callable[[int], Any], *,
-                       on_unreadable: Callable[[int, str], None] | None = None,
-                       quiet: bool = False) -> tuple[int, Any] | None:
+  def _newest_readable(
+      self,
+      read: Callable[[int], Any],
+      *,
+      on_unreadable: Callable[[int, str], None] | None = None,
+      quiet: bool = False,
+  ) -> tuple[int, Any] | None:
     """(step, read(step)) of the newest checkpoint that `read` can read, or None if none can.
 
     Each newer checkpoint that fails to read is logged (unless `quiet`) with its path and the
@@ -585,8 +663,12 @@ class Workdir:
       except Exception as e:  # Orbax, tensorstore, json: many kinds. pylint: disable=broad-except
         reason = _reason(e)
         if not quiet:
-          logging.warning('Skipping the checkpoint of step %d in %s, which cannot be read (%s).',
-                          step, self.manager.directory / str(step), reason)
+          logging.warning(
+              'Skipping the checkpoint of step %d in %s, which cannot be read (%s).',
+              step,
+              self.manager.directory / str(step),
+              reason,
+          )
         if on_unreadable is not None:
           on_unreadable(step, reason)
     return None
@@ -606,5 +688,6 @@ class Workdir:
     if jax.process_count() > 1:
       multihost_utils.sync_global_devices(f'vit_jax.training.workdir:set_aside_{step}')
     self.manager.reload()
-    logging.warning('Moved the unreadable checkpoint of step %d to %s (kept; nothing deleted).',
-                    step, target)
+    logging.warning(
+        'Moved the unreadable checkpoint of step %d to %s (kept; nothing deleted).', step, target
+    )

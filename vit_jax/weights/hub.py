@@ -33,6 +33,7 @@ RESIZE_INTERPOLATION = 'bicubic'
 @dataclasses.dataclass(frozen=True)
 class HubWeights:
   """Hub weights in the local cache, and what their config.json says about them."""
+
   name: str  # 'hf-hub:ORG/NAME'
   path: str  # The weights file in the cache.
   architecture: str  # timm's.
@@ -46,8 +47,9 @@ class HubWeights:
 
   def create_model(self, **overrides: Any) -> nn.Module:
     """The registered model with the weights' fields (and class count), then `overrides`."""
-    return models.create(self.model, **{'num_classes': self.num_classes, **self.model_fields,
-                                        **overrides})
+    return models.create(
+        self.model, **{'num_classes': self.num_classes, **self.model_fields, **overrides}
+    )
 
 
 def is_hub_name(source: Any) -> bool:
@@ -58,14 +60,17 @@ def is_hub_name(source: Any) -> bool:
 def cache_dir() -> str:
   """The cache huggingface_hub reads and fills ($HF_HUB_CACHE, default $HF_HOME/hub)."""
   from huggingface_hub import constants  # pylint: disable=g-import-not-at-top
+
   return constants.HF_HUB_CACHE
 
 
 def _repo_id(name: str) -> str:
-  repo_id = name[len(PREFIX):] if is_hub_name(name) else name
+  repo_id = name[len(PREFIX) :] if is_hub_name(name) else name
   if repo_id.count('/') != 1 or not all(repo_id.split('/')):
-    raise ValueError(f'{name!r} is not a Hub name; expected {PREFIX}ORG/NAME, e.g. '
-                     f'{PREFIX}timm/deit_small_patch16_224.fb_in1k.')
+    raise ValueError(
+        f'{name!r} is not a Hub name; expected {PREFIX}ORG/NAME, e.g. '
+        f'{PREFIX}timm/deit_small_patch16_224.fb_in1k.'
+    )
   return repo_id
 
 
@@ -73,15 +78,22 @@ def _download(name: str, repo_id: str, filenames: tuple[str, ...]) -> str:
   """The cached path of the first of `filenames` that the repository has, downloaded if needed."""
   import huggingface_hub  # pylint: disable=g-import-not-at-top
   from huggingface_hub import errors  # pylint: disable=g-import-not-at-top
+
   reasons = []
   for filename in filenames:
     try:
       return huggingface_hub.hf_hub_download(repo_id, filename)
     except errors.RepositoryNotFoundError as e:
-      raise ValueError(f'{name}: the Hub has no repository {repo_id!r} (or it is private or '
-                       f'gated: log in with `hf auth login`). {_first_line(e)}') from None
-    except (errors.EntryNotFoundError, errors.LocalEntryNotFoundError, errors.HfHubHTTPError,
-            OSError) as e:
+      raise ValueError(
+          f'{name}: the Hub has no repository {repo_id!r} (or it is private or '
+          f'gated: log in with `hf auth login`). {_first_line(e)}'
+      ) from None
+    except (
+        errors.EntryNotFoundError,
+        errors.LocalEntryNotFoundError,
+        errors.HfHubHTTPError,
+        OSError,
+    ) as e:
       reasons.append(f'{filename}: {_first_line(e)}')
   offline = huggingface_hub.constants.HF_HUB_OFFLINE
   raise ValueError(
@@ -89,7 +101,8 @@ def _download(name: str, repo_id: str, filenames: tuple[str, ...]) -> str:
       f'{"set: no network" if offline else "unset, but the download failed"}) nor in the '
       f'Hugging Face cache {cache_dir()} (which $HF_HOME or $HF_HUB_CACHE choose). Run once with '
       f'the network to cache it, or point HF_HOME at a cache that holds it. '
-      f'({"; ".join(reasons)})')
+      f'({"; ".join(reasons)})'
+  )
 
 
 def _first_line(error: Exception) -> str:
@@ -100,25 +113,33 @@ def _first_line(error: Exception) -> str:
 def _normalization(name: str, mean: Any, std: Any) -> str:
   """The `input_pipeline.NORMALIZATIONS` key of (mean, std)."""
   from vit_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
+
   for key, (known_mean, known_std) in input_pipeline.NORMALIZATIONS.items():
     if np.allclose(mean, known_mean, atol=1e-4) and np.allclose(std, known_std, atol=1e-4):
       return key
-  raise ValueError(f'{name} normalises with mean {mean} and std {std}, none of the known '
-                   f'normalisations {dict(input_pipeline.NORMALIZATIONS)}.')
+  raise ValueError(
+      f'{name} normalises with mean {mean} and std {std}, none of the known '
+      f'normalisations {dict(input_pipeline.NORMALIZATIONS)}.'
+  )
 
 
-def _model_fields(name: str, architecture: str, model: str,
-                  model_args: dict[str, Any]) -> dict[str, Any]:
+def _model_fields(
+    name: str, architecture: str, model: str, model_args: dict[str, Any]
+) -> dict[str, Any]:
   """Our fields for timm's `model_args` (arguments that differ from the architecture's)."""
   arguments = models.family(model).timm_arguments
   unknown = sorted(set(model_args) - set(arguments))
   if unknown:
-    raise ValueError(f'{name} was built as timm {architecture!r} with arguments '
-                     f'{ {k: model_args[k] for k in unknown} } that {model!r} has no field for; '
-                     f'known arguments: {sorted(arguments)}.')
+    raise ValueError(
+        f'{name} was built as timm {architecture!r} with arguments '
+        f'{ {k: model_args[k] for k in unknown} } that {model!r} has no field for; '
+        f'known arguments: {sorted(arguments)}.'
+    )
   if model_args.get('in_chans', 3) != 3:
-    raise ValueError(f'{name} takes {model_args["in_chans"]} input channels; vit_jax models '
-                     'take RGB images (3).')
+    raise ValueError(
+        f'{name} takes {model_args["in_chans"]} input channels; vit_jax models '
+        'take RGB images (3).'
+    )
   fields = {}
   for argument, value in model_args.items():
     field = arguments[argument]
@@ -131,30 +152,44 @@ def read_config(name: str, config: dict[str, Any]) -> dict[str, Any]:
   """The `HubWeights` fields (all but name and path) that timm's config.json `config` gives."""
   architecture = config.get('architecture')
   if not architecture:
-    raise ValueError(f'{name}: its {CONFIG_FILE} names no timm "architecture"; vit_jax reads '
-                     'weights published by timm (push_to_hf_hub).')
+    raise ValueError(
+        f'{name}: its {CONFIG_FILE} names no timm "architecture"; vit_jax reads '
+        'weights published by timm (push_to_hf_hub).'
+    )
   model = models.timm_architecture(architecture)
   pretrained_cfg = config.get('pretrained_cfg', {})
   num_classes = int(config.get('num_classes', pretrained_cfg.get('num_classes', 1000)))
   input_size = pretrained_cfg.get('input_size', (3, 224, 224))
   if input_size[1] != input_size[2]:
-    raise ValueError(f'{name} takes {input_size[1]}x{input_size[2]} inputs; vit_jax models '
-                     'take square images.')
+    raise ValueError(
+        f'{name} takes {input_size[1]}x{input_size[2]} inputs; vit_jax models '
+        'take square images.'
+    )
   interpolation = pretrained_cfg.get('interpolation', RESIZE_INTERPOLATION)
   if interpolation != RESIZE_INTERPOLATION:
-    logging.warning('%s was evaluated with %s resizing; vit_jax resizes %s.', name,
-                    interpolation, RESIZE_INTERPOLATION)
+    logging.warning(
+        '%s was evaluated with %s resizing; vit_jax resizes %s.',
+        name,
+        interpolation,
+        RESIZE_INTERPOLATION,
+    )
   label_names = config.get('label_names')
   if label_names is not None and len(label_names) != num_classes:
     raise ValueError(f'{name} names {len(label_names)} labels for {num_classes} classes.')
   return dict(
-      architecture=architecture, model=model,
+      architecture=architecture,
+      model=model,
       model_fields=_model_fields(name, architecture, model, config.get('model_args', {})),
-      num_classes=num_classes, image_size=int(input_size[1]),
-      normalization=_normalization(name, pretrained_cfg.get('mean', (0.485, 0.456, 0.406)),
-                                   pretrained_cfg.get('std', (0.229, 0.224, 0.225))),
+      num_classes=num_classes,
+      image_size=int(input_size[1]),
+      normalization=_normalization(
+          name,
+          pretrained_cfg.get('mean', (0.485, 0.456, 0.406)),
+          pretrained_cfg.get('std', (0.229, 0.224, 0.225)),
+      ),
       crop_ratio=float(pretrained_cfg.get('crop_pct', 0.875)),
-      label_names=None if label_names is None else tuple(map(str, label_names)))
+      label_names=None if label_names is None else tuple(map(str, label_names)),
+  )
 
 
 def resolve(name: str) -> HubWeights:
@@ -170,9 +205,16 @@ def resolve(name: str) -> HubWeights:
   except (OSError, json.JSONDecodeError) as e:
     raise ValueError(f'{name}: {config_path} is not readable JSON ({e}).') from e
   weights = HubWeights(name=name, path=weights_path, **read_config(name, config))
-  logging.info('%s: timm %s as %s%s, %d classes, %d px, %s normalisation, crop %.3g (%s).',
-               name, weights.architecture, weights.model,
-               f' {weights.model_fields}' if weights.model_fields else '', weights.num_classes,
-               weights.image_size, weights.normalization, weights.crop_ratio, weights.path)
+  logging.info(
+      '%s: timm %s as %s%s, %d classes, %d px, %s normalisation, crop %.3g (%s).',
+      name,
+      weights.architecture,
+      weights.model,
+      f' {weights.model_fields}' if weights.model_fields else '',
+      weights.num_classes,
+      weights.image_size,
+      weights.normalization,
+      weights.crop_ratio,
+      weights.path,
+  )
   return weights
-

@@ -37,6 +37,7 @@ IMAGENET_CLASSES = 1000
 class Run:
   """A model with its variables, the config whose eval fields preprocess its images, and the
   name of each class it predicts."""
+
   config: ml_collections.ConfigDict
   model: nn.Module
   variables: dict[str, Any]
@@ -46,8 +47,9 @@ class Run:
   ema: bool = False  # Whether `variables` are a run's EMA.
 
 
-def load_run(workdir: str, step: int | None = None, *, use_ema: bool = True,
-             unroll: bool = False) -> Run:
+def load_run(
+    workdir: str, step: int | None = None, *, use_ema: bool = True, unroll: bool = False
+) -> Run:
   """The config, model and variables of `workdir`'s checkpoint at `step` (default: newest): its
   EMA where the run kept one and `use_ema` (`workdir.Workdir.read_variables`).
 
@@ -72,14 +74,22 @@ def imagenet_class_names() -> tuple[str, ...]:
   with open(imagenet_common.label_names_file()) as f:
     names = tuple(line.strip() for line in f if line.strip())
   if len(names) != IMAGENET_CLASSES:
-    raise ValueError(f'{imagenet_common.label_names_file()} lists {len(names)} classes, not '
-                     f'{IMAGENET_CLASSES}.')
+    raise ValueError(
+        f'{imagenet_common.label_names_file()} lists {len(names)} classes, not '
+        f'{IMAGENET_CLASSES}.'
+    )
   return names
 
 
-def load_weights(path: str, model_name: str | None = None, *, num_classes: int | None = None,
-                 image_size: int | None = None, eval_crop_ratio: float | None = None,
-                 normalization: str | None = None) -> Run:
+def load_weights(
+    path: str,
+    model_name: str | None = None,
+    *,
+    num_classes: int | None = None,
+    image_size: int | None = None,
+    eval_crop_ratio: float | None = None,
+    normalization: str | None = None,
+) -> Run:
   """`pretrained.load` of a weights file or Hub name for the registered `model_name`.
 
   Hub weights (`hf-hub:ORG/NAME`) give every argument left None from their config.json (model and
@@ -101,17 +111,27 @@ def load_weights(path: str, model_name: str | None = None, *, num_classes: int |
     if weights.label_names is not None and len(weights.label_names) == num_classes:
       label_names = weights.label_names
   elif not model_name:
-    raise ValueError(f'--init_from={path} needs --model=NAME (a registry name, e.g. deit_s16; '
-                     'vit_jax.models.names() lists them).')
+    raise ValueError(
+        f'--init_from={path} needs --model=NAME (a registry name, e.g. deit_s16; '
+        'vit_jax.models.names() lists them).'
+    )
   num_classes = IMAGENET_CLASSES if num_classes is None else num_classes
   if num_classes < 1:
     raise ValueError(f'--num_classes={num_classes} must be >= 1.')
   # The weights' evaluation on ImageNet, for evaluators on any dataset; checked by the schema,
   # whose field names are these flags' names.
   config = config_lib.defaults()
-  config.update(dict(image_size=image_size or 224, eval_crop_ratio=eval_crop_ratio or 0.875,
-                     normalization=normalization or 'imagenet', augment='none',
-                     dataset='imagenet2012', eval_split='validation', eval_batch_size=64))
+  config.update(
+      dict(
+          image_size=image_size or 224,
+          eval_crop_ratio=eval_crop_ratio or 0.875,
+          normalization=normalization or 'imagenet',
+          augment='none',
+          dataset='imagenet2012',
+          eval_split='validation',
+          eval_batch_size=64,
+      )
+  )
   config.model = ml_collections.ConfigDict({'name': model_name, **fields})
   try:
     config_lib.validate(config, devices=1, processes=1)
@@ -119,35 +139,57 @@ def load_weights(path: str, model_name: str | None = None, *, num_classes: int |
     raise ValueError('; '.join(p.replace(config_lib.FLAG, '--') for p in e.problems)) from None
   model = models.create(model_name, num_classes=num_classes, **fields)
   variables = pretrained.load(path, model, image_size=config.image_size)
-  names = label_names or (imagenet_class_names() if num_classes == IMAGENET_CLASSES
-                          else tuple(str(i) for i in range(num_classes)))
+  names = label_names or (
+      imagenet_class_names()
+      if num_classes == IMAGENET_CLASSES
+      else tuple(str(i) for i in range(num_classes))
+  )
   return Run(config, model, variables, names, None, path)
 
 
-def load(*, workdir: str | None = None, init_from: str | None = None, step: int | None = None,
-         use_ema: bool = True, model: str | None = None, num_classes: int | None = None,
-         image_size: int | None = None, eval_crop_ratio: float | None = None,
-         normalization: str | None = None) -> Run:
+def load(
+    *,
+    workdir: str | None = None,
+    init_from: str | None = None,
+    step: int | None = None,
+    use_ema: bool = True,
+    model: str | None = None,
+    num_classes: int | None = None,
+    image_size: int | None = None,
+    eval_crop_ratio: float | None = None,
+    normalization: str | None = None,
+) -> Run:
   """A run's checkpoint (`workdir`, at `step`) or published weights (`init_from`, with `model`
   and the preprocessing arguments of `load_weights`): exactly one of the two."""
   if (workdir is None) == (init_from is None):
-    raise ValueError('Give either --workdir=RUN or --init_from=WEIGHTS (hf-hub:ORG/NAME, or a '
-                     'file with --model=NAME).')
+    raise ValueError(
+        'Give either --workdir=RUN or --init_from=WEIGHTS (hf-hub:ORG/NAME, or a '
+        'file with --model=NAME).'
+    )
   if workdir is not None:
     return load_run(workdir, step, use_ema=use_ema)
-  return load_weights(init_from, model, num_classes=num_classes, image_size=image_size,
-                      eval_crop_ratio=eval_crop_ratio, normalization=normalization)
+  return load_weights(
+      init_from,
+      model,
+      num_classes=num_classes,
+      image_size=image_size,
+      eval_crop_ratio=eval_crop_ratio,
+      normalization=normalization,
+  )
 
 
 @dataclasses.dataclass(frozen=True)
 class Prediction:
   """The `top_k` classes of one image, most probable first: (index, name, probability)."""
+
   path: str
   top_k: list[tuple[int, str, float]]
 
   def to_json(self) -> dict:
-    return {'file': self.path, 'top_k': [{'class': i, 'name': name, 'probability': p}
-                                         for i, name, p in self.top_k]}
+    return {
+        'file': self.path,
+        'top_k': [{'class': i, 'name': name, 'probability': p} for i, name, p in self.top_k],
+    }
 
 
 def image_paths(arguments: Sequence[str]) -> tuple[list[str], list[tuple[str, str]]]:
@@ -155,8 +197,12 @@ def image_paths(arguments: Sequence[str]) -> tuple[list[str], list[tuple[str, st
   paths, missing = [], []
   for argument in arguments:
     if os.path.isdir(argument):
-      found = sorted(os.path.join(root, name) for root, _, names in os.walk(argument)
-                     for name in names if name.lower().endswith(folder.IMAGE_EXTENSIONS))
+      found = sorted(
+          os.path.join(root, name)
+          for root, _, names in os.walk(argument)
+          for name in names
+          if name.lower().endswith(folder.IMAGE_EXTENSIONS)
+      )
     elif os.path.exists(argument):
       found = [argument]
     else:
@@ -176,8 +222,9 @@ def decode_for_model(path: str, config) -> np.ndarray:
   return input_pipeline.eval_image(image, transform).numpy()
 
 
-def predict(run: Run, paths: Sequence[str], *, top_k: int = 5, batch_size: int = 32
-            ) -> Iterator[Prediction | tuple[str, str]]:
+def predict(
+    run: Run, paths: Sequence[str], *, top_k: int = 5, batch_size: int = 32
+) -> Iterator[Prediction | tuple[str, str]]:
   """Yields, per path in order, its `Prediction`, or (path, reason) when it cannot be read.
 
   Batches are padded to `batch_size`, so one program serves all.
@@ -189,8 +236,8 @@ def predict(run: Run, paths: Sequence[str], *, top_k: int = 5, batch_size: int =
 
   def classify(batch_paths, images):
     padded = np.zeros((batch_size,) + images[0].shape, np.float32)
-    padded[:len(images)] = images
-    probs = np.asarray(probabilities(run.variables, padded))[:len(images)]
+    padded[: len(images)] = images
+    probs = np.asarray(probabilities(run.variables, padded))[: len(images)]
     for path, p in zip(batch_paths, probs):
       best = np.argsort(-p)[:top_k]
       yield Prediction(path, [(int(i), run.class_names[i], float(p[i])) for i in best])

@@ -77,8 +77,10 @@ def converting_family(model: nn.Module) -> models.Family:
   """`model`'s registered family, which converts the PyTorch layout."""
   family = models.family(model)
   if family.from_torch is None or family.to_torch is None:
-    raise ValueError(f'{type(model).__name__} ({family.name}) has no from_torch/to_torch, so '
-                     'PyTorch-layout weights cannot be converted for it.')
+    raise ValueError(
+        f'{type(model).__name__} ({family.name}) has no from_torch/to_torch, so '
+        'PyTorch-layout weights cannot be converted for it.'
+    )
   return family
 
 
@@ -97,11 +99,14 @@ def _layout_hint(keys: list[str], family: str) -> str:
   if any(key.startswith(_FAMILY_PREFIXES) for key in keys):
     return ''
   known = ', '.join(dict.fromkeys(layout for _, layout, _ in _LAYOUT_HINTS))
-  resembles = next((what for marker, what in _FOREIGN_LAYOUTS
-                    if any(marker in key for key in keys)), None)
-  return (f'Its keys match no model family here ({known}): '
-          + (f'it looks like {resembles}. ' if resembles else
-             f'its first keys are {", ".join(sorted(keys)[:4])}. '))
+  resembles = next(
+      (what for marker, what in _FOREIGN_LAYOUTS if any(marker in key for key in keys)), None
+  )
+  return f'Its keys match no model family here ({known}): ' + (
+      f'it looks like {resembles}. '
+      if resembles
+      else f'its first keys are {", ".join(sorted(keys)[:4])}. '
+  )
 
 
 def check_finite(arrays: Mapping[str, Any], source: str) -> None:
@@ -114,12 +119,15 @@ def check_finite(arrays: Mapping[str, Any], source: str) -> None:
         raise ValueError(
             f'{source} holds {value.size - int(finite.sum())} non-finite value(s) (NaN or '
             f'infinity) in {key!r} (shape {value.shape}): these weights are damaged; download '
-            'or export them again.')
+            'or export them again.'
+        )
 
 
 def _corrupt(path: str, what: str, detail: str) -> ValueError:
-  return ValueError(f'{path!r} is not a readable {what}: {detail}. The file may be truncated or '
-                    'corrupt; download or write it again.')
+  return ValueError(
+      f'{path!r} is not a readable {what}: {detail}. The file may be truncated or '
+      'corrupt; download or write it again.'
+  )
 
 
 def _read_safetensors(path: str) -> dict[str, np.ndarray]:
@@ -135,8 +143,10 @@ def _read_torch(path: str) -> Any:
   try:
     import torch  # pylint: disable=g-import-not-at-top
   except ImportError as e:
-    raise ValueError(f'{path!r} is a PyTorch pickle; reading it needs torch (pip install torch), '
-                     'or convert it to .safetensors.') from e
+    raise ValueError(
+        f'{path!r} is a PyTorch pickle; reading it needs torch (pip install torch), '
+        'or convert it to .safetensors.'
+    ) from e
   try:
     # Training checkpoints of deit/timm carry their argparse arguments beside the weights.
     with torch.serialization.safe_globals([argparse.Namespace]):
@@ -150,7 +160,8 @@ def _read_torch(path: str) -> Any:
           f'{path!r} was refused as unsafe: it holds Python objects besides tensors ({culprit}), '
           'which could run code when unpickled, so it is not unpickled (torch.load with '
           'weights_only=True). If you trust its source, save only its state dict, or convert it '
-          'to .safetensors.') from e
+          'to .safetensors.'
+      ) from e
     first_line = text.strip().splitlines()[0] if text.strip() else ''
     raise _corrupt(path, 'PyTorch checkpoint', f'{type(e).__name__}: {first_line}') from e
 
@@ -163,8 +174,10 @@ def _tensor_to_numpy(key: str, value: Any, path: str) -> np.ndarray:
     if str(value.dtype) == 'torch.bfloat16':
       value = value.float()
     return value.numpy()
-  raise ValueError(f'{path!r}: entry {key!r} is a {type(value).__name__}, not a tensor; expected a '
-                   'state dict (optionally inside state_dict / state_dict_ema / model).')
+  raise ValueError(
+      f'{path!r}: entry {key!r} is a {type(value).__name__}, not a tensor; expected a '
+      'state dict (optionally inside state_dict / state_dict_ema / model).'
+  )
 
 
 def _unwrap(checkpoint: Mapping[str, Any], *, use_ema: bool) -> Mapping[str, Any]:
@@ -172,8 +185,11 @@ def _unwrap(checkpoint: Mapping[str, Any], *, use_ema: bool) -> Mapping[str, Any
   for wrapper in (_EMA_WRAPPERS if use_ema else ()) + _WRAPPERS:
     inner = checkpoint.get(wrapper)
     if isinstance(inner, Mapping) and inner:
-      logging.info('Read the %s weights (%r) of the checkpoint.',
-                   'EMA' if wrapper in _EMA_WRAPPERS else 'raw', wrapper)
+      logging.info(
+          'Read the %s weights (%r) of the checkpoint.',
+          'EMA' if wrapper in _EMA_WRAPPERS else 'raw',
+          wrapper,
+      )
       return inner
   return checkpoint
 
@@ -191,9 +207,11 @@ _MAP = r'MAPHead_0/'
 
 def _mlp_rules(source: str, target: str) -> tuple[tuple[str, str, str], ...]:
   """The rules of an MlpBlock's Dense_0 / Dense_1 (`source` prefix) -> timm's `target`.fc1 / fc2."""
-  return tuple((f'{source}Dense_{i}/{leaf}', f'{target}.fc{i + 1}.{name}', rule)
-               for i in (0, 1)
-               for leaf, name, rule in (('kernel', 'weight', 'dense'), ('bias', 'bias', 'copy')))
+  return tuple(
+      (f'{source}Dense_{i}/{leaf}', f'{target}.fc{i + 1}.{name}', rule)
+      for i in (0, 1)
+      for leaf, name, rule in (('kernel', 'weight', 'dense'), ('bias', 'bias', 'copy'))
+  )
 
 
 _GOOGLE_RULES = (
@@ -209,8 +227,11 @@ _GOOGLE_RULES = (
     (_BLOCK + r'LayerNorm_[12]/(scale|bias)', 'blocks.{0}.norm2.{1}', 'norm'),
     *_mlp_rules(_BLOCK + r'MlpBlock_[03]/', 'blocks.{0}.mlp'),
     # (H, hd, D) -> Linear weight (D, H * hd)
-    (_BLOCK + r'MultiHeadDotProductAttention_[01]/out/kernel', 'blocks.{0}.attn.proj.weight',
-     'out'),
+    (
+        _BLOCK + r'MultiHeadDotProductAttention_[01]/out/kernel',
+        'blocks.{0}.attn.proj.weight',
+        'out',
+    ),
     (_BLOCK + r'MultiHeadDotProductAttention_[01]/out/bias', 'blocks.{0}.attn.proj.bias', 'copy'),
     (_MAP + r'probe', 'attn_pool.latent', 'copy'),
     (_MAP + r'LayerNorm_0/(scale|bias)', 'attn_pool.norm.{0}', 'norm'),
@@ -222,10 +243,16 @@ _GOOGLE_RULES = (
 )
 # Projections packed into one Linear: (pattern, timm name, parts in order).
 _GOOGLE_PACKED = (
-    (re.compile(_BLOCK + r'MultiHeadDotProductAttention_[01]/(query|key|value)/(kernel|bias)'),
-     'blocks.{0}.attn.qkv', ('query', 'key', 'value')),
-    (re.compile(r'()' + _MAP + r'MultiHeadDotProductAttention_0/(key|value)/(kernel|bias)'),
-     'attn_pool.kv', ('key', 'value')),
+    (
+        re.compile(_BLOCK + r'MultiHeadDotProductAttention_[01]/(query|key|value)/(kernel|bias)'),
+        'blocks.{0}.attn.qkv',
+        ('query', 'key', 'value'),
+    ),
+    (
+        re.compile(r'()' + _MAP + r'MultiHeadDotProductAttention_0/(key|value)/(kernel|bias)'),
+        'attn_pool.kv',
+        ('key', 'value'),
+    ),
 )
 
 
@@ -240,7 +267,7 @@ def google_to_timm(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
   packed: dict[tuple[str, str], dict[str, np.ndarray]] = {}
   unknown = []
   for key, value in arrays.items():
-    key = next((key[len(p):] for p in _GOOGLE_PREFIXES if key.startswith(p)), key)
+    key = next((key[len(p) :] for p in _GOOGLE_PREFIXES if key.startswith(p)), key)
     value = np.asarray(value)
     for pattern, target, parts in _GOOGLE_PACKED:
       found = pattern.fullmatch(key)
@@ -253,8 +280,9 @@ def google_to_timm(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         found = re.fullmatch(pattern, key)
         if not found:
           continue
-        groups = [{'scale': 'weight', 'pre_logits': 'pre_logits.fc'}.get(g, g)
-                  for g in found.groups()]
+        groups = [
+            {'scale': 'weight', 'pre_logits': 'pre_logits.fc'}.get(g, g) for g in found.groups()
+        ]
         if rule == 'conv':
           value = value.transpose(3, 2, 0, 1)
         elif rule == 'dense':
@@ -275,12 +303,15 @@ def google_to_timm(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
       continue
     if leaf == 'kernel':
       state_dict[f'{target}.weight'] = np.concatenate(
-          [found[p].reshape(found[p].shape[0], -1).T for p in parts], axis=0)
+          [found[p].reshape(found[p].shape[0], -1).T for p in parts], axis=0
+      )
     else:
       state_dict[f'{target}.bias'] = np.concatenate([found[p].reshape(-1) for p in parts])
   if unknown:
-    raise ValueError('Arrays outside the Google ViT layouts (google-research/vision_transformer, '
-                     f'big_vision models/vit.py): {sorted(unknown)}.')
+    raise ValueError(
+        'Arrays outside the Google ViT layouts (google-research/vision_transformer, '
+        f'big_vision models/vit.py): {sorted(unknown)}.'
+    )
   unslotted = not any('posembed_input' in key for key in arrays)
   if unslotted and {'cls_token', 'pos_embed'} <= set(state_dict):
     pos_embed = state_dict['pos_embed']  # big_vision's: no class slot.
@@ -320,21 +351,27 @@ def read_state_dict(path: str, *, use_ema: bool = True) -> dict[str, np.ndarray]
   elif len(magic) == 9 and magic[8:9] == b'{':
     checkpoint = _read_safetensors(path)
   else:
-    raise ValueError(f'{path!r} is not a recognised checkpoint; supported: .safetensors, PyTorch '
-                     '.pth/.pt/.bin, Google ViT .npz, or a vit_jax work directory.')
+    raise ValueError(
+        f'{path!r} is not a recognised checkpoint; supported: .safetensors, PyTorch '
+        '.pth/.pt/.bin, Google ViT .npz, or a vit_jax work directory.'
+    )
   if not isinstance(checkpoint, Mapping):
     raise ValueError(f'{path!r} holds a {type(checkpoint).__name__}, not a state dict.')
   state_dict = _unwrap(checkpoint, use_ema=use_ema)
-  arrays = {key.removeprefix(_STRIPPED_PREFIX): _tensor_to_numpy(key, value, path)
-            for key, value in state_dict.items()}
+  arrays = {
+      key.removeprefix(_STRIPPED_PREFIX): _tensor_to_numpy(key, value, path)
+      for key, value in state_dict.items()
+  }
   check_finite(arrays, repr(path))
   return arrays
 
 
 # Adapting to the target model.
 
-def resize_pos_embed(pos_embed: np.ndarray, grid: tuple[int, int], num_prefix_tokens: int, *,
-                     method: str = 'timm') -> np.ndarray:
+
+def resize_pos_embed(
+    pos_embed: np.ndarray, grid: tuple[int, int], num_prefix_tokens: int, *, method: str = 'timm'
+) -> np.ndarray:
   """(1, prefix + h*w, D) -> (1, prefix + grid rows*cols, D), prefix tokens kept unchanged.
 
   method='timm' equals timm's `resample_abs_pos_embed` (bicubic, antialias=True: PyTorch's
@@ -342,14 +379,18 @@ def resize_pos_embed(pos_embed: np.ndarray, grid: tuple[int, int], num_prefix_to
   `F.interpolate(mode='bicubic', align_corners=False)` (a = -0.75, no antialiasing).
   """
   if method not in POS_EMBED_RESIZE_METHODS:
-    raise ValueError(f'Unknown position-embedding resize method {method!r}; valid: '
-                     f'{list(POS_EMBED_RESIZE_METHODS)}.')
+    raise ValueError(
+        f'Unknown position-embedding resize method {method!r}; valid: '
+        f'{list(POS_EMBED_RESIZE_METHODS)}.'
+    )
   pos_embed = np.asarray(pos_embed)
   prefix, patches = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
   side = math.isqrt(patches.shape[1])
   if side * side != patches.shape[1]:
-    raise ValueError(f'pos_embed of shape {pos_embed.shape} minus {num_prefix_tokens} prefix '
-                     f'tokens leaves {patches.shape[1]} positions, not a square grid.')
+    raise ValueError(
+        f'pos_embed of shape {pos_embed.shape} minus {num_prefix_tokens} prefix '
+        f'tokens leaves {patches.shape[1]} positions, not a square grid.'
+    )
   width = patches.shape[-1]
   grid_in = jnp.asarray(patches.reshape(side, side, width), jnp.float32)
   jax_method, antialias = ('cubic', True) if method == 'timm' else ('cubic-pytorch', False)
@@ -367,11 +408,13 @@ def _abstract_variables(model: nn.Module, image_size: int) -> dict[tuple[str, ..
   images = jax.ShapeDtypeStruct((1, image_size, image_size, 3), jnp.float32)
   shapes = jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False), images)
   return flax.traverse_util.flatten_dict(
-      {c: shapes[c] for c in _VARIABLE_COLLECTIONS if c in shapes})
+      {c: shapes[c] for c in _VARIABLE_COLLECTIONS if c in shapes}
+  )
 
 
-def _fresh_variables(model: nn.Module, image_size: int, rng: int | jax.Array,
-                     keys: list[tuple[str, ...]]) -> dict[tuple[str, ...], np.ndarray]:
+def _fresh_variables(
+    model: nn.Module, image_size: int, rng: int | jax.Array, keys: list[tuple[str, ...]]
+) -> dict[tuple[str, ...], np.ndarray]:
   """The variables `keys` (flat paths) of `model` freshly initialised from `rng`."""
   key = jax.random.key(rng) if isinstance(rng, int) else rng
   images = jnp.zeros((1, image_size, image_size, 3), jnp.float32)
@@ -387,24 +430,35 @@ def _fresh_variables(model: nn.Module, image_size: int, rng: int | jax.Array,
 def _resize_position_embeddings(flat: dict, target: dict, model: nn.Module) -> None:
   for key, value in flat.items():
     wanted = target.get(key)
-    if (key[-1] != 'pos_embed' or wanted is None or value.shape == wanted.shape
-        or value.ndim != 3 or value.shape[-1] != wanted.shape[-1]):
+    if (
+        key[-1] != 'pos_embed'
+        or wanted is None
+        or value.shape == wanted.shape
+        or value.ndim != 3
+        or value.shape[-1] != wanted.shape[-1]
+    ):
       continue
     num_prefix = len(getattr(model, 'embedded_prefix_tokens', ('cls_token',)))
     side, old_side = (math.isqrt(n - num_prefix) for n in (wanted.shape[1], value.shape[1]))
-    if side * side != wanted.shape[1] - num_prefix or old_side ** 2 != value.shape[1] - num_prefix:
+    if side * side != wanted.shape[1] - num_prefix or old_side**2 != value.shape[1] - num_prefix:
       continue  # Another prefix layout (another family): reported by `_check_fit`.
     flat[key] = resize_pos_embed(value, (side, side), num_prefix)
-    logging.info('Resized %s from %d to %d positions (%d prefix tokens kept).', _path(key),
-                 value.shape[1], wanted.shape[1], num_prefix)
+    logging.info(
+        'Resized %s from %d to %d positions (%d prefix tokens kept).',
+        _path(key),
+        value.shape[1],
+        wanted.shape[1],
+        num_prefix,
+    )
 
 
 def _is_head(key: tuple[str, ...]) -> bool:
   return key[0] == 'params' and key[1] in HEAD_NAMES
 
 
-def _reset_head(flat: dict, target: dict, model: nn.Module, image_size: int,
-                rng: int | jax.Array) -> None:
+def _reset_head(
+    flat: dict, target: dict, model: nn.Module, image_size: int, rng: int | jax.Array
+) -> None:
   """Replaces heads whose shape differs (or that are missing) by fresh ones; drops pre_logits."""
   heads = [k for k in target if _is_head(k) and (k not in flat or flat[k].shape != target[k].shape)]
   for key in [k for k in flat if _is_head(k) and k not in target]:
@@ -413,34 +467,45 @@ def _reset_head(flat: dict, target: dict, model: nn.Module, image_size: int,
   for key in dropped:
     del flat[key]
   if dropped:
-    logging.warning('Dropped the pre-logits layer of the checkpoint (the model has none), as '
-                    'fine-tuning in the ViT paper does.')
+    logging.warning(
+        'Dropped the pre-logits layer of the checkpoint (the model has none), as '
+        'fine-tuning in the ViT paper does.'
+    )
   if not heads:
     return
   fresh = _fresh_variables(model, image_size, rng, heads)
   old = {_path(k): tuple(flat[k].shape) for k in heads if k in flat}
   for key in heads:
     flat[key] = fresh[key]
-  logging.warning('Initialised the classifier head afresh for %d classes (checkpoint: %s).',
-                  model.num_classes, old or 'no head')
+  logging.warning(
+      'Initialised the classifier head afresh for %d classes (checkpoint: %s).',
+      model.num_classes,
+      old or 'no head',
+  )
 
 
-def _check_fit(flat: dict, target: dict, source: str, model: nn.Module, image_size: int,
-               hint: str) -> None:
+def _check_fit(
+    flat: dict, target: dict, source: str, model: nn.Module, image_size: int, hint: str
+) -> None:
   """One ValueError listing every missing, unexpected and wrongly shaped variable."""
-  diff = workdir_lib.ShapeDiff.between({_path(k): v.shape for k, v in flat.items()},
-                                       {_path(k): v.shape for k, v in target.items()})
+  diff = workdir_lib.ShapeDiff.between(
+      {_path(k): v.shape for k, v in flat.items()}, {_path(k): v.shape for k, v in target.items()}
+  )
   if not diff:
     return
-  classes_differ = any(_is_head(k) and flat[k].shape[-1] != target[k].shape[-1]
-                       for k in set(flat) & set(target))
+  classes_differ = any(
+      _is_head(k) and flat[k].shape[-1] != target[k].shape[-1] for k in set(flat) & set(target)
+  )
   if classes_differ and not hint:
-    hint = (f'The checkpoint\'s head has a different class count than the model '
-            f'(num_classes={model.num_classes}); pass reset_head=True (init_from does) to '
-            'fine-tune with a fresh head. ')
+    hint = (
+        f"The checkpoint's head has a different class count than the model "
+        f'(num_classes={model.num_classes}); pass reset_head=True (init_from does) to '
+        'fine-tune with a fresh head. '
+    )
   raise ValueError(
       f'{source} does not fit {type(model).__name__} ({_family_name(model)}) at image_size '
-      f'{image_size}. {hint}'.rstrip() + diff.listing())
+      f'{image_size}. {hint}'.rstrip() + diff.listing()
+  )
 
 
 def _from_workdir(path: str, model: nn.Module, use_ema: bool) -> tuple[dict, str, str]:
@@ -448,15 +513,21 @@ def _from_workdir(path: str, model: nn.Module, use_ema: bool) -> tuple[dict, str
   run = workdir_lib.Workdir.open(path)
   saved = run.read_variables(use_ema=use_ema, unrolled=True)
   flat = flax.traverse_util.flatten_dict(saved.variables)
-  check_finite({'/'.join(k): v for k, v in flat.items()},
-               f'The checkpoint of step {saved.step} in {path!r}')
+  check_finite(
+      {'/'.join(k): v for k, v in flat.items()}, f'The checkpoint of step {saved.step} in {path!r}'
+  )
   name = run.config().model.name
   fields = config_lib.model_overrides(run.config().model)
-  source = (f'Work directory {path!r} (model {name!r} with fields {fields}, step {saved.step}, '
-            f'{"ema" if saved.ema else "raw"} weights)')
+  source = (
+      f'Work directory {path!r} (model {name!r} with fields {fields}, step {saved.step}, '
+      f'{"ema" if saved.ema else "raw"} weights)'
+  )
   family, saved_family = _family_name(model), _family_name(models.create(name))
-  hint = (f'It holds a {saved_family!r} model but the model is of family {family!r}. '
-          if saved_family != family else '')
+  hint = (
+      f'It holds a {saved_family!r} model but the model is of family {family!r}. '
+      if saved_family != family
+      else ''
+  )
   return saved.variables, source, hint
 
 
@@ -468,29 +539,44 @@ def _from_file(path: str, model: nn.Module, use_ema: bool) -> tuple[dict, str, s
     weights = hub.resolve(path)
     source = f'{path} (timm {weights.architecture}: our {weights.model!r}, {weights.path})'
     if models.family(weights.model).name != family:
-      hint = (f'It holds a {models.family(weights.model).name!r} model ({weights.model!r}); '
-              f'configs/finetune.py:init_from={path} picks it. ')
+      hint = (
+          f'It holds a {models.family(weights.model).name!r} model ({weights.model!r}); '
+          f'configs/finetune.py:init_from={path} picks it. '
+      )
     path = weights.path
   else:
     source = f'Checkpoint {path!r}'
   state_dict = read_state_dict(path, use_ema=use_ema)
   hint = hint or _layout_hint(list(state_dict), family)
-  if ('cls_token' not in state_dict and 'cls_token' in getattr(model, 'prefix_tokens', ())
-      and 'match no model family' not in hint):
-    hint += ('The checkpoint has no class token (big_vision pool_type \'gap\' or \'map\'): '
-             "give the model global_pool='avg' or 'map' (and big_vision's "
-             "mlp_activation='gelu_tanh'). ")
+  if (
+      'cls_token' not in state_dict
+      and 'cls_token' in getattr(model, 'prefix_tokens', ())
+      and 'match no model family' not in hint
+  ):
+    hint += (
+        "The checkpoint has no class token (big_vision pool_type 'gap' or 'map'): "
+        "give the model global_pool='avg' or 'map' (and big_vision's "
+        "mlp_activation='gelu_tanh'). "
+    )
   try:
     variables = converting_family(model).from_torch(state_dict)
   except (ValueError, KeyError) as e:
     detail = str(e) if len(str(e)) <= 1000 else str(e)[:1000] + ' …'
-    raise ValueError(f'{source} cannot be converted for {type(model).__name__} ({family}). '
-                     f'{hint}{detail}') from e
+    raise ValueError(
+        f'{source} cannot be converted for {type(model).__name__} ({family}). ' f'{hint}{detail}'
+    ) from e
   return variables, source, hint
 
 
-def load(path: str, model: nn.Module, *, image_size: int, reset_head: bool = False,
-         rng: int | jax.Array = 0, use_ema: bool = True) -> dict[str, Any]:
+def load(
+    path: str,
+    model: nn.Module,
+    *,
+    image_size: int,
+    reset_head: bool = False,
+    rng: int | jax.Array = 0,
+    use_ema: bool = True,
+) -> dict[str, Any]:
   """Flax variables ({'params', maybe 'batch_stats'}) for `model` at `image_size` from `path`.
 
   `path` is a weights file or Hub name (see the module docstring) or a vit_jax work directory,
@@ -508,7 +594,8 @@ def load(path: str, model: nn.Module, *, image_size: int, reset_head: bool = Fal
   read = _from_workdir if os.path.isdir(path) else _from_file
   variables, source, hint = read(path, unrolled, use_ema)
   flat = flax.traverse_util.flatten_dict(
-      {c: dict(variables[c]) for c in _VARIABLE_COLLECTIONS if c in variables})
+      {c: dict(variables[c]) for c in _VARIABLE_COLLECTIONS if c in variables}
+  )
   flat = {key: np.asarray(value) for key, value in flat.items()}
   _resize_position_embeddings(flat, target, unrolled)
   if reset_head:
@@ -518,17 +605,19 @@ def load(path: str, model: nn.Module, *, image_size: int, reset_head: bool = Fal
   variables = flax.traverse_util.unflatten_dict(cast)
   if not scanned:
     return variables
-  return layouts.stack_layers(variables, flax.traverse_util.unflatten_dict(
-      _abstract_variables(model, image_size)))
+  return layouts.stack_layers(
+      variables, flax.traverse_util.unflatten_dict(_abstract_variables(model, image_size))
+  )
 
 
-
-def load_for_run(path: str, model: nn.Module, config: ml_collections.ConfigDict,
-                 **kwargs) -> dict[str, Any]:
+def load_for_run(
+    path: str, model: nn.Module, config: ml_collections.ConfigDict, **kwargs
+) -> dict[str, Any]:
   """`load` of `path` for `model` as a run of `config` reads it: at `config.image_size`, EMA
   weights first unless `config.use_ema` is False."""
   kwargs.setdefault('use_ema', config.use_ema)
   return load(path, model, image_size=config.image_size, **kwargs)
+
 
 def export_timm(variables: Mapping[str, Any], model: nn.Module, path: str) -> list[str]:
   """Writes `variables` as a timm-layout .safetensors file (inverse of `load`); returns its keys.

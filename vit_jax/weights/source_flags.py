@@ -18,27 +18,45 @@ def define() -> Callable[[], 'inference.Run']:
   --normalization; returns the function that loads the run or weights they name."""
   workdir = flags.DEFINE_string('workdir', None, 'Work directory of a run of vit_jax.main.')
   init_from = flags.DEFINE_string(
-      'init_from', None, 'Weights: Hub weights hf-hub:ORG/NAME (model and preprocessing from '
+      'init_from',
+      None,
+      'Weights: Hub weights hf-hub:ORG/NAME (model and preprocessing from '
       'their config.json), or a file (timm/DeiT/CaiT/DeepViT/T2T .pth or .safetensors, Google '
-      'ViT .npz) with --model.')
-  model = flags.DEFINE_string('model', None, "Registry name of the weights' model, e.g. deit_s16 "
-                              '(Hub weights: their own).')
-  unset = ' (default: Hub weights\' own, else %s).'
-  num_classes = flags.DEFINE_integer('num_classes', None,
-                                     "Classes of the weights' head" + unset % "ImageNet's 1000")
-  image_size = flags.DEFINE_integer('image_size', None,
-                                    'Input resolution for weights' + unset % 224)
-  eval_crop_ratio = flags.DEFINE_float('eval_crop_ratio', None,
-                                       'Centre-crop ratio for weights' + unset % 0.875)
-  normalization = flags.DEFINE_string('normalization', None, "Normalisation for weights "
-                                      "('inception' for Google ViT weights)" + unset % 'imagenet')
+      'ViT .npz) with --model.',
+  )
+  model = flags.DEFINE_string(
+      'model',
+      None,
+      "Registry name of the weights' model, e.g. deit_s16 " '(Hub weights: their own).',
+  )
+  unset = " (default: Hub weights' own, else %s)."
+  num_classes = flags.DEFINE_integer(
+      'num_classes', None, "Classes of the weights' head" + unset % "ImageNet's 1000"
+  )
+  image_size = flags.DEFINE_integer(
+      'image_size', None, 'Input resolution for weights' + unset % 224
+  )
+  eval_crop_ratio = flags.DEFINE_float(
+      'eval_crop_ratio', None, 'Centre-crop ratio for weights' + unset % 0.875
+  )
+  normalization = flags.DEFINE_string(
+      'normalization',
+      None,
+      'Normalisation for weights ' "('inception' for Google ViT weights)" + unset % 'imagenet',
+  )
 
   def load() -> 'inference.Run':
     # pylint: disable-next=g-import-not-at-top,redefined-outer-name
     from vit_jax.weights import inference
-    return inference.load(workdir=workdir.value, init_from=init_from.value, model=model.value,
-                          num_classes=num_classes.value, image_size=image_size.value,
-                          eval_crop_ratio=eval_crop_ratio.value,
-                          normalization=normalization.value)
+
+    return inference.load(
+        workdir=workdir.value,
+        init_from=init_from.value,
+        model=model.value,
+        num_classes=num_classes.value,
+        image_size=image_size.value,
+        eval_crop_ratio=eval_crop_ratio.value,
+        normalization=normalization.value,
+    )
 
   return load
