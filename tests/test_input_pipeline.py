@@ -519,12 +519,14 @@ def test_train_iterator_decodes_what_the_recipe_needs(tmp_path, image_format, re
       repeated_aug=repeated_aug,
       batch_size=6,
   )
-  transform = input_pipeline.TrainTransform.from_config(config)
-  assert input_pipeline.decodes_crop_window(transform, repeated_aug) == (repeated_aug == 1)
-  batches = list(
-      itertools.islice(input_pipeline.train_iterator(config, process_index=0, process_count=1), 2)
+  data = input_pipeline.DataSettings.from_config(config)
+  assert input_pipeline.decodes_crop_window(data.train_transform, repeated_aug) == (
+      repeated_aug == 1
   )
-  augment_seed = input_pipeline._seed(config, 0, input_pipeline._AUGMENT_SALT)
+  batches = list(
+      itertools.islice(input_pipeline.train_iterator(data, process_index=0, process_count=1), 2)
+  )
+  augment_seed = input_pipeline._seed(data, 0, input_pipeline._AUGMENT_SALT)
 
   @tf.function(input_signature=[tf.TensorSpec([None, None, 3], tf.uint8)])
   def finish(crop):  # The rest of `_train_image` for this recipe, on a crop of dynamic shape.
