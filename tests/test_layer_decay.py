@@ -9,6 +9,7 @@ import optax
 import pytest
 
 from configs import common
+from tests.tiny_runs import tiny_config
 from vit_jax import config as config_lib
 from vit_jax import models
 from vit_jax.training import optim
@@ -130,25 +131,9 @@ def test_layer_decay_outside_zero_to_one_is_refused(value):
 
 
 def test_training_with_layer_decay_runs(tmp_path):
-  config = common.get_config()
-  config.update(
-      dict(
-          data_dir=str(tmp_path / 'tfds'),
-          image_size=16,
-          crop_padding=2,
-          flip=False,
-          normalization='digits',
-          batch_size=32,
-          eval_batch_size=64,
-          total_steps=2,
-          warmup_steps=1,
-          log_every=1,
-          eval_every=1000,
-          checkpoint_every=1000,
-          layer_decay=0.75,
-      )
+  config = tiny_config(
+      str(tmp_path / 'tfds'), total_steps=2, warmup_steps=1, log_every=1, layer_decay=0.75
   )
-  config.model.update(dict(name='vit_ti4', hidden_size=32, depth=2, num_heads=2, mlp_dim=64))
   result = train.train_and_evaluate(config, str(tmp_path / 'run'))
   assert result.step == 2
   assert np.isfinite(result.metrics['loss'])
@@ -156,25 +141,14 @@ def test_training_with_layer_decay_runs(tmp_path):
 
 def test_a_run_with_layer_decay_resumes_under_a_changed_config(tmp_path):
   """The resume check builds the saved config's optimizer too, with the model it decays."""
-  config = common.get_config()
-  config.update(
-      dict(
-          data_dir=str(tmp_path / 'tfds'),
-          image_size=16,
-          crop_padding=2,
-          flip=False,
-          normalization='digits',
-          batch_size=32,
-          eval_batch_size=64,
-          total_steps=2,
-          warmup_steps=1,
-          log_every=1,
-          eval_every=1000,
-          checkpoint_every=2,
-          layer_decay=0.75,
-      )
+  config = tiny_config(
+      str(tmp_path / 'tfds'),
+      total_steps=2,
+      warmup_steps=1,
+      log_every=1,
+      checkpoint_every=2,
+      layer_decay=0.75,
   )
-  config.model.update(dict(name='vit_ti4', hidden_size=32, depth=2, num_heads=2, mlp_dim=64))
   assert train.train_and_evaluate(config, str(tmp_path / 'run')).step == 2
   config.update(dict(total_steps=3, grad_clip_norm=1.0))
   result = train.train_and_evaluate(config, str(tmp_path / 'run'))
