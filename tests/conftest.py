@@ -24,7 +24,7 @@ os.environ['XLA_FLAGS'] = f"{FAST_COMPILE} {os.environ.get('XLA_FLAGS', '')}".st
 def pytest_collection_modifyitems(items):
   """Sends the tests that share a costly fixture to one xdist worker (`--dist loadgroup`), so that
   it is built once: those of `trained_digits_run` together, and those of a module-scoped fixture
-  with the rest of their module."""
+  with the rest of their module; and schedules the modules with slow tests first."""
   for item in items:
     group = None
     for name, definitions in item._fixtureinfo.name2fixturedefs.items():  # pylint: disable=protected-access
@@ -35,6 +35,10 @@ def pytest_collection_modifyitems(items):
         group = item.nodeid.split('::')[0]
     if group:
       item.add_marker(pytest.mark.xdist_group(group))
+  # The modules with a slow test first (each module's tests kept together and in order), so that
+  # no worker starts a long test while the other runs out of work.
+  slow_modules = {item.module.__name__ for item in items if item.get_closest_marker('slow')}
+  items.sort(key=lambda item: item.module.__name__ not in slow_modules)
 
 
 @pytest.fixture(scope='session')
