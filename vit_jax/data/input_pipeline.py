@@ -779,6 +779,7 @@ def train_iterator(
     examples = _streamed_examples(data, source, split, start, process_index)
   augment_seed = _seed(data, process_index, _AUGMENT_SALT)
 
+  @tf.autograph.experimental.do_not_convert  # Graph code already: nothing to convert.
   def preprocess(image, label, position):
     seed = tf.random.experimental.stateless_fold_in(augment_seed, position)
     return {'image': _train_image(image, seed, transform), 'label': tf.cast(label, tf.int32)}
@@ -831,6 +832,7 @@ def eval_iterator(
   transform = data.eval_transform
   num_classes = source.builder.info.features[source.label_key].num_classes
 
+  @tf.autograph.experimental.do_not_convert  # Graph code already: nothing to convert.
   def preprocess(image, label, *label_set):
     example = {
         'image': eval_image(image, transform),
