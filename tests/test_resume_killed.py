@@ -13,7 +13,7 @@ import pytest
 from vit_jax.training import workdir as workdir_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TOTAL_STEPS = 6
+TOTAL_STEPS = 10
 
 
 def _command(jpeg_folder, workdir):
