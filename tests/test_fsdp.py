@@ -1,7 +1,7 @@
 """Fully sharded training: the sharding rule, and runs on 8 CPU devices that equal replicated ones.
 
 The runs need 8 devices, which XLA only creates before JAX starts, so one subprocess trains them
-all (`RUNS`) and this process, with its one device, reads their checkpoints: which also shows
+all (`runs`) and this process, with its one device, reads their checkpoints: which also shows
 that a sharded run reads back whole on any other mesh.
 """
 
@@ -23,7 +23,8 @@ from vit_jax.training import train
 from vit_jax.training import workdir as workdir_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS = 20
+STEPS = 6
+MIDDLE = 3  # The step of the first checkpoint.
 TOLERANCE = 1e-5  # float32; the two layouts only reduce gradients in another order.
 
 
@@ -74,8 +75,8 @@ def test_fsdp_that_does_not_divide_the_devices_is_refused(fsdp, message, tmp_pat
 SMALL = {
     'mesh.fsdp_min_size': 0,
     'total_steps': STEPS,
-    'log_every': 5,
-    'checkpoint_every': 10,
+    'log_every': MIDDLE,
+    'checkpoint_every': MIDDLE,
     'model.dropout_rate': 0.1,
     'model.drop_path_rate': 0.1,
 }
@@ -104,7 +105,8 @@ MODELS = {
 
 
 def runs(root: str) -> list[dict]:
-  """Every run of the subprocess, in order: name, work directory, config overrides, stop step."""
+  """Every run of the subprocess, in order: name, work directory, config overrides, and the run
+  whose first checkpoint it starts from."""
   items = []
   for name, overrides in MODELS.items():
     for fsdp in (1, 8):
@@ -113,16 +115,18 @@ def runs(root: str) -> list[dict]:
       )
       if 'distillation.type' in overrides:
         items[-1]['overrides']['distillation.teacher'] = os.path.join(root, 'vit_fsdp1')
-  # Saved at fsdp=8, stopped (as by a preemption) at step 10, resumed at fsdp=2.
-  items.append({'name': 'resumed', 'overrides': {**SMALL, 'mesh.fsdp': 8}, 'stop_at': 10})
-  items.append({'name': 'resumed', 'overrides': {**SMALL, 'mesh.fsdp': 2}})
+  # Saved at fsdp=8 at step MIDDLE (the fsdp=8 ViT's checkpoint, alone in its work directory as a
+  # preemption there leaves it), resumed at fsdp=2.
+  items.append(
+      {'name': 'resumed', 'overrides': {**SMALL, 'mesh.fsdp': 2}, 'start_from': 'vit_fsdp8'}
+  )
   for item in items:
     item['workdir'] = os.path.join(root, item['name'])
   return items
 
 
 SCRIPT = """
-import json, os, sys, time
+import json, os, shutil, sys, time
 os.environ['XLA_FLAGS'] += ' --xla_force_host_platform_device_count=8'  # After conftest's.
 os.environ['TF_CPP_MIN_LOG_LEVEL'] = '2'
 sys.path.insert(0, {repo!r})
@@ -130,11 +134,14 @@ import jax
 from tests.tiny_runs import tiny_config
 from vit_jax.training import train
 assert jax.device_count() == 8
-original = train.PreemptionWatcher.should_stop
+workdirs = {{}}
 for run in json.loads({runs!r}):
-  stop_at = run.get('stop_at')
-  train.PreemptionWatcher.should_stop = (
-      lambda self, manager, step, stop_at=stop_at: step == stop_at or original(self, manager, step))
+  if 'start_from' in run:
+    source = workdirs[run['start_from']]
+    shutil.copytree(os.path.join(source, 'checkpoints', str({middle})),
+                    os.path.join(run['workdir'], 'checkpoints', str({middle})))
+    shutil.copy(os.path.join(source, 'config.json'), run['workdir'])
+  workdirs[run['name']] = run['workdir']
   start = time.time()
   train.train_and_evaluate(tiny_config({data_dir!r}, **run['overrides']), run['workdir'])
   print(run['name'], round(time.time() - start, 1), 's', flush=True)
@@ -146,7 +153,9 @@ def trained(tmp_path_factory) -> dict[str, str]:
   """Trains every run of `runs` on 8 CPU devices; returns the work directory of each name."""
   root = str(tmp_path_factory.mktemp('fsdp'))
   items = runs(root)
-  script = SCRIPT.format(repo=REPO, runs=json.dumps(items), data_dir=os.path.join(root, 'tfds'))
+  script = SCRIPT.format(
+      repo=REPO, runs=json.dumps(items), data_dir=os.path.join(root, 'tfds'), middle=MIDDLE
+  )
   result = subprocess.run(
       [sys.executable, '-c', script],
       capture_output=True,
@@ -203,7 +212,9 @@ def test_fsdp_8_trains_like_fsdp_1(trained, name):
     assert max_difference(state_1[part], state_8[part]) <= TOLERANCE, part
   # Training moved the parameters, so the agreement is not that of two idle models.
   assert (
-      max_difference(state_1['params'], workdir_lib.Workdir(replicated).read_state(10)['params'])
+      max_difference(
+          state_1['params'], workdir_lib.Workdir(replicated).read_state(MIDDLE)['params']
+      )
       > 1e-3
   )
 
@@ -211,7 +222,7 @@ def test_fsdp_8_trains_like_fsdp_1(trained, name):
 @pytest.mark.slow
 def test_saved_at_fsdp_8_resumed_at_fsdp_2_equals_an_uninterrupted_run(trained):
   workdir = trained['resumed']
-  assert workdir_lib.Workdir(workdir).steps() == [10, STEPS]
+  assert workdir_lib.Workdir(workdir).steps() == [MIDDLE, STEPS]
   assert 'fsdp' in saved_layout(workdir)[1]["['head']['kernel']"]  # Written at fsdp=2.
   assert max_difference(final_params(workdir), final_params(trained['vit_fsdp8'])) <= TOLERANCE
 
