@@ -249,11 +249,18 @@ def _drop_path_rates(model, images) -> dict[str, float]:
       rates['/'.join(context.module.scope.path)] = float(context.module.rate)
     return next_fun(*args, **kwargs)
 
-  variables = model.init(jax.random.key(0), images)
-  with nn.intercept_methods(record):
-    model.apply(
-        variables, images, train=True, rngs={'dropout': jax.random.key(1)}, mutable=['batch_stats']
-    )
+  def init_and_apply():
+    variables = model.init(jax.random.key(0), images)
+    with nn.intercept_methods(record):
+      model.apply(
+          variables,
+          images,
+          train=True,
+          rngs={'dropout': jax.random.key(1)},
+          mutable=['batch_stats'],
+      )
+
+  jax.eval_shape(init_and_apply)  # Traced only: the rates are static.
   return rates
 
 
