@@ -220,8 +220,7 @@ def _max_abs_diff(a, b) -> float:
   )
 
 
-def test_ema_survives_a_restart_and_is_evaluated(tmp_path, monkeypatch):
-  data_dir = str(tmp_path / 'tfds')
+def test_ema_survives_a_restart_and_is_evaluated(data_dir, tmp_path, monkeypatch):
   config = tiny_config(data_dir, ema_decay=0.9, **{'model.drop_path_rate': 0.1})
   straight = str(tmp_path / 'straight')
   metrics = train.train_and_evaluate(config, straight).metrics
