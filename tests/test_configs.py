@@ -86,10 +86,10 @@ def test_bad_arguments_are_named(name, arg, message):
 
 
 @pytest.mark.parametrize('name', CONFIGS)
-def test_default_config_trains_with_falling_loss(name, tmp_path, train_losses):
+def test_default_config_trains_with_falling_loss(name, data_dir, tmp_path, train_losses):
   config = load(name).get_config()
   assert config.dataset == 'digits'
-  config.data_dir = str(tmp_path / 'tfds')
+  config.data_dir = data_dir
   config.batch_size = 64
   config.total_steps = 20
   config.warmup_steps = 5

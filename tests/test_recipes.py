@@ -220,8 +220,7 @@ def _max_abs_diff(a, b) -> float:
   )
 
 
-def test_ema_survives_a_restart_and_is_evaluated(tmp_path, monkeypatch):
-  data_dir = str(tmp_path / 'tfds')
+def test_ema_survives_a_restart_and_is_evaluated(data_dir, tmp_path, monkeypatch):
   config = tiny_config(data_dir, ema_decay=0.9, **{'model.drop_path_rate': 0.1})
   straight = str(tmp_path / 'straight')
   metrics = train.train_and_evaluate(config, straight).metrics
@@ -249,11 +248,18 @@ def _drop_path_rates(model, images) -> dict[str, float]:
       rates['/'.join(context.module.scope.path)] = float(context.module.rate)
     return next_fun(*args, **kwargs)
 
-  variables = model.init(jax.random.key(0), images)
-  with nn.intercept_methods(record):
-    model.apply(
-        variables, images, train=True, rngs={'dropout': jax.random.key(1)}, mutable=['batch_stats']
-    )
+  def init_and_apply():
+    variables = model.init(jax.random.key(0), images)
+    with nn.intercept_methods(record):
+      model.apply(
+          variables,
+          images,
+          train=True,
+          rngs={'dropout': jax.random.key(1)},
+          mutable=['batch_stats'],
+      )
+
+  jax.eval_shape(init_and_apply)  # Traced only: the rates are static.
   return rates
 
 

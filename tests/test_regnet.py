@@ -96,9 +96,9 @@ def test_training_mode_matches_timm(timm):
     np.testing.assert_allclose(moved[key], reference.state_dict()[key].numpy(), atol=1e-5)
 
 
-def test_training_loop_updates_checkpoints_and_averages_batch_stats(tmp_path):
+def test_training_loop_updates_checkpoints_and_averages_batch_stats(data_dir, tmp_path):
   """In `train.train_and_evaluate`, BatchNorm statistics move, are saved, and get an EMA."""
-  config = tiny_config(str(tmp_path / 'tfds'), total_steps=3, ema_decay=0.5)
+  config = tiny_config(data_dir, total_steps=3, ema_decay=0.5)
   config.model = ml_collections.ConfigDict(
       {'name': 'regnety_002', 'w0': 16, 'wa': 8.0, 'wm': 2.0, 'depth': 2, 'group_width': 8}
   )
@@ -118,7 +118,7 @@ def test_bad_design_parameters_are_clear_errors():
     jax.eval_shape(models.create('regnety_002', wm=1.0).init, jax.random.key(0), images)
 
 
-def test_deit_distils_from_a_timm_regnety_weights_file(timm, tmp_path, train_losses):
+def test_deit_distils_from_a_timm_regnety_weights_file(timm, data_dir, tmp_path, train_losses):
   """`teacher=MODEL:FILE`: timm's RegNetY-200MF .pth teaches a tiny distilled DeiT; the teacher
   logits the step uses are timm's on the same (normalised) batch."""
   import torch  # pylint: disable=g-import-not-at-top
@@ -127,7 +127,7 @@ def test_deit_distils_from_a_timm_regnety_weights_file(timm, tmp_path, train_los
   weights = str(tmp_path / 'regnety_002.pth')
   torch.save({'model': {k: torch.from_numpy(v) for k, v in state_dict.items()}}, weights)
 
-  config = tiny_config(str(tmp_path / 'tfds'), total_steps=4, log_every=2)
+  config = tiny_config(data_dir, total_steps=4, log_every=2)
   config.model.name = 'deit_ti16_distilled'
   config.distillation.type = 'hard'
   config.distillation.teacher = f'regnety_002:{weights}'
