@@ -1,7 +1,8 @@
 """The other processes of a multi-process run: noticing that one died, and ending this one fast.
 
 When a process of a run dies, the others learn it in one of three ways, and each ends them with one
-line and `EXIT_PREEMPTED` (rerunning every process resumes from the last checkpoint):
+line and `EXIT_PREEMPTED` (rerunning every process resumes from the last checkpoint; exit 1 where
+the peer stopped on an error of its own):
 - `watch`: every worker holds a TCP link to process 0 (the coordinator), opened beside JAX's own
   connections. A process killed or crashed closes its links at once: the coordinator learns that a
   worker died, a worker that the coordinator died, within milliseconds, whatever either is doing
@@ -44,6 +45,10 @@ _LOST_CONNECTION = (
     'remote process exited',
 )
 _STDERR = os.dup(2)  # Kept: the TensorFlow import points fd 2 at /dev/null for a while.
+_EXITING = threading.Lock()  # Held by the thread that ends the process: one line, one status.
+_finished = threading.Event()  # This process leaves: a peer that leaves now is no news.
+_links: list[socket.socket] = []  # To process 0 from a worker; to every worker from process 0.
+_run = {'process': 0, 'count': 0}  # This process and the number of processes.
 
 
 def initialize(arguments: dict[str, Any]) -> None:
@@ -143,12 +148,6 @@ def end_run(error: BaseException, workdir: str) -> NoReturn | None:
   )
 
 
-_EXITING = threading.Lock()  # Held by the thread that ends the process: one line, one status.
-_finished = threading.Event()  # This process leaves: a peer that leaves now is no news.
-_links: list[socket.socket] = []  # To process 0 from a worker; to every worker from process 0.
-_run = {'process': 0, 'count': 0}  # This process and the number of processes.
-
-
 def _say_leaving(code: int) -> None:
   _finished.set()
   for link in list(_links):
@@ -168,14 +167,13 @@ def _peer_left(process: int, code: int | None) -> None:
   name = f'process {process} of {count}' + (' (the coordinator)' if process == 0 else '')
   if code not in (None, 0, EXIT_PREEMPTED):
     exit_now(
-        1,
-        f'error: {name} stopped on an error (exit {code}); see its log. Process {me} ' 'stops too.',
+        1, f'error: {name} stopped on an error (exit {code}); see its log. Process {me} stops.'
     )
   how = 'was killed or crashed' if code is None else f'stopped (exit {code})'
   exit_now(
       EXIT_PREEMPTED,
-      f'error: {name} {how}; process {me} stops too (the checkpoints saved, if any, are intact). Rerun all '
-      'processes to resume.',
+      f'error: {name} {how}; process {me} stops too (the checkpoints saved, if any, are '
+      'intact). Rerun all processes to resume.',
   )
 
 
