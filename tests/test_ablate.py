@@ -182,6 +182,7 @@ def test_analysis_runs_on_combinations_of_parts(fields):
 @pytest.mark.parametrize('grid', list(ablations.GRIDS))
 def test_every_grid_variant_builds(grid):
   config = ablations.get_config(f'grid={grid}')
+  config.lock()  # As `python -m vit_jax.ablate` reads it.
   assert len(config.variants) >= 2
   for name in config.variants:
     model = config_lib.create_model(

@@ -2,6 +2,7 @@
 
 import os
 import pickle
+import warnings
 
 import jax
 import numpy as np
@@ -354,6 +355,13 @@ def test_truncated_and_corrupt_files_are_named(timm_model, tmp_path):
       with pytest.raises(ValueError, match='truncated or corrupt') as error:
         pretrained.load(broken, ours, image_size=32)
       assert broken in str(error.value)
+  pickle_like = tmp_path / 'garbage.pth'
+  pickle_like.write_bytes(b'\x80garbage' * 10)
+  with warnings.catch_warnings(record=True) as warned:
+    warnings.simplefilter('always')
+    with pytest.raises(ValueError, match='not a readable PyTorch checkpoint'):
+      pretrained.load(str(pickle_like), ours, image_size=32)
+  assert not warned, [str(w.message) for w in warned]  # One line: no library warning before it.
   garbage = tmp_path / 'notes.txt'
   garbage.write_text('not weights')
   with pytest.raises(ValueError, match='not a recognised checkpoint'):

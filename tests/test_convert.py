@@ -3,6 +3,7 @@
 import os
 
 import numpy as np
+import pytest
 import tensorflow_datasets as tfds
 
 from vit_jax.data import convert
@@ -34,3 +35,13 @@ def test_a_converted_dataset_is_read_by_index_after_reopening(tmp_path):
     expected = by_index[int(example['index'])]
     np.testing.assert_array_equal(example['image'], expected['image'])
     assert int(example['label']) == int(expected['label'])
+
+
+def test_an_unknown_or_unprepared_dataset_is_refused_in_one_line(tmp_path):
+  with pytest.raises(
+      ValueError, match=r"^--dataset='cifar100000': no such dataset\. .*list_builders"
+  ) as e:
+    convert.prepared_builder('cifar100000', str(tmp_path))
+  assert '\n' not in str(e.value)
+  with pytest.raises(ValueError, match=r"^Dataset 'cifar10' is not prepared in .*prepare it first"):
+    convert.prepared_builder('cifar10', str(tmp_path))

@@ -2,8 +2,9 @@
 
 Two `python -m vit_jax.main` processes join over 127.0.0.1 (one CPU device each, gloo
 collectives), as the tasks of a hand-started run (--coordinator_address, --num_processes,
---process_id); one is killed with SIGKILL once the run has saved a checkpoint. Every subprocess
-is killed with SIGKILL at the end (JAX traps SIGTERM).
+--process_id); the worker is killed with SIGKILL once the run has saved a checkpoint, then the
+coordinator while the rerun starts. Every subprocess is killed with SIGKILL at the end (JAX traps
+SIGTERM).
 """
 
 import os
@@ -57,7 +58,6 @@ def test_a_lost_connection_is_told_from_other_errors():
   assert peers.lost_peer(ValueError('UNKNOWN: Gloo AllGather failed: Connection reset by peer'))
   assert peers.lost_peer(jax.errors.JaxRuntimeError('RESOURCE_EXHAUSTED: out of memory')) is None
   assert peers.lost_peer(ValueError('--config.batch_size=-1: must be at least 1.')) is None
-  assert peers.initialize_options() == {'heartbeat_timeout_seconds': peers.HEARTBEAT_TIMEOUT_S}
 
 
 def _free_port() -> int:
@@ -66,53 +66,93 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-@pytest.mark.slow
-def test_when_a_worker_dies_the_other_stops_at_once_with_one_line_and_exit_75(tmp_path):
-  port, workdir = _free_port(), tmp_path / 'run'
+def _start(tmp_path, workdir, run: str) -> tuple[list[subprocess.Popen], list]:
+  """Both processes of a run, each writing `tmp_path/{run}{i}.log`."""
+  port = _free_port()
   env = {k: v for k, v in os.environ.items() if not k.startswith(('SLURM_', 'JAX_'))}
   env.update(TF_CPP_MIN_LOG_LEVEL='2', JAX_PLATFORMS='cpu', PYTHONPATH=REPO)
-  logs = [tmp_path / f'process{i}.log' for i in range(2)]
-  processes = []
+  processes, logs = [], [tmp_path / f'{run}{i}.log' for i in range(2)]
+  for i in range(2):
+    with open(logs[i], 'w') as f:
+      processes.append(
+          subprocess.Popen(
+              [
+                  sys.executable,
+                  '-m',
+                  'vit_jax.main',
+                  f'--workdir={workdir}',
+                  *TINY,
+                  f'--config.data_dir={tmp_path / "tfds"}',
+                  f'--coordinator_address=127.0.0.1:{port}',
+                  '--num_processes=2',
+                  f'--process_id={i}',
+              ],
+              cwd=REPO,
+              env=env,
+              stdout=f,
+              stderr=subprocess.STDOUT,
+              start_new_session=True,
+          )
+      )
+  return processes, logs
+
+
+def _kill_when(ready, victim: int, processes, logs) -> tuple[int, float]:
+  """Kills process `victim` with SIGKILL once `ready()`; the survivor's exit status and how long
+  it took to stop."""
+  survivor = processes[1 - victim]
   try:
-    for i in range(2):
-      with open(logs[i], 'w') as f:
-        processes.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    '-m',
-                    'vit_jax.main',
-                    f'--workdir={workdir}',
-                    *TINY,
-                    f'--config.data_dir={tmp_path / "tfds"}',
-                    f'--coordinator_address=127.0.0.1:{port}',
-                    '--num_processes=2',
-                    f'--process_id={i}',
-                ],
-                cwd=REPO,
-                env=env,
-                stdout=f,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        )
     deadline = time.monotonic() + 400
-    while not (workdir / 'checkpoints' / '4').exists():
-      assert time.monotonic() < deadline and processes[0].poll() is None, logs[0].read_text()
+    while not ready():
+      assert time.monotonic() < deadline and survivor.poll() is None, logs[0].read_text()
       time.sleep(0.2)
-    processes[1].kill()
+    processes[victim].kill()
     killed = time.monotonic()
-    code = processes[0].wait(timeout=120)
-    stopped_after = time.monotonic() - killed
+    code = survivor.wait(timeout=120)
+    return code, time.monotonic() - killed
   finally:
     for p in processes:
       if p.poll() is None:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
-  log = logs[0].read_text()
-  assert code == 75, log[-3000:]
-  assert stopped_after < 20, stopped_after
+
+
+def _one_line(log: str, naming: str) -> None:
   errors = [line for line in log.splitlines() if line.startswith('error:')]
-  assert len(errors) == 1 and errors[0].endswith('Rerun all processes to resume.'), log[-3000:]
-  assert 'Traceback' not in log and 'Extension modules' not in log
+  assert len(errors) == 1 and naming in errors[0], log[-3000:]
+  assert errors[0].endswith('Rerun all processes to resume.'), log[-3000:]
+  assert 'Traceback' not in log and 'Extension modules' not in log and 'F1' not in log
+
+
+@pytest.mark.slow
+def test_when_a_process_dies_the_other_stops_at_once_with_one_line_and_exit_75(tmp_path):
+  workdir = tmp_path / 'run'
+  # A worker killed while training.
+  processes, logs = _start(tmp_path, workdir, 'first')
+  code, stopped_after = _kill_when(
+      lambda: (workdir / 'checkpoints' / '4').exists(), 1, processes, logs
+  )
+  assert code == 75 and stopped_after < 20, (stopped_after, logs[0].read_text()[-3000:])
+  _one_line(logs[0].read_text(), 'process 1 of 2 was killed')
   assert sorted(os.listdir(workdir / 'checkpoints'))[:2] == ['2', '4']
+  # The coordinator killed while the rerun starts, at its first collective: the worker's service
+  # connections die with it.
+  processes, logs = _start(tmp_path, workdir, 'rerun')
+  code, stopped_after = _kill_when(lambda: 'Gloo' in logs[0].read_text(), 0, processes, logs)
+  assert code == 75 and stopped_after < 20, (stopped_after, logs[1].read_text()[-3000:])
+  _one_line(logs[1].read_text(), 'process 0 of 2 (the coordinator) was killed')
+  assert sorted(os.listdir(workdir / 'checkpoints'))[:2] == ['2', '4']
+
+
+def test_the_relay_to_the_coordinator_forwards_both_ways():
+  with socket.create_server(('127.0.0.1', 0)) as service:
+    relay = peers._Relay(f'127.0.0.1:{service.getsockname()[1]}')  # pylint: disable=protected-access
+    host, port = relay.address.rsplit(':', 1)
+    with socket.create_connection((host, int(port))) as client:
+      accepted = service.accept()[0]
+      client.sendall(b'ping')
+      assert accepted.recv(4) == b'ping'
+      accepted.sendall(b'pong')
+      assert client.recv(4) == b'pong'
+      accepted.close()  # The service closed the connection but still listens: so does the relay.
+      assert client.recv(4) == b''

@@ -22,15 +22,9 @@ flags.mark_flags_as_required(['dataset'])
 
 def main(argv) -> None:
   del argv
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   from vit_jax.data import convert  # pylint: disable=g-import-not-at-top
 
-  builder = tfds.builder(_DATASET.value, data_dir=_DATA_DIR.value)
-  if not builder.is_prepared():
-    raise ValueError(
-        f'Dataset {_DATASET.value!r} is not prepared in {builder.data_dir}; '
-        'prepare it first (tfds build, or its own instructions).'
-    )
+  builder = convert.prepared_builder(_DATASET.value, _DATA_DIR.value)
   convert.add_array_record(builder)
   formats = sorted(f.value for f in builder.info.available_file_formats())
   print(f'{builder.data_dir}: formats {formats}.')

@@ -28,9 +28,10 @@ def variant_config(
 ) -> ml_collections.ConfigDict:
   """The training config of one variant: `config` without `variants`, its model with `fields`."""
   config = config.copy_and_resolve_references()
-  del config['variants']
-  for key, value in fields.items():
-    config.model[key] = value
+  with config.unlocked():  # The command's config is locked, as every command's.
+    del config['variants']
+    for key, value in fields.items():
+      config.model[key] = value
   return config
 
 

@@ -13,7 +13,24 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core import file_adapters
 
+from vit_jax.data import dataset_names
+
 ARRAY_RECORD = file_adapters.FileFormat.ARRAY_RECORD
+
+
+def prepared_builder(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
+  """The builder of TFDS dataset `name` prepared in `data_dir`; a ValueError of one line where
+  no dataset has that name or it is not prepared there."""
+  why = dataset_names.unknown(name)
+  if why is not None:
+    raise ValueError(f'--dataset={name!r}: {why}')
+  builder = tfds.builder(name, data_dir=data_dir)
+  if not builder.is_prepared():
+    raise ValueError(
+        f'Dataset {name!r} is not prepared in {builder.data_dir}; '
+        'prepare it first (tfds build, or its own instructions).'
+    )
+  return builder
 
 
 def has_array_record(builder: tfds.core.DatasetBuilder) -> bool:

@@ -121,5 +121,5 @@ def initialize(
     )
     from vit_jax.parallel import peers  # pylint: disable=g-import-not-at-top
 
-    jax.distributed.initialize(**arguments, **peers.initialize_options())
+    peers.initialize(arguments)
     peers.quiet_fatal_errors(logging.get_verbosity())

@@ -22,6 +22,7 @@ import argparse
 import math
 import os
 import re
+import warnings
 import zipfile
 from typing import Any, Mapping
 
@@ -149,7 +150,9 @@ def _read_torch(path: str) -> Any:
     ) from e
   try:
     # Training checkpoints of deit/timm carry their argparse arguments beside the weights.
-    with torch.serialization.safe_globals([argparse.Namespace]):
+    with torch.serialization.safe_globals([argparse.Namespace]), warnings.catch_warnings():
+      # Said of bytes that are no pickle at all; the error below names the file instead.
+      warnings.filterwarnings('ignore', message='Detected pickle protocol')
       return torch.load(path, map_location='cpu', weights_only=True)
   except Exception as e:  # RuntimeError, UnpicklingError, EOFError... pylint: disable=broad-except
     text = str(e)
