@@ -306,17 +306,42 @@ def _merge_heads(heads: jax.Array) -> jax.Array:
   return heads.reshape(heads.shape[:-2] + (-1,))
 
 
+def _module_dense(module: nn.Module, features: int, name: str, **fields: Any) -> nn.Dense:
+  """`Dense` to `features`, named `name`, with content attention `module`'s initialisers and
+  dtypes (`fields` add to or replace them)."""
+  return Dense(
+      features,
+      name=name,
+      **{
+          'kernel_init': module.kernel_init,
+          'bias_init': module.bias_init,
+          'dtype': module.dtype,
+          'param_dtype': module.param_dtype,
+          **fields,
+      },
+  )
+
+
+def fused_qkv(
+    module: nn.Module, x: jax.Array, features: int, head_dim: int
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """q, k, v of (batch, tokens, heads, head_dim) from content attention `module`'s one Dense
+  `qkv` to 3 * `features`, laid out [3, heads, head_dim], each third initialised on its own."""
+  qkv = _module_dense(
+      module,
+      3 * features,
+      'qkv',
+      use_bias=module.qkv_bias,
+      kernel_init=split_heads_init(module.kernel_init, 3),
+  )(x)
+  qkv = qkv.reshape(x.shape[:2] + (3, module.num_heads, head_dim))
+  return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+
+
 def project_heads(module: nn.Module, heads: jax.Array, features: int, *, train: bool) -> jax.Array:
   """The output projection of content attention `module`: its heads merged, the Dense `proj` to
-  `features` (with the module's initialisers and dtypes), then dropout at its `dropout_rate`."""
-  out = Dense(
-      features,
-      kernel_init=module.kernel_init,
-      bias_init=module.bias_init,
-      dtype=module.dtype,
-      param_dtype=module.param_dtype,
-      name='proj',
-  )(_merge_heads(heads))
+  `features`, then dropout at the module's `dropout_rate`."""
+  out = _module_dense(module, features, 'proj')(_merge_heads(heads))
   return nn.Dropout(rate=module.dropout_rate, deterministic=not train)(out)
 
 
@@ -408,17 +433,8 @@ class SelfAttention(nn.Module):
     _check_choice(self.re_attention_norm, RE_ATTENTION_NORMS, 're_attention_norm')
     width = x.shape[-1]
     head_dim = check_heads(width, self.num_heads, 'token')
-    qkv = Dense(
-        3 * width,
-        use_bias=self.qkv_bias,
-        kernel_init=split_heads_init(self.kernel_init, 3),
-        bias_init=self.bias_init,
-        dtype=self.dtype,
-        param_dtype=self.param_dtype,
-        name='qkv',
-    )(x)
-    qkv = qkv.reshape(x.shape[:2] + (3, self.num_heads, head_dim))
-    q, k, v = qkv[:, :, 0] * jnp.asarray(head_dim**-0.5, qkv.dtype), qkv[:, :, 1], qkv[:, :, 2]
+    q, k, v = fused_qkv(self, x, width, head_dim)
+    q = q * jnp.asarray(head_dim**-0.5, q.dtype)
     pre_softmax = post_softmax = None
     if self.head_mixing == 'talking_heads':
       pre_softmax = lambda s: self._mix_heads_dense(s, 'proj_l')
@@ -461,15 +477,7 @@ class ClassAttention(nn.Module):
     head_dim = check_heads(width, self.num_heads, 'token')
 
     def project(inputs: jax.Array, name: str) -> jax.Array:
-      out = Dense(
-          width,
-          use_bias=self.qkv_bias,
-          kernel_init=self.kernel_init,
-          bias_init=self.bias_init,
-          dtype=self.dtype,
-          param_dtype=self.param_dtype,
-          name=name,
-      )(inputs)
+      out = _module_dense(self, width, name, use_bias=self.qkv_bias)(inputs)
       return out.reshape(out.shape[:2] + (self.num_heads, head_dim))
 
     q = project(x[:, :1], 'q')
@@ -510,17 +518,7 @@ class TokenAttention(nn.Module):
     _check_rank(x, 3, '(batch, tokens, features)', type(self).__name__)
     head_dim = check_heads(self.features, self.num_heads, 'output')
     input_head_dim = check_heads(x.shape[-1], self.num_heads, 'input')
-    qkv = Dense(
-        3 * self.features,
-        use_bias=self.qkv_bias,
-        kernel_init=split_heads_init(self.kernel_init, 3),
-        bias_init=self.bias_init,
-        dtype=self.dtype,
-        param_dtype=self.param_dtype,
-        name='qkv',
-    )(x)
-    qkv = qkv.reshape(x.shape[:2] + (3, self.num_heads, head_dim))
-    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    q, k, v = fused_qkv(self, x, self.features, head_dim)
     q = q * jnp.asarray(input_head_dim**-0.5, q.dtype)
     heads = content_attention(
         self,
