@@ -146,8 +146,8 @@ class VisionTransformer(nn.Module, parts.Parts):
   representation_size: int | None = None
   init_scheme: str = 'google'
   inference_mode: str = 'average_logits'
-  # The own settings of the chosen stem and attention kinds (`parts.KIND_SETTINGS`); None: the
-  # kind's defaults. A kind without settings ignores them.
+  # The own settings of the chosen stem and attention kinds (`parts.KIND_SETTINGS`: the 't2t'
+  # stem's, the positional kinds'); None: the kind's defaults. A kind without settings ignores them.
   stem_settings: parts.T2TSettings | None = None
   attention_settings: parts.PositionalSettings | None = None
   dtype: Dtype = jnp.float32
@@ -191,9 +191,10 @@ class VisionTransformer(nn.Module, parts.Parts):
     if value is None:
       return settings()
     if not isinstance(value, settings):
+      kind = getattr(self, settings.part)
       raise ValueError(
-          f'{field}={value!r} are not the settings of {settings.part}={getattr(self, settings.part)!r}; '
-          f'give parts.{settings.__name__}(...) or None.'
+          f'{field}={value!r} are not the settings of {settings.part}={kind!r}; give '
+          f'parts.{settings.__name__}(...) or None.'
       )
     return value
 
