@@ -29,7 +29,6 @@ import ml_collections
 
 from configs import common
 from vit_jax.weights import hub
-from vit_jax import models
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -64,9 +63,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if args.image_size in (0, image_size):
     config.eval_crop_ratio = crop_ratio
   config.model.name = model_name
-  for field in ('scan_layers', 'remat'):
-    if field not in models.fields(model_name):  # RegNet's convolutions are not scanned.
-      del config.model[field]
   for field, value in fields.items():
     config.model[field] = value
   config.dataset = args.dataset

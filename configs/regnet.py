@@ -34,8 +34,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   args = common.parse_arg(arg, variant='', dataset='digits', image_size=224)
   config = common.get_config()
   config.dataset = common.dataset(arg, args)
-  # Stages of differently shaped blocks: no scan-over-layers or remat fields in this family.
-  del config.model['scan_layers'], config.model['remat']
   if args.variant:
     if args.variant not in VARIANTS:
       raise ValueError(f'Unknown RegNetY variant {args.variant!r}; valid: {list(VARIANTS)}.')

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from vit_jax.models import attention
+from vit_jax.models import parts
 
 B, N, D, H = 2, 6, 12, 3
 HD = D // H
@@ -207,7 +208,7 @@ def test_learned_relative_scores(use_content):
       scores='learned',
       use_content=use_content,
       max_grid_size=max_grid,
-      position_encoding_size=dim_p,
+      settings=parts.PositionalSettings(position_encoding_size=dim_p),
   )
   v, out, probs, _ = _run(module, x)
   p = v['params']
@@ -292,7 +293,9 @@ def test_long_sequences_take_chunked_attention_on_cpu(monkeypatch):
 
 @pytest.mark.parametrize('scores', ['quadratic', 'learned'])
 def test_separable_positional_attention_equals_full_scores(scores, monkeypatch):
-  module = attention.PositionalAttention(num_heads=3, scores=scores, centre_init_std=1.0)
+  module = attention.PositionalAttention(
+      num_heads=3, scores=scores, settings=parts.PositionalSettings(centre_init_std=1.0)
+  )
   x = jax.random.normal(jax.random.key(1), (2, 4, 5, 6))
   variables = module.init(jax.random.key(0), x)
   calls = []

@@ -359,7 +359,7 @@ def test_the_schema_prints_every_field_with_default_and_rule():
   text = config_lib.describe()
   for field in config_lib.FIELDS:
     assert f'--config.{field.name}={field.default!r}\n    {field.rule.valid}. {field.doc}' in text
-  assert "--config.model={'name': 'vit_ti4', 'scan_layers': False, 'remat': False}" in text
+  assert "--config.model={'name': 'vit_ti4'}" in text
 
 
 def test_unset_evaluator_fields_take_the_evaluators_own_defaults():
@@ -380,17 +380,59 @@ def test_unset_evaluator_fields_take_the_evaluators_own_defaults():
   assert periodic['fewshot'].seeds == evaluators.create('fewshot').seeds
 
 
-def test_section_defaults_are_their_owners_defaults():
-  """The command line can set the model section's fields only where the schema lists them; the
-  values it lists must be what the model would use unset."""
-  from vit_jax import models  # pylint: disable=g-import-not-at-top
+def test_scan_layers_and_remat_keep_the_models_own_values_until_set():
+  """Every config, RegNet's included, offers them unset; set, they reach a transformer, and a CNN
+  refuses them (it has no blocks to scan)."""
+  for module in (vit, t2t, sa_conv, regnet):
+    config = module.get_config()
+    assert (config.model.scan_layers, config.model.remat) == (None, None), module.__name__
+    config_lib.validate(config, devices=1, processes=1)
+    model = config_lib.create_model(config, 10)
+    assert not getattr(model, 'scan_layers', False) and not getattr(model, 'remat', False)
+  config = sa_conv.get_config()
+  config.model.scan_layers = config.model.remat = True
+  model = config_lib.create_model(config, 10)
+  assert (model.scan_layers, model.remat) == (True, True)
+  config = regnet.get_config()
+  config.model.scan_layers = True
+  with pytest.raises(config_lib.ConfigError, match="Unknown override 'scan_layers'"):
+    config_lib.validate(config, devices=1, processes=1)
 
-  sections = {section.name: section.default for section in config_lib.SECTIONS}
-  model = sections['model']
-  plain = models.create(model['name'], num_classes=10)
-  assert {key: getattr(plain, key) for key in model if key != 'name'} == {
-      key: value for key, value in model.items() if key != 'name'
-  }
+
+def test_a_part_kinds_own_settings_are_set_by_name_and_reach_its_module():
+  """`--config.model.soft_splits` (the T2T stem's) and `--config.model.centre_init_std` (the
+  positional attention's) exist unset in every config, and set they reach the part's module; a
+  plain ViT holds no settings of either kind."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from vit_jax.models import attention  # pylint: disable=g-import-not-at-top
+  from vit_jax.models import parts  # pylint: disable=g-import-not-at-top
+
+  plain = config_lib.create_model(vit.get_config(), 10)
+  assert (plain.stem_settings, plain.attention_settings) == (None, None)
+  config = t2t.get_config('variant=14,dataset=digits')
+  assert config.model.soft_splits is None
+  assert config_lib.create_model(config, 10).stem_settings is None  # T2T-ViT-14's own.
+  config.model.soft_splits = ((3, 2, 1), (3, 1, 1))
+  model = config_lib.create_model(config, 10)
+  assert model.stem_settings == parts.T2TSettings(soft_splits=((3, 2, 1), (3, 1, 1)))
+  config.model.soft_splits = ((3, 0, 1),)
+  with pytest.raises(config_lib.ConfigError, match=r'soft_splits=\(\(3, 0, 1\),\) must be'):
+    config_lib.validate(config, devices=1, processes=1)
+  config = sa_conv.get_config()
+  config.model.centre_init_std = 0.5
+  model = config_lib.create_model(config, 10)
+  received = []
+
+  def record(next_fun, args, kwargs, context):
+    if isinstance(context.module, attention.PositionalAttention):
+      received.append(context.module.settings)
+    return next_fun(*args, **kwargs)
+
+  with nn.intercept_methods(record):  # Traced only: nothing is computed.
+    jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 16, 16, 3)))
+  assert received and set(received) == {parts.PositionalSettings(centre_init_std=0.5)}
 
 
 def test_the_backbone_parts_can_be_set_on_every_family_config():

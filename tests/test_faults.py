@@ -20,10 +20,7 @@ from PIL import Image
 import pytest
 
 from tests.tiny_runs import tiny_config
-from vit_jax import config as config_lib
 from vit_jax.data import input_pipeline
-from vit_jax.training import optim
-from vit_jax.training import steps
 from vit_jax.training import train
 from vit_jax.training import workdir as workdir_lib
 from vit_jax.data import folder
@@ -108,16 +105,8 @@ CORRUPTIONS = {
 
 
 def _abstract_state(config):
-  model = config_lib.create_model(config, 10)
-  tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), lambda _: 1e-3, model)
   return jax.eval_shape(
-      lambda: steps.init_state(
-          model,
-          tx,
-          steps.init_rngs(config.seed),
-          image_size=config.image_size,
-          ema=bool(config.ema_decay),
-      )
+      train.Start.build(train.Settings.from_config(config), 10, lambda _: 1e-3).init
   )
 
 

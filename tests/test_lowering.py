@@ -11,7 +11,6 @@ bfloat16 operands (accumulating in float32 where asked), forward and backward.
 """
 
 import dataclasses
-import functools
 import importlib
 import itertools
 
@@ -20,10 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax import config as config_lib
 from vit_jax.benchmarks import lowering
-from vit_jax.training import optim
 from vit_jax.training import steps
+from vit_jax.training import train
 from vit_jax.models import attention
 
 FAMILIES = ('vit', 'deit', 'cait', 'deepvit', 't2t', 'sa_conv', 'regnet')
@@ -267,18 +265,9 @@ def test_bfloat16_step_stays_within_bfloat16_tolerance_of_float32(name):
   for dtype in ('float32', 'bfloat16'):
     config = family_config(family, dtype=dtype)
     config.model.update(depth=1, **fields)
-    model = config_lib.create_model(config, 10)
-    tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), lambda _: 1e-3, model)
-    state = jax.jit(
-        functools.partial(
-            steps.init_state,
-            model,
-            tx,
-            steps.init_rngs(config.seed),
-            image_size=config.image_size,
-            ema=bool(config.ema_decay),
-        )
-    )()
+    start = train.Start.build(train.Settings.from_config(config), 10, lambda _: 1e-3)
+    model, tx = start.model, start.tx
+    state = jax.jit(start.init)()
     rng = np.random.default_rng(0)
     size = config.image_size
     batch = {

@@ -12,7 +12,6 @@ import pytest
 from tests import tiny_runs
 from tests.tiny_runs import tiny_config
 from vit_jax import config as config_lib
-from vit_jax.training import optim
 from vit_jax.training import steps
 from vit_jax.training import train
 
@@ -57,15 +56,9 @@ def test_bfloat16_compute_float32_parameters_probabilities_and_logits():
 
 def test_train_step_keeps_float32_state_and_bfloat16_first_moment():
   config = tiny_config('unused', dtype='bfloat16', mu_dtype='bfloat16', ema_decay=0.9)
-  model = config_lib.create_model(config, 10)
-  tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), lambda _: 1e-3, model)
-  state = steps.init_state(
-      model,
-      tx,
-      steps.init_rngs(config.seed),
-      image_size=config.image_size,
-      ema=bool(config.ema_decay),
-  )
+  start = train.Start.build(train.Settings.from_config(config), 10, lambda _: 1e-3)
+  model, tx = start.model, start.tx
+  state = start.init()
   state, metrics = jax.jit(
       steps.make_train_step(model, tx, steps.StepSettings.from_config(config), 10)
   )(state, _batch())

@@ -23,7 +23,6 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from vit_jax import config as config_lib
 from vit_jax.parallel import distributed
 from vit_jax.training import optim
 from vit_jax.training import steps
@@ -162,21 +161,13 @@ def load_config(config_file: str):
 
 def one_device_state(config) -> steps.TrainState:
   """The abstract training state, replicated on this process's one-device mesh."""
-  model = config_lib.create_model(config, digits.NUM_CLASSES)
-  schedule = optim.learning_rate_schedule(optim.ScheduleSettings.from_config(config), STEPS, 2)
-  tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), schedule, model)
+  settings = train.Settings.from_config(config)
+  schedule = optim.learning_rate_schedule(settings.schedule, STEPS, 2)
+  start = train.Start.build(settings, digits.NUM_CLASSES, schedule)
   sharding = NamedSharding(Mesh(np.array(jax.devices()[:1]), ('data',)), P())
   return jax.tree.map(
       lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
-      jax.eval_shape(
-          lambda: steps.init_state(
-              model,
-              tx,
-              steps.init_rngs(config.seed),
-              image_size=config.image_size,
-              ema=bool(config.ema_decay),
-          )
-      ),
+      jax.eval_shape(start.init),
   )
 
 

@@ -103,15 +103,9 @@ def test_train_step_learns_from_the_mixed_batch(monkeypatch):
       cutmix_alpha=1.0,
       **{'model.init_scheme': 'timm'},
   )
-  model = config_lib.create_model(config, 10)
-  tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), lambda _: 1e-3, model)
-  state = steps.init_state(
-      model,
-      tx,
-      steps.init_rngs(config.seed),
-      image_size=config.image_size,
-      ema=bool(config.ema_decay),
-  )
+  start = train.Start.build(train.Settings.from_config(config), 10, lambda _: 1e-3)
+  model, tx = start.model, start.tx
+  state = start.init()
   # The step's own mixing rng is replaced by a fixed one so that the test can redo the mixing.
   original = steps.training_batch
   fixed = lambda rng, *args, **kwargs: original(jax.random.key(6), *args, **kwargs)
@@ -148,15 +142,9 @@ def test_four_micro_batches_equal_one_big_batch(mixing):
   results = []
   for accumulate in (1, 4):
     config = tiny_config('unused', grad_accum_steps=accumulate, **overrides)
-    model = config_lib.create_model(config, 10)
-    tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), lambda _: 1e-3, model)
-    state = steps.init_state(
-        model,
-        tx,
-        steps.init_rngs(config.seed),
-        image_size=config.image_size,
-        ema=bool(config.ema_decay),
-    )
+    start = train.Start.build(train.Settings.from_config(config), 10, lambda _: 1e-3)
+    model, tx = start.model, start.tx
+    state = start.init()
     step = jax.jit(steps.make_train_step(model, tx, steps.StepSettings.from_config(config), 10))
     for seed in range(2):
       state, metrics = step(state, _batch(32, seed))
@@ -194,15 +182,9 @@ def test_bad_recipe_settings_fail_before_touching_the_workdir(tmp_path, override
 
 def test_ema_follows_the_parameters():
   config = tiny_config('unused', ema_decay=0.75)
-  model = config_lib.create_model(config, 10)
-  tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), lambda _: 1e-2, model)
-  state = steps.init_state(
-      model,
-      tx,
-      steps.init_rngs(config.seed),
-      image_size=config.image_size,
-      ema=bool(config.ema_decay),
-  )
+  start = train.Start.build(train.Settings.from_config(config), 10, lambda _: 1e-2)
+  model, tx = start.model, start.tx
+  state = start.init()
   assert_trees_close(state.ema['params'], state.params, atol=0)
   step = jax.jit(steps.make_train_step(model, tx, steps.StepSettings.from_config(config), 10))
   expected = state.params

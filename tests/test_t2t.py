@@ -11,6 +11,7 @@ import pytest
 from scipy import special
 
 from vit_jax import models
+from vit_jax.models import parts
 from vit_jax.models import stems
 from vit_jax.models import t2t
 
@@ -22,7 +23,7 @@ TINY = dict(
     depth=1,
     num_heads=HEADS,
     token_dim=TOKEN_DIM,
-    soft_splits=SPLITS,
+    stem_settings=parts.T2TSettings(soft_splits=SPLITS),
 )
 
 
@@ -243,7 +244,9 @@ def test_init_pos_embed_is_the_sinusoid_table_and_features_are_orthogonal():
 
 def test_fixed_parameters_get_zero_gradient_and_the_model_trains():
   model = t2t.T2TViT(
-      **dict(TINY, soft_splits=SPLITS[:2]), tokens_type='performer', drop_path_rate=0.1
+      **dict(TINY, stem_settings=parts.T2TSettings(soft_splits=SPLITS[:2])),
+      tokens_type='performer',
+      drop_path_rate=0.1,
   )
   images = jax.random.normal(jax.random.key(1), (8, 16, 16, 3))
   labels = jnp.arange(8) % CLASSES
@@ -275,8 +278,8 @@ def test_fixed_parameters_get_zero_gradient_and_the_model_trains():
     'overrides, image_size, message',
     [
         (dict(tokens_type='convolution'), 16, 'convolution'),
-        (dict(soft_splits=((3, 0, 1),)), 16, 'soft_splits'),
-        (dict(soft_splits=((7, 4, 0),)), 4, 'too small'),
+        (dict(stem_settings=parts.T2TSettings(soft_splits=((3, 0, 1),))), 16, 'soft_splits'),
+        (dict(stem_settings=parts.T2TSettings(soft_splits=((7, 4, 0),))), 4, 'too small'),
     ],
 )
 def test_bad_configuration_raises_value_error(overrides, image_size, message):

@@ -79,14 +79,15 @@ def test_eight_devices_equal_one_device(data_dir):
       import jax, numpy as np
       from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
       from tests.tiny_runs import tiny_config
-      from vit_jax import config as config_lib
       from vit_jax.training import optim
       from vit_jax.training import steps
+      from vit_jax.training import train
       assert jax.device_count() == 8
       config = tiny_config({data_dir!r}, **{{'model.dropout_rate': 0.1, 'model.drop_path_rate': 0.2}})
-      model = config_lib.create_model(config, 10)
-      schedule = optim.learning_rate_schedule(optim.ScheduleSettings.from_config(config), 10, 0)
-      tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), schedule, model)
+      settings = train.Settings.from_config(config)
+      schedule = optim.learning_rate_schedule(settings.schedule, 10, 0)
+      start = train.Start.build(settings, 10, schedule)
+      model, tx = start.model, start.tx
       rng = np.random.default_rng(0)
       batch = {{'image': rng.normal(size=(32, 16, 16, 3)).astype(np.float32),
                'label': rng.integers(0, 10, size=(32,)).astype(np.int32)}}
@@ -94,9 +95,7 @@ def test_eight_devices_equal_one_device(data_dir):
       for devices in (jax.devices()[:1], jax.devices()):
         mesh = Mesh(np.array(devices), ('data',))
         replicated, sharded = NamedSharding(mesh, P()), NamedSharding(mesh, P('data'))
-        state = jax.device_put(steps.init_state(
-      model, tx, steps.init_rngs(config.seed), image_size=config.image_size,
-      ema=bool(config.ema_decay)), replicated)
+        state = jax.device_put(start.init(), replicated)
         step = jax.jit(steps.make_train_step(model, tx, steps.StepSettings.from_config(config), 10))
         state, _ = step(state, {{k: jax.device_put(v, sharded) for k, v in batch.items()}})
         results.append(jax.device_get(state.params))

@@ -23,6 +23,8 @@ config is checked.
 
 import dataclasses
 import math
+import types
+import typing
 from typing import Any, Callable, Iterable, Sequence
 
 import ml_collections
@@ -472,34 +474,39 @@ SECTIONS: tuple[Section, ...] = (
     ),
     Section(
         'model',
-        {'name': 'vit_ti4', 'scan_layers': False, 'remat': False},
+        {'name': 'vit_ti4'},
         'vit_jax.models',
         'name: a registry key (vit_jax.models.names()); every other field is passed to '
-        'vit_jax.models.create(). scan_layers: one traced block run by nn.scan; remat: '
-        "activations recomputed in the backward pass. The backbone's parts and shared "
-        "fields (vit_jax.models.parts.Parts) are unset (None: the registered model's own "
-        'value) until set, e.g. --config.model.attention=talking_heads.',
+        "vit_jax.models.create(). The backbone's parts and shared fields "
+        '(vit_jax.models.parts.Parts: scan_layers, remat, attention, ...) and the own settings '
+        'of part kinds (parts.KIND_SETTINGS: soft_splits, centre_init_std, ...) are unset (None: '
+        "the registered model's own value) until set, e.g. "
+        '--config.model.attention=talking_heads.',
     ),
 )
 
 
 def _part_field_type(annotation: Any) -> type:
-  """What ml_collections must accept for a part field of `annotation` (`X | None` -> X; a field
-  of several types, such as `layer_scale_init`'s float or 'paper', takes any literal)."""
-  kinds = [
-      kind for kind in getattr(annotation, '__args__', (annotation,)) if kind is not type(None)
-  ]
-  return kinds[0] if len(kinds) == 1 else object
+  """What ml_collections must accept for a part field of `annotation` (`X | None` -> X, a
+  `tuple[...]` -> tuple; a field of several types, such as `layer_scale_init`'s float or 'paper',
+  takes any literal)."""
+  union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+  kinds = [kind for kind in typing.get_args(annotation) if kind is not type(None)]
+  kinds = kinds if union else [annotation]
+  return typing.get_origin(kinds[0]) or kinds[0] if len(kinds) == 1 else object
 
 
 def model_part_fields() -> dict[str, type]:
   """The backbone's parts and shared fields (`vit_jax.models.parts.Parts`, which the model
-  declares them in) with the type a config holds them as. Any config may set them from the
-  command line; unset (None) they keep the registered model's value, and the model checks them
-  (`check_fields`)."""
+  declares them in) and the fields of the part kinds' own settings (`parts.KIND_SETTINGS`), with
+  the type a config holds them as. Any config may set them from the command line; unset (None)
+  they keep the registered model's value, and the model checks them (`check_fields`)."""
   from vit_jax.models import parts  # pylint: disable=g-import-not-at-top
 
-  return {field.name: _part_field_type(field.type) for field in dataclasses.fields(parts.Parts)}
+  declared = dataclasses.fields(parts.Parts) + tuple(
+      field for settings in parts.KIND_SETTINGS for field in dataclasses.fields(settings)
+  )
+  return {field.name: _part_field_type(field.type) for field in declared}
 
 
 # Config fields that say a part field's value in an earlier spelling, still accepted: when set,

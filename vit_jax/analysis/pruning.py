@@ -16,9 +16,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vit_jax import config as config_lib
 from vit_jax.training import optim
-from vit_jax.training import steps
+from vit_jax.training import train
 from vit_jax.training import workdir as workdir_lib
 
 PRUNING_RULES = {'official': 1e3, 'paper': 1e5}
@@ -136,26 +135,18 @@ def write_run(
     raise ValueError(
         f'{workdir!r} already holds a checkpoint; remove it or use another ' 'directory.'
     )
-  model = config_lib.create_model(config, num_classes)
+  settings = train.Settings.from_config(config)
   total, warmup = config.total_steps, config.warmup_steps
-  schedule = optim.learning_rate_schedule(optim.ScheduleSettings.from_config(config), total, warmup)
-  tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), schedule, model)
-  abstract = jax.eval_shape(
-      lambda: steps.init_state(
-          model,
-          tx,
-          steps.init_rngs(config.seed),
-          image_size=config.image_size,
-          ema=bool(config.ema_decay),
-      )
-  )
+  schedule = optim.learning_rate_schedule(settings.schedule, total, warmup)
+  start = train.Start.build(settings, num_classes, schedule)
+  abstract = jax.eval_shape(start.init)
   params = jax.tree.map(lambda x, s: jnp.asarray(x, s.dtype), params, abstract.params)
   state = abstract.replace(
       step=jnp.zeros((), jnp.int32),
       params=params,
-      opt_state=tx.init(params),
+      opt_state=start.tx.init(params),
       batch_stats={},
-      rng=jax.random.split(jax.random.PRNGKey(config.seed))[1],
+      rng=start.rngs[1],
   )
   with contextlib.ExitStack() as run_scope:
     run = workdir_lib.Workdir(workdir).start(config, run_scope)

@@ -27,10 +27,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vit_jax import config as config_lib
 from vit_jax.data import input_pipeline
-from vit_jax.training import optim
 from vit_jax.training import steps
+from vit_jax.training import train
 
 FAMILIES = ('vit', 'deit', 'cait', 'deepvit', 't2t', 'sa_conv', 'regnet')
 
@@ -93,22 +92,11 @@ def _random_batch(config: ml_collections.ConfigDict, size: int, num_classes: int
 def _compiled_train_step(
     config: ml_collections.ConfigDict, batch: dict, num_classes: int
 ) -> tuple[Callable, steps.TrainState]:
-  model = config_lib.create_model(config, num_classes)
-  tx = optim.create_optimizer(
-      optim.OptimizerSettings.from_config(config), lambda _: config.base_lr, model
-  )
-  state = jax.jit(
-      lambda: steps.init_state(
-          model,
-          tx,
-          steps.init_rngs(config.seed),
-          image_size=config.image_size,
-          ema=bool(config.ema_decay),
-      )
-  )()
+  settings = train.Settings.from_config(config)
+  start = train.Start.build(settings, num_classes, lambda _: config.base_lr)
+  state = jax.jit(start.init)()
   step = jax.jit(
-      steps.make_train_step(model, tx, steps.StepSettings.from_config(config), num_classes),
-      donate_argnums=0,
+      steps.make_train_step(start.model, start.tx, settings.step, num_classes), donate_argnums=0
   )
   return step.lower(state, batch).compile(), state
 

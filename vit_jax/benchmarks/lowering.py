@@ -21,7 +21,6 @@ from jax.sharding import AbstractMesh, AxisType
 import jax.numpy as jnp
 import ml_collections
 
-from vit_jax import config as config_lib
 from vit_jax import models
 from vit_jax.training import optim
 from vit_jax.parallel import sharding
@@ -144,18 +143,10 @@ def step_programs(
   abstract variables laid out by the same rule as the student's.
   """
   settings = train.Settings.from_config(config)
-  model = config_lib.create_model(config, num_classes)
   schedule = optim.learning_rate_schedule(settings.schedule, max(config.total_steps, 2), 1)
-  tx = optim.create_optimizer(settings.optimizer, schedule, model)
-  abstract_state = jax.eval_shape(
-      lambda: steps.init_state(
-          model,
-          tx,
-          steps.init_rngs(settings.seed),
-          image_size=config.image_size,
-          ema=bool(settings.step.ema_decay),
-      )
-  )
+  start = train.Start.build(settings, num_classes, schedule)
+  model, tx = start.model, start.tx
+  abstract_state = jax.eval_shape(start.init)
   teacher = teacher_variables = None
   if teacher_model is not None:
     teacher_net = models.create(

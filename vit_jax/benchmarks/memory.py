@@ -14,6 +14,7 @@ from vit_jax.benchmarks import training_step
 from vit_jax.parallel import sharding
 from vit_jax.training import optim
 from vit_jax.training import steps
+from vit_jax.training import train
 
 
 def byte_size(count: int) -> str:
@@ -32,22 +33,11 @@ def memory_per_device(config, num_classes: int) -> dict[str, int]:
   is live at once (the state is donated, so outputs reuse it). Abstract evaluation and
   compilation only: no array is allocated, so any model can be sized on any machine.
   """
-  model = config_lib.create_model(config, num_classes)
-  tx = optim.create_optimizer(
-      optim.OptimizerSettings.from_config(config),
-      optim.learning_rate_schedule(optim.ScheduleSettings.from_config(config), 2, 1),
-      model,
-  )
+  settings = train.Settings.from_config(config)
+  schedule = optim.learning_rate_schedule(settings.schedule, 2, 1)
+  start = train.Start.build(settings, num_classes, schedule)
   mesh = sharding.make_mesh(config.mesh.fsdp)
-  state = jax.eval_shape(
-      lambda: steps.init_state(
-          model,
-          tx,
-          steps.init_rngs(config.seed),
-          image_size=config.image_size,
-          ema=bool(config.ema_decay),
-      )
-  )
+  state = jax.eval_shape(start.init)
   layout = sharding.fsdp_shardings(state, mesh, config.mesh.fsdp_min_size)
   size, batch_size = config.image_size, config.batch_size
   spread = sharding.batch_sharding(mesh)
@@ -55,9 +45,7 @@ def memory_per_device(config, num_classes: int) -> dict[str, int]:
       'image': jax.ShapeDtypeStruct((batch_size, size, size, 3), jnp.float32, sharding=spread),
       'label': jax.ShapeDtypeStruct((batch_size,), jnp.int32, sharding=spread),
   }
-  step = steps.sharded_train_step(
-      model, tx, steps.StepSettings.from_config(config), num_classes, mesh, layout
-  )
+  step = steps.sharded_train_step(start.model, start.tx, settings.step, num_classes, mesh, layout)
   memory = training_step.compiled_memory_bytes(
       step.lower(sharding.abstract(state, layout), batch, None).compile()
   )

@@ -24,6 +24,7 @@ from vit_jax.models import deit
 from vit_jax.models import vit
 from vit_jax.training import optim
 from vit_jax.training import steps
+from vit_jax.training import train
 
 
 def peak_host_memory_mib() -> float:
@@ -90,11 +91,10 @@ def jax_contender(
     config, num_classes: int, name: str | None = None, inference: bool = True
 ) -> Contender:
   """Our model under `vit_jax.training.steps`'s training step, jitted with the state donated."""
-  model = config_lib.create_model(config, num_classes)
-  schedule = optim.learning_rate_schedule(
-      optim.ScheduleSettings.from_config(config), max(int(config.total_steps), 2), 1
-  )
-  tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), schedule, model)
+  settings = train.Settings.from_config(config)
+  schedule = optim.learning_rate_schedule(settings.schedule, max(int(config.total_steps), 2), 1)
+  start = train.Start.build(settings, num_classes, schedule)
+  model = start.model
   rng = np.random.default_rng(0)
   size, batch_size = config.image_size, config.batch_size
   batch = {
@@ -102,23 +102,12 @@ def jax_contender(
       'label': jnp.asarray(rng.integers(0, num_classes, batch_size, np.int32)),
   }
   start = time.perf_counter()
-  state = jax.block_until_ready(
-      jax.jit(
-          lambda: steps.init_state(
-              model,
-              tx,
-              steps.init_rngs(config.seed),
-              image_size=config.image_size,
-              ema=bool(config.ema_decay),
-          )
-      )()
-  )
+  state = jax.block_until_ready(jax.jit(start.init)())
   compile_s = {'init': time.perf_counter() - start}
 
   start = time.perf_counter()
   lowered = jax.jit(
-      steps.make_train_step(model, tx, steps.StepSettings.from_config(config), num_classes),
-      donate_argnums=0,
+      steps.make_train_step(model, start.tx, settings.step, num_classes), donate_argnums=0
   ).lower(state, batch)
   compile_s['lower'] = time.perf_counter() - start
   start = time.perf_counter()

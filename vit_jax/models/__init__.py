@@ -5,12 +5,18 @@ models (registry name -> `functools.partial` of the class with that model's fiel
 converters of its PyTorch checkpoint layout. A new model is added in its family's table only; a
 new family is a module with a `FAMILY` named here. Importing this package (or `parts`) does not
 import JAX: a config file reads the backbone's part fields from `parts` alone.
+
+`create` also takes the fields of a part kind's own settings (`parts.KIND_SETTINGS`) by name, e.g.
+`create('t2t_vit_ti4', soft_splits=...)`: they replace those of the registered model's
+`{part}_settings`.
 """
 
 import dataclasses
 import functools
 import importlib
 from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from vit_jax.models import parts
 
 if TYPE_CHECKING:
   import flax.linen as nn
@@ -113,8 +119,31 @@ def timm_architecture(architecture: str) -> str:
 
 
 def fields(name: str) -> list[str]:
-  """The fields of model `name` that `create` accepts as overrides."""
-  return [f.name for f in dataclasses.fields(_entry(name)[1].func) if f.name not in _NOT_FIELDS]
+  """The fields of model `name` that `create` accepts as overrides: its own, then those of the
+  kind settings (`parts.KIND_SETTINGS`) that its `{part}_settings` fields hold."""
+  own = [f.name for f in dataclasses.fields(_entry(name)[1].func) if f.name not in _NOT_FIELDS]
+  return own + [
+      field
+      for field, settings in parts.kind_settings_fields().items()
+      if field not in own and parts.settings_field(settings.part) in own
+  ]
+
+
+def _with_kind_settings(factory: functools.partial, overrides: dict[str, Any]) -> dict[str, Any]:
+  """`overrides` with the fields of kind settings given by name put into their dataclass, over
+  the `{part}_settings` that the overrides or the registered model give (else its defaults)."""
+  own = {f.name for f in dataclasses.fields(factory.func)}
+  by_settings: dict[type, dict[str, Any]] = {}
+  for field, settings in parts.kind_settings_fields().items():
+    if field in overrides and field not in own:
+      by_settings.setdefault(settings, {})[field] = overrides.pop(field)
+  for settings, values in by_settings.items():
+    field = parts.settings_field(settings.part)
+    base = overrides.get(field, factory.keywords.get(field))
+    if not isinstance(base, settings):
+      base = settings()
+    overrides[field] = dataclasses.replace(base, **values)
+  return overrides
 
 
 def create(name: str, **overrides: Any) -> 'nn.Module':
@@ -134,4 +163,4 @@ def create(name: str, **overrides: Any) -> 'nn.Module':
       )
     if key in _DTYPE_FIELDS and isinstance(value, str):
       overrides[key] = jnp.dtype(value)
-  return factory(**overrides)
+  return factory(**_with_kind_settings(factory, overrides))

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax.models import Dtype, Initializer
+from vit_jax.models import parts
 
 DEFAULT_KERNEL_INIT = nn.initializers.normal(stddev=0.02)
 HEAD_MIXINGS = ('none', 'talking_heads', 're_attention')
@@ -305,6 +306,45 @@ def _merge_heads(heads: jax.Array) -> jax.Array:
   return heads.reshape(heads.shape[:-2] + (-1,))
 
 
+def _module_dense(module: nn.Module, features: int, name: str, **fields: Any) -> nn.Dense:
+  """`Dense` to `features`, named `name`, with content attention `module`'s initialisers and
+  dtypes (`fields` add to or replace them)."""
+  return Dense(
+      features,
+      name=name,
+      **{
+          'kernel_init': module.kernel_init,
+          'bias_init': module.bias_init,
+          'dtype': module.dtype,
+          'param_dtype': module.param_dtype,
+          **fields,
+      },
+  )
+
+
+def fused_qkv(
+    module: nn.Module, x: jax.Array, features: int, head_dim: int
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """q, k, v of (batch, tokens, heads, head_dim) from content attention `module`'s one Dense
+  `qkv` to 3 * `features`, laid out [3, heads, head_dim], each third initialised on its own."""
+  qkv = _module_dense(
+      module,
+      3 * features,
+      'qkv',
+      use_bias=module.qkv_bias,
+      kernel_init=split_heads_init(module.kernel_init, 3),
+  )(x)
+  qkv = qkv.reshape(x.shape[:2] + (3, module.num_heads, head_dim))
+  return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+
+
+def project_heads(module: nn.Module, heads: jax.Array, features: int, *, train: bool) -> jax.Array:
+  """The output projection of content attention `module`: its heads merged, the Dense `proj` to
+  `features`, then dropout at the module's `dropout_rate`."""
+  out = _module_dense(module, features, 'proj')(_merge_heads(heads))
+  return nn.Dropout(rate=module.dropout_rate, deterministic=not train)(out)
+
+
 class SelfAttention(nn.Module):
   """Multi-head self-attention (timm `Attention`) with optional head mixing.
 
@@ -393,17 +433,8 @@ class SelfAttention(nn.Module):
     _check_choice(self.re_attention_norm, RE_ATTENTION_NORMS, 're_attention_norm')
     width = x.shape[-1]
     head_dim = check_heads(width, self.num_heads, 'token')
-    qkv = Dense(
-        3 * width,
-        use_bias=self.qkv_bias,
-        kernel_init=split_heads_init(self.kernel_init, 3),
-        bias_init=self.bias_init,
-        dtype=self.dtype,
-        param_dtype=self.param_dtype,
-        name='qkv',
-    )(x)
-    qkv = qkv.reshape(x.shape[:2] + (3, self.num_heads, head_dim))
-    q, k, v = qkv[:, :, 0] * jnp.asarray(head_dim**-0.5, qkv.dtype), qkv[:, :, 1], qkv[:, :, 2]
+    q, k, v = fused_qkv(self, x, width, head_dim)
+    q = q * jnp.asarray(head_dim**-0.5, q.dtype)
     pre_softmax = post_softmax = None
     if self.head_mixing == 'talking_heads':
       pre_softmax = lambda s: self._mix_heads_dense(s, 'proj_l')
@@ -422,15 +453,7 @@ class SelfAttention(nn.Module):
         post_softmax=post_softmax,
         dropout_before_post_softmax=self.head_mixing == 're_attention',
     )
-    out = Dense(
-        width,
-        kernel_init=self.kernel_init,
-        bias_init=self.bias_init,
-        dtype=self.dtype,
-        param_dtype=self.param_dtype,
-        name='proj',
-    )(_merge_heads(heads))
-    return nn.Dropout(rate=self.dropout_rate, deterministic=not train)(out)
+    return project_heads(self, heads, width, train=train)
 
 
 class ClassAttention(nn.Module):
@@ -454,15 +477,7 @@ class ClassAttention(nn.Module):
     head_dim = check_heads(width, self.num_heads, 'token')
 
     def project(inputs: jax.Array, name: str) -> jax.Array:
-      out = Dense(
-          width,
-          use_bias=self.qkv_bias,
-          kernel_init=self.kernel_init,
-          bias_init=self.bias_init,
-          dtype=self.dtype,
-          param_dtype=self.param_dtype,
-          name=name,
-      )(inputs)
+      out = _module_dense(self, width, name, use_bias=self.qkv_bias)(inputs)
       return out.reshape(out.shape[:2] + (self.num_heads, head_dim))
 
     q = project(x[:, :1], 'q')
@@ -476,15 +491,7 @@ class ClassAttention(nn.Module):
         train=train,
         implementation=self.fast_path_implementation,
     )
-    out = Dense(
-        width,
-        kernel_init=self.kernel_init,
-        bias_init=self.bias_init,
-        dtype=self.dtype,
-        param_dtype=self.param_dtype,
-        name='proj',
-    )(_merge_heads(heads))
-    return nn.Dropout(rate=self.dropout_rate, deterministic=not train)(out)
+    return project_heads(self, heads, width, train=train)
 
 
 class TokenAttention(nn.Module):
@@ -511,17 +518,7 @@ class TokenAttention(nn.Module):
     _check_rank(x, 3, '(batch, tokens, features)', type(self).__name__)
     head_dim = check_heads(self.features, self.num_heads, 'output')
     input_head_dim = check_heads(x.shape[-1], self.num_heads, 'input')
-    qkv = Dense(
-        3 * self.features,
-        use_bias=self.qkv_bias,
-        kernel_init=split_heads_init(self.kernel_init, 3),
-        bias_init=self.bias_init,
-        dtype=self.dtype,
-        param_dtype=self.param_dtype,
-        name='qkv',
-    )(x)
-    qkv = qkv.reshape(x.shape[:2] + (3, self.num_heads, head_dim))
-    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    q, k, v = fused_qkv(self, x, self.features, head_dim)
     q = q * jnp.asarray(input_head_dim**-0.5, q.dtype)
     heads = content_attention(
         self,
@@ -532,16 +529,7 @@ class TokenAttention(nn.Module):
         train=train,
         implementation=self.fast_path_implementation,
     )
-    out = Dense(
-        self.features,
-        kernel_init=self.kernel_init,
-        bias_init=self.bias_init,
-        dtype=self.dtype,
-        param_dtype=self.param_dtype,
-        name='proj',
-    )(_merge_heads(heads))
-    out = nn.Dropout(rate=self.dropout_rate, deterministic=not train)(out)
-    return _merge_heads(v) + out
+    return _merge_heads(v) + project_heads(self, heads, self.features, train=train)
 
 
 def axis_offsets(length: int) -> jax.Array:
@@ -596,8 +584,10 @@ class PositionalAttention(nn.Module):
     r_delta = (d1, d2, d1^2, d2^2, d1 d2) and v_h = -1/2 (-2(a mu1 + b mu2), -2(c mu2 + b mu1),
     a, c, 2b), [[a, b], [b, c]] = A_h A_h^T (`attention_spreads` A_h = Sigma^-1/2; isotropic:
     a = c = s^2, b = 0), centres `attention_centers` mu ~ N(0, centre_init_std^2), s or A
-    initialised to 1 + N(0, spread_init_std^2) or I + N(0, spread_init_std^2).
-  - 'learned': w_row,h . E_row[d1] + w_col,h . E_col[d2], E of (2 M - 1) x D_p, N(0, 1) init,
+    initialised to 1 + N(0, spread_init_std^2) or I + N(0, spread_init_std^2) (`settings`,
+    `parts.PositionalSettings`).
+  - 'learned': w_row,h . E_row[d1] + w_col,h . E_col[d2], E of (2 M - 1) x D_p
+    (`settings.position_encoding_size`, None: D), N(0, 1) init,
     w = Dense(D_p -> heads, no bias). The official checkpoint names these the other way round:
     its `col_embeddings`/`head_keys_col` index row offsets (our `row_*`) and vice versa.
   use_content adds (W_q x)_h . (W_k x)_h / sqrt(D), W_q, W_k = Dense(D -> heads * D).
@@ -613,9 +603,7 @@ class PositionalAttention(nn.Module):
   scores: str = 'gaussian'
   use_content: bool = False
   max_grid_size: int | None = None
-  position_encoding_size: int | None = None
-  centre_init_std: float = 2.0
-  spread_init_std: float = 0.01
+  settings: parts.PositionalSettings = parts.PositionalSettings()
   attention_dropout_rate: float = 0.0
   dropout_rate: float = 0.0
   grid: tuple[int, int] | None = None
@@ -638,10 +626,10 @@ class PositionalAttention(nn.Module):
 
   def _gaussian_scores(self, rows: int, cols: int) -> AxisScores:
     """v_h . r_delta of the quadratic / Gaussian encoding, split by offset axis."""
-    heads, std = self.num_heads, self.spread_init_std
+    heads, std = self.num_heads, self.settings.spread_init_std
     centres = self.param(
         'attention_centers',
-        nn.initializers.normal(self.centre_init_std),
+        nn.initializers.normal(self.settings.centre_init_std),
         (heads, 2),
         self.param_dtype,
     ).astype(jnp.float32)
@@ -686,8 +674,8 @@ class PositionalAttention(nn.Module):
           f'A {rows}x{cols} grid exceeds max_grid_size={size}; '
           f'set max_grid_size >= {max(rows, cols)}.'
       )
-    dim = self.position_encoding_size or width
-    parts = []
+    dim = self.settings.position_encoding_size or width
+    by_axis = []
     for length, name in ((rows, 'row'), (cols, 'col')):
       table = self.param(
           f'{name}_embeddings', self.embedding_init, (2 * size - 1, dim), self.param_dtype
@@ -695,8 +683,8 @@ class PositionalAttention(nn.Module):
       per_offset = self._dense(self.num_heads, dim, f'head_keys_{name}', use_bias=False)(
           table.astype(jnp.float32)
       )
-      parts.append(jnp.moveaxis(per_offset[axis_offsets(length) + size - 1], -1, 0))
-    return AxisScores(parts[0].astype(jnp.float32), parts[1].astype(jnp.float32), None)
+      by_axis.append(jnp.moveaxis(per_offset[axis_offsets(length) + size - 1], -1, 0))
+    return AxisScores(by_axis[0].astype(jnp.float32), by_axis[1].astype(jnp.float32), None)
 
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
@@ -760,8 +748,9 @@ class Kind:
   """An attention kind of the backbone's main blocks (`VisionTransformer.attention`).
 
   build(model, grid): the attention module (a `functools.partial` of a Flax module called with
-  `name='attn'`) for `model`, a `VisionTransformer` whose fields it may read, and tokens whose
-  patches lie on `grid` (rows, cols). The module maps (batch, tokens, width) to the same shape,
+  `name='attn'`) for `model`, a `VisionTransformer` whose fields it may read (a kind's own
+  settings: `model.kind_settings(ItsSettings)`, a `parts.KIND_SETTINGS`-like frozen dataclass
+  whose `part` is 'attention'), and tokens whose patches lie on `grid` (rows, cols). The module maps (batch, tokens, width) to the same shape,
   takes `train=` and sows its probabilities as `intermediates/attention_probs` (`attend` does).
   patch_tokens_only: the kind attends over the patch grid alone (no class or distillation token
   in the main blocks).
@@ -809,14 +798,13 @@ def _content(head_mixing: str) -> Callable[[Any, tuple[int, int]], Callable[...,
 
 
 def _positional(name: str) -> Callable[[Any, tuple[int, int]], Callable[..., nn.Module]]:
-  """Cordonnier et al.'s kind `name` over the patch grid, from the model's fields."""
+  """Cordonnier et al.'s kind `name` over the patch grid, from the model's fields and its
+  attention settings (`parts.PositionalSettings`)."""
   return lambda model, grid: positional(
       name,
       grid=grid,
       num_heads=model.num_heads,
-      centre_init_std=model.centre_init_std,
-      spread_init_std=model.spread_init_std,
-      position_encoding_size=model.position_encoding_size,
+      settings=model.kind_settings(parts.PositionalSettings),
       attention_dropout_rate=model.attention_dropout_rate,
       dropout_rate=model.dropout_rate,
       dtype=model.dtype,

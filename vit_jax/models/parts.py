@@ -1,9 +1,14 @@
-"""The backbone's interchangeable parts and the settings every transformer family shares.
+"""The backbone's interchangeable parts, the settings every transformer family shares, and the
+own settings of the part kinds that have any.
 
-`Parts` declares them once, with ViT's defaults; `vit.VisionTransformer` (and so every family
-preset of it) has them as fields, and the config schema (`vit_jax.config`) offers each as
-`--config.model.FIELD`, unset until a user sets it (the registered model's own value). Declared
-apart from the model, free of JAX, so that reading a config file imports neither.
+`Parts` declares the parts and shared settings once, with ViT's defaults; `vit.VisionTransformer`
+(and so every family preset of it) has them as fields. A part kind's own settings are a small
+frozen dataclass (`T2TSettings`, `PositionalSettings`) that the backbone holds in the part's one
+settings field (`stem_settings`, `attention_settings`; None: the kind's defaults) and hands to the
+part's module. The config schema (`vit_jax.config`) offers every field of both as
+`--config.model.FIELD`, unset until a user sets it (the registered model's own value);
+`models.create` puts a kind's settings given by field name into their dataclass. Declared apart
+from the model, free of JAX, so that reading a config file imports neither.
 
 - `stem`: 'patch' (ViT's patch embedding), 'cnn' (DeepViT's CNN stem), 't2t' (T2T-ViT's
   tokens-to-token module: `tokens_type` 'performer' or 'transformer', `token_dim`), or
@@ -20,9 +25,12 @@ apart from the model, free of JAX, so that reading a config file imports neither
 - `global_pool`: what the head reads: 'token', 'avg' or 'map'.
 - `mlp_ratio`: the MLP width over the token width (the family's `default_mlp_ratio` when unset);
   a model gives its MLP width by `mlp_dim` or `mlp_ratio`, never both.
+- `scan_layers`: each run of like blocks is one traced block run by `nn.scan`; `remat`: the blocks'
+  activations are recomputed in the backward pass (`layers.apply_blocks`).
 """
 
 import dataclasses
+from typing import ClassVar
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -47,3 +55,43 @@ class Parts:
   qkv_bias: bool = True
   layer_norm_eps: float = 1e-6
   mlp_ratio: float | None = None
+  scan_layers: bool = False
+  remat: bool = False
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class T2TSettings:
+  """The 't2t' stem's own settings (`stems.TokensToToken`): (kernel, stride, padding) of each
+  soft split, T2T-ViT's for 224-pixel images by default."""
+
+  part: ClassVar[str] = 'stem'
+  soft_splits: tuple[tuple[int, int, int], ...] = ((7, 4, 2), (3, 2, 1), (3, 2, 1))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PositionalSettings:
+  """The own settings of Cordonnier et al.'s attention kinds (`attention.PositionalAttention`):
+  the spread of the initial head centres and of the initial spreads around the identity, and the
+  width of the learned offset embeddings (None: the token width)."""
+
+  part: ClassVar[str] = 'attention'
+  centre_init_std: float = 2.0
+  spread_init_std: float = 0.01
+  position_encoding_size: int | None = None
+
+
+# Every part kind's settings dataclass; each names its `part`, whose `{part}_settings` field of a
+# model holds it.
+KIND_SETTINGS = (T2TSettings, PositionalSettings)
+
+
+def settings_field(part: str) -> str:
+  """The model field that holds the own settings of `part`'s chosen kind."""
+  return f'{part}_settings'
+
+
+def kind_settings_fields() -> dict[str, type]:
+  """Each field of a kind's settings (`KIND_SETTINGS`) -> the dataclass that declares it."""
+  return {
+      field.name: settings for settings in KIND_SETTINGS for field in dataclasses.fields(settings)
+  }

@@ -28,9 +28,10 @@ import numpy as np
 from vit_jax import models
 from vit_jax.models import Dtype
 from vit_jax.models import attention as attention_lib
-from vit_jax.models import stems
 from vit_jax.models import layers
 from vit_jax.models import layouts
+from vit_jax.models import parts
+from vit_jax.models import stems
 
 
 class BertLayer(nn.Module):
@@ -86,7 +87,8 @@ class SAConv(nn.Module):
   """Cordonnier et al.'s fully attentional CIFAR model (BertImage with positional attention).
 
   `layer_heads` gives every layer its own head count (a head-pruned model); None uses
-  `num_heads` everywhere. `scan_layers` and `remat` act as in every other family
+  `num_heads` everywhere. `attention_settings` are the positional attention's own
+  (`parts.PositionalSettings`: the initial centres' and spreads' deviations). `scan_layers` and `remat` act as in every other family
   (`layers.apply_blocks`); scanning stacks each run of consecutive layers with equal head counts
   under `layers_{first}_to_{last}`.
   """
@@ -102,8 +104,7 @@ class SAConv(nn.Module):
   attention_dropout_rate: float = 0.1
   downsample: int = 2
   layer_norm_eps: float = 1e-12
-  centre_init_std: float = 2.0
-  spread_init_std: float = 0.01
+  attention_settings: parts.PositionalSettings = parts.PositionalSettings()
   scan_layers: bool = False
   remat: bool = False
   dtype: Dtype = jnp.float32
@@ -146,8 +147,7 @@ class SAConv(nn.Module):
     attention = attention_lib.positional(
         self.attention,
         num_heads=self.num_heads,
-        centre_init_std=self.centre_init_std,
-        spread_init_std=self.spread_init_std,
+        settings=self.attention_settings,
         attention_dropout_rate=self.attention_dropout_rate,
         dtype=self.dtype,
         param_dtype=self.param_dtype,

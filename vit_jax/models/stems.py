@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 from vit_jax.models import Dtype, Initializer, ModuleDef
 from vit_jax.models import attention as attention_lib
+from vit_jax.models import parts
 
 STEMS = ('patch', 'cnn', 't2t', 'space_to_depth')
 TOKENS_TYPES = ('performer', 'transformer')
@@ -287,12 +288,13 @@ class TokensToToken(nn.Module):
   """T2T's module: soft split -> token block -> re-structurise, repeated; soft split + `project`.
 
   `token_block(name=...)` builds one token block (`TokenPerformer`, or a transformer block over
-  `attention.TokenAttention`); `soft_splits` lists (kernel, stride, padding) of each soft split.
+  `attention.TokenAttention`); `settings.soft_splits` lists (kernel, stride, padding) of each soft
+  split.
   """
 
   hidden_size: int
-  soft_splits: tuple[tuple[int, int, int], ...]
   token_block: ModuleDef
+  settings: parts.T2TSettings = parts.T2TSettings()
   kernel_init: Initializer = attention_lib.DEFAULT_KERNEL_INIT
   bias_init: Initializer = nn.initializers.zeros
   dtype: Dtype = jnp.float32
@@ -302,9 +304,10 @@ class TokensToToken(nn.Module):
   def __call__(self, images: jax.Array, *, train: bool = False) -> jax.Array:
     if images.ndim != 4:
       raise ValueError(f'Expected NHWC images of rank 4; got shape {images.shape}.')
-    check_soft_splits(self.soft_splits, images.shape[1:3])
-    x, grid = soft_split(images, *self.soft_splits[0])
-    for i, split in enumerate(self.soft_splits[1:], start=1):
+    soft_splits = self.settings.soft_splits
+    check_soft_splits(soft_splits, images.shape[1:3])
+    x, grid = soft_split(images, *soft_splits[0])
+    for i, split in enumerate(soft_splits[1:], start=1):
       x = self.token_block(name=f'attention{i}')(x, train=train)
       x, grid = soft_split(x.reshape((x.shape[0],) + grid + (x.shape[-1],)), *split)
     x = attention_lib.Dense(

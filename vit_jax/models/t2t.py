@@ -25,6 +25,7 @@ import numpy as np
 
 from vit_jax import models
 from vit_jax.models import layouts
+from vit_jax.models import parts
 from vit_jax.models import vit
 
 FIXED_PARAMS = ('pos_embed', 'random_features')
@@ -45,7 +46,8 @@ class T2TViT(vit.VisionTransformer):
 
   A preset of the shared backbone's parts (`vit.VisionTransformer`, `stem='t2t'`). Backbone
   blocks have no qkv bias and LayerNorm eps 1e-5 (official `nn.LayerNorm`); the MLP is 3 times
-  the width by default. `soft_splits` lists (kernel, stride, padding) of each soft split.
+  the width by default. `stem_settings` (`parts.T2TSettings`) lists (kernel, stride, padding) of
+  each soft split.
   """
 
   num_classes: int = 1000
@@ -134,7 +136,9 @@ MODELS = {
     **{f't2t_vit_{size}': _t2t(size, 'performer') for size in SIZES},
     **{f't2t_vit_t_{size}': _t2t(size, 'transformer') for size in TRANSFORMER_T2T_SIZES},
     **{
-        name: functools.partial(_t2t('7', tokens_type), soft_splits=_SPLITS_32)
+        name: functools.partial(
+            _t2t('7', tokens_type), stem_settings=parts.T2TSettings(soft_splits=_SPLITS_32)
+        )
         for name, tokens_type in (('t2t_vit_ti4', 'performer'), ('t2t_vit_t_ti4', 'transformer'))
     },
 }

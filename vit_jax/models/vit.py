@@ -118,14 +118,15 @@ class VisionTransformer(nn.Module, parts.Parts):
 
   The parts (module docstring), each with its paper's settings:
   - `stem`: 'patch' (`patch_size`); 'cnn', DeepViT's (`patch_size` even); 't2t', T2T-ViT's
-    (`tokens_type` 'performer' or 'transformer', `token_dim`, `soft_splits`; `patch_size` unused);
-    'space_to_depth', SA-conv's (`patch_size` is the block, 2 in SA-conv).
+    (`tokens_type` 'performer' or 'transformer', `token_dim`, and its own settings
+    `stem_settings=parts.T2TSettings(soft_splits=...)`; `patch_size` unused); 'space_to_depth',
+    SA-conv's (`patch_size` is the block, 2 in SA-conv).
   - `attention`: 'standard'; 'talking_heads' (CaiT Section 3); 're_attention' (DeepViT Eq. 3,
     `re_attention_norm` 'batch' as the official code or 'layer' as lucidrains'); 'quadratic',
-    'gaussian', 'learned', 'learned_content' (Cordonnier et al. Section 3, settings
-    `centre_init_std`, `spread_init_std`, `position_encoding_size`; heads of the full width, so
-    the patch tokens only: `class_stage='class_attention'` or `global_pool` 'avg'/'map'); any
-    kind registered with `attention.register`.
+    'gaussian', 'learned', 'learned_content' (Cordonnier et al. Section 3, own settings
+    `attention_settings=parts.PositionalSettings(...)`; heads of the full width, so the patch
+    tokens only: `class_stage='class_attention'` or `global_pool` 'avg'/'map'); any kind
+    registered with `attention.register`.
   - LayerScale: none (`layer_scale_init=None`), an init value, or CaiT's depth rule
     (`layer_scale_init='paper'`, `layers.paper_layer_scale_init`).
   - MLP width: `mlp_dim`, or `mlp_ratio` times `hidden_size` (one of them; neither: the family's
@@ -144,13 +145,11 @@ class VisionTransformer(nn.Module, parts.Parts):
   mlp_dim: int | None = None
   representation_size: int | None = None
   init_scheme: str = 'google'
-  soft_splits: tuple[tuple[int, int, int], ...] = ((7, 4, 2), (3, 2, 1), (3, 2, 1))
-  centre_init_std: float = 2.0
-  spread_init_std: float = 0.01
-  position_encoding_size: int | None = None
   inference_mode: str = 'average_logits'
-  scan_layers: bool = False
-  remat: bool = False
+  # The own settings of the chosen stem and attention kinds (`parts.KIND_SETTINGS`: the 't2t'
+  # stem's, the positional kinds'); None: the kind's defaults. A kind without settings ignores them.
+  stem_settings: parts.T2TSettings | None = None
+  attention_settings: parts.PositionalSettings | None = None
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -183,6 +182,21 @@ class VisionTransformer(nn.Module, parts.Parts):
     if self.mlp_dim is not None:
       return self.mlp_dim
     return int((self.mlp_ratio or self.default_mlp_ratio) * self.hidden_size)
+
+  def kind_settings(self, settings: type) -> Any:
+    """The own settings of type `settings` (a `parts.KIND_SETTINGS` dataclass) of the chosen kind
+    of `settings.part`: the model's `{part}_settings`, or the dataclass' defaults when unset."""
+    field = parts.settings_field(settings.part)
+    value = getattr(self, field)
+    if value is None:
+      return settings()
+    if not isinstance(value, settings):
+      kind = getattr(self, settings.part)
+      raise ValueError(
+          f'{field}={value!r} are not the settings of {settings.part}={kind!r}; give '
+          f'parts.{settings.__name__}(...) or None.'
+      )
+    return value
 
   def check_fields(self) -> None:
     """Raises ValueError for a bad field or parts that cannot work together."""
@@ -221,7 +235,7 @@ class VisionTransformer(nn.Module, parts.Parts):
           'width; set one of them (the other None).'
       )
     if self.stem == 't2t':
-      stems.check_soft_splits(self.soft_splits)
+      stems.check_soft_splits(self.kind_settings(parts.T2TSettings).soft_splits)
     if self.stem == 'cnn' and self.patch_size % 2:
       raise ValueError(
           f"patch_size={self.patch_size} must be even with stem='cnn' (its first "
@@ -376,8 +390,8 @@ class VisionTransformer(nn.Module, parts.Parts):
     if self.stem == 't2t':
       return stems.TokensToToken(
           self.hidden_size,
-          self.soft_splits,
           self.token_block(),
+          self.kind_settings(parts.T2TSettings),
           kernel_init=scheme.dense_kernel,
           bias_init=scheme.dense_bias,
           **dtypes,

@@ -49,7 +49,8 @@ class Settings:
   """A validated config resolved once into the settings each module reads; the code below the
   set-up receives the piece it reads."""
 
-  model_name: str
+  model: Mapping[str, Any]  # The `model` section: `name` and the fields it sets.
+  dtype: str  # The model's compute dtype unless its section sets one.
   seed: int
   init_from: str  # '': none.
   use_ema: bool
@@ -70,7 +71,8 @@ class Settings:
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> 'Settings':
     return cls(
-        model_name=config.model.name,
+        model=config.model.to_dict(),
+        dtype=config.dtype,
         seed=config.seed,
         init_from=config.init_from,
         use_ema=config.use_ema,
@@ -88,6 +90,33 @@ class Settings:
         mesh=sharding.MeshSettings.from_config(config),
         evaluators=evaluators_lib.periodic(config.evaluators),
     )
+
+  @property
+  def model_name(self) -> str:
+    return self.model['name']
+
+
+@dataclasses.dataclass(frozen=True)
+class Start:
+  """What a run of `Settings` trains, and its fresh state: the model, its optimizer, the run's
+  random keys (`steps.init_rngs`: the parameters', the steps') and `init`, a thunk of the fresh
+  training state (parameters from those keys, an EMA if the run keeps one) for `jax.jit` or
+  `jax.eval_shape`."""
+
+  model: nn.Module
+  tx: optax.GradientTransformation
+  rngs: tuple[jax.Array, jax.Array]
+  init: Callable[[], steps.TrainState]
+
+  @classmethod
+  def build(cls, settings: Settings, num_classes: int, schedule: optax.ScalarOrSchedule) -> 'Start':
+    model = config_lib.model_from_section(settings.model, num_classes, settings.dtype)
+    tx = optim.create_optimizer(settings.optimizer, schedule, model)
+    rngs = steps.init_rngs(settings.seed)
+    init = lambda: steps.init_state(
+        model, tx, rngs, image_size=settings.data.image_size, ema=bool(settings.step.ema_decay)
+    )
+    return cls(model, tx, rngs, init)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,20 +157,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
   eval_sets = eval_sets_lib.checked(settings.eval_sets, settings.data, num_classes=info.num_classes)
 
   # Model and optimizer.
-  model = config_lib.create_model(config, info.num_classes)
+  total_steps, warmup_steps = optim.training_steps(settings.schedule, info.num_train_examples)
+  schedule = optim.learning_rate_schedule(settings.schedule, total_steps, warmup_steps)
+  start = Start.build(settings, info.num_classes, schedule)
+  model, tx = start.model, start.tx
   evaluate = Evaluation.build(model, info.num_classes, mesh, settings.data, eval_sets)
   if settings.eval_only:
     return _evaluate_only(settings, run_dir, model, mesh, evaluate)
-  total_steps, warmup_steps = optim.training_steps(settings.schedule, info.num_train_examples)
-  schedule = optim.learning_rate_schedule(settings.schedule, total_steps, warmup_steps)
-  tx = optim.create_optimizer(settings.optimizer, schedule, model)
-  rngs = steps.init_rngs(settings.seed)  # The parameters', and the steps' dropout and mixing.
-
-  def fresh_state(tx: optax.GradientTransformation, ema: bool) -> Callable[[], steps.TrainState]:
-    return lambda: steps.init_state(model, tx, rngs, image_size=settings.data.image_size, ema=ema)
-
-  init = fresh_state(tx, bool(settings.step.ema_decay))
-  abstract_state = jax.eval_shape(init)
+  abstract_state = jax.eval_shape(start.init)
   teacher = (
       None if settings.teacher is None else teacher_lib.load(settings.teacher, info.num_classes)
   )
@@ -189,10 +212,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
   # `plan` refuses, touching nothing, a checkpoint this config cannot take.
   resuming = run_dir.has_checkpoint()
   abstract_for = lambda saved: jax.eval_shape(
-      fresh_state(
-          optim.create_optimizer(optim.OptimizerSettings.from_config(saved), schedule, model),
-          bool(saved.ema_decay),
-      )
+      Start.build(Settings.from_config(saved), info.num_classes, schedule).init
   )
   plan = resume_lib.plan(run_dir, config, abstract_state, abstract_for)
   pretrained = None
@@ -203,7 +223,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
         image_size=settings.data.image_size,
         use_ema=settings.use_ema,
         reset_head=True,
-        rng=rngs[0],
+        rng=start.rngs[0],
     )
     logging.info('Fine-tuning from %s.', settings.init_from)
   elif settings.init_from:
@@ -226,7 +246,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
     state = _restore_or_init(
         run_dir,
         saved,
-        init,
+        start.init,
         abstract_state,
         state_sharding,
         pretrained,
