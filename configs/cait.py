@@ -52,6 +52,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     common.quick_run(config, VARIANTS)
     common.quick_model(config.model, 'cait_ti4')
     config.model.layer_scale_init = 0.1
+    config.total_steps = 800  # Class attention and talking heads cost more per step than a ViT.
+    config.warmup_steps = 80
+    config.eval_every = config.checkpoint_every = 400
   if args.teacher:
     config.distillation.type = 'hard'
     config.distillation.teacher = args.teacher

@@ -80,9 +80,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.drop_path_rate = 0.1
   else:
     common.quick_run(config, VARIANTS)
-    config.total_steps = 400  # The token transformers cost more per step than a ViT's stem.
-    config.warmup_steps = 40
-    config.eval_every = config.checkpoint_every = 200
+    config.total_steps = 800  # The token transformers cost more per step than a ViT's stem.
+    config.warmup_steps = 80
+    config.eval_every = config.checkpoint_every = 400
     config.model.name = 't2t_vit_t_ti4'
     # Strides 2, 2, 1: 64 tokens in the first token transformer (256 with stride 1 first), at
     # little more than a ViT's FLOPs per step.
