@@ -43,7 +43,7 @@ Commands, one per grid (each variant's run and the table's `ablation.json` under
   python -m vit_jax.ablate --config=configs/ablations.py:grid=t2t_stem --workdir=/tmp/t2t
 
 Test accuracy on the digits, mean ± standard deviation over 3 seeds (`--seeds=3
---config.total_steps=400 --config.warmup_steps=40`; 360 test images each):
+--config.batch_size=128 --config.total_steps=400 --config.warmup_steps=40`; 360 test images each):
 - `cait_layerscale`, none / ε 0.1 / ε 1e-5: 0.957 ± 0.015 / 0.959 ± 0.014 / 0.932 ± 0.002 at 4
   blocks; 0.928 ± 0.031 / 0.974 ± 0.010 / 0.955 ± 0.009 at 12: LayerScale pays at depth.
 - `cait_talking_heads`, standard / talking heads: 0.964 ± 0.017 / 0.952 ± 0.002 (no difference

@@ -63,7 +63,7 @@ def dataset(arg: str | None, args: ml_collections.ConfigDict) -> str:
 def quick_run(
     config: ml_collections.ConfigDict, variants: Sequence[str] = ()
 ) -> ml_collections.ConfigDict:
-  """The quick default of every family config: digits upsampled to 16×16, 800 steps of 128.
+  """The quick default of every family config: digits upsampled to 16×16, 1,000 steps of 64.
 
   Upsampling lets the pad-2 random crop shift by half pixels of the original 8×8 digits, which
   regularises far better than whole-pixel shifts (98 % vs 92 % test accuracy at 600 steps).
@@ -74,15 +74,15 @@ def quick_run(
   config.crop_padding = 2
   config.flip = False  # Mirrored digits are other digits.
   config.normalization = 'digits'
-  config.batch_size = 128
-  config.total_steps = 800
-  config.warmup_steps = 80
+  config.batch_size = 64  # More updates per image seen than at 128: as accurate for less compute.
+  config.total_steps = 1000
+  config.warmup_steps = 100
   config.base_lr = 2e-3
   config.weight_decay = 0.05
   config.label_smoothing = 0.1
   config.log_every = 100
-  config.eval_every = 400
-  config.checkpoint_every = 400
+  config.eval_every = 500
+  config.checkpoint_every = 500
   config_lib.require_fit(config, variants)
   return config
 

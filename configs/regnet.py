@@ -6,8 +6,8 @@ teacher of the distillation example in configs/deit.py:
   python -m vit_jax.main --config=configs/regnet.py --workdir=/tmp/regnet
   python -m vit_jax.main --config=configs/deit.py:teacher=/tmp/regnet --workdir=/tmp/deit_kd
 
-  Expected: the teacher ≈ 0.99 test accuracy (0.9917 measured), the distilled DeiT ≈ 0.99
-  (0.9917; 0.9833 for configs/deit.py without a teacher).
+  Measured: the teacher's test accuracy 0.981 after its 500 steps of 128, in an estimated 120 s on
+  2 CPU cores.
 
 Any RegNetY size (`variant=` the timm suffix: 002, 004, 006, 008, 016, 032, 040, 064, 080, 120,
 160, 320; the digits are GFLOPs × 10) on ImageNet with the DeiT recipe of configs/common.py, or
@@ -51,4 +51,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.wm = 2.0
     config.model.depth = 6
     config.model.group_width = 16
+    config.batch_size = 128  # Fewer, larger steps than the ViT's quick default.
+    config.total_steps = 500
+    config.warmup_steps = 50
+    config.eval_every = config.checkpoint_every = 250
   return config
