@@ -93,8 +93,8 @@ def jax_contender(
   """Our model under `vit_jax.training.steps`'s training step, jitted with the state donated."""
   settings = train.Settings.from_config(config)
   schedule = optim.learning_rate_schedule(settings.schedule, max(int(config.total_steps), 2), 1)
-  start = train.Start.build(settings, num_classes, schedule)
-  model = start.model
+  setup = train.Start.build(settings, num_classes, schedule)
+  model = setup.model
   rng = np.random.default_rng(0)
   size, batch_size = config.image_size, config.batch_size
   batch = {
@@ -102,12 +102,12 @@ def jax_contender(
       'label': jnp.asarray(rng.integers(0, num_classes, batch_size, np.int32)),
   }
   start = time.perf_counter()
-  state = jax.block_until_ready(jax.jit(start.init)())
+  state = jax.block_until_ready(jax.jit(setup.init)())
   compile_s = {'init': time.perf_counter() - start}
 
   start = time.perf_counter()
   lowered = jax.jit(
-      steps.make_train_step(model, start.tx, settings.step, num_classes), donate_argnums=0
+      steps.make_train_step(model, setup.tx, settings.step, num_classes), donate_argnums=0
   ).lower(state, batch)
   compile_s['lower'] = time.perf_counter() - start
   start = time.perf_counter()
