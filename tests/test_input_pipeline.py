@@ -275,8 +275,21 @@ def test_epochs_are_reshuffled(data_dir):
   assert not np.array_equal(first['label'], second['label'])
 
 
+@pytest.mark.parametrize('repeated_aug', [1, 3])
+def test_a_split_held_in_memory_gives_the_batches_read_from_array_record(
+    data_dir, monkeypatch, repeated_aug
+):
+  config = _config(data_dir, image_size=16, augment='crop_flip', repeated_aug=repeated_aug)
+  in_memory = _batches(config, 3, 2)
+  monkeypatch.setattr(input_pipeline, 'IN_MEMORY_MAX_BYTES', 0)  # Too big: read from ArrayRecord.
+  from_array_record = _batches(config, 3, 2)
+  for expected, actual in zip(from_array_record, in_memory):
+    np.testing.assert_array_equal(expected['image'], actual['image'])
+    np.testing.assert_array_equal(expected['label'], actual['label'])
+
+
 def test_in_memory_rule(data_dir):
-  # Digits are read by index from ArrayRecord; their TFRecord copy would fit in memory.
+  # The digits (ArrayRecord, and a TFRecord copy) fit in memory.
   config = _config(data_dir)
   source = input_pipeline._resolve(config)
   assert source.random_access and source.streamable

@@ -15,9 +15,11 @@ from one of two random-access sources, chosen by `_random_access`:
   Records are read in chunks by a `tf.data` map (`tf.numpy_function`), then parsed, decoded and
   augmented by `tf.data`'s parallel map; an inception crop without repeated augmentation decodes
   only the crop window of a JPEG (`decodes_crop_window`).
-* In memory: a dataset prepared as TFRecord only whose per-process split has images of a fixed shape
-  and fits in `IN_MEMORY_MAX_BYTES` (e.g. CIFAR, MNIST) is decoded once and held as one array
-  (`--config.in_memory=true/false` forces either way).
+* In memory: a split whose images have a fixed shape and fit in `IN_MEMORY_MAX_BYTES` decoded (the
+  digits, CIFAR, MNIST) is decoded once and held as one array, and each training example is then
+  looked up, augmented and normalised in one `tf.data` map (for a TFRecord-only dataset,
+  `--config.in_memory=true/false` forces either way). An ArrayRecord split whose inception crops
+  decode only the crop window stays encoded, on the ArrayRecord path.
 A TFRecord-only dataset that fits neither (e.g. an ImageNet prepared as TFRecord) is streamed
 instead: seeded file order and shuffle buffer, the same stateless augmentation, and `start_step`
 reads and discards every record consumed before, in an order only approximately the original; a
@@ -585,6 +587,17 @@ _READ_CHUNK = 32
 Lookup = Callable[[tf.data.Dataset], tf.data.Dataset]
 
 
+@dataclasses.dataclass(frozen=True)
+class _Access:
+  """Random access to the `num` examples of a split: `lookup` over a dataset of indices and, for a
+  split held in memory, `gather` of one index (so that a training example's lookup and
+  preprocessing are one `tf.data` map, whose per-element overhead dominates on small images)."""
+
+  num: int
+  lookup: Lookup
+  gather: Callable[[tf.Tensor], tuple[tf.Tensor, tf.Tensor]] | None = None
+
+
 def decodes_crop_window(transform: 'TrainTransform', repeated_aug: int) -> bool:
   """True where training decodes only each JPEG's inception-crop window, once per copy; False
   where it decodes each drawn image whole, once, and crops its `repeated_aug` copies from that.
@@ -595,7 +608,7 @@ def decodes_crop_window(transform: 'TrainTransform', repeated_aug: int) -> bool:
   return transform.augment == 'inception_crop' and repeated_aug == 1
 
 
-def _array_record_lookup(source: _Source, split: Any, encoded: bool = False) -> tuple[int, Lookup]:
+def _array_record_lookup(source: _Source, split: Any, encoded: bool = False) -> _Access:
   """(N, lookup) over the ArrayRecord records of `split`: reads only the records asked for;
   `encoded` leaves 8-bit images encoded."""
   records = source.builder.as_data_source(
@@ -626,7 +639,7 @@ def _array_record_lookup(source: _Source, split: Any, encoded: bool = False) -> 
     )
     return chunks.unbatch().map(parse, num_parallel_calls=tf.data.AUTOTUNE)
 
-  return len(records), lookup
+  return _Access(len(records), lookup)
 
 
 def _fits_in_memory(data: 'DataSettings', source: _Source, split: Any) -> bool:
@@ -639,32 +652,36 @@ def _fits_in_memory(data: 'DataSettings', source: _Source, split: Any) -> bool:
   return _num_examples(source, split) * math.prod(shape) <= IN_MEMORY_MAX_BYTES
 
 
-def _in_memory_lookup(source: _Source, split: Any) -> tuple[int, Lookup]:
-  """(N, lookup) over `split` decoded once into one array."""
-  chunks = list(source.builder.as_dataset(split=split).batch(4096).as_numpy_iterator())
+def _in_memory_lookup(source: _Source, split: Any) -> _Access:
+  """`split` decoded once into one array, read by index."""
+  if source.random_access:
+    access = _array_record_lookup(source, split)
+    examples = access.lookup(tf.data.Dataset.range(access.num))
+  else:
+    examples = source.builder.as_dataset(split=split).map(
+        lambda record: (record[source.image_key], record[source.label_key])
+    )
+  chunks = list(examples.batch(4096).as_numpy_iterator())
   if not chunks:
     raise ValueError(f'Split {split} of {source.name!r} is empty.')
   # Variables are captured by reference; constants would be copied into the tf.data graph.
-  images = tf.Variable(
-      np.concatenate([chunk[source.image_key] for chunk in chunks]), trainable=False
-  )
-  labels = tf.Variable(
-      np.concatenate([chunk[source.label_key] for chunk in chunks]), trainable=False
-  )
+  images = tf.Variable(np.concatenate([chunk[0] for chunk in chunks]), trainable=False)
+  labels = tf.Variable(np.concatenate([chunk[1] for chunk in chunks]), trainable=False)
+
+  def gather(index: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    return tf.gather(images, index), tf.gather(labels, index)
 
   def lookup(indices: tf.data.Dataset) -> tf.data.Dataset:
-    return indices.map(
-        lambda i: (tf.gather(images, i), tf.gather(labels, i)), num_parallel_calls=tf.data.AUTOTUNE
-    )
+    return indices.map(gather, num_parallel_calls=tf.data.AUTOTUNE)
 
-  return int(labels.shape[0]), lookup
+  return _Access(int(labels.shape[0]), lookup, gather)
 
 
 def _random_access(
     data: 'DataSettings', source: _Source, split: Any, encoded: bool = False
-) -> tuple[int, Lookup] | None:
-  """`split` read by example index, or None where it can only be streamed (module docstring);
-  `encoded`: ArrayRecord images stay encoded (`_array_record_lookup`)."""
+) -> _Access | None:
+  """`split` read by example index, or None where it can only be streamed (module docstring); `encoded`:
+  ArrayRecord images stay encoded (`_array_record_lookup`)."""
   forced = data.in_memory
   if forced is not None and not source.streamable:
     raise ValueError(
@@ -673,6 +690,8 @@ def _random_access(
         'and read by index; leave --config.in_memory unset (None).'
     )
   if source.random_access and forced is None:
+    if not encoded and _fits_in_memory(data, source, split):
+      return _in_memory_lookup(source, split)
     return _array_record_lookup(source, split, encoded)
   if _fits_in_memory(data, source, split):
     return _in_memory_lookup(source, split)
@@ -687,8 +706,12 @@ def _seed(data: 'DataSettings', process_index: int, salt: int) -> tf.Tensor:
   return tf.random.experimental.stateless_fold_in(base, salt)
 
 
-def _shuffled_examples(data, num, lookup, start, process_index) -> tf.data.Dataset:
-  """Stream positions start, start+1, ... → (image, label, position), shuffled per epoch."""
+def _shuffled_examples(
+    data: 'DataSettings', access: _Access, start: int, process_index: int, preprocess: Callable
+) -> tf.data.Dataset:
+  """Stream positions start, start+1, ... → preprocess(image, label, position), shuffled per
+  epoch."""
+  num = access.num
   if num == 0:
     raise ValueError(f'The train split is empty for process {process_index}.')
   repeats = data.repeated_aug
@@ -700,9 +723,14 @@ def _shuffled_examples(data, num, lookup, start, process_index) -> tf.data.Datas
         draw % num, epoch_seed, tf.constant(num - 1, tf.int64)
     )
 
+  if access.gather is not None and repeats == 1:
+    return tf.data.Dataset.counter(start).map(
+        lambda position: preprocess(*access.gather(index(position)), position),
+        num_parallel_calls=tf.data.AUTOTUNE,
+    )
   # Each drawn example fills `repeats` consecutive positions; it is read and decoded once.
   draws = tf.data.Dataset.counter(start // repeats)
-  examples = tf.data.Dataset.zip(lookup(draws.map(index)), draws)
+  examples = tf.data.Dataset.zip(access.lookup(draws.map(index)), draws)
 
   def copies(example, draw):
     positions = tf.data.Dataset.range(draw * repeats, (draw + 1) * repeats)
@@ -710,7 +738,9 @@ def _shuffled_examples(data, num, lookup, start, process_index) -> tf.data.Datas
 
   if repeats > 1:  # The first draw's copies may begin before `start`.
     examples = examples.flat_map(copies).skip(start % repeats)
-  return examples.map(lambda example, position: (*example, position))
+  return examples.map(
+      lambda example, position: preprocess(*example, position), num_parallel_calls=tf.data.AUTOTUNE
+  )
 
 
 def _streamed_examples(data, source, split, start, process_index) -> tf.data.Dataset:
@@ -758,11 +788,18 @@ def train_iterator(
   split = _process_split(data.train_split, process_index, process_count)
   start = start_step * local_batch
   transform = data.train_transform
+  augment_seed = _seed(data, process_index, _AUGMENT_SALT)
+
+  @tf.autograph.experimental.do_not_convert  # Graph code already: nothing to convert.
+  def preprocess(image, label, position):
+    seed = tf.random.experimental.stateless_fold_in(augment_seed, position)
+    return {'image': _train_image(image, seed, transform), 'label': tf.cast(label, tf.int32)}
+
   access = _random_access(
       data, source, split, encoded=decodes_crop_window(transform, data.repeated_aug)
   )
   if access is not None:
-    examples = _shuffled_examples(data, *access, start, process_index)
+    batches = _shuffled_examples(data, access, start, process_index, preprocess)
   else:
     logging.warning(
         'Dataset %r is stored as TFRecord only and is too large to hold in memory, so it is '
@@ -776,15 +813,9 @@ def train_iterator(
         source.name,
         f' --data_dir={data.data_dir}' if data.data_dir else '',
     )
-    examples = _streamed_examples(data, source, split, start, process_index)
-  augment_seed = _seed(data, process_index, _AUGMENT_SALT)
-
-  @tf.autograph.experimental.do_not_convert  # Graph code already: nothing to convert.
-  def preprocess(image, label, position):
-    seed = tf.random.experimental.stateless_fold_in(augment_seed, position)
-    return {'image': _train_image(image, seed, transform), 'label': tf.cast(label, tf.int32)}
-
-  batches = examples.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
+    batches = _streamed_examples(data, source, split, start, process_index).map(
+        preprocess, num_parallel_calls=tf.data.AUTOTUNE
+    )
   batches = batches.batch(local_batch, drop_remainder=True).prefetch(data.prefetch)
   return batches.as_numpy_iterator()
 
@@ -822,8 +853,8 @@ def eval_iterator(
   local_split = _process_split(split, process_index, process_count)
   keys = (source.image_key, source.label_key) + (() if label_set_key is None else (label_set_key,))
   if source.random_access:
-    num, lookup = _array_record_lookup(source, local_split)
-    examples = lookup(tf.data.Dataset.range(num))
+    access = _array_record_lookup(source, local_split)
+    examples = access.lookup(tf.data.Dataset.range(access.num))
   else:
     examples = source.builder.as_dataset(split=local_split, shuffle_files=False).map(
         lambda record: tuple(record[key] for key in keys)
