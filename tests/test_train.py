@@ -13,6 +13,7 @@ import jax
 import numpy as np
 import pytest
 
+from tests import tiny_runs
 from tests.tiny_runs import assert_trees_close
 from tests.tiny_runs import final_params
 from tests.tiny_runs import tiny_config
@@ -182,32 +183,9 @@ def test_unknown_config_key_is_refused_by_the_command_line(tmp_path):
 def test_default_config_reaches_95_percent(data_dir, tmp_path):
   """The README's main command, configs/vit.py with no argument on the embedded digits, run as a
   user runs it: its own process, XLA's full optimisation (not the suite's fast compile)."""
-  from conftest import FAST_COMPILE  # pylint: disable=g-import-not-at-top
-
-  workdir = tmp_path / 'run'
-  env = dict(
-      os.environ,
-      TF_CPP_MIN_LOG_LEVEL='2',
-      XLA_FLAGS=os.environ.get('XLA_FLAGS', '').replace(FAST_COMPILE, '').strip(),
+  results = tiny_runs.train_as_a_user(
+      'configs/vit.py', str(tmp_path / 'run'), f'--config.data_dir={data_dir}'
   )
-  result = subprocess.run(
-      [
-          sys.executable,
-          '-m',
-          'vit_jax.main',
-          '--config=configs/vit.py',
-          f'--workdir={workdir}',
-          f'--config.data_dir={data_dir}',
-      ],
-      cwd=REPO,
-      env=env,
-      capture_output=True,
-      text=True,
-      timeout=900,
-      check=False,
-  )
-  assert result.returncode == 0, result.stderr[-4000:]
-  results = json.loads((workdir / 'results.json').read_text())
   assert results['test_count'] == 360
   assert results['test_accuracy'] >= 0.95, results
 

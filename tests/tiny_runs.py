@@ -4,6 +4,11 @@ Test modules import these (`from tests.tiny_runs import tiny_config`); fixtures 
 conftest.py, which imports this module too.
 """
 
+import json
+import os
+import subprocess
+import sys
+
 import jax
 import numpy as np
 
@@ -63,6 +68,36 @@ def digits_run_config(data_dir: str, **overrides):
           **overrides,
       },
   )
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DIGITS_RUN_CONFIG = os.path.join(REPO, 'tests', 'digits_run_config.py')
+
+
+def train_as_a_user(config_file: str, workdir: str, *flags: str) -> dict:
+  """Runs `python -m vit_jax.main` as a user runs it, in its own process with XLA's full
+  optimisation (the suite's fast compile makes long trainings several times slower); returns its
+  results.json."""
+  from conftest import FAST_COMPILE  # pylint: disable=g-import-not-at-top
+
+  env = dict(
+      os.environ,
+      TF_CPP_MIN_LOG_LEVEL='2',
+      XLA_FLAGS=os.environ.get('XLA_FLAGS', '').replace(FAST_COMPILE, '').strip(),
+  )
+  result = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.main', f'--config={config_file}', f'--workdir={workdir}']
+      + list(flags),
+      cwd=REPO,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=900,
+      check=False,
+  )
+  assert result.returncode == 0, result.stderr[-4000:]
+  with open(os.path.join(workdir, 'results.json')) as f:
+    return json.load(f)
 
 
 def final_params(workdir: str) -> dict:
