@@ -152,14 +152,13 @@ def data_dir(tmp_path_factory) -> str:
 @pytest.fixture(scope='session')
 def trained_digits_run(data_dir, tmp_path_factory) -> str:
   """The work directory of `tiny_runs.digits_run_config(data_dir)`: a small ViT trained on the
-  embedded digits to ~0.95 test accuracy, with the few-shot evaluator run by the loop at steps 400
-  and 800 and the linear probe at the end. It is also the float32 seed 0 run that bfloat16
-  training is compared with."""
+  embedded digits to ~0.95 test accuracy (as a user runs it, `tiny_runs.train_as_a_user`), with
+  the few-shot evaluator run by the loop at steps 400 and 800 and the linear probe at the end. It
+  is also the float32 seed 0 run that bfloat16 training is compared with."""
   from tests import tiny_runs  # pylint: disable=g-import-not-at-top
-  from vit_jax.training import train  # pylint: disable=g-import-not-at-top
 
   workdir = str(tmp_path_factory.mktemp('trained_digits_run'))
-  train.train_and_evaluate(tiny_runs.digits_run_config(data_dir), workdir)
+  tiny_runs.train_as_a_user(tiny_runs.DIGITS_RUN_CONFIG, workdir, f'--config.data_dir={data_dir}')
   return workdir
 
 
