@@ -3,9 +3,9 @@ rerun skips the ones that finished.
 
 `Stopper` watches the signals for the whole sequence, with one process-wide flag
 (`interruption`) that each training's `train.PreemptionWatcher` reads too: an interruption inside
-a training, or while it sets up, saves a checkpoint at its next step and the training returns
-`preempted`; one while a run is evaluated, analysed or timed lets that piece finish and stops
-before the next. Each finished run's measurements are recorded beside its checkpoints
+a training saves a checkpoint at its next step (one while it sets up stops it before its first)
+and the training returns `preempted`; one while a run is evaluated, analysed or timed lets that
+piece finish and stops before the next. Each finished run's measurements are recorded beside its checkpoints
 (`RECORD_FILE`) with the config that produced them, and read back instead of being measured again
 on a rerun of that config.
 """
