@@ -82,6 +82,46 @@ def test_a_training_preempted_inside_its_loop_stops_the_grid(tmp_path, grid):
   assert len(trained) == 4
 
 
+def test_a_signal_before_a_training_watches_is_seen_by_its_loop():
+  previous = signal.getsignal(signal.SIGTERM)
+  with run_sequence.Stopper() as stopper:
+    os.kill(os.getpid(), signal.SIGTERM)  # After the grid's check, before the loop's watcher.
+    with train.PreemptionWatcher() as watcher:
+      assert watcher.requested
+    assert stopper.requested == 'SIGTERM'  # Still set: the whole command stops.
+  assert signal.getsignal(signal.SIGTERM) is previous
+  with train.PreemptionWatcher() as watcher:  # A later command starts afresh.
+    assert not watcher.requested
+
+
+def test_sigterm_while_a_training_sets_up_stops_it_before_its_first_step(
+    tmp_path, data_dir, monkeypatch
+):
+  config = ablations.get_config('grid=cait_talking_heads')
+  config.data_dir = data_dir
+  config.total_steps, config.warmup_steps, config.batch_size = 3, 1, 16
+  config.model.depth, config.model.hidden_size, config.model.mlp_dim = 1, 16, 16
+  signalled = []
+
+  def check_fits_then_sigterm(*args):  # A moment of the set-up, long after the grid's check.
+    del args
+    signalled.append(True)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+  monkeypatch.setattr(train.memory, 'check_fits', check_fits_then_sigterm)
+  first = tmp_path / list(config.variants)[0]
+  with run_sequence.Stopper() as stopper:
+    with pytest.raises(
+        run_sequence.Interrupted,
+        match=f'^Interrupted before training {first}; rerun the same command to resume',
+    ):
+      ablation.run_grid(config, str(tmp_path), stopper=stopper)
+  assert signalled == [True]  # Only the first variant began to set up.
+  assert not os.path.exists(first / run_sequence.RECORD_FILE)
+  assert not list(first.glob('checkpoints/[0-9]*'))  # Nothing trained, nothing saved.
+  assert not os.path.exists(tmp_path / list(config.variants)[1])
+
+
 def test_sigterm_while_the_command_starts_exits_75_with_one_line(tmp_path):
   process = subprocess.Popen(
       [

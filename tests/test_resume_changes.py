@@ -128,6 +128,19 @@ def test_a_change_that_adds_or_drops_state_resumes_with_everything_else_carried(
   assert not os.path.exists(os.path.join(workdir, workdir_lib.UNREADABLE_DIR))
 
 
+def test_a_changed_mu_dtype_names_both_values_and_casts_the_moments(
+    runs, data_dir, tmp_path, caplog, monkeypatch
+):
+  workdir, _ = _copy(runs, 'plain', tmp_path)
+  saved = workdir_lib.Workdir(workdir).read_state()
+  with caplog.at_level(std_logging.INFO):
+    state = _starting_state(_config(data_dir, mu_dtype='bfloat16'), workdir, monkeypatch)
+  _assert_same(state.params, saved['params'])
+  assert "with mu_dtype changed from '' (the parameters' dtype) to bfloat16: " in caplog.text
+  assert "first moment is cast to bfloat16" in caplog.text
+  assert {x.dtype for x in jax.tree.leaves(state.opt_state)} >= {np.dtype(jax.numpy.bfloat16)}
+
+
 def test_a_resumed_run_with_clipping_and_an_ema_added_trains_to_the_new_end(
     runs, data_dir, tmp_path
 ):

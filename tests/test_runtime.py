@@ -1,5 +1,6 @@
 """Process settings: XLA flags that this jaxlib knows, glibc malloc reuse, quiet libraries."""
 
+import gc
 import logging as std_logging
 import os
 import platform
@@ -84,6 +85,36 @@ def test_reads_abandoned_after_an_unreadable_checkpoint_print_no_traceback():
   )
   assert not keep(abandoned)
   assert keep(other)
+
+
+def _pending_read(name):
+  """A coroutine called `name` that, like orbax's array reads, turns being closed into an error."""
+
+  class Pending:
+    def __await__(self):
+      yield
+
+  async def read():
+    try:
+      await Pending()
+    except BaseException as e:
+      raise Exception('Encountered error while reading array index') from e
+
+  read.__qualname__ = name
+  coroutine = read()
+  coroutine.send(None)  # Suspended, as a read in flight is.
+  return coroutine
+
+
+def test_reads_closed_unfinished_after_an_unreadable_checkpoint_print_no_traceback(monkeypatch):
+  reported = []
+  monkeypatch.setattr(sys, 'unraisablehook', lambda unraisable: reported.append(unraisable.object))
+  monkeypatch.setattr(sys, 'excepthook', sys.excepthook)
+  runtime._silence_closed_event_loops()  # pylint: disable=protected-access
+  _pending_read('_read_array_index_and_device_put')  # Collected at once: closed unfinished.
+  _pending_read('another_read')
+  gc.collect()
+  assert [coroutine.__qualname__ for coroutine in reported] == ['another_read']
 
 
 def test_orbax_read_only_notice_is_dropped_for_work_directories_opened_to_be_read():

@@ -30,7 +30,7 @@ import os
 import platform
 import re
 import sys
-from typing import Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from absl import app
 from absl import flags as absl_flags
@@ -175,12 +175,21 @@ def _is_closed_event_loop(kind: type, value: BaseException) -> bool:
   return kind is RuntimeError and str(value) == 'Event loop is closed'
 
 
+def _is_abandoned_read(unraisable: Any) -> bool:
+  """An orbax array read closed unfinished (its checkpoint was found unreadable and skipped):
+  the read turns the GeneratorExit of its closing into an error of its own."""
+  name = getattr(unraisable.object, '__qualname__', '')
+  cause = getattr(unraisable.exc_value, '__cause__', None)
+  return name == '_read_array_index_and_device_put' and isinstance(cause, GeneratorExit)
+
+
 def _silence_closed_event_loops() -> None:
   """Drops tensorstore's 'Event loop is closed' tracebacks from the process's error output.
 
   After a failed orbax read (an unreadable checkpoint, which is reported and skipped),
-  tensorstore completes the reads still in flight on an event loop that orbax has closed and
-  prints one traceback for each, hundreds in all; every other error is printed as before.
+  tensorstore completes the reads still in flight on an event loop that orbax has closed, and
+  the reads never completed raise as they are collected; each prints one traceback, hundreds in
+  all. Every other error is printed as before.
   """
   excepthook, unraisablehook = sys.excepthook, sys.unraisablehook
   if getattr(unraisablehook, 'drops_closed_event_loops', False):
@@ -191,7 +200,10 @@ def _silence_closed_event_loops() -> None:
       excepthook(kind, value, traceback)
 
   def quiet_unraisablehook(unraisable):
-    if not _is_closed_event_loop(unraisable.exc_type, unraisable.exc_value):
+    if not (
+        _is_closed_event_loop(unraisable.exc_type, unraisable.exc_value)
+        or _is_abandoned_read(unraisable)
+    ):
       unraisablehook(unraisable)
 
   quiet_unraisablehook.drops_closed_event_loops = True

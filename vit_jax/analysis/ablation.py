@@ -71,9 +71,12 @@ def train_and_measure(
     stopper.check(run_dir)
   result = train.train_and_evaluate(config, run_dir)
   if result.preempted:
+    where = (
+        f'before training {run_dir}' if result.step is None
+        else f'at step {result.step} of {run_dir} (saved)'
+    )
     raise run_sequence.Interrupted(
-        f'Interrupted at step {result.step} of {run_dir} (saved); '
-        'rerun the same command to resume where it stopped.'
+        f'Interrupted {where}; rerun the same command to resume where it stopped.'
     )
   report = report_lib.analyze(run_dir, ['collapse'], num_images=collapse_images)
   main = report['collapse'].get('main', {})

@@ -128,8 +128,22 @@ def _with_state_fields(
   return copy
 
 
+_EMPTY_MEANS = {'mu_dtype': "the parameters' dtype"}  # Fields whose '' stands for a value.
+
+
 def _flag(value: Any) -> str:
+  if value == '':
+    return "''"
   return json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+
+
+def _shown(field: str, value: Any) -> str:
+  """`value` of `field` as a message names it: an empty one with what it stands for."""
+  if value is None:
+    return 'unset'
+  if value == '' and field in _EMPTY_MEANS:
+    return f"'' ({_EMPTY_MEANS[field]})"
+  return _flag(value)
 
 
 def _note(field: str, old: Any, new: Any) -> str:
@@ -140,7 +154,7 @@ def _note(field: str, old: Any, new: Any) -> str:
       return started if new else stopped
     return 'the saved state carries over as it is'
   if field == 'mu_dtype':
-    return "the optimizer's first moment is cast to " + (new or "the parameters' dtype")
+    return "the optimizer's first moment is cast to " + (new or _EMPTY_MEANS[field])
   if field in _SCHEDULE:
     return 'the learning-rate schedule is recomputed for the new settings from the saved step'
   return _HARMLESS
@@ -186,8 +200,8 @@ def plan(
               step,
               run.path,
               field,
-              _flag(old),
-              _flag(new),
+              _shown(field, old),
+              _shown(field, new),
               note,
           )
         return Plan(step=step, saved_config=like, changed=changed)
@@ -217,7 +231,7 @@ def _refusal(
     named.setdefault('model.name', (saved_model, config.model.name))
   if named:
     what = 'changed ' + ', '.join(
-        f'{k} ({_flag(old)} -> {_flag(new)})' for k, (old, new) in named.items()
+        f'{k} ({_shown(k, old)} -> {_shown(k, new)})' for k, (old, new) in named.items()
     )
     revert = ' '.join(
         f'--config.{k}={_flag(old)}' for k, (old, _) in named.items() if old is not None

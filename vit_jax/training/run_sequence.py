@@ -1,20 +1,24 @@
 """Several trainings in a row (an ablation grid): SIGTERM or Ctrl-C stops between them, and a
 rerun skips the ones that finished.
 
-Inside a training, `train.PreemptionWatcher` owns the signals (it saves a checkpoint and the
-training returns `preempted`); between trainings `Stopper` holds them, so an interruption while a
-run is evaluated, analysed or timed lets that piece finish and stops before the next. Each
-finished run's measurements are recorded beside its checkpoints (`RECORD_FILE`) with the config
-that produced them, and read back instead of being measured again on a rerun of that config.
+`Stopper` watches the signals for the whole sequence, with one process-wide flag
+(`interruption`) that each training's `train.PreemptionWatcher` reads too: an interruption inside
+a training saves a checkpoint at its next step (one while it sets up stops it before its first)
+and the training returns `preempted`; one while a run is evaluated, analysed or timed lets that
+piece finish and stops before the next. Each finished run's measurements are recorded beside its checkpoints
+(`RECORD_FILE`) with the config that produced them, and read back instead of being measured again
+on a rerun of that config.
 """
 
+import contextlib
 import json
 import os
 import signal
 from typing import Any
 
-from absl import logging
 import ml_collections
+
+from vit_jax.training import interruption
 
 EXIT_PREEMPTED = os.EX_TEMPFAIL  # 75: interrupted; rerunning the same command resumes.
 RECORD_FILE = 'measured.json'
@@ -26,34 +30,30 @@ class Interrupted(Exception):
 
 
 class Stopper:
-  """Watches SIGTERM and Ctrl-C between the trainings of a sequence (a context manager).
+  """Watches SIGTERM and Ctrl-C for a whole sequence of trainings (a context manager; the
+  process-wide flag of `interruption`, which each training's loop reads too).
 
-  The first signal is remembered and `check` raises Interrupted at the next boundary; a second
-  Ctrl-C raises KeyboardInterrupt at once. The previous handlers come back on exit.
+  The first signal is remembered and `check` raises Interrupted at the next boundary, or the
+  training under way stops at its next step; a second Ctrl-C raises KeyboardInterrupt at once.
+  The previous handlers come back on exit.
   """
 
   def __init__(self):
-    self.requested: str | None = None
-    self._previous = {}
+    self._scope = contextlib.ExitStack()
 
   def __enter__(self) -> 'Stopper':
-    for signum in (signal.SIGTERM, signal.SIGINT):
-      self._previous[signum] = signal.signal(signum, self._on_signal)
+    self._scope.enter_context(
+        interruption.watching('stopping after the current step of the sequence')
+    )
     return self
 
   def __exit__(self, *exc_info) -> None:
-    for signum, handler in self._previous.items():
-      signal.signal(signum, handler)
+    self._scope.close()
 
-  def _on_signal(self, signum, frame) -> None:
-    del frame
-    if signum == signal.SIGINT and self.requested:
-      raise KeyboardInterrupt
-    self.requested = signal.Signals(signum).name
-    logging.warning(
-        '%s: stopping after the current step of the sequence (Ctrl-C again stops at ' 'once).',
-        self.requested,
-    )
+  @property
+  def requested(self) -> str | None:
+    """The signal that asked to stop ('SIGTERM', 'SIGINT'), else None."""
+    return interruption.requested()
 
   def check(self, before: str) -> None:
     """Raises Interrupted if a signal came; `before` names the training not yet started."""

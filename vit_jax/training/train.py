@@ -14,7 +14,6 @@ process feeds only its own share of the data. Process 0 alone logs and writes su
 import contextlib
 import dataclasses
 import math
-import signal
 import time
 from typing import Any, Callable, Iterator, Mapping
 
@@ -35,6 +34,7 @@ from vit_jax.data import input_pipeline
 from vit_jax.evaluators import eval_sets as eval_sets_lib
 from vit_jax.parallel import sharding
 from vit_jax.training import evaluation
+from vit_jax.training import interruption
 from vit_jax.training import memory
 from vit_jax.training import optim
 from vit_jax.training import resume as resume_lib
@@ -126,7 +126,8 @@ class RunResult:
   `metrics`: on the eval split 'accuracy', 'loss', 'count' ('ema_accuracy', 'ema_loss' with an
   EMA), those of each of `config.eval_sets` ('imagenet_v2/accuracy', …) and the evaluators'
   metrics (`fewshot/…`); empty when `preempted` (SIGTERM or Ctrl-C), the
-  run having saved `step` to resume from. `step` is None for `eval_only` of a weights file.
+  run having saved `step` to resume from (None: stopped before its first step, nothing new
+  saved). `step` is None for `eval_only` of a weights file.
   """
 
   step: int | None
@@ -233,6 +234,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
   with contextlib.ExitStack() as run_scope:
     run_dir.start(config, run_scope)  # Locked, config.json written, checkpoints kept.
     watcher = run_scope.enter_context(PreemptionWatcher())
+    if watcher.requested:  # Came while this run set up, inside a sequence that watches.
+      logging.debug(
+          '%s: stopped before training %s; nothing new to save. Rerun the same command to '
+          'resume.',
+          interruption.requested(),
+          workdir,
+      )
+      return RunResult(step=None, metrics={}, preempted=True)
     with workdir_lib.writing(workdir, workdir_lib.ROOM):
       writer = metric_writers.create_default_writer(workdir, just_logging=jax.process_index() > 0)
     run_scope.callback(writer.close)
@@ -463,38 +472,29 @@ class Programs:
 class PreemptionWatcher:
   """Turns SIGTERM and Ctrl-C (SIGINT) into a request to checkpoint and exit at the next step.
 
-  A second Ctrl-C stops at once (KeyboardInterrupt, nothing saved). On several processes only
+  The request is `interruption`'s process-wide flag, so one that came before the loop started but
+  while an enclosing scope watched (an ablation grid's `run_sequence.Stopper`) counts too. A
+  second Ctrl-C stops at once (KeyboardInterrupt, nothing saved). On several processes only
   SIGTERM is watched, through orbax, which agrees on one step across all of them. A context
   manager: the previous signal handlers come back when the run ends.
   """
 
   def __init__(self):
-    self.requested = False
-    self._previous = {}
+    self._scope = contextlib.ExitStack()
 
   def __enter__(self) -> 'PreemptionWatcher':
     if jax.process_count() == 1:
-      try:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-          self._previous[signum] = signal.signal(signum, self._on_signal)
-      except ValueError:  # Not the main thread (e.g. in a notebook worker); rely on orbax.
-        pass
+      self._scope.enter_context(
+          interruption.watching('saving a checkpoint after this step, then exiting')
+      )
     return self
 
   def __exit__(self, *exc_info) -> None:
-    for signum, handler in self._previous.items():
-      signal.signal(signum, handler)
+    self._scope.close()
 
-  def _on_signal(self, signum, frame):
-    del frame
-    if signum == signal.SIGINT and self.requested:
-      raise KeyboardInterrupt
-    self.requested = True
-    logging.warning(
-        '%s: saving a checkpoint after this step, then exiting%s.',
-        signal.Signals(signum).name,
-        ' (Ctrl-C again stops at once)' if signum == signal.SIGINT else '',
-    )
+  @property
+  def requested(self) -> bool:
+    return interruption.requested() is not None
 
   def should_stop(self, run_dir: workdir_lib.Workdir, step: int) -> bool:
     # On several processes, orbax agrees on one step across all of them.
