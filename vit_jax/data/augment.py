@@ -370,12 +370,12 @@ _COMPILED_OPS = {
 
 
 @functools.cache
-def _ignore_jax_xla_flags() -> None:
+def ignore_jax_xla_flags() -> None:
   """Has TensorFlow's XLA read its flags while XLA_FLAGS is unset.
 
   XLA_FLAGS holds flags for JAX's XLA; TensorFlow bundles another, often older XLA, which aborts
   the process on a flag it does not know. Each XLA reads the variable once, at its first
-  compilation, which this triggers.
+  compilation, which this triggers; call it before building a graph with a `jit_compile` function.
   """
   jax_flags = os.environ.pop('XLA_FLAGS', None)
   try:
@@ -400,7 +400,7 @@ def apply_op(
         f'RandAugment needs an image of static shape, got {image.shape}; resize or '
         'crop to a fixed size first.'
     )
-  _ignore_jax_xla_flags()
+  ignore_jax_xla_flags()
   return _COMPILED_OPS[name](image, tf.cast(arg, tf.float64), tf.cast(fill, tf.uint8), bicubic)
 
 
@@ -610,11 +610,10 @@ def random_erase(image: tf.Tensor, seed: tf.Tensor, probability: float) -> tf.Te
   def erase():
     top, left, box_h, box_w = erase_box(box_seed, height, width)
     noise = tf.random.stateless_normal([box_h, box_w, channels], noise_seed, dtype=image.dtype)
-    noise = tf.pad(noise, [[top, height - top - box_h], [left, width - left - box_w], [0, 0]])
-    rows = tf.range(height)[:, None]
-    cols = tf.range(width)[None, :]
-    box = (rows >= top) & (rows < top + box_h) & (cols >= left) & (cols < left + box_w)
-    return tf.where(box[..., None], noise, image)
+    # Assembled around the box: one copy of the image, no full-size mask or padded noise.
+    band = image[top : top + box_h]
+    band = tf.concat([band[:, :left], noise, band[:, left + box_w :]], 1)
+    return tf.ensure_shape(tf.concat([image[:top], band, image[top + box_h :]], 0), image.shape)
 
   return tf.cond(tf.random.stateless_uniform([], apply_seed) < probability, erase, lambda: image)
 

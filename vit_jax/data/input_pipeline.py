@@ -293,7 +293,11 @@ def _to_rgb(image: tf.Tensor) -> tf.Tensor:
 
 
 def _resize(image: tf.Tensor, height: Any, width: Any) -> tf.Tensor:
-  """Bicubic, antialiased resize to float32 in [0, 255] (a no-op at the same static size)."""
+  """Bicubic, antialiased resize to float32 in [0, 255] (a no-op at the same static size).
+
+  A uint8 image goes to the resize kernel as it is: it converts each pixel as it reads it, so
+  the result is that of a float32 copy without the copy.
+  """
   if image.shape[0] == height and image.shape[1] == width:
     return tf.cast(image, tf.float32)
   # Antialiasing changes nothing when upsampling, and the plain kernel is faster.
@@ -305,9 +309,7 @@ def _resize(image: tf.Tensor, height: Any, width: Any) -> tf.Tensor:
       and image.shape[0] <= height
       and image.shape[1] <= width
   )
-  resized = tf.image.resize(
-      tf.cast(image, tf.float32), [height, width], method='bicubic', antialias=not upsampling
-  )
+  resized = tf.image.resize(image, [height, width], method='bicubic', antialias=not upsampling)
   return tf.clip_by_value(resized, 0.0, 255.0)
 
 
@@ -383,11 +385,22 @@ def _inception_crop_box(image_shape: tf.Tensor, seed: tf.Tensor) -> tuple[tf.Ten
   return tuple(tf.cast(v, tf.int32) for v in (top, left, crop_h, crop_w))
 
 
+def _normalize_pixels(image: tf.Tensor, scale: tf.Tensor, offset: tf.Tensor) -> tf.Tensor:
+  return tf.cast(image, tf.float32) * scale + offset
+
+
+# One fused XLA loop per image shape: TensorFlow's kernels would write the image three times.
+_COMPILED_NORMALIZE = tf.function(_normalize_pixels, jit_compile=True, autograph=False)
+
+
 def _normalize(image: tf.Tensor, normalization: str) -> tf.Tensor:
-  """(image / 255 - mean) / std, as one multiply-add per value."""
+  """(image / 255 - mean) / std of a uint8 or float image, as one multiply-add per value."""
   mean, std = (np.array(v, np.float64) for v in NORMALIZATIONS[normalization])
-  scale, offset = 1.0 / (255.0 * std), -mean / std
-  return image * tf.constant(scale, tf.float32) + tf.constant(offset, tf.float32)
+  scale, offset = (tf.constant(v, tf.float32) for v in (1.0 / (255.0 * std), -mean / std))
+  if not image.shape.is_fully_defined():
+    return _normalize_pixels(image, scale, offset)
+  augment.ignore_jax_xla_flags()
+  return _COMPILED_NORMALIZE(image, scale, offset)
 
 
 def _decode(image: tf.Tensor) -> tf.Tensor:
@@ -540,14 +553,16 @@ def _train_image(image: tf.Tensor, seed: tf.Tensor, transform: TrainTransform) -
       image = tf.pad(image, [[pad, pad], [pad, pad], [0, 0]])
       image = tf.image.stateless_random_crop(image, [size, size, 3], crop_seed)
   image = tf.ensure_shape(image, [size, size, 3])
+  pixel_ops = transform.randaugment is not None or transform.three_augment or transform.color_jitter
+  if pixel_ops:  # They take whole uint8 values; rounding commutes with the flip.
+    image = tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8)
   if transform.flip and transform.augment != 'none':
     image = tf.image.stateless_random_flip_left_right(image, flip_seed)
-  if transform.randaugment is not None or transform.three_augment or transform.color_jitter:
-    pixels = tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8)
+  if pixel_ops:
     if transform.randaugment is not None:
       mean = NORMALIZATIONS[transform.normalization][0]
-      pixels = augment.randaugment(
-          pixels,
+      image = augment.randaugment(
+          image,
           randaugment_seed,
           transform.randaugment,
           fill=tuple(min(255, round(255 * m)) for m in mean),
@@ -558,10 +573,9 @@ def _train_image(image: tf.Tensor, seed: tf.Tensor, transform: TrainTransform) -
         )
     )
     if transform.three_augment:
-      pixels = augment.three_augment(pixels, three_seed)
+      image = augment.three_augment(image, three_seed)
     if transform.color_jitter:
-      pixels = augment.color_jitter(pixels, jitter_seed, transform.color_jitter)
-    image = tf.cast(pixels, tf.float32)
+      image = augment.color_jitter(image, jitter_seed, transform.color_jitter)
   image = _normalize(image, transform.normalization)
   if transform.random_erase_prob > 0:
     image = augment.random_erase(image, erase_seed, transform.random_erase_prob)
