@@ -391,13 +391,18 @@ def _normalize_pixels(image: tf.Tensor, scale: tf.Tensor, offset: tf.Tensor) -> 
 
 # One fused XLA loop per image shape: TensorFlow's kernels would write the image three times.
 _COMPILED_NORMALIZE = tf.function(_normalize_pixels, jit_compile=True, autograph=False)
+# Below this many pixels an image is normalised by TensorFlow's kernels: calling an XLA program
+# costs more than their extra passes over a small image (the digits are 16x16).
+_COMPILED_NORMALIZE_MIN_PIXELS = 96 * 96
 
 
 def _normalize(image: tf.Tensor, normalization: str) -> tf.Tensor:
   """(image / 255 - mean) / std of a uint8 or float image, as one multiply-add per value."""
   mean, std = (np.array(v, np.float64) for v in NORMALIZATIONS[normalization])
   scale, offset = (tf.constant(v, tf.float32) for v in (1.0 / (255.0 * std), -mean / std))
-  if not image.shape.is_fully_defined():
+  if not image.shape.is_fully_defined() or image.shape[0] * image.shape[1] < (
+      _COMPILED_NORMALIZE_MIN_PIXELS
+  ):
     return _normalize_pixels(image, scale, offset)
   augment.ignore_jax_xla_flags()
   return _COMPILED_NORMALIZE(image, scale, offset)
