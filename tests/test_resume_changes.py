@@ -137,7 +137,7 @@ def test_a_changed_mu_dtype_names_both_values_and_casts_the_moments(
     state = _starting_state(_config(data_dir, mu_dtype='bfloat16'), workdir, monkeypatch)
   _assert_same(state.params, saved['params'])
   assert "with mu_dtype changed from '' (the parameters' dtype) to bfloat16: " in caplog.text
-  assert "first moment is cast to bfloat16" in caplog.text
+  assert 'first moment is cast to bfloat16' in caplog.text
   assert {x.dtype for x in jax.tree.leaves(state.opt_state)} >= {np.dtype(jax.numpy.bfloat16)}
 
 

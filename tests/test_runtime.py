@@ -91,6 +91,7 @@ def _pending_read(name):
   """A coroutine called `name` that, like orbax's array reads, turns being closed into an error."""
 
   class Pending:
+
     def __await__(self):
       yield
 

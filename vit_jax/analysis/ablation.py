@@ -72,7 +72,8 @@ def train_and_measure(
   result = train.train_and_evaluate(config, run_dir)
   if result.preempted:
     where = (
-        f'before training {run_dir}' if result.step is None
+        f'before training {run_dir}'
+        if result.step is None
         else f'at step {result.step} of {run_dir} (saved)'
     )
     raise run_sequence.Interrupted(
