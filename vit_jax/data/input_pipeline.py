@@ -637,7 +637,7 @@ def _array_record_lookup(source: _Source, split: Any, encoded: bool = False) -> 
   )
   features = source.builder.info.features
   feature = source.image_feature()
-  encoded = encoded and feature.dtype == tf.uint8
+  encoded = encoded and feature.tf_dtype == tf.uint8
 
   def read(indices: np.ndarray) -> np.ndarray:
     return np.array(records.__getitems__(indices.tolist()), dtype=object)
