@@ -101,6 +101,7 @@ def test_family_table_row_beside_its_plain_vit_twin():
     [
         (['--layers_row=vit_ti4:2:0'], 'MODEL:SCAN:REMAT'),
         (['--mode=layers_table', '--layers_models=vit_tiny9'], 'unknown models'),
+        (['--model=vit_zz'], "--model='vit_zz': unknown"),
         (['--steps=0'], '--steps=0'),
         (['--mode=input_pipeline', '--late_step=0'], '--late_step=0'),
         (

@@ -177,6 +177,8 @@ def main(argv) -> None:
     return
   if _DATA_DIR.value:
     config.data_dir = _DATA_DIR.value
+  if _MODEL.value is not None and _MODEL.value not in models.names():
+    raise ValueError(f'--model={_MODEL.value!r}: unknown; registered: {sorted(models.names())}.')
   for flag in (_LAYERS_MODELS, _FAMILY_MODELS):
     unknown = [n for n in flag.value or () if n not in models.names()]
     if unknown:
