@@ -628,7 +628,7 @@ def decodes_crop_window(transform: 'TrainTransform', repeated_aug: int) -> bool:
 
 
 def _array_record_lookup(source: _Source, split: Any, encoded: bool = False) -> _Access:
-  """(N, lookup) over the ArrayRecord records of `split`: reads only the records asked for;
+  """The `_Access` of the ArrayRecord records of `split`: reads only the records asked for;
   `encoded` leaves 8-bit images encoded."""
   records = source.builder.as_data_source(
       split=split,
