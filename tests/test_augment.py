@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from configs import common
 from vit_jax.data import augment
+from vit_jax.data import mixing
 from vit_jax.data import input_pipeline
 from vit_jax.data import digits
 
@@ -186,7 +187,7 @@ def test_mixup_weight_is_the_label_weight():
   labels = jnp.arange(6)
   mix = jax.jit(
       functools.partial(
-          augment.mix_batch,
+          mixing.mix_batch,
           mixup_alpha=0.8,
           cutmix_alpha=0.0,
           switch_prob=0.5,
@@ -208,7 +209,7 @@ def test_cutmix_box_area_is_the_label_weight():
   areas = []
   mix = jax.jit(
       functools.partial(
-          augment.mix_batch,
+          mixing.mix_batch,
           mixup_alpha=0.0,
           cutmix_alpha=1.0,
           switch_prob=0.5,
@@ -238,7 +239,7 @@ def test_mix_switch_probability_smoothing_and_mix_prob():
   @jax.jit
   @functools.partial(jax.vmap, in_axes=(0, None))
   def mix(rng, mix_prob):
-    return augment.mix_batch(
+    return mixing.mix_batch(
         rng,
         images,
         labels,
@@ -259,7 +260,7 @@ def test_mix_switch_probability_smoothing_and_mix_prob():
   np.testing.assert_array_equal(unmixed, np.broadcast_to(images, unmixed.shape))
   np.testing.assert_allclose(targets[0, 0], [0.9 + 0.1 / 10] + [0.1 / 10] * 9, atol=1e-6)
   with pytest.raises(ValueError, match='mixup_alpha > 0 or cutmix_alpha > 0'):
-    augment.mix_batch(
+    mixing.mix_batch(
         jax.random.PRNGKey(0),
         images,
         labels,
@@ -273,10 +274,10 @@ def test_mix_switch_probability_smoothing_and_mix_prob():
 
 def test_mix_settings_from_config():
   config = common.get_config()
-  assert augment.MixSettings.from_config(config) is None
+  assert mixing.MixSettings.from_config(config) is None
   config.mixup_alpha, config.cutmix_alpha, config.label_smoothing = 0.8, 1.0, 0.1
-  settings = augment.MixSettings.from_config(config)
-  assert settings == augment.MixSettings(
+  settings = mixing.MixSettings.from_config(config)
+  assert settings == mixing.MixSettings(
       mixup_alpha=0.8, cutmix_alpha=1.0, switch_prob=0.5, mix_prob=1.0, label_smoothing=0.1
   )
   images = jnp.arange(4 * 8 * 8 * 3, dtype=jnp.float32).reshape(4, 8, 8, 3)
@@ -284,7 +285,7 @@ def test_mix_settings_from_config():
   rng = jax.random.PRNGKey(3)
   for ours, theirs in zip(
       settings.mix(rng, images, labels),
-      augment.mix_batch(
+      mixing.mix_batch(
           rng,
           images,
           labels,

@@ -13,6 +13,7 @@ import pytest
 from configs import cait, common, deepvit, deit, regnet, sa_conv, t2t, vit
 from tests.tiny_runs import tiny_config
 from vit_jax.data import augment
+from vit_jax.data import mixing
 from vit_jax import config as config_lib
 from vit_jax.data import input_pipeline
 
@@ -334,7 +335,7 @@ def test_typed_settings_read_the_config_once():
   assert input_pipeline.EvalTransform.from_config(config) == input_pipeline.EvalTransform(
       image_size=16, crop_ratio=0.875, normalization='digits'
   )
-  assert augment.MixSettings.from_config(config) == augment.MixSettings(
+  assert mixing.MixSettings.from_config(config) == mixing.MixSettings(
       mixup_alpha=0.8, cutmix_alpha=0.0, switch_prob=0.5, mix_prob=1.0, label_smoothing=0.0
   )
 

@@ -14,6 +14,7 @@ from scipy import stats
 import tensorflow as tf
 
 from vit_jax.data import augment
+from vit_jax.data import mixing
 from vit_jax import config as config_lib
 from vit_jax.data import input_pipeline
 from vit_jax import models
@@ -237,7 +238,7 @@ def test_bce_matches_deit_on_mixed_targets(reference):
   images = jnp.asarray(rng.rand(8, 8, 8, 3), jnp.float32)
   onehot = jax.nn.one_hot(rng.randint(0, 10, 8), 10)
   for key, (mixup, cutmix) in enumerate([(0.8, 0.0), (0.0, 1.0)]):
-    _, targets = augment.mix_batch(
+    _, targets = mixing.mix_batch(
         jax.random.PRNGKey(key),
         images,
         onehot,

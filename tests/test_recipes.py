@@ -16,7 +16,7 @@ import configs.sa_conv
 import configs.t2t
 from tests.tiny_runs import assert_trees_close, tiny_config, train_with_preemption
 from vit_jax import config as config_lib
-from vit_jax.data import augment
+from vit_jax.data import mixing
 from vit_jax import models
 from vit_jax.training import optim
 from vit_jax.training import steps
@@ -55,7 +55,7 @@ def test_mixed_targets_follow_the_pixels_within_each_group(kind):
   batch, groups = _batch(16), 2
   out = jax.device_get(
       steps.training_batch(
-          jax.random.key(3), batch, augment.MixSettings.from_config(config), 0.1, 10, groups
+          jax.random.key(3), batch, mixing.MixSettings.from_config(config), 0.1, 10, groups
       )
   )
   images, labels = np.asarray(batch['image']), np.asarray(batch['label'])
@@ -115,7 +115,7 @@ def test_train_step_learns_from_the_mixed_batch(monkeypatch):
       steps.make_train_step(model, tx, steps.StepSettings.from_config(config), 10, mix_groups=2)
   )
   _, metrics = step(state, batch)
-  used = jax.device_get(fixed(None, batch, augment.MixSettings.from_config(config), 0.1, 10, 2))
+  used = jax.device_get(fixed(None, batch, mixing.MixSettings.from_config(config), 0.1, 10, 2))
   assert not np.allclose(used['targets'].max(-1), 0.91)  # Soft targets, not smoothed one-hots.
   # Some mixed images are dominated by their partner's class: the label scored is that class.
   assert np.any(used['label'] != np.asarray(batch['label']))

@@ -157,24 +157,27 @@ def _layers_row_command(row: str) -> list[str]:
 
 def main(argv) -> None:
   del argv
+  mode, config = _MODE.value, _CONFIG.value
+  if mode == 'device_report':  # Its model rows need neither TensorFlow nor timm.
+    from vit_jax.benchmarks import device_report  # pylint: disable=g-import-not-at-top
+
+    if _CPU_TUNING.value:
+      runtime.configure()
+    device_report.run(reduced=_REDUCED.value, json_path=_REPORT_JSON.value)
+    return
   # pylint: disable=g-import-not-at-top
   from vit_jax import models
-  from vit_jax.benchmarks import device_report
   from vit_jax.benchmarks import input_speed
   from vit_jax.benchmarks import memory
   from vit_jax.benchmarks import tables
   from vit_jax.benchmarks import training_step
   # pylint: enable=g-import-not-at-top
-  mode, config = _MODE.value, _CONFIG.value
   if _VS_TIMM.value:
     if mode == 'input_pipeline':
       input_speed.check_vs_timm(config)
     training_step.import_torch_and_timm()
   if _CPU_TUNING.value:
     runtime.configure()
-  if mode == 'device_report':
-    device_report.run(reduced=_REDUCED.value, json_path=_REPORT_JSON.value)
-    return
   if _DATA_DIR.value:
     config.data_dir = _DATA_DIR.value
   if _MODEL.value is not None and _MODEL.value not in models.names():

@@ -25,6 +25,7 @@ Commands import the library inside `main`, so `--help` is read before anything h
 import contextlib
 import ctypes
 import importlib.metadata
+import importlib.util
 import logging
 import os
 import platform
@@ -221,13 +222,19 @@ def quiet_library_logs() -> None:
   tracebacks of reads abandoned on a closed event loop go too (`_silence_closed_event_loops`).
   """
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-  if os.environ['TF_CPP_MIN_LOG_LEVEL'] != '0':
+  if os.environ['TF_CPP_MIN_LOG_LEVEL'] != '0' and tensorflow_installed():
     with _native_stderr_discarded():
       import tensorflow  # pylint: disable=g-import-not-at-top,unused-import
   handler = absl_logging.get_absl_handler()
   if _own_or_important not in handler.filters:
     handler.addFilter(_own_or_important)
   _silence_closed_event_loops()
+
+
+def tensorflow_installed() -> bool:
+  """Whether TensorFlow can be imported: the input pipeline needs it; a JAX-only machine still
+  runs what needs no data (`benchmark --mode=device_report`'s model rows)."""
+  return importlib.util.find_spec('tensorflow') is not None
 
 
 def error_chain(error: BaseException) -> list[BaseException]:
@@ -291,9 +298,10 @@ def run(
       if before_libraries is not None:
         before_libraries()
       quiet_library_logs()
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      if tensorflow_installed():
+        import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-      tf.config.set_visible_devices([], 'GPU')
+        tf.config.set_visible_devices([], 'GPU')
       main(argv)
     except ValueError as e:
       absl_logging.debug('Stopped by an error.', exc_info=True)

@@ -27,9 +27,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vit_jax.data import input_pipeline
+from vit_jax import config as config_lib
+from vit_jax import runtime
+from vit_jax.training import optim
 from vit_jax.training import steps
-from vit_jax.training import train
 
 FAMILIES = ('vit', 'deit', 'cait', 'deepvit', 't2t', 'sa_conv', 'regnet')
 
@@ -52,9 +53,10 @@ def peak_tflops(device_kind: str) -> float | None:
   return next((v for k, v in PEAK_TFLOPS.items() if device_kind.startswith(k)), None)
 
 
-def compiled_flops(compiled) -> float | None:
-  """XLA's FLOP count of a compiled computation, where the backend provides one."""
-  analysis = compiled.cost_analysis()
+def step_flops(lowered: jax.stages.Lowered) -> float | None:
+  """XLA's FLOP count of a lowered computation, before a backend compiles it: the same on every
+  device (a GPU program's own count leaves out the cuBLAS calls its matrix products become)."""
+  analysis = lowered.cost_analysis()
   if isinstance(analysis, (list, tuple)):  # Older jax: one dict per partition.
     analysis = analysis[0] if analysis else None
   flops = (analysis or {}).get('flops')
@@ -91,14 +93,27 @@ def _random_batch(config: ml_collections.ConfigDict, size: int, num_classes: int
 
 def _compiled_train_step(
     config: ml_collections.ConfigDict, batch: dict, num_classes: int
-) -> tuple[Callable, steps.TrainState]:
-  settings = train.Settings.from_config(config)
-  start = train.Start.build(settings, num_classes, lambda _: config.base_lr)
-  state = jax.jit(start.init)()
-  step = jax.jit(
-      steps.make_train_step(start.model, start.tx, settings.step, num_classes), donate_argnums=0
+) -> tuple[Callable, steps.TrainState, float | None]:
+  """The config's training step at a constant learning rate, compiled, its fresh state and its
+  FLOPs: the model, optimizer and step alone, so that a machine without TensorFlow runs it."""
+  model = config_lib.model_from_section(config.model.to_dict(), num_classes, config.dtype)
+  tx = optim.create_optimizer(
+      optim.OptimizerSettings.from_config(config), lambda _: config.base_lr, model
   )
-  return step.lower(state, batch).compile(), state
+  init = lambda: steps.init_state(
+      model,
+      tx,
+      steps.init_rngs(config.seed),
+      image_size=config.image_size,
+      ema=bool(config.ema_decay),
+  )
+  state = jax.jit(init)()
+  step = jax.jit(
+      steps.make_train_step(model, tx, steps.StepSettings.from_config(config), num_classes),
+      donate_argnums=0,
+  )
+  lowered = step.lower(state, batch)
+  return lowered.compile(), state, step_flops(lowered)
 
 
 def _reduced_config(family: str) -> ml_collections.ConfigDict:
@@ -113,36 +128,31 @@ def _reduced_config(family: str) -> ml_collections.ConfigDict:
   return config
 
 
-def family_rows(*, reduced: bool, num_steps: int) -> list[Row]:
-  """Each family's quick model: `num_steps` bfloat16 training steps on one repeated batch."""
-  rows = []
-  for family in FAMILIES:
-    if reduced:
-      config = _reduced_config(family)
-    else:
-      config = family_config(family)
-      config.dtype = 'bfloat16'
-      config.batch_size = 64
-    batch = _random_batch(config, config.batch_size, 10)
-    step, state = _compiled_train_step(config, batch, 10)
-    losses = []
-    start = time.perf_counter()
-    for _ in range(num_steps):
-      state, metrics = step(state, batch)
-      losses.append(float(metrics['loss']))
-    seconds = (time.perf_counter() - start) / num_steps
-    finite = bool(np.all(np.isfinite(losses)))
-    falling = finite and losses[-1] < losses[0]
-    rows.append(
-        Row(
-            f'{family} training ({config.model.name}, bf16)',
-            f'loss {losses[0]:.3f} -> {losses[-1]:.3f} in {num_steps} steps, '
-            f'{1e3 * seconds:.0f} ms/step',
-            finite and falling,
-            {'losses': losses, 'step_s': seconds},
-        )
-    )
-  return rows
+def family_row(family: str, *, reduced: bool, num_steps: int) -> Row:
+  """A family's quick model: `num_steps` bfloat16 training steps on one repeated batch."""
+  if reduced:
+    config = _reduced_config(family)
+  else:
+    config = family_config(family)
+    config.dtype = 'bfloat16'
+    config.batch_size = 64
+  batch = _random_batch(config, config.batch_size, 10)
+  step, state, _ = _compiled_train_step(config, batch, 10)
+  losses = []
+  start = time.perf_counter()
+  for _ in range(num_steps):
+    state, metrics = step(state, batch)
+    losses.append(float(metrics['loss']))
+  seconds = (time.perf_counter() - start) / num_steps
+  finite = bool(np.all(np.isfinite(losses)))
+  falling = finite and losses[-1] < losses[0]
+  return Row(
+      f'{family} training ({config.model.name}, bf16)',
+      f'loss {losses[0]:.3f} -> {losses[-1]:.3f} in {num_steps} steps, '
+      f'{1e3 * seconds:.0f} ms/step',
+      finite and falling,
+      {'losses': losses, 'step_s': seconds},
+  )
 
 
 def _time(function: Callable[[], Any], repeats: int) -> float:
@@ -203,18 +213,41 @@ def attention_row(*, reduced: bool, repeats: int) -> Row:
   )
 
 
-def training_throughput_row(*, reduced: bool, repeats: int) -> Row:
-  """ViT-B/16's bfloat16 training step on 1000 classes (reduced: the ViT row's step, which a
-  persistent compilation cache holds already): images/s and MFU."""
+def throughput_configs(*, reduced: bool) -> list[tuple[ml_collections.ConfigDict, int]]:
+  """(config, classes) of each ViT-B/16 bfloat16 training step the report times, at two batch
+  sizes per device: with XLA's attention and, where it runs, cuDNN's (reduced: the ViT row's step, which a
+  persistent compilation cache holds already)."""
   if reduced:
-    config, num_classes = _reduced_config('vit'), 10
-  else:
-    config, num_classes = family_config('vit', 'variant=B/16'), 1000
+    return [(_reduced_config('vit'), 10)]
+  tokens = (224 // 16) ** 2 + 1
+  variants = [('xla', 128), ('xla', 256)]
+  variants += [('cudnn', 128), ('cudnn', 256)] if _cudnn_runs(tokens) else []
+  configs = []
+  for implementation, per_device in variants:
+    config = family_config('vit', 'variant=B/16')
     config.dtype = 'bfloat16'
-    config.batch_size = 128 * jax.local_device_count()
+    config.model.attention_implementation = implementation
+    config.batch_size = per_device * jax.local_device_count()
+    configs.append((config, 1000))
+  return configs
+
+
+def _cudnn_runs(tokens: int) -> bool:
+  """Whether `jax.nn.dot_product_attention` runs cuDNN's kernel on this machine for sequences of
+  `tokens` (cuDNN's flash attention accepts some lengths only)."""
+  q = jnp.zeros((1, tokens, 1, 64), jnp.bfloat16)
+  try:
+    jax.block_until_ready(jax.nn.dot_product_attention(q, q, q, implementation='cudnn'))
+  except Exception:  # pylint: disable=broad-except
+    return False
+  return True
+
+
+def throughput_row(config: ml_collections.ConfigDict, num_classes: int, repeats: int) -> Row:
+  """Images/s, TFLOP/s and MFU of the config's training step."""
   batch_size = config.batch_size
   batch = _random_batch(config, batch_size, num_classes)
-  step, state = _compiled_train_step(config, batch, num_classes)
+  step, state, flops = _compiled_train_step(config, batch, num_classes)
   holder = {'state': state}
 
   def one_step():
@@ -223,11 +256,12 @@ def training_throughput_row(*, reduced: bool, repeats: int) -> Row:
 
   seconds = _time(one_step, repeats)
   images_per_s = batch_size / seconds
-  flops = compiled_flops(step)
   kind = jax.devices()[0].device_kind
   peak = peak_tflops(kind)
+  attention = config.model.get('attention_implementation') or 'default'
   numbers = {
       'model': config.model.name,
+      'attention': attention,
       'batch': batch_size,
       'image_size': config.image_size,
       'images_per_s': images_per_s,
@@ -244,11 +278,17 @@ def training_throughput_row(*, reduced: bool, repeats: int) -> Row:
       text += f', MFU {100 * achieved / peak:.1f} % of {peak:.0f}'
   if not peak:
     text += f'; MFU not reported (no peak for {kind!r})'
-  return Row(f'{config.model.name} training (bf16)', text, None, numbers)
+  return Row(f'{config.model.name} training (bf16, {attention} attention)', text, None, numbers)
 
 
 def input_pipeline_row(*, reduced: bool, needed_images_per_s: float, num_batches: int) -> Row:
   """Images/s of the training input pipeline on every host core, against the step's need."""
+  if not runtime.tensorflow_installed():
+    return Row(
+        'input pipeline', 'not measured: TensorFlow is not installed (pip install -e .)', None
+    )
+  from vit_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
+
   if reduced:
     config = family_config('vit')
     config.batch_size = 8
@@ -267,42 +307,69 @@ def input_pipeline_row(*, reduced: bool, needed_images_per_s: float, num_batches
     next(batches)
   images_per_s = num_batches * config.batch_size / (time.perf_counter() - start)
   cores = len(os.sched_getaffinity(0))
+  check = f'input pipeline ({config.image_size} px, {cores} host cores)'
+  numbers = {'images_per_s': images_per_s, 'cores': cores, 'step_needs': needed_images_per_s}
+  if not needed_images_per_s:  # No training step was timed.
+    return Row(check, f'{images_per_s:.0f} images/s', None, numbers)
   ratio = images_per_s / needed_images_per_s
   return Row(
-      f'input pipeline ({config.image_size} px, {cores} host cores)',
+      check,
       f'{images_per_s:.0f} images/s, {ratio:.2f}x the {needed_images_per_s:.0f} images/s '
       'the training step needs',
       ratio >= 1.0,
-      {'images_per_s': images_per_s, 'cores': cores, 'step_needs': needed_images_per_s},
+      numbers,
   )
 
 
+def _measured(check: str, measure: Callable[[], Row]) -> Row:
+  """`measure()`, or a failed row naming the error: one check that breaks leaves the others."""
+  try:
+    return measure()
+  except Exception as e:  # pylint: disable=broad-except
+    lines = str(e).strip().splitlines()
+    return Row(check, f'{type(e).__name__}: {lines[0] if lines else ""}', False)
+
+
 def run(*, reduced: bool | None = None, json_path: str | None = None) -> list[Row]:
-  """Measures every row, prints the table and writes it as JSON to `json_path`."""
+  """Measures every row, printing each as it comes, and writes the table as JSON to
+  `json_path`."""
   device = jax.devices()[0]
   if reduced is None:
     reduced = device.platform == 'cpu'
   repeats = 2 if reduced else 20
-  rows = family_rows(reduced=reduced, num_steps=4 if reduced else 10)
-  rows.append(attention_row(reduced=reduced, repeats=repeats))
-  throughput = training_throughput_row(reduced=reduced, repeats=repeats)
-  rows.append(throughput)
-  rows.append(
-      input_pipeline_row(
-          reduced=reduced,
-          needed_images_per_s=throughput.numbers['images_per_s'],
-          num_batches=4 if reduced else 50,
-      )
-  )
-  header = (
+  print(
       f'device report: {jax.device_count()} x {device.device_kind} ({device.platform}), '
-      f'jax {jax.__version__}' + (', reduced sizes' if reduced else '')
+      f'jax {jax.__version__}' + (', reduced sizes' if reduced else ''),
+      flush=True,
   )
-  width = max(len(r.check) for r in rows)
-  status = {True: 'ok', False: 'FAIL', None: '--'}
-  print(header)
-  for row in rows:
-    print(f'{row.check:<{width}}  {status[row.ok]:<4}  {row.result}')
+  rows = []
+
+  def add(check: str, measure: Callable[[], Row]) -> Row:
+    row = _measured(check, measure)
+    status = {True: 'ok', False: 'FAIL', None: '--'}[row.ok]
+    print(f'{row.check:<44}  {status:<4}  {row.result}', flush=True)
+    rows.append(row)
+    return row
+
+  for family in FAMILIES:
+    add(
+        f'{family} training (bf16)',
+        lambda: family_row(family, reduced=reduced, num_steps=4 if reduced else 10),
+    )
+  add('attention cuDNN vs XLA (bf16)', lambda: attention_row(reduced=reduced, repeats=repeats))
+  needed = 0.0
+  for config, num_classes in throughput_configs(reduced=reduced):
+    row = add(
+        f'{config.model.name} training (bf16)',
+        lambda: throughput_row(config, num_classes, repeats),
+    )
+    needed = max(needed, row.numbers.get('images_per_s', 0.0))
+  add(
+      'input pipeline',
+      lambda: input_pipeline_row(
+          reduced=reduced, needed_images_per_s=needed, num_batches=4 if reduced else 50
+      ),
+  )
   if json_path:
     with open(json_path, 'w') as f:
       json.dump(

@@ -142,7 +142,7 @@ def jax_contender(
       compile_s,
       model,
       sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params)),
-      device_report.compiled_flops(train_step),
+      device_report.step_flops(lowered),
       compiled_memory_mib(train_step),
   )
 

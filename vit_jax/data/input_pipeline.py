@@ -30,7 +30,7 @@ A training image is resized to image_size (or inception-cropped to it), cropped 
 3-Augment (`three_augment`) and colour jitter (`color_jitter`), normalised, then randomly erased
 (`random_erase_prob`), as timm and deit order them: `TrainTransform`, built once from the run
 config; evaluation and prediction use `EvalTransform`. Mixup/CutMix run on device
-(`augment.mix_batch`). The config fields and their defaults are declared in `vit_jax.config`.
+(`mixing.mix_batch`). The config fields and their defaults are declared in `vit_jax.config`.
 """
 
 import dataclasses

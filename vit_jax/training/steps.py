@@ -18,7 +18,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from vit_jax.data import augment
+from vit_jax.data import mixing
 from vit_jax.parallel import sharding
 
 
@@ -125,7 +125,7 @@ class StepSettings:
 
   loss: str = 'softmax_xent'  # A key of LOSSES.
   label_smoothing: float = 0.0
-  mix: augment.MixSettings | None = None  # None: no mixup/CutMix.
+  mix: mixing.MixSettings | None = None  # None: no mixup/CutMix.
   grad_accum_steps: int = 1
   ema_decay: float = 0.0  # 0: no EMA.
   distillation: DistillationLoss | None = None
@@ -136,7 +136,7 @@ class StepSettings:
     return cls(
         loss=config.loss,
         label_smoothing=config.label_smoothing,
-        mix=augment.MixSettings.from_config(config),
+        mix=mixing.MixSettings.from_config(config),
         grad_accum_steps=config.grad_accum_steps,
         ema_decay=config.ema_decay,
         distillation=(
@@ -168,7 +168,7 @@ class Teacher:
 def training_batch(
     rng: jax.Array,
     batch: dict[str, jax.Array],
-    mix: augment.MixSettings | None,
+    mix: mixing.MixSettings | None,
     label_smoothing: float,
     num_classes: int,
     mix_groups: int = 1,
