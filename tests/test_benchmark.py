@@ -6,9 +6,14 @@ import re
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 from PIL import Image
 import pytest
+
+from vit_jax import config as config_lib
+from vit_jax.benchmarks import device_report
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = [
@@ -218,13 +223,12 @@ def test_memory_mode_refuses_a_mesh_that_does_not_divide_the_devices():
   assert 'mesh.fsdp=3: must divide the number of devices (8); valid: [1, 2, 4, 8]' in result.stderr
 
 
-@pytest.mark.slow
-def test_device_report_reduced_on_cpu(tmp_path):
+def test_device_report_reduced_on_cpu(tmp_path, capsys):
   """The reduced report on CPU: every family trains (finite, falling loss), cuDNN is reported
   unavailable, and the training and input pipeline rows carry their numbers."""
   report = tmp_path / 'report.json'
-  result = _benchmark('--mode=device_report', f'--report_json={report}')
-  assert result.returncode == 0, result.stderr
+  device_report.run(json_path=str(report))
+  printed = capsys.readouterr().out
   table = json.loads(report.read_text())
   assert table['platform'] == 'cpu' and table['reduced']
   rows = {row['check'].split(' (')[0]: row for row in table['rows']}
@@ -238,4 +242,38 @@ def test_device_report_reduced_on_cpu(tmp_path):
   assert rows['vit_ti4 training']['numbers']['images_per_s'] > 0
   assert rows['input pipeline']['numbers']['images_per_s'] > 0
   for row in table['rows']:  # The printed table has every row.
-    assert row['check'] in result.stdout
+    assert row['check'] in printed
+
+
+def test_device_report_without_tensorflow_reports_the_rest_and_a_broken_check_fails_alone(
+    monkeypatch, capsys
+):
+  """On a machine with JAX alone the input pipeline row says why it was not measured; a check
+  that raises is a FAIL row naming its error, and the checks after it still run."""
+  monkeypatch.setattr(device_report, 'FAMILIES', ('vit', 'no_such_family'))
+  monkeypatch.setattr(device_report.runtime, 'tensorflow_installed', lambda: False)
+  rows = device_report.run(reduced=True)
+  printed = capsys.readouterr().out
+  assert [row.ok for row in rows[:2]] == [True, False]
+  assert rows[1].check == 'no_such_family training (bf16)'
+  assert "ModuleNotFoundError: No module named 'configs.no_such_family'" in rows[1].result
+  assert rows[-1].result == 'not measured: TensorFlow is not installed (pip install -e .)'
+  assert 'FAIL' in printed and 'vit_ti4 training' in printed
+
+
+def test_step_flops_count_the_matrix_products_of_a_training_step():
+  """The lowered step's count is about three forward passes (forward, and the gradients of the
+  activations and the weights): a count that left out the matrix products would be far lower."""
+  config = device_report._reduced_config('vit')  # pylint: disable=protected-access
+  batch = {
+      'image': jax.ShapeDtypeStruct((8, 16, 16, 3), jnp.float32),
+      'label': jax.ShapeDtypeStruct((8,), jnp.int32),
+  }
+  model = config_lib.model_from_section(config.model.to_dict(), 10, 'float32')
+  variables = jax.eval_shape(lambda x: model.init(jax.random.key(0), x), batch['image'])
+  forward = jax.jit(lambda v, x: model.apply(v, x)).lower(variables, batch['image'])
+  step, _, flops = device_report._compiled_train_step(  # pylint: disable=protected-access
+      config, {k: jnp.zeros(v.shape, v.dtype) for k, v in batch.items()}, 10
+  )
+  del step
+  assert 2.5 < flops / device_report.step_flops(forward) < 4.0

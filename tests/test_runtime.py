@@ -31,7 +31,7 @@ def test_flags_are_added_once_and_never_override_the_user(monkeypatch):
 def test_flags_unknown_to_the_installed_jaxlib_are_left_out(monkeypatch):
   monkeypatch.delenv('XLA_FLAGS', raising=False)
   assert runtime.add_xla_flags({'--xla_from_the_future=1': (999, 0, 0)}) == ''
-  assert runtime._jaxlib_version() >= (0, 7)  # pylint: disable=protected-access
+  assert runtime.jaxlib_version() >= (0, 7)
 
 
 @pytest.mark.skipif(

@@ -62,7 +62,7 @@ def keep_freed_host_memory() -> bool:
   return all(libc.mallopt(parameter, value) == 1 for parameter, value in settings)
 
 
-def _jaxlib_version() -> tuple[int, ...]:
+def jaxlib_version() -> tuple[int, ...]:
   """The installed jaxlib's (major, minor, patch), without importing it; () if unknown."""
   try:
     text = importlib.metadata.version('jaxlib')
@@ -75,7 +75,7 @@ def add_xla_flags(flags: Mapping[str, tuple[int, ...]] = CPU_XLA_FLAGS) -> str:
   """Appends each flag that the installed jaxlib knows to XLA_FLAGS, unless that option is
   already set; returns XLA_FLAGS."""
   current = os.environ.get('XLA_FLAGS', '')
-  version = _jaxlib_version()
+  version = jaxlib_version()
   for flag, since in flags.items():
     if version >= since and flag.split('=')[0] not in current:
       current = f'{current} {flag}'.strip()
