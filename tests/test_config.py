@@ -414,7 +414,13 @@ def test_a_part_kinds_own_settings_are_set_by_name_and_reach_its_module():
   assert (plain.stem_settings, plain.attention_settings) == (None, None)
   config = t2t.get_config('variant=14,dataset=digits')
   assert config.model.soft_splits is None
-  assert config_lib.create_model(config, 10).stem_settings is None  # T2T-ViT-14's own.
+  assert config_lib.create_model(config, 10).stem_settings == parts.T2TSettings()  # T2T-ViT-14's.
+  config.model.token_dim = 32  # Over the registered model's own: T2T-ViT_t-14 keeps its block.
+  config.model.name = 't2t_vit_t_14'
+  assert config_lib.create_model(config, 10).stem_settings == parts.T2TSettings(
+      tokens_type='transformer', token_dim=32
+  )
+  config.model.name, config.model.token_dim = 't2t_vit_14', None
   config.model.soft_splits = ((3, 2, 1), (3, 1, 1))
   model = config_lib.create_model(config, 10)
   assert model.stem_settings == parts.T2TSettings(soft_splits=((3, 2, 1), (3, 1, 1)))

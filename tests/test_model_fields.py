@@ -16,6 +16,7 @@ import pytest
 from vit_jax import models
 from vit_jax.models import attention
 from vit_jax.models import layers
+from vit_jax.models import parts
 from vit_jax.models import stems
 from vit_jax.models import vit
 
@@ -154,7 +155,10 @@ def _uses_fast_attention(model: nn.Module) -> bool:
   return (
       'standard' in kinds
       or model.class_stage == 'class_attention'
-      or (model.stem == 't2t' and model.tokens_type == 'transformer')
+      or (
+          model.stem == 't2t'
+          and model.kind_settings(parts.T2TSettings).tokens_type == 'transformer'
+      )
   )
 
 

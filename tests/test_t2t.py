@@ -1,5 +1,6 @@
 """T2T-ViT: Unfold order, sinusoid table, sizes, official layout vs NumPy of the T2T-ViT paper's Eq. 1-4, training."""
 
+import dataclasses
 import functools
 import math
 
@@ -22,9 +23,13 @@ TINY = dict(
     hidden_size=D,
     depth=1,
     num_heads=HEADS,
-    token_dim=TOKEN_DIM,
-    stem_settings=parts.T2TSettings(soft_splits=SPLITS),
+    stem_settings=parts.T2TSettings(token_dim=TOKEN_DIM, soft_splits=SPLITS),
 )
+
+
+def _tiny(**stem_settings) -> dict:
+  """TINY with these of its `stem_settings` replaced."""
+  return dict(TINY, stem_settings=dataclasses.replace(TINY['stem_settings'], **stem_settings))
 
 
 def _unfold(x_nhwc: np.ndarray, kernel: int, stride: int, padding: int) -> np.ndarray:
@@ -191,7 +196,7 @@ def _official_state_dict(tokens_type: str, seed: int = 0) -> dict[str, np.ndarra
 def test_official_state_dict_loads_and_matches_numpy_reference(tokens_type):
   sd = _official_state_dict(tokens_type)
   variables = t2t.from_t2t_repo(sd)
-  model = t2t.T2TViT(**TINY, tokens_type=tokens_type)
+  model = t2t.T2TViT(**_tiny(tokens_type=tokens_type))
   images = np.random.default_rng(1).normal(size=(2, 16, 16, 3)).astype(np.float32)
   template = jax.eval_shape(model.init, jax.random.key(0), jnp.asarray(images))
   assert jax.tree_util.tree_structure(template) == jax.tree_util.tree_structure(
@@ -234,7 +239,7 @@ def test_from_timm_and_to_timm_are_inverses(tokens_type):
 
 
 def test_init_pos_embed_is_the_sinusoid_table_and_features_are_orthogonal():
-  model = t2t.T2TViT(**dict(TINY, token_dim=64), tokens_type='performer')
+  model = t2t.T2TViT(**_tiny(token_dim=64, tokens_type='performer'))
   params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 16, 16, 3)))['params']
   np.testing.assert_array_equal(params['pos_embed'], t2t.sinusoid_table(5, D))
   w = np.asarray(params['tokens_to_token']['attention1']['random_features'])
@@ -243,11 +248,7 @@ def test_init_pos_embed_is_the_sinusoid_table_and_features_are_orthogonal():
 
 
 def test_fixed_parameters_get_zero_gradient_and_the_model_trains():
-  model = t2t.T2TViT(
-      **dict(TINY, stem_settings=parts.T2TSettings(soft_splits=SPLITS[:2])),
-      tokens_type='performer',
-      drop_path_rate=0.1,
-  )
+  model = t2t.T2TViT(**_tiny(soft_splits=SPLITS[:2], tokens_type='performer'), drop_path_rate=0.1)
   images = jax.random.normal(jax.random.key(1), (8, 16, 16, 3))
   labels = jnp.arange(8) % CLASSES
   params = jax.jit(model.init)(jax.random.key(0), images)['params']
@@ -277,7 +278,8 @@ def test_fixed_parameters_get_zero_gradient_and_the_model_trains():
 @pytest.mark.parametrize(
     'overrides, image_size, message',
     [
-        (dict(tokens_type='convolution'), 16, 'convolution'),
+        (dict(stem_settings=parts.T2TSettings(tokens_type='convolution')), 16, 'convolution'),
+        (dict(stem_settings=parts.T2TSettings(token_dim=0)), 16, 'token_dim=0 must be >= 1'),
         (dict(stem_settings=parts.T2TSettings(soft_splits=((3, 0, 1),))), 16, 'soft_splits'),
         (dict(stem_settings=parts.T2TSettings(soft_splits=((7, 4, 0),))), 4, 'too small'),
     ],

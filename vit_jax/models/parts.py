@@ -11,8 +11,7 @@ part's module. The config schema (`vit_jax.config`) offers every field of both a
 from the model, free of JAX, so that reading a config file imports neither.
 
 - `stem`: 'patch' (ViT's patch embedding), 'cnn' (DeepViT's CNN stem), 't2t' (T2T-ViT's
-  tokens-to-token module: `tokens_type` 'performer' or 'transformer', `token_dim`), or
-  'space_to_depth' (SA-conv's); `vit_jax.models.stems`.
+  tokens-to-token module, `T2TSettings`), or 'space_to_depth' (SA-conv's); `vit_jax.models.stems`.
 - `attention`: the attention kind of the main blocks, a name registered in
   `vit_jax.models.attention` ('standard', 'talking_heads', 're_attention' with
   `re_attention_norm`, Cordonnier et al.'s 'quadratic', 'gaussian', 'learned', 'learned_content',
@@ -38,8 +37,6 @@ class Parts:
   """The backbone's parts and shared settings, with ViT's defaults (see the module docstring)."""
 
   stem: str = 'patch'
-  tokens_type: str = 'performer'
-  token_dim: int = 64
   attention: str = 'standard'
   re_attention_norm: str = 'batch'
   layer_scale_init: float | str | None = None
@@ -61,10 +58,13 @@ class Parts:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class T2TSettings:
-  """The 't2t' stem's own settings (`stems.TokensToToken`): (kernel, stride, padding) of each
-  soft split, T2T-ViT's for 224-pixel images by default."""
+  """The 't2t' stem's own settings (`stems.TokensToToken`): its token block, 'performer' or
+  'transformer', and that block's width; (kernel, stride, padding) of each soft split, T2T-ViT's
+  for 224-pixel images by default."""
 
   part: ClassVar[str] = 'stem'
+  tokens_type: str = 'performer'
+  token_dim: int = 64
   soft_splits: tuple[tuple[int, int, int], ...] = ((7, 4, 2), (3, 2, 1), (3, 2, 1))
 
 

@@ -209,6 +209,18 @@ def check_soft_splits(
       )
 
 
+def check_t2t_settings(settings: parts.T2TSettings) -> None:
+  """Raises unless `settings` name a token block of TOKENS_TYPES, a positive token width and
+  usable soft splits."""
+  if settings.tokens_type not in TOKENS_TYPES:
+    raise ValueError(
+        f'tokens_type={settings.tokens_type!r} is not valid; choose from {list(TOKENS_TYPES)}.'
+    )
+  if settings.token_dim < 1:
+    raise ValueError(f'token_dim={settings.token_dim} must be >= 1.')
+  check_soft_splits(settings.soft_splits)
+
+
 class TokenPerformer(nn.Module):
   """T2T's `Token_performer`: one-head linear attention with positive random features.
 

@@ -6,8 +6,8 @@ reduces each to `token_dim` features, the tokens are laid back on their grid and
 final soft split and a Linear (`project`) give the backbone tokens (`stems.TokensToToken`, the
 shared backbone's `stem='t2t'`, so it also goes in front of any other family's blocks).
 
-`tokens_type='performer'` is T2T-ViT-n (7, 10, 12, 14, 19, 24): `Token_performer` with a frozen
-orthogonal random-feature kernel. `'transformer'` is T2T-ViT_t-n (14, 19, 24): token attention
+`parts.T2TSettings(tokens_type='performer')` is T2T-ViT-n (7, 10, 12, 14, 19, 24):
+`Token_performer` with a frozen orthogonal random-feature kernel. `'transformer'` is T2T-ViT_t-n (14, 19, 24): token attention
 with a V skip. Every published size is registered (`SIZES`, `MODELS`).
 
 Fixed, untrained parameters live in `params` and are read through `stop_gradient`, so they reach
@@ -18,6 +18,7 @@ checkpoints and `to_timm` like the official `requires_grad=False` Parameters but
 
 import functools
 import re
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -46,8 +47,8 @@ class T2TViT(vit.VisionTransformer):
 
   A preset of the shared backbone's parts (`vit.VisionTransformer`, `stem='t2t'`). Backbone
   blocks have no qkv bias and LayerNorm eps 1e-5 (official `nn.LayerNorm`); the MLP is 3 times
-  the width by default. `stem_settings` (`parts.T2TSettings`) lists (kernel, stride, padding) of
-  each soft split.
+  the width by default. `stem_settings` (`parts.T2TSettings`) names the token block and its width
+  and lists (kernel, stride, padding) of each soft split.
   """
 
   num_classes: int = 1000
@@ -117,11 +118,11 @@ SIZES = {
 TRANSFORMER_T2T_SIZES = ('14', '19', '24')
 
 
-def _t2t(size: str, tokens_type: str) -> functools.partial:
+def _t2t(size: str, tokens_type: str, **stem_settings: Any) -> functools.partial:
   width, depth, heads, mlp_ratio = SIZES[size]
   return functools.partial(
       T2TViT,
-      tokens_type=tokens_type,
+      stem_settings=parts.T2TSettings(tokens_type=tokens_type, **stem_settings),
       hidden_size=width,
       depth=depth,
       num_heads=heads,
@@ -136,9 +137,7 @@ MODELS = {
     **{f't2t_vit_{size}': _t2t(size, 'performer') for size in SIZES},
     **{f't2t_vit_t_{size}': _t2t(size, 'transformer') for size in TRANSFORMER_T2T_SIZES},
     **{
-        name: functools.partial(
-            _t2t('7', tokens_type), stem_settings=parts.T2TSettings(soft_splits=_SPLITS_32)
-        )
+        name: _t2t('7', tokens_type, soft_splits=_SPLITS_32)
         for name, tokens_type in (('t2t_vit_ti4', 'performer'), ('t2t_vit_t_ti4', 'transformer'))
     },
 }

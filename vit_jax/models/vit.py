@@ -118,8 +118,8 @@ class VisionTransformer(nn.Module, parts.Parts):
 
   The parts (module docstring), each with its paper's settings:
   - `stem`: 'patch' (`patch_size`); 'cnn', DeepViT's (`patch_size` even); 't2t', T2T-ViT's
-    (`tokens_type` 'performer' or 'transformer', `token_dim`, and its own settings
-    `stem_settings=parts.T2TSettings(soft_splits=...)`; `patch_size` unused); 'space_to_depth',
+    (its own settings `stem_settings=parts.T2TSettings(tokens_type=..., token_dim=...,
+    soft_splits=...)`; `patch_size` unused); 'space_to_depth',
     SA-conv's (`patch_size` is the block, 2 in SA-conv).
   - `attention`: 'standard'; 'talking_heads' (CaiT Section 3); 're_attention' (DeepViT Eq. 3,
     `re_attention_norm` 'batch' as the official code or 'layer' as lucidrains'); 'quadratic',
@@ -200,7 +200,7 @@ class VisionTransformer(nn.Module, parts.Parts):
 
   def check_fields(self) -> None:
     """Raises ValueError for a bad field or parts that cannot work together."""
-    for name in ('num_classes', 'depth', 'token_dim'):
+    for name in ('num_classes', 'depth'):
       if getattr(self, name) < 1:
         raise ValueError(f'{name}={getattr(self, name)} must be >= 1.')
     attention_lib.check_heads(self.hidden_size, self.num_heads, 'hidden')
@@ -214,7 +214,6 @@ class VisionTransformer(nn.Module, parts.Parts):
         ('mlp_activation', layers.ACTIVATIONS),
         ('attention_implementation', (None, 'xla', 'cudnn')),
         ('stem', stems.STEMS),
-        ('tokens_type', stems.TOKENS_TYPES),
         ('attention', attention_lib.kinds()),
         ('re_attention_norm', attention_lib.RE_ATTENTION_NORMS),
         ('class_stage', CLASS_STAGES),
@@ -235,7 +234,7 @@ class VisionTransformer(nn.Module, parts.Parts):
           'width; set one of them (the other None).'
       )
     if self.stem == 't2t':
-      stems.check_soft_splits(self.kind_settings(parts.T2TSettings).soft_splits)
+      stems.check_t2t_settings(self.kind_settings(parts.T2TSettings))
     if self.stem == 'cnn' and self.patch_size % 2:
       raise ValueError(
           f"patch_size={self.patch_size} must be even with stem='cnn' (its first "
@@ -407,8 +406,9 @@ class VisionTransformer(nn.Module, parts.Parts):
     )(images)
 
   def token_block(self) -> ModuleDef:
-    """T2T's token block (`tokens_type`): a Performer, or a transformer block over one-head
-    token attention with a V skip (T2T-ViT Section 3.1, official `Token_transformer`)."""
+    """T2T's token block (`T2TSettings.tokens_type`): a Performer, or a transformer block over
+    one-head token attention with a V skip (T2T-ViT Section 3.1, official `Token_transformer`)."""
+    settings = self.kind_settings(parts.T2TSettings)
     scheme = self.scheme
     common = dict(
         kernel_init=scheme.dense_kernel,
@@ -416,20 +416,23 @@ class VisionTransformer(nn.Module, parts.Parts):
         dtype=self.dtype,
         param_dtype=self.param_dtype,
     )
-    if self.tokens_type == 'performer':
+    if settings.tokens_type == 'performer':
       return functools.partial(
-          stems.TokenPerformer, layers.ACTIVATIONS[self.mlp_activation], self.token_dim, **common
+          stems.TokenPerformer,
+          layers.ACTIVATIONS[self.mlp_activation],
+          settings.token_dim,
+          **common,
       )
     attention = functools.partial(
         attention_lib.TokenAttention,
-        features=self.token_dim,
+        features=settings.token_dim,
         fast_path_implementation=self.attention_implementation,
         **common,
     )
     return functools.partial(
         layers.EncoderBlock,
         attention,
-        self.token_dim,
+        settings.token_dim,
         layer_norm_eps=1e-5,
         attention_residual=False,
         mlp_activation=self.mlp_activation,
