@@ -9,6 +9,7 @@ import pytest
 
 from vit_jax import models
 from vit_jax.models import cait
+from vit_jax.models import parts
 
 TINY = dict(num_classes=5, patch_size=4, hidden_size=24, depth=2, num_heads=4)
 
@@ -139,7 +140,9 @@ def test_from_timm_and_to_timm_are_inverses(tiny_variables):
 def test_bad_configuration_raises_value_error():
   with pytest.raises(ValueError, match='class_attention_depth=0'):
     jax.eval_shape(
-        cait.CaiT(**TINY, class_attention_depth=0).init,
+        cait.CaiT(
+            **TINY, class_stage_settings=parts.ClassAttentionSettings(class_attention_depth=0)
+        ).init,
         jax.random.key(0),
         jnp.zeros((1, 16, 16, 3)),
     )
@@ -152,7 +155,7 @@ def test_bad_configuration_raises_value_error():
 def test_tiny_model_trains(fit_one_batch):
   model = cait.CaiT(
       **dict(TINY, depth=1),
-      class_attention_depth=1,
+      class_stage_settings=parts.ClassAttentionSettings(class_attention_depth=1),
       layer_scale_init=0.1,
       dropout_rate=0.1,
       drop_path_rate=0.1,

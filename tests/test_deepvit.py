@@ -11,6 +11,7 @@ from scipy import special
 
 from vit_jax import models
 from vit_jax.models import deepvit
+from vit_jax.models import parts
 
 D, H, CLASSES = 24, 4, 5
 # Block 0 plain attention, blocks 1-2 Re-attention; CNN stem; 16x16 images -> 4x4 tokens.
@@ -236,7 +237,10 @@ def test_from_timm_and_to_timm_are_inverses():
 
 
 def test_layer_norm_re_attention_runs_but_has_no_official_layout():
-  model = deepvit.DeepViT(**dict(TINY, stem='patch'), re_attention_norm='layer')
+  model = deepvit.DeepViT(
+      **dict(TINY, stem='patch'),
+      attention_settings=parts.ReAttentionSettings(re_attention_norm='layer'),
+  )
   variables = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 16, 16, 3)))
   assert 'batch_stats' not in variables
   assert variables['params']['blocks_2']['attn']['reattn_weights'].shape == (H, H)
@@ -248,7 +252,7 @@ def test_layer_norm_re_attention_runs_but_has_no_official_layout():
     'overrides, message',
     [
         (dict(re_attention_blocks=4), 're_attention_blocks=4'),
-        (dict(re_attention_norm='group'), 'group'),
+        (dict(attention_settings=parts.ReAttentionSettings(re_attention_norm='group')), 'group'),
         (dict(patch_size=5), 'patch_size=5'),
         (dict(scale_adjustment=0.0), 'scale_adjustment=0.0'),
     ],

@@ -12,6 +12,7 @@ import sys
 
 import jax
 import numpy as np
+from conftest import OLDER_EMITTERS
 import pytest
 from jax.sharding import PartitionSpec as P
 
@@ -127,6 +128,7 @@ def runs(root: str) -> list[dict]:
 
 SCRIPT = """
 import json, os, shutil, sys, time
+os.environ['XLA_FLAGS'] = os.environ['XLA_FLAGS'].replace({older_emitters!r}, '')
 os.environ['XLA_FLAGS'] += ' --xla_force_host_platform_device_count=8'  # After conftest's.
 os.environ['TF_CPP_MIN_LOG_LEVEL'] = '2'
 sys.path.insert(0, {repo!r})
@@ -154,7 +156,11 @@ def trained(tmp_path_factory) -> dict[str, str]:
   root = str(tmp_path_factory.mktemp('fsdp'))
   items = runs(root)
   script = SCRIPT.format(
-      repo=REPO, runs=json.dumps(items), data_dir=os.path.join(root, 'tfds'), middle=MIDDLE
+      repo=REPO,
+      runs=json.dumps(items),
+      data_dir=os.path.join(root, 'tfds'),
+      middle=MIDDLE,
+      older_emitters=OLDER_EMITTERS,
   )
   result = subprocess.run(
       [sys.executable, '-c', script],

@@ -20,6 +20,7 @@ import time
 
 import jax
 import numpy as np
+from conftest import OLDER_EMITTERS
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -104,6 +105,7 @@ def run_all(
   """Runs the commands at once; returns their exit codes, SIGKILLing every one still alive."""
   base = {k: v for k, v in os.environ.items() if not k.startswith(('SLURM_', 'JAX_'))}
   base.update(TF_CPP_MIN_LOG_LEVEL='2', JAX_PLATFORMS='cpu')
+  base['XLA_FLAGS'] = base.get('XLA_FLAGS', '').replace(OLDER_EMITTERS, '').strip()
   processes = []
   try:
     for command, env, log in zip(commands, envs, logs):

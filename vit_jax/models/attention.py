@@ -788,13 +788,19 @@ def kind(name: str) -> Kind:
 
 
 def _content(head_mixing: str) -> Callable[[Any, tuple[int, int]], Callable[..., nn.Module]]:
-  """Content attention with `head_mixing`, from the model's shared attention fields."""
-  return lambda model, grid: functools.partial(
-      SelfAttention,
-      head_mixing=head_mixing,
-      re_attention_norm=model.re_attention_norm,
-      **model.attention_fields(),
-  )
+  """Content attention with `head_mixing`, from the model's shared attention fields (and, for
+  Re-attention, its own settings)."""
+
+  def build(model: Any, grid: tuple[int, int]) -> Callable[..., nn.Module]:
+    del grid
+    own = {}
+    if head_mixing == 're_attention':
+      own['re_attention_norm'] = model.kind_settings(parts.ReAttentionSettings).re_attention_norm
+    return functools.partial(
+        SelfAttention, head_mixing=head_mixing, **own, **model.attention_fields()
+    )
+
+  return build
 
 
 def _positional(name: str) -> Callable[[Any, tuple[int, int]], Callable[..., nn.Module]]:

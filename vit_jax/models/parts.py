@@ -3,8 +3,9 @@ own settings of the part kinds that have any.
 
 `Parts` declares the parts and shared settings once, with ViT's defaults; `vit.VisionTransformer`
 (and so every family preset of it) has them as fields. A part kind's own settings are a small
-frozen dataclass (`T2TSettings`, `PositionalSettings`) that the backbone holds in the part's one
-settings field (`stem_settings`, `attention_settings`; None: the kind's defaults) and hands to the
+frozen dataclass (`T2TSettings`, `PositionalSettings`, `ReAttentionSettings`,
+`ClassAttentionSettings`) that the backbone holds in the part's one settings field
+(`stem_settings`, `attention_settings`, `class_stage_settings`; None: the kind's defaults) and hands to the
 part's module. The config schema (`vit_jax.config`) offers every field of both as
 `--config.model.FIELD`, unset until a user sets it (the registered model's own value);
 `models.create` puts a kind's settings given by field name into their dataclass. Declared apart
@@ -13,13 +14,13 @@ from the model, free of JAX, so that reading a config file imports neither.
 - `stem`: 'patch' (ViT's patch embedding), 'cnn' (DeepViT's CNN stem), 't2t' (T2T-ViT's
   tokens-to-token module, `T2TSettings`), or 'space_to_depth' (SA-conv's); `vit_jax.models.stems`.
 - `attention`: the attention kind of the main blocks, a name registered in
-  `vit_jax.models.attention` ('standard', 'talking_heads', 're_attention' with
-  `re_attention_norm`, Cordonnier et al.'s 'quadratic', 'gaussian', 'learned', 'learned_content',
+  `vit_jax.models.attention` ('standard', 'talking_heads', 're_attention' (`ReAttentionSettings`),
+  Cordonnier et al.'s 'quadratic', 'gaussian', 'learned', 'learned_content',
   or your own: `attention.register`).
 - `layer_scale_init`: CaiT's LayerScale: None (none), its initial value, or 'paper' (CaiT's
   depth rule, `layers.paper_layer_scale_init`).
 - `class_stage`: 'token' (a class token from the first block) or 'class_attention' (CaiT's
-  `class_attention_depth` class-attention blocks after the patch blocks).
+  class-attention blocks after the patch blocks, `ClassAttentionSettings`).
 - `distilled`: DeiT's distillation token and second head.
 - `global_pool`: what the head reads: 'token', 'avg' or 'map'.
 - `mlp_ratio`: the MLP width over the token width (the family's `default_mlp_ratio` when unset);
@@ -38,10 +39,8 @@ class Parts:
 
   stem: str = 'patch'
   attention: str = 'standard'
-  re_attention_norm: str = 'batch'
   layer_scale_init: float | str | None = None
   class_stage: str = 'token'
-  class_attention_depth: int = 2
   distilled: bool = False
   global_pool: str = 'token'
   dropout_rate: float = 0.0
@@ -80,9 +79,27 @@ class PositionalSettings:
   position_encoding_size: int | None = None
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReAttentionSettings:
+  """The 're_attention' kind's own settings (`attention.SelfAttention`, DeepViT Eq. 3): the norm
+  of the mixed maps over heads, 'batch' (the official code's BatchNorm) or 'layer' (lucidrains')."""
+
+  part: ClassVar[str] = 'attention'
+  re_attention_norm: str = 'batch'
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ClassAttentionSettings:
+  """The 'class_attention' class stage's own settings (CaiT Section 3.2): how many
+  class-attention blocks follow the patch blocks."""
+
+  part: ClassVar[str] = 'class_stage'
+  class_attention_depth: int = 2
+
+
 # Every part kind's settings dataclass; each names its `part`, whose `{part}_settings` field of a
 # model holds it.
-KIND_SETTINGS = (T2TSettings, PositionalSettings)
+KIND_SETTINGS = (T2TSettings, PositionalSettings, ReAttentionSettings, ClassAttentionSettings)
 
 
 def settings_field(part: str) -> str:

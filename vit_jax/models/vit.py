@@ -122,7 +122,8 @@ class VisionTransformer(nn.Module, parts.Parts):
     soft_splits=...)`; `patch_size` unused); 'space_to_depth',
     SA-conv's (`patch_size` is the block, 2 in SA-conv).
   - `attention`: 'standard'; 'talking_heads' (CaiT Section 3); 're_attention' (DeepViT Eq. 3,
-    `re_attention_norm` 'batch' as the official code or 'layer' as lucidrains'); 'quadratic',
+    `attention_settings=parts.ReAttentionSettings(re_attention_norm=...)`, 'batch' as the
+    official code or 'layer' as lucidrains'); 'quadratic',
     'gaussian', 'learned', 'learned_content' (Cordonnier et al. Section 3, own settings
     `attention_settings=parts.PositionalSettings(...)`; heads of the full width, so the patch
     tokens only: `class_stage='class_attention'` or `global_pool` 'avg'/'map'); any kind
@@ -131,7 +132,8 @@ class VisionTransformer(nn.Module, parts.Parts):
     (`layer_scale_init='paper'`, `layers.paper_layer_scale_init`).
   - MLP width: `mlp_dim`, or `mlp_ratio` times `hidden_size` (one of them; neither: the family's
     `default_mlp_ratio`).
-  - `class_stage`: 'token' or 'class_attention' (`class_attention_depth` CaiT blocks, whose
+  - `class_stage`: 'token' or 'class_attention' (`class_stage_settings=parts.ClassAttentionSettings(
+    class_attention_depth=...)` CaiT blocks, whose
     attention is standard class attention whatever `attention` is).
   - `distilled`: DeiT's distillation token and second head `head_dist`; with train=True the model
     returns (cls_logits, dist_logits), at inference per `inference_mode` (see `deit.py`).
@@ -146,10 +148,11 @@ class VisionTransformer(nn.Module, parts.Parts):
   representation_size: int | None = None
   init_scheme: str = 'google'
   inference_mode: str = 'average_logits'
-  # The own settings of the chosen stem and attention kinds (`parts.KIND_SETTINGS`: the 't2t'
-  # stem's, the positional kinds'); None: the kind's defaults. A kind without settings ignores them.
+  # The own settings of the chosen stem, attention and class stage kinds (`parts.KIND_SETTINGS`);
+  # None: the kind's defaults. A kind without settings ignores them.
   stem_settings: parts.T2TSettings | None = None
-  attention_settings: parts.PositionalSettings | None = None
+  attention_settings: parts.PositionalSettings | parts.ReAttentionSettings | None = None
+  class_stage_settings: parts.ClassAttentionSettings | None = None
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -174,6 +177,14 @@ class VisionTransformer(nn.Module, parts.Parts):
     if self.layer_scale_init == 'paper':
       return layers.paper_layer_scale_init(self.depth)
     return self.layer_scale_init
+
+  @property
+  def class_attention_depth(self) -> int:
+    """CaiT's class-attention blocks: `ClassAttentionSettings`' count with that class stage,
+    else 0."""
+    if self.class_stage != 'class_attention':
+      return 0
+    return self.kind_settings(parts.ClassAttentionSettings).class_attention_depth
 
   @property
   def mlp_width(self) -> int:
@@ -215,7 +226,6 @@ class VisionTransformer(nn.Module, parts.Parts):
         ('attention_implementation', (None, 'xla', 'cudnn')),
         ('stem', stems.STEMS),
         ('attention', attention_lib.kinds()),
-        ('re_attention_norm', attention_lib.RE_ATTENTION_NORMS),
         ('class_stage', CLASS_STAGES),
         ('inference_mode', INFERENCE_MODES),
     ):
@@ -235,6 +245,13 @@ class VisionTransformer(nn.Module, parts.Parts):
       )
     if self.stem == 't2t':
       stems.check_t2t_settings(self.kind_settings(parts.T2TSettings))
+    if self.attention == 're_attention':
+      norm = self.kind_settings(parts.ReAttentionSettings).re_attention_norm
+      if norm not in attention_lib.RE_ATTENTION_NORMS:
+        raise ValueError(
+            f're_attention_norm={norm!r} is not valid; choose from '
+            f'{list(attention_lib.RE_ATTENTION_NORMS)}.'
+        )
     if self.stem == 'cnn' and self.patch_size % 2:
       raise ValueError(
           f"patch_size={self.patch_size} must be even with stem='cnn' (its first "
