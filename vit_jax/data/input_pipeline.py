@@ -35,6 +35,7 @@ config; evaluation and prediction use `EvalTransform`. Mixup/CutMix run on devic
 
 import dataclasses
 import math
+import os
 from typing import Any, Callable, Iterator
 
 from absl import logging
@@ -68,6 +69,10 @@ INCEPTION_CROP_RATIO = (3 / 4, 4 / 3)
 _INCEPTION_CROP_ATTEMPTS = 10
 # Salts that keep the shuffle and augmentation random streams apart.
 _SHUFFLE_SALT, _AUGMENT_SALT = 0, 1
+# Training images preprocessed at once per CPU. A parallel map hands out its results in order, and
+# AUTOTUNE keeps at most one image per CPU in flight: one slow image (a rotation, an erasure) would
+# leave the other CPUs idle until it is done. The extra calls wait in the thread pool's queue.
+_PREPROCESS_CALLS_PER_CPU = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -725,6 +730,11 @@ def _seed(data: 'DataSettings', process_index: int, salt: int) -> tf.Tensor:
   return tf.random.experimental.stateless_fold_in(base, salt)
 
 
+def _preprocess_calls() -> int:
+  """Training images in flight in the preprocessing map (`_PREPROCESS_CALLS_PER_CPU`)."""
+  return _PREPROCESS_CALLS_PER_CPU * len(os.sched_getaffinity(0))
+
+
 def _shuffled_examples(
     data: 'DataSettings', access: _Access, start: int, process_index: int, preprocess: Callable
 ) -> tf.data.Dataset:
@@ -742,10 +752,11 @@ def _shuffled_examples(
         draw % num, epoch_seed, tf.constant(num - 1, tf.int64)
     )
 
+  calls = _preprocess_calls()
   if access.gather is not None and repeats == 1:
     return tf.data.Dataset.counter(start).map(
         lambda position: preprocess(*access.gather(index(position)), position),
-        num_parallel_calls=tf.data.AUTOTUNE,
+        num_parallel_calls=calls,
     )
   # Each drawn example fills `repeats` consecutive positions; it is read and decoded once.
   draws = tf.data.Dataset.counter(start // repeats)
@@ -758,7 +769,7 @@ def _shuffled_examples(
   if repeats > 1:  # The first draw's copies may begin before `start`.
     examples = examples.flat_map(copies).skip(start % repeats)
   return examples.map(
-      lambda example, position: preprocess(*example, position), num_parallel_calls=tf.data.AUTOTUNE
+      lambda example, position: preprocess(*example, position), num_parallel_calls=calls
   )
 
 
@@ -833,10 +844,14 @@ def train_iterator(
         f' --data_dir={data.data_dir}' if data.data_dir else '',
     )
     batches = _streamed_examples(data, source, split, start, process_index).map(
-        preprocess, num_parallel_calls=tf.data.AUTOTUNE
+        preprocess, num_parallel_calls=_preprocess_calls()
     )
   batches = batches.batch(local_batch, drop_remainder=True).prefetch(data.prefetch)
-  return batches.as_numpy_iterator()
+  # Each image's ops run on one thread: images are preprocessed in parallel already, and splitting
+  # one image's ops over threads would only add synchronisation.
+  options = tf.data.Options()
+  options.threading.max_intra_op_parallelism = 1
+  return batches.with_options(options).as_numpy_iterator()
 
 
 # Evaluation.
