@@ -91,6 +91,17 @@ def test_normalisation_of_constant_images(normalization):
   np.testing.assert_allclose(white[0, 0], (1 - mean) / std, rtol=1e-5)
 
 
+@pytest.mark.parametrize('size', [8, 224])  # TensorFlow's kernels, then the fused XLA loop.
+def test_whole_pixels_clip_and_round_half_to_even(size):
+  rng = np.random.default_rng(0)
+  image = rng.uniform(-40.0, 300.0, (size, size, 3)).astype(np.float32)
+  image[0, 0] = [0.5, 1.5, 254.5]  # Ties go to the even neighbour, as PIL's 8-bit output.
+  pixels = input_pipeline._whole_pixels(tf.constant(image)).numpy()
+  assert pixels.dtype == np.uint8
+  np.testing.assert_array_equal(pixels[0, 0], [0, 2, 254])
+  np.testing.assert_array_equal(pixels, np.round(np.clip(image, 0.0, 255.0)).astype(np.uint8))
+
+
 def test_imagenet_and_inception_constants():
   assert input_pipeline.NORMALIZATIONS['imagenet'] == ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
   black = input_pipeline._normalize(tf.zeros([1, 1, 3]), 'inception').numpy()

@@ -35,6 +35,7 @@ config; evaluation and prediction use `EvalTransform`. Mixup/CutMix run on devic
 
 import dataclasses
 import math
+import os
 from typing import Any, Callable, Iterator
 
 from absl import logging
@@ -68,6 +69,10 @@ INCEPTION_CROP_RATIO = (3 / 4, 4 / 3)
 _INCEPTION_CROP_ATTEMPTS = 10
 # Salts that keep the shuffle and augmentation random streams apart.
 _SHUFFLE_SALT, _AUGMENT_SALT = 0, 1
+# Training images preprocessed at once per CPU. A parallel map hands out its results in order, and
+# AUTOTUNE keeps at most one image per CPU in flight: one slow image (a rotation, an erasure) would
+# leave the other CPUs idle until it is done. The extra calls wait in the thread pool's queue.
+_PREPROCESS_CALLS_PER_CPU = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,8 +297,9 @@ def _to_rgb(image: tf.Tensor) -> tf.Tensor:
   return image
 
 
-def _resize(image: tf.Tensor, height: Any, width: Any) -> tf.Tensor:
-  """Bicubic, antialiased resize to float32 in [0, 255] (a no-op at the same static size).
+def _resize(image: tf.Tensor, height: Any, width: Any, clip: bool = True) -> tf.Tensor:
+  """Bicubic, antialiased resize to float32 in [0, 255] (a no-op at the same static size);
+  `clip=False` leaves the overshoot beyond [0, 255] to the caller (`_whole_pixels` clips).
 
   A uint8 image goes to the resize kernel as it is: it converts each pixel as it reads it, so
   the result is that of a float32 copy without the copy.
@@ -310,7 +316,7 @@ def _resize(image: tf.Tensor, height: Any, width: Any) -> tf.Tensor:
       and image.shape[1] <= width
   )
   resized = tf.image.resize(image, [height, width], method='bicubic', antialias=not upsampling)
-  return tf.clip_by_value(resized, 0.0, 255.0)
+  return tf.clip_by_value(resized, 0.0, 255.0) if clip else resized
 
 
 def centre_crop_window(
@@ -389,20 +395,36 @@ def _normalize_pixels(image: tf.Tensor, scale: tf.Tensor, offset: tf.Tensor) -> 
   return tf.cast(image, tf.float32) * scale + offset
 
 
-# One fused XLA loop per image shape: TensorFlow's kernels would write the image three times.
+def _round_pixels(image: tf.Tensor) -> tf.Tensor:
+  return tf.cast(tf.round(tf.clip_by_value(image, 0.0, 255.0)), tf.uint8)
+
+
+# One fused XLA loop per image shape: TensorFlow's kernels would write the image once per op.
 _COMPILED_NORMALIZE = tf.function(_normalize_pixels, jit_compile=True, autograph=False)
-# Below this many pixels an image is normalised by TensorFlow's kernels: calling an XLA program
-# costs more than their extra passes over a small image (the digits are 16x16).
-_COMPILED_NORMALIZE_MIN_PIXELS = 96 * 96
+_COMPILED_ROUND = tf.function(_round_pixels, jit_compile=True, autograph=False)
+# Below this many pixels TensorFlow's kernels do it: calling an XLA program costs more than their
+# extra passes over a small image (the digits are 16x16).
+_COMPILED_MIN_PIXELS = 96 * 96
+
+
+def _compiled(image: tf.Tensor) -> bool:
+  """True if `image` is large enough for the fused XLA programs (`_COMPILED_MIN_PIXELS`)."""
+  return image.shape.is_fully_defined() and image.shape[0] * image.shape[1] >= _COMPILED_MIN_PIXELS
+
+
+def _whole_pixels(image: tf.Tensor) -> tf.Tensor:
+  """A float image as whole uint8 values: clipped to [0, 255], rounded half to even."""
+  if not _compiled(image):
+    return _round_pixels(image)
+  augment.ignore_jax_xla_flags()
+  return _COMPILED_ROUND(image)
 
 
 def _normalize(image: tf.Tensor, normalization: str) -> tf.Tensor:
   """(image / 255 - mean) / std of a uint8 or float image, as one multiply-add per value."""
   mean, std = (np.array(v, np.float64) for v in NORMALIZATIONS[normalization])
   scale, offset = (tf.constant(v, tf.float32) for v in (1.0 / (255.0 * std), -mean / std))
-  if not image.shape.is_fully_defined() or image.shape[0] * image.shape[1] < (
-      _COMPILED_NORMALIZE_MIN_PIXELS
-  ):
+  if not _compiled(image):
     return _normalize_pixels(image, scale, offset)
   augment.ignore_jax_xla_flags()
   return _COMPILED_NORMALIZE(image, scale, offset)
@@ -547,8 +569,9 @@ def _train_image(image: tf.Tensor, seed: tf.Tensor, transform: TrainTransform) -
   crop_seed, flip_seed, randaugment_seed, erase_seed = tf.unstack(
       tf.random.experimental.stateless_split(seed, 4)
   )
+  pixel_ops = transform.randaugment is not None or transform.three_augment or transform.color_jitter
   if transform.augment == 'inception_crop':
-    image = _resize(_inception_crop(image, crop_seed), size, size)
+    image = _resize(_inception_crop(image, crop_seed), size, size, clip=not pixel_ops)
   elif transform.augment == 'simple_random_crop':
     image = _simple_random_crop(_decode(image), crop_seed, size, transform.crop_padding)
   else:
@@ -558,9 +581,8 @@ def _train_image(image: tf.Tensor, seed: tf.Tensor, transform: TrainTransform) -
       image = tf.pad(image, [[pad, pad], [pad, pad], [0, 0]])
       image = tf.image.stateless_random_crop(image, [size, size, 3], crop_seed)
   image = tf.ensure_shape(image, [size, size, 3])
-  pixel_ops = transform.randaugment is not None or transform.three_augment or transform.color_jitter
   if pixel_ops:  # They take whole uint8 values; rounding commutes with the flip.
-    image = tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8)
+    image = _whole_pixels(image)
   if transform.flip and transform.augment != 'none':
     image = tf.image.stateless_random_flip_left_right(image, flip_seed)
   if pixel_ops:
@@ -725,6 +747,11 @@ def _seed(data: 'DataSettings', process_index: int, salt: int) -> tf.Tensor:
   return tf.random.experimental.stateless_fold_in(base, salt)
 
 
+def _preprocess_calls() -> int:
+  """Training images in flight in the preprocessing map (`_PREPROCESS_CALLS_PER_CPU`)."""
+  return _PREPROCESS_CALLS_PER_CPU * len(os.sched_getaffinity(0))
+
+
 def _shuffled_examples(
     data: 'DataSettings', access: _Access, start: int, process_index: int, preprocess: Callable
 ) -> tf.data.Dataset:
@@ -742,10 +769,11 @@ def _shuffled_examples(
         draw % num, epoch_seed, tf.constant(num - 1, tf.int64)
     )
 
+  calls = _preprocess_calls()
   if access.gather is not None and repeats == 1:
     return tf.data.Dataset.counter(start).map(
         lambda position: preprocess(*access.gather(index(position)), position),
-        num_parallel_calls=tf.data.AUTOTUNE,
+        num_parallel_calls=calls,
     )
   # Each drawn example fills `repeats` consecutive positions; it is read and decoded once.
   draws = tf.data.Dataset.counter(start // repeats)
@@ -758,7 +786,7 @@ def _shuffled_examples(
   if repeats > 1:  # The first draw's copies may begin before `start`.
     examples = examples.flat_map(copies).skip(start % repeats)
   return examples.map(
-      lambda example, position: preprocess(*example, position), num_parallel_calls=tf.data.AUTOTUNE
+      lambda example, position: preprocess(*example, position), num_parallel_calls=calls
   )
 
 
@@ -833,10 +861,14 @@ def train_iterator(
         f' --data_dir={data.data_dir}' if data.data_dir else '',
     )
     batches = _streamed_examples(data, source, split, start, process_index).map(
-        preprocess, num_parallel_calls=tf.data.AUTOTUNE
+        preprocess, num_parallel_calls=_preprocess_calls()
     )
   batches = batches.batch(local_batch, drop_remainder=True).prefetch(data.prefetch)
-  return batches.as_numpy_iterator()
+  # Each image's ops run on one thread: images are preprocessed in parallel already, and splitting
+  # one image's ops over threads would only add synchronisation.
+  options = tf.data.Options()
+  options.threading.max_intra_op_parallelism = 1
+  return batches.with_options(options).as_numpy_iterator()
 
 
 # Evaluation.
