@@ -215,8 +215,8 @@ def attention_row(*, reduced: bool, repeats: int) -> Row:
 
 def throughput_configs(*, reduced: bool) -> list[tuple[ml_collections.ConfigDict, int]]:
   """(config, classes) of each ViT-B/16 bfloat16 training step the report times, at two batch
-  sizes per device: with XLA's attention and, where it runs, cuDNN's (reduced: the ViT row's step, which a
-  persistent compilation cache holds already)."""
+  sizes per device: with XLA's attention and, where it runs, cuDNN's (reduced: the ViT row's
+  step, which a persistent compilation cache holds already)."""
   if reduced:
     return [(_reduced_config('vit'), 10)]
   tokens = (224 // 16) ** 2 + 1

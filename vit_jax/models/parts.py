@@ -5,8 +5,8 @@ own settings of the part kinds that have any.
 (and so every family preset of it) has them as fields. A part kind's own settings are a small
 frozen dataclass (`T2TSettings`, `PositionalSettings`, `ReAttentionSettings`,
 `ClassAttentionSettings`) that the backbone holds in the part's one settings field
-(`stem_settings`, `attention_settings`, `class_stage_settings`; None: the kind's defaults) and hands to the
-part's module. The config schema (`vit_jax.config`) offers every field of both as
+(`stem_settings`, `attention_settings`, `class_stage_settings`; None: the kind's defaults) and
+hands to the part's module. The config schema (`vit_jax.config`) offers every field of both as
 `--config.model.FIELD`, unset until a user sets it (the registered model's own value);
 `models.create` puts a kind's settings given by field name into their dataclass. Declared apart
 from the model, free of JAX, so that reading a config file imports neither.

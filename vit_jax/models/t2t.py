@@ -7,8 +7,8 @@ final soft split and a Linear (`project`) give the backbone tokens (`stems.Token
 shared backbone's `stem='t2t'`, so it also goes in front of any other family's blocks).
 
 `parts.T2TSettings(tokens_type='performer')` is T2T-ViT-n (7, 10, 12, 14, 19, 24):
-`Token_performer` with a frozen orthogonal random-feature kernel. `'transformer'` is T2T-ViT_t-n (14, 19, 24): token attention
-with a V skip. Every published size is registered (`SIZES`, `MODELS`).
+`Token_performer` with a frozen orthogonal random-feature kernel. `'transformer'` is T2T-ViT_t-n
+(14, 19, 24): token attention with a V skip. Every published size is registered (`SIZES`, `MODELS`).
 
 Fixed, untrained parameters live in `params` and are read through `stop_gradient`, so they reach
 checkpoints and `to_timm` like the official `requires_grad=False` Parameters but get zero gradient:
