@@ -105,9 +105,7 @@ CORRUPTIONS = {
 
 
 def _abstract_state(config):
-  return jax.eval_shape(
-      train.Start.build(train.Settings.from_config(config), 10, lambda _: 1e-3).init
-  )
+  return jax.eval_shape(train.Settings.from_config(config).start(10, lambda _: 1e-3).init)
 
 
 @pytest.mark.parametrize('kind', CORRUPTIONS)

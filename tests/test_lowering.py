@@ -265,7 +265,7 @@ def test_bfloat16_step_stays_within_bfloat16_tolerance_of_float32(name):
   for dtype in ('float32', 'bfloat16'):
     config = family_config(family, dtype=dtype)
     config.model.update(depth=1, **fields)
-    start = train.Start.build(train.Settings.from_config(config), 10, lambda _: 1e-3)
+    start = train.Settings.from_config(config).start(10, lambda _: 1e-3)
     model, tx = start.model, start.tx
     state = jax.jit(start.init)()
     rng = np.random.default_rng(0)

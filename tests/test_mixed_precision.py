@@ -56,7 +56,7 @@ def test_bfloat16_compute_float32_parameters_probabilities_and_logits():
 
 def test_train_step_keeps_float32_state_and_bfloat16_first_moment():
   config = tiny_config('unused', dtype='bfloat16', mu_dtype='bfloat16', ema_decay=0.9)
-  start = train.Start.build(train.Settings.from_config(config), 10, lambda _: 1e-3)
+  start = train.Settings.from_config(config).start(10, lambda _: 1e-3)
   model, tx = start.model, start.tx
   state = start.init()
   state, metrics = jax.jit(

@@ -165,7 +165,7 @@ def one_device_state(config) -> steps.TrainState:
   """The abstract training state, replicated on this process's one-device mesh."""
   settings = train.Settings.from_config(config)
   schedule = optim.learning_rate_schedule(settings.schedule, STEPS, 2)
-  start = train.Start.build(settings, digits.NUM_CLASSES, schedule)
+  start = settings.start(digits.NUM_CLASSES, schedule)
   sharding = NamedSharding(Mesh(np.array(jax.devices()[:1]), ('data',)), P())
   return jax.tree.map(
       lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),

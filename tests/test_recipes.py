@@ -103,7 +103,7 @@ def test_train_step_learns_from_the_mixed_batch(monkeypatch):
       cutmix_alpha=1.0,
       **{'model.init_scheme': 'timm'},
   )
-  start = train.Start.build(train.Settings.from_config(config), 10, lambda _: 1e-3)
+  start = train.Settings.from_config(config).start(10, lambda _: 1e-3)
   model, tx = start.model, start.tx
   state = start.init()
   # The step's own mixing rng is replaced by a fixed one so that the test can redo the mixing.
@@ -142,7 +142,7 @@ def test_four_micro_batches_equal_one_big_batch(mixing):
   results = []
   for accumulate in (1, 4):
     config = tiny_config('unused', grad_accum_steps=accumulate, **overrides)
-    start = train.Start.build(train.Settings.from_config(config), 10, lambda _: 1e-3)
+    start = train.Settings.from_config(config).start(10, lambda _: 1e-3)
     model, tx = start.model, start.tx
     state = start.init()
     step = jax.jit(steps.make_train_step(model, tx, steps.StepSettings.from_config(config), 10))
@@ -182,7 +182,7 @@ def test_bad_recipe_settings_fail_before_touching_the_workdir(tmp_path, override
 
 def test_ema_follows_the_parameters():
   config = tiny_config('unused', ema_decay=0.75)
-  start = train.Start.build(train.Settings.from_config(config), 10, lambda _: 1e-2)
+  start = train.Settings.from_config(config).start(10, lambda _: 1e-2)
   model, tx = start.model, start.tx
   state = start.init()
   assert_trees_close(state.ema['params'], state.params, atol=0)

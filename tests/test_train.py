@@ -87,7 +87,7 @@ def test_eight_devices_equal_one_device(data_dir):
       config = tiny_config({data_dir!r}, **{{'model.dropout_rate': 0.1, 'model.drop_path_rate': 0.2}})
       settings = train.Settings.from_config(config)
       schedule = optim.learning_rate_schedule(settings.schedule, 10, 0)
-      start = train.Start.build(settings, 10, schedule)
+      start = settings.start(10, schedule)
       model, tx = start.model, start.tx
       rng = np.random.default_rng(0)
       batch = {{'image': rng.normal(size=(32, 16, 16, 3)).astype(np.float32),

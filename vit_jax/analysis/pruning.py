@@ -138,7 +138,7 @@ def write_run(
   settings = train.Settings.from_config(config)
   total, warmup = config.total_steps, config.warmup_steps
   schedule = optim.learning_rate_schedule(settings.schedule, total, warmup)
-  start = train.Start.build(settings, num_classes, schedule)
+  start = settings.start(num_classes, schedule)
   abstract = jax.eval_shape(start.init)
   params = jax.tree.map(lambda x, s: jnp.asarray(x, s.dtype), params, abstract.params)
   state = abstract.replace(

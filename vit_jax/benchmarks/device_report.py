@@ -27,9 +27,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vit_jax import config as config_lib
 from vit_jax import runtime
 from vit_jax.training import optim
+from vit_jax.training import start as start_lib
 from vit_jax.training import steps
 
 FAMILIES = ('vit', 'deit', 'cait', 'deepvit', 't2t', 'sa_conv', 'regnet')
@@ -96,20 +96,21 @@ def _compiled_train_step(
 ) -> tuple[Callable, steps.TrainState, float | None]:
   """The config's training step at a constant learning rate, compiled, its fresh state and its
   FLOPs: the model, optimizer and step alone, so that a machine without TensorFlow runs it."""
-  model = config_lib.model_from_section(config.model.to_dict(), num_classes, config.dtype)
-  tx = optim.create_optimizer(
-      optim.OptimizerSettings.from_config(config), lambda _: config.base_lr, model
-  )
-  init = lambda: steps.init_state(
-      model,
-      tx,
-      steps.init_rngs(config.seed),
+  start = start_lib.Start.build(
+      config.model.to_dict(),
+      num_classes,
+      lambda _: config.base_lr,
+      dtype=config.dtype,
+      optimizer=optim.OptimizerSettings.from_config(config),
+      seed=config.seed,
       image_size=config.image_size,
       ema=bool(config.ema_decay),
   )
-  state = jax.jit(init)()
+  state = jax.jit(start.init)()
   step = jax.jit(
-      steps.make_train_step(model, tx, steps.StepSettings.from_config(config), num_classes),
+      steps.make_train_step(
+          start.model, start.tx, steps.StepSettings.from_config(config), num_classes
+      ),
       donate_argnums=0,
   )
   lowered = step.lower(state, batch)

@@ -144,7 +144,7 @@ def step_programs(
   """
   settings = train.Settings.from_config(config)
   schedule = optim.learning_rate_schedule(settings.schedule, max(config.total_steps, 2), 1)
-  start = train.Start.build(settings, num_classes, schedule)
+  start = settings.start(num_classes, schedule)
   model, tx = start.model, start.tx
   abstract_state = jax.eval_shape(start.init)
   teacher = teacher_variables = None

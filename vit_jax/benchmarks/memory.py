@@ -35,7 +35,7 @@ def memory_per_device(config, num_classes: int) -> dict[str, int]:
   """
   settings = train.Settings.from_config(config)
   schedule = optim.learning_rate_schedule(settings.schedule, 2, 1)
-  start = train.Start.build(settings, num_classes, schedule)
+  start = settings.start(num_classes, schedule)
   mesh = sharding.make_mesh(config.mesh.fsdp)
   state = jax.eval_shape(start.init)
   layout = sharding.fsdp_shardings(state, mesh, config.mesh.fsdp_min_size)

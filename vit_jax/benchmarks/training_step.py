@@ -93,7 +93,7 @@ def jax_contender(
   """Our model under `vit_jax.training.steps`'s training step, jitted with the state donated."""
   settings = train.Settings.from_config(config)
   schedule = optim.learning_rate_schedule(settings.schedule, max(int(config.total_steps), 2), 1)
-  setup = train.Start.build(settings, num_classes, schedule)
+  setup = settings.start(num_classes, schedule)
   model = setup.model
   rng = np.random.default_rng(0)
   size, batch_size = config.image_size, config.batch_size

@@ -38,6 +38,7 @@ from vit_jax.training import interruption
 from vit_jax.training import memory
 from vit_jax.training import optim
 from vit_jax.training import resume as resume_lib
+from vit_jax.training import start as start_lib
 from vit_jax.training import steps
 from vit_jax.training import teacher as teacher_lib
 from vit_jax.training import workdir as workdir_lib
@@ -95,28 +96,18 @@ class Settings:
   def model_name(self) -> str:
     return self.model['name']
 
-
-@dataclasses.dataclass(frozen=True)
-class Start:
-  """What a run of `Settings` trains, and its fresh state: the model, its optimizer, the run's
-  random keys (`steps.init_rngs`: the parameters', the steps') and `init`, a thunk of the fresh
-  training state (parameters from those keys, an EMA if the run keeps one) for `jax.jit` or
-  `jax.eval_shape`."""
-
-  model: nn.Module
-  tx: optax.GradientTransformation
-  rngs: tuple[jax.Array, jax.Array]
-  init: Callable[[], steps.TrainState]
-
-  @classmethod
-  def build(cls, settings: Settings, num_classes: int, schedule: optax.ScalarOrSchedule) -> 'Start':
-    model = config_lib.model_from_section(settings.model, num_classes, settings.dtype)
-    tx = optim.create_optimizer(settings.optimizer, schedule, model)
-    rngs = steps.init_rngs(settings.seed)
-    init = lambda: steps.init_state(
-        model, tx, rngs, image_size=settings.data.image_size, ema=bool(settings.step.ema_decay)
+  def start(self, num_classes: int, schedule: optax.ScalarOrSchedule) -> start_lib.Start:
+    """The model, optimizer, random keys and fresh state these settings train."""
+    return start_lib.Start.build(
+        self.model,
+        num_classes,
+        schedule,
+        dtype=self.dtype,
+        optimizer=self.optimizer,
+        seed=self.seed,
+        image_size=self.data.image_size,
+        ema=bool(self.step.ema_decay),
     )
-    return cls(model, tx, rngs, init)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,7 +151,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
   # Model and optimizer.
   total_steps, warmup_steps = optim.training_steps(settings.schedule, info.num_train_examples)
   schedule = optim.learning_rate_schedule(settings.schedule, total_steps, warmup_steps)
-  start = Start.build(settings, info.num_classes, schedule)
+  start = settings.start(info.num_classes, schedule)
   model, tx = start.model, start.tx
   evaluate = Evaluation.build(model, info.num_classes, mesh, settings.data, eval_sets)
   if settings.eval_only:
@@ -213,7 +204,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
   # `plan` refuses, touching nothing, a checkpoint this config cannot take.
   resuming = run_dir.has_checkpoint()
   abstract_for = lambda saved: jax.eval_shape(
-      Start.build(Settings.from_config(saved), info.num_classes, schedule).init
+      Settings.from_config(saved).start(info.num_classes, schedule).init
   )
   plan = resume_lib.plan(run_dir, config, abstract_state, abstract_for)
   pretrained = None
