@@ -38,7 +38,6 @@ from absl import flags as absl_flags
 from absl import logging as absl_logging
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-_LEGACY_KERAS = 'TF_USE_LEGACY_KERAS'  # TensorFlow's switch to the `tf_keras` package.
 
 # Each flag is added unless XLA_FLAGS already names it, with the first jaxlib that knows it (XLA
 # aborts on flags it does not know).
@@ -223,38 +222,13 @@ def quiet_library_logs() -> None:
   tracebacks of reads abandoned on a closed event loop go too (`_silence_closed_event_loops`).
   """
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-  if tensorflow_installed():
-    shown = os.environ['TF_CPP_MIN_LOG_LEVEL'] == '0'
-    with contextlib.nullcontext() if shown else _native_stderr_discarded():
-      import_tensorflow()
+  if os.environ['TF_CPP_MIN_LOG_LEVEL'] != '0' and tensorflow_installed():
+    with _native_stderr_discarded():
+      import tensorflow  # pylint: disable=g-import-not-at-top,unused-import
   handler = absl_logging.get_absl_handler()
   if _own_or_important not in handler.filters:
     handler.addFilter(_own_or_important)
   _silence_closed_event_loops()
-
-
-def import_tensorflow() -> None:
-  """Imports TensorFlow without the Keras that its `__init__` imports eagerly, which tf.data and
-  tf.image do not use and which takes a third of TensorFlow's import time.
-
-  TensorFlow skips that import when `TF_USE_LEGACY_KERAS` asks for the separate `tf_keras`
-  package, which vit_jax does not install; the variable is set only while TensorFlow loads, so
-  `tf.keras` still loads Keras on first use. Where `tf_keras` is installed, TensorFlow imports
-  as it always does.
-  """
-  if 'tensorflow' in sys.modules or importlib.util.find_spec('tf_keras') is not None:
-    import tensorflow  # pylint: disable=g-import-not-at-top,unused-import
-
-    return
-  previous = os.environ.get(_LEGACY_KERAS)
-  os.environ[_LEGACY_KERAS] = '1'
-  try:
-    import tensorflow  # pylint: disable=g-import-not-at-top,unused-import
-  finally:
-    if previous is None:
-      del os.environ[_LEGACY_KERAS]
-    else:
-      os.environ[_LEGACY_KERAS] = previous
 
 
 def tensorflow_installed() -> bool:
