@@ -102,6 +102,29 @@ def test_whole_pixels_clip_and_round_half_to_even(size):
   np.testing.assert_array_equal(pixels, np.round(np.clip(image, 0.0, 255.0)).astype(np.uint8))
 
 
+@pytest.mark.parametrize('whole', [True, False])
+def test_crop_resize_is_tensorflows_antialiased_resize_bit_for_bit(whole):
+  """`_resize_crop` (two vertical passes, transposed by XLA) equals `_resize` then
+  `_whole_pixels` (or the clipped floats) byte for byte: shrinking, enlarging, thin crops, widths
+  on both sides of the padded widths."""
+  rng = np.random.default_rng(0)
+  spec = [tf.TensorSpec([None, None, 3], tf.uint8)]
+
+  @tf.function(input_signature=spec)
+  def reference(crop):
+    resized = tf.ensure_shape(input_pipeline._resize(crop, 96, 96, clip=not whole), [96, 96, 3])
+    return input_pipeline._whole_pixels(resized) if whole else resized
+
+  resize_crop = tf.function(
+      lambda crop: input_pipeline._resize_crop(crop, 96, whole), input_signature=spec
+  )
+  for shape in [(1, 1), (5, 3), (60, 97), (96, 96), (97, 95), (375, 500), (2, 540), (700, 31)]:
+    crop = tf.constant(rng.integers(0, 256, shape + (3,), dtype=np.uint8))
+    expected, actual = reference(crop).numpy(), resize_crop(crop).numpy()
+    assert actual.dtype == expected.dtype == (np.uint8 if whole else np.float32)
+    assert actual.tobytes() == expected.tobytes(), shape
+
+
 def test_imagenet_and_inception_constants():
   assert input_pipeline.NORMALIZATIONS['imagenet'] == ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
   black = input_pipeline._normalize(tf.zeros([1, 1, 3]), 'inception').numpy()

@@ -420,6 +420,70 @@ def _whole_pixels(image: tf.Tensor) -> tf.Tensor:
   return _COMPILED_ROUND(image)
 
 
+def _transpose_pixels(image: tf.Tensor) -> tf.Tensor:
+  return tf.transpose(image, [1, 0, 2])
+
+
+def _transpose_whole_pixels(image: tf.Tensor) -> tf.Tensor:
+  return _round_pixels(_transpose_pixels(image))
+
+
+def _transpose_clipped(image: tf.Tensor) -> tf.Tensor:
+  return tf.clip_by_value(_transpose_pixels(image), 0.0, 255.0)
+
+
+# Transpositions of (H, W, 3) float images: XLA's loops beat TensorFlow's generic transpose kernel.
+_COMPILED_TRANSPOSE = tf.function(_transpose_pixels, jit_compile=True, autograph=False)
+_COMPILED_TRANSPOSE_WHOLE = tf.function(_transpose_whole_pixels, jit_compile=True, autograph=False)
+_COMPILED_TRANSPOSE_CLIPPED = tf.function(_transpose_clipped, jit_compile=True, autograph=False)
+# A crop's width is padded up to a multiple of this (from 512 pixels on, of an eighth of its power
+# of two), so that its transposition compiles for a few widths rather than for every one.
+_TRANSPOSE_WIDTH_STEP = 32
+
+
+def _transpose_width(width: tf.Tensor) -> tf.Tensor:
+  """`width` rounded up to the next padded width (`_TRANSPOSE_WIDTH_STEP`)."""
+  octave = tf.cast(tf.math.floor(tf.math.log(tf.cast(width, tf.float32)) / math.log(2.0)), tf.int32)
+  step = tf.maximum(_TRANSPOSE_WIDTH_STEP, tf.bitwise.left_shift(1, tf.maximum(octave - 3, 0)))
+  return (width + step - 1) // step * step
+
+
+def _resize_rows(image: tf.Tensor, size: int) -> tf.Tensor:
+  """The first (vertical) pass of `_resize`'s kernel alone: the rows of a (H, W, C) image resized
+  to `size`, as float32; every column is resized on its own."""
+  shape = tf.shape(image)
+  rows = tf.reshape(image, [1, shape[0], 1, shape[1] * shape[2]])
+  in_size = tf.cast(tf.stack([shape[0], 1]), tf.float32)
+  resized = tf.raw_ops.ScaleAndTranslate(
+      images=rows,
+      size=tf.constant([size, 1]),
+      scale=tf.constant([size, 1], tf.float32) / in_size,
+      translation=tf.zeros([2]),
+      kernel_type='keyscubic',
+      antialias=True,
+  )
+  return tf.reshape(resized, [size, shape[1], shape[2]])
+
+
+def _resize_crop(image: tf.Tensor, size: int, whole: bool) -> tf.Tensor:
+  """`_resize` of a crop to size x size, bit for bit, clipped to [0, 255]; `whole` rounds it to
+  uint8 as `_whole_pixels` does.
+
+  TensorFlow's antialiased resize runs its vertical pass over contiguous rows and its horizontal
+  pass one pixel at a time. Here both passes are vertical ones, the image transposed in between
+  and after, with the same weights summed in the same order.
+  """
+  if image.shape[:2].is_fully_defined() or size * size < _COMPILED_MIN_PIXELS:
+    resized = tf.ensure_shape(_resize(image, size, size, clip=not whole), [size, size, None])
+    return _whole_pixels(resized) if whole else resized
+  augment.ignore_jax_xla_flags()
+  width = tf.shape(image)[1]
+  padded = tf.pad(image, [[0, 0], [0, _transpose_width(width) - width], [0, 0]])
+  columns = _COMPILED_TRANSPOSE(_resize_rows(padded, size))[:width]
+  transposed = tf.ensure_shape(_resize_rows(columns, size), [size, size, None])
+  return (_COMPILED_TRANSPOSE_WHOLE if whole else _COMPILED_TRANSPOSE_CLIPPED)(transposed)
+
+
 def _normalize(image: tf.Tensor, normalization: str) -> tf.Tensor:
   """(image / 255 - mean) / std of a uint8 or float image, as one multiply-add per value."""
   mean, std = (np.array(v, np.float64) for v in NORMALIZATIONS[normalization])
@@ -571,7 +635,7 @@ def _train_image(image: tf.Tensor, seed: tf.Tensor, transform: TrainTransform) -
   )
   pixel_ops = transform.randaugment is not None or transform.three_augment or transform.color_jitter
   if transform.augment == 'inception_crop':
-    image = _resize(_inception_crop(image, crop_seed), size, size, clip=not pixel_ops)
+    image = _resize_crop(_inception_crop(image, crop_seed), size, whole=pixel_ops)
   elif transform.augment == 'simple_random_crop':
     image = _simple_random_crop(_decode(image), crop_seed, size, transform.crop_padding)
   else:
@@ -581,7 +645,7 @@ def _train_image(image: tf.Tensor, seed: tf.Tensor, transform: TrainTransform) -
       image = tf.pad(image, [[pad, pad], [pad, pad], [0, 0]])
       image = tf.image.stateless_random_crop(image, [size, size, 3], crop_seed)
   image = tf.ensure_shape(image, [size, size, 3])
-  if pixel_ops:  # They take whole uint8 values; rounding commutes with the flip.
+  if pixel_ops and image.dtype != tf.uint8:  # Whole values; rounding commutes with the flip.
     image = _whole_pixels(image)
   if transform.flip and transform.augment != 'none':
     image = tf.image.stateless_random_flip_left_right(image, flip_seed)
