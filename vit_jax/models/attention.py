@@ -14,7 +14,7 @@ mixing accumulate in float32 from operands in the compute dtype, in both passes 
 import dataclasses
 import functools
 import math
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Collection, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -176,7 +176,8 @@ def _check_rank(x: jax.Array, rank: int, layout: str, name: str) -> None:
     raise ValueError(f'{name} expects inputs of shape {layout}; got shape {x.shape}.')
 
 
-def _check_choice(value: str, choices: tuple[str, ...], field: str) -> None:
+def check_choice(value: Any, choices: Collection[Any], field: str) -> None:
+  """Raises ValueError naming `field`'s `value` and the `choices` unless it is one of them."""
   if value not in choices:
     raise ValueError(f'{field}={value!r} is not valid; choose from {list(choices)}.')
 
@@ -429,8 +430,8 @@ class SelfAttention(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
     _check_rank(x, 3, '(batch, tokens, features)', type(self).__name__)
-    _check_choice(self.head_mixing, HEAD_MIXINGS, 'head_mixing')
-    _check_choice(self.re_attention_norm, RE_ATTENTION_NORMS, 're_attention_norm')
+    check_choice(self.head_mixing, HEAD_MIXINGS, 'head_mixing')
+    check_choice(self.re_attention_norm, RE_ATTENTION_NORMS, 're_attention_norm')
     width = x.shape[-1]
     head_dim = check_heads(width, self.num_heads, 'token')
     q, k, v = fused_qkv(self, x, width, head_dim)
@@ -688,7 +689,7 @@ class PositionalAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
-    _check_choice(self.scores, POSITIONAL_SCORES, 'scores')
+    check_choice(self.scores, POSITIONAL_SCORES, 'scores')
     if self.num_heads < 1:
       raise ValueError(f'num_heads={self.num_heads} must be >= 1.')
     if self.grid is None:
@@ -734,7 +735,7 @@ class PositionalAttention(nn.Module):
 
 def positional(kind: str, **fields: Any) -> functools.partial:
   """`PositionalAttention` of one of `POSITIONAL_KINDS`, with `fields`."""
-  _check_choice(kind, POSITIONAL_KINDS, 'attention')
+  check_choice(kind, POSITIONAL_KINDS, 'attention')
   return functools.partial(
       PositionalAttention,
       scores=kind.removesuffix('_content'),
@@ -782,20 +783,19 @@ def kinds() -> list[str]:
 
 def kind(name: str) -> Kind:
   """The registered attention kind `name`; ValueError naming the registered ones."""
-  if name not in _KINDS:
-    raise ValueError(f'attention={name!r} is not valid; choose from {kinds()}.')
+  check_choice(name, _KINDS, 'attention')
   return _KINDS[name]
 
 
-def _content(head_mixing: str) -> Callable[[Any, tuple[int, int]], Callable[..., nn.Module]]:
-  """Content attention with `head_mixing`, from the model's shared attention fields (and, for
-  Re-attention, its own settings)."""
+def _content(
+    head_mixing: str, settings: type | None = None
+) -> Callable[[Any, tuple[int, int]], Callable[..., nn.Module]]:
+  """Content attention with `head_mixing`, from the model's shared attention fields and the kind's
+  own `settings` (a `parts.KIND_SETTINGS` dataclass whose fields `SelfAttention` takes), if any."""
 
   def build(model: Any, grid: tuple[int, int]) -> Callable[..., nn.Module]:
     del grid
-    own = {}
-    if head_mixing == 're_attention':
-      own['re_attention_norm'] = model.kind_settings(parts.ReAttentionSettings).re_attention_norm
+    own = {} if settings is None else dataclasses.asdict(model.kind_settings(settings))
     return functools.partial(
         SelfAttention, head_mixing=head_mixing, **own, **model.attention_fields()
     )
@@ -822,6 +822,6 @@ def _positional(name: str) -> Callable[[Any, tuple[int, int]], Callable[..., nn.
 # then Cordonnier et al.'s positional kinds (patch tokens only).
 register('standard', _content('none'))
 register('talking_heads', _content('talking_heads'))
-register('re_attention', _content('re_attention'))
+register('re_attention', _content('re_attention', parts.ReAttentionSettings))
 for _name in POSITIONAL_KINDS:
   register(_name, _positional(_name), patch_tokens_only=True)

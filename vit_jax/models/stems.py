@@ -212,10 +212,7 @@ def check_soft_splits(
 def check_t2t_settings(settings: parts.T2TSettings) -> None:
   """Raises unless `settings` name a token block of TOKENS_TYPES, a positive token width and
   usable soft splits."""
-  if settings.tokens_type not in TOKENS_TYPES:
-    raise ValueError(
-        f'tokens_type={settings.tokens_type!r} is not valid; choose from {list(TOKENS_TYPES)}.'
-    )
+  attention_lib.check_choice(settings.tokens_type, TOKENS_TYPES, 'tokens_type')
   if settings.token_dim < 1:
     raise ValueError(f'token_dim={settings.token_dim} must be >= 1.')
   check_soft_splits(settings.soft_splits)

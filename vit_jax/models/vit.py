@@ -229,10 +229,7 @@ class VisionTransformer(nn.Module, parts.Parts):
         ('class_stage', CLASS_STAGES),
         ('inference_mode', INFERENCE_MODES),
     ):
-      if getattr(self, name) not in valid:
-        raise ValueError(
-            f'{name}={getattr(self, name)!r} is not valid; choose from ' f'{list(valid)}.'
-        )
+      attention_lib.check_choice(getattr(self, name), valid, name)
     if isinstance(self.layer_scale_init, str) and self.layer_scale_init != 'paper':
       raise ValueError(
           f'layer_scale_init={self.layer_scale_init!r} is not valid; choose a number, '
@@ -246,12 +243,11 @@ class VisionTransformer(nn.Module, parts.Parts):
     if self.stem == 't2t':
       stems.check_t2t_settings(self.kind_settings(parts.T2TSettings))
     if self.attention == 're_attention':
-      norm = self.kind_settings(parts.ReAttentionSettings).re_attention_norm
-      if norm not in attention_lib.RE_ATTENTION_NORMS:
-        raise ValueError(
-            f're_attention_norm={norm!r} is not valid; choose from '
-            f'{list(attention_lib.RE_ATTENTION_NORMS)}.'
-        )
+      attention_lib.check_choice(
+          self.kind_settings(parts.ReAttentionSettings).re_attention_norm,
+          attention_lib.RE_ATTENTION_NORMS,
+          're_attention_norm',
+      )
     if self.stem == 'cnn' and self.patch_size % 2:
       raise ValueError(
           f"patch_size={self.patch_size} must be even with stem='cnn' (its first "
