@@ -1,4 +1,5 @@
-"""Process settings: XLA flags that this jaxlib knows, glibc malloc reuse, quiet libraries."""
+"""Process settings: XLA flags that this jaxlib knows, glibc malloc and TensorFlow allocator
+reuse, quiet libraries."""
 
 import gc
 import logging as std_logging
@@ -38,16 +39,35 @@ def test_flags_unknown_to_the_installed_jaxlib_are_left_out(monkeypatch):
     platform.system() != 'Linux' or platform.libc_ver()[0] != 'glibc',
     reason='glibc malloc settings',
 )
-def test_configure_keeps_freed_memory_and_jax_still_runs():
+def test_configure_keeps_freed_memory_and_jax_and_tensorflow_still_run():
+  """In a fresh process: malloc keeps freed memory, JAX computes, and TensorFlow's CPU tensors
+  come from its BFC allocator (the stock allocator keeps no statistics)."""
   code = (
       'from vit_jax import runtime; applied = runtime.configure(); '
-      'import jax.numpy as jnp; assert float(jnp.ones(3).sum()) == 3.0; print(applied)'
+      'import jax.numpy as jnp; assert float(jnp.ones(3).sum()) == 3.0; print(applied); '
+      'import tensorflow as tf; assert float(tf.reduce_sum(tf.ones([512, 512]))) == 512 ** 2; '
+      "print('peak', tf.config.experimental.get_memory_info('CPU:0')['peak'])"
   )
+  env = {k: v for k, v in os.environ.items() if k != runtime.TF_BFC_ENV}
   result = subprocess.run(
-      [sys.executable, '-c', code], capture_output=True, text=True, check=False, timeout=300
+      [sys.executable, '-c', code],
+      capture_output=True,
+      text=True,
+      check=False,
+      timeout=300,
+      env=env,
   )
   assert result.returncode == 0, result.stderr
   assert "'keep_freed_host_memory': True" in result.stdout
+  assert int(result.stdout.split('peak ')[1]) >= 512 * 512 * 4
+
+
+def test_tensorflow_allocator_setting_never_overrides_the_user(monkeypatch):
+  monkeypatch.setenv(runtime.TF_BFC_ENV, 'false')
+  assert runtime.tensorflow_reuses_freed_memory() == 'false'
+  monkeypatch.delenv(runtime.TF_BFC_ENV)
+  assert runtime.tensorflow_reuses_freed_memory() == 'true'
+  assert os.environ[runtime.TF_BFC_ENV] == 'true'
 
 
 def _record(pathname: str, level: int) -> std_logging.LogRecord:

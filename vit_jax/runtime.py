@@ -6,13 +6,16 @@ query), so entry points call it first thing:
 
 - glibc malloc keeps freed memory: no mmap for large blocks, no trimming, one arena. XLA allocates
   the temporary buffer of every execution afresh (about 1 GiB for a ViT-Ti/4 training step at
-  batch 64); served by mmap, each step faults those pages in again and the kernel zeroes them,
-  which cost a fifth of a CPU training step.
+  batch 64); served by mmap, each step would fault those pages in again and the kernel zero
+  them.
+- TensorFlow's CPU tensors (the input pipeline's images and batches) come from its BFC allocator,
+  which keeps freed blocks for the next image instead of returning each to malloc
+  (`TF_CPU_ALLOCATOR_USE_BFC`); it must be set before TensorFlow allocates its first tensor.
 - XLA's CPU compiler leaves matmuls to Eigen rather than YNNPACK fusions, which run ViT's
   matmul shapes more slowly (`CPU_XLA_FLAGS`).
 
-Options already given in `XLA_FLAGS` are kept; on other platforms and C libraries the malloc
-settings are skipped, and the CPU flags do nothing on accelerators.
+Options already given in `XLA_FLAGS` or `TF_CPU_ALLOCATOR_USE_BFC` are kept; on other platforms
+and C libraries the malloc settings are skipped, and the CPU flags do nothing on accelerators.
 
 `quiet_library_logs()` keeps the libraries' INFO lines (orbax's a dozen per checkpoint, clu's
 copy of every summary, TensorFlow's start-up notices) out of a run's log.
@@ -42,6 +45,9 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 # Each flag is added unless XLA_FLAGS already names it, with the first jaxlib that knows it (XLA
 # aborts on flags it does not know).
 CPU_XLA_FLAGS = {'--xla_cpu_experimental_ynn_fusion_type=': (0, 10, 0)}
+
+# Read by TensorFlow when it creates its CPU allocator, at its first tensor.
+TF_BFC_ENV = 'TF_CPU_ALLOCATOR_USE_BFC'
 
 # mallopt(3) parameters of glibc.
 _M_TRIM_THRESHOLD = -1
@@ -83,9 +89,19 @@ def add_xla_flags(flags: Mapping[str, tuple[int, ...]] = CPU_XLA_FLAGS) -> str:
   return current
 
 
+def tensorflow_reuses_freed_memory() -> str:
+  """Has TensorFlow's CPU tensors come from its BFC allocator, unless the environment says
+  otherwise; returns the setting."""
+  return os.environ.setdefault(TF_BFC_ENV, 'true')
+
+
 def configure() -> dict[str, object]:
-  """Applies both settings; returns what was applied, for logs and benchmark reports."""
-  return {'keep_freed_host_memory': keep_freed_host_memory(), 'XLA_FLAGS': add_xla_flags()}
+  """Applies the three settings; returns what was applied, for logs and benchmark reports."""
+  return {
+      'keep_freed_host_memory': keep_freed_host_memory(),
+      TF_BFC_ENV: tensorflow_reuses_freed_memory(),
+      'XLA_FLAGS': add_xla_flags(),
+  }
 
 
 def _abandoned_read(record: logging.LogRecord) -> bool:
