@@ -16,6 +16,19 @@ from vit_jax import runtime
 from vit_jax.training import train
 
 
+def _python(code: str, without: str) -> subprocess.CompletedProcess:
+  """`python -c code` in a fresh process, with this environment less the variable `without`."""
+  env = {k: v for k, v in os.environ.items() if k != without}
+  return subprocess.run(
+      [sys.executable, '-c', code],
+      capture_output=True,
+      text=True,
+      check=False,
+      timeout=300,
+      env=env,
+  )
+
+
 def test_flags_are_added_once_and_never_override_the_user(monkeypatch):
   monkeypatch.setenv('XLA_FLAGS', '--xla_dump_to=/tmp/dump')
   flags = runtime.add_xla_flags({'--xla_cpu_experimental_ynn_fusion_type=': (0,)})
@@ -48,15 +61,7 @@ def test_configure_keeps_freed_memory_and_jax_and_tensorflow_still_run():
       'import tensorflow as tf; assert float(tf.reduce_sum(tf.ones([512, 512]))) == 512 ** 2; '
       "print('peak', tf.config.experimental.get_memory_info('CPU:0')['peak'])"
   )
-  env = {k: v for k, v in os.environ.items() if k != runtime.TF_BFC_ENV}
-  result = subprocess.run(
-      [sys.executable, '-c', code],
-      capture_output=True,
-      text=True,
-      check=False,
-      timeout=300,
-      env=env,
-  )
+  result = _python(code, without=runtime.TF_BFC_ENV)
   assert result.returncode == 0, result.stderr
   assert "'keep_freed_host_memory': True" in result.stdout
   assert int(result.stdout.split('peak ')[1]) >= 512 * 512 * 4
@@ -155,18 +160,10 @@ def test_orbax_read_only_notice_is_dropped_for_work_directories_opened_to_be_rea
 
 
 def test_tensorflow_loads_without_start_up_notices():
-  env = {k: v for k, v in os.environ.items() if k != 'TF_CPP_MIN_LOG_LEVEL'}
   code = (
       'import sys; from vit_jax import runtime; runtime.quiet_library_logs(); '
       'import tensorflow as tf; tf.constant(1); print("after", file=sys.stderr)'
   )
-  result = subprocess.run(
-      [sys.executable, '-c', code],
-      capture_output=True,
-      text=True,
-      check=False,
-      timeout=300,
-      env=env,
-  )
+  result = _python(code, without='TF_CPP_MIN_LOG_LEVEL')
   assert result.returncode == 0, result.stderr
   assert result.stderr == 'after\n'  # Written to stderr after the import: stderr is back.
