@@ -4,7 +4,7 @@ Default — a small CaiT (4 self-attention + 2 class-attention blocks) on the em
 
   python -m vit_jax.main --config=configs/cait.py --workdir=/tmp/cait
 
-  Measured: test accuracy 0.961 after its 500 steps of 128, in 103 s on 2 CPU cores, from a fresh
+  Measured: test accuracy 0.961 after its 500 steps of 128, in 121 s on 2 CPU cores, from a fresh
   clone.
 
 The published sizes on ImageNet at their released resolutions: the DeiT recipe of
