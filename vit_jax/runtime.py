@@ -90,8 +90,8 @@ def add_xla_flags(flags: Mapping[str, tuple[int, ...]] = CPU_XLA_FLAGS) -> str:
 
 
 def tensorflow_reuses_freed_memory() -> str:
-  """Has TensorFlow's CPU tensors come from its BFC allocator, unless the environment says
-  otherwise; returns the setting."""
+  """Makes TensorFlow's CPU tensors come from its BFC allocator, which reuses freed blocks, unless
+  the environment says otherwise; returns the setting."""
   return os.environ.setdefault(TF_BFC_ENV, 'true')
 
 
