@@ -1,6 +1,9 @@
 """Shared pytest fixtures, and one XLA compilation cache for the session."""
 
+import functools
+import inspect
 import os
+import re
 import tempfile
 
 import pytest
@@ -29,12 +32,43 @@ if runtime.jaxlib_version() >= (0, 10, 0):
 os.environ['XLA_FLAGS'] = f"{FAST_COMPILE} {os.environ.get('XLA_FLAGS', '')}".strip()
 
 
+# The two tiers. Plain `pytest` runs the unit and integration tests (in-process, tiny models);
+# `pytest -m e2e` runs the end-to-end tier: what starts a process (the commands as a user runs
+# them, kills, several processes, notebooks, installs) or trains to an accuracy. A test lands in the
+# end-to-end tier by what it does: by starting a Python process (`starts_python`: its code, the test
+# helpers and fixtures it calls), by using a fixture of `E2E_FIXTURES`, or by its `e2e` mark (a
+# training to an accuracy). One that starts a Python process unseen fails, naming the mark
+# (`_python_processes_are_end_to_end`).
+E2E_FIXTURES = frozenset({'trained_digits_run'})
+_TESTS = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# What starting a Python process looks like in a test's code: the interpreter, a notebook kernel.
+_STARTS_PYTHON = re.compile(r'\bsys\.executable\b|\bnbclient\b')
+
+
+def pytest_configure(config):
+  config.addinivalue_line(
+      'markers',
+      'e2e: the end-to-end tier (`pytest -m e2e`): starts Python processes or trains to an '
+      'accuracy; plain `pytest` leaves it out',
+  )
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
-  """Sends the tests that share a costly fixture to one xdist worker (`--dist loadgroup`), so that
-  it is built once: those of `trained_digits_run` together, and those of a module-scoped fixture
-  with the rest of their module; and schedules the modules with slow tests first."""
+  """Marks end-to-end the tests that start Python or use `E2E_FIXTURES`; sends the tests that share a costly fixture to
+  one xdist worker (`--dist loadgroup`), so that it is built once: those of `trained_digits_run`
+  together, and those of a module-scoped fixture with the rest of their module; and schedules the
+  modules with end-to-end tests first."""
   for item in items:
+    fixtures = [
+        definitions[-1].func
+        for name, definitions in item._fixtureinfo.name2fixturedefs.items()  # pylint: disable=protected-access
+        if name != '_python_processes_are_end_to_end'
+    ]
+    if E2E_FIXTURES & set(item.fixturenames) or any(
+        starts_python(f) for f in [getattr(item, 'function', None), *fixtures] if f
+    ):
+      item.add_marker(pytest.mark.e2e)
     group = None
     for name, definitions in item._fixtureinfo.name2fixturedefs.items():  # pylint: disable=protected-access
       if name == 'trained_digits_run':
@@ -44,10 +78,58 @@ def pytest_collection_modifyitems(items):
         group = item.nodeid.split('::')[0]
     if group:
       item.add_marker(pytest.mark.xdist_group(group))
-  # The modules with a slow test first (each module's tests kept together and in order), so that
+  # The modules with a long test first (each module's tests kept together and in order), so that
   # no worker starts a long test while the other runs out of work.
-  slow_modules = {item.module.__name__ for item in items if item.get_closest_marker('slow')}
-  items.sort(key=lambda item: item.module.__name__ not in slow_modules)
+  long_modules = {item.module.__name__ for item in items if item.get_closest_marker('e2e')}
+  items.sort(key=lambda item: item.module.__name__ not in long_modules)
+
+
+@functools.cache
+def starts_python(function) -> bool:
+  """Whether `function`, a test or fixture, or a test helper it names (defined under `tests/`),
+  starts a Python process."""
+  try:
+    if not os.path.abspath(inspect.getsourcefile(function)).startswith(_TESTS):
+      return False
+    source = inspect.getsource(function)
+  except (OSError, TypeError):
+    return False
+  if _STARTS_PYTHON.search(source):
+    return True
+  module = inspect.getmodule(function)
+  for name in set(re.findall(r'\b[A-Za-z_][\w.]*', source)):
+    helper = module
+    for part in name.split('.'):
+      helper = getattr(helper, part, None)
+    helper = inspect.unwrap(getattr(helper, '__func__', helper)) if callable(helper) else None
+    if helper is not function and inspect.isfunction(helper) and starts_python(helper):
+      return True
+  return False
+
+
+@pytest.fixture(autouse=True)
+def _python_processes_are_end_to_end(request, monkeypatch):
+  """Fails a test outside the end-to-end tier at the moment it starts a Python process that
+  `starts_python` did not see, naming the mark it needs."""
+  if request.node.get_closest_marker('e2e'):
+    return
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+
+  start = subprocess.Popen.__init__
+
+  def refuse_python(self, args, *rest, **kwargs):
+    argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+    program = os.path.basename(str(argv[0])) if argv else ''
+    is_python = str(argv[0]) == sys.executable or program.startswith('python')
+    if is_python:
+      raise RuntimeError(
+          f'{request.node.nodeid} starts a Python process ({" ".join(map(str, argv[:3]))} …): '
+          'that is an end-to-end test; mark it @pytest.mark.e2e (run by `pytest -m e2e`).'
+      )
+    start(self, args, *rest, **kwargs)
+
+  monkeypatch.setattr(subprocess.Popen, '__init__', refuse_python)
 
 
 @pytest.fixture(scope='session')

@@ -66,7 +66,7 @@ def _sa_conv_config(data_dir: str) -> ml_collections.ConfigDict:
   return config
 
 
-@pytest.mark.slow  # About 30 s: eight small compilations and a short fine-tuning run.
+@pytest.mark.e2e  # About 30 s: eight small compilations and a short fine-tuning run.
 def test_sa_conv_run_gets_centres_and_a_pruned_run_that_fine_tunes(data_dir, tmp_path):
   config = _sa_conv_config(data_dir)
   model = config_lib.create_model(config, 10)

@@ -138,7 +138,7 @@ def _jpeg_folder(root, classes=2, per_class=4):
   return root
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_input_pipeline_against_timm_on_a_jpeg_folder(timm, tmp_path):
   del timm  # Only to skip where timm is absent.
   root = _jpeg_folder(str(tmp_path / 'images'))

@@ -124,7 +124,7 @@ def _one_line(log: str, naming: str) -> None:
   assert 'Traceback' not in log and 'Extension modules' not in log and 'F1' not in log
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_when_a_process_dies_the_other_stops_at_once_with_one_line_and_exit_75(tmp_path):
   workdir = tmp_path / 'run'
   # A worker killed while training.

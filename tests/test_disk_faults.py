@@ -102,7 +102,7 @@ def _assert_params_equal(a, b):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-@pytest.mark.slow  # A subprocess and three tiny runs.
+@pytest.mark.e2e  # A subprocess and three tiny runs.
 def test_disk_full_while_saving_is_one_line_keeps_earlier_checkpoints_and_resumes_exactly(
     data_dir, tmp_path, monkeypatch
 ):

@@ -213,7 +213,7 @@ def _expected(logits: np.ndarray, example: dict, scoring: str) -> tuple[bool, bo
   return True, predicted == int(example['label'])
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_run_on_mocked_imagenet_reports_every_set_by_name(tmp_path):
   """Three test sets, on TFDS's mocks of the datasets: results.json and the returned metrics hold
   each set's metrics, raw and EMA, equal to the hand-scored logits of the final weights."""
@@ -272,7 +272,7 @@ def test_a_set_whose_classes_differ_is_refused_before_the_run_starts(tmp_path):
   assert not os.path.exists(tmp_path / 'run' / 'config.json')
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_evaluate_command_scores_a_finished_runs_ema_on_the_listed_sets(tmp_path):
   """`python -m vit_jax.evaluate --eval_sets` on a digits run: its EMA weights' top-1 on each set,
   the run's own test split equal to the run's EMA accuracy; `eval_only` reports the same."""

@@ -48,7 +48,7 @@ def test_settings_are_checked_by_name():
     evaluators.create('linear_probe', {'inverse_l2s': (-1.0,)})
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_fewshot_of_a_trained_vit_is_far_above_an_untrained_one(trained_digits_run):
   run = inference.load_run(trained_digits_run)
   data = input_pipeline.DataSettings.from_config(run.config)
@@ -61,7 +61,7 @@ def test_fewshot_of_a_trained_vit_is_far_above_an_untrained_one(trained_digits_r
   assert probe['linear_probe/digits'] >= 0.85
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_training_writes_periodic_evaluator_metrics(trained_digits_run):
   with open(os.path.join(trained_digits_run, 'results.json')) as f:
     results = json.load(f)
@@ -78,7 +78,7 @@ def test_training_writes_periodic_evaluator_metrics(trained_digits_run):
   assert steps['linear_probe/digits'] == [800]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_cli_on_a_run_writes_results(trained_digits_run, tmp_path):
   result = subprocess.run(
       [

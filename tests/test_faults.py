@@ -291,7 +291,7 @@ def _stop_after_first_step(process: subprocess.Popen, signum: int) -> tuple[int,
   return process.returncode, ''.join(lines) + rest
 
 
-@pytest.mark.slow  # 30-50 s each on 2 shared cores: a process, a compile, one step.
+@pytest.mark.e2e  # 30-50 s each on 2 shared cores: a process, a compile, one step.
 @pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT])
 def test_sigterm_and_ctrl_c_save_and_exit_75(data_dir, tmp_path, signum):
   workdir = str(tmp_path / 'run')

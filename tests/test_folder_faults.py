@@ -29,7 +29,7 @@ def _images(root: str, per_class: int = 3) -> str:
   return root
 
 
-@pytest.mark.slow  # Two processes importing TensorFlow.
+@pytest.mark.e2e  # Two processes importing TensorFlow.
 def test_two_processes_preparing_one_new_folder_both_get_it_prepared_once(tmp_path):
   root, data_dir, go = _images(str(tmp_path / 'images')), str(tmp_path / 'tfds'), tmp_path / 'go'
   script = textwrap.dedent(

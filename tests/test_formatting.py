@@ -2,21 +2,16 @@
 columns): `pyink vit_jax tests configs launch` formats it."""
 
 import os
-import subprocess
-import sys
+
+from click import testing
+import pyink
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_code_is_formatted_with_pyink():
-  result = subprocess.run(
-      [sys.executable, '-m', 'pyink', '--check', 'vit_jax', 'tests', 'configs', 'launch'],
-      capture_output=True,
-      text=True,
-      cwd=REPO,
-      timeout=300,
-      check=False,
-  )
+  folders = [os.path.join(REPO, name) for name in ('vit_jax', 'tests', 'configs', 'launch')]
+  result = testing.CliRunner().invoke(pyink.main, ['--check', *folders])
   assert (
-      result.returncode == 0
-  ), f'pyink would reformat (run `pyink vit_jax tests configs launch`):\n{result.stderr[-4000:]}'
+      result.exit_code == 0
+  ), f'pyink would reformat (run `pyink vit_jax tests configs launch`):\n{result.output[-4000:]}'

@@ -199,7 +199,7 @@ def saved_layout(workdir: str) -> tuple[dict[str, tuple], dict[str, tuple]]:
   )
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize('name', MODELS)
 def test_fsdp_8_trains_like_fsdp_1(trained, name):
   replicated, sharded = trained[f'{name}_fsdp1'], trained[f'{name}_fsdp8']
@@ -225,7 +225,7 @@ def test_fsdp_8_trains_like_fsdp_1(trained, name):
   )
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_saved_at_fsdp_8_resumed_at_fsdp_2_equals_an_uninterrupted_run(trained):
   workdir = trained['resumed']
   assert workdir_lib.Workdir(workdir).steps() == [MIDDLE, STEPS]
@@ -233,7 +233,7 @@ def test_saved_at_fsdp_8_resumed_at_fsdp_2_equals_an_uninterrupted_run(trained):
   assert max_difference(final_params(workdir), final_params(trained['vit_fsdp8'])) <= TOLERANCE
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_exported_weights_of_a_sharded_run_equal_a_replicated_ones(trained, tmp_path):
   model = config_lib.create_model(tiny_config(''), 10)
   exported = []

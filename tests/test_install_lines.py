@@ -70,7 +70,7 @@ def registry():
     )
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize('extra', EXTRAS)
 def test_launch_install_resolves_with_the_accelerator_extra(registry, extra):
   """What launch/slurm_gpu.sh and launch/tpu_vm.sh install: the pinned requirements and

@@ -255,7 +255,7 @@ def test_einsum_float32_equals_einsum_with_gradients_in_the_operands_dtype(spec,
     np.testing.assert_allclose(np.asarray(ours, np.float32), theirs, rtol=0.05, atol=0.05)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize('name', ['vit', 'cait', 'deepvit', 't2t_performer'])
 def test_bfloat16_step_stays_within_bfloat16_tolerance_of_float32(name):
   """Logits, loss and the first update of the bfloat16 step against the float32 step's, for

@@ -76,7 +76,7 @@ def test_bad_dtype_is_refused(field, value):
     config_lib.validate(tiny_config('unused', **{field: value}))
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_bfloat16_training_matches_float32_within_one_point(data_dir, trained_digits_run, tmp_path):
   """800 steps of a small ViT on 16x16 digits, two seeds: bfloat16 ends no more than 1 point below
   float32 on average.

@@ -215,7 +215,7 @@ def runs(tmp_path_factory):
   }
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_two_processes_train_like_one_process_with_two_devices(runs):
   log0, log1, _ = (read_log(log) for log in runs['logs'])
   assert 'jax.distributed.initialize(num_processes=2, process_id=0)' in log0
@@ -244,7 +244,7 @@ def test_two_processes_train_like_one_process_with_two_devices(runs):
   assert results_two['test_accuracy'] == pytest.approx(results_one['test_accuracy'], abs=1e-9)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_only_process_zero_writes_logs_and_summaries(runs):
   log0, log1, _ = (read_log(log) for log in runs['logs'])
   assert f'step {STEPS}/{STEPS}' in log0 and 'Final test accuracy' in log0
@@ -254,7 +254,7 @@ def test_only_process_zero_writes_logs_and_summaries(runs):
   assert {'config.json', 'results.json', 'checkpoints'} <= set(os.listdir(runs['two']))
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_two_process_checkpoint_restores_and_resumes_in_one_process(runs, tmp_path):
   assert jax.process_count() == 1 and jax.device_count() == 1
   workdir = str(tmp_path / 'resumed')
@@ -304,7 +304,7 @@ def fsdp_run(runs, tmp_path_factory):
   return workdir
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_two_processes_sharing_the_state_train_like_one_process(runs, fsdp_run):
   assert "Mesh {'data': 1, 'fsdp': 2}" in read_log(
       os.path.join(os.path.dirname(fsdp_run), 'process0.log')

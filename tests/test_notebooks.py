@@ -87,7 +87,7 @@ def test_quickstart(tmp_path, monkeypatch):
   assert os.path.exists(tmp_path / 'quickstart' / 'results.json')
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_attention_variants(tmp_path, monkeypatch):
   notebook = run_notebook('02_attention_variants.ipynb', tmp_path, monkeypatch)
   text = outputs(notebook)

@@ -28,7 +28,7 @@ def _write_test_digits(directory, count: int) -> dict[str, int]:
   return labels
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_cli_names_the_digits_of_a_trained_run_and_reports_bad_files(trained_digits_run, tmp_path):
   labels = _write_test_digits(str(tmp_path), 10)
   (tmp_path / 'broken.png').write_text('not an image')

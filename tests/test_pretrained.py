@@ -86,7 +86,7 @@ def pretrained(tmp_path_factory):
   return workdir, data_dir, metrics
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_fine_tuning_reaches_95_percent_in_fewer_steps_than_scratch(pretrained, tmp_path):
   """A new task on the same images (digit mod 3, unseen test images), new 3-class head.
 

@@ -51,7 +51,7 @@ def _run(command):
   assert result.returncode == 0, result.stderr[-4000:]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_sigkill_at_a_random_step_then_rerun_equals_uninterrupted(jpeg_folder, tmp_path):
   straight, killed = tmp_path / 'straight', tmp_path / 'killed'
   _run(_command(jpeg_folder, straight))  # Also prepares the folder, before the timed kill.

@@ -179,7 +179,7 @@ def test_unknown_config_key_is_refused_by_the_command_line(tmp_path):
   assert not (tmp_path / 'run').exists()
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_default_config_reaches_95_percent(data_dir, tmp_path):
   """The README's main command, configs/vit.py with no argument on the embedded digits, run as a
   user runs it: its own process, XLA's full optimisation (not the suite's fast compile)."""
