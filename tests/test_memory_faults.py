@@ -53,14 +53,14 @@ def _step():
   mesh = Mesh(np.array(jax.devices()[:1]), ('data',))
   replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P('data'))
 
-  def step(state, batch, teacher):
-    del teacher
+  def step(state, batch, teacher, schedule):
+    del teacher, schedule
     h = jnp.tanh(batch['image'].reshape(batch['image'].shape[0], -1) @ state)
     return state - 1e-3 * jnp.mean(h), {'loss': jnp.mean(h)}
 
   jitted = jax.jit(
       step,
-      in_shardings=(replicated, rows, None),
+      in_shardings=(replicated, rows, None, None),
       out_shardings=(replicated, replicated),
       donate_argnums=0,
   )

@@ -47,7 +47,7 @@ def memory_per_device(config, num_classes: int) -> dict[str, int]:
   }
   step = steps.sharded_train_step(start.model, start.tx, settings.step, num_classes, mesh, layout)
   memory = training_step.compiled_memory_bytes(
-      step.lower(sharding.abstract(state, layout), batch, None).compile()
+      step.lower(sharding.abstract(state, layout), batch, None, schedule).compile()
   )
   parts = {
       name: sharding.bytes_per_device(getattr(state, name), getattr(layout, name))

@@ -125,13 +125,14 @@ def check_fits(
     config: ml_collections.ConfigDict,
     data_sharding: NamedSharding,
     teacher_variables: Any = None,
+    schedule: Any = None,
     available: Callable[[list[jax.Device]], tuple[int, str] | None] | None = None,
 ) -> dict[str, int]:
   """Compiles the jitted `train_step` for the run's arguments (ShapeDtypeStructs with their
-  shardings) and raises ValueError if XLA's account of it exceeds the free memory of this
+  shardings, and the learning-rate `schedule`) and raises ValueError if XLA's account of it exceeds the free memory of this
   process's devices; returns the account (empty where the backend gives none)."""
   compiled = train_step.lower(
-      abstract_state, train_batch(config, data_sharding), teacher_variables
+      abstract_state, train_batch(config, data_sharding), teacher_variables, schedule
   ).compile()
   need = compiled_bytes(compiled)
   found = (available or available_bytes)(jax.local_devices()) if need else None

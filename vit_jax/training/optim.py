@@ -12,6 +12,7 @@ import dataclasses
 import math
 from typing import Any
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -79,17 +80,65 @@ def peak_learning_rate(schedule: ScheduleSettings) -> float:
   return schedule.base_lr
 
 
+@flax.struct.dataclass
+class Schedule:
+  """Linear warm-up from `warmup_lr` to `peak`, then cosine decay to `min_lr`, per step: optax's
+  `warmup_cosine_decay_schedule` (to float rounding), with its numbers held as arrays so that the
+  train step takes them as an argument and one compiled step serves every schedule."""
+
+  warmup_lr: jax.Array
+  warmup_rise: jax.Array  # warmup_lr - peak.
+  warmup_steps: jax.Array
+  peak: jax.Array
+  decay_steps: jax.Array  # After the warm-up.
+  alpha: jax.Array  # min_lr / peak.
+  one_minus_alpha: jax.Array
+
+  def __call__(self, count: jax.Array) -> jax.Array:
+    rising = jnp.clip(count, 0, self.warmup_steps)
+    warmup = self.warmup_rise * (1 - rising / jnp.maximum(self.warmup_steps, 1)) + self.peak
+    decaying = jnp.minimum(count - self.warmup_steps, self.decay_steps)
+    cosine = 0.5 * (1 + jnp.cos(jnp.pi * decaying / self.decay_steps))
+    decay = self.peak * (self.one_minus_alpha * cosine + self.alpha)
+    return jnp.where(count < self.warmup_steps, warmup, decay)
+
+
 def learning_rate_schedule(
     schedule: ScheduleSettings, total_steps: int, warmup_steps: int
-) -> optax.Schedule:
+) -> Schedule:
   """Linear warm-up from `warmup_lr` to the peak, then cosine decay to `min_lr`, per step."""
-  return optax.warmup_cosine_decay_schedule(
-      init_value=schedule.warmup_lr,
-      peak_value=peak_learning_rate(schedule),
-      warmup_steps=warmup_steps,
-      decay_steps=max(total_steps, warmup_steps + 1),
-      end_value=schedule.min_lr,
-  )
+  peak = peak_learning_rate(schedule)
+  alpha = 0.0 if peak == 0.0 else schedule.min_lr / peak
+  numbers = {
+      'warmup_lr': schedule.warmup_lr,
+      'warmup_rise': schedule.warmup_lr - peak,
+      'warmup_steps': warmup_steps,
+      'peak': peak,
+      'decay_steps': max(total_steps, warmup_steps + 1) - warmup_steps,
+      'alpha': alpha,
+      'one_minus_alpha': 1 - alpha,
+  }
+  return Schedule(**{name: np.float32(value) for name, value in numbers.items()})
+
+
+def scale_by_learning_rate(
+    learning_rate: optax.ScalarOrSchedule,
+) -> optax.GradientTransformationExtraArgs:
+  """`optax.scale_by_learning_rate` (updates times -lr(count), the same state), with the schedule
+  read from the update's `schedule` argument where the step passes one (`steps.make_train_step`)."""
+
+  def init(params):
+    del params
+    return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
+
+  def update(updates, state, params=None, *, schedule: Schedule | None = None, **extra_args):
+    del params, extra_args
+    rate = learning_rate if schedule is None else schedule
+    step_size = -(rate(state.count) if callable(rate) else rate)
+    updates = jax.tree.map(lambda g: jnp.array(step_size, dtype=g.dtype) * g, updates)
+    return updates, optax.ScaleByScheduleState(count=optax.safe_increment(state.count))
+
+  return optax.GradientTransformationExtraArgs(init, update)
 
 
 def weight_decay_mask(params: Any, no_decay_names: tuple[str, ...]) -> Any:
@@ -162,7 +211,7 @@ def lamb(
       optax.scale_by_adam(b1=b1, b2=b2, eps=eps, mu_dtype=mu_dtype),
       optax.add_decayed_weights(weight_decay, mask),
       optax.masked(optax.scale_by_trust_ratio(), mask),
-      optax.scale_by_learning_rate(learning_rate),
+      scale_by_learning_rate(learning_rate),
   )
 
 
@@ -177,19 +226,18 @@ def create_optimizer(
   mask = lambda params: weight_decay_mask(params, tuple(settings.no_decay_names))
   mu_dtype = jnp.dtype(settings.mu_dtype) if settings.mu_dtype else None
   if settings.optimizer == 'adamw':
-    tx = optax.adamw(
-        schedule,
-        b1=settings.b1,
-        b2=settings.b2,
-        eps=settings.eps,
-        mu_dtype=mu_dtype,
-        weight_decay=settings.weight_decay,
-        mask=mask,
+    tx = optax.chain(  # optax.adamw's stages.
+        optax.scale_by_adam(b1=settings.b1, b2=settings.b2, eps=settings.eps, mu_dtype=mu_dtype),
+        optax.add_decayed_weights(settings.weight_decay, mask),
+        scale_by_learning_rate(schedule),
     )
   elif settings.optimizer == 'sgd':
     tx = optax.chain(
         optax.add_decayed_weights(settings.weight_decay, mask),
-        optax.sgd(schedule, momentum=settings.momentum, accumulator_dtype=mu_dtype),
+        optax.chain(  # optax.sgd's stages.
+            optax.trace(decay=settings.momentum, accumulator_dtype=mu_dtype),
+            scale_by_learning_rate(schedule),
+        ),
     )
   elif settings.optimizer == 'lamb':
     tx = lamb(

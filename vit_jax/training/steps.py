@@ -258,7 +258,9 @@ def make_train_step(
     mix_groups: int = 1,
     param_shardings: Any = None,
 ) -> Callable[..., tuple[TrainState, dict]]:
-  """The (unjitted) train step `(state, batch[, teacher_variables])`: forward, loss, update.
+  """The (unjitted) train step `(state, batch[, teacher_variables, schedule])`: forward, loss,
+  update. `schedule` (an `optim.Schedule`) is the learning rate's, as an argument so that one
+  compiled step serves runs of any length; None: the one `tx` was built with.
 
   `param_shardings` (the parameters' `NamedSharding`s, under `jax.jit`) lays out the gradients,
   and their sum over micro-batches, like the parameters: each device reduces only its shard.
@@ -317,7 +319,12 @@ def make_train_step(
     accuracy = jnp.mean(jnp.argmax(classifier_logits(outputs), -1) == batch['label'])
     return grads, batch_stats, loss, accuracy
 
-  def train_step(state: TrainState, batch: dict[str, jax.Array], teacher_variables: Any = None):
+  def train_step(
+      state: TrainState,
+      batch: dict[str, jax.Array],
+      teacher_variables: Any = None,
+      schedule: Any = None,
+  ):
     dropout_rng, mix_rng = jax.random.split(jax.random.fold_in(state.rng, state.step))
     batch = training_batch(
         mix_rng, batch, settings.mix, settings.label_smoothing, num_classes, mix_groups
@@ -332,7 +339,8 @@ def make_train_step(
       grads, batch_stats, loss, accuracy = accumulated(
           one_batch, state.params, state.batch_stats, batch, dropout_rng, accumulate, zeros
       )
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    extra = {} if schedule is None else {'schedule': schedule}
+    updates, opt_state = tx.update(grads, state.opt_state, state.params, **extra)
     params = optax.apply_updates(state.params, updates)
     metrics = {'loss': loss, 'accuracy': accuracy, 'grad_norm': optax.global_norm(grads)}
     ema = state.ema
@@ -357,7 +365,7 @@ def sharded_train_step(
     teacher_sharding: Any = None,
 ) -> Callable[..., tuple[TrainState, dict]]:
   """`make_train_step` jitted for `mesh`: the state (donated) and the teacher's variables in
-  their layouts, the batch over every device, metrics replicated.
+  their layouts, the batch over every device, the schedule and metrics replicated.
 
   Mixup/CutMix pairs and draws λ within each device's share of the batch.
   """
@@ -372,7 +380,12 @@ def sharded_train_step(
   )
   return jax.jit(
       step,
-      in_shardings=(state_sharding, sharding.batch_sharding(mesh), teacher_sharding),
+      in_shardings=(
+          state_sharding,
+          sharding.batch_sharding(mesh),
+          teacher_sharding,
+          sharding.replicated(mesh),
+      ),
       out_shardings=(state_sharding, sharding.replicated(mesh)),
       donate_argnums=0,
   )

@@ -198,6 +198,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
       config,
       programs.data_sharding,
       teacher and sharding.abstract(teacher.variables, programs.teacher_sharding),
+      schedule,
   )
 
   # The state: resumed from the newest checkpoint, else fine-tuned from init_from, else fresh.
@@ -264,10 +265,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
       if step == start_step + 1:  # Compiles the step: not training time.
         with progress.timed('compile', state):
           state, metrics = jax.block_until_ready(
-              programs.train_step(state, batch, teacher_variables)
+              programs.train_step(state, batch, teacher_variables, schedule)
           )
       else:
-        state, metrics = programs.train_step(state, batch, teacher_variables)
+        state, metrics = programs.train_step(state, batch, teacher_variables, schedule)
       if profile is not None:
         profile(step)
       pending.append(metrics)
