@@ -10,6 +10,7 @@ import logging as std_logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -19,6 +20,7 @@ import numpy as np
 from PIL import Image
 import pytest
 
+from tests.tiny_runs import compiled_programs
 from tests.tiny_runs import tiny_config
 from vit_jax.data import input_pipeline
 from vit_jax.training import train
@@ -216,11 +218,15 @@ def test_a_second_run_is_refused_naming_the_holder(trained, data_dir, tmp_path):
   with workdir_lib.lock(workdir):
     holder = json.loads(open(os.path.join(workdir, workdir_lib.LOCK_FILE)).read())
     assert holder['pid'] == os.getpid() and holder['host'] and holder['started']
-    with pytest.raises(
-        workdir_lib.WorkdirInUse,
-        match=rf"'{workdir}' is in use by another run: pid {os.getpid()} on ",
+    with (
+        compiled_programs() as compiled,
+        pytest.raises(
+            workdir_lib.WorkdirInUse,
+            match=rf"'{workdir}' is in use by another run: pid {os.getpid()} on ",
+        ),
     ):
       train.train_and_evaluate(_run_config(data_dir, total_steps=8), workdir)
+    assert 'jit(train_step)' not in compiled  # Refused before the memory check compiles the step.
     after = _files(workdir)
     after.pop(workdir_lib.LOCK_FILE)
     before.pop(workdir_lib.LOCK_FILE, None)
@@ -331,17 +337,85 @@ def test_unprepared_manual_dataset_says_where_the_archives_go(tmp_path):
   assert f'`tfds build imagenet2012 --data_dir={tmp_path} --file_format=array_record`' in message
 
 
-def test_unprepared_dataset_without_network_names_the_command(tmp_path, monkeypatch):
+_PROXIES = ('http_proxy', 'https_proxy', 'ftp_proxy', 'all_proxy', 'no_proxy')
+
+
+def _network(monkeypatch, reachable: bool) -> list[tuple[str, int]]:
+  """The addresses connected to from now on; each connection succeeds where `reachable`, else
+  fails as it does without network (no name resolves). No proxy is set."""
+  for name in _PROXIES:
+    monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv(name.upper(), raising=False)
+  attempts = []
+
+  def connect(address, *args, **kwargs):
+    attempts.append(address)
+    if not reachable:
+      raise socket.gaierror(socket.EAI_NONAME, 'Name or service not known')
+    return socket.socket()
+
+  monkeypatch.setattr(socket, 'create_connection', connect)
+  return attempts
+
+
+def _downloads_started(monkeypatch) -> list[str]:
+  """The datasets whose TFDS download starts from now on; each fails as an offline one does."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
+  started = []
+
   def offline(self, *args, **kwargs):
+    started.append(self.name)
     raise ConnectionError("HTTPSConnectionPool(host='www.cs.toronto.edu'): Max retries exceeded")
 
   monkeypatch.setattr(tfds.core.DatasetBuilder, 'download_and_prepare', offline)
+  return started
+
+
+def _cifar10_info(data_dir):
+  return input_pipeline.get_dataset_info(
+      input_pipeline.DataSettings.from_config(tiny_config(str(data_dir), dataset='cifar10'))
+  )
+
+
+def test_unprepared_dataset_without_network_is_refused_at_once_in_one_line(tmp_path, monkeypatch):
+  attempts, started = _network(monkeypatch, reachable=False), _downloads_started(monkeypatch)
   with pytest.raises(ValueError) as raised:
-    input_pipeline.get_dataset_info(
-        input_pipeline.DataSettings.from_config(tiny_config(str(tmp_path), dataset='cifar10'))
-    )
+    _cifar10_info(tmp_path)
+  assert attempts == [('www.cs.toronto.edu', 443)]  # The host of cifar10's archive, once.
+  assert started == []  # TFDS's download, and its minutes of retries, never began.
+  assert str(raised.value) == (
+      f"Dataset 'cifar10' is not prepared in data_dir={tmp_path}, and its download cannot start "
+      '(www.cs.toronto.edu:443 unreachable: gaierror: [Errno -2] Name or service not known). '
+      f'Prepare it once where the network is reachable, `tfds build cifar10 '
+      f'--data_dir={tmp_path} --file_format=array_record` (copy that directory here if this '
+      f'machine is offline), then train with --config.data_dir={tmp_path}.'
+  )
+  assert not os.listdir(tmp_path)  # Nothing written in the data dir.
+
+
+def test_the_download_probe_goes_through_the_proxy_and_not_past_archives_on_disk(
+    tmp_path, monkeypatch
+):
+  attempts, started = _network(monkeypatch, reachable=False), _downloads_started(monkeypatch)
+  monkeypatch.setenv('https_proxy', 'http://proxy.example:3128')
+  with pytest.raises(ValueError, match='proxy.example:3128 unreachable'):
+    _cifar10_info(tmp_path / 'a')
+  assert attempts == [('proxy.example', 3128)] and started == []
+
+  manual = tmp_path / 'b' / 'downloads' / 'manual'  # TFDS reads archives put here offline.
+  manual.mkdir(parents=True)
+  (manual / 'cifar-10-binary.tar.gz').write_bytes(b'')
+  with pytest.raises(ValueError, match='preparing it failed'):
+    _cifar10_info(tmp_path / 'b')
+  assert attempts == [('proxy.example', 3128)] and started == ['cifar10']
+
+
+def test_unprepared_dataset_whose_download_fails_names_the_command(tmp_path, monkeypatch):
+  _network(monkeypatch, reachable=True)
+  _downloads_started(monkeypatch)
+  with pytest.raises(ValueError) as raised:
+    _cifar10_info(tmp_path)
   assert str(raised.value) == (
       f"Dataset 'cifar10' is not prepared in data_dir={tmp_path}, and preparing it failed "
       "(ConnectionError: HTTPSConnectionPool(host='www.cs.toronto.edu'): Max retries exceeded). "
