@@ -337,39 +337,24 @@ def test_unprepared_manual_dataset_says_where_the_archives_go(tmp_path):
   assert f'`tfds build imagenet2012 --data_dir={tmp_path} --file_format=array_record`' in message
 
 
-_PROXIES = ('http_proxy', 'https_proxy', 'ftp_proxy', 'all_proxy', 'no_proxy')
-
-
-def _network(monkeypatch, reachable: bool) -> list[tuple[str, int]]:
-  """The addresses connected to from now on; each connection succeeds where `reachable`, else
-  fails as it does without network (no name resolves). No proxy is set."""
-  for name in _PROXIES:
-    monkeypatch.delenv(name, raising=False)
-    monkeypatch.delenv(name.upper(), raising=False)
-  attempts = []
-
-  def connect(address, *args, **kwargs):
-    attempts.append(address)
-    if not reachable:
-      raise socket.gaierror(socket.EAI_NONAME, 'Name or service not known')
-    return socket.socket()
-
-  monkeypatch.setattr(socket, 'create_connection', connect)
-  return attempts
-
-
-def _downloads_started(monkeypatch) -> list[str]:
-  """The datasets whose TFDS download starts from now on; each fails as an offline one does."""
+def test_unprepared_dataset_without_network_names_the_command(tmp_path, monkeypatch):
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
-  started = []
-
   def offline(self, *args, **kwargs):
-    started.append(self.name)
     raise ConnectionError("HTTPSConnectionPool(host='www.cs.toronto.edu'): Max retries exceeded")
 
   monkeypatch.setattr(tfds.core.DatasetBuilder, 'download_and_prepare', offline)
-  return started
+  with pytest.raises(ValueError) as raised:
+    input_pipeline.get_dataset_info(
+        input_pipeline.DataSettings.from_config(tiny_config(str(tmp_path), dataset='cifar10'))
+    )
+  assert str(raised.value) == (
+      f"Dataset 'cifar10' is not prepared in data_dir={tmp_path}, and preparing it failed "
+      "(ConnectionError: HTTPSConnectionPool(host='www.cs.toronto.edu'): Max retries exceeded). "
+      f'Prepare it once where the network is reachable, `tfds build cifar10 '
+      f'--data_dir={tmp_path} --file_format=array_record` (copy that directory here if this '
+      f'machine is offline), then train with --config.data_dir={tmp_path}.'
+  )
 
 
 def _cifar10_info(data_dir):
@@ -378,12 +363,28 @@ def _cifar10_info(data_dir):
   )
 
 
+def _no_network(monkeypatch) -> list[tuple[str, int]]:
+  """The (host, port) of every connection tried from now on, each failing as it does without
+  network: no name resolves (Python's and urllib3's connections both look names up here)."""
+  for name in ('http_proxy', 'https_proxy', 'all_proxy', 'no_proxy'):
+    monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv(name.upper(), raising=False)
+  attempts = []
+
+  def resolve(host, port, *args, **kwargs):
+    attempts.append((host, port))
+    raise socket.gaierror(socket.EAI_NONAME, 'Name or service not known')
+
+  monkeypatch.setattr(socket, 'getaddrinfo', resolve)
+  return attempts
+
+
 def test_unprepared_dataset_without_network_is_refused_at_once_in_one_line(tmp_path, monkeypatch):
-  attempts, started = _network(monkeypatch, reachable=False), _downloads_started(monkeypatch)
+  attempts = _no_network(monkeypatch)
   with pytest.raises(ValueError) as raised:
     _cifar10_info(tmp_path)
-  assert attempts == [('www.cs.toronto.edu', 443)]  # The host of cifar10's archive, once.
-  assert started == []  # TFDS's download, and its minutes of retries, never began.
+  # One try, of the host of cifar10's archive: TFDS's download and its retries never began.
+  assert attempts == [('www.cs.toronto.edu', 443)]
   assert str(raised.value) == (
       f"Dataset 'cifar10' is not prepared in data_dir={tmp_path}, and its download cannot start "
       '(www.cs.toronto.edu:443 unreachable: gaierror: [Errno -2] Name or service not known). '
@@ -394,35 +395,21 @@ def test_unprepared_dataset_without_network_is_refused_at_once_in_one_line(tmp_p
   assert not os.listdir(tmp_path)  # Nothing written in the data dir.
 
 
-def test_the_download_probe_goes_through_the_proxy_and_not_past_archives_on_disk(
+def test_the_download_probe_tries_the_proxy_and_leaves_archives_on_disk_to_tfds(
     tmp_path, monkeypatch
 ):
-  attempts, started = _network(monkeypatch, reachable=False), _downloads_started(monkeypatch)
+  attempts = _no_network(monkeypatch)
   monkeypatch.setenv('https_proxy', 'http://proxy.example:3128')
-  with pytest.raises(ValueError, match='proxy.example:3128 unreachable'):
-    _cifar10_info(tmp_path / 'a')
-  assert attempts == [('proxy.example', 3128)] and started == []
+  with pytest.raises(ValueError, match=r'its download cannot start \(proxy.example:3128 unre'):
+    _cifar10_info(tmp_path / 'proxied')
+  assert attempts == [('proxy.example', 3128)]
 
-  manual = tmp_path / 'b' / 'downloads' / 'manual'  # TFDS reads archives put here offline.
+  manual = tmp_path / 'offline' / 'downloads' / 'manual'  # TFDS reads archives put here.
   manual.mkdir(parents=True)
-  (manual / 'cifar-10-binary.tar.gz').write_bytes(b'')
-  with pytest.raises(ValueError, match='preparing it failed'):
-    _cifar10_info(tmp_path / 'b')
-  assert attempts == [('proxy.example', 3128)] and started == ['cifar10']
-
-
-def test_unprepared_dataset_whose_download_fails_names_the_command(tmp_path, monkeypatch):
-  _network(monkeypatch, reachable=True)
-  _downloads_started(monkeypatch)
-  with pytest.raises(ValueError) as raised:
-    _cifar10_info(tmp_path)
-  assert str(raised.value) == (
-      f"Dataset 'cifar10' is not prepared in data_dir={tmp_path}, and preparing it failed "
-      "(ConnectionError: HTTPSConnectionPool(host='www.cs.toronto.edu'): Max retries exceeded). "
-      f'Prepare it once where the network is reachable, `tfds build cifar10 '
-      f'--data_dir={tmp_path} --file_format=array_record` (copy that directory here if this '
-      f'machine is offline), then train with --config.data_dir={tmp_path}.'
-  )
+  (manual / 'cifar-10-binary.tar.gz').write_bytes(b'not the archive')
+  with pytest.raises(ValueError, match=r'preparing it failed \(NonMatchingChecksumError: '):
+    _cifar10_info(tmp_path / 'offline')
+  assert attempts == [('proxy.example', 3128)]  # No probe: TFDS read the archive offline.
 
 
 def _folder_with_a_truncated_jpeg(root: str) -> str:
