@@ -279,6 +279,7 @@ def test_the_command_line_prints_one_clear_error(tmp_path, flags, first_line):
             "error: Config field not valid: --config.dataset='cifar100000': no such dataset. ",
         ),
     ],
+    ids=['field', 'dataset'],
 )
 def test_a_bad_field_or_dataset_is_answered_before_tensorflow_or_jax_is_imported(
     tmp_path, flags, line
