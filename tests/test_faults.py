@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 
 import jax
 import numpy as np
@@ -393,6 +394,20 @@ def test_unprepared_dataset_without_network_is_refused_at_once_in_one_line(tmp_p
       f'machine is offline), then train with --config.data_dir={tmp_path}.'
   )
   assert not os.listdir(tmp_path)  # Nothing written in the data dir.
+
+
+def test_a_download_host_that_does_not_answer_is_refused_when_the_probe_times_out(
+    tmp_path, monkeypatch
+):
+  _no_network(monkeypatch)
+  released = threading.Event()
+  monkeypatch.setattr(socket, 'getaddrinfo', lambda *args, **kwargs: released.wait(60))
+  monkeypatch.setattr(input_pipeline, 'DOWNLOAD_PROBE_SECONDS', 0.2)
+  try:
+    with pytest.raises(ValueError, match=r'www.cs.toronto.edu:443 unreachable: no answer within '):
+      _cifar10_info(tmp_path)  # The name lookup hangs, as with an unreachable name server.
+  finally:
+    released.set()
 
 
 def test_the_download_probe_tries_the_proxy_and_leaves_archives_on_disk_to_tfds(

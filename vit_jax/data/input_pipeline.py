@@ -206,9 +206,7 @@ def _prepare_tfds(builder: tfds.core.DatasetBuilder) -> None:
     try:
       builder.download_and_prepare(file_format=convert.ARRAY_RECORD)
       return
-    except (
-        Exception
-    ) as e:  # No network, no archives, no write access... pylint: disable=broad-except
+    except Exception as e:  # No network, no write access... pylint: disable=broad-except
       what = 'TFDS cannot download it' if manual else 'preparing it failed'
       reason = f'{type(e).__name__}: {(str(e).strip().splitlines() or [""])[0][:300]}'
   if manual:
@@ -252,14 +250,14 @@ def _unreachable_host(builder: tfds.core.DatasetBuilder) -> str | None:
       if not parts.hostname:
         continue
     hosts.add((parts.hostname, parts.port or ports.get(parts.scheme, 80)))
-  failures = {}
+  refusals = {}  # (host, port): None where it answered, else why not.
 
   def connect(host: str, port: int) -> None:
     try:
       socket.create_connection((host, port), timeout=DOWNLOAD_PROBE_SECONDS).close()
-      failures[host, port] = None
+      refusals[host, port] = None
     except OSError as e:
-      failures[host, port] = f'{type(e).__name__}: {e}'
+      refusals[host, port] = f'{type(e).__name__}: {e}'
 
   # Daemon threads bound the name lookup too, which no socket timeout covers.
   probes = [threading.Thread(target=connect, args=h, daemon=True) for h in sorted(hosts)]
@@ -269,7 +267,7 @@ def _unreachable_host(builder: tfds.core.DatasetBuilder) -> str | None:
   for probe in probes:
     probe.join(max(0.0, deadline - time.monotonic()))
   for host, port in sorted(hosts):
-    why = failures.get((host, port), f'no answer within {DOWNLOAD_PROBE_SECONDS:g} s')
+    why = refusals.get((host, port), f'no answer within {DOWNLOAD_PROBE_SECONDS:g} s')
     if why is not None:
       return f'{host}:{port} unreachable: {why}'
   return None
