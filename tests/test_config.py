@@ -266,6 +266,54 @@ def test_the_command_line_prints_one_clear_error(tmp_path, flags, first_line):
   assert not (tmp_path / 'run').exists()
 
 
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    'flags, line',
+    [
+        (
+            ['--config=configs/vit.py', '--config.batch_size=-1'],
+            'error: Config field not valid: --config.batch_size=-1: must be an integer >= 1.',
+        ),
+        (
+            ['--config=configs/vit.py:variant=Ti/4,dataset=cifar100000'],
+            "error: Config field not valid: --config.dataset='cifar100000': no such dataset. ",
+        ),
+    ],
+    ids=['field', 'dataset'],
+)
+def test_a_bad_field_or_dataset_is_answered_before_tensorflow_or_jax_is_imported(
+    tmp_path, flags, line
+):
+  argv = ['vit_jax.main', f'--workdir={tmp_path / "run"}', *flags]
+  script = (
+      'import atexit, runpy, sys; '
+      "atexit.register(lambda: print('imported:', sorted({'tensorflow', 'jax'} & "
+      'set(sys.modules)), file=sys.stderr)); '
+      f'sys.argv = {argv!r}; '
+      "runpy.run_module('vit_jax.main', run_name='__main__', alter_sys=True)"
+  )
+  out = subprocess.run(
+      [sys.executable, '-c', script], capture_output=True, text=True, cwd=REPO, timeout=120
+  )
+  assert out.returncode == 1, out.stderr[-2000:]
+  errors, imported = out.stderr.splitlines()
+  assert errors.startswith(line) and imported == 'imported: []', out.stderr[-2000:]
+  assert not (tmp_path / 'run').exists()
+
+
+def test_the_fields_alone_are_checked_without_the_devices_or_the_model():
+  config = _config(batch_size=-1, dataset='cifar100000', eval_batch_size=7, **{'model.depth': 0})
+  with pytest.raises(config_lib.ConfigError) as raised:
+    config_lib.validate_fields(config)
+  alone = raised.value.problems
+  assert [p.split(':')[0] for p in alone] == [
+      "--config.dataset='cifar100000'",
+      '--config.batch_size=-1',
+  ]
+  everything = _problems(config, devices=2)  # The batches over the devices, and the model.
+  assert everything[:2] == alone and len(everything) > len(alone)
+
+
 # The schema itself.
 
 

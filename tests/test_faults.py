@@ -10,15 +10,18 @@ import logging as std_logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 
 import jax
 import numpy as np
 from PIL import Image
 import pytest
 
+from tests.tiny_runs import compiled_programs
 from tests.tiny_runs import tiny_config
 from vit_jax.data import input_pipeline
 from vit_jax.training import train
@@ -216,11 +219,15 @@ def test_a_second_run_is_refused_naming_the_holder(trained, data_dir, tmp_path):
   with workdir_lib.lock(workdir):
     holder = json.loads(open(os.path.join(workdir, workdir_lib.LOCK_FILE)).read())
     assert holder['pid'] == os.getpid() and holder['host'] and holder['started']
-    with pytest.raises(
-        workdir_lib.WorkdirInUse,
-        match=rf"'{workdir}' is in use by another run: pid {os.getpid()} on ",
+    with (
+        compiled_programs() as compiled,
+        pytest.raises(
+            workdir_lib.WorkdirInUse,
+            match=rf"'{workdir}' is in use by another run: pid {os.getpid()} on ",
+        ),
     ):
       train.train_and_evaluate(_run_config(data_dir, total_steps=8), workdir)
+    assert 'jit(train_step)' not in compiled  # Refused before the memory check compiles the step.
     after = _files(workdir)
     after.pop(workdir_lib.LOCK_FILE)
     before.pop(workdir_lib.LOCK_FILE, None)
@@ -349,6 +356,75 @@ def test_unprepared_dataset_without_network_names_the_command(tmp_path, monkeypa
       f'--data_dir={tmp_path} --file_format=array_record` (copy that directory here if this '
       f'machine is offline), then train with --config.data_dir={tmp_path}.'
   )
+
+
+def _cifar10_info(data_dir):
+  return input_pipeline.get_dataset_info(
+      input_pipeline.DataSettings.from_config(tiny_config(str(data_dir), dataset='cifar10'))
+  )
+
+
+def _no_network(monkeypatch) -> list[tuple[str, int]]:
+  """The (host, port) of every connection tried from now on, each failing as it does without
+  network: no name resolves (Python's and urllib3's connections both look names up here)."""
+  for name in ('http_proxy', 'https_proxy', 'all_proxy', 'no_proxy'):
+    monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv(name.upper(), raising=False)
+  attempts = []
+
+  def resolve(host, port, *args, **kwargs):
+    attempts.append((host, port))
+    raise socket.gaierror(socket.EAI_NONAME, 'Name or service not known')
+
+  monkeypatch.setattr(socket, 'getaddrinfo', resolve)
+  return attempts
+
+
+def test_unprepared_dataset_without_network_is_refused_at_once_in_one_line(tmp_path, monkeypatch):
+  attempts = _no_network(monkeypatch)
+  with pytest.raises(ValueError) as raised:
+    _cifar10_info(tmp_path)
+  # One try, of the host of cifar10's archive: TFDS's download and its retries never began.
+  assert attempts == [('www.cs.toronto.edu', 443)]
+  assert str(raised.value) == (
+      f"Dataset 'cifar10' is not prepared in data_dir={tmp_path}, and its download cannot start "
+      '(www.cs.toronto.edu:443 unreachable: gaierror: [Errno -2] Name or service not known). '
+      f'Prepare it once where the network is reachable, `tfds build cifar10 '
+      f'--data_dir={tmp_path} --file_format=array_record` (copy that directory here if this '
+      f'machine is offline), then train with --config.data_dir={tmp_path}.'
+  )
+  assert not os.listdir(tmp_path)  # Nothing written in the data dir.
+
+
+def test_a_download_host_that_does_not_answer_is_refused_when_the_probe_times_out(
+    tmp_path, monkeypatch
+):
+  _no_network(monkeypatch)
+  released = threading.Event()
+  monkeypatch.setattr(socket, 'getaddrinfo', lambda *args, **kwargs: released.wait(60))
+  monkeypatch.setattr(input_pipeline, 'DOWNLOAD_PROBE_SECONDS', 0.2)
+  try:
+    with pytest.raises(ValueError, match=r'www.cs.toronto.edu:443 unreachable: no answer within '):
+      _cifar10_info(tmp_path)  # The name lookup hangs, as with an unreachable name server.
+  finally:
+    released.set()
+
+
+def test_the_download_probe_tries_the_proxy_and_leaves_archives_on_disk_to_tfds(
+    tmp_path, monkeypatch
+):
+  attempts = _no_network(monkeypatch)
+  monkeypatch.setenv('https_proxy', 'http://proxy.example:3128')
+  with pytest.raises(ValueError, match=r'its download cannot start \(proxy.example:3128 unre'):
+    _cifar10_info(tmp_path / 'proxied')
+  assert attempts == [('proxy.example', 3128)]
+
+  manual = tmp_path / 'offline' / 'downloads' / 'manual'  # TFDS reads archives put here.
+  manual.mkdir(parents=True)
+  (manual / 'cifar-10-binary.tar.gz').write_bytes(b'not the archive')
+  with pytest.raises(ValueError, match=r'preparing it failed \(NonMatchingChecksumError: '):
+    _cifar10_info(tmp_path / 'offline')
+  assert attempts == [('proxy.example', 3128)]  # No probe: TFDS read the archive offline.
 
 
 def _folder_with_a_truncated_jpeg(root: str) -> str:

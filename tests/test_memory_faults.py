@@ -1,7 +1,6 @@
 """A run that cannot fit is refused before it starts: a published size without its dataset, and
 a training step whose compiled memory exceeds what the devices hold."""
 
-import logging
 import os
 
 import jax
@@ -13,6 +12,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from configs import common
 from configs import deit
 from configs import vit
+from tests.tiny_runs import compiled_programs
 from vit_jax import config as config_lib
 from vit_jax.training import memory
 from vit_jax.training import train
@@ -112,16 +112,8 @@ def test_a_run_that_cannot_fit_touches_nothing_and_the_first_step_reuses_the_com
   assert not workdir.exists() or not os.listdir(workdir)
 
   monkeypatch.undo()
-  compiles = []
-  handler = logging.Handler()
-  handler.emit = lambda record: compiles.append(record.getMessage())
-  jax_logger = logging.getLogger('jax')
-  jax_logger.addHandler(handler)
-  try:
-    with jax.log_compiles(True):
-      train.train_and_evaluate(config, str(workdir))
-  finally:
-    jax_logger.removeHandler(handler)
+  with compiled_programs() as compiled:
+    train.train_and_evaluate(config, str(workdir))
   # Compiled once, by the check: the first step reused it.
-  assert sum(m.startswith('Finished XLA compilation of jit(train_step)') for m in compiles) == 1
+  assert compiled.count('jit(train_step)') == 1
   assert sorted(os.listdir(workdir / 'checkpoints')) == ['1', '2']

@@ -12,6 +12,7 @@ import jax
 import numpy as np
 import pytest
 
+from tests.tiny_runs import compiled_programs
 from tests.tiny_runs import tiny_config
 from vit_jax.training import train
 from vit_jax.training import workdir as workdir_lib
@@ -178,8 +179,9 @@ def test_a_change_the_state_cannot_take_is_refused_leaving_every_file_as_it_was(
   changes, what, revert = REFUSED[case]
   workdir, _ = _copy(runs, 'plain', tmp_path)
   before = _files(workdir)
-  with pytest.raises(ValueError) as raised:
+  with compiled_programs() as compiled, pytest.raises(ValueError) as raised:
     train.train_and_evaluate(_config(data_dir, total_steps=8, **changes), workdir)
+  assert 'jit(train_step)' not in compiled  # Refused before the memory check compiles the step.
   message = str(raised.value)
   assert message.startswith(
       f"The work directory '{workdir}' holds a checkpoint (step {STEPS}) "

@@ -4,10 +4,14 @@ Test modules import these (`from tests.tiny_runs import tiny_config`); fixtures 
 conftest.py, which imports this module too.
 """
 
+import contextlib
 import json
+import logging
 import os
+import re
 import subprocess
 import sys
+from typing import Iterator
 
 import jax
 import numpy as np
@@ -98,6 +102,24 @@ def train_as_a_user(config_file: str, workdir: str, *flags: str) -> dict:
   assert result.returncode == 0, result.stderr[-4000:]
   with open(os.path.join(workdir, 'results.json')) as f:
     return json.load(f)
+
+
+@contextlib.contextmanager
+def compiled_programs() -> Iterator[list[str]]:
+  """The names of the programs XLA compiled inside the block ('jit(train_step)', …), in order, as
+  `jax.log_compiles` reports them (compilation cache hits included)."""
+  names = []
+  handler = logging.Handler()
+  handler.emit = lambda record: names.extend(
+      re.findall(r'^Finished XLA compilation of (\S+) in ', record.getMessage())
+  )
+  jax_logger = logging.getLogger('jax')
+  jax_logger.addHandler(handler)
+  try:
+    with jax.log_compiles(True):
+      yield names
+  finally:
+    jax_logger.removeHandler(handler)
 
 
 def final_params(workdir: str) -> dict:

@@ -8,6 +8,9 @@ make sense together (batch sizes over devices, processes, micro-batches and repe
 warm-up within training; a teacher for distillation; the quick digits model on another dataset),
 then the model's own fields (`check_fields` of the registered model) and the evaluators' settings.
 It raises one `ConfigError` that lists every bad field with its value and what would be valid.
+`validate_fields(config)` checks what the fields alone show without importing JAX, TensorFlow or
+a model (each rule that needs no slow import, the dataset's name among them, and the settings that
+only make sense together); a command calls it first, to answer a mistyped field at once.
 
 The training loop's set-up resolves a validated config once into the typed settings of the
 modules that read it (`vit_jax.training.train.Settings`); no default is restated anywhere else. `create_model(config, num_classes)` builds the model a config describes, for
@@ -23,6 +26,7 @@ config is checked.
 
 import dataclasses
 import math
+import sys
 import types
 import typing
 from typing import Any, Callable, Iterable, Sequence
@@ -55,11 +59,14 @@ class Rule:
   """What one field accepts: a predicate, and the words that tell a user what is valid.
 
   `describe` is called when the words are needed, so that a rule may name values owned by a
-  module that is only imported when a config is checked.
+  module that is only imported when a config is checked. `owner` names that module where
+  importing it takes seconds (it imports JAX or TensorFlow): `validate_fields` leaves such a rule
+  to `validate` unless the module is imported already.
   """
 
   accepts: Callable[[Any], bool]
   describe: Callable[[], str]
+  owner: str = ''
 
   @property
   def valid(self) -> str:
@@ -104,14 +111,16 @@ def number(
   return Rule(accepts, lambda: words + (', or None (unset)' if optional else ''))
 
 
-def choice(values: Iterable[Any] | Callable[[], Iterable[Any]], *, unset: str = '') -> Rule:
-  """One of `values` (or of what the callable returns, for values owned elsewhere); with `unset`,
-  also '' meaning what `unset` says."""
+def choice(
+    values: Iterable[Any] | Callable[[], Iterable[Any]], *, unset: str = '', owner: str = ''
+) -> Rule:
+  """One of `values` (or of what the callable returns, for values owned elsewhere: by the module
+  `owner`, where importing it is slow); with `unset`, also '' meaning what `unset` says."""
   read = values if callable(values) else (lambda fixed=tuple(values): fixed)
   words = lambda: f'one of {list(read())}'
   if not unset:
-    return Rule(lambda v: v in tuple(read()), words)
-  return Rule(lambda v: v == '' or v in tuple(read()), lambda: f"'' ({unset}) or {words()}")
+    return Rule(lambda v: v in tuple(read()), words, owner)
+  return Rule(lambda v: v == '' or v in tuple(read()), lambda: f"'' ({unset}) or {words()}", owner)
 
 
 def text(*, empty: bool = False, optional: bool = False) -> Rule:
@@ -136,6 +145,12 @@ NAMES = Rule(
     lambda v: isinstance(v, (tuple, list)) and all(isinstance(n, str) for n in v),
     lambda: 'a tuple of parameter names',
 )
+
+
+_INPUT_PIPELINE = 'vit_jax.data.input_pipeline'  # The owners that import TensorFlow or JAX.
+_AUGMENT = 'vit_jax.data.augment'
+_STEPS = 'vit_jax.training.steps'
+_EVAL_SETS = 'vit_jax.evaluators.eval_sets'
 
 
 def _normalizations() -> tuple[str, ...]:
@@ -208,7 +223,7 @@ FIELDS: tuple[Field, ...] = (
     Field(
         'dataset',
         datasets.DIGITS,
-        Rule(datasets.chosen, lambda: 'a non-empty string'),
+        Rule(datasets.named, lambda: 'a non-empty string'),
         "'digits' (embedded, nothing to download), 'folder:/path/to/images' or a TFDS name.",
     ),
     Field(
@@ -227,6 +242,7 @@ FIELDS: tuple[Field, ...] = (
             _eval_sets,
             lambda: "a tuple of test-set names 'DATASET[:SPLIT]' "
             "(vit_jax/evaluators/eval_sets.py), e.g. ('imagenet2012_real', 'imagenet_v2')",
+            _EVAL_SETS,
         ),
         'Test sets scored beside eval_split, when it is, each under its own name: any TFDS '
         "'name:split', digits, 'folder:/path:split'; ImageNet-ReaL multi-label, ImageNet-A/-R "
@@ -236,7 +252,7 @@ FIELDS: tuple[Field, ...] = (
     Field(
         'augment',
         'crop_flip',
-        choice(_augments),
+        choice(_augments, owner=_INPUT_PIPELINE),
         "Training crop: pad and random crop, inception crop, DeiT III's simple random crop, or "
         'resize only.',
     ),
@@ -256,7 +272,7 @@ FIELDS: tuple[Field, ...] = (
     Field(
         'normalization',
         'imagenet',
-        choice(_normalizations),
+        choice(_normalizations, owner=_INPUT_PIPELINE),
         "Per-channel mean and std: 'imagenet', 'inception' (0.5/0.5), 'cifar10', 'digits'.",
     ),
     Field('shuffle_buffer', 10_000, integer(1), 'Shuffle buffer of a streamed TFRecord dataset.'),
@@ -279,7 +295,11 @@ FIELDS: tuple[Field, ...] = (
     Field(
         'randaugment',
         '',
-        Rule(_randaugment, lambda: "'' (off) or a timm spec such as 'rand-m9-mstd0.5-inc1'"),
+        Rule(
+            _randaugment,
+            lambda: "'' (off) or a timm spec such as 'rand-m9-mstd0.5-inc1'",
+            _AUGMENT,
+        ),
         "timm RandAugment spec, e.g. 'rand-m9-mstd0.5-inc1'; '' = off.",
     ),
     Field(
@@ -364,7 +384,7 @@ FIELDS: tuple[Field, ...] = (
     Field(
         'loss',
         'softmax_xent',
-        choice(_losses),
+        choice(_losses, owner=_STEPS),
         "'softmax_xent', or 'bce': binary cross-entropy on targets > 0 (deit --bce-loss).",
     ),
     Field(
@@ -433,7 +453,7 @@ FIELDS: tuple[Field, ...] = (
     Field(
         'distillation.teacher_normalization',
         '',
-        choice(_normalizations, unset="the student's"),
+        choice(_normalizations, unset="the student's", owner=_INPUT_PIPELINE),
         "Inputs the teacher was trained on; '' = the student's (a work directory's: its own).",
     ),
     # Weights to start from, or to evaluate.
@@ -618,8 +638,9 @@ def _flatten(config: ml_collections.ConfigDict, prefix: str = '') -> dict[str, A
   return flat
 
 
-def _field_problems(fields: dict[str, Any]) -> list[str]:
-  """Each field against its rule, in the order `FIELDS` declares them (unknown fields last)."""
+def _field_problems(fields: dict[str, Any], *, light: bool = False) -> list[str]:
+  """Each field against its rule, in the order `FIELDS` declares them (unknown fields last);
+  `light`: leaving out the rules whose owner is not imported yet."""
   problems = []
   rank = {name: i for i, name in enumerate(_BY_NAME)}
   for path, value in sorted(fields.items(), key=lambda item: rank.get(item[0], len(rank))):
@@ -629,6 +650,8 @@ def _field_problems(fields: dict[str, Any]) -> list[str]:
           f'{FLAG}{path}={value!r}: not a known field; valid fields: '
           f'{sorted(_BY_NAME)} (python -m vit_jax.config lists them).'
       )
+      continue
+    if light and field.rule.owner and field.rule.owner not in sys.modules:
       continue
     try:
       if not field.rule.accepts(value):
@@ -797,6 +820,49 @@ def _evaluator_problems(config: ml_collections.ConfigDict) -> list[str]:
   return problems
 
 
+def _problems_alone(
+    config: ml_collections.ConfigDict, fields: dict[str, Any], *, light: bool = False
+) -> list[str]:
+  """Each field against its rule and the fields every config needs (`_field_problems`)."""
+  problems = _field_problems(fields, light=light)
+  problems += [
+      f'{FLAG}{path}: missing; every config needs it (see vit_jax/config.py).'
+      for path in sorted(set(_BY_NAME) - set(fields))
+  ]
+  problems += [
+      f'{FLAG}{section.name}: missing; every config needs it (see vit_jax/config.py).'
+      for section in SECTIONS
+      if section.name not in config
+  ]
+  return problems
+
+
+def _bad_fields(problems: list[str]) -> set[str]:
+  """The fields (and sections) that `problems` name."""
+  return {p.removeprefix(FLAG).split('=', 1)[0].split(':', 1)[0] for p in problems}
+
+
+def _joint_problems(fields: dict[str, Any], bad: set[str]) -> list[str]:
+  """The settings that only make sense together, each checked where the fields it reads are
+  valid on their own (not in `bad`)."""
+  return [p for needed, check in _JOINT_CHECKS if not bad & set(needed) for p in check(fields)]
+
+
+def validate_fields(config: ml_collections.ConfigDict) -> None:
+  """Raises `ConfigError` listing what can be found without JAX, TensorFlow or a model: each
+  field against its rule (the dataset's name included) and the joint checks of fields alone.
+
+  A command calls it before importing them, to answer a mistyped field in a fraction of a
+  second; `validate` checks the rest (rules whose owner is not imported yet, the batch sizes over
+  the devices, the model, the evaluators).
+  """
+  fields = _flatten(config)
+  problems = _problems_alone(config, fields, light=True)
+  problems += _joint_problems(fields, _bad_fields(problems))
+  if problems:
+    raise ConfigError(problems)
+
+
 def validate(
     config: ml_collections.ConfigDict, *, devices: int | None = None, processes: int | None = None
 ) -> None:
@@ -810,17 +876,8 @@ def validate(
   devices = jax.device_count() if devices is None else devices
   processes = jax.process_count() if processes is None else processes
   fields = _flatten(config)
-  problems = _field_problems(fields)
-  problems += [
-      f'{FLAG}{path}: missing; every config needs it (see vit_jax/config.py).'
-      for path in sorted(set(_BY_NAME) - set(fields))
-  ]
-  problems += [
-      f'{FLAG}{section.name}: missing; every config needs it (see vit_jax/config.py).'
-      for section in SECTIONS
-      if section.name not in config
-  ]
-  bad = {p.removeprefix(FLAG).split('=', 1)[0].split(':', 1)[0] for p in problems}
+  problems = _problems_alone(config, fields)
+  bad = _bad_fields(problems)
   # Each joint check runs only when the fields it reads are valid on their own.
   if not bad & set(_BATCH_FIELDS):
     problems += _batch_problems(fields, devices, processes)
@@ -829,9 +886,7 @@ def validate(
       sharding.check_mesh(fields['mesh.fsdp'], devices)
     except ValueError as e:
       problems.append(f'{FLAG}{e}')
-  for needed, check in _JOINT_CHECKS:
-    if not bad & set(needed):
-      problems += check(fields)
+  problems += _joint_problems(fields, bad)
   if 'model' not in bad:
     problems += _model_problems(config.model)
   if 'evaluators' not in bad:

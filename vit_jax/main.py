@@ -42,6 +42,7 @@ from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-posit
 from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 from ml_collections import config_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+from vit_jax import config as config_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from vit_jax.parallel import distributed  # pylint: disable=g-import-not-at-top,wrong-import-position
 from vit_jax.parallel import peers  # pylint: disable=g-import-not-at-top,wrong-import-position
 from vit_jax import runtime  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -85,6 +86,12 @@ def _first_refusal(error: BaseException) -> Exception | None:
       (x for x in reversed(runtime.error_chain(error)) if isinstance(x, workdir_lib.Unwritable)),
       None,
   )
+
+
+def _check_config() -> None:
+  """The config's fields alone (`config.validate_fields`), before TensorFlow and JAX are imported:
+  a mistyped field or dataset is answered in a fraction of a second, as one line."""
+  config_lib.validate_fields(_CONFIG.value)
 
 
 def main(argv) -> None:
@@ -159,4 +166,4 @@ def main_of_one_process(argv) -> None:
 
 
 if __name__ == '__main__':
-  runtime.run(main_of_one_process)
+  runtime.run(main_of_one_process, before_libraries=_check_config)

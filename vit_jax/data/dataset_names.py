@@ -1,8 +1,9 @@
 """Datasets that vit_jax provides itself; everything else comes from TFDS by name.
 
 Their names are declared here, where reading them imports nothing (the config schema checks them
-when a config file is loaded; `unknown` asks TFDS about any other name): `DIGITS` (the embedded scikit-learn digits, `digits.py`) and
-`FOLDER_PREFIX` (your own images, 'folder:/path/to/images', `folder.py`).
+when a config file is loaded; `unknown` asks TFDS, without TensorFlow, about any other name):
+`DIGITS` (the embedded scikit-learn digits, `digits.py`) and `FOLDER_PREFIX` (your own images,
+'folder:/path/to/images', `folder.py`).
 """
 
 DIGITS = "digits"
@@ -26,18 +27,33 @@ def chosen(name: str) -> bool:
   return isinstance(name, str)
 
 
+def named(name: str) -> bool:
+  """The config's rule for `dataset`: a dataset was `chosen` and it is not `unknown`; raises
+  ValueError saying why otherwise."""
+  if not chosen(name):
+    return False
+  why = unknown(name)
+  if why is not None:
+    raise ValueError(why)
+  return True
+
+
 def unknown(name: str) -> str | None:
   """Why `name` names no dataset (neither ours nor a TFDS builder), or None if it names one.
 
-  Imports TFDS (seconds) only for a name that is not ours.
+  Imports TFDS, not TensorFlow, and only for a name that is not ours. A name in a TFDS community
+  namespace ('huggingface:mnist') is left to TFDS when the dataset is read.
   """
   if name == DIGITS or name.startswith(FOLDER_PREFIX):
     return None
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
   try:
-    tfds.builder_cls(name.split(":")[0].split("/")[0])
-  except tfds.core.registered.DatasetNotFoundError:
+    parsed, _ = tfds.core.naming.parse_builder_name_kwargs(name)
+    if parsed.namespace:
+      return None
+    tfds.builder_cls(parsed.name)
+  except (tfds.core.registered.DatasetNotFoundError, ValueError):
     return (
         f"no such dataset. Valid: {DIGITS!r} (embedded), "
         f"'{FOLDER_PREFIX}/path/to/images' (your own images) or a TFDS dataset name, e.g. "

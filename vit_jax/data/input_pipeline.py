@@ -36,7 +36,12 @@ config; evaluation and prediction use `EvalTransform`. Mixup/CutMix run on devic
 import dataclasses
 import math
 import os
+import socket
+import threading
+import time
 from typing import Any, Callable, Iterator
+import urllib.parse
+import urllib.request
 
 from absl import logging
 import jax
@@ -67,6 +72,9 @@ IN_MEMORY_MAX_BYTES = 1024**3
 INCEPTION_CROP_AREA = (0.08, 1.0)
 INCEPTION_CROP_RATIO = (3 / 4, 4 / 3)
 _INCEPTION_CROP_ATTEMPTS = 10
+# How long a dataset's download host may take to accept a connection before the download is
+# deemed unable to start (TFDS's own retries take minutes to give up).
+DOWNLOAD_PROBE_SECONDS = 5.0
 # Salts that keep the shuffle and augmentation random streams apart.
 _SHUFFLE_SALT, _AUGMENT_SALT = 0, 1
 # Training images preprocessed at once per CPU. A parallel map hands out its results in order, and
@@ -180,30 +188,89 @@ def _prepared_builder(data: 'DataSettings', name: str) -> tfds.core.DatasetBuild
 
 
 def _prepare_tfds(builder: tfds.core.DatasetBuilder) -> None:
-  """Prepares a TFDS dataset on first use; where that fails, one error that says how to."""
+  """Prepares a TFDS dataset on first use; where that fails, one error that says how to.
+
+  A download that cannot start (a host of its URLs unreachable, no archive on disk) is refused at
+  once, before TFDS's download retries, which take minutes to give up.
+  """
   if builder.is_prepared():
     return
   name, root = builder.name, builder.data_dir_root
-  try:
-    builder.download_and_prepare(file_format=convert.ARRAY_RECORD)
-  except Exception as e:  # No network, no archives, no write access... pylint: disable=broad-except
-    reason = f'{type(e).__name__}: {(str(e).strip().splitlines() or [""])[0][:300]}'
-    if builder.MANUAL_DOWNLOAD_INSTRUCTIONS:
-      what, how = 'TFDS cannot download it', (
-          f'Put its archives in {root}/downloads/manual '
-          f'({" ".join(builder.MANUAL_DOWNLOAD_INSTRUCTIONS.split())}), then run '
-          f'`tfds build {name} --data_dir={root} --file_format=array_record`'
-      )
-    else:
-      what, how = 'preparing it failed', (
-          f'Prepare it once where the network is reachable, `tfds build {name} '
-          f'--data_dir={root} --file_format=array_record` (copy that directory here if this '
-          'machine is offline)'
-      )
-    raise ValueError(
-        f'Dataset {name!r} is not prepared in data_dir={root}, and {what} ({reason}). '
-        f'{how}, then train with --config.data_dir={root}.'
-    ) from None
+  manual = builder.MANUAL_DOWNLOAD_INSTRUCTIONS
+  what = 'its download cannot start'
+  # TFDS's own download only (`tfds.testing.mock_data` makes it a no-op that needs no network).
+  downloads = type(builder).download_and_prepare.__module__.startswith('tensorflow_datasets.core')
+  probe = downloads and not manual and not _has_downloads(builder)
+  reason = _unreachable_host(builder) if probe else None
+  if reason is None:
+    try:
+      builder.download_and_prepare(file_format=convert.ARRAY_RECORD)
+      return
+    except Exception as e:  # No network, no write access... pylint: disable=broad-except
+      what = 'TFDS cannot download it' if manual else 'preparing it failed'
+      reason = f'{type(e).__name__}: {(str(e).strip().splitlines() or [""])[0][:300]}'
+  if manual:
+    how = (
+        f'Put its archives in {root}/downloads/manual ({" ".join(manual.split())}), then run '
+        f'`tfds build {name} --data_dir={root} --file_format=array_record`'
+    )
+  else:
+    how = (
+        f'Prepare it once where the network is reachable, `tfds build {name} '
+        f'--data_dir={root} --file_format=array_record` (copy that directory here if this '
+        'machine is offline)'
+    )
+  raise ValueError(
+      f'Dataset {name!r} is not prepared in data_dir={root}, and {what} ({reason}). '
+      f'{how}, then train with --config.data_dir={root}.'
+  )
+
+
+def _has_downloads(builder: tfds.core.DatasetBuilder) -> bool:
+  """Whether TFDS may find `builder`'s archives on disk already: its download folder, the manual
+  folder or the shared (legacy) one under the data dir holds a file."""
+  downloads = builder.data_dir_root / 'downloads'
+  folders = (downloads, downloads / builder.name, downloads / 'manual')
+  return any(f.is_file() for folder in folders if folder.is_dir() for f in folder.iterdir())
+
+
+def _unreachable_host(builder: tfds.core.DatasetBuilder) -> str | None:
+  """'HOST:PORT (why)' for a host that `builder`'s downloads need (its own, or the proxy that
+  stands for it) and that does not accept a connection within `DOWNLOAD_PROBE_SECONDS`; None where
+  every one does, or the builder lists no URLs."""
+  proxies = urllib.request.getproxies()
+  ports = {'http': 80, 'https': 443, 'ftp': 21}
+  hosts = set()
+  for url in builder.url_infos or {}:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ports or not parts.hostname:
+      continue
+    if parts.scheme in proxies and not urllib.request.proxy_bypass(parts.hostname):
+      parts = urllib.parse.urlsplit(proxies[parts.scheme])
+      if not parts.hostname:
+        continue
+    hosts.add((parts.hostname, parts.port or ports.get(parts.scheme, 80)))
+  refusals = {}  # (host, port): None where it answered, else why not.
+
+  def connect(host: str, port: int) -> None:
+    try:
+      socket.create_connection((host, port), timeout=DOWNLOAD_PROBE_SECONDS).close()
+      refusals[host, port] = None
+    except OSError as e:
+      refusals[host, port] = f'{type(e).__name__}: {e}'
+
+  # Daemon threads bound the name lookup too, which no socket timeout covers.
+  probes = [threading.Thread(target=connect, args=h, daemon=True) for h in sorted(hosts)]
+  for probe in probes:
+    probe.start()
+  deadline = time.monotonic() + DOWNLOAD_PROBE_SECONDS
+  for probe in probes:
+    probe.join(max(0.0, deadline - time.monotonic()))
+  for host, port in sorted(hosts):
+    why = refusals.get((host, port), f'no answer within {DOWNLOAD_PROBE_SECONDS:g} s')
+    if why is not None:
+      return f'{host}:{port} unreachable: {why}'
+  return None
 
 
 def _check_split(source: _Source, split: str) -> None:

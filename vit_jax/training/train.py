@@ -191,18 +191,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
       sharding.bytes_per_device(abstract_state.params, state_sharding.params) / 2**20,
       sharding.bytes_per_device(abstract_state, state_sharding) / 2**20,
   )
-  # A step that cannot fit the devices' memory is refused before the work directory is touched.
-  memory.check_fits(
-      programs.train_step,
-      sharding.abstract(abstract_state, state_sharding),
-      config,
-      programs.data_sharding,
-      teacher and sharding.abstract(teacher.variables, programs.teacher_sharding),
-      schedule,
-  )
-
   # The state: resumed from the newest checkpoint, else fine-tuned from init_from, else fresh.
-  # `plan` refuses, touching nothing, a checkpoint this config cannot take.
+  # `plan` refuses, touching nothing and compiling nothing, a work directory in use or a
+  # checkpoint this config cannot take.
   resuming = run_dir.has_checkpoint()
   abstract_for = lambda saved: jax.eval_shape(
       Settings.from_config(saved).start(info.num_classes, schedule).init
@@ -221,6 +212,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
     logging.info('Fine-tuning from %s.', settings.init_from)
   elif settings.init_from:
     logging.info('Resuming %s; init_from=%s is not read again.', workdir, settings.init_from)
+  # Last, as it compiles the step: a step that cannot fit the devices' memory is refused before
+  # the work directory is touched.
+  memory.check_fits(
+      programs.train_step,
+      sharding.abstract(abstract_state, state_sharding),
+      config,
+      programs.data_sharding,
+      teacher and sharding.abstract(teacher.variables, programs.teacher_sharding),
+      schedule,
+  )
   if jax.process_count() > 1:  # Every process reads the work directory before any writes to it.
     multihost_utils.sync_global_devices('vit_jax.training.train:checked_workdir')
   with contextlib.ExitStack() as run_scope:
