@@ -18,8 +18,8 @@ from vit_jax.weights import pretrained
 from vit_jax.training import teacher as teacher_lib
 from vit_jax.training import train
 from vit_jax.models import vit
-from configs import common
-from configs import finetune
+from vit_jax.configs import common
+from vit_jax.configs import finetune
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Hub name -> (timm's architecture and the arguments of a small version, the model we register,

@@ -12,7 +12,7 @@ import sys
 import jax
 import numpy as np
 
-from configs import common
+from vit_jax.configs import common
 from vit_jax.training import train
 from vit_jax.training import workdir as workdir_lib
 

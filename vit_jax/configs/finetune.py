@@ -27,7 +27,7 @@ RandAugment rand-m9-mstd0.5-inc1, random erasing 0.25, mixup 0.8 / CutMix 1.0, l
 
 import ml_collections
 
-from configs import common
+from vit_jax.configs import common
 from vit_jax.weights import hub
 
 
