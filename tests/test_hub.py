@@ -489,3 +489,18 @@ def test_the_papers_evaluation_crop_is_one_flag_away(hub_cache, timm_model):
     transform = input_pipeline.EvalTransform.from_config(flag_values.config)
     crops.append(transform.crop_ratio)
   assert crops == [0.9, 0.875]
+
+
+def test_a_headless_regnet_gives_timms_pooled_features(hub_cache, timm_model):
+  """SEER-style RegNetY weights without a head: our model without one outputs what timm's does."""
+  reference, _ = timm_model('regnety_002', num_classes=0)
+  hub_cache('timm/regnety_002.seer', reference)
+  run = inference.load_weights('hf-hub:timm/regnety_002.seer')
+  assert (run.model.num_classes, run.class_names) == (0, ())
+  images = np.random.default_rng(0).normal(size=(2, 64, 64, 3)).astype(np.float32)
+  np.testing.assert_allclose(
+      np.asarray(jax.jit(run.model.apply)(run.variables, images)),
+      _timm_logits(reference, images),
+      atol=1e-5,
+      rtol=0,
+  )
