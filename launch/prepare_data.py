@@ -14,7 +14,7 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-# Config files import `configs.common`, which lives beside vit_jax in the repository root.
+# This checkout's vit_jax (config files import vit_jax.configs), installed or not.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 _CONFIG = config_flags.DEFINE_config_file(

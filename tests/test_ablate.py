@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import optax
 import pytest
 
-from configs import ablations
+from vit_jax.configs import ablations
 from tests import pairwise
 from vit_jax import config as config_lib
 from vit_jax import models

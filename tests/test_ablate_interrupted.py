@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from configs import ablations
+from vit_jax.configs import ablations
 from vit_jax.analysis import ablation
 from vit_jax.training import run_sequence
 from vit_jax.training import train

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from configs import common
+from vit_jax.configs import common
 from vit_jax.data import augment
 from vit_jax.data import mixing
 from vit_jax.data import input_pipeline

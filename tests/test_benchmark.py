@@ -256,7 +256,7 @@ def test_device_report_without_tensorflow_reports_the_rest_and_a_broken_check_fa
   printed = capsys.readouterr().out
   assert [row.ok for row in rows[:2]] == [True, False]
   assert rows[1].check == 'no_such_family training (bf16)'
-  assert "ModuleNotFoundError: No module named 'configs.no_such_family'" in rows[1].result
+  assert "ModuleNotFoundError: No module named 'vit_jax.configs.no_such_family'" in rows[1].result
   assert rows[-1].result == 'not measured: TensorFlow is not installed (pip install -e .)'
   assert 'FAIL' in printed and 'vit_ti4 training' in printed
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from configs import cait, common, deepvit, deit, regnet, sa_conv, t2t, vit
+from vit_jax.configs import cait, common, deepvit, deit, regnet, sa_conv, t2t, vit
 from tests.tiny_runs import tiny_config
 from vit_jax.data import augment
 from vit_jax.data import mixing
@@ -390,7 +390,7 @@ def test_typed_settings_read_the_config_once():
 
 def test_reading_a_config_file_imports_neither_tensorflow_nor_jax():
   script = (
-      'import sys; from configs import deit; deit.get_config(); '
+      'import sys; from vit_jax.configs import deit; deit.get_config(); '
       "print(sorted({'tensorflow', 'jax'} & set(sys.modules)))"
   )
   out = subprocess.run(

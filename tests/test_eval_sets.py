@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from configs import common
+from vit_jax.configs import common
 from vit_jax import config as config_lib
 from vit_jax.evaluators import eval_sets
 from vit_jax.data import input_pipeline

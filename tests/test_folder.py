@@ -8,7 +8,7 @@ import numpy as np
 from PIL import Image
 import pytest
 
-from configs import common
+from vit_jax.configs import common
 from vit_jax.data import input_pipeline
 from vit_jax.data import folder
 

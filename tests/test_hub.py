@@ -2,7 +2,9 @@
 `save_for_hf` fills, offline; the metadata picks model, preprocessing and class names; a clear
 error when the weights are neither cached nor downloadable."""
 
+import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -11,15 +13,17 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from vit_jax.data import input_pipeline
 from vit_jax.weights import hub
 from vit_jax.weights import inference
+from vit_jax import config as config_lib
 from vit_jax import models
 from vit_jax.weights import pretrained
 from vit_jax.training import teacher as teacher_lib
 from vit_jax.training import train
 from vit_jax.models import vit
-from configs import common
-from configs import finetune
+from vit_jax.configs import common
+from vit_jax.configs import finetune
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Hub name -> (timm's architecture and the arguments of a small version, the model we register,
@@ -106,7 +110,16 @@ def test_metadata_picks_preprocessing():
   )
   assert picked['label_names'] == ('a', 'b', 'c')
   config['pretrained_cfg']['mean'] = [0.48145466, 0.4578275, 0.40821073]  # CLIP's.
-  with pytest.raises(ValueError, match=r'hf-hub:x/y normalises with mean'):
+  config['pretrained_cfg']['std'] = [0.26862954, 0.26130258, 0.27577711]
+  assert hub.read_config('hf-hub:x/y', config)['normalization'] == 'clip'
+  config['pretrained_cfg']['std'] = [0.5, 0.25, 0.125]  # Of no known normalisation.
+  numbers = hub.read_config('hf-hub:x/y', config)['normalization']
+  np.testing.assert_array_equal(
+      input_pipeline.mean_std(numbers),
+      ([0.48145466, 0.4578275, 0.40821073], [0.5, 0.25, 0.125]),
+  )
+  config['pretrained_cfg']['std'] = [0.5, 0.0, 0.5]
+  with pytest.raises(ValueError, match=r"Unknown normalization '.*'; valid: one of \['imagenet'"):
     hub.read_config('hf-hub:x/y', config)
 
 
@@ -322,6 +335,172 @@ def test_a_teacher_by_hub_name_brings_its_model_and_normalisation(hub_cache, tim
   np.testing.assert_allclose(
       np.asarray(jax.jit(teacher.model.apply)(teacher.variables, images)),
       _timm_logits(regnet, images),
+      atol=1e-5,
+      rtol=0,
+  )
+
+
+def test_a_normalisation_given_as_numbers_is_accepted_and_applied():
+  """A config takes a mean and std as numbers; evaluation normalises with them."""
+  numbers = '0.25,0.5,0.75/0.5,0.25,0.125'
+  config = common.get_config()
+  config.normalization = numbers
+  config_lib.validate(config, devices=1, processes=1)
+  config.normalization = '0.5,0.5/0.5,0.5'
+  with pytest.raises(config_lib.ConfigError, match=r"normalization='0.5,0.5/0.5,0.5': .*'R,G,B/"):
+    config_lib.validate(config, devices=1, processes=1)
+  image = np.random.default_rng(0).integers(0, 256, (20, 24, 3), np.uint8)
+  seen = {
+      normalization: np.asarray(
+          input_pipeline.eval_image(image, input_pipeline.EvalTransform(16, 0.9, normalization))
+      )
+      for normalization in (numbers, 'inception')
+  }
+  pixels = seen['inception'] * 0.5 + 0.5  # In [0, 1], before normalisation.
+  mean, std = np.array([0.25, 0.5, 0.75]), np.array([0.5, 0.25, 0.125])
+  np.testing.assert_allclose(seen[numbers], (pixels - mean) / std, atol=1e-4)
+
+
+def _cache_config_only(repo_id: str, config: dict) -> None:
+  """Stores a Hub repository holding only `config` (its config.json) in the offline cache."""
+  org, name = repo_id.split('/')
+  repo = pathlib.Path(hub.cache_dir()) / f'models--{org}--{name}'
+  snapshot = repo / 'snapshots' / ('0' * 40)
+  snapshot.mkdir(parents=True)
+  (snapshot / 'config.json').write_text(json.dumps(config))
+  (repo / 'refs').mkdir()
+  (repo / 'refs' / 'main').write_text('0' * 40)
+
+
+def test_an_unmapped_architecture_is_refused_before_its_weights_are_fetched(hub_cache, monkeypatch):
+  """Every way in (resolve, load, the inference runs, configs/finetune.py) reads config.json,
+  refuses the architecture naming it and the mapped ones, and never asks for the weights."""
+  import huggingface_hub  # pylint: disable=g-import-not-at-top
+
+  del hub_cache  # Empty, offline.
+  name = 'hf-hub:timm/convnext_tiny.fb_in1k'
+  _cache_config_only(
+      'timm/convnext_tiny.fb_in1k',
+      {'architecture': 'convnext_tiny', 'num_classes': 1000, 'pretrained_cfg': {}},
+  )
+  fetched = []
+  download = huggingface_hub.hf_hub_download
+
+  def recording_download(repo_id, filename, **kwargs):
+    fetched.append(filename)
+    return download(repo_id, filename, **kwargs)
+
+  monkeypatch.setattr(huggingface_hub, 'hf_hub_download', recording_download)
+  for load in (
+      lambda: hub.resolve(name),
+      lambda: pretrained.load(name, models.create('deit_s16'), image_size=224),
+      lambda: inference.load_weights(name),
+      lambda: finetune.get_config(f'init_from={name},dataset=digits'),
+  ):
+    with pytest.raises(ValueError) as raised:
+      load()
+    message = str(raised.value)
+    assert message.startswith(
+        f"{name}: timm architecture 'convnext_tiny' has no registered counterpart; known: ["
+    )
+    assert "'deit_small_patch16_224'" in message and "'cait_xxs24_224'" in message
+  assert fetched == ['config.json'] * 4
+
+
+def test_headless_weights_fine_tune_with_a_fresh_head_and_give_features(
+    hub_cache, timm_model, data_dir, tmp_path
+):
+  """Weights without a classifier (timm's num_classes=0: DINO, MAE, in21k backbones): a model
+  without a head gives timm's features; configs/finetune.py trains them with a fresh head."""
+  from vit_jax import evaluators  # pylint: disable=g-import-not-at-top
+  from vit_jax.models import features  # pylint: disable=g-import-not-at-top
+
+  name = 'hf-hub:timm/vit_small_patch16_224.dino'
+  reference, _ = timm_model(
+      'vit_small_patch16_224',
+      num_classes=0,
+      depth=1,
+      img_size=16,
+      patch_size=4,
+      embed_dim=32,
+      num_heads=2,
+  )
+  hub_cache('timm/vit_small_patch16_224.dino', reference)
+  assert hub.describe(name).headless
+
+  run = inference.load_weights(name)
+  assert (run.model.num_classes, run.class_names) == (0, ())
+  images = np.random.default_rng(0).normal(size=(2, 16, 16, 3)).astype(np.float32)
+  extracted = jax.jit(lambda v, x: features.extract(run.model, v, x))(run.variables, images)
+  np.testing.assert_allclose(
+      np.asarray(extracted.pre_logits), _timm_logits(reference, images), atol=1e-5, rtol=0
+  )
+  run.config.data_dir = data_dir
+  data = input_pipeline.DataSettings.from_config(run.config)
+  probe = evaluators.create('fewshot', {'datasets': ('digits',), 'shots': (1,), 'seeds': 1})
+  metrics = probe.run(run.model, run.variables, data)
+  assert 0 <= metrics['fewshot/digits_1shot'] <= 1
+  with pytest.raises(ValueError, match=r'has no classifier head \(headless weights\)'):
+    list(inference.predict(run, ['unread.png']))
+
+  config = finetune.get_config(f'init_from={name},dataset=digits')
+  assert (config.model.name, config.model.hidden_size, config.normalization) == (
+      'vit_s16',
+      32,
+      'inception',
+  )
+  config.update(
+      data_dir=data_dir,
+      batch_size=32,
+      eval_batch_size=72,
+      num_epochs=None,
+      warmup_epochs=None,
+      total_steps=2,
+      warmup_steps=1,
+      log_every=1,
+      dtype='float32',
+      randaugment='',
+      mixup_alpha=0.0,
+      cutmix_alpha=0.0,
+  )
+  result = train.train_and_evaluate(config, str(tmp_path / 'run'))
+  assert result.step == 2 and np.isfinite(result.metrics['loss'])
+  fine_tuned = inference.load_run(str(tmp_path / 'run'), use_ema=False)
+  assert fine_tuned.model.num_classes == 10
+  assert fine_tuned.variables['params']['head']['kernel'].shape == (32, 10)
+
+
+def test_the_papers_evaluation_crop_is_one_flag_away(hub_cache, timm_model):
+  """Hub weights evaluate with timm's crop_pct (0.9 for DeiT at 224); the paper's 0.875 is
+  --config.eval_crop_ratio, on the command line as main reads it."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+
+  reference, _ = timm_model('deit_tiny_patch16_224', depth=1, img_size=32, patch_size=8)
+  hub_cache('timm/deit_tiny_patch16_224.fb_in1k', reference)
+  config_file = os.path.join(REPO, 'configs', 'finetune.py')
+  arg = 'init_from=hf-hub:timm/deit_tiny_patch16_224.fb_in1k,dataset=digits'
+  crops = []
+  for overrides in ([], ['--config.eval_crop_ratio=0.875']):
+    argv = ['main', f'--config={config_file}:{arg}', *overrides]
+    flag_values = flags.FlagValues()
+    config_flags.DEFINE_config_file('config', None, flag_values=flag_values, sys_argv=argv)
+    flag_values(argv)
+    transform = input_pipeline.EvalTransform.from_config(flag_values.config)
+    crops.append(transform.crop_ratio)
+  assert crops == [0.9, 0.875]
+
+
+def test_a_headless_regnet_gives_timms_pooled_features(hub_cache, timm_model):
+  """SEER-style RegNetY weights without a head: our model without one outputs what timm's does."""
+  reference, _ = timm_model('regnety_002', num_classes=0)
+  hub_cache('timm/regnety_002.seer', reference)
+  run = inference.load_weights('hf-hub:timm/regnety_002.seer')
+  assert (run.model.num_classes, run.class_names) == (0, ())
+  images = np.random.default_rng(0).normal(size=(2, 64, 64, 3)).astype(np.float32)
+  np.testing.assert_allclose(
+      np.asarray(jax.jit(run.model.apply)(run.variables, images)),
+      _timm_logits(reference, images),
       atol=1e-5,
       rtol=0,
   )

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from configs import common
+from vit_jax.configs import common
 from vit_jax.data import input_pipeline
 from vit_jax.data import digits
 

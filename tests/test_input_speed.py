@@ -73,7 +73,7 @@ def test_steady_state_windows_outlast_every_buffer():
 
 
 def test_timm_reads_an_array_record_dataset_from_its_records(tmp_path):
-  from configs import common  # pylint: disable=g-import-not-at-top
+  from vit_jax.configs import common  # pylint: disable=g-import-not-at-top
   from vit_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
 
   config = common.get_config()

@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from configs import common
+from vit_jax.configs import common
 from tests.tiny_runs import tiny_config
 from vit_jax import config as config_lib
 from vit_jax import models

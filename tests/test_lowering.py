@@ -93,7 +93,7 @@ def family_config(
     family: str, features: frozenset[str] = frozenset(), dtype: str = 'float32', fsdp: int = 1
 ):
   """The family config's quick run with `features` switched on."""
-  config = importlib.import_module(f'configs.{family}').get_config()
+  config = importlib.import_module(f'vit_jax.configs.{family}').get_config()
   config.dtype = dtype
   config.mesh.fsdp = fsdp
   config.mesh.fsdp_min_size = 0  # Shard the quick model's parameters too.

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from configs import common
-from configs import deit
-from configs import vit
+from vit_jax.configs import common
+from vit_jax.configs import deit
+from vit_jax.configs import vit
 from tests.tiny_runs import compiled_programs
 from vit_jax import config as config_lib
 from vit_jax.training import memory

@@ -12,7 +12,7 @@ from PIL import Image
 import pytest
 from sklearn import datasets as sk_datasets
 
-from configs import common
+from vit_jax.configs import common
 from vit_jax import models
 from vit_jax.training import train
 from vit_jax.training import workdir as workdir_lib

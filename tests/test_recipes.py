@@ -9,13 +9,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import configs.cait
-import configs.deepvit
-import configs.deit
-import configs.sa_conv
-import configs.t2t
 from tests.tiny_runs import assert_trees_close, tiny_config, train_with_preemption
 from vit_jax import config as config_lib
+from vit_jax.configs import cait as cait_config
+from vit_jax.configs import deepvit as deepvit_config
+from vit_jax.configs import deit as deit_config
+from vit_jax.configs import sa_conv as sa_conv_config
+from vit_jax.configs import t2t as t2t_config
 from vit_jax.data import mixing
 from vit_jax import models
 from vit_jax.training import optim
@@ -315,7 +315,7 @@ def test_deit_recipe(variant, distilled, tmp_path):
   arg = f'variant={variant},distilled={distilled},dataset=imagenet2012'
   if distilled:
     arg += f',teacher={tmp_path}'
-  config = configs.deit.get_config(arg)
+  config = deit_config.get_config(arg)
   _check_fields(config, DEIT_RECIPE)
   _check_fields(
       config,
@@ -346,7 +346,7 @@ def test_deit_recipe(variant, distilled, tmp_path):
 
 def test_deit_b_distilled_from_regnety_160_recipe():
   """DeiT's headline recipe: DeiT-B⚗ taught by the RegNetY-16GF weights file (hard, α 0.5, τ 1)."""
-  config = configs.deit.get_config(
+  config = deit_config.get_config(
       'variant=B,dataset=imagenet2012,teacher=regnety_160:/weights/regnety_160-a5fe301d.pth'
   )
   assert config.model.name == 'deit_b16_distilled'
@@ -363,7 +363,7 @@ def test_deit_b_distilled_from_regnety_160_recipe():
 
 
 def test_cait_xxs24_recipe():
-  config = configs.cait.get_config('variant=XXS24,dataset=imagenet2012')
+  config = cait_config.get_config('variant=XXS24,dataset=imagenet2012')
   _check_fields(config, DEIT_RECIPE)
   _check_fields(config, dict(num_epochs=400, eval_crop_ratio=1.0, image_size=224, repeated_aug=3))
   assert config.model.name == 'cait_xxs24'
@@ -372,7 +372,7 @@ def test_cait_xxs24_recipe():
 @pytest.mark.parametrize('variant', ['16B', '24B', '32B'])
 @pytest.mark.parametrize('baseline', [False, True])
 def test_deepvit_recipe(variant, baseline):
-  config = configs.deepvit.get_config(
+  config = deepvit_config.get_config(
       f'variant={variant},baseline={baseline},' 'dataset=imagenet2012'
   )
   thirty_two = variant == '32B'
@@ -395,7 +395,7 @@ def test_deepvit_recipe(variant, baseline):
 
 
 def test_t2t_vit_14_recipe():
-  config = configs.t2t.get_config('variant=14,dataset=imagenet2012')
+  config = t2t_config.get_config('variant=14,dataset=imagenet2012')
   _check_fields(config, DEIT_RECIPE)
   _check_fields(config, dict(batch_size=512, repeated_aug=1, num_epochs=300, warmup_epochs=10))
   assert optim.peak_learning_rate(optim.ScheduleSettings.from_config(config)) == pytest.approx(5e-4)
@@ -407,14 +407,14 @@ def test_t2t_vit_14_recipe():
     [('7', 1e-3, 0.03), ('12', 1e-3, 0.03), ('24', 5e-4, 0.065), ('t-19', 5e-4, 0.065)],
 )
 def test_t2t_vit_sizes_follow_the_official_commands(variant, lr, weight_decay):
-  config = configs.t2t.get_config(f'variant={variant},dataset=imagenet2012')
+  config = t2t_config.get_config(f'variant={variant},dataset=imagenet2012')
   assert optim.peak_learning_rate(optim.ScheduleSettings.from_config(config)) == pytest.approx(lr)
   _check_fields(config, dict(weight_decay=weight_decay, eval_crop_ratio=0.9, batch_size=512))
 
 
 @pytest.mark.parametrize('attention', ['quadratic', 'gaussian', 'learned', 'learned_content'])
 def test_sa_conv_cifar10_recipe(attention):
-  config = configs.sa_conv.get_config(f'attention={attention},dataset=cifar10')
+  config = sa_conv_config.get_config(f'attention={attention},dataset=cifar10')
   _check_fields(
       config,
       dict(

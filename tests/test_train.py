@@ -135,7 +135,7 @@ def test_batch_not_divisible_by_devices():
       import os
       os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'
       import sys; sys.path.insert(0, {REPO!r})
-      from configs import common
+      from vit_jax.configs import common
       from vit_jax import config as config_lib
       config = common.get_config()
       config.batch_size = 100

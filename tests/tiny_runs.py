@@ -16,7 +16,7 @@ from typing import Iterator
 import jax
 import numpy as np
 
-from configs import common
+from vit_jax.configs import common
 from vit_jax.training import train
 from vit_jax.training import workdir as workdir_lib
 

@@ -43,7 +43,10 @@ MODES = ('step', 'family_table', 'layers_table', 'memory', 'input_pipeline', 'de
 
 _MODE = flags.DEFINE_enum('mode', 'step', MODES, 'What to measure (see above).')
 _CONFIG = config_flags.DEFINE_config_file(
-    'config', 'configs/vit.py:variant=Ti/4', 'Training configuration file.', lock_config=False
+    'config',
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'vit.py:variant=Ti/4'),
+    'Training configuration file (default: configs/vit.py:variant=Ti/4).',
+    lock_config=False,
 )
 _BATCH = flags.DEFINE_integer('batch', None, "Batch size (default: the config's batch_size).")
 _STEPS = flags.DEFINE_integer('steps', 5, 'Timed steps per block.', lower_bound=1)

@@ -153,10 +153,29 @@ _STEPS = 'vit_jax.training.steps'
 _EVAL_SETS = 'vit_jax.evaluators.eval_sets'
 
 
-def _normalizations() -> tuple[str, ...]:
+def _is_normalization(value: Any) -> bool:
   from vit_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
 
-  return tuple(input_pipeline.NORMALIZATIONS)
+  try:
+    input_pipeline.mean_std(value)
+  except ValueError:
+    return False
+  return True
+
+
+def _normalization(*, unset: str = '') -> Rule:
+  """A name of `input_pipeline.NORMALIZATIONS`, or per-channel numbers 'R,G,B/R,G,B' (mean/std);
+  with `unset`, also '' meaning what `unset` says."""
+
+  def describe() -> str:
+    from vit_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
+
+    words = f"one of {list(input_pipeline.NORMALIZATIONS)}, or numbers 'R,G,B/R,G,B' (mean/std)"
+    return f"'' ({unset}) or {words}" if unset else words
+
+  return Rule(
+      lambda v: (bool(unset) and v == '') or _is_normalization(v), describe, _INPUT_PIPELINE
+  )
 
 
 def _augments() -> tuple[str, ...]:
@@ -272,8 +291,9 @@ FIELDS: tuple[Field, ...] = (
     Field(
         'normalization',
         'imagenet',
-        choice(_normalizations, owner=_INPUT_PIPELINE),
-        "Per-channel mean and std: 'imagenet', 'inception' (0.5/0.5), 'cifar10', 'digits'.",
+        _normalization(),
+        "Per-channel mean and std of the inputs ('inception': 0.5/0.5), by name or as numbers, "
+        "e.g. '0.5,0.5,0.5/0.25,0.25,0.25'.",
     ),
     Field('shuffle_buffer', 10_000, integer(1), 'Shuffle buffer of a streamed TFRecord dataset.'),
     Field('prefetch', 2, integer(1), 'Batches prepared ahead.'),
@@ -453,7 +473,7 @@ FIELDS: tuple[Field, ...] = (
     Field(
         'distillation.teacher_normalization',
         '',
-        choice(_normalizations, unset="the student's", owner=_INPUT_PIPELINE),
+        _normalization(unset="the student's"),
         "Inputs the teacher was trained on; '' = the student's (a work directory's: its own).",
     ),
     # Weights to start from, or to evaluate.

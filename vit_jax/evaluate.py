@@ -91,6 +91,11 @@ def main(argv) -> None:
   if out_dir is None:
     raise ValueError('--init_from needs --out_dir=DIR for results.json.')
   num_classes = len(run.class_names)
+  if _EVAL_SETS.value and not num_classes:
+    raise ValueError(
+        f'--eval_sets scores predictions, and {run.source} has no classifier head (headless '
+        'weights); --evaluators=fewshot,linear_probe read its features.'
+    )
   data = input_pipeline.DataSettings.from_config(run.config)
   eval_sets = eval_sets_lib.checked(_EVAL_SETS.value, data, num_classes=num_classes)
   metrics = (

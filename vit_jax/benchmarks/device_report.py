@@ -18,7 +18,6 @@ import dataclasses
 import importlib
 import json
 import os
-import sys
 import time
 from typing import Any, Callable
 
@@ -74,11 +73,8 @@ class Row:
 
 
 def family_config(family: str, arg: str | None = None) -> ml_collections.ConfigDict:
-  """`configs/FAMILY.py:ARG` of this checkout (the quick run without `arg`)."""
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  if root not in sys.path:
-    sys.path.insert(0, root)
-  return importlib.import_module(f'configs.{family}').get_config(arg)
+  """`configs/FAMILY.py:ARG` (the quick run without `arg`), from the installed package."""
+  return importlib.import_module(f'vit_jax.configs.{family}').get_config(arg)
 
 
 def _random_batch(config: ml_collections.ConfigDict, size: int, num_classes: int) -> dict:

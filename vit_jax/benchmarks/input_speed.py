@@ -256,7 +256,7 @@ def _timm(config: ml_collections.ConfigDict, workers: int) -> Pipeline:
   # pylint: enable=g-import-not-at-top
   for name in ('Posterize', 'PosterizeIncreasing', 'PosterizeOriginal'):
     auto_augment.NAME_TO_OP[name] = _posterize_in_range
-  mean, std = input_pipeline.NORMALIZATIONS[config.normalization]
+  mean, std = input_pipeline.mean_std(config.normalization)
   transform = create_transform(
       config.image_size,
       is_training=True,

@@ -39,7 +39,7 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 import urllib.parse
 import urllib.request
 
@@ -63,7 +63,10 @@ NORMALIZATIONS = {
     'cifar10': ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
     # The 1,437 train images of `digits` (8x8, 0..255), tiled to three channels.
     'digits': ((0.3054, 0.3054, 0.3054), (0.3760, 0.3760, 0.3760)),
+    # OpenAI CLIP's, which timm's CLIP-trained ViTs and their fine-tunings keep.
+    'clip': ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)),
 }
+
 # 'simple_random_crop': DeiT III's (deit `--src`): shorter side to image_size, reflect padding,
 # a random image_size crop.
 AUGMENTS = ('crop_flip', 'inception_crop', 'simple_random_crop', 'none')
@@ -81,6 +84,33 @@ _SHUFFLE_SALT, _AUGMENT_SALT = 0, 1
 # AUTOTUNE keeps at most one image per CPU in flight: one slow image (a rotation, an erasure) would
 # leave the other CPUs idle until it is done. The extra calls wait in the thread pool's queue.
 _PREPROCESS_CALLS_PER_CPU = 4
+
+
+def mean_std(normalization: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+  """The per-channel (mean, std) of a `NORMALIZATIONS` name or of numbers 'R,G,B/R,G,B' (mean,
+  then std: what published weights give, e.g. '0.5,0.5,0.5/0.25,0.25,0.25')."""
+  if normalization in NORMALIZATIONS:
+    return NORMALIZATIONS[normalization]
+  try:
+    mean, std = (tuple(float(v) for v in part.split(',')) for part in normalization.split('/'))
+  except (AttributeError, ValueError):
+    mean = std = ()
+  if len(mean) != 3 or len(std) != 3 or not all(map(math.isfinite, mean + std)) or min(std) <= 0:
+    raise ValueError(
+        f'Unknown normalization {normalization!r}; valid: one of {list(NORMALIZATIONS)}, or '
+        "three means and three positive stds as 'R,G,B/R,G,B', e.g. "
+        "'0.5,0.5,0.5/0.25,0.25,0.25'."
+    )
+  return mean, std
+
+
+def normalization_name(mean: Sequence[float], std: Sequence[float]) -> str:
+  """The `NORMALIZATIONS` name of per-channel (mean, std) where one matches (to 1e-4), else the
+  numbers as `mean_std` reads them."""
+  for name, (known_mean, known_std) in NORMALIZATIONS.items():
+    if np.allclose(mean, known_mean, atol=1e-4) and np.allclose(std, known_std, atol=1e-4):
+      return name
+  return '/'.join(','.join(repr(float(v)) for v in values) for values in (mean, std))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -553,7 +583,7 @@ def _resize_crop(image: tf.Tensor, size: int, whole: bool) -> tf.Tensor:
 
 def _normalize(image: tf.Tensor, normalization: str) -> tf.Tensor:
   """(image / 255 - mean) / std of a uint8 or float image, as one multiply-add per value."""
-  mean, std = (np.array(v, np.float64) for v in NORMALIZATIONS[normalization])
+  mean, std = (np.array(v, np.float64) for v in mean_std(normalization))
   scale, offset = (tf.constant(v, tf.float32) for v in (1.0 / (255.0 * std), -mean / std))
   if not _compiled(image):
     return _normalize_pixels(image, scale, offset)
@@ -610,7 +640,7 @@ class TrainTransform:
   augment: str  # One of AUGMENTS.
   crop_padding: int
   flip: bool
-  normalization: str  # A key of NORMALIZATIONS.
+  normalization: str  # A key of NORMALIZATIONS, or numbers (`mean_std`).
   randaugment: augment.RandAugmentSpec | None  # None: off.
   three_augment: bool
   color_jitter: float  # 0: off.
@@ -637,7 +667,7 @@ class EvalTransform:
 
   image_size: int
   crop_ratio: float  # In (0, 1]: resize to image_size / crop_ratio, then centre crop.
-  normalization: str  # A key of NORMALIZATIONS.
+  normalization: str  # A key of NORMALIZATIONS, or numbers (`mean_std`).
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> 'EvalTransform':
@@ -718,7 +748,7 @@ def _train_image(image: tf.Tensor, seed: tf.Tensor, transform: TrainTransform) -
     image = tf.image.stateless_random_flip_left_right(image, flip_seed)
   if pixel_ops:
     if transform.randaugment is not None:
-      mean = NORMALIZATIONS[transform.normalization][0]
+      mean = mean_std(transform.normalization)[0]
       image = augment.randaugment(
           image,
           randaugment_seed,

@@ -192,7 +192,8 @@ class RegNet(nn.Module):
 
   Input (B, H, W, 3); each stage halves the resolution (stride 32 in all with four stages), so
   any H, W works, down to 1x1 feature maps. `drop_path_rate` rises linearly over the blocks
-  (timm); `dropout_rate` drops pooled features before the head. Returns float32 logits.
+  (timm); `dropout_rate` drops pooled features before the head. Returns float32 logits
+  (`num_classes=0`: no head, the pooled features, as timm).
   """
 
   num_classes: int = 1000
@@ -211,8 +212,8 @@ class RegNet(nn.Module):
 
   def check_fields(self) -> None:
     """Raises ValueError for design-space parameters timm's generator would reject."""
-    if self.num_classes < 1:
-      raise ValueError(f'num_classes={self.num_classes} must be >= 1.')
+    if self.num_classes < 0:
+      raise ValueError(f'num_classes={self.num_classes} must be >= 0 (0: no head).')
     if self.depth < 1:
       raise ValueError(f'depth={self.depth} must be >= 1.')
     if self.w0 <= 0 or self.w0 % _WIDTH_QUANTUM:
@@ -282,6 +283,8 @@ class RegNet(nn.Module):
     layers.sow_feature(self, 'encoded', x)
     x = jnp.mean(x.astype(jnp.float32), axis=(1, 2))
     layers.sow_feature(self, 'head_input', x)
+    if not self.num_classes:  # timm's num_classes=0: no head, the pooled features out.
+      return x
     x = nn.Dropout(self.dropout_rate, deterministic=not train)(x).astype(self.dtype)
     logits = nn.Dense(
         self.num_classes,

@@ -137,6 +137,7 @@ class VisionTransformer(nn.Module, parts.Parts):
     attention is standard class attention whatever `attention` is).
   - `distilled`: DeiT's distillation token and second head `head_dist`; with train=True the model
     returns (cls_logits, dist_logits), at inference per `inference_mode` (see `deit.py`).
+  - `num_classes=0`: no head (timm's headless models): the pre-logits come out.
   """
 
   num_classes: int = 1000
@@ -211,9 +212,10 @@ class VisionTransformer(nn.Module, parts.Parts):
 
   def check_fields(self) -> None:
     """Raises ValueError for a bad field or parts that cannot work together."""
-    for name in ('num_classes', 'depth'):
-      if getattr(self, name) < 1:
-        raise ValueError(f'{name}={getattr(self, name)} must be >= 1.')
+    if self.num_classes < 0:
+      raise ValueError(f'num_classes={self.num_classes} must be >= 0 (0: no head).')
+    if self.depth < 1:
+      raise ValueError(f'depth={self.depth} must be >= 1.')
     attention_lib.check_heads(self.hidden_size, self.num_heads, 'hidden')
     for name in ('dropout_rate', 'attention_dropout_rate', 'drop_path_rate'):
       rate = getattr(self, name)
@@ -532,7 +534,7 @@ class VisionTransformer(nn.Module, parts.Parts):
     return cls
 
   def classify(self, features: jax.Array, name: str = 'head') -> jax.Array:
-    """Optional tanh pre-logits, then the linear head; logits in float32.
+    """Optional tanh pre-logits, then the linear head (none when num_classes is 0); in float32.
 
     What the head reads is sown as `head_input` (once per head: twice in a distilled DeiT).
     """
@@ -546,6 +548,8 @@ class VisionTransformer(nn.Module, parts.Parts):
           )(features)
       )
     layers.sow_feature(self, 'head_input', features)
+    if not self.num_classes:  # timm's num_classes=0: no head, the pre-logits out.
+      return features.astype(jnp.float32)
     scheme = self.scheme
     logits = nn.Dense(
         self.num_classes,

@@ -29,13 +29,8 @@ def normalization_change(student: str, teacher: str) -> tuple[np.ndarray, np.nda
   """(scale, shift) with teacher-normalised = scale * student-normalised + shift; None if equal."""
   if student == teacher:
     return None
-  for name in (student, teacher):
-    if name not in input_pipeline.NORMALIZATIONS:
-      raise ValueError(
-          f'Unknown normalization {name!r}; valid: ' f'{list(input_pipeline.NORMALIZATIONS)}.'
-      )
   (mean_s, std_s), (mean_t, std_t) = (
-      np.asarray(input_pipeline.NORMALIZATIONS[n], np.float32) for n in (student, teacher)
+      np.asarray(input_pipeline.mean_std(n), np.float32) for n in (student, teacher)
   )
   return std_s / std_t, (mean_s - mean_t) / std_t
 
@@ -78,7 +73,12 @@ def load(settings: TeacherSettings, num_classes: int) -> steps.Teacher:
   model_name, path = source(settings.teacher)
   normalization = settings.teacher_normalization or settings.normalization
   if hub.is_hub_name(path) and model_name is None:
-    weights = hub.resolve(path)
+    weights = hub.describe(path)
+    if weights.headless:
+      raise ValueError(
+          f'distillation.teacher={path} is headless (no classifier): a teacher must predict '
+          'classes.'
+      )
     section = {'name': weights.model, **weights.model_fields}
     normalization = settings.teacher_normalization or weights.normalization
   elif model_name is None:

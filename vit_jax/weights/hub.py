@@ -1,16 +1,18 @@
 """Weights by name from the Hugging Face Hub: `hf-hub:ORG/NAME`, e.g.
 `hf-hub:timm/deit_small_patch16_224.fb_in1k`.
 
-`resolve(name)` fetches the repository's `config.json` and weights (`model.safetensors`, else
-`pytorch_model.bin`) with `huggingface_hub` into its usual cache ($HF_HOME/hub, or $HF_HUB_CACHE),
-once; later runs, and runs with HF_HUB_OFFLINE=1, read them from there. When the files are neither
-cached nor downloadable it raises one ValueError naming the weights and the cache. timm's
-config.json then picks what a user would otherwise pick by hand (`HubWeights`): its
+`describe(name)` fetches the repository's `config.json` with `huggingface_hub` into its usual
+cache ($HF_HOME/hub, or $HF_HUB_CACHE), once; later runs, and runs with HF_HUB_OFFLINE=1, read it
+from there. timm's config.json picks what a user would otherwise pick by hand (`HubConfig`): its
 `architecture` and `model_args` give our registered model and its fields
 (`models.timm_architecture`, each family's `timm_arguments`); its `pretrained_cfg` the input
-size, the normalisation (mean/std), the evaluation crop ratio and the class count; its
-`label_names` the class names. The weights themselves are read by `pretrained.load`, which
-accepts such a name wherever it accepts a file.
+size, the normalisation (mean/std: a name where they match one, else the numbers), the evaluation
+crop ratio (timm's `crop_pct`) and the class count (0: headless weights, which fine-tune with a
+fresh head and give features); its `label_names` the class names. `resolve(name)` fetches the
+weights (`model.safetensors`, else `pytorch_model.bin`) too, only once their config.json has been
+read and maps to a model here. When a file is neither cached nor downloadable it raises one
+ValueError naming the weights and the cache. The weights themselves are read by
+`pretrained.load`, which accepts such a name wherever it accepts a file.
 """
 
 import dataclasses
@@ -31,25 +33,38 @@ RESIZE_INTERPOLATION = 'bicubic'
 
 
 @dataclasses.dataclass(frozen=True)
-class HubWeights:
-  """Hub weights in the local cache, and what their config.json says about them."""
+class HubConfig:
+  """What the config.json of Hub weights says about them."""
 
   name: str  # 'hf-hub:ORG/NAME'
-  path: str  # The weights file in the cache.
   architecture: str  # timm's.
   model: str  # Our registry name.
   model_fields: dict[str, Any]  # Overrides of the registered model, from `model_args`.
-  num_classes: int
+  num_classes: int  # 0: headless (timm's num_classes=0): no classifier in the weights.
   image_size: int
-  normalization: str  # A key of `input_pipeline.NORMALIZATIONS`.
-  crop_ratio: float
+  normalization: str  # A name or numbers, as `input_pipeline.mean_std` reads them.
+  crop_ratio: float  # timm's crop_pct: resize to image_size / crop_ratio, centre crop.
   label_names: tuple[str, ...] | None
 
+  @property
+  def headless(self) -> bool:
+    """Whether the weights hold no classifier (DINO, MAE, in21k backbones): they fine-tune with a
+    fresh head or give features, but predict no classes."""
+    return self.num_classes == 0
+
   def create_model(self, **overrides: Any) -> nn.Module:
-    """The registered model with the weights' fields (and class count), then `overrides`."""
+    """The registered model with the weights' fields and class count (headless: no head), then
+    `overrides`."""
     return models.create(
         self.model, **{'num_classes': self.num_classes, **self.model_fields, **overrides}
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class HubWeights(HubConfig):
+  """Hub weights in the local cache, and what their config.json says about them."""
+
+  path: str  # The weights file in the cache.
 
 
 def is_hub_name(source: Any) -> bool:
@@ -111,16 +126,16 @@ def _first_line(error: Exception) -> str:
 
 
 def _normalization(name: str, mean: Any, std: Any) -> str:
-  """The `input_pipeline.NORMALIZATIONS` key of (mean, std)."""
+  """The normalisation of (mean, std): its name where one matches, else the numbers."""
   from vit_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
 
-  for key, (known_mean, known_std) in input_pipeline.NORMALIZATIONS.items():
-    if np.allclose(mean, known_mean, atol=1e-4) and np.allclose(std, known_std, atol=1e-4):
-      return key
-  raise ValueError(
-      f'{name} normalises with mean {mean} and std {std}, none of the known '
-      f'normalisations {dict(input_pipeline.NORMALIZATIONS)}.'
-  )
+  if np.shape(mean) != (3,) or np.shape(std) != (3,):
+    raise ValueError(
+        f'{name} normalises with mean {mean} and std {std}; vit_jax takes three of each (RGB).'
+    )
+  normalization = input_pipeline.normalization_name(mean, std)
+  input_pipeline.mean_std(normalization)  # Positive, finite stds.
+  return normalization
 
 
 def _model_fields(
@@ -149,14 +164,17 @@ def _model_fields(
 
 
 def read_config(name: str, config: dict[str, Any]) -> dict[str, Any]:
-  """The `HubWeights` fields (all but name and path) that timm's config.json `config` gives."""
+  """The `HubConfig` fields (all but name) that timm's config.json `config` gives."""
   architecture = config.get('architecture')
   if not architecture:
     raise ValueError(
         f'{name}: its {CONFIG_FILE} names no timm "architecture"; vit_jax reads '
         'weights published by timm (push_to_hf_hub).'
     )
-  model = models.timm_architecture(architecture)
+  try:
+    model = models.timm_architecture(architecture)
+  except ValueError as e:
+    raise ValueError(f'{name}: {e}') from None
   pretrained_cfg = config.get('pretrained_cfg', {})
   num_classes = int(config.get('num_classes', pretrained_cfg.get('num_classes', 1000)))
   input_size = pretrained_cfg.get('input_size', (3, 224, 224))
@@ -192,26 +210,34 @@ def read_config(name: str, config: dict[str, Any]) -> dict[str, Any]:
   )
 
 
-def resolve(name: str) -> HubWeights:
-  """The weights `name` ('hf-hub:ORG/NAME') in the local cache (downloaded once) and what their
-  config.json says of them. Raises ValueError when they are neither cached nor downloadable, or
-  are of an architecture or preprocessing that vit_jax does not have."""
-  repo_id = _repo_id(name)
-  config_path = _download(name, repo_id, (CONFIG_FILE,))
-  weights_path = _download(name, repo_id, WEIGHTS_FILES)
+def describe(name: str) -> HubConfig:
+  """What the config.json of `name` ('hf-hub:ORG/NAME') says of its weights, fetched once (the
+  weights are not). Raises ValueError when it is neither cached nor downloadable, or names an
+  architecture or preprocessing that vit_jax does not have."""
+  config_path = _download(name, _repo_id(name), (CONFIG_FILE,))
   try:
     with open(config_path) as f:
       config = json.load(f)
   except (OSError, json.JSONDecodeError) as e:
     raise ValueError(f'{name}: {config_path} is not readable JSON ({e}).') from e
-  weights = HubWeights(name=name, path=weights_path, **read_config(name, config))
+  return HubConfig(name=name, **read_config(name, config))
+
+
+def resolve(name: str) -> HubWeights:
+  """The weights `name` ('hf-hub:ORG/NAME') in the local cache (downloaded once, after their
+  config.json was read and found to map to a model here) and what their config.json says of
+  them. Raises ValueError as `describe` does, or when the weights are neither cached nor
+  downloadable."""
+  config = describe(name)
+  path = _download(name, _repo_id(name), WEIGHTS_FILES)
+  weights = HubWeights(**dataclasses.asdict(config), path=path)
   logging.info(
-      '%s: timm %s as %s%s, %d classes, %d px, %s normalisation, crop %.3g (%s).',
+      '%s: timm %s as %s%s, %s, %d px, %s normalisation, crop %.3g (%s).',
       name,
       weights.architecture,
       weights.model,
       f' {weights.model_fields}' if weights.model_fields else '',
-      weights.num_classes,
+      'headless' if weights.headless else f'{weights.num_classes} classes',
       weights.image_size,
       weights.normalization,
       weights.crop_ratio,

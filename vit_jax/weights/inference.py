@@ -98,8 +98,10 @@ def load_weights(
   evaluation of timm/DeiT weights (1,000 classes, resize to 224 / 0.875 bicubic, centre crop,
   ImageNet mean and std; Google ViT weights use `normalization='inception'`). 1,000 classes
   without label names are named by `imagenet_class_names`, other counts by their index.
+  Headless weights (`num_classes` 0, as Hub weights of DINO, MAE or in21k backbones say) load
+  into a model without a head, which gives features and names no classes.
   """
-  weights = hub.resolve(path) if hub.is_hub_name(path) else None
+  weights = hub.describe(path) if hub.is_hub_name(path) else None
   fields, label_names = {}, None
   if weights is not None:
     if model_name in (None, weights.model):
@@ -116,8 +118,10 @@ def load_weights(
         'vit_jax.models.names() lists them).'
     )
   num_classes = IMAGENET_CLASSES if num_classes is None else num_classes
-  if num_classes < 1:
-    raise ValueError(f'--num_classes={num_classes} must be >= 1.')
+  if num_classes < 0:
+    raise ValueError(
+        f'--num_classes={num_classes} must be >= 0 (0: weights without a head, for features).'
+    )
   # The weights' evaluation on ImageNet, for evaluators on any dataset; checked by the schema,
   # whose field names are these flags' names.
   config = config_lib.defaults()
@@ -231,6 +235,11 @@ def predict(
   """
   if top_k < 1 or batch_size < 1:
     raise ValueError(f'top_k={top_k} and batch_size={batch_size} must be >= 1.')
+  if not run.class_names:
+    raise ValueError(
+        f'{run.source} has no classifier head (headless weights): it gives features '
+        '(vit_jax.evaluate) or is fine-tuned (configs/finetune.py), but predicts no classes.'
+    )
   top_k = min(top_k, len(run.class_names))
   probabilities = jax.jit(lambda v, x: jax.nn.softmax(run.model.apply(v, x, train=False)))
 

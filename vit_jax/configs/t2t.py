@@ -36,7 +36,7 @@ Published top-1 on ImageNet at 224 (T2T-ViT README; parameters as its code count
 
 import ml_collections
 
-from configs import common
+from vit_jax.configs import common
 
 VARIANTS = {
     '7': 't2t_vit_7',

@@ -22,7 +22,7 @@ ResNet18 0.938.
 
 import ml_collections
 
-from configs import common
+from vit_jax.configs import common
 
 KINDS = ('quadratic', 'gaussian', 'learned', 'learned_content')
 

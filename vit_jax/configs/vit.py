@@ -27,7 +27,7 @@ Variants: Ti, S, B, L at /16 and /32, and H/14, for 224-pixel inputs; /4 for 32-
 
 import ml_collections
 
-from configs import common
+from vit_jax.configs import common
 
 VARIANTS = (
     'Ti/16',

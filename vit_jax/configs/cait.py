@@ -23,7 +23,7 @@ M48-448 86.5.
 
 import ml_collections
 
-from configs import common
+from vit_jax.configs import common
 
 # Variant -> (registry name, released resolution).
 VARIANTS = {

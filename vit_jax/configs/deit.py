@@ -48,7 +48,7 @@ RegNetY-16GF): DeiT-Ti 72.2 / 74.5, DeiT-S 79.9 / 81.2, DeiT-B 81.8 / 83.4; DeiT
 
 import ml_collections
 
-from configs import common
+from vit_jax.configs import common
 
 VARIANTS = {'Ti': 'ti', 'S': 's', 'B': 'b'}
 

@@ -61,7 +61,7 @@ Test accuracy on the digits, mean ± standard deviation over 3 seeds (`--seeds=3
 
 import ml_collections
 
-from configs import common
+from vit_jax.configs import common
 
 # Variant name -> model fields changed from the base backbone (`common.quick_model`).
 _T2T_SPLITS_16 = ((3, 2, 1), (3, 2, 1), (3, 1, 1))  # 16 px -> 8 -> 4 -> 4: 16 tokens, stride 4.

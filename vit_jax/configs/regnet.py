@@ -24,7 +24,7 @@ To distil DeiT from such a file directly, see configs/deit.py (`teacher=regnety_
 
 import ml_collections
 
-from configs import common
+from vit_jax.configs import common
 
 VARIANTS = ('002', '004', '006', '008', '016', '032', '040', '064', '080', '120', '160', '320')
 

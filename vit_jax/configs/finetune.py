@@ -14,8 +14,13 @@ a folder of images (one sub-folder per class, `train/` and `test/` inside):
       --workdir=/tmp/deit_s_flowers
 
 Other weights work the same way (`hf-hub:timm/cait_xxs24_224.fb_dist_in1k`,
-`hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k`, ...); a weights file or a run's work
+`hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k`, ...), headless ones too (DINO, MAE,
+in21k backbones: `hf-hub:timm/vit_base_patch16_224.dino`); a weights file or a run's work
 directory needs `model=` (and the ImageNet preprocessing, 224 px, crop 0.875, is assumed).
+Only the config.json is read here; the weights are fetched when training starts.
+
+The evaluation crop is the weights' (timm's `crop_pct`: 0.9 for the DeiT and DeiT III 224 tags);
+the papers' is one flag away: `--config.eval_crop_ratio=0.875` (DeiT) or `=1.0` (DeiT III).
 
 The recipe is MAE's end-to-end fine-tuning (He et al. 2022, Table 9; BEiT Section 2.5's layer-wise
 decay): AdamW (0.9, 0.999), lr 5e-4 × batch / 256 at batch 512, weight decay 0.05, layer-wise lr
@@ -27,7 +32,7 @@ RandAugment rand-m9-mstd0.5-inc1, random erasing 0.25, mixup 0.8 / CutMix 1.0, l
 
 import ml_collections
 
-from configs import common
+from vit_jax.configs import common
 from vit_jax.weights import hub
 
 
@@ -45,7 +50,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         "deit_small_patch16_224.fb_in1k,dataset=cifar10'."
     )
   if hub.is_hub_name(args.init_from):
-    weights = hub.resolve(args.init_from)
+    weights = hub.describe(args.init_from)  # The weights are fetched when training starts.
     image_size, crop_ratio = weights.image_size, weights.crop_ratio
     normalization, model_name = weights.normalization, args.model or weights.model
     fields = weights.model_fields if model_name == weights.model else {}

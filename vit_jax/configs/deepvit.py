@@ -28,7 +28,7 @@ DeepViT-L 83.1 (CNN stem, tuned recipe).
 
 import ml_collections
 
-from configs import common
+from vit_jax.configs import common
 
 VARIANTS = {
     '16B': 'deepvit_16b',

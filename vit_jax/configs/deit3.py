@@ -43,7 +43,7 @@ The README gives no ViT-M command; `deit3_m16` is registered for its weights.
 
 import ml_collections
 
-from configs import common
+from vit_jax.configs import common
 
 # Variant -> (registry name, pre-training resolution, LAMB lr, drop path) of README_revenge.md.
 VARIANTS = {
