@@ -53,10 +53,17 @@ def peak_tflops(device_kind: str) -> float | None:
   return next((v for k, v in PEAK_TFLOPS.items() if device_kind.startswith(k)), None)
 
 
-def step_flops(lowered: jax.stages.Lowered) -> float | None:
-  """XLA's FLOP count of a lowered computation, before a backend compiles it: the same on every
-  device (a GPU program's own count leaves out the cuBLAS calls its matrix products become)."""
-  analysis = lowered.cost_analysis()
+def step_flops(function: Callable, *args: Any) -> float | None:
+  """XLA's FLOP count of `function(*args)` lowered for the host CPU, before any backend compiles
+  it: the same whichever device runs it (a GPU plugin counts nothing before compiling, and a
+  compiled GPU program's count leaves out the cuBLAS calls its matrix products become). None
+  where no CPU backend is at hand or the function does not lower for it."""
+  try:
+    cpu = jax.sharding.SingleDeviceSharding(jax.devices('cpu')[0])
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=cpu), args)
+    analysis = jax.jit(function).lower(*shapes).cost_analysis()
+  except Exception:  # pylint: disable=broad-except
+    return None
   if isinstance(analysis, (list, tuple)):  # Older jax: one dict per partition.
     analysis = analysis[0] if analysis else None
   flops = (analysis or {}).get('flops')
@@ -91,11 +98,11 @@ def _random_batch(config: ml_collections.ConfigDict, size: int, num_classes: int
   }
 
 
-def _compiled_train_step(
-    config: ml_collections.ConfigDict, batch: dict, num_classes: int
-) -> tuple[Callable, steps.TrainState, float | None]:
-  """The config's training step at a constant learning rate, compiled, its fresh state and its
-  FLOPs: the model, optimizer and step alone, so that a machine without TensorFlow runs it."""
+def _train_step(
+    config: ml_collections.ConfigDict, num_classes: int
+) -> tuple[Callable, Callable[[], steps.TrainState]]:
+  """The config's (unjitted) training step at a constant learning rate and its state's init: the
+  model, optimizer and step alone, so that a machine without TensorFlow runs it."""
   start = start_lib.Start.build(
       config.model.to_dict(),
       num_classes,
@@ -106,15 +113,25 @@ def _compiled_train_step(
       image_size=config.image_size,
       ema=bool(config.ema_decay),
   )
-  state = jax.jit(start.init)()
-  step = jax.jit(
-      steps.make_train_step(
-          start.model, start.tx, steps.StepSettings.from_config(config), num_classes
-      ),
-      donate_argnums=0,
+  step = steps.make_train_step(
+      start.model, start.tx, steps.StepSettings.from_config(config), num_classes
   )
-  lowered = step.lower(state, batch)
-  return lowered.compile(), state, step_flops(lowered)
+  return step, start.init
+
+
+def _compiled_train_step(
+    config: ml_collections.ConfigDict, batch: dict, num_classes: int
+) -> tuple[Callable, steps.TrainState, float | None]:
+  """The config's training step, compiled, its fresh state and its FLOPs. cuDNN's attention is
+  counted as the XLA attention that computes the same (cuDNN's kernel is no CPU operation)."""
+  step, init = _train_step(config, num_classes)
+  state = jax.jit(init)()
+  compiled = jax.jit(step, donate_argnums=0).lower(state, batch).compile()
+  if config.model.get('attention_implementation') == 'cudnn':
+    config = config.copy_and_resolve_references()
+    config.model.attention_implementation = 'xla'
+    step, _ = _train_step(config, num_classes)
+  return compiled, state, step_flops(step, state, batch)
 
 
 def _reduced_config(family: str) -> ml_collections.ConfigDict:
