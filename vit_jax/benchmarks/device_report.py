@@ -28,6 +28,7 @@ import ml_collections
 import numpy as np
 
 from vit_jax import runtime
+from vit_jax.models import attention
 from vit_jax.training import optim
 from vit_jax.training import start as start_lib
 from vit_jax.training import steps
@@ -188,20 +189,22 @@ def attention_row(*, reduced: bool, repeats: int) -> Row:
       jax.random.normal(key, (batch, tokens, heads, head_dim), jnp.bfloat16)
       for key in jax.random.split(jax.random.key(0), 3)
   )
+  q = q / np.sqrt(head_dim).astype(q.dtype)  # Pre-scaled, as the models' attention takes it.
 
-  def step(implementation):
+  def step(attend):
     def loss(q, k, v):
-      out = jax.nn.dot_product_attention(q, k, v, implementation=implementation)
+      out = attend(q, k, v)
       return jnp.sum(out.astype(jnp.float32) ** 2), out
 
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
 
-  xla = step('xla')
+  xla = step(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, scale=1.0, implementation='xla'))
   xla_s = _time(lambda: xla(q, k, v), repeats)
-  shape = f'{batch}x{tokens} tokens x {heads} heads x {head_dim}'
+  padded = -(-tokens // attention.CUDNN_SEQUENCE_MULTIPLE) * attention.CUDNN_SEQUENCE_MULTIPLE
+  shape = f'{batch}x{tokens} tokens (cuDNN padded to {padded}) x {heads} heads x {head_dim}'
   numbers = {'shape': shape, 'xla_ms': 1e3 * xla_s}
   try:
-    cudnn = step('cudnn')
+    cudnn = step(attention.cudnn_attention)
     (_, cudnn_out), cudnn_grads = cudnn(q, k, v)
   except Exception as e:  # pylint: disable=broad-except
     reason = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -251,11 +254,11 @@ def throughput_configs(*, reduced: bool) -> list[tuple[ml_collections.ConfigDict
 
 
 def _cudnn_runs(tokens: int) -> bool:
-  """Whether `jax.nn.dot_product_attention` runs cuDNN's kernel on this machine for sequences of
-  `tokens` (cuDNN's flash attention accepts some lengths only)."""
+  """Whether the models' cuDNN attention (`attention.cudnn_attention`) runs on this machine for
+  sequences of `tokens`."""
   q = jnp.zeros((1, tokens, 1, 64), jnp.bfloat16)
   try:
-    jax.block_until_ready(jax.nn.dot_product_attention(q, q, q, implementation='cudnn'))
+    jax.block_until_ready(attention.cudnn_attention(q, q, q))
   except Exception:  # pylint: disable=broad-except
     return False
   return True
