@@ -291,6 +291,42 @@ def test_long_sequences_take_chunked_attention_on_cpu(monkeypatch):
   assert len(calls) == 1  # An explicit implementation is left to dot_product_attention.
 
 
+@pytest.mark.parametrize('multiple, padded', [(8, 24), (1, 17)])
+def test_cudnn_attention_pads_masks_and_equals_unpadded_attention(multiple, padded, monkeypatch):
+  """The 'cudnn' fast path pads 17 tokens to a multiple and masks the padded keys: output and
+  gradients equal the unpadded attention's. cuDNN's own kernel runs on a GPU only
+  (`--mode=device_report`); here its padded call goes to the XLA implementation."""
+  module = attention.SelfAttention(num_heads=2)
+  x = jax.random.normal(jax.random.key(1), (2, 17, 24))
+  variables = module.init(jax.random.key(0), x)
+  weights = jax.random.normal(jax.random.key(2), x.shape)
+  calls, dot_product_attention = [], jax.nn.dot_product_attention
+
+  def spy(q, k, v, *args, implementation=None, **kwargs):
+    if implementation == 'cudnn':
+      lengths = kwargs.get('key_value_seq_lengths')
+      calls.append((q.shape[1], k.shape[1], None if lengths is None else np.asarray(lengths)))
+    return dot_product_attention(q, k, v, *args, implementation='xla', **kwargs)
+
+  monkeypatch.setattr(jax.nn, 'dot_product_attention', spy)
+  monkeypatch.setattr(attention, 'CUDNN_SEQUENCE_MULTIPLE', multiple)
+
+  def loss(variables, x, implementation):
+    out = module.clone(fast_path_implementation=implementation).apply(variables, x)
+    return jnp.sum(out * weights)
+
+  cudnn = jax.value_and_grad(loss, argnums=(0, 1))(variables, x, 'cudnn')
+  unpadded = jax.value_and_grad(loss, argnums=(0, 1))(variables, x, 'xla')
+  for a, b in zip(jax.tree.leaves(cudnn), jax.tree.leaves(unpadded)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+  (queries, keys, lengths), *_ = calls
+  assert (queries, keys) == (padded, padded)
+  if padded == 17:
+    assert lengths is None
+  else:
+    np.testing.assert_array_equal(lengths, [17, 17])
+
+
 @pytest.mark.parametrize('scores', ['quadratic', 'learned'])
 def test_separable_positional_attention_equals_full_scores(scores, monkeypatch):
   module = attention.PositionalAttention(

@@ -271,9 +271,16 @@ def test_step_flops_count_the_matrix_products_of_a_training_step():
   }
   model = config_lib.model_from_section(config.model.to_dict(), 10, 'float32')
   variables = jax.eval_shape(lambda x: model.init(jax.random.key(0), x), batch['image'])
-  forward = jax.jit(lambda v, x: model.apply(v, x)).lower(variables, batch['image'])
+  forward = device_report.step_flops(lambda v, x: model.apply(v, x), variables, batch['image'])
   step, _, flops = device_report._compiled_train_step(  # pylint: disable=protected-access
       config, {k: jnp.zeros(v.shape, v.dtype) for k, v in batch.items()}, 10
   )
   del step
-  assert 2.5 < flops / device_report.step_flops(forward) < 4.0
+  assert 2.5 < flops / forward < 4.0
+
+
+def test_step_flops_of_a_matrix_product_from_its_shapes_alone():
+  """2mkn for (m, k) x (k, n), counted for the host CPU from shapes: the arguments are never
+  touched, so arrays on any device, or none, give the same count."""
+  a, b = jax.ShapeDtypeStruct((8, 32), jnp.bfloat16), jnp.zeros((32, 4), jnp.bfloat16)
+  assert device_report.step_flops(jnp.matmul, a, b) == 2 * 8 * 32 * 4

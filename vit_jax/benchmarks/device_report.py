@@ -27,6 +27,7 @@ import ml_collections
 import numpy as np
 
 from vit_jax import runtime
+from vit_jax.models import attention
 from vit_jax.training import optim
 from vit_jax.training import start as start_lib
 from vit_jax.training import steps
@@ -52,10 +53,17 @@ def peak_tflops(device_kind: str) -> float | None:
   return next((v for k, v in PEAK_TFLOPS.items() if device_kind.startswith(k)), None)
 
 
-def step_flops(lowered: jax.stages.Lowered) -> float | None:
-  """XLA's FLOP count of a lowered computation, before a backend compiles it: the same on every
-  device (a GPU program's own count leaves out the cuBLAS calls its matrix products become)."""
-  analysis = lowered.cost_analysis()
+def step_flops(function: Callable, *args: Any) -> float | None:
+  """XLA's FLOP count of `function(*args)` lowered for the host CPU, before any backend compiles
+  it: the same whichever device runs it (a GPU plugin counts nothing before compiling, and a
+  compiled GPU program's count leaves out the cuBLAS calls its matrix products become). None
+  where no CPU backend is at hand or the function does not lower for it."""
+  try:
+    cpu = jax.sharding.SingleDeviceSharding(jax.devices('cpu')[0])
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=cpu), args)
+    analysis = jax.jit(function).lower(*shapes).cost_analysis()
+  except Exception:  # pylint: disable=broad-except
+    return None
   if isinstance(analysis, (list, tuple)):  # Older jax: one dict per partition.
     analysis = analysis[0] if analysis else None
   flops = (analysis or {}).get('flops')
@@ -87,11 +95,11 @@ def _random_batch(config: ml_collections.ConfigDict, size: int, num_classes: int
   }
 
 
-def _compiled_train_step(
-    config: ml_collections.ConfigDict, batch: dict, num_classes: int
-) -> tuple[Callable, steps.TrainState, float | None]:
-  """The config's training step at a constant learning rate, compiled, its fresh state and its
-  FLOPs: the model, optimizer and step alone, so that a machine without TensorFlow runs it."""
+def _train_step(
+    config: ml_collections.ConfigDict, num_classes: int
+) -> tuple[Callable, Callable[[], steps.TrainState]]:
+  """The config's (unjitted) training step at a constant learning rate and its state's init: the
+  model, optimizer and step alone, so that a machine without TensorFlow runs it."""
   start = start_lib.Start.build(
       config.model.to_dict(),
       num_classes,
@@ -102,15 +110,25 @@ def _compiled_train_step(
       image_size=config.image_size,
       ema=bool(config.ema_decay),
   )
-  state = jax.jit(start.init)()
-  step = jax.jit(
-      steps.make_train_step(
-          start.model, start.tx, steps.StepSettings.from_config(config), num_classes
-      ),
-      donate_argnums=0,
+  step = steps.make_train_step(
+      start.model, start.tx, steps.StepSettings.from_config(config), num_classes
   )
-  lowered = step.lower(state, batch)
-  return lowered.compile(), state, step_flops(lowered)
+  return step, start.init
+
+
+def _compiled_train_step(
+    config: ml_collections.ConfigDict, batch: dict, num_classes: int
+) -> tuple[Callable, steps.TrainState, float | None]:
+  """The config's training step, compiled, its fresh state and its FLOPs. cuDNN's attention is
+  counted as the XLA attention that computes the same (cuDNN's kernel is no CPU operation)."""
+  step, init = _train_step(config, num_classes)
+  state = jax.jit(init)()
+  compiled = jax.jit(step, donate_argnums=0).lower(state, batch).compile()
+  if config.model.get('attention_implementation') == 'cudnn':
+    config = config.copy_and_resolve_references()
+    config.model.attention_implementation = 'xla'
+    step, _ = _train_step(config, num_classes)
+  return compiled, state, step_flops(step, state, batch)
 
 
 def _reduced_config(family: str) -> ml_collections.ConfigDict:
@@ -167,20 +185,22 @@ def attention_row(*, reduced: bool, repeats: int) -> Row:
       jax.random.normal(key, (batch, tokens, heads, head_dim), jnp.bfloat16)
       for key in jax.random.split(jax.random.key(0), 3)
   )
+  q = q / np.sqrt(head_dim).astype(q.dtype)  # Pre-scaled, as the models' attention takes it.
 
-  def step(implementation):
+  def step(attend):
     def loss(q, k, v):
-      out = jax.nn.dot_product_attention(q, k, v, implementation=implementation)
+      out = attend(q, k, v)
       return jnp.sum(out.astype(jnp.float32) ** 2), out
 
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
 
-  xla = step('xla')
+  xla = step(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, scale=1.0, implementation='xla'))
   xla_s = _time(lambda: xla(q, k, v), repeats)
-  shape = f'{batch}x{tokens} tokens x {heads} heads x {head_dim}'
+  padded = -(-tokens // attention.CUDNN_SEQUENCE_MULTIPLE) * attention.CUDNN_SEQUENCE_MULTIPLE
+  shape = f'{batch}x{tokens} tokens (cuDNN padded to {padded}) x {heads} heads x {head_dim}'
   numbers = {'shape': shape, 'xla_ms': 1e3 * xla_s}
   try:
-    cudnn = step('cudnn')
+    cudnn = step(attention.cudnn_attention)
     (_, cudnn_out), cudnn_grads = cudnn(q, k, v)
   except Exception as e:  # pylint: disable=broad-except
     reason = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -230,11 +250,11 @@ def throughput_configs(*, reduced: bool) -> list[tuple[ml_collections.ConfigDict
 
 
 def _cudnn_runs(tokens: int) -> bool:
-  """Whether `jax.nn.dot_product_attention` runs cuDNN's kernel on this machine for sequences of
-  `tokens` (cuDNN's flash attention accepts some lengths only)."""
+  """Whether the models' cuDNN attention (`attention.cudnn_attention`) runs on this machine for
+  sequences of `tokens`."""
   q = jnp.zeros((1, tokens, 1, 64), jnp.bfloat16)
   try:
-    jax.block_until_ready(jax.nn.dot_product_attention(q, q, q, implementation='cudnn'))
+    jax.block_until_ready(attention.cudnn_attention(q, q, q))
   except Exception:  # pylint: disable=broad-except
     return False
   return True

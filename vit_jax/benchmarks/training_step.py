@@ -106,9 +106,8 @@ def jax_contender(
   compile_s = {'init': time.perf_counter() - start}
 
   start = time.perf_counter()
-  lowered = jax.jit(
-      steps.make_train_step(model, setup.tx, settings.step, num_classes), donate_argnums=0
-  ).lower(state, batch)
+  step = steps.make_train_step(model, setup.tx, settings.step, num_classes)
+  lowered = jax.jit(step, donate_argnums=0).lower(state, batch)
   compile_s['lower'] = time.perf_counter() - start
   start = time.perf_counter()
   train_step = lowered.compile()
@@ -142,7 +141,7 @@ def jax_contender(
       compile_s,
       model,
       sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params)),
-      device_report.step_flops(lowered),
+      device_report.step_flops(step, state, batch),
       compiled_memory_mib(train_step),
   )
 

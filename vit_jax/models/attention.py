@@ -258,6 +258,37 @@ def softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
   return jnp.einsum('bhqk,bkhd->bqhd', probs, v)
 
 
+# cuDNN's flash attention takes sequences padded to a multiple of this many tokens (ViT's 197 it
+# refuses); the padded keys are masked by their count.
+CUDNN_SEQUENCE_MULTIPLE = 64
+
+
+def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+  """softmax(q k^T) v for q pre-scaled, all (batch, tokens, heads, head_dim), as cuDNN flash
+  attention (`jax.nn.dot_product_attention`; GPU, float16/bfloat16).
+
+  Queries and keys are padded to a multiple of `CUDNN_SEQUENCE_MULTIPLE` tokens, the padded keys
+  masked (`key_value_seq_lengths`) and the padded queries' outputs dropped: the result and its
+  gradients are those of the unpadded sequences.
+  """
+  queries, keys = q.shape[1], k.shape[1]
+  padded_queries, padded_keys = (
+      -(-n // CUDNN_SEQUENCE_MULTIPLE) * CUDNN_SEQUENCE_MULTIPLE for n in (queries, keys)
+  )
+  if (padded_queries, padded_keys) == (queries, keys):
+    return jax.nn.dot_product_attention(q, k, v, scale=1.0, implementation='cudnn')
+  pad = lambda x, n: jnp.pad(x, ((0, 0), (0, n - x.shape[1]), (0, 0), (0, 0)))
+  out = jax.nn.dot_product_attention(
+      pad(q, padded_queries),
+      pad(k, padded_keys),
+      pad(v, padded_keys),
+      scale=1.0,
+      key_value_seq_lengths=jnp.full((q.shape[0],), keys, jnp.int32),
+      implementation='cudnn',
+  )
+  return out[:, :queries]
+
+
 def content_attention(
     module: nn.Module,
     q: jax.Array,
@@ -274,9 +305,8 @@ def content_attention(
   """softmax(q k^T) v for q pre-scaled, all (batch, tokens, heads, head_dim).
 
   When nothing needs the explicit probabilities: with `implementation` None, `softmax_attention`
-  (on CPU `chunked_attention` for long sequences); with 'xla' or 'cudnn' (flash attention; GPU,
-  float16/bfloat16), `jax.nn.dot_product_attention` of that implementation. Otherwise the shared
-  pipeline `attend`.
+  (on CPU `chunked_attention` for long sequences); with 'xla', `jax.nn.dot_product_attention` of
+  that implementation; with 'cudnn', `cudnn_attention`. Otherwise the shared pipeline `attend`.
   """
   fast = (
       pre_softmax is None
@@ -288,6 +318,8 @@ def content_attention(
     if jax.default_backend() == 'cpu' and q.shape[1] * k.shape[1] >= CHUNKED_ATTENTION_MIN_PAIRS:
       return chunked_attention(q, k, v)
     return softmax_attention(q, k, v)
+  if fast and implementation == 'cudnn':
+    return cudnn_attention(q, k, v)
   if fast:
     return jax.nn.dot_product_attention(q, k, v, scale=1.0, implementation=implementation)
   scores = einsum_float32('bqhd,bkhd->bhqk', q, k)

@@ -105,7 +105,8 @@ class VisionTransformer(nn.Module, parts.Parts):
   xavier Dense kernels; `'timm'` is DeiT/timm's N(0, 0.02) scheme. `representation_size` adds the
   paper's tanh pre-logits layer. The position embedding length is set by the input at init.
   attention_implementation='cudnn' runs the fast attention path as cuDNN flash attention (GPU,
-  float16/bfloat16), 'xla' as `jax.nn.dot_product_attention`'s XLA implementation; None computes
+  float16/bfloat16) over sequences padded to a whole number of its tiles
+  (`attention.cudnn_attention`), 'xla' as `jax.nn.dot_product_attention`'s XLA implementation; None computes
   the same as 'xla' (`attention.softmax_attention`, whose backward pass keeps bfloat16 operands in
   mixed precision), and on CPU takes sequences of 1024+ tokens by query chunks
   (`attention.chunked_attention`).
