@@ -106,10 +106,10 @@ class VisionTransformer(nn.Module, parts.Parts):
   paper's tanh pre-logits layer. The position embedding length is set by the input at init.
   attention_implementation='cudnn' runs the fast attention path as cuDNN flash attention (GPU,
   float16/bfloat16) over sequences padded to a whole number of its tiles
-  (`attention.cudnn_attention`), 'xla' as `jax.nn.dot_product_attention`'s XLA implementation; None computes
-  the same as 'xla' (`attention.softmax_attention`, whose backward pass keeps bfloat16 operands in
-  mixed precision), and on CPU takes sequences of 1024+ tokens by query chunks
-  (`attention.chunked_attention`).
+  (`attention.cudnn_attention`), 'xla' as `jax.nn.dot_product_attention`'s XLA implementation;
+  None computes the same as 'xla' (`attention.softmax_attention`, whose backward pass keeps
+  bfloat16 operands in mixed precision), and on CPU takes sequences of 1024+ tokens by query
+  chunks (`attention.chunked_attention`).
 
   `global_pool` picks what the head reads, as timm's field of that name: 'token' the class token;
   'avg' the mean of all tokens after the final LayerNorm (no class token; big_vision's 'gap',
