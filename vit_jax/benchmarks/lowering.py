@@ -170,7 +170,7 @@ def step_programs(
   state = sharding.abstract(abstract_state, programs.state_sharding)
   train_batch = _batch(mesh, batch_size, config.image_size, eval_mask=False)
   return [
-      StepProgram('train', programs.train_step, (state, train_batch, teacher_variables)),
+      StepProgram('train', programs.train_step, (state, train_batch, teacher_variables, schedule)),
       StepProgram(
           'eval',
           train.jitted_eval_step(model, num_classes, mesh),
