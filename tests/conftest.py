@@ -37,7 +37,7 @@ os.environ['XLA_FLAGS'] = f"{FAST_COMPILE} {os.environ.get('XLA_FLAGS', '')}".st
 # them, kills, several processes, notebooks, installs) or trains to an accuracy. A test lands in the
 # end-to-end tier by what it does: by starting a Python process (`starts_python`: its code, the test
 # helpers and fixtures it calls), by using a fixture of `E2E_FIXTURES`, or by its `e2e` mark (a
-# training to an accuracy). One that starts a Python process unseen fails, naming the mark
+# whole command in-process: a training to an accuracy, a config's quick default, the device report). One that starts a Python process unseen fails, naming the mark
 # (`_python_processes_are_end_to_end`).
 E2E_FIXTURES = frozenset({'trained_digits_run'})
 _TESTS = os.path.dirname(os.path.abspath(__file__)) + os.sep

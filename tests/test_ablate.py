@@ -102,6 +102,7 @@ def test_combinations_that_cannot_work_are_refused_before_compiling(fields, mess
     models.create('vit_ti4', **fields).check_fields()
 
 
+@pytest.mark.e2e  # The grid command, end to end.
 def test_grid_command_runs_a_two_variant_grid(tmp_path):
   """Trains, analyses (from each run's saved config.json, where the T2T stem's `soft_splits`
   come back as JSON lists) and times two variants."""

@@ -223,6 +223,7 @@ def test_memory_mode_refuses_a_mesh_that_does_not_divide_the_devices():
   assert 'mesh.fsdp=3: must divide the number of devices (8); valid: [1, 2, 4, 8]' in result.stderr
 
 
+@pytest.mark.e2e  # The device report, every row.
 def test_device_report_reduced_on_cpu(tmp_path, capsys):
   """The reduced report on CPU: every family trains (finite, falling loss), cuDNN is reported
   unavailable, and the training and input pipeline rows carry their numbers."""

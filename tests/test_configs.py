@@ -85,6 +85,7 @@ def test_bad_arguments_are_named(name, arg, message):
     load(name).get_config(arg)
 
 
+@pytest.mark.e2e  # Each config file's quick default trained, as its command trains it.
 @pytest.mark.parametrize('name', CONFIGS)
 def test_default_config_trains_with_falling_loss(name, data_dir, tmp_path, train_losses):
   config = load(name).get_config()
