@@ -74,8 +74,8 @@ CHECKPOINTED_STEPS = (2, 4, 6)
 
 
 def checkpointed_config(data_dir: str, **overrides):
-  """`tiny_config` trained 6 steps with a checkpoint every 2, up to 5 kept: the finished run that the
-  fault, resume and analysis tests copy (conftest's `checkpointed_run`)."""
+  """`tiny_config` trained 6 steps with a checkpoint every 2, up to 5 kept: the finished run that
+  the fault, resume and analysis tests copy (conftest's `checkpointed_run`)."""
   return tiny_config(
       data_dir,
       **{
