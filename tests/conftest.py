@@ -17,6 +17,11 @@ os.environ.setdefault(
 )
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
+COMPILATION_CACHE = (
+    'JAX_COMPILATION_CACHE_DIR',
+    'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS',
+    'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES',
+)
 
 # The tests check what programs compute, not how fast they run: without its costly optimisation
 # passes XLA's CPU compiler builds the suite's many small programs in far less time. Subprocesses
@@ -30,6 +35,17 @@ OLDER_EMITTERS = '--xla_cpu_use_fusion_emitters=false'
 if runtime.jaxlib_version() >= (0, 10, 0):
   FAST_COMPILE += f' {OLDER_EMITTERS}'
 os.environ['XLA_FLAGS'] = f"{FAST_COMPILE} {os.environ.get('XLA_FLAGS', '')}".strip()
+
+
+def without_cluster_settings(environ) -> dict[str, str]:
+  """`environ` without the variables that make a process join a cluster (SLURM_*, JAX_*), but
+  with the suite's compilation cache (`COMPILATION_CACHE`): for the processes of multi-process
+  runs started by hand."""
+  return {
+      k: v
+      for k, v in environ.items()
+      if k in COMPILATION_CACHE or not k.startswith(('SLURM_', 'JAX_'))
+  }
 
 
 # The two tiers. Plain `pytest` runs the unit and integration tests (in-process, tiny models);
@@ -250,6 +266,21 @@ def trained_digits_run(data_dir, tmp_path_factory) -> str:
 
   workdir = str(tmp_path_factory.mktemp('trained_digits_run'))
   tiny_runs.train_as_a_user(tiny_runs.DIGITS_RUN_CONFIG, workdir, f'--config.data_dir={data_dir}')
+  return workdir
+
+
+@pytest.fixture(scope='session')
+def checkpointed_run(data_dir, tmp_path_factory) -> str:
+  """The work directory of a finished `tiny_runs.checkpointed_config` run, with checkpoints at
+  `tiny_runs.CHECKPOINTED_STEPS`. Shared by the session: a test that writes to it (resumes,
+  corrupts, analyses) works on a copy (`shutil.copytree`)."""
+  from tests import tiny_runs  # pylint: disable=g-import-not-at-top
+  from vit_jax.training import train  # pylint: disable=g-import-not-at-top
+
+  workdir = str(tmp_path_factory.mktemp('checkpointed_run') / 'run')
+  train.train_and_evaluate(tiny_runs.checkpointed_config(data_dir), workdir)
+  saved = sorted(int(step) for step in os.listdir(os.path.join(workdir, 'checkpoints')))
+  assert saved == list(tiny_runs.CHECKPOINTED_STEPS)
   return workdir
 
 

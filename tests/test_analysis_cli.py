@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -11,10 +12,10 @@ import ml_collections
 import numpy as np
 import pytest
 
+from tests.tiny_runs import CHECKPOINTED_STEPS
 from tests.tiny_runs import tiny_config
 from vit_jax import config as config_lib
 from vit_jax import models
-from vit_jax.training import train
 from vit_jax.training import workdir as workdir_lib
 from vit_jax.analysis import pruning
 from vit_jax.analysis import report as report_lib
@@ -22,9 +23,9 @@ from vit_jax.analysis import report as report_lib
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_cli_writes_every_file_for_a_trained_vit(data_dir, tmp_path):
+def test_cli_writes_every_file_for_a_trained_vit(checkpointed_run, tmp_path):
   workdir = str(tmp_path / 'vit')
-  train.train_and_evaluate(tiny_config(data_dir, total_steps=4), workdir)
+  shutil.copytree(checkpointed_run, workdir)
   result = subprocess.run(
       [
           sys.executable,
@@ -47,7 +48,11 @@ def test_cli_writes_every_file_for_a_trained_vit(data_dir, tmp_path):
     assert os.path.getsize(os.path.join(out, name)) > 1000, name
   with open(os.path.join(out, 'analysis.json')) as f:
     report = json.load(f)
-  assert report['files'] == expected and report['step'] == 4 and report['num_images'] == 12
+  assert (
+      report['files'] == expected
+      and report['step'] == CHECKPOINTED_STEPS[-1]
+      and report['num_images'] == 12
+  )
   assert [layer['name'] for layer in report['layers']] == ['blocks_0/attn', 'blocks_1/attn']
   similarity = np.array(report['collapse']['main']['similarity'])
   assert similarity.shape == (2, 2) and np.allclose(np.diag(similarity), 1.0)

@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from vit_jax.configs import cait, common, deepvit, deit, regnet, sa_conv, t2t, vit
@@ -157,7 +158,7 @@ def test_every_bad_field_is_listed_in_one_error():
     ), field
 
 
-def test_batches_must_split_over_devices_processes_and_micro_batches():
+def test_batches_must_split_over_devices_processes_and_micro_batches(monkeypatch):
   problems = _problems(_config(batch_size=100, eval_batch_size=100), devices=8, processes=2)
   assert problems[0].startswith('--config.batch_size=100: must be a multiple of the 8 device(s)')
   assert 'e.g. 96' in problems[0]
@@ -168,6 +169,13 @@ def test_batches_must_split_over_devices_processes_and_micro_batches():
   assert 'grad_accum_steps=16' in problems[0] and 'of 128' in problems[0]
   config_lib.validate(_config(batch_size=64, repeated_aug=3), devices=1, processes=2)
   config_lib.validate(_config(batch_size=96, repeated_aug=3), devices=8, processes=2)
+  # Without `devices`, JAX's device count is what the batch must divide.
+  monkeypatch.setattr(jax, 'device_count', lambda: 8)
+  config = common.get_config()
+  config.batch_size = 100
+  with pytest.raises(config_lib.ConfigError) as raised:
+    config_lib.validate(config)
+  assert 'batch_size=100: must be a multiple of the 8 device(s)' in str(raised.value)
 
 
 def test_settings_that_do_not_fit_together():

@@ -17,6 +17,7 @@ import time
 import jax
 import pytest
 
+from conftest import without_cluster_settings
 from vit_jax.parallel import peers
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -69,7 +70,7 @@ def _free_port() -> int:
 def _start(tmp_path, workdir, run: str) -> tuple[list[subprocess.Popen], list]:
   """Both processes of a run, each writing `tmp_path/{run}{i}.log`."""
   port = _free_port()
-  env = {k: v for k, v in os.environ.items() if not k.startswith(('SLURM_', 'JAX_'))}
+  env = without_cluster_settings(os.environ)
   env.update(TF_CPP_MIN_LOG_LEVEL='2', JAX_PLATFORMS='cpu', PYTHONPATH=REPO)
   processes, logs = [], [tmp_path / f'{run}{i}.log' for i in range(2)]
   for i in range(2):

@@ -1,7 +1,7 @@
 """Faults: unreadable checkpoints, two runs on one work directory, signals, missing or bad data.
 
 Every test checks the message a user sees and that no file of the run was lost. The checkpoint
-tests share one tiny trained run and corrupt copies of it.
+tests corrupt copies of the session's tiny trained run (`checkpointed_run`).
 """
 
 import gc
@@ -22,6 +22,8 @@ from PIL import Image
 import pytest
 
 from tests.tiny_runs import compiled_programs
+from tests.tiny_runs import CHECKPOINTED_STEPS as STEPS
+from tests.tiny_runs import checkpointed_config
 from tests.tiny_runs import tiny_config
 from vit_jax.data import input_pipeline
 from vit_jax.training import train
@@ -29,23 +31,6 @@ from vit_jax.training import workdir as workdir_lib
 from vit_jax.data import folder
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS = (2, 4, 6)
-
-
-def _run_config(data_dir, **overrides):
-  return tiny_config(
-      data_dir,
-      **{'total_steps': STEPS[-1], 'checkpoint_every': 2, 'keep_checkpoints': 5, **overrides},
-  )
-
-
-@pytest.fixture(scope='module')
-def trained(data_dir, tmp_path_factory):
-  """A finished tiny run with checkpoints at steps 2, 4 and 6."""
-  workdir = str(tmp_path_factory.mktemp('trained') / 'run')
-  train.train_and_evaluate(_run_config(data_dir), workdir)
-  assert sorted(int(s) for s in os.listdir(os.path.join(workdir, 'checkpoints'))) == list(STEPS)
-  return workdir
 
 
 def _files(root: str) -> dict[str, bytes]:
@@ -112,14 +97,16 @@ def _abstract_state(config):
 
 
 @pytest.mark.parametrize('kind', CORRUPTIONS)
-def test_resume_falls_back_past_an_unreadable_checkpoint(trained, data_dir, tmp_path, caplog, kind):
+def test_resume_falls_back_past_an_unreadable_checkpoint(
+    checkpointed_run, data_dir, tmp_path, caplog, kind
+):
   workdir = str(tmp_path / 'run')
-  shutil.copytree(trained, workdir)
+  shutil.copytree(checkpointed_run, workdir)
   newest = os.path.join(workdir, 'checkpoints', str(STEPS[-1]))
   CORRUPTIONS[kind](newest)
   corrupted = _files(newest)
   intact = {step: _files(os.path.join(workdir, 'checkpoints', str(step))) for step in STEPS[:-1]}
-  config = _run_config(data_dir)
+  config = checkpointed_config(data_dir)
   run = workdir_lib.Workdir(workdir, keep_checkpoints=config.keep_checkpoints)
   gc.collect()  # The previous case's abandoned orbax reads report themselves when collected.
   with caplog.at_level(std_logging.WARNING):
@@ -148,21 +135,25 @@ def test_resume_falls_back_past_an_unreadable_checkpoint(trained, data_dir, tmp_
   assert not any(r.exc_info or 'Traceback' in r.getMessage() for r in ours)
 
 
-def test_training_resumes_and_retention_keeps_intact_checkpoints(trained, data_dir, tmp_path):
+def test_training_resumes_and_retention_keeps_intact_checkpoints(
+    checkpointed_run, data_dir, tmp_path
+):
   """The run passes the set-aside step again: a fresh checkpoint there, the broken one kept."""
   workdir = str(tmp_path / 'run')
-  shutil.copytree(trained, workdir)
+  shutil.copytree(checkpointed_run, workdir)
   _truncate(os.path.join(workdir, 'checkpoints', str(STEPS[-1])))
-  config = _run_config(data_dir, total_steps=10, keep_checkpoints=3)
+  config = checkpointed_config(data_dir, total_steps=10, keep_checkpoints=3)
   train.train_and_evaluate(config, workdir)
   assert sorted(int(s) for s in os.listdir(os.path.join(workdir, 'checkpoints'))) == [6, 8, 10]
   assert len(os.listdir(os.path.join(workdir, workdir_lib.UNREADABLE_DIR))) == 1
   assert json.loads(open(os.path.join(workdir, 'results.json')).read())['step'] == 10
 
 
-def test_readers_of_a_run_skip_an_unreadable_checkpoint_and_move_nothing(trained, tmp_path):
+def test_readers_of_a_run_skip_an_unreadable_checkpoint_and_move_nothing(
+    checkpointed_run, tmp_path
+):
   workdir = str(tmp_path / 'run')
-  shutil.copytree(trained, workdir)
+  shutil.copytree(checkpointed_run, workdir)
   _truncate(os.path.join(workdir, 'checkpoints', str(STEPS[-1])))
   before = _files(workdir)
   step = (
@@ -174,13 +165,13 @@ def test_readers_of_a_run_skip_an_unreadable_checkpoint_and_move_nothing(trained
 
 @pytest.mark.parametrize('kind', CORRUPTIONS)
 def test_a_command_reading_past_an_unreadable_checkpoint_prints_one_line_not_tracebacks(
-    trained, tmp_path, kind
+    checkpointed_run, tmp_path, kind
 ):
   """The reads orbax abandons on a bad checkpoint end on a closed event loop; a command (export
   here; analysis, evaluation and prediction read runs the same way) reports the skip in one
   line, without their tracebacks."""
   workdir = str(tmp_path / 'run')
-  shutil.copytree(trained, workdir)
+  shutil.copytree(checkpointed_run, workdir)
   CORRUPTIONS[kind](os.path.join(workdir, 'checkpoints', str(STEPS[-1])))
   out = str(tmp_path / 'run.safetensors')
   result = subprocess.run(
@@ -197,12 +188,14 @@ def test_a_command_reading_past_an_unreadable_checkpoint_prints_one_line_not_tra
   ), result.stderr
 
 
-def test_no_readable_checkpoint_is_an_error_not_a_silent_restart(trained, data_dir, tmp_path):
+def test_no_readable_checkpoint_is_an_error_not_a_silent_restart(
+    checkpointed_run, data_dir, tmp_path
+):
   workdir = str(tmp_path / 'run')
-  shutil.copytree(trained, workdir)
+  shutil.copytree(checkpointed_run, workdir)
   for step in STEPS:
     _empty_step_directory(os.path.join(workdir, 'checkpoints', str(step)))
-  config = _run_config(data_dir)
+  config = checkpointed_config(data_dir)
   run = workdir_lib.Workdir(workdir, keep_checkpoints=config.keep_checkpoints)
   with pytest.raises(ValueError, match=r'None of the 3 checkpoints .* could be read'):
     run.resume(_abstract_state(config))
@@ -212,9 +205,9 @@ def test_no_readable_checkpoint_is_an_error_not_a_silent_restart(trained, data_d
 # Two runs on one work directory.
 
 
-def test_a_second_run_is_refused_naming_the_holder(trained, data_dir, tmp_path):
+def test_a_second_run_is_refused_naming_the_holder(checkpointed_run, data_dir, tmp_path):
   workdir = str(tmp_path / 'run')
-  shutil.copytree(trained, workdir)
+  shutil.copytree(checkpointed_run, workdir)
   before = _files(workdir)
   with workdir_lib.lock(workdir):
     holder = json.loads(open(os.path.join(workdir, workdir_lib.LOCK_FILE)).read())
@@ -226,7 +219,7 @@ def test_a_second_run_is_refused_naming_the_holder(trained, data_dir, tmp_path):
             match=rf"'{workdir}' is in use by another run: pid {os.getpid()} on ",
         ),
     ):
-      train.train_and_evaluate(_run_config(data_dir, total_steps=8), workdir)
+      train.train_and_evaluate(checkpointed_config(data_dir, total_steps=8), workdir)
     assert 'jit(train_step)' not in compiled  # Refused before the memory check compiles the step.
     after = _files(workdir)
     after.pop(workdir_lib.LOCK_FILE)

@@ -1,8 +1,9 @@
 """Fully sharded training: the sharding rule, and runs on 8 CPU devices that equal replicated ones.
 
 The runs need 8 devices, which XLA only creates before JAX starts, so one subprocess trains them
-all (`runs`) and this process, with its one device, reads their checkpoints: which also shows
-that a sharded run reads back whole on any other mesh.
+all (`runs`), and compares one train step on 1 and on 8 devices, and this process, with its one
+device, reads their checkpoints: which also shows that a sharded run reads back whole on any
+other mesh.
 """
 
 import json
@@ -147,20 +148,50 @@ for run in json.loads({runs!r}):
   start = time.time()
   train.train_and_evaluate(tiny_config({data_dir!r}, **run['overrides']), run['workdir'])
   print(run['name'], round(time.time() - start, 1), 's', flush=True)
+
+# One train step from the same state and batch, on the first device alone and data parallel on 8.
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from vit_jax.training import optim
+from vit_jax.training import steps
+config = tiny_config({data_dir!r}, **{{'model.dropout_rate': 0.1, 'model.drop_path_rate': 0.2}})
+settings = train.Settings.from_config(config)
+schedule = optim.learning_rate_schedule(settings.schedule, 10, 0)
+start = settings.start(10, schedule)
+rng = np.random.default_rng(0)
+batch = {{'image': rng.normal(size=(32, 16, 16, 3)).astype(np.float32),
+         'label': rng.integers(0, 10, size=(32,)).astype(np.int32)}}
+params = []
+for devices in (jax.devices()[:1], jax.devices()):
+  mesh = Mesh(np.array(devices), ('data',))
+  replicated, sharded = NamedSharding(mesh, P()), NamedSharding(mesh, P('data'))
+  state = jax.device_put(start.init(), replicated)
+  step = jax.jit(
+      steps.make_train_step(start.model, start.tx, steps.StepSettings.from_config(config), 10))
+  state, _ = step(state, {{k: jax.device_put(v, sharded) for k, v in batch.items()}})
+  params.append(jax.device_get(state.params))
+difference = max(float(np.max(np.abs(a - b)))
+                 for a, b in zip(jax.tree.leaves(params[0]), jax.tree.leaves(params[1])))
+with open({one_step_file!r}, 'w') as f:
+  json.dump({{'devices': [1, len(devices)], 'max_difference': difference}}, f)
 """
 
 
 @pytest.fixture(scope='module')
-def trained(tmp_path_factory) -> dict[str, str]:
-  """Trains every run of `runs` on 8 CPU devices; returns the work directory of each name."""
+def eight_devices(tmp_path_factory) -> dict:
+  """Runs the 8-device process: 'workdirs', the work directory of each run of `runs` by name;
+  'one_train_step', the devices of the one-step comparison and the largest parameter difference
+  between them."""
   root = str(tmp_path_factory.mktemp('fsdp'))
   items = runs(root)
+  one_step_file = os.path.join(root, 'one_train_step.json')
   script = SCRIPT.format(
       repo=REPO,
       runs=json.dumps(items),
       data_dir=os.path.join(root, 'tfds'),
       middle=MIDDLE,
       older_emitters=OLDER_EMITTERS,
+      one_step_file=one_step_file,
   )
   result = subprocess.run(
       [sys.executable, '-c', script],
@@ -172,7 +203,18 @@ def trained(tmp_path_factory) -> dict[str, str]:
   )
   assert result.returncode == 0, result.stderr[-4000:]
   print(result.stdout)
-  return {item['name']: item['workdir'] for item in items}
+  with open(one_step_file) as f:
+    one_train_step = json.load(f)
+  return {
+      'workdirs': {item['name']: item['workdir'] for item in items},
+      'one_train_step': one_train_step,
+  }
+
+
+@pytest.fixture(scope='module')
+def trained(eight_devices) -> dict[str, str]:
+  """The work directory of every run of `runs`, trained on 8 CPU devices, by name."""
+  return eight_devices['workdirs']
 
 
 def max_difference(a, b) -> float:
@@ -223,6 +265,15 @@ def test_fsdp_8_trains_like_fsdp_1(trained, name):
       )
       > 1e-3
   )
+
+
+@pytest.mark.e2e
+def test_one_train_step_on_8_devices_equals_1_device(eight_devices):
+  """One train step (dropout, stochastic depth) data parallel over 8 CPU devices gives the
+  parameters of the same step on one device."""
+  one_step = eight_devices['one_train_step']
+  assert one_step['devices'] == [1, 8]
+  assert one_step['max_difference'] <= TOLERANCE
 
 
 @pytest.mark.e2e

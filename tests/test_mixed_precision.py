@@ -84,23 +84,24 @@ def test_bfloat16_training_matches_float32_within_one_point(data_dir, trained_di
   Both converge (about 95 % test accuracy); 1 point is 3.6 of the 360 test images, about the
   spread between single runs that differ only in rounding, hence the mean of two seeds. The
   float32 run of seed 0 is the session's `trained_digits_run`, made with the same config; the
-  others run as a user runs them (bfloat16 is emulated on CPU, and slow without XLA's
-  optimisation).
+  others run one after another in one process set up as a user's run (bfloat16 is emulated on
+  CPU, and slow without XLA's optimisation).
   """
   with open(os.path.join(trained_digits_run, 'results.json')) as f:
     accuracies = {'float32': [json.load(f)['test_accuracy']], 'bfloat16': []}
-  for dtype, seed in (('float32', 1), ('bfloat16', 0), ('bfloat16', 1)):
-    # The same training; the frozen-feature evaluators, which only read it, are left out.
-    results = tiny_runs.train_as_a_user(
-        tiny_runs.DIGITS_RUN_CONFIG,
-        str(tmp_path / f'{dtype}_{seed}'),
-        f'--config.data_dir={data_dir}',
-        f'--config.dtype={dtype}',
-        f'--config.seed={seed}',
-        '--config.evaluators.fewshot.every=0',
-        '--config.evaluators.linear_probe.every=0',
-    )
-    accuracies[dtype].append(results['test_accuracy'])
+  # The same training; the frozen-feature evaluators, which only read it, are left out.
+  runs = {
+      str(tmp_path / f'{dtype}_{seed}'): {
+          'dtype': dtype,
+          'seed': seed,
+          'evaluators.fewshot.every': 0,
+          'evaluators.linear_probe.every': 0,
+      }
+      for dtype, seed in (('float32', 1), ('bfloat16', 0), ('bfloat16', 1))
+  }
+  results = tiny_runs.train_digits_runs_in_one_process(data_dir, runs)
+  for workdir, overrides in runs.items():
+    accuracies[overrides['dtype']].append(results[workdir]['test_accuracy'])
   print('test accuracy by dtype:', accuracies)
   assert min(accuracies['float32']) > 0.9, accuracies
   # Rounding alone moves either run by a point or two either way; bfloat16 must not lose more

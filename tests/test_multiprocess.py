@@ -21,6 +21,7 @@ import time
 import jax
 import numpy as np
 from conftest import OLDER_EMITTERS
+from conftest import without_cluster_settings
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -103,7 +104,7 @@ def run_all(
     commands: list[list[str]], envs: list[dict[str, str]], logs: list[str], timeout: float
 ) -> list[int]:
   """Runs the commands at once; returns their exit codes, SIGKILLing every one still alive."""
-  base = {k: v for k, v in os.environ.items() if not k.startswith(('SLURM_', 'JAX_'))}
+  base = without_cluster_settings(os.environ)
   base.update(TF_CPP_MIN_LOG_LEVEL='2', JAX_PLATFORMS='cpu')
   base['XLA_FLAGS'] = base.get('XLA_FLAGS', '').replace(OLDER_EMITTERS, '').strip()
   processes = []

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.tiny_runs import assert_trees_close, tiny_config, train_with_preemption
+from tests.tiny_runs import assert_trees_close, tiny_config
 from vit_jax import config as config_lib
 from vit_jax.configs import cait as cait_config
 from vit_jax.configs import deepvit as deepvit_config
@@ -22,7 +22,6 @@ from vit_jax.training import optim
 from vit_jax.training import steps
 from vit_jax.training import teacher
 from vit_jax.training import train
-from vit_jax.training import workdir as workdir_lib
 from vit_jax.models import layers
 
 IMAGENET_TRAIN = 1_281_167
@@ -200,22 +199,6 @@ def _max_abs_diff(a, b) -> float:
       float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
       for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
   )
-
-
-def test_ema_survives_a_restart_and_is_evaluated(data_dir, tmp_path, monkeypatch):
-  config = tiny_config(data_dir, ema_decay=0.9, **{'model.drop_path_rate': 0.1})
-  straight = str(tmp_path / 'straight')
-  metrics = train.train_and_evaluate(config, straight).metrics
-  assert {'ema_accuracy', 'ema_loss'} <= set(metrics)
-  assert metrics['ema_loss'] != metrics['loss']
-
-  interrupted = str(tmp_path / 'interrupted')
-  resumed = train_with_preemption(config, interrupted, monkeypatch)
-
-  a, b = workdir_lib.Workdir(straight).read_state(), workdir_lib.Workdir(interrupted).read_state()
-  assert_trees_close(a['ema'], b['ema'], atol=0)
-  assert_trees_close(a['params'], b['params'], atol=0)
-  assert resumed.metrics == metrics
 
 
 # Stochastic depth in every family.

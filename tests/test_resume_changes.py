@@ -1,7 +1,8 @@
 """Resuming with a changed config: state-only changes carry the run over, others are refused.
 
-Two tiny finished runs (one plain, one with gradient clipping and an EMA) are copied and resumed
-with one field changed; the state the loop would start from is compared with the saved one.
+Two tiny finished runs (the session's plain `checkpointed_run`, and one with gradient clipping and
+an EMA) are copied and resumed with one field changed; the state the loop would start from is
+compared with the saved one.
 """
 
 import logging as std_logging
@@ -13,29 +14,23 @@ import numpy as np
 import pytest
 
 from tests.tiny_runs import compiled_programs
+from tests.tiny_runs import CHECKPOINTED_STEPS
+from tests.tiny_runs import checkpointed_config
 from tests.tiny_runs import tiny_config
 from vit_jax.training import train
 from vit_jax.training import workdir as workdir_lib
 
-STEPS = 4
-
-
-def _config(data_dir, **overrides):
-  return tiny_config(data_dir, **{'total_steps': STEPS, 'checkpoint_every': 2, **overrides})
+STEPS = CHECKPOINTED_STEPS[-1]
 
 
 @pytest.fixture(scope='module')
-def runs(data_dir, tmp_path_factory):
-  """'plain': no clipping, no EMA; 'clipped_ema': both; each trained to step 4."""
-  made = {}
-  for name, overrides in (
-      ('plain', {}),
-      ('clipped_ema', {'grad_clip_norm': 1.0, 'ema_decay': 0.9}),
-  ):
-    workdir = str(tmp_path_factory.mktemp(name) / 'run')
-    train.train_and_evaluate(_config(data_dir, **overrides), workdir)
-    made[name] = (workdir, overrides)
-  return made
+def runs(checkpointed_run, data_dir, tmp_path_factory):
+  """'plain': no clipping, no EMA (the session's `checkpointed_run`); 'clipped_ema': both; each
+  trained to step `STEPS`."""
+  clipped_ema = {'grad_clip_norm': 1.0, 'ema_decay': 0.9}
+  workdir = str(tmp_path_factory.mktemp('clipped_ema') / 'run')
+  train.train_and_evaluate(checkpointed_config(data_dir, **clipped_ema), workdir)
+  return {'plain': (checkpointed_run, {}), 'clipped_ema': (workdir, clipped_ema)}
 
 
 def _files(root):
@@ -107,7 +102,7 @@ def test_a_change_that_adds_or_drops_state_resumes_with_everything_else_carried(
   workdir, overrides = _copy(runs, base, tmp_path)
   saved = workdir_lib.Workdir(workdir).read_state()
   checkpoints = _checkpoints(workdir)
-  config = _config(data_dir, **{**overrides, **changes})
+  config = checkpointed_config(data_dir, **{**overrides, **changes})
   with caplog.at_level(std_logging.INFO):
     state = _starting_state(config, workdir, monkeypatch)
   assert int(state.step) == STEPS
@@ -135,7 +130,9 @@ def test_a_changed_mu_dtype_names_both_values_and_casts_the_moments(
   workdir, _ = _copy(runs, 'plain', tmp_path)
   saved = workdir_lib.Workdir(workdir).read_state()
   with caplog.at_level(std_logging.INFO):
-    state = _starting_state(_config(data_dir, mu_dtype='bfloat16'), workdir, monkeypatch)
+    state = _starting_state(
+        checkpointed_config(data_dir, mu_dtype='bfloat16'), workdir, monkeypatch
+    )
   _assert_same(state.params, saved['params'])
   assert "with mu_dtype changed from '' (the parameters' dtype) to bfloat16: " in caplog.text
   assert 'first moment is cast to bfloat16' in caplog.text
@@ -147,10 +144,10 @@ def test_a_resumed_run_with_clipping_and_an_ema_added_trains_to_the_new_end(
 ):
   """The change the loss-is-NaN message advises, with more steps, as MEASURED.md's run did."""
   workdir, _ = _copy(runs, 'plain', tmp_path)
-  config = _config(data_dir, total_steps=STEPS + 2, grad_clip_norm=1.0, ema_decay=0.9)
+  config = checkpointed_config(data_dir, total_steps=STEPS + 2, grad_clip_norm=1.0, ema_decay=0.9)
   result = train.train_and_evaluate(config, workdir)
   assert result.step == STEPS + 2 and 'ema_accuracy' in result.metrics
-  assert workdir_lib.Workdir(workdir).steps() == [2, 4, 6]
+  assert workdir_lib.Workdir(workdir).steps() == [*CHECKPOINTED_STEPS, STEPS + 2]
 
 
 REFUSED = {
@@ -180,7 +177,7 @@ def test_a_change_the_state_cannot_take_is_refused_leaving_every_file_as_it_was(
   workdir, _ = _copy(runs, 'plain', tmp_path)
   before = _files(workdir)
   with compiled_programs() as compiled, pytest.raises(ValueError) as raised:
-    train.train_and_evaluate(_config(data_dir, total_steps=8, **changes), workdir)
+    train.train_and_evaluate(checkpointed_config(data_dir, total_steps=8, **changes), workdir)
   assert 'jit(train_step)' not in compiled  # Refused before the memory check compiles the step.
   message = str(raised.value)
   assert message.startswith(
@@ -196,7 +193,7 @@ def test_without_config_json_the_saved_arrays_decide(runs, data_dir, tmp_path, m
   workdir, _ = _copy(runs, 'clipped_ema', tmp_path)
   os.remove(os.path.join(workdir, workdir_lib.CONFIG_FILE))
   saved = workdir_lib.Workdir(workdir).read_state()
-  state = _starting_state(_config(data_dir), workdir, monkeypatch)
+  state = _starting_state(checkpointed_config(data_dir), workdir, monkeypatch)
   _assert_same(state.params, saved['params'])
   assert state.ema == {}
 

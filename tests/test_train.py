@@ -2,10 +2,10 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 from clu import metric_writers
@@ -15,6 +15,7 @@ import pytest
 
 from tests import tiny_runs
 from tests.tiny_runs import assert_trees_close
+from tests.tiny_runs import checkpointed_config
 from tests.tiny_runs import final_params
 from tests.tiny_runs import tiny_config
 from tests.tiny_runs import train_with_preemption
@@ -35,14 +36,23 @@ def test_loss_falls_and_accuracy_rises(data_dir, tmp_path):
 
 
 def test_resume_after_preemption_equals_uninterrupted_run(data_dir, tmp_path, monkeypatch):
-  config = tiny_config(data_dir, **{'model.dropout_rate': 0.1, 'model.drop_path_rate': 0.1})
+  """Preempted and resumed, a run with dropout, stochastic depth and an EMA ends with the
+  parameters, EMA and metrics of an uninterrupted one; the EMA is evaluated."""
+  config = tiny_config(
+      data_dir, ema_decay=0.9, **{'model.dropout_rate': 0.1, 'model.drop_path_rate': 0.1}
+  )
   straight = str(tmp_path / 'straight')
-  train.train_and_evaluate(config, straight)
+  metrics = train.train_and_evaluate(config, straight).metrics
+  assert {'ema_accuracy', 'ema_loss'} <= set(metrics)
+  assert metrics['ema_loss'] != metrics['loss']
 
   interrupted = str(tmp_path / 'interrupted')
-  train_with_preemption(config, interrupted, monkeypatch)
+  resumed = train_with_preemption(config, interrupted, monkeypatch)
 
-  assert_trees_close(final_params(straight), final_params(interrupted), atol=0)
+  a, b = workdir_lib.Workdir(straight).read_state(), workdir_lib.Workdir(interrupted).read_state()
+  assert_trees_close(a['ema'], b['ema'], atol=0)
+  assert_trees_close(a['params'], b['params'], atol=0)
+  assert resumed.metrics == metrics
 
 
 @pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT])
@@ -57,58 +67,14 @@ def test_sigterm_and_ctrl_c_request_a_checkpoint_and_restore_the_handlers(signum
   assert signal.getsignal(signum) is previous
 
 
-def test_nan_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path):
-  workdir = str(tmp_path)
-  config = tiny_config(data_dir, total_steps=4, checkpoint_every=2, log_every=2)
-  train.train_and_evaluate(config, workdir)
-  config = tiny_config(
-      data_dir, total_steps=40, checkpoint_every=2, log_every=2, base_lr=1e30, warmup_steps=0
-  )
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(checkpointed_run, data_dir, tmp_path):
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(checkpointed_run, workdir)
+  config = checkpointed_config(data_dir, total_steps=40, log_every=2, base_lr=1e30, warmup_steps=0)
   with pytest.raises(FloatingPointError, match='last good checkpoint'):
     train.train_and_evaluate(config, workdir)
   params = final_params(workdir)
   assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(params))
-
-
-def test_eight_devices_equal_one_device(data_dir):
-  """One train step sharded over 8 CPU devices gives the parameters of the 1-device step."""
-  script = textwrap.dedent(
-      f"""
-      import os
-      os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'
-      import sys; sys.path.insert(0, {REPO!r}); sys.path.insert(0, {os.path.join(REPO, 'tests')!r})
-      import jax, numpy as np
-      from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-      from tests.tiny_runs import tiny_config
-      from vit_jax.training import optim
-      from vit_jax.training import steps
-      from vit_jax.training import train
-      assert jax.device_count() == 8
-      config = tiny_config({data_dir!r}, **{{'model.dropout_rate': 0.1, 'model.drop_path_rate': 0.2}})
-      settings = train.Settings.from_config(config)
-      schedule = optim.learning_rate_schedule(settings.schedule, 10, 0)
-      start = settings.start(10, schedule)
-      model, tx = start.model, start.tx
-      rng = np.random.default_rng(0)
-      batch = {{'image': rng.normal(size=(32, 16, 16, 3)).astype(np.float32),
-               'label': rng.integers(0, 10, size=(32,)).astype(np.int32)}}
-      results = []
-      for devices in (jax.devices()[:1], jax.devices()):
-        mesh = Mesh(np.array(devices), ('data',))
-        replicated, sharded = NamedSharding(mesh, P()), NamedSharding(mesh, P('data'))
-        state = jax.device_put(start.init(), replicated)
-        step = jax.jit(steps.make_train_step(model, tx, steps.StepSettings.from_config(config), 10))
-        state, _ = step(state, {{k: jax.device_put(v, sharded) for k, v in batch.items()}})
-        results.append(jax.device_get(state.params))
-      diff = max(float(np.max(np.abs(a - b))) for a, b in
-                 zip(jax.tree.leaves(results[0]), jax.tree.leaves(results[1])))
-      print('MAXDIFF', diff)
-      """
-  )
-  out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, timeout=300)
-  assert out.returncode == 0, out.stderr[-3000:]
-  diff = float(out.stdout.split('MAXDIFF')[1])
-  assert diff <= 1e-5
 
 
 @pytest.mark.parametrize(
@@ -129,29 +95,11 @@ def test_bad_input_fails_before_touching_the_workdir(data_dir, tmp_path, overrid
   assert not workdir.exists()
 
 
-def test_batch_not_divisible_by_devices():
-  script = textwrap.dedent(
-      f"""
-      import os
-      os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'
-      import sys; sys.path.insert(0, {REPO!r})
-      from vit_jax.configs import common
-      from vit_jax import config as config_lib
-      config = common.get_config()
-      config.batch_size = 100
-      try:
-        config_lib.validate(config)
-      except ValueError as e:
-        print('ERROR', e)
-      """
-  )
-  out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, timeout=120)
-  assert 'batch_size=100: must be a multiple of the 8 device(s)' in out.stdout
-
-
-def test_workdir_of_another_model_is_refused_and_left_untouched(data_dir, tmp_path):
-  workdir = str(tmp_path)
-  train.train_and_evaluate(tiny_config(data_dir, total_steps=2), workdir)
+def test_workdir_of_another_model_is_refused_and_left_untouched(
+    checkpointed_run, data_dir, tmp_path
+):
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(checkpointed_run, workdir)
   before = {name: os.path.getmtime(os.path.join(workdir, name)) for name in os.listdir(workdir)}
   with pytest.raises(ValueError, match='holds a checkpoint'):
     train.train_and_evaluate(tiny_config(data_dir, **{'model.hidden_size': 64}), workdir)

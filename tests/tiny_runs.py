@@ -74,26 +74,47 @@ def digits_run_config(data_dir: str, **overrides):
   )
 
 
+CHECKPOINTED_STEPS = (2, 4, 6)
+
+
+def checkpointed_config(data_dir: str, **overrides):
+  """`tiny_config` trained 6 steps with a checkpoint every 2, up to 5 kept: the finished run that
+  the fault, resume and analysis tests copy (conftest's `checkpointed_run`)."""
+  return tiny_config(
+      data_dir,
+      **{
+          'total_steps': CHECKPOINTED_STEPS[-1],
+          'checkpoint_every': CHECKPOINTED_STEPS[0],
+          'keep_checkpoints': 5,
+          **overrides,
+      },
+  )
+
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIGITS_RUN_CONFIG = os.path.join(REPO, 'tests', 'digits_run_config.py')
 
 
-def train_as_a_user(config_file: str, workdir: str, *flags: str) -> dict:
-  """Runs `python -m vit_jax.main` as a user runs it, in its own process with XLA's full
-  optimisation (the suite's fast compile makes long trainings several times slower); returns its
-  results.json."""
+def _user_environment() -> dict[str, str]:
+  """The environment of a run as a user starts it: XLA's full optimisation (the suite's fast
+  compile makes long trainings several times slower), the suite's compilation cache kept."""
   from conftest import FAST_COMPILE  # pylint: disable=g-import-not-at-top
 
-  env = dict(
+  return dict(
       os.environ,
       TF_CPP_MIN_LOG_LEVEL='2',
       XLA_FLAGS=os.environ.get('XLA_FLAGS', '').replace(FAST_COMPILE, '').strip(),
   )
+
+
+def train_as_a_user(config_file: str, workdir: str, *flags: str) -> dict:
+  """Runs `python -m vit_jax.main` as a user runs it, in its own process (`_user_environment`);
+  returns its results.json."""
   result = subprocess.run(
       [sys.executable, '-m', 'vit_jax.main', f'--config={config_file}', f'--workdir={workdir}']
       + list(flags),
       cwd=REPO,
-      env=env,
+      env=_user_environment(),
       capture_output=True,
       text=True,
       timeout=900,
@@ -120,6 +141,40 @@ def compiled_programs() -> Iterator[list[str]]:
       yield names
   finally:
     jax_logger.removeHandler(handler)
+
+
+_DIGITS_RUNS = """
+import json, sys
+sys.path.insert(0, {repo!r})
+from vit_jax import runtime
+runtime.configure()  # As vit_jax.main does, before JAX starts.
+from tests import tiny_runs
+from vit_jax.training import train
+for workdir, overrides in json.loads({runs!r}).items():
+  train.train_and_evaluate(tiny_runs.digits_run_config({data_dir!r}, **overrides), workdir)
+"""
+
+
+def train_digits_runs_in_one_process(data_dir: str, runs: dict[str, dict]) -> dict[str, dict]:
+  """Trains `digits_run_config` with the overrides of each work directory of `runs`, one after
+  another in one process set up as `vit_jax.main` sets up its own (`_user_environment`); returns
+  the results.json of each work directory."""
+  script = _DIGITS_RUNS.format(repo=REPO, data_dir=data_dir, runs=json.dumps(runs))
+  result = subprocess.run(
+      [sys.executable, '-c', script],
+      cwd=REPO,
+      env=_user_environment(),
+      capture_output=True,
+      text=True,
+      timeout=900 * len(runs),
+      check=False,
+  )
+  assert result.returncode == 0, result.stderr[-4000:]
+  results = {}
+  for workdir in runs:
+    with open(os.path.join(workdir, 'results.json')) as f:
+      results[workdir] = json.load(f)
+  return results
 
 
 def final_params(workdir: str) -> dict:
