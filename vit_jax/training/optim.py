@@ -115,10 +115,8 @@ def weight_decay_mask(params: Any, no_decay_names: tuple[str, ...]) -> Any:
   return jax.tree_util.tree_map_with_path(decays, params)
 
 
-def layer_decay_scales(model: nn.Module, params: Any, decay: float) -> Any:
-  """Each parameter's learning-rate factor decay^(top - layer) (BEiT's layer-wise lr decay, timm's
-  `param_groups_layer_decay`), with the layers of `model.layer_ids`; a scanned stack of blocks
-  gets one factor per block, shaped to broadcast over its leading axis."""
+def _check_layer_decay(model: nn.Module, decay: float) -> None:
+  """Raises ValueError unless `decay` is in (0, 1] and `model` assigns layers (`layer_ids`)."""
   if not 0.0 < decay <= 1.0:
     raise ValueError(f'layer_decay={decay} must be in (0, 1] (1: off).')
   if not hasattr(model, 'layer_ids'):
@@ -126,6 +124,13 @@ def layer_decay_scales(model: nn.Module, params: Any, decay: float) -> Any:
         f'{type(model).__name__} assigns no layers (layer_ids) for layer-wise lr '
         'decay; use layer_decay=1.'
     )
+
+
+def layer_decay_scales(model: nn.Module, params: Any, decay: float) -> Any:
+  """Each parameter's learning-rate factor decay^(top - layer) (BEiT's layer-wise lr decay, timm's
+  `param_groups_layer_decay`), with the layers of `model.layer_ids`; a scanned stack of blocks
+  gets one factor per block, shaped to broadcast over its leading axis."""
+  _check_layer_decay(model, decay)
 
   def scale(path, leaf):
     ids = model.layer_ids(_names(path))
@@ -138,7 +143,9 @@ def layer_decay_scales(model: nn.Module, params: Any, decay: float) -> Any:
 
 
 def scale_by_layer_decay(model: nn.Module, decay: float) -> optax.GradientTransformation:
-  """Multiplies each update by its `layer_decay_scales` factor."""
+  """Multiplies each update by its `layer_decay_scales` factor; a model without layers or a
+  decay outside (0, 1] is refused here, before anything compiles."""
+  _check_layer_decay(model, decay)
 
   def update(updates, params=None):
     del params
