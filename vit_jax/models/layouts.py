@@ -8,8 +8,9 @@ its converter reads. Each family module names its converters after the layout th
 
 Scanned stacks: a scanned model (`scan_layers`, `layers.apply_blocks`) holds blocks
 `{prefix}_{a}` .. `{prefix}_{b}` as one stack `{prefix}_{a}_to_{b}` with a leading layer axis;
-`unstack_layers`/`stack_layers` convert to and from the unrolled layout, and `layer_axes` tells
-what treats variables one by one (weight-decay mask, LAMB's trust ratio) which axis is a stack's.
+`unstack_layers`/`stack_layers` convert to and from the unrolled layout; `layer_axes` counts a
+variable's leading layer axes, for what treats parameters one by one (the weight-decay mask,
+LAMB's trust ratio).
 """
 
 import re
