@@ -267,13 +267,23 @@ def test_bce_matches_deit_on_mixed_targets(reference):
 
 def test_lamb_matches_timm(timm):
   """`optimizer='lamb'` follows timm's Lamb (apex FusedLAMB's port) step for step: clipping to
-  global norm 1, trust ratio on the decayed parameters only, Adam steps on the others."""
+  global norm 1, trust ratio on the decayed parameters only, Adam steps on the others; a
+  scanned stack of two blocks (`blocks_0_to_1`) takes a trust ratio per block, and its
+  LayerScale-like vectors are not decayed, as timm does with each block's own tensors."""
   import torch  # pylint: disable=g-import-not-at-top
 
   rng = np.random.RandomState(0)
-  params = {'kernel': rng.randn(6, 4).astype(np.float32), 'bias': rng.randn(4).astype(np.float32)}
+  params = {
+      'kernel': rng.randn(6, 4).astype(np.float32),
+      'bias': rng.randn(4).astype(np.float32),
+      # Blocks of different norms: one trust ratio for the stack would step them alike.
+      'blocks_0_to_1': {
+          'kernel': (rng.randn(2, 6, 4) * [[[1.0]], [[10.0]]]).astype(np.float32),
+          'gamma': rng.randn(2, 4).astype(np.float32),
+      },
+  }
   grads = [
-      {k: (rng.randn(*v.shape) * scale).astype(np.float32) for k, v in params.items()}
+      jax.tree.map(lambda v, scale=scale: (rng.randn(*v.shape) * scale).astype(np.float32), params)
       for scale in (0.01, 5.0, 0.1, 1.0)
   ]
   config = config_lib.defaults()
@@ -285,13 +295,31 @@ def test_lamb_matches_timm(timm):
   )
   ours = jax.tree.map(jnp.asarray, params)
   state = tx.init(ours)
-  torch_params = {k: torch.nn.Parameter(torch.from_numpy(v.copy())) for k, v in params.items()}
+
+  def per_tensor(tree):  # timm's tensors: each block's own.
+    return {
+        'kernel': tree['kernel'],
+        'bias': tree['bias'],
+        **{
+            f'{name}_{i}': tree['blocks_0_to_1'][name][i]
+            for name in ('kernel', 'gamma')
+            for i in (0, 1)
+        },
+    }
+
+  torch_params = {
+      k: torch.nn.Parameter(torch.from_numpy(np.array(v))) for k, v in per_tensor(params).items()
+  }
   from timm.optim import Lamb  # pylint: disable=g-import-not-at-top
 
+  decayed = ('kernel', 'kernel_0', 'kernel_1')
   lamb = Lamb(
       [
-          {'params': [torch_params['kernel']], 'weight_decay': 0.05},
-          {'params': [torch_params['bias']], 'weight_decay': 0.0},
+          {'params': [torch_params[k] for k in decayed], 'weight_decay': 0.05},
+          {
+              'params': [p for k, p in torch_params.items() if k not in decayed],
+              'weight_decay': 0.0,
+          },
       ],
       lr=2e-2,
       eps=1e-8,
@@ -299,11 +327,13 @@ def test_lamb_matches_timm(timm):
   for grad in grads:
     updates, state = tx.update(jax.tree.map(jnp.asarray, grad), state, ours)
     ours = jax.tree.map(lambda p, u: p + u, ours, updates)
-    for k, p in torch_params.items():
-      p.grad = torch.from_numpy(grad[k])
+    for k, g in per_tensor(grad).items():
+      torch_params[k].grad = torch.from_numpy(np.array(g))
     lamb.step()
-  for k, p in torch_params.items():
-    np.testing.assert_allclose(ours[k], p.detach().numpy(), rtol=1e-5, atol=1e-6)
+  for k, value in per_tensor(ours).items():
+    np.testing.assert_allclose(
+        value, torch_params[k].detach().numpy(), rtol=1e-5, atol=1e-6, err_msg=k
+    )
 
 
 def test_pipeline_applies_three_augment_and_jitter(tmp_path):

@@ -1,5 +1,9 @@
-"""Layer-wise learning-rate decay: our per-parameter factors against timm's
-`param_groups_layer_decay`, the optimizer's scaled updates, the config's rule, a short run."""
+"""The optimizer's per-parameter choices against timm's, in either layout (unrolled, scanned):
+layer-wise learning-rate factors (`param_groups_layer_decay`) and the weight-decay mask
+(`param_groups_weight_decay`); the optimizer's scaled updates, the config's rule, short runs of
+every family."""
+
+import importlib
 
 import flax
 import jax
@@ -13,12 +17,14 @@ from tests.tiny_runs import tiny_config
 from vit_jax import config as config_lib
 from vit_jax import models
 from vit_jax.training import optim
+from vit_jax.training import steps
 from vit_jax.training import train
 
 DECAY = 0.6
-# timm name, our registry name, the fields both take (two main blocks, ten classes).
+# timm name, our registry name, the fields both take (three main blocks, ten classes).
 CASES = {
     'vit': ('vit_tiny_patch16_224', 'vit_ti16', {'depth': 3}, {'depth': 3}),
+    'deit3': ('deit3_small_patch16_224', 'deit3_s16', {'depth': 3}, {'depth': 3}),
     'deit_distilled': (
         'deit_tiny_distilled_patch16_224',
         'deit_ti16_distilled',
@@ -41,6 +47,15 @@ def _abstract_variables(model, size: int = 32) -> dict:
   )
 
 
+# Every case in both layouts, but RegNetY's (it has no stack of blocks to scan).
+LAYOUTS = [
+    pytest.param(case, scanned, id=f'{case}-{"scanned" if scanned else "unrolled"}')
+    for case in sorted(CASES)
+    for scanned in (False, True)
+    if not (scanned and case == 'regnet')
+]
+
+
 def _timm_scales(model, decay: float) -> dict[str, float]:
   """timm's lr_scale of every named parameter of `model`."""
   from timm.optim import param_groups_layer_decay  # pylint: disable=g-import-not-at-top
@@ -52,29 +67,82 @@ def _timm_scales(model, decay: float) -> dict[str, float]:
   return {name: scale_of[id(p)] for name, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize('case', sorted(CASES))
-def test_scales_equal_timms_param_groups_layer_decay(case, timm):
+def _timm_no_decay_names(model) -> tuple[str, ...]:
+  """The parameter names `model` keeps from weight decay, as timm's optimizer factory reads them."""
+  return tuple(model.no_weight_decay()) if hasattr(model, 'no_weight_decay') else ()
+
+
+def _timm_decays(model) -> dict[str, bool]:
+  """Whether timm decays each named parameter of `model` (its `no_weight_decay` names and 1-D
+  tensors aside), as its optimizer factory groups them."""
+  from timm.optim import param_groups_weight_decay  # pylint: disable=g-import-not-at-top
+
+  decays = {}
+  groups = param_groups_weight_decay(model, 0.05, no_weight_decay_list=_timm_no_decay_names(model))
+  for group in groups:
+    for parameter in group['params']:
+      decays[id(parameter)] = group['weight_decay'] > 0
+  return {name: decays[id(p)] for name, p in model.named_parameters()}
+
+
+def _case(case: str, scanned: bool, timm):
+  """timm's model of `case` and ours, scanned or not, with our abstract variables."""
   timm_name, our_name, timm_fields, our_fields = CASES[case]
   reference = timm.create_model(timm_name, pretrained=False, num_classes=10, **timm_fields)
-  expected = _timm_scales(reference, DECAY)
+  if scanned:
+    our_fields = {**our_fields, 'scan_layers': True}
   ours = models.create(our_name, num_classes=10, **our_fields)
-  variables = _abstract_variables(ours)
-  scales = optim.layer_decay_scales(ours, variables['params'], DECAY)
-  # Each parameter filled with its factor, renamed and reshaped to timm's layout by our converter.
+  return reference, ours, _abstract_variables(ours)
+
+
+def _in_timm_layout(model, variables: dict, per_parameter: dict) -> dict[str, np.ndarray]:
+  """`per_parameter` (one value per parameter, or per block of a scanned stack), filled into
+  each parameter's shape and renamed and reshaped to timm's layout by our converter."""
   filled = {
       **variables,
-      'params': jax.tree.map(lambda s, v: np.broadcast_to(s, v.shape), scales, variables['params']),
+      'params': jax.tree.map(
+          lambda s, v: np.broadcast_to(np.asarray(s, np.float32), v.shape),
+          per_parameter,
+          variables['params'],
+      ),
   }
   if 'batch_stats' in variables:
     filled['batch_stats'] = jax.tree.map(
         lambda v: np.zeros(v.shape, v.dtype), variables['batch_stats']
     )
-  converted = models.family(ours).to_torch(filled)
+  return models.family(model).to_torch(filled)
+
+
+@pytest.mark.parametrize('case, scanned', LAYOUTS)
+def test_scales_equal_timms_param_groups_layer_decay(case, scanned, timm):
+  reference, ours, variables = _case(case, scanned, timm)
+  expected = _timm_scales(reference, DECAY)
+  scales = optim.layer_decay_scales(ours, variables['params'], DECAY)
+  converted = _in_timm_layout(ours, variables, scales)
   assert set(expected) <= set(converted)
   for name, scale in expected.items():
     value = np.asarray(converted[name])
     np.testing.assert_allclose(value, np.full(value.shape, scale), rtol=1e-6, err_msg=name)
   assert len(set(expected.values())) == ours.top_layer + 1  # Every layer holds parameters.
+
+
+@pytest.mark.parametrize('case, scanned', LAYOUTS)
+def test_weight_decay_mask_equals_timms_param_groups_weight_decay(case, scanned, timm):
+  """Per parameter, with timm's `no_weight_decay` names: LayerScale gammas, biases and norm
+  scales are never decayed, also where a scan stacks them into arrays of rank 2. The run's
+  default names choose alike, but for DeiT's distillation token, which DeiT's recipe decays."""
+  reference, ours, variables = _case(case, scanned, timm)
+  expected = _timm_decays(reference)
+  assert any(expected.values()) and not all(expected.values())
+  for names, exceptions in (
+      (_timm_no_decay_names(reference), set()),
+      (tuple(config_lib.defaults().no_decay_names), {'dist_token'} & set(expected)),
+  ):
+    mask = optim.weight_decay_mask(variables['params'], names)
+    converted = _in_timm_layout(ours, variables, mask)
+    assert set(expected) <= set(converted)
+    differ = {name for name in expected if np.any(converted[name] != expected[name])}
+    assert differ == exceptions, (names, {name: expected[name] for name in differ})
 
 
 def test_scanned_blocks_get_one_factor_per_block():
@@ -128,6 +196,36 @@ def test_layer_decay_outside_zero_to_one_is_refused(value):
   config.layer_decay = value
   with pytest.raises(config_lib.ConfigError, match=r'--config.layer_decay=.*\(0, 1\]'):
     config_lib.validate(config, devices=1, processes=1)
+
+
+@pytest.mark.parametrize('family', models.FAMILY_MODULES)
+def test_every_family_trains_two_steps_with_layer_decay(family):
+  """Each family config's quick model, two blocks deep, with layer_decay=0.75: every layer of the
+  model holds parameters, and two steps of its optimizer train it."""
+  config = importlib.import_module(f'configs.{family}').get_config()
+  config.layer_decay = 0.75
+  depth = 'num_layers' if family == 'sa_conv' else 'depth'
+  config.model[depth] = 2
+  model = config_lib.create_model(config, 10)
+  tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), lambda _: 1e-3, model)
+  state = steps.init_state(model, tx, steps.init_rngs(0), image_size=config.image_size, ema=False)
+  factors = jax.tree.leaves(optim.layer_decay_scales(model, state.params, 0.75))
+  assert {float(f) for f in np.concatenate([np.ravel(f) for f in factors])} == {
+      float(np.float32(0.75**k)) for k in range(model.top_layer + 1)
+  }
+  step = jax.jit(steps.make_train_step(model, tx, steps.StepSettings(), 10))
+  rng = np.random.default_rng(0)
+  size = config.image_size
+  batch = {
+      'image': jnp.asarray(rng.normal(size=(8, size, size, 3)), jnp.float32),
+      'label': jnp.asarray(rng.integers(0, 10, 8), jnp.int32),
+  }
+  trained, metrics = step(*step(state, batch)[:1], batch)
+  assert int(trained.step) == 2 and np.isfinite(float(metrics['loss']))
+  assert not np.allclose(
+      np.concatenate([np.ravel(p) for p in jax.tree.leaves(trained.params)]),
+      np.concatenate([np.ravel(p) for p in jax.tree.leaves(state.params)]),
+  )
 
 
 def test_training_with_layer_decay_runs(tmp_path):

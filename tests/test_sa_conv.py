@@ -7,8 +7,10 @@ import pytest
 
 from vit_jax import models
 from vit_jax.models import attention
+from vit_jax.models import layouts
 from vit_jax.models import sa_conv
 from vit_jax.models import stems
+from vit_jax.training import optim
 
 TINY = dict(num_layers=2, hidden_size=16, intermediate_size=24, num_heads=4)
 
@@ -142,3 +144,20 @@ def test_tiny_model_trains(fit_one_batch):
   labels = jnp.arange(8) % 4
   losses = fit_one_batch(model, images, labels)
   assert np.mean(losses[-3:]) < 0.7 * np.mean(losses[:3])
+
+
+@pytest.mark.parametrize('scan_layers', [False, True])
+def test_layer_ids_for_layer_decay(scan_layers):
+  """The space-to-depth projection is layer 0, layer i is i + 1 (one factor per layer of a
+  scanned run of equal head counts), the head is the top."""
+  fields = dict(TINY, num_layers=3, layer_heads=(2, 2, 3), scan_layers=scan_layers)
+  model = models.create('sa_conv_gaussian', **fields)
+  params = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 8, 8, 3)))['params']
+  scales = layouts.unstack_layers(optim.layer_decay_scales(model, params, 0.5))
+  assert model.top_layer == 4
+  expected = {'features_upscale': 0.5**4, 'layers_0': 0.5**3, 'layers_1': 0.5**2}
+  expected.update(layers_2=0.5, head=1.0)
+  assert set(scales) == set(expected)
+  for name, factor in expected.items():
+    for value in jax.tree.leaves(scales[name]):
+      np.testing.assert_array_equal(np.ravel(value), [factor], err_msg=name)

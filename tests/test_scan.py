@@ -1,14 +1,19 @@
-"""Scan-over-layers and remat: the unrolled model's outputs and gradients; layout converters."""
+"""Scan-over-layers and remat: the unrolled model's outputs, gradients and training; layout
+converters."""
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from configs import common
 from tests.tiny_runs import tiny_config
 from vit_jax import config as config_lib
 from vit_jax import models
 from vit_jax.weights import pretrained
+from vit_jax.training import optim
+from vit_jax.training import steps
 from vit_jax.training import train
 from vit_jax.training import workdir as workdir_lib
 from vit_jax.models import deepvit
@@ -25,6 +30,16 @@ TINY = {
         dict(
             hidden_size=24, depth=3, num_heads=3, mlp_dim=48, init_scheme='timm', drop_path_rate=0.2
         ),
+    ),
+    # Distillation token and head.
+    'deit': (
+        'deit_ti16_distilled',
+        dict(patch_size=4, hidden_size=24, depth=3, num_heads=3, mlp_dim=48, init_scheme='timm'),
+    ),
+    # LayerScale on every block.
+    'deit3': (
+        'deit3_s16',
+        dict(patch_size=4, hidden_size=24, depth=3, num_heads=3, mlp_dim=48, init_scheme='timm'),
     ),
     # Constant drop path, then two unscanned class-attention blocks.
     'cait': (
@@ -77,8 +92,9 @@ def _max_diff(a, b) -> float:
   return max(float(jnp.max(jnp.abs(x - y))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
+# DeiT's and DeiT III's blocks are ViT's (with LayerScale): their scans are checked by training.
 CASES = [('vit', switches) for switches in SWITCHES] + [
-    (family, SWITCHES[-1]) for family in sorted(TINY) if family != 'vit'
+    (family, SWITCHES[-1]) for family in sorted(TINY) if family not in ('vit', 'deit', 'deit3')
 ]
 
 
@@ -122,6 +138,105 @@ def test_same_outputs_and_gradients_as_unrolled(family, switches):
   # Sown attention maps and gradients, unstacked, match block by block.
   assert _max_diff(intermediates, layouts.unstack_layers(intermediates_s)) <= 1e-5
   assert _max_diff(grads, layouts.unstack_layers(grads_s)) <= 1e-5
+
+
+# Training without dropout or drop path: a scan draws its blocks' masks from other keys than the
+# unrolled blocks do.
+WITHOUT_DROPOUT = {
+    'sa_conv': dict(dropout_rate=0.0, attention_dropout_rate=0.0),
+    **{
+        family: dict(drop_path_rate=0.0)
+        for family in ('vit', 'deit', 'deit3', 'cait', 'deepvit', 't2t')
+    },
+}
+
+
+def _perturbed(variables: dict) -> dict:
+  """`variables` with noise added to every parameter, of a random scale per tensor (and so per
+  block), so that no bias, norm or LayerScale starts at a value (0, 1) that hides a difference
+  and the blocks' norms differ."""
+  leaves, tree = jax.tree.flatten(variables['params'])
+  noisy = []
+  for p, key in zip(leaves, jax.random.split(jax.random.key(3), len(leaves))):
+    scale_key, noise_key = jax.random.split(key)
+    scale = jax.random.uniform(scale_key, (), minval=0.01, maxval=0.2)
+    noisy.append(p + scale * jax.random.normal(noise_key, p.shape))
+  return {**variables, 'params': jax.tree.unflatten(tree, noisy)}
+
+
+def _three_training_steps(model, variables, optimizer: str) -> dict:
+  """Variables, EMA included, after three steps of `optimizer` with weight decay, layer-wise lr
+  decay and an EMA, on one batch of random images."""
+  config = common.get_config()
+  config.update(dict(optimizer=optimizer, weight_decay=1.0, layer_decay=0.75))
+  tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), lambda _: 1e-3, model)
+  step = jax.jit(steps.make_train_step(model, tx, steps.StepSettings(ema_decay=0.5), 5))
+  state = steps.TrainState(
+      step=jnp.zeros((), jnp.int32),
+      params=variables['params'],
+      opt_state=tx.init(variables['params']),
+      batch_stats=variables.get('batch_stats', {}),
+      rng=steps.init_rngs(0)[1],
+  )
+  state = steps.with_fresh_ema(state, ema=True)
+  batch = {'image': _images(4), 'label': jnp.arange(4) % 5}
+  for _ in range(3):
+    state, _ = step(state, batch)
+  return {'params': state.params, 'batch_stats': state.batch_stats, 'ema': state.ema}
+
+
+def _seen_by_the_loss(path: tuple[str, ...], value: np.ndarray) -> np.ndarray:
+  """`value` without the biases whose gradient is zero up to rounding, which Adam's normalisation
+  turns into steps of either sign: those softmax cannot see (a key bias adds q.b_k to all of a
+  query's scores, CaiT's pre-softmax head mixing `proj_l` adds its bias to all of a head's) and
+  DeepViT's Re-attention bias, which the BatchNorm after it subtracts (with that BatchNorm's
+  running mean, which follows it)."""
+  module, leaf = path[-2:]
+  if (module, leaf) in (
+      ('k', 'bias'),
+      ('key', 'bias'),
+      ('proj_l', 'bias'),
+      ('reatten_matrix', 'bias'),
+      ('var_norm', 'mean'),
+  ):
+    return value[..., :0]
+  if (module, leaf) == ('qkv', 'bias'):  # [3, heads, head_dim]: the query and value thirds.
+    return np.delete(value.reshape(value.shape[:-1] + (3, -1)), 1, axis=-2)
+  return value
+
+
+def _relative_differences(expected: dict, got: dict) -> dict[str, float]:
+  """Per tensor, max |got - expected| over max |expected| (`_seen_by_the_loss`)."""
+  expected = flax.traverse_util.flatten_dict(expected)
+  got = flax.traverse_util.flatten_dict(got)
+  assert expected.keys() == got.keys()
+  differences = {}
+  for path, value in expected.items():
+    value, other = (_seen_by_the_loss(path, np.asarray(x)) for x in (value, got[path]))
+    if value.size:
+      scale = max(float(np.max(np.abs(value))), 1e-12)
+      differences['/'.join(path)] = float(np.max(np.abs(other - value))) / scale
+  return differences
+
+
+@pytest.mark.parametrize('family', sorted(WITHOUT_DROPOUT))
+def test_scanned_training_equals_unrolled(family):
+  """Three steps of AdamW and of LAMB, with weight decay, layer-wise lr decay and an EMA: the
+  scanned model's variables, unstacked, are the unrolled model's to float rounding (per tensor,
+  2e-4 of its largest value)."""
+  plain = _tiny(family, **WITHOUT_DROPOUT[family])
+  scanned = plain.clone(scan_layers=True)
+  variables = _perturbed(jax.jit(plain.init)(jax.random.key(0), _images()))
+  for optimizer in ('adamw', 'lamb'):
+    expected = _three_training_steps(plain, variables, optimizer)
+    got = layouts.unstack_layers(
+        _three_training_steps(scanned, _in_layout_of(scanned, variables), optimizer)
+    )
+    differences = _relative_differences(expected, got)
+    assert max(differences.values()) <= 2e-4, (
+        optimizer,
+        {name: d for name, d in differences.items() if d > 2e-4},
+    )
 
 
 def test_scanned_variables_are_stacked_and_convert_to_timm():

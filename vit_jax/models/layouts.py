@@ -8,11 +8,13 @@ its converter reads. Each family module names its converters after the layout th
 
 Scanned stacks: a scanned model (`scan_layers`, `layers.apply_blocks`) holds blocks
 `{prefix}_{a}` .. `{prefix}_{b}` as one stack `{prefix}_{a}_to_{b}` with a leading layer axis;
-`unstack_layers`/`stack_layers` convert to and from the unrolled layout.
+`unstack_layers`/`stack_layers` convert to and from the unrolled layout; `layer_axes` counts a
+variable's leading layer axes, for what treats parameters one by one (the weight-decay mask,
+LAMB's trust ratio).
 """
 
 import re
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import flax
 import jax
@@ -110,6 +112,12 @@ def block_indices(name: str, prefix: str) -> np.ndarray | None:
   if stack and stack.group(1) == prefix:
     return np.arange(int(stack.group(2)), int(stack.group(3)) + 1)
   return None
+
+
+def layer_axes(path: Sequence[str]) -> int:
+  """How many leading layer axes the variable at `path` (its names from the collection down) has:
+  one for each scanned stack `{prefix}_{a}_to_{b}` on the path, none in an unrolled model."""
+  return sum(1 for name in path if _SCANNED_NAME.fullmatch(name))
 
 
 def scanned_name(prefix: str, first: int, last: int) -> str:

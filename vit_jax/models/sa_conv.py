@@ -44,19 +44,6 @@ class BertLayer(nn.Module):
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
-  @property
-  def top_layer(self) -> int:
-    """The last layer id of layer-wise lr decay (`layer_ids`), the head's: num_layers + 1."""
-    return self.num_layers + 1
-
-  def layer_ids(self, path: Sequence[str]) -> np.ndarray:
-    """Layer-wise lr decay's layer of parameter `path`, one id per stacked layer: the
-    space-to-depth projection 0, layer i i + 1, the head `top_layer`."""
-    if path[0] == 'features_upscale':
-      return np.array([0])
-    indices = layouts.block_indices(path[0], 'layers')
-    return np.array([self.top_layer]) if indices is None else indices + 1
-
   def _dense(self, features: int, fan_in: int, name: str) -> nn.Dense:
     return stems.torch_dense(
         features, fan_in, dtype=self.dtype, param_dtype=self.param_dtype, name=name
@@ -131,6 +118,19 @@ class SAConv(nn.Module):
       rate = getattr(self, name)
       if not 0.0 <= rate < 1.0:
         raise ValueError(f'{name}={rate} must be in [0, 1).')
+
+  @property
+  def top_layer(self) -> int:
+    """The last layer id of layer-wise lr decay (`layer_ids`), the head's: num_layers + 1."""
+    return self.num_layers + 1
+
+  def layer_ids(self, path: Sequence[str]) -> np.ndarray:
+    """Layer-wise lr decay's layer of parameter `path`, one id per stacked layer: the
+    space-to-depth projection 0, layer i i + 1, the head `top_layer`."""
+    if path[0] == 'features_upscale':
+      return np.array([0])
+    indices = layouts.block_indices(path[0], 'layers')
+    return np.array([self.top_layer]) if indices is None else indices + 1
 
   def _dense(self, features: int, fan_in: int, name: str) -> nn.Dense:
     return stems.torch_dense(

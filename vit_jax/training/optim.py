@@ -20,6 +20,8 @@ import ml_collections
 import numpy as np
 import optax
 
+from vit_jax.models import layouts
+
 
 @dataclasses.dataclass(frozen=True)
 class ScheduleSettings:
@@ -141,20 +143,29 @@ def scale_by_learning_rate(
   return optax.GradientTransformationExtraArgs(init, update)
 
 
+def _names(path: Any) -> tuple[str, ...]:
+  """The names along a pytree key path (dict keys, attribute names)."""
+  return tuple(str(getattr(k, 'key', getattr(k, 'name', k))) for k in path)
+
+
 def weight_decay_mask(params: Any, no_decay_names: tuple[str, ...]) -> Any:
-  """True where weight decay applies: not on 1-D parameters nor on names in `no_decay_names`."""
+  """True where weight decay applies: on the matrices and kernels of a block, not on its vectors
+  (biases, norm scales, LayerScale gammas) nor on names in `no_decay_names`.
+
+  timm's `param_groups_weight_decay` rule (no decay at rank <= 1), taken on the parameter as one
+  block holds it: a scanned stack's leading layer axis (`layouts.layer_axes`) does not count.
+  """
 
   def decays(path, leaf):
-    names = [str(getattr(k, 'key', k)) for k in path]
-    return np.ndim(leaf) > 1 and not any(n in no_decay_names for n in names)
+    names = _names(path)
+    block_rank = np.ndim(leaf) - layouts.layer_axes(names)
+    return block_rank > 1 and not any(n in no_decay_names for n in names)
 
   return jax.tree_util.tree_map_with_path(decays, params)
 
 
-def layer_decay_scales(model: nn.Module, params: Any, decay: float) -> Any:
-  """Each parameter's learning-rate factor decay^(top - layer) (BEiT's layer-wise lr decay, timm's
-  `param_groups_layer_decay`), with the layers of `model.layer_ids`; a scanned stack of blocks
-  gets one factor per block, shaped to broadcast over its leading axis."""
+def _check_layer_decay(model: nn.Module, decay: float) -> None:
+  """Raises ValueError unless `decay` is in (0, 1] and `model` assigns layers (`layer_ids`)."""
   if not 0.0 < decay <= 1.0:
     raise ValueError(f'layer_decay={decay} must be in (0, 1] (1: off).')
   if not hasattr(model, 'layer_ids'):
@@ -163,8 +174,15 @@ def layer_decay_scales(model: nn.Module, params: Any, decay: float) -> Any:
         'decay; use layer_decay=1.'
     )
 
+
+def layer_decay_scales(model: nn.Module, params: Any, decay: float) -> Any:
+  """Each parameter's learning-rate factor decay^(top - layer) (BEiT's layer-wise lr decay, timm's
+  `param_groups_layer_decay`), with the layers of `model.layer_ids`; a scanned stack of blocks
+  gets one factor per block, shaped to broadcast over its leading axis."""
+  _check_layer_decay(model, decay)
+
   def scale(path, leaf):
-    ids = model.layer_ids(tuple(str(getattr(k, 'key', k)) for k in path))
+    ids = model.layer_ids(_names(path))
     factors = np.power(decay, model.top_layer - ids, dtype=np.float64).astype(np.float32)
     if factors.size == 1:
       return factors.reshape(())
@@ -174,12 +192,35 @@ def layer_decay_scales(model: nn.Module, params: Any, decay: float) -> Any:
 
 
 def scale_by_layer_decay(model: nn.Module, decay: float) -> optax.GradientTransformation:
-  """Multiplies each update by its `layer_decay_scales` factor."""
+  """Multiplies each update by its `layer_decay_scales` factor; a model without layers or a
+  decay outside (0, 1] is refused here, before anything compiles."""
+  _check_layer_decay(model, decay)
 
   def update(updates, params=None):
     del params
     scales = layer_decay_scales(model, updates, decay)
     return jax.tree.map(lambda u, s: (u * s).astype(u.dtype), updates, scales)
+
+  return optax.stateless(update)
+
+
+def scale_by_block_trust_ratio() -> optax.GradientTransformation:
+  """LAMB's trust ratio ||w|| / ||update|| (1 where either norm is 0, as
+  `optax.scale_by_trust_ratio`) per parameter tensor of the unrolled model: a scanned stack gets
+  one ratio per block, as apex FusedLAMB and timm's `Lamb` take one per tensor."""
+
+  def update(updates, params=None):
+    if params is None:
+      raise ValueError('scale_by_block_trust_ratio needs the parameters.')
+
+    def scale(path, u, w):
+      block_axes = tuple(range(layouts.layer_axes(_names(path)), np.ndim(u)))
+      norm = lambda x: jnp.sqrt(jnp.sum(jnp.square(x), axis=block_axes, keepdims=True))
+      w_norm, u_norm = norm(w), norm(u)
+      ratio = jnp.where((w_norm == 0.0) | (u_norm == 0.0), jnp.ones_like(w_norm), w_norm / u_norm)
+      return (u * ratio).astype(u.dtype)
+
+    return jax.tree_util.tree_map_with_path(scale, updates, params)
 
   return optax.stateless(update)
 
@@ -202,15 +243,16 @@ def lamb(
   timm's `Lamb` is its port).
 
   `optax.lamb`'s steps (Adam moments with bias correction, decoupled weight decay, the layer-wise
-  trust ratio ||w|| / ||update||, the learning rate), with apex's two differences: the
-  gradients are first clipped to global norm `LAMB_MAX_GRAD_NORM`, and the trust ratio applies
-  only where weight decay does (apex `use_nvlamb=False`; elsewhere the step is Adam's).
+  trust ratio ||w|| / ||update|| per parameter tensor (`scale_by_block_trust_ratio`), the
+  learning rate), with apex's two differences: the gradients are first clipped to global norm
+  `LAMB_MAX_GRAD_NORM`, and the trust ratio applies only where weight decay does (apex
+  `use_nvlamb=False`; elsewhere the step is Adam's).
   """
   return optax.chain(
       optax.clip_by_global_norm(LAMB_MAX_GRAD_NORM),
       optax.scale_by_adam(b1=b1, b2=b2, eps=eps, mu_dtype=mu_dtype),
       optax.add_decayed_weights(weight_decay, mask),
-      optax.masked(optax.scale_by_trust_ratio(), mask),
+      optax.masked(scale_by_block_trust_ratio(), mask),
       scale_by_learning_rate(learning_rate),
   )
 
