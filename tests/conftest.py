@@ -50,11 +50,11 @@ def without_cluster_settings(environ) -> dict[str, str]:
 
 # The two tiers. Plain `pytest` runs the unit and integration tests (in-process, tiny models);
 # `pytest -m e2e` runs the end-to-end tier: what starts a process (the commands as a user runs
-# them, kills, several processes, notebooks, installs) or trains to an accuracy. A test lands in the
-# end-to-end tier by what it does: by starting a Python process (`starts_python`: its code, the test
-# helpers and fixtures it calls), by using a fixture of `E2E_FIXTURES`, or by its `e2e` mark (a
-# whole command in-process: a training to an accuracy, a config's quick default, the device report). One that starts a Python process unseen fails, naming the mark
-# (`_python_processes_are_end_to_end`).
+# them, kills, several processes, notebooks, installs) or runs a whole command in-process. A test
+# lands in the end-to-end tier by what it does: by starting a Python process (`starts_python`: its
+# code, the test helpers and fixtures it calls), by using a fixture of `E2E_FIXTURES`, or by its
+# `e2e` mark (a training to an accuracy, a config's quick default, the device report). One that
+# starts a Python process unseen fails, naming the mark (`_python_processes_are_end_to_end`).
 E2E_FIXTURES = frozenset({'trained_digits_run'})
 _TESTS = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # What starting a Python process looks like in a test's code: the interpreter, a notebook kernel.
@@ -71,10 +71,10 @@ def pytest_configure(config):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
-  """Marks end-to-end the tests that start Python or use `E2E_FIXTURES`; sends the tests that share a costly fixture to
-  one xdist worker (`--dist loadgroup`), so that it is built once: those of `trained_digits_run`
-  together, and those of a module-scoped fixture with the rest of their module; and schedules the
-  modules with end-to-end tests first."""
+  """Marks end-to-end the tests that start Python or use `E2E_FIXTURES`; sends the tests that
+  share a costly fixture to one xdist worker (`--dist loadgroup`), so that it is built once: those
+  of `trained_digits_run` together, and those of a module-scoped fixture with the rest of their
+  module; and schedules the modules with end-to-end tests first."""
   for item in items:
     fixtures = [
         definitions[-1].func

@@ -62,6 +62,20 @@ CASES = {
     ),
 }
 LABELS = tuple(f'class {i}' for i in range(10))
+# Two training steps of a fine-tuning config, small and in float32.
+TWO_FAST_STEPS = dict(
+    batch_size=32,
+    eval_batch_size=72,
+    num_epochs=None,
+    warmup_epochs=None,
+    total_steps=2,
+    warmup_steps=1,
+    log_every=1,
+    dtype='float32',
+    randaugment='',
+    mixup_alpha=0.0,
+    cutmix_alpha=0.0,
+)
 
 
 def _timm_logits(model, images: np.ndarray) -> np.ndarray:
@@ -279,21 +293,7 @@ def test_fine_tuning_from_a_hub_name_then_eval_only(hub_cache, timm_model, tmp_p
       config.eval_crop_ratio,
       config.layer_decay,
   ) == ('deit_ti16', 32, 1, 16, 'imagenet', 0.9, 0.75)
-  fast = dict(
-      data_dir=str(tmp_path / 'tfds'),
-      batch_size=32,
-      eval_batch_size=72,
-      num_epochs=None,
-      warmup_epochs=None,
-      total_steps=2,
-      warmup_steps=1,
-      log_every=1,
-      dtype='float32',
-      randaugment='',
-      mixup_alpha=0.0,
-      cutmix_alpha=0.0,
-  )
-  config.update(fast)
+  config.update(data_dir=str(tmp_path / 'tfds'), **TWO_FAST_STEPS)
   result = train.train_and_evaluate(config, str(tmp_path / 'run'))
   assert result.step == 2 and np.isfinite(result.metrics['loss'])
 
@@ -310,7 +310,7 @@ def test_fine_tuning_from_a_hub_name_then_eval_only(hub_cache, timm_model, tmp_p
   evaluation = finetune.get_config(
       'init_from=hf-hub:timm/deit_tiny_patch16_224.digits,dataset=digits'
   )
-  evaluation.update({**fast, 'eval_only': True})
+  evaluation.update({'data_dir': str(tmp_path / 'tfds'), **TWO_FAST_STEPS, 'eval_only': True})
   result = train.train_and_evaluate(evaluation, str(tmp_path / 'eval'))
   assert result.metrics['count'] == 360 and 0 <= result.metrics['accuracy'] <= 1
 
@@ -449,20 +449,7 @@ def test_headless_weights_fine_tune_with_a_fresh_head_and_give_features(
       32,
       'inception',
   )
-  config.update(
-      data_dir=data_dir,
-      batch_size=32,
-      eval_batch_size=72,
-      num_epochs=None,
-      warmup_epochs=None,
-      total_steps=2,
-      warmup_steps=1,
-      log_every=1,
-      dtype='float32',
-      randaugment='',
-      mixup_alpha=0.0,
-      cutmix_alpha=0.0,
-  )
+  config.update(data_dir=data_dir, **TWO_FAST_STEPS)
   result = train.train_and_evaluate(config, str(tmp_path / 'run'))
   assert result.step == 2 and np.isfinite(result.metrics['loss'])
   fine_tuned = inference.load_run(str(tmp_path / 'run'), use_ema=False)

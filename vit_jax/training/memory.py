@@ -129,8 +129,9 @@ def check_fits(
     available: Callable[[list[jax.Device]], tuple[int, str] | None] | None = None,
 ) -> dict[str, int]:
   """Compiles the jitted `train_step` for the run's arguments (ShapeDtypeStructs with their
-  shardings, and the learning-rate `schedule`) and raises ValueError if XLA's account of it exceeds the free memory of this
-  process's devices; returns the account (empty where the backend gives none)."""
+  shardings, and the learning-rate `schedule`) and raises ValueError if XLA's account of it
+  exceeds the free memory of this process's devices; returns the account (empty where the
+  backend gives none)."""
   compiled = train_step.lower(
       abstract_state, train_batch(config, data_sharding), teacher_variables, schedule
   ).compile()
