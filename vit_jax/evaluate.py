@@ -52,6 +52,7 @@ _OUT_DIR = flags.DEFINE_string(
     'Where results.json and TensorBoard files go '
     '(default: --workdir; required with --init_from).',
 )
+RESULTS_ROOM = 'write access and room for results.json and TensorBoard files (--out_dir)'
 
 
 def settings(name: str) -> dict:
@@ -86,10 +87,14 @@ def main(argv) -> None:
     raise ValueError(f'--eval_sets: {e}.') from None
   names = _EVALUATORS.value or ([] if _EVAL_SETS.value else list(evaluators_lib.EVALUATORS))
   evaluators = {name: evaluators_lib.create(name, settings(name)) for name in names}
+  if _OUT_DIR.value:  # Before reading any weights.
+    workdir_lib.check_writable(_OUT_DIR.value, RESULTS_ROOM, directory=True)
   run = _LOAD()
   out_dir = _OUT_DIR.value or (run.source if run.step is not None else None)
   if out_dir is None:
     raise ValueError('--init_from needs --out_dir=DIR for results.json.')
+  if not _OUT_DIR.value:  # The run's own directory, before evaluating.
+    workdir_lib.check_writable(out_dir, RESULTS_ROOM, directory=True)
   num_classes = len(run.class_names)
   if _EVAL_SETS.value and not num_classes:
     raise ValueError(

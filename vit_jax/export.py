@@ -29,6 +29,7 @@ def main(argv) -> None:
   from vit_jax.training import workdir
   from vit_jax.weights import pretrained
   # pylint: enable=g-import-not-at-top
+  workdir.check_writable(_OUT.value, pretrained.EXPORT_ROOM, directory=False)
   run = workdir.Workdir.open(_WORKDIR.value)  # No dataset needed: the family names the layout.
   name = run.config().model.name
   saved = run.read_variables(use_ema=_USE_EMA.value, unrolled=True)

@@ -31,6 +31,7 @@ from vit_jax.models import attention
 from vit_jax.training import optim
 from vit_jax.training import start as start_lib
 from vit_jax.training import steps
+from vit_jax.training import workdir as workdir_lib
 
 FAMILIES = ('vit', 'deit', 'cait', 'deepvit', 't2t', 'sa_conv', 'regnet')
 
@@ -347,9 +348,14 @@ def _measured(check: str, measure: Callable[[], Row]) -> Row:
     return Row(check, f'{type(e).__name__}: {lines[0] if lines else ""}', False)
 
 
+REPORT_ROOM = 'write access and room for the report (--report_json)'  # What `run` writes.
+
+
 def run(*, reduced: bool | None = None, json_path: str | None = None) -> list[Row]:
   """Measures every row, printing each as it comes, and writes the table as JSON to
-  `json_path`."""
+  `json_path` (checked first: minutes of measurements are not lost to a bad path)."""
+  if json_path:
+    workdir_lib.check_writable(json_path, REPORT_ROOM, directory=False)
   device = jax.devices()[0]
   if reduced is None:
     reduced = device.platform == 'cpu'
@@ -388,7 +394,7 @@ def run(*, reduced: bool | None = None, json_path: str | None = None) -> list[Ro
       ),
   )
   if json_path:
-    with open(json_path, 'w') as f:
+    with workdir_lib.writing(json_path, REPORT_ROOM), open(json_path, 'w') as f:
       json.dump(
           {
               'device': device.device_kind,

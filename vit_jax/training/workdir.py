@@ -42,6 +42,7 @@ import re
 import shutil
 import socket
 import sys
+import tempfile
 import time
 from typing import Any, Callable, Iterator, Mapping
 
@@ -167,6 +168,31 @@ def check_path(workdir: str | None) -> None:
         f'--workdir={workdir} is a file, not a directory: name a directory for the '
         'run (it is created if missing).'
     )
+
+
+def check_writable(path: str, needs: str, *, directory: bool) -> None:
+  """Raises `Unwritable`'s one line unless a file (or with `directory`, a directory) can be
+  written at local `path`, by writing a byte beside it: before the work that ends in the write."""
+  if '://' in path:  # Object stores: their own client reports a refused write.
+    return
+  if os.path.isdir(path) and not directory:
+    raise Unwritable(f'cannot write {path}: it is a directory, not a file; it needs {needs}.')
+  if os.path.exists(path) and not os.path.isdir(path) and directory:
+    raise Unwritable(f'cannot write {path}: it is a file, not a directory; it needs {needs}.')
+  parent = _existing_parent(os.path.dirname(os.path.abspath(path)) if not directory else path)
+  if not os.path.isdir(parent):
+    raise Unwritable(f'cannot write {path}: {parent} is a file, not a directory; it needs {needs}.')
+  try:
+    probe, probe_path = tempfile.mkstemp(dir=parent, prefix='.write_check_')
+    try:
+      os.write(probe, b'\0')
+    finally:
+      os.close(probe)
+      os.remove(probe_path)
+  except OSError as e:
+    raise unwritable(e, path, needs) or Unwritable(
+        f'cannot write {path}: {parent} refused a file ({e.strerror}); it needs {needs}.'
+    ) from None
 
 
 def _holder() -> dict[str, Any]:

@@ -622,6 +622,11 @@ def load_for_run(
   return load(path, model, image_size=config.image_size, **kwargs)
 
 
+EXPORT_ROOM = (
+    'write access and room for the exported .safetensors file (--out)'  # What export needs.
+)
+
+
 def export_timm(variables: Mapping[str, Any], model: nn.Module, path: str) -> list[str]:
   """Writes `variables` as a timm-layout .safetensors file (inverse of `load`); returns its keys.
 
@@ -636,6 +641,13 @@ def export_timm(variables: Mapping[str, Any], model: nn.Module, path: str) -> li
       value = value.astype(np.float32)
     tensors[key] = np.ascontiguousarray(value)
   directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  safetensors_numpy.save_file(tensors, path, metadata={'format': 'pt'})
+  partial = os.path.join(directory, f'.{os.path.basename(path)}.partial')
+  with workdir_lib.writing(path, EXPORT_ROOM):
+    try:
+      os.makedirs(directory, exist_ok=True)
+      safetensors_numpy.save_file(tensors, partial, metadata={'format': 'pt'})
+      os.replace(partial, path)  # Whole or not at all: a failed write leaves no partial file.
+    finally:
+      if os.path.exists(partial):
+        os.remove(partial)
   return sorted(tensors)
