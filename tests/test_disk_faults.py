@@ -4,7 +4,6 @@ The disk-full tests run on a small tmpfs the test mounts (as root); where mounti
 the refusal is injected as the ENOSPC that orbax's writer would raise.
 """
 
-import contextlib
 import errno
 import os
 import shutil
@@ -17,28 +16,11 @@ import orbax.checkpoint as ocp
 import pytest
 
 from tests.tiny_runs import tiny_config
+from tests.tiny_runs import mounted_tmpfs
 from vit_jax.training import train
 from vit_jax.training import workdir as workdir_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@contextlib.contextmanager
-def _mounted(path, *options):
-  """A 3 MB tmpfs at `path` for the block; None where this process may not mount."""
-  os.makedirs(path, exist_ok=True)
-  mount = subprocess.run(
-      ['mount', '-t', 'tmpfs', '-o', ','.join(('size=3m', *options)), 'tmpfs', str(path)],
-      capture_output=True,
-      check=False,
-  )
-  if mount.returncode != 0:
-    yield None
-    return
-  try:
-    yield str(path)
-  finally:
-    subprocess.run(['umount', '-l', str(path)], check=False)
 
 
 def _fill(path, leave: int) -> str:
@@ -108,7 +90,7 @@ def test_disk_full_while_saving_is_one_line_keeps_earlier_checkpoints_and_resume
 ):
   straight = str(tmp_path / 'straight')
   train.train_and_evaluate(_config(data_dir, 4), straight)
-  with _mounted(tmp_path / 'small') as small:
+  with mounted_tmpfs(tmp_path / 'small') as small:
     workdir = os.path.join(small or str(tmp_path), 'run')
     train.train_and_evaluate(_config(data_dir, 2), workdir)
     checkpoint_2 = _files(os.path.join(workdir, 'checkpoints', '2'))
@@ -156,7 +138,7 @@ def test_disk_full_while_saving_is_one_line_keeps_earlier_checkpoints_and_resume
 
 
 def test_disk_full_at_start_is_one_error_naming_the_directory(data_dir, tmp_path, monkeypatch):
-  with _mounted(tmp_path / 'small') as small:
+  with mounted_tmpfs(tmp_path / 'small') as small:
     if small is None:
 
       def full(*args, **kwargs):
@@ -178,7 +160,7 @@ def test_disk_full_at_start_is_one_error_naming_the_directory(data_dir, tmp_path
 
 
 def test_a_read_only_work_directory_is_one_error_and_left_as_it_was(data_dir, tmp_path):
-  with _mounted(tmp_path / 'ro', 'ro') as read_only:
+  with mounted_tmpfs(tmp_path / 'ro', 'ro') as read_only:
     if read_only is None:
       pytest.skip('cannot mount a read-only file system here')
     workdir = os.path.join(read_only, 'run')

@@ -18,6 +18,7 @@ import jax
 import numpy as np
 import pytest
 
+from tests.tiny_runs import mounted_tmpfs
 from vit_jax import models
 from vit_jax.benchmarks import device_report
 from vit_jax.training import workdir as workdir_lib
@@ -27,28 +28,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NEEDS = 'write access and room for the test'
 
 
-@contextlib.contextmanager
-def _mounted(path, *options):
-  """A 3 MB tmpfs at `path` for the block; None where this process may not mount."""
-  os.makedirs(path, exist_ok=True)
-  mount = subprocess.run(
-      ['mount', '-t', 'tmpfs', '-o', ','.join(('size=3m', *options)), 'tmpfs', str(path)],
-      capture_output=True,
-      check=False,
-  )
-  if mount.returncode != 0:
-    yield None
-    return
-  try:
-    yield str(path)
-  finally:
-    subprocess.run(['umount', '-l', str(path)], check=False)
-
-
 @pytest.fixture
 def read_only(tmp_path):
   """A directory no file can be written into."""
-  with _mounted(tmp_path / 'ro', 'ro') as mounted:
+  with mounted_tmpfs(tmp_path / 'ro', 'ro') as mounted:
     if mounted is not None:
       yield mounted
       return
@@ -63,7 +46,7 @@ def read_only(tmp_path):
 @pytest.fixture
 def full(tmp_path):
   """A directory on a file system without a free byte."""
-  with _mounted(tmp_path / 'full') as mounted:
+  with mounted_tmpfs(tmp_path / 'full') as mounted:
     if mounted is None:
       pytest.skip('mounting a tmpfs is not allowed here')
     with contextlib.suppress(OSError), open(os.path.join(mounted, 'filler'), 'wb') as f:
@@ -170,7 +153,7 @@ def test_an_export_the_disk_cannot_hold_is_one_line_and_leaves_no_partial_file(
     tmp_path, monkeypatch
 ):
   variables, model = _tiny_export()
-  with _mounted(tmp_path / 'small') as small:  # 3 MB: the export holds more.
+  with mounted_tmpfs(tmp_path / 'small') as small:  # 3 MB: the export holds more.
     if small is None:  # The refusal as the file system gives it, after part of the file.
 
       def save_file(tensors, path, metadata):

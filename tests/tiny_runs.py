@@ -201,3 +201,22 @@ def train_with_preemption(config, workdir: str, monkeypatch, at_step: int = 5) -
   )
   monkeypatch.setattr(train.PreemptionWatcher, 'should_stop', original)
   return train.train_and_evaluate(config, workdir)
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(path, *options) -> Iterator[str | None]:
+  """A 3 MB tmpfs at `path` for the block (`options`: mount's, e.g. 'ro'); None where this
+  process may not mount."""
+  os.makedirs(path, exist_ok=True)
+  mount = subprocess.run(
+      ['mount', '-t', 'tmpfs', '-o', ','.join(('size=3m', *options)), 'tmpfs', str(path)],
+      capture_output=True,
+      check=False,
+  )
+  if mount.returncode != 0:
+    yield None
+    return
+  try:
+    yield str(path)
+  finally:
+    subprocess.run(['umount', '-l', str(path)], check=False)
