@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import pytest
 
 from vit_jax import config as config_lib
+from vit_jax import runtime
 from vit_jax.training import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -78,11 +79,22 @@ def test_deit3_recipes_pass_the_config_checks(arg):
         ('deit3', 'crop=center', 'center'),
         ('vit', 'colour=red', 'colour'),
         ('vit', 'variant', 'key=value'),
+        ('finetune', 'epochs=abc', r"epochs='abc' must be a number, e.g. epochs=100.0"),
+        ('finetune', 'image_size=1.5', r"image_size='1.5' must be an integer, e.g. image_size=0"),
     ],
 )
 def test_bad_arguments_are_named(name, arg, message):
   with pytest.raises(ValueError, match=message):
     load(name).get_config(arg)
+
+
+def test_a_value_that_does_not_convert_is_one_line_naming_its_key():
+  """The command line's one-line error (`runtime.flag_error`) names the key, not the cause."""
+  with pytest.raises(ValueError) as raised:
+    load('finetune').get_config('epochs=abc')
+  assert runtime.flag_error(raised.value) == (
+      "Config argument epochs='abc' must be a number, e.g. epochs=100.0."
+  )
 
 
 @pytest.mark.e2e  # Each config file's quick default trained, as its command trains it.

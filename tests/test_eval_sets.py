@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
+from tests import tiny_runs
 from vit_jax.configs import common
 from vit_jax import config as config_lib
 from vit_jax.evaluators import eval_sets
@@ -270,6 +271,19 @@ def test_a_set_whose_classes_differ_is_refused_before_the_run_starts(tmp_path):
     ):
       train.train_and_evaluate(config, str(tmp_path / 'run'))
   assert not os.path.exists(tmp_path / 'run' / 'config.json')
+
+
+def test_an_empty_set_is_refused_before_anything_compiles(data_dir, tmp_path, monkeypatch):
+  """A set that holds no examples is named at set-up, not after training."""
+
+  def compile_steps(*args, **kwargs):
+    raise AssertionError('compiled an evaluation of an empty set')
+
+  monkeypatch.setattr(eval_sets, 'compile_steps', compile_steps)
+  config = tiny_runs.tiny_config(data_dir, eval_sets=('digits:train[:0]',))
+  with pytest.raises(ValueError, match=r'digits:train\[:0\] has no examples'):
+    train.train_and_evaluate(config, str(tmp_path / 'run'))
+  assert not os.path.exists(tmp_path / 'run')
 
 
 @pytest.mark.e2e

@@ -1,7 +1,9 @@
 """The training loop: learning, resuming, sharding invariance, and refusing bad input early."""
 
+import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -75,6 +77,45 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(checkpointed_run, data_di
     train.train_and_evaluate(config, workdir)
   params = final_params(workdir)
   assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(params))
+
+
+@pytest.mark.parametrize('checkpoint_every', [1, 2])
+def test_diverging_run_names_only_the_checkpoint_a_rerun_resumes_from(
+    data_dir, tmp_path, monkeypatch, checkpoint_every
+):
+  """A stop on a loss that is not finite finishes the save in flight before naming a checkpoint:
+  the one named is committed on disk and is the rerun's start; none named, the rerun starts at 0."""
+  config = tiny_config(
+      data_dir,
+      optimizer='lamb',
+      base_lr=1e30,
+      warmup_steps=0,
+      checkpoint_every=checkpoint_every,
+      total_steps=4,
+      log_every=2,
+  )
+  workdir = str(tmp_path / 'run')
+  with pytest.raises(FloatingPointError) as stop:
+    train.train_and_evaluate(config, workdir)
+  named = re.search(r'checkpoint \(step (\d+)\) is kept', str(stop.value))
+  on_disk = workdir_lib.Workdir(workdir).steps()
+  if named:
+    assert on_disk and on_disk[-1] == int(named[1]), on_disk
+    assert str(tmp_path / 'run' / 'checkpoints' / named[1]) in str(stop.value)
+  else:
+    assert 'No checkpoint had been saved yet' in str(stop.value) and on_disk == []
+  assert not list((tmp_path / 'run' / 'checkpoints').glob('*tmp*'))  # No save left half-done.
+
+  starts = []
+  restore_or_init = train._restore_or_init  # pylint: disable=protected-access
+  monkeypatch.setattr(
+      train,
+      '_restore_or_init',
+      lambda *args, **kwargs: starts.append(int((s := restore_or_init(*args, **kwargs)).step)) or s,
+  )
+  with contextlib.suppress(FloatingPointError):  # It may diverge again; its start is the point.
+    train.train_and_evaluate(config, workdir)
+  assert starts == [int(named[1]) if named else 0]
 
 
 @pytest.mark.parametrize(

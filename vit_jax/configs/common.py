@@ -46,7 +46,14 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
     elif default is None or isinstance(default, str):
       parsed[key] = value
     else:
-      parsed[key] = type(default)(value)
+      try:
+        parsed[key] = type(default)(value)
+        continue
+      except ValueError:
+        pass
+      # Raised outside the handler: the command line's one-line error reads this, not the cause.
+      kind = {int: 'an integer', float: 'a number'}.get(type(default), type(default).__name__)
+      raise ValueError(f'Config argument {key}={value!r} must be {kind}, e.g. {key}={default!r}.')
   return parsed
 
 

@@ -374,10 +374,17 @@ def eval_num_classes(
     label_key: str | None = None,
     label_set_key: str | None = None,
 ) -> int:
-  """The class count of `dataset`'s labels, checking that it and its `split` exist (an
-  evaluation set's, before anything compiles); ValueError naming what is valid otherwise."""
+  """The class count of `dataset`'s labels, checking that it and its `split` exist and that
+  the split holds examples (an evaluation set's, before anything compiles); ValueError naming
+  what is valid otherwise."""
   source = _resolve(data, dataset, label_key, label_set_key)
   _check_split(source, split)
+  if _num_examples(source, split) == 0:
+    known = list(source.builder.info.splits.keys())
+    raise ValueError(
+        f'The eval set {dataset}:{split} has no examples; name a split or slice that holds '
+        f'some' + (f", e.g. '{dataset}:{known[0]}'." if known else '.')
+    )
   return source.builder.info.features[source.label_key].num_classes
 
 

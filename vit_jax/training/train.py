@@ -260,7 +260,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
     train_batches = input_pipeline.train_iterator(settings.data, start_step=start_step)
     progress = Progress(num_train_steps=total_steps, writer=writer, every_steps=settings.log_every)
     profile = _profiler(workdir, settings.profile_steps, start_step, total_steps)
-    pending, last_saved, frozen_metrics = [], start_step, {}
+    pending, frozen_metrics = [], {}
     for step in range(start_step + 1, total_steps + 1):
       batch = sharding.global_batch(next(train_batches), programs.data_sharding)
       if step == start_step + 1:  # Compiles the step: not training time.
@@ -277,7 +277,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
       at_ckpt = step % settings.checkpoint_every == 0 or step == total_steps
       stop = watcher.should_stop(run_dir, step)
       if at_log or at_ckpt or stop:
-        fetched, pending = _finite(jax.device_get(pending), step, last_saved, workdir), []
+        fetched, pending = _finite(jax.device_get(pending), step, run_dir), []
       progress(step)
       if at_log:
         _log_progress(
@@ -286,7 +286,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
       if at_ckpt or stop:
         with progress.timed('checkpoint', state):
           run_dir.save(step, state, model_name=settings.model_name)
-        last_saved = step
         logging.info(
             'step %d  saved checkpoint %s',
             step,
@@ -593,18 +592,23 @@ def _profiler(
 
 
 def _finite(
-    fetched: list[dict[str, np.ndarray]], step: int, last_saved: int, workdir: str
+    fetched: list[dict[str, np.ndarray]], step: int, run_dir: workdir_lib.Workdir
 ) -> list[dict[str, np.ndarray]]:
-  """`fetched` (the steps' metrics since the last fetch); raises if a loss is not finite."""
+  """`fetched` (the steps' metrics since the last fetch); raises if a loss is not finite, naming
+  the checkpoint a rerun resumes from once the save in flight is finished."""
   losses = np.array([m['loss'] for m in fetched])
   if not np.all(np.isfinite(losses)):
+    run_dir.wait_until_finished()
+    kept = run_dir.steps()
     raise FloatingPointError(
         f'The training loss became {losses[~np.isfinite(losses)][0]} at or before step {step}; '
         'stopping without saving. '
         + (
-            f'The last good checkpoint (step {last_saved}) is kept in {workdir}. '
-            if last_saved
-            else 'No checkpoint had been saved yet. '
+            f'The last good checkpoint (step {kept[-1]}) is kept in '
+            f'{run_dir.file(workdir_lib.CHECKPOINT_DIR) / str(kept[-1])}; a rerun resumes '
+            'from it. '
+            if kept
+            else 'No checkpoint had been saved yet; a rerun starts from step 0. '
         )
         + 'Lower base_lr, enable grad_clip_norm, or check the data.'
     )

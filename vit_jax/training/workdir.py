@@ -403,9 +403,13 @@ class Workdir:
 
   def start(self, config: ml_collections.ConfigDict, run_scope: contextlib.ExitStack) -> 'Workdir':
     """Makes this the run that trains here with `config`: locked until `run_scope` closes
-    (`hold`), its config.json written, its checkpoints kept by `config.keep_checkpoints`."""
+    (`hold`), its saves finished by then, its config.json written, its checkpoints kept by
+    `config.keep_checkpoints`."""
     with writing(self.path, ROOM):
       hold(self.path, run_scope)
+      # However the run ends, its save in flight is finished (or, refused, removed) while the lock
+      # is held, so that what a stop message names as kept is what the next run resumes from.
+      run_scope.callback(self.wait_until_finished)
       if jax.process_index() == 0:
         self.file(CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
     if self._manager is not None:  # Read-only until now.
