@@ -62,6 +62,8 @@ CASES = {
     ),
 }
 LABELS = tuple(f'class {i}' for i in range(10))
+# A timm ViT small enough to train in seconds (16-pixel images), for Hub repositories of tests.
+TINY_TIMM_VIT = dict(depth=1, img_size=16, patch_size=4, embed_dim=32, num_heads=2)
 # Two training steps of a fine-tuning config, small and in float32.
 TWO_FAST_STEPS = dict(
     batch_size=32,
@@ -277,9 +279,7 @@ def test_the_command_line_fails_in_one_line_without_network_or_cache(tmp_path):
 def test_fine_tuning_from_a_hub_name_then_eval_only(hub_cache, timm_model, tmp_path):
   """configs/finetune.py from Hub weights (their 1000-class head replaced for the digits' 10),
   with layer-wise lr decay; then eval_only of 10-class Hub weights."""
-  student, _ = timm_model(
-      'deit_tiny_patch16_224', depth=1, img_size=16, patch_size=4, embed_dim=32, num_heads=2
-  )
+  student, _ = timm_model('deit_tiny_patch16_224', **TINY_TIMM_VIT)
   hub_cache('timm/deit_tiny_patch16_224.fb_in1k', student)
   config = finetune.get_config(
       'init_from=hf-hub:timm/deit_tiny_patch16_224.fb_in1k,dataset=digits,layer_decay=0.75'
@@ -297,15 +297,7 @@ def test_fine_tuning_from_a_hub_name_then_eval_only(hub_cache, timm_model, tmp_p
   result = train.train_and_evaluate(config, str(tmp_path / 'run'))
   assert result.step == 2 and np.isfinite(result.metrics['loss'])
 
-  student, _ = timm_model(
-      'deit_tiny_patch16_224',
-      num_classes=10,
-      depth=1,
-      img_size=16,
-      patch_size=4,
-      embed_dim=32,
-      num_heads=2,
-  )
+  student, _ = timm_model('deit_tiny_patch16_224', num_classes=10, **TINY_TIMM_VIT)
   hub_cache('timm/deit_tiny_patch16_224.digits', student)
   evaluation = finetune.get_config(
       'init_from=hf-hub:timm/deit_tiny_patch16_224.digits,dataset=digits'
@@ -416,15 +408,7 @@ def test_headless_weights_fine_tune_with_a_fresh_head_and_give_features(
   from vit_jax.models import features  # pylint: disable=g-import-not-at-top
 
   name = 'hf-hub:timm/vit_small_patch16_224.dino'
-  reference, _ = timm_model(
-      'vit_small_patch16_224',
-      num_classes=0,
-      depth=1,
-      img_size=16,
-      patch_size=4,
-      embed_dim=32,
-      num_heads=2,
-  )
+  reference, _ = timm_model('vit_small_patch16_224', num_classes=0, **TINY_TIMM_VIT)
   hub_cache('timm/vit_small_patch16_224.dino', reference)
   assert hub.describe(name).headless
 

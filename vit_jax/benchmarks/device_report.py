@@ -197,8 +197,10 @@ def attention_row(*, reduced: bool, repeats: int) -> Row:
 
   xla = step(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, scale=1.0, implementation='xla'))
   xla_s = _time(lambda: xla(q, k, v), repeats)
-  padded = -(-tokens // attention.CUDNN_SEQUENCE_MULTIPLE) * attention.CUDNN_SEQUENCE_MULTIPLE
-  shape = f'{batch}x{tokens} tokens (cuDNN padded to {padded}) x {heads} heads x {head_dim}'
+  shape = (
+      f'{batch}x{tokens} tokens (cuDNN padded to {attention.cudnn_sequence_length(tokens)}) x '
+      f'{heads} heads x {head_dim}'
+  )
   numbers = {'shape': shape, 'xla_ms': 1e3 * xla_s}
   try:
     cudnn = step(attention.cudnn_attention)

@@ -263,6 +263,11 @@ def softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
 CUDNN_SEQUENCE_MULTIPLE = 64
 
 
+def cudnn_sequence_length(tokens: int) -> int:
+  """The length `cudnn_attention` pads a sequence of `tokens` to."""
+  return -(-tokens // CUDNN_SEQUENCE_MULTIPLE) * CUDNN_SEQUENCE_MULTIPLE
+
+
 def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
   """softmax(q k^T) v for q pre-scaled, all (batch, tokens, heads, head_dim), as cuDNN flash
   attention (`jax.nn.dot_product_attention`; GPU, float16/bfloat16).
@@ -272,9 +277,7 @@ def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
   gradients are those of the unpadded sequences.
   """
   queries, keys = q.shape[1], k.shape[1]
-  padded_queries, padded_keys = (
-      -(-n // CUDNN_SEQUENCE_MULTIPLE) * CUDNN_SEQUENCE_MULTIPLE for n in (queries, keys)
-  )
+  padded_queries, padded_keys = cudnn_sequence_length(queries), cudnn_sequence_length(keys)
   if (padded_queries, padded_keys) == (queries, keys):
     return jax.nn.dot_product_attention(q, k, v, scale=1.0, implementation='cudnn')
   pad = lambda x, n: jnp.pad(x, ((0, 0), (0, n - x.shape[1]), (0, 0), (0, 0)))
