@@ -16,7 +16,7 @@ from tests.tiny_runs import CHECKPOINTED_STEPS
 from tests.tiny_runs import tiny_config
 from vit_jax import config as config_lib
 from vit_jax import models
-from vit_jax.training import workdir as workdir_lib
+from vit_jax import workdir as workdir_lib
 from vit_jax.analysis import pruning
 from vit_jax.analysis import report as report_lib
 

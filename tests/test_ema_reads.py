@@ -13,7 +13,7 @@ from vit_jax.weights import pretrained as pretrained_lib
 from vit_jax.training import steps
 from vit_jax.training import teacher
 from vit_jax.training import train
-from vit_jax.training import workdir as workdir_lib
+from vit_jax import workdir as workdir_lib
 
 
 @pytest.fixture(scope='module')

@@ -21,7 +21,7 @@ from vit_jax.evaluators import eval_sets
 from vit_jax.data import input_pipeline
 from vit_jax.training import steps
 from vit_jax.training import train
-from vit_jax.training import workdir as workdir_lib
+from vit_jax import workdir as workdir_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

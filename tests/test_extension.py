@@ -14,7 +14,7 @@ import pytest
 
 from vit_jax import config as config_lib
 from vit_jax.training import train
-from vit_jax.training import workdir as workdir_lib
+from vit_jax import workdir as workdir_lib
 from vit_jax.analysis import maps
 from vit_jax.analysis import rollout
 from vit_jax.models import attention

@@ -27,7 +27,8 @@ from tests.tiny_runs import checkpointed_config
 from tests.tiny_runs import tiny_config
 from vit_jax.data import input_pipeline
 from vit_jax.training import train
-from vit_jax.training import workdir as workdir_lib
+from vit_jax import workdir as workdir_lib
+from vit_jax.training import run_writer
 from vit_jax.data import folder
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -107,7 +108,7 @@ def test_resume_falls_back_past_an_unreadable_checkpoint(
   corrupted = _files(newest)
   intact = {step: _files(os.path.join(workdir, 'checkpoints', str(step))) for step in STEPS[:-1]}
   config = checkpointed_config(data_dir)
-  run = workdir_lib.Workdir(workdir, keep_checkpoints=config.keep_checkpoints)
+  run = run_writer.RunWriter(workdir, keep_checkpoints=config.keep_checkpoints)
   gc.collect()  # The previous case's abandoned orbax reads report themselves when collected.
   with caplog.at_level(std_logging.WARNING):
     state = run.resume(_abstract_state(config))
@@ -196,7 +197,7 @@ def test_no_readable_checkpoint_is_an_error_not_a_silent_restart(
   for step in STEPS:
     _empty_step_directory(os.path.join(workdir, 'checkpoints', str(step)))
   config = checkpointed_config(data_dir)
-  run = workdir_lib.Workdir(workdir, keep_checkpoints=config.keep_checkpoints)
+  run = run_writer.RunWriter(workdir, keep_checkpoints=config.keep_checkpoints)
   with pytest.raises(ValueError, match=r'None of the 3 checkpoints .* could be read'):
     run.resume(_abstract_state(config))
   assert len(os.listdir(os.path.join(workdir, workdir_lib.UNREADABLE_DIR))) == 3
@@ -209,13 +210,13 @@ def test_a_second_run_is_refused_naming_the_holder(checkpointed_run, data_dir, t
   workdir = str(tmp_path / 'run')
   shutil.copytree(checkpointed_run, workdir)
   before = _files(workdir)
-  with workdir_lib.lock(workdir):
+  with run_writer.lock(workdir):
     holder = json.loads(open(os.path.join(workdir, workdir_lib.LOCK_FILE)).read())
     assert holder['pid'] == os.getpid() and holder['host'] and holder['started']
     with (
         compiled_programs() as compiled,
         pytest.raises(
-            workdir_lib.WorkdirInUse,
+            run_writer.WorkdirInUse,
             match=rf"'{workdir}' is in use by another run: pid {os.getpid()} on ",
         ),
     ):
@@ -233,8 +234,8 @@ def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path, caplog):
       f"""
       import sys, time
       sys.path.insert(0, {REPO!r})
-      from vit_jax.training import workdir
-      with workdir.lock({workdir!r}):
+      from vit_jax.training import run_writer
+      with run_writer.lock({workdir!r}):
         print('LOCKED', flush=True)
         time.sleep(60)
       """
@@ -242,14 +243,14 @@ def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path, caplog):
   holder = subprocess.Popen([sys.executable, '-c', script], stdout=subprocess.PIPE, text=True)
   try:
     assert holder.stdout.readline().strip() == 'LOCKED'
-    with pytest.raises(workdir_lib.WorkdirInUse, match=f'pid {holder.pid} on .*command: '):
-      with workdir_lib.lock(workdir):
+    with pytest.raises(run_writer.WorkdirInUse, match=f'pid {holder.pid} on .*command: '):
+      with run_writer.lock(workdir):
         pass
   finally:
     holder.kill()  # SIGKILL: the lock file still names it, but the kernel freed the lock.
     holder.wait()
   with caplog.at_level(std_logging.WARNING):
-    with workdir_lib.lock(workdir):
+    with run_writer.lock(workdir):
       pass
   assert f'Taking over the lock of pid {holder.pid} on ' in caplog.text
   assert open(os.path.join(workdir, workdir_lib.LOCK_FILE)).read() == ''  # Released cleanly.

@@ -22,7 +22,7 @@ from vit_jax import config as config_lib
 from vit_jax.weights import pretrained
 from vit_jax.parallel import sharding
 from vit_jax.training import train
-from vit_jax.training import workdir as workdir_lib
+from vit_jax import workdir as workdir_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 6

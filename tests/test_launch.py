@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from vit_jax.training import workdir as workdir_lib
+from vit_jax import workdir as workdir_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TPU = os.path.join(REPO, 'launch', 'tpu_vm.sh')

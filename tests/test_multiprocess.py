@@ -29,7 +29,7 @@ from vit_jax.parallel import distributed
 from vit_jax.training import optim
 from vit_jax.training import steps
 from vit_jax.training import train
-from vit_jax.training import workdir as workdir_lib
+from vit_jax import workdir as workdir_lib
 from vit_jax.data import digits
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -15,7 +15,7 @@ from sklearn import datasets as sk_datasets
 from vit_jax.configs import common
 from vit_jax import models
 from vit_jax.training import train
-from vit_jax.training import workdir as workdir_lib
+from vit_jax import workdir as workdir_lib
 from vit_jax.data import digits
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

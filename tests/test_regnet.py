@@ -12,7 +12,7 @@ from vit_jax import models
 from vit_jax.weights import pretrained
 from vit_jax.training import teacher
 from vit_jax.training import train
-from vit_jax.training import workdir as workdir_lib
+from vit_jax import workdir as workdir_lib
 from vit_jax.models import regnet
 
 REGNETY = [name for name in models.names() if name.startswith('regnety_')]

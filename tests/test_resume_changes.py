@@ -18,7 +18,7 @@ from tests.tiny_runs import CHECKPOINTED_STEPS
 from tests.tiny_runs import checkpointed_config
 from tests.tiny_runs import tiny_config
 from vit_jax.training import train
-from vit_jax.training import workdir as workdir_lib
+from vit_jax import workdir as workdir_lib
 
 STEPS = CHECKPOINTED_STEPS[-1]
 

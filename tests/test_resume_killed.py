@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from vit_jax.training import workdir as workdir_lib
+from vit_jax import workdir as workdir_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOTAL_STEPS = 10

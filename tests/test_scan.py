@@ -15,7 +15,7 @@ from vit_jax.weights import pretrained
 from vit_jax.training import optim
 from vit_jax.training import steps
 from vit_jax.training import train
-from vit_jax.training import workdir as workdir_lib
+from vit_jax import workdir as workdir_lib
 from vit_jax.models import deepvit
 from vit_jax.models import layouts
 from vit_jax.models import sa_conv

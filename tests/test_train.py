@@ -22,7 +22,7 @@ from tests.tiny_runs import final_params
 from tests.tiny_runs import tiny_config
 from tests.tiny_runs import train_with_preemption
 from vit_jax.training import train
-from vit_jax.training import workdir as workdir_lib
+from vit_jax import workdir as workdir_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from vit_jax.configs import common
 from vit_jax.training import train
-from vit_jax.training import workdir as workdir_lib
+from vit_jax import workdir as workdir_lib
 
 
 def tiny_config(data_dir: str, **overrides):

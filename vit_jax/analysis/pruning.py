@@ -16,9 +16,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from vit_jax import workdir as workdir_lib
 from vit_jax.training import optim
+from vit_jax.training import run_writer
 from vit_jax.training import train
-from vit_jax.training import workdir as workdir_lib
 
 PRUNING_RULES = {'official': 1e3, 'paper': 1e5}
 MIN_EIGENVALUE = 1e-5
@@ -149,6 +150,6 @@ def write_run(
       rng=start.rngs[1],
   )
   with contextlib.ExitStack() as run_scope:
-    run = workdir_lib.Workdir(workdir).start(config, run_scope)
+    run = run_writer.RunWriter(workdir).start(config, run_scope)
     run.save(0, state, model_name=config.model.name)
     run.wait_until_finished()

@@ -27,7 +27,7 @@ from vit_jax.models import attention
 from vit_jax.models import sa_conv
 from vit_jax.models import vit
 from vit_jax.training import train
-from vit_jax.training import workdir as workdir_lib
+from vit_jax import workdir as workdir_lib
 from vit_jax.weights import inference
 
 ANALYSES = ('collapse', 'maps', 'rollout', 'distance', 'centres', 'pruning')

@@ -21,8 +21,9 @@ from absl import logging
 import jax
 import ml_collections
 
+from vit_jax import workdir as workdir_lib
+from vit_jax.training import run_writer
 from vit_jax.training import steps
-from vit_jax.training import workdir as workdir_lib
 
 # Fields whose change only adds or drops state, with what resuming does about it.
 _ADDS_OR_DROPS = {
@@ -174,7 +175,7 @@ def plan(
   dropped (clipping, EMA).
   """
   if jax.process_index() == 0:  # Said before anything about the checkpoints is.
-    workdir_lib.refuse_if_in_use(run.path)
+    run_writer.refuse_if_in_use(run.path)
   found = run.newest_layout()
   if found is None:
     return None

@@ -14,7 +14,7 @@ from vit_jax.data import input_pipeline
 from vit_jax import models
 from vit_jax.weights import pretrained
 from vit_jax.training import steps
-from vit_jax.training import workdir as workdir_lib
+from vit_jax import workdir as workdir_lib
 
 
 def source(teacher: str) -> tuple[str | None, str]:

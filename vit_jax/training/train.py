@@ -29,6 +29,8 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 
 from vit_jax import config as config_lib
+from vit_jax import output_paths
+from vit_jax import workdir as workdir_lib
 from vit_jax import evaluators as evaluators_lib
 from vit_jax.data import input_pipeline
 from vit_jax.evaluators import eval_sets as eval_sets_lib
@@ -38,10 +40,10 @@ from vit_jax.training import interruption
 from vit_jax.training import memory
 from vit_jax.training import optim
 from vit_jax.training import resume as resume_lib
+from vit_jax.training import run_writer
 from vit_jax.training import start as start_lib
 from vit_jax.training import steps
 from vit_jax.training import teacher as teacher_lib
-from vit_jax.training import workdir as workdir_lib
 from vit_jax.weights import pretrained as pretrained_lib
 
 
@@ -134,9 +136,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
   """
   # Set-up: everything that can be wrong is found before anything compiles or is written.
   config_lib.validate(config)
-  workdir_lib.check_path(workdir)
+  run_writer.check_path(workdir)
   settings = Settings.from_config(config)
-  run_dir = workdir_lib.Workdir(workdir)  # Read-only until `start` takes the lock.
+  run_dir = run_writer.RunWriter(workdir)  # Read-only until `start` takes the lock.
   mesh = sharding.make_mesh(settings.mesh.fsdp)
   if settings.eval_only and not settings.init_from and not run_dir.has_checkpoint():
     raise ValueError(
@@ -235,7 +237,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
           workdir,
       )
       return RunResult(step=None, metrics={}, preempted=True)
-    with workdir_lib.writing(workdir, workdir_lib.ROOM):
+    with output_paths.writing(workdir, run_writer.ROOM):
       writer = metric_writers.create_default_writer(workdir, just_logging=jax.process_index() > 0)
     run_scope.callback(writer.close)
     run_scope.callback(_stop_profiling)
@@ -386,7 +388,7 @@ def jitted_eval_step(
 
 def _evaluate_only(
     settings: Settings,
-    run_dir: workdir_lib.Workdir,
+    run_dir: run_writer.RunWriter,
     model: nn.Module,
     mesh: Mesh,
     evaluate: Evaluation,
@@ -488,7 +490,7 @@ class PreemptionWatcher:
   def requested(self) -> bool:
     return interruption.requested() is not None
 
-  def should_stop(self, run_dir: workdir_lib.Workdir, step: int) -> bool:
+  def should_stop(self, run_dir: run_writer.RunWriter, step: int) -> bool:
     # On several processes, orbax agrees on one step across all of them.
     return self.requested or run_dir.reached_preemption(step)
 
@@ -502,7 +504,7 @@ def _stop_profiling() -> None:
 
 
 def _restore_or_init(
-    run_dir: workdir_lib.Workdir,
+    run_dir: run_writer.RunWriter,
     saved: Any,
     init: Callable[[], steps.TrainState],
     abstract_state: steps.TrainState,
@@ -592,7 +594,7 @@ def _profiler(
 
 
 def _finite(
-    fetched: list[dict[str, np.ndarray]], step: int, run_dir: workdir_lib.Workdir
+    fetched: list[dict[str, np.ndarray]], step: int, run_dir: run_writer.RunWriter
 ) -> list[dict[str, np.ndarray]]:
   """`fetched` (the steps' metrics since the last fetch); raises if a loss is not finite, naming
   the checkpoint a rerun resumes from once the save in flight is finished."""

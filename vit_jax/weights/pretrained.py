@@ -7,7 +7,7 @@
     `state_dict_ema` / `model_ema` / `state_dict` / `model`, with `module.` prefixes stripped;
   - a Google ViT `.npz`: google-research/vision_transformer's or big_vision's layout
     (`google_to_timm`);
-  - a work directory written by `vit_jax.main` (`vit_jax.training.workdir.Workdir.read_variables`);
+  - a work directory written by `vit_jax.main` (`vit_jax.workdir.Workdir.read_variables`);
   - Hub weights by name, `hf-hub:ORG/NAME` (`vit_jax.weights.hub`: fetched once into the Hugging Face
     cache, then read as the file they are).
 EMA weights are read first where a file or run has them; `use_ema=False` reads the raw ones.
@@ -40,7 +40,8 @@ from safetensors import numpy as safetensors_numpy
 from vit_jax import config as config_lib
 from vit_jax.weights import hub
 from vit_jax import models
-from vit_jax.training import workdir as workdir_lib
+from vit_jax import output_paths
+from vit_jax import workdir as workdir_lib
 from vit_jax.models import layouts
 
 HEAD_NAMES = ('head', 'head_dist')
@@ -642,7 +643,7 @@ def export_timm(variables: Mapping[str, Any], model: nn.Module, path: str) -> li
     tensors[key] = np.ascontiguousarray(value)
   directory = os.path.dirname(os.path.abspath(path))
   partial = os.path.join(directory, f'.{os.path.basename(path)}.partial')
-  with workdir_lib.writing(path, EXPORT_ROOM):
+  with output_paths.writing(path, EXPORT_ROOM):
     try:
       os.makedirs(directory, exist_ok=True)
       safetensors_numpy.save_file(tensors, partial, metadata={'format': 'pt'})

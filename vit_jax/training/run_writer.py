@@ -1,0 +1,318 @@
+"""The work directory as the run that trains there writes it: its lock, config.json, checkpoints.
+
+`RunWriter(path).start(config, scope)` takes the lock and writes the config of a run that trains
+(or is written, as a pruned model is) here; `save` writes checkpoints, keeping the newest
+`config.keep_checkpoints`; `resume` reads the newest readable one onto a training state's shardings,
+moving unreadable newer ones to `unreadable_checkpoints/` (never deleting them). Everything else
+reads a run through `vit_jax.workdir.Workdir`, which this extends.
+
+The lock: `lock(workdir)` is held by a run's process 0 from its first write to its end. It is an
+exclusive `fcntl.flock` on `WORKDIR/run.lock`, which also records the holder (host, pid, start
+time, command) so that a second run is refused with a message naming it. The kernel releases a
+flock when its process ends, however it ends: a lock left by a killed run (kill -9, a crash, a lost
+node) is free, and the next run takes it over, saying whose it was. Over NFS, Linux emulates flock
+with POSIX byte-range locks, which the NFS lock manager keeps across machines. Object stores
+(gs://, s3://) have no locks: there the holder is still recorded in `run.lock` for the record, with
+a warning that nothing stops a second run: start one run per directory.
+"""
+
+import contextlib
+import datetime
+import fcntl
+import json
+import os
+import shutil
+import socket
+import sys
+import time
+from typing import Any, Iterator
+
+from absl import logging
+from etils import epath
+import jax
+from jax.experimental import multihost_utils
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+
+from vit_jax import output_paths
+from vit_jax import workdir as workdir_lib
+
+ROOM = 'write access and room for its config, logs and checkpoints'  # What a run needs.
+
+
+class WorkdirInUse(ValueError):
+  """Another live run holds the work directory."""
+
+
+def _disk_bytes(path: epath.Path) -> int:
+  """The bytes of the files under a local `path` (0 on an object store)."""
+  return sum(
+      os.path.getsize(os.path.join(d, f)) for d, _, names in os.walk(str(path)) for f in names
+  )
+
+
+def check_path(workdir: str | None) -> None:
+  """Raises ValueError for a --workdir that cannot be one: empty, or an existing file."""
+  if not workdir or not str(workdir).strip():
+    raise ValueError(
+        '--workdir is empty: name a directory for the run (it is created if '
+        'missing), e.g. --workdir=/tmp/vit_run.'
+    )
+  if '://' not in workdir and os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise ValueError(
+        f'--workdir={workdir} is a file, not a directory: name a directory for the '
+        'run (it is created if missing).'
+    )
+
+
+def _holder() -> dict[str, Any]:
+  return {
+      'host': socket.gethostname(),
+      'pid': os.getpid(),
+      'started': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
+      'command': ' '.join([os.path.basename(sys.executable), *sys.argv]),
+  }
+
+
+def _describe(text: str) -> str:
+  """'pid 123 on host, started 2026-…, command: python -m …' from a lock file's content."""
+  try:
+    holder = json.loads(text)
+    return (
+        f'pid {holder["pid"]} on {holder["host"]}, started {holder["started"]}, command: '
+        f'{holder["command"]}'
+    )
+  except (ValueError, KeyError, TypeError):
+    return 'a run that recorded no details'
+
+
+@contextlib.contextmanager
+def lock(workdir: str) -> Iterator[None]:
+  """Holds `workdir` (created if missing) for the block; WorkdirInUse if another run has it."""
+  path = epath.Path(workdir)
+  path.mkdir(parents=True, exist_ok=True)
+  if '://' in workdir:
+    logging.warning(
+        '%s is on an object store, which has no file locks: nothing stops a second '
+        'run from writing to it at the same time; start only one.',
+        workdir,
+    )
+    (path / workdir_lib.LOCK_FILE).write_text(json.dumps(_holder()))
+    yield
+    return
+  lock_path = os.path.join(workdir, workdir_lib.LOCK_FILE)
+  with open(lock_path, 'a+', encoding='utf-8') as f:
+    try:
+      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      f.seek(0)
+      raise WorkdirInUse(
+          f'The work directory {workdir!r} is in use by another run: {_describe(f.read())}. Wait '
+          'for it to finish or stop it (SIGTERM saves a checkpoint), or choose another '
+          '--workdir.'
+      ) from None
+    f.seek(0)
+    previous = f.read()
+    if previous.strip():  # Released by the kernel, not by its run: that run ended abruptly.
+      logging.warning(
+          'Taking over the lock of %s, which ended without releasing it.', _describe(previous)
+      )
+    f.seek(0)
+    f.truncate()
+    f.write(json.dumps(_holder()))
+    f.flush()
+    try:
+      yield
+    finally:
+      f.seek(0)
+      f.truncate()  # Released cleanly: the next run has nobody to take over from.
+      f.flush()
+      fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def refuse_if_in_use(workdir: str) -> None:
+  """Raises WorkdirInUse where another run holds `workdir`'s lock; takes nothing and creates
+  nothing, so a run can say so before it reads (and reports on) the work directory's contents."""
+  lock_path = os.path.join(workdir, workdir_lib.LOCK_FILE)
+  if '://' in workdir or not os.path.isfile(lock_path):
+    return
+  try:
+    with open(lock_path, 'r', encoding='utf-8') as f:
+      try:
+        fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+      except BlockingIOError:
+        raise WorkdirInUse(
+            f'The work directory {workdir!r} is in use by another run: {_describe(f.read())}. '
+            'Wait for it to finish or stop it (SIGTERM saves a checkpoint), or choose another '
+            '--workdir.'
+        ) from None
+      fcntl.flock(f, fcntl.LOCK_UN)
+  except PermissionError:  # Unreadable here: `hold` decides when the run takes it.
+    return
+
+
+def hold(workdir: str, run_scope: contextlib.ExitStack) -> None:
+  """Process 0 takes `lock(workdir)` until `run_scope` closes; every process raises if it can't."""
+  error = None
+  if jax.process_index() == 0:
+    try:
+      run_scope.enter_context(lock(workdir))
+    except WorkdirInUse as e:
+      error = e
+  if jax.process_count() > 1 and not int(
+      multihost_utils.broadcast_one_to_all(np.int32(error is None))
+  ):
+    error = error or WorkdirInUse(
+        f'Process 0 found the work directory {workdir!r} in use by '
+        'another run (its log names the holder).'
+    )
+  if error is not None:
+    raise error
+
+
+class RunWriter(workdir_lib.Workdir):
+  """The work directory of the run that trains (or writes a run) here: `Workdir`'s reads, and the
+  lock, the saves and their retention (`keep_checkpoints`: the newest that many are kept; None
+  keeps it read-only until `start`)."""
+
+  def __init__(self, path: str, *, keep_checkpoints: int | None = None):
+    super().__init__(path)
+    self._keep = keep_checkpoints
+    self._saving: tuple[int | None, int] = (None, 0)  # The step being saved and its bytes.
+
+  def start(
+      self, config: ml_collections.ConfigDict, run_scope: contextlib.ExitStack
+  ) -> 'RunWriter':
+    """Makes this the run that trains here with `config`: locked until `run_scope` closes
+    (`hold`), its saves finished by then, its config.json written, its checkpoints kept by
+    `config.keep_checkpoints`."""
+    with output_paths.writing(self.path, ROOM):
+      hold(self.path, run_scope)
+      # However the run ends, its save in flight is finished (or, refused, removed) while the lock
+      # is held, so that what a stop message names as kept is what the next run resumes from.
+      run_scope.callback(self.wait_until_finished)
+      if jax.process_index() == 0:
+        self.file(workdir_lib.CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
+    if self._manager is not None:  # Read-only until now.
+      self._manager.close()
+      self._manager = None
+    self._keep = config.keep_checkpoints
+    return self
+
+  def _layout_or_none(self, step: int) -> dict[str, tuple[int, ...]] | None:
+    try:
+      return self.saved_shapes(step)
+    except Exception:  # Orbax, tensorstore, json: many kinds. pylint: disable=broad-except
+      return None
+
+  def resume(self, like: Any) -> Any | None:
+    """The newest readable training state, on the shardings of `like`; None without checkpoints.
+
+    Unreadable newer checkpoints (truncated or garbage files, lost metadata, an empty step
+    directory) are skipped and set aside (`_set_aside`); if none is readable, ValueError.
+    """
+    steps = self.steps()
+    if not steps:
+      return None
+    wanted = workdir_lib.flat_shapes(like)
+
+    def read(step):
+      try:
+        return self._restore(step, like)['state']
+      except Exception:  # pylint: disable=broad-except
+        if self._layout_or_none(step) not in (None, wanted):  # Reads, but another layout.
+          raise workdir_lib.IncompatibleLayout(
+              f'The checkpoint of step {step} in {self.file(workdir_lib.CHECKPOINT_DIR)} holds another '
+              'layout of the training state than the newer ones; it was not moved. Move it out '
+              'of the way by hand to resume from an older one, or start a new run.'
+          ) from None
+        raise
+
+    found = self._newest_readable(read, on_unreadable=self._set_aside)
+    if found is None:
+      raise ValueError(
+          f'None of the {len(steps)} checkpoints in {self.file(workdir_lib.CHECKPOINT_DIR)} could be read '
+          f'(steps {steps}); each was moved to {workdir_lib.UNREADABLE_DIR}/ beside it, see the warnings '
+          'above. Rerun to train afresh from step 0, or move a repaired one back.'
+      )
+    return found[1]
+
+  def save(self, step: int, state: Any, *, model_name: str) -> None:
+    """Saves the training state at `step` (asynchronously), with the model name it belongs to.
+
+    A write the file system refuses (full, read-only) raises `Unwritable` here or at the next
+    save or wait, with the temporary checkpoint removed and every earlier checkpoint intact.
+    """
+    self._saving = (step, sum(int(x.nbytes) for x in jax.tree.leaves(state)))
+    with self._refusals_reported():
+      self.manager.save(
+          step,
+          args=ocp.args.Composite(
+              state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave({'model': model_name})
+          ),
+          force=True,
+      )
+
+  def wait_until_finished(self) -> None:
+    """Blocks until every checkpoint save has been written."""
+    if self._manager is not None:
+      with self._refusals_reported():
+        self._manager.wait_until_finished()
+
+  @contextlib.contextmanager
+  def _refusals_reported(self) -> Iterator[None]:
+    """Turns a save the file system refused into `Unwritable`, removing the half-written one."""
+    try:
+      yield
+    except Exception as e:  # Orbax re-raises its threads' errors. pylint: disable=broad-except
+      step, size = self._saving
+      finished = [s for s in self._finished_steps() if s != step]
+      if finished:  # Its newest checkpoint on disk, metadata included, says best.
+        size = max(size, _disk_bytes(self.file(workdir_lib.CHECKPOINT_DIR) / str(finished[-1])))
+      refusal = output_paths.unwritable(
+          e,
+          str(self.file(workdir_lib.CHECKPOINT_DIR)),
+          f'about {output_paths.size_words(size)} for the checkpoint of step {step}',
+      )
+      if refusal is None:
+        raise
+      if jax.process_index() == 0:
+        for partial in self.file(workdir_lib.CHECKPOINT_DIR).glob(
+            f'*{ocp.path.atomicity.TMP_DIR_SUFFIX}*'
+        ):
+          shutil.rmtree(partial, ignore_errors=True)
+      raise output_paths.Unwritable(
+          f'{refusal} Removed its partial checkpoint; '
+          + (f'the earlier ones (steps {finished}) are intact. ' if finished else '')
+          + 'Make room (or --workdir elsewhere, copying this one), then rerun the '
+          'same command to resume.'
+      ) from None
+
+  def _finished_steps(self) -> list[int]:
+    """Finished checkpoints by their directory names (orbax's manager may be mid-failure)."""
+    root = self.file(workdir_lib.CHECKPOINT_DIR)
+    return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit()) if root.exists() else []
+
+  def reached_preemption(self, step: int) -> bool:
+    """Whether the processes agreed to stop at `step` on a SIGTERM (orbax's preemption sync)."""
+    return self.manager.reached_preemption(step)
+
+  def _set_aside(self, step: int, reason: str) -> None:
+    """Moves step `step`'s unreadable checkpoint to WORKDIR/unreadable_checkpoints/<step>.<time>.
+
+    Out of orbax's directory it is never restored, counted or deleted by the retention policy,
+    and a later save of the same step number writes a fresh checkpoint. A `reason.txt` beside it
+    says why it was moved; delete the folder when done with it.
+    """
+    target = self.file(workdir_lib.UNREADABLE_DIR) / f'{step}.{time.strftime("%Y%m%d-%H%M%S")}'
+    if jax.process_index() == 0:
+      target.parent.mkdir(parents=True, exist_ok=True)
+      (self.manager.directory / str(step)).rename(target)
+      (target / 'reason.txt').write_text(f'step {step} could not be read: {reason}\n')
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices(f'vit_jax.training.run_writer:set_aside_{step}')
+    self.manager.reload()
+    logging.warning(
+        'Moved the unreadable checkpoint of step %d to %s (kept; nothing deleted).', step, target
+    )

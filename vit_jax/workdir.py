@@ -1,0 +1,334 @@
+"""The work directory of a run as everything that reads it sees it: its layout and its reads.
+
+    WORKDIR/
+      run.lock                 the lock of the run writing here (`vit_jax.training.run_writer`)
+      config.json              the resolved config (`RunWriter.start` writes, `Workdir.config` reads)
+      checkpoints/<step>/      orbax: `state` (the training state) and `meta` ({'model': name})
+      unreadable_checkpoints/  checkpoints that resuming found unreadable, set aside with reason.txt
+      results.json             final metrics (`write_results`, `results`)
+      eval_report.json         what `eval_only` scored (`write_json`)
+      analysis/                `vit_jax.analyze`'s figures, analysis.json and pruned runs
+      events.out.tfevents.*    TensorBoard summaries
+
+`Workdir(path)` reads a run without changing it; `Workdir.open(path)` does so after checking that
+it is a trained run. The run that trains here writes it through `training.run_writer.RunWriter`,
+which extends this class with the lock, the saves and resuming. Reads go through one orbax reader:
+onto a training state's shardings to resume, or whole into host memory (whatever mesh, device or
+process count wrote them) for evaluation, analysis, export, teachers and fine-tuning, with the
+run's EMA of the variables first where it kept one. Without a step, the newest checkpoint that can
+be read is used: readers skip unreadable newer ones with a warning. Saved shapes (`newest_layout`,
+for `vit_jax.training.resume`) come from orbax's own metadata. The small results a side command
+writes here (`write_results`, `write_json`, `analysis_dir`) are written through this class too.
+"""
+
+import dataclasses
+import json
+import os
+import re
+from typing import Any, Callable, Mapping
+
+from absl import logging
+from etils import epath
+import jax
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+
+from vit_jax.models import layouts
+
+LOCK_FILE = 'run.lock'
+CONFIG_FILE = 'config.json'
+CHECKPOINT_DIR = 'checkpoints'
+UNREADABLE_DIR = 'unreadable_checkpoints'  # Beside CHECKPOINT_DIR: checkpoints set aside.
+RESULTS_FILE = 'results.json'
+ANALYSIS_DIR = 'analysis'
+
+
+class IncompatibleLayout(ValueError):
+  """A checkpoint that reads, but holds another layout of the training state: never set aside."""
+
+
+# Comparing variables by shape.
+
+
+def flat_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+  """Maps every leaf's path ('params/blocks_0/attn/qkv/kernel') to its shape.
+
+  Leaves are arrays, `jax.ShapeDtypeStruct`s or orbax's `ArrayMetadata`.
+  """
+  flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+  name = lambda k: getattr(k, 'key', getattr(k, 'idx', getattr(k, 'name', k)))  # dict, list, attr
+  return {
+      '/'.join(str(name(k)) for k in path): tuple(getattr(leaf, 'shape', np.shape(leaf)))
+      for path, leaf in flat
+  }
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapeDiff:
+  """How the variables found (in a checkpoint) differ from those wanted (by a model), by path."""
+
+  missing: list[str]
+  unexpected: list[str]
+  reshaped: list[str]  # 'path (found shape) vs (wanted shape)'
+
+  @classmethod
+  def between(
+      cls, found: Mapping[str, tuple[int, ...]], wanted: Mapping[str, tuple[int, ...]]
+  ) -> 'ShapeDiff':
+    return cls(
+        sorted(set(wanted) - set(found)),
+        sorted(set(found) - set(wanted)),
+        sorted(
+            f'{k} {tuple(found[k])} vs {tuple(wanted[k])}'
+            for k in set(found) & set(wanted)
+            if tuple(found[k]) != tuple(wanted[k])
+        ),
+    )
+
+  def __bool__(self) -> bool:
+    return bool(self.missing or self.unexpected or self.reshaped)
+
+  def listing(self, limit: int = 12) -> str:
+    """One indented line per kind of difference, each naming up to `limit` paths."""
+
+    def line(title, items):
+      shown = ', '.join(items[:limit]) + (
+          f', … ({len(items) - limit} more)' if len(items) > limit else ''
+      )
+      return f'\n  {title} ({len(items)}): {shown}' if items else ''
+
+    return (
+        line('missing from the checkpoint', self.missing)
+        + line('unexpected in the checkpoint', self.unexpected)
+        + line('wrong shape, checkpoint vs model', self.reshaped)
+    )
+
+
+# The run.
+
+
+@dataclasses.dataclass(frozen=True)
+class SavedVariables:
+  """A run's model variables ({'params'[, 'batch_stats']}) at `step`; `ema`: they are its EMA."""
+
+  variables: dict[str, Any]
+  step: int
+  ema: bool
+
+
+def _reason(error: Exception) -> str:
+  """The first line of an error, without tensorstore's spec dump."""
+  lines = str(error).strip().splitlines()
+  first = lines[0] if lines else ''
+  text = re.split(r' \[tensorstore_spec| See full TensorStore details', first)[0]
+  return f'{type(error).__name__}: {text[:300]}'
+
+
+class Workdir:
+  """A run's work directory, read (see the module docstring); reading changes nothing there."""
+
+  def __init__(self, path: str):
+    self.path = path
+    self._keep: int | None = None  # Checkpoints kept: None reads only (a `RunWriter` keeps some).
+    self._manager: ocp.CheckpointManager | None = None
+
+  @classmethod
+  def open(cls, path: str) -> 'Workdir':
+    """The trained run in `path`; ValueError unless it has a config.json and a checkpoint."""
+    run = cls(path)
+    if not run.file(CONFIG_FILE).exists() or not run.steps():
+      raise ValueError(
+          f'{path!r} is not a work directory of a vit_jax.main run: expected '
+          f'{CONFIG_FILE} and a checkpoint in {run.file(CHECKPOINT_DIR)}/<step>.'
+      )
+    return run
+
+  def file(self, name: str) -> epath.Path:
+    """`name` inside the work directory (local paths made absolute, as orbax needs; URIs kept)."""
+    root = self.path if '://' in self.path else os.path.abspath(self.path)
+    return epath.Path(root) / name
+
+  # Reading.
+
+  def config(self) -> ml_collections.ConfigDict | None:
+    """The resolved config the run saved, None if none; list fields of the model (JSON's
+    rendering of tuples such as SA-conv's `layer_heads`) are tuples again, as models hash them."""
+    path = self.file(CONFIG_FILE)
+    if not path.exists():
+      return None
+    try:
+      saved = json.loads(path.read_text())
+      if not isinstance(saved, dict) or not isinstance(saved.get('model'), dict):
+        raise ValueError('it is not a config: no "model" section')
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError.
+      raise ValueError(
+          f'{path} is damaged ({e}); restore it from a copy, or write it again with '
+          'the command that trained this run.'
+      ) from None
+    saved['model'] = {k: tuple(v) if isinstance(v, list) else v for k, v in saved['model'].items()}
+    return ml_collections.ConfigDict(saved)
+
+  def steps(self) -> list[int]:
+    """The steps of the finished checkpoints, ascending."""
+    if not self.file(CHECKPOINT_DIR).is_dir():
+      return []
+    return sorted(self.manager.all_steps())
+
+  def has_checkpoint(self) -> bool:
+    """Whether the run has saved at least one finished checkpoint (so training resumes it)."""
+    return bool(self.steps())
+
+  def results(self) -> dict[str, Any]:
+    """The metrics in results.json; {} before there are any."""
+    path = self.file(RESULTS_FILE)
+    return json.loads(path.read_text()) if path.exists() else {}
+
+  def read_state(self, step: int | None = None, *, like: Any = None) -> Any:
+    """The training state at `step` (default: the newest readable; unreadable newer ones are
+    skipped with a warning and left in place).
+
+    Onto the shardings of the abstract state `like`, or, without it, as a tree of host arrays
+    read whole, whatever mesh, device count or process count wrote them, never passing through a
+    device (for teachers, fine-tuning, evaluation and analysis, which need no optimizer).
+    """
+    if step is not None:
+      if step not in self.steps():
+        raise ValueError(f'No checkpoint at step {step} in {self.path!r}; steps: {self.steps()}.')
+      try:
+        return self._restore(step, like)['state']
+      except Exception as e:  # Orbax, tensorstore, json: many kinds. pylint: disable=broad-except
+        raise ValueError(
+            f'The checkpoint of step {step} in {self.path!r} cannot be read '
+            f'({_reason(e)}); it may be truncated or corrupt.'
+        ) from e
+    found = self._newest_readable(lambda s: self._restore(s, like)['state'])
+    if found is None:
+      raise ValueError(f'{self.path!r} holds no readable checkpoint (steps {self.steps()}).')
+    return found[1]
+
+  def read_variables(
+      self, step: int | None = None, *, use_ema: bool = True, unrolled: bool = False
+  ) -> SavedVariables:
+    """The model variables at `step` (default: newest readable) as host arrays: the run's EMA
+    when it kept one (`ema_decay` > 0) and `use_ema`, as the published DeiT/CaiT/T2T numbers are
+    the EMA model's, else the trained variables; in the layout the run trained in, or with
+    `unrolled` the blocks of a `scan_layers` run one by one (`blocks_i`)."""
+    state = self.read_state(step)
+    ema = bool(use_ema and state.get('ema'))
+    source = state['ema'] if ema else state
+    variables = {'params': source['params']}
+    if source.get('batch_stats'):
+      variables['batch_stats'] = source['batch_stats']
+    if unrolled:
+      variables = layouts.unstack_layers(variables)
+    logging.info(
+        'Read the %s weights of %s (step %d).',
+        'EMA' if ema else 'raw',
+        self.path,
+        int(state['step']),
+    )
+    return SavedVariables(variables, int(state['step']), ema)
+
+  def newest_layout(self) -> tuple[int, str, dict[str, tuple[int, ...]]] | None:
+    """(step, model name, every saved array's shape by path) of the newest checkpoint whose
+    metadata reads (orbax's own, no array is read); None if none does."""
+    if not self.has_checkpoint():
+      return None
+    found = self._newest_readable(
+        lambda step: (self._restore(step, state=False)['meta']['model'], self.saved_shapes(step)),
+        quiet=True,
+    )
+    return None if found is None else (found[0], *found[1])
+
+  def saved_shapes(self, step: int) -> dict[str, tuple[int, ...]]:
+    """Every array of step `step`'s training state by path, with its shape (orbax's metadata)."""
+    return flat_shapes(self.manager.item_metadata(step)['state'].tree)
+
+  # Small results beside the run.
+
+  def write_results(self, results: Mapping[str, Any]) -> str:
+    """Replaces results.json (process 0 writes; read it with `results`); its path."""
+    return self.write_json(RESULTS_FILE, results)
+
+  def write_json(self, name: str, data: Mapping[str, Any]) -> str:
+    """Writes `data` as JSON to `name` inside the work directory (process 0 writes); its path."""
+    path = self.file(name)
+    if jax.process_index() == 0:
+      path.parent.mkdir(parents=True, exist_ok=True)
+      path.write_text(json.dumps(data, indent=1))
+    return str(path)
+
+  def analysis_dir(self) -> str:
+    """WORKDIR/analysis, created: where analyses write figures, reports and pruned runs."""
+    path = self.file(ANALYSIS_DIR)
+    path.mkdir(parents=True, exist_ok=True)
+    return str(path)
+
+  # Orbax.
+
+  @property
+  def manager(self) -> ocp.CheckpointManager:
+    """The orbax manager of WORKDIR/checkpoints: read-only unless `keep_checkpoints` was given."""
+    if self._manager is None:
+      read_only = self._keep is None
+      options = ocp.CheckpointManagerOptions(  # Read-only: nothing to keep or save, as orbax wants.
+          max_to_keep=None if read_only else self._keep,
+          save_interval_steps=0 if read_only else 1,
+          create=not read_only,
+          read_only=read_only,
+          cleanup_tmp_directories=not read_only,
+      )  # A killed or refused save's partial one.
+      self._manager = ocp.CheckpointManager(
+          self.file(CHECKPOINT_DIR),
+          options=options,
+          item_handlers={
+              'state': ocp.StandardCheckpointHandler(),
+              'meta': ocp.JsonCheckpointHandler(),
+          },
+      )
+    return self._manager
+
+  def _restore(self, step: int, like: Any = None, *, state: bool = True) -> Any:
+    """The one reader: step `step`'s items, {'meta'[, 'state']}.
+
+    The state onto `like`'s shardings, or without it as host arrays; the meta item always, as a
+    checkpoint whose metadata is lost cannot be checked.
+    """
+    items = {'meta': ocp.args.JsonRestore()}
+    if state:
+      if like is None:
+        saved = self.manager.item_metadata(step)['state'].tree
+        like = jax.tree.map(lambda leaf: np.empty(leaf.shape, leaf.dtype), saved)
+      items['state'] = ocp.args.StandardRestore(like)
+    return self.manager.restore(step, args=ocp.args.Composite(**items))
+
+  def _newest_readable(
+      self,
+      read: Callable[[int], Any],
+      *,
+      on_unreadable: Callable[[int, str], None] | None = None,
+      quiet: bool = False,
+  ) -> tuple[int, Any] | None:
+    """(step, read(step)) of the newest checkpoint that `read` can read, or None if none can.
+
+    Each newer checkpoint that fails to read is logged (unless `quiet`) with its path and the
+    reason, then passed to `on_unreadable(step, reason)` when given.
+    """
+    for step in reversed(self.steps()):
+      try:
+        return step, read(step)
+      except IncompatibleLayout:
+        raise
+      except Exception as e:  # Orbax, tensorstore, json: many kinds. pylint: disable=broad-except
+        reason = _reason(e)
+        if not quiet:
+          logging.warning(
+              'Skipping the checkpoint of step %d in %s, which cannot be read (%s).',
+              step,
+              self.manager.directory / str(step),
+              reason,
+          )
+        if on_unreadable is not None:
+          on_unreadable(step, reason)
+    return None
