@@ -18,7 +18,6 @@ import pytest
 from tests.tiny_runs import tiny_config
 from tests.tiny_runs import mounted_tmpfs
 from vit_jax.training import train
-from vit_jax import output_paths
 from vit_jax import workdir as workdir_lib
 from vit_jax.training import run_writer
 
@@ -119,7 +118,7 @@ def test_disk_full_while_saving_is_one_line_keeps_earlier_checkpoints_and_resume
 
       with monkeypatch.context() as patch:
         patch.setattr(ocp.CheckpointManager, 'save', full)
-        with pytest.raises(output_paths.Unwritable) as raised:
+        with pytest.raises(workdir_lib.Unwritable) as raised:
           train.train_and_evaluate(_config(data_dir, 4), workdir)
       message = f'error: {raised.value}'
     assert message.startswith(
@@ -152,7 +151,7 @@ def test_disk_full_at_start_is_one_error_naming_the_directory(data_dir, tmp_path
       workdir = os.path.join(small, 'run')
       _fill(small, leave=0)
     with pytest.raises(
-        output_paths.Unwritable,
+        workdir_lib.Unwritable,
         match=(
             rf'^cannot write {workdir}: no space left on the device \(.*\); it needs write access '
             'and room for its config, logs and checkpoints.$'
@@ -167,7 +166,7 @@ def test_a_read_only_work_directory_is_one_error_and_left_as_it_was(data_dir, tm
       pytest.skip('cannot mount a read-only file system here')
     workdir = os.path.join(read_only, 'run')
     with pytest.raises(
-        output_paths.Unwritable,
+        workdir_lib.Unwritable,
         match=(rf'^cannot write {workdir}: the file system is read-only; it needs write access'),
     ):
       train.train_and_evaluate(_config(data_dir, 2), workdir)

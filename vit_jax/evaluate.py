@@ -79,7 +79,6 @@ def main(argv) -> None:
   from vit_jax.evaluators import eval_sets as eval_sets_lib
   from vit_jax.data import input_pipeline
   from vit_jax.parallel import sharding
-  from vit_jax import output_paths
   from vit_jax import workdir as workdir_lib
   # pylint: enable=g-import-not-at-top
   try:
@@ -89,13 +88,13 @@ def main(argv) -> None:
   names = _EVALUATORS.value or ([] if _EVAL_SETS.value else list(evaluators_lib.EVALUATORS))
   evaluators = {name: evaluators_lib.create(name, settings(name)) for name in names}
   if _OUT_DIR.value:  # Before reading any weights.
-    output_paths.check_writable(_OUT_DIR.value, RESULTS_ROOM, directory=True)
+    workdir_lib.check_writable(_OUT_DIR.value, RESULTS_ROOM, directory=True)
   run = _LOAD()
   out_dir = _OUT_DIR.value or (run.source if run.step is not None else None)
   if out_dir is None:
     raise ValueError('--init_from needs --out_dir=DIR for results.json.')
   if not _OUT_DIR.value:  # The run's own directory, before evaluating.
-    output_paths.check_writable(out_dir, RESULTS_ROOM, directory=True)
+    workdir_lib.check_writable(out_dir, RESULTS_ROOM, directory=True)
   num_classes = len(run.class_names)
   if _EVAL_SETS.value and not num_classes:
     raise ValueError(

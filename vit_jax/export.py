@@ -26,11 +26,10 @@ def main(argv) -> None:
   del argv
   # pylint: disable=g-import-not-at-top
   from vit_jax import models
-  from vit_jax import output_paths
   from vit_jax import workdir
   from vit_jax.weights import pretrained
   # pylint: enable=g-import-not-at-top
-  output_paths.check_writable(_OUT.value, pretrained.EXPORT_ROOM, directory=False)
+  workdir.check_writable(_OUT.value, pretrained.EXPORT_ROOM, directory=False)
   run = workdir.Workdir.open(_WORKDIR.value)  # No dataset needed: the family names the layout.
   name = run.config().model.name
   saved = run.read_variables(use_ema=_USE_EMA.value, unrolled=True)

@@ -80,10 +80,10 @@ flags.mark_flags_as_required(['config', 'workdir'])
 
 def _first_refusal(error: BaseException) -> Exception | None:
   """The first write the work directory refused, where cleaning up after it failed again."""
-  from vit_jax import output_paths  # pylint: disable=g-import-not-at-top
+  from vit_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
 
   return next(
-      (x for x in reversed(runtime.error_chain(error)) if isinstance(x, output_paths.Unwritable)),
+      (x for x in reversed(runtime.error_chain(error)) if isinstance(x, workdir_lib.Unwritable)),
       None,
   )
 
@@ -105,8 +105,7 @@ def main(argv) -> None:
   )
   import jax  # pylint: disable=g-import-not-at-top
   from vit_jax.training import train  # pylint: disable=g-import-not-at-top
-  from vit_jax import output_paths  # pylint: disable=g-import-not-at-top
-  from vit_jax.training import run_writer  # pylint: disable=g-import-not-at-top
+  from vit_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
 
   if jax.process_index() != 0:  # Process 0 speaks for all; the others report only problems.
     logging.set_verbosity(logging.WARNING)
@@ -126,7 +125,7 @@ def main(argv) -> None:
     sys.exit(f'error: {_first_refusal(e) or e}')
   except Exception as e:  # A write refused late (summaries, results): one line, else raise.
     peers.end_run(e, _WORKDIR.value)  # A dead process of a multi-process run: one line, exit 75.
-    refusal = _first_refusal(e) or output_paths.unwritable(e, _WORKDIR.value, run_writer.ROOM)
+    refusal = _first_refusal(e) or workdir_lib.unwritable(e, _WORKDIR.value, workdir_lib.ROOM)
     if refusal is None:
       raise
     logging.debug('Stopped by an error.', exc_info=True)

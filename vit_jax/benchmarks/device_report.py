@@ -26,12 +26,12 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vit_jax import output_paths
 from vit_jax import runtime
 from vit_jax.models import attention
 from vit_jax.training import optim
 from vit_jax.training import start as start_lib
 from vit_jax.training import steps
+from vit_jax import workdir as workdir_lib
 
 FAMILIES = ('vit', 'deit', 'cait', 'deepvit', 't2t', 'sa_conv', 'regnet')
 
@@ -357,7 +357,7 @@ def run(*, reduced: bool | None = None, json_path: str | None = None) -> list[Ro
   """Measures every row, printing each as it comes, and writes the table as JSON to
   `json_path` (checked first: minutes of measurements are not lost to a bad path)."""
   if json_path:
-    output_paths.check_writable(json_path, REPORT_ROOM, directory=False)
+    workdir_lib.check_writable(json_path, REPORT_ROOM, directory=False)
   device = jax.devices()[0]
   if reduced is None:
     reduced = device.platform == 'cpu'
@@ -396,7 +396,7 @@ def run(*, reduced: bool | None = None, json_path: str | None = None) -> list[Ro
       ),
   )
   if json_path:
-    with output_paths.writing(json_path, REPORT_ROOM), open(json_path, 'w') as f:
+    with workdir_lib.writing(json_path, REPORT_ROOM), open(json_path, 'w') as f:
       json.dump(
           {
               'device': device.device_kind,

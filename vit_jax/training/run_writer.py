@@ -35,10 +35,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from vit_jax import output_paths
 from vit_jax import workdir as workdir_lib
-
-ROOM = 'write access and room for its config, logs and checkpoints'  # What a run needs.
 
 
 class WorkdirInUse(ValueError):
@@ -187,7 +184,7 @@ class RunWriter(workdir_lib.Workdir):
     """Makes this the run that trains here with `config`: locked until `run_scope` closes
     (`hold`), its saves finished by then, its config.json written, its checkpoints kept by
     `config.keep_checkpoints`."""
-    with output_paths.writing(self.path, ROOM):
+    with workdir_lib.writing(self.path, workdir_lib.ROOM):
       hold(self.path, run_scope)
       # However the run ends, its save in flight is finished (or, refused, removed) while the lock
       # is held, so that what a stop message names as kept is what the next run resumes from.
@@ -270,10 +267,10 @@ class RunWriter(workdir_lib.Workdir):
       finished = [s for s in self._finished_steps() if s != step]
       if finished:  # Its newest checkpoint on disk, metadata included, says best.
         size = max(size, _disk_bytes(self.file(workdir_lib.CHECKPOINT_DIR) / str(finished[-1])))
-      refusal = output_paths.unwritable(
+      refusal = workdir_lib.unwritable(
           e,
           str(self.file(workdir_lib.CHECKPOINT_DIR)),
-          f'about {output_paths.size_words(size)} for the checkpoint of step {step}',
+          f'about {workdir_lib.size_words(size)} for the checkpoint of step {step}',
       )
       if refusal is None:
         raise
@@ -282,7 +279,7 @@ class RunWriter(workdir_lib.Workdir):
             f'*{ocp.path.atomicity.TMP_DIR_SUFFIX}*'
         ):
           shutil.rmtree(partial, ignore_errors=True)
-      raise output_paths.Unwritable(
+      raise workdir_lib.Unwritable(
           f'{refusal} Removed its partial checkpoint; '
           + (f'the earlier ones (steps {finished}) are intact. ' if finished else '')
           + 'Make room (or --workdir elsewhere, copying this one), then rerun the '

@@ -29,7 +29,6 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 
 from vit_jax import config as config_lib
-from vit_jax import output_paths
 from vit_jax import workdir as workdir_lib
 from vit_jax import evaluators as evaluators_lib
 from vit_jax.data import input_pipeline
@@ -237,7 +236,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
           workdir,
       )
       return RunResult(step=None, metrics={}, preempted=True)
-    with output_paths.writing(workdir, run_writer.ROOM):
+    with workdir_lib.writing(workdir, workdir_lib.ROOM):
       writer = metric_writers.create_default_writer(workdir, just_logging=jax.process_index() > 0)
     run_scope.callback(writer.close)
     run_scope.callback(_stop_profiling)

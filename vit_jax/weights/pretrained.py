@@ -40,7 +40,6 @@ from safetensors import numpy as safetensors_numpy
 from vit_jax import config as config_lib
 from vit_jax.weights import hub
 from vit_jax import models
-from vit_jax import output_paths
 from vit_jax import workdir as workdir_lib
 from vit_jax.models import layouts
 
@@ -643,7 +642,7 @@ def export_timm(variables: Mapping[str, Any], model: nn.Module, path: str) -> li
     tensors[key] = np.ascontiguousarray(value)
   directory = os.path.dirname(os.path.abspath(path))
   partial = os.path.join(directory, f'.{os.path.basename(path)}.partial')
-  with output_paths.writing(path, EXPORT_ROOM):
+  with workdir_lib.writing(path, EXPORT_ROOM):
     try:
       os.makedirs(directory, exist_ok=True)
       safetensors_numpy.save_file(tensors, partial, metadata={'format': 'pt'})
