@@ -13,6 +13,7 @@ from sklearn import datasets as sk_datasets
 
 from vit_jax.weights import inference
 from vit_jax.data import digits
+from vit_jax.data import imagenet
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -78,7 +79,7 @@ def test_published_weight_layout_runs_end_to_end_with_imagenet_names(timm_model,
 
   run = inference.load_weights(weights, 'deit_ti16')
   [prediction] = list(inference.predict(run, [photo], top_k=5))
-  names = inference.imagenet_class_names()
+  names = imagenet.class_names()
   assert len(names) == 1000 and names[0] == 'n01440764'  # tench, in TFDS's label order.
   assert [name for _, name, _ in prediction.top_k] == [names[i] for i, _, _ in prediction.top_k]
 

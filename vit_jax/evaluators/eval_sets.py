@@ -27,7 +27,7 @@ import optax
 import tensorflow_datasets as tfds
 
 from vit_jax.data import dataset_names as datasets
-from vit_jax.weights import inference
+from vit_jax.data import imagenet
 from vit_jax.data import input_pipeline
 from vit_jax.parallel import sharding
 from vit_jax.training import evaluation
@@ -123,7 +123,7 @@ PUBLISHED = {
 def subset_classes(scoring: str) -> tuple[int, ...]:
   """The indices among the 1000 ImageNet classes (TFDS label order) of the 200 classes of
   'imagenet_a' or 'imagenet_r', ascending."""
-  names = inference.imagenet_class_names()
+  names = imagenet.class_names()
   return tuple(names.index(wnid) for wnid in SUBSET_WNIDS[scoring])
 
 

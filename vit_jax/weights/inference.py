@@ -20,17 +20,15 @@ import jax
 import ml_collections
 import numpy as np
 import tensorflow as tf
-from tensorflow_datasets.datasets.imagenet2012 import imagenet_common
 
 from vit_jax import config as config_lib
 from vit_jax.weights import hub
 from vit_jax.data import folder
+from vit_jax.data import imagenet
 from vit_jax.data import input_pipeline
 from vit_jax import models
 from vit_jax.weights import pretrained
 from vit_jax import workdir as workdir_lib
-
-IMAGENET_CLASSES = 1000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,19 +66,6 @@ def load_run(
   return Run(config, model, saved.variables, info.class_names, saved.step, workdir, saved.ema)
 
 
-def imagenet_class_names() -> tuple[str, ...]:
-  """The 1,000 ImageNet-2012 classes in label order, as TFDS names them (WordNet ids, e.g.
-  'n01440764'), from the label file shipped inside the tensorflow-datasets package."""
-  with open(imagenet_common.label_names_file()) as f:
-    names = tuple(line.strip() for line in f if line.strip())
-  if len(names) != IMAGENET_CLASSES:
-    raise ValueError(
-        f'{imagenet_common.label_names_file()} lists {len(names)} classes, not '
-        f'{IMAGENET_CLASSES}.'
-    )
-  return names
-
-
 def load_weights(
     path: str,
     model_name: str | None = None,
@@ -97,7 +82,7 @@ def load_weights(
   `label_names`. For a file, `model_name` is needed and the rest defaults to the ImageNet
   evaluation of timm/DeiT weights (1,000 classes, resize to 224 / 0.875 bicubic, centre crop,
   ImageNet mean and std; Google ViT weights use `normalization='inception'`). 1,000 classes
-  without label names are named by `imagenet_class_names`, other counts by their index.
+  without label names are named by `imagenet.class_names`, other counts by their index.
   Headless weights (`num_classes` 0, as Hub weights of DINO, MAE or in21k backbones say) load
   into a model without a head, which gives features and names no classes.
   """
@@ -117,7 +102,7 @@ def load_weights(
         f'--init_from={path} needs --model=NAME (a registry name, e.g. deit_s16; '
         'vit_jax.models.names() lists them).'
     )
-  num_classes = IMAGENET_CLASSES if num_classes is None else num_classes
+  num_classes = imagenet.NUM_CLASSES if num_classes is None else num_classes
   if num_classes < 0:
     raise ValueError(
         f'--num_classes={num_classes} must be >= 0 (0: weights without a head, for features).'
@@ -144,8 +129,8 @@ def load_weights(
   model = models.create(model_name, num_classes=num_classes, **fields)
   variables = pretrained.load(path, model, image_size=config.image_size)
   names = label_names or (
-      imagenet_class_names()
-      if num_classes == IMAGENET_CLASSES
+      imagenet.class_names()
+      if num_classes == imagenet.NUM_CLASSES
       else tuple(str(i) for i in range(num_classes))
   )
   return Run(config, model, variables, names, None, path)
