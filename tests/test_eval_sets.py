@@ -18,8 +18,8 @@ from tests import tiny_runs
 from vit_jax.configs import common
 from vit_jax import config as config_lib
 from vit_jax.evaluators import eval_sets
+from vit_jax.evaluators import passes
 from vit_jax.data import input_pipeline
-from vit_jax.training import steps
 from vit_jax.training import train
 from vit_jax import workdir as workdir_lib
 
@@ -47,7 +47,7 @@ def _log_softmax(row):
 def test_top1_is_argmax_equal_to_label_over_real_examples():
   labels = np.array([1, 0, 4, 0, 2])
   sums = jax.device_get(
-      steps.top1_sums(
+      passes.top1_sums(
           jnp.asarray(LOGITS), {'label': jnp.asarray(labels), 'mask': jnp.asarray(MASK)}
       )
   )

@@ -15,6 +15,7 @@ import tensorflow as tf
 from vit_jax import evaluators
 from vit_jax.data import input_pipeline
 from vit_jax.weights import inference
+from vit_jax.evaluators import evaluator
 from vit_jax.evaluators import fewshot
 from vit_jax.evaluators import linear_probe
 
@@ -58,9 +59,13 @@ def test_fewshot_of_a_trained_vit_is_far_above_an_untrained_one(trained_digits_r
   data = input_pipeline.DataSettings.from_config(run.config)
   ten_shot = evaluators.create('fewshot', run.config.evaluators.fewshot)
   untrained_variables = run.model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)))
-  untrained = ten_shot.run(run.model, untrained_variables, data)['fewshot/digits_10shot']
+  untrained = ten_shot.run(evaluator.Subject(run.model, data, variables=untrained_variables))[
+      'fewshot/digits_10shot'
+  ]
   assert trained >= 0.8 and trained >= untrained + 0.2, (trained, untrained)
-  probe = linear_probe.LinearProbe(inverse_l2s=(1.0,)).run(run.model, run.variables, data)
+  probe = linear_probe.LinearProbe(inverse_l2s=(1.0,)).run(
+      evaluator.Subject(run.model, data, variables=run.variables)
+  )
   assert probe['linear_probe/digits'] >= 0.85
 
 

@@ -405,6 +405,7 @@ def test_headless_weights_fine_tune_with_a_fresh_head_and_give_features(
   """Weights without a classifier (timm's num_classes=0: DINO, MAE, in21k backbones): a model
   without a head gives timm's features; configs/finetune.py trains them with a fresh head."""
   from vit_jax import evaluators  # pylint: disable=g-import-not-at-top
+  from vit_jax.evaluators import evaluator  # pylint: disable=g-import-not-at-top
   from vit_jax.models import features  # pylint: disable=g-import-not-at-top
 
   name = 'hf-hub:timm/vit_small_patch16_224.dino'
@@ -422,7 +423,7 @@ def test_headless_weights_fine_tune_with_a_fresh_head_and_give_features(
   run.config.data_dir = data_dir
   data = input_pipeline.DataSettings.from_config(run.config)
   probe = evaluators.create('fewshot', {'datasets': ('digits',), 'shots': (1,), 'seeds': 1})
-  metrics = probe.run(run.model, run.variables, data)
+  metrics = probe.run(evaluator.Subject(run.model, data, variables=run.variables))
   assert 0 <= metrics['fewshot/digits_1shot'] <= 1
   with pytest.raises(ValueError, match=r'has no classifier head \(headless weights\)'):
     list(inference.predict(run, ['unread.png']))

@@ -74,19 +74,17 @@ def settings(name: str) -> dict:
 def main(argv) -> None:
   del argv
   # pylint: disable=g-import-not-at-top
-  from clu import metric_writers
-  from vit_jax import evaluators as evaluators_lib
-  from vit_jax.evaluators import eval_sets as eval_sets_lib
-  from vit_jax.data import input_pipeline
-  from vit_jax.parallel import sharding
+  from vit_jax import evaluators
   from vit_jax import workdir as workdir_lib
+  from vit_jax.evaluators import eval_sets
+  from vit_jax.evaluators import standalone
   # pylint: enable=g-import-not-at-top
   try:
-    eval_sets_lib.parse_all(_EVAL_SETS.value)  # The names, before reading any weights.
+    eval_sets.parse_all(_EVAL_SETS.value)  # The names, before reading any weights.
   except ValueError as e:
     raise ValueError(f'--eval_sets: {e}.') from None
-  names = _EVALUATORS.value or ([] if _EVAL_SETS.value else list(evaluators_lib.EVALUATORS))
-  evaluators = {name: evaluators_lib.create(name, settings(name)) for name in names}
+  names = _EVALUATORS.value or ([] if _EVAL_SETS.value else list(evaluators.EVALUATORS))
+  frozen = [evaluators.create(name, settings(name)) for name in names]
   if _OUT_DIR.value:  # Before reading any weights.
     workdir_lib.check_writable(_OUT_DIR.value, RESULTS_ROOM, directory=True)
   run = _LOAD()
@@ -95,36 +93,7 @@ def main(argv) -> None:
     raise ValueError('--init_from needs --out_dir=DIR for results.json.')
   if not _OUT_DIR.value:  # The run's own directory, before evaluating.
     workdir_lib.check_writable(out_dir, RESULTS_ROOM, directory=True)
-  num_classes = len(run.class_names)
-  if _EVAL_SETS.value and not num_classes:
-    raise ValueError(
-        f'--eval_sets scores predictions, and {run.source} has no classifier head (headless '
-        'weights); --evaluators=fewshot,linear_probe read its features.'
-    )
-  data = input_pipeline.DataSettings.from_config(run.config)
-  eval_sets = eval_sets_lib.checked(_EVAL_SETS.value, data, num_classes=num_classes)
-  metrics = (
-      eval_sets_lib.evaluate_variables(
-          eval_sets,
-          run.model,
-          run.variables,
-          data,
-          sharding.MeshSettings.from_config(run.config),
-          num_classes,
-      )
-      if eval_sets
-      else {}
-  )
-  for evaluator in evaluators.values():
-    metrics.update(evaluator.run(run.model, run.variables, data))
-  for key, value in metrics.items():
-    print(f'{key:40s} {value:.4g}')
-  out = workdir_lib.Workdir(out_dir)
-  results_file = out.write_results({**out.results(), **metrics})
-  writer = metric_writers.SummaryWriter(out_dir)  # TensorBoard; the lines above are printed.
-  writer.write_scalars(run.step or 0, metrics)
-  writer.close()
-  print(f'Wrote {len(metrics)} metrics of {run.source} (step {run.step}) to {results_file}.')
+  standalone.evaluate_weights(run, _EVAL_SETS.value, frozen, out_dir)
 
 
 if __name__ == '__main__':

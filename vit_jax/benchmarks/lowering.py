@@ -2,7 +2,7 @@
 
 `jax.export` lowers a jitted function for platforms this machine does not have, over an
 `AbstractMesh` of devices it does not have either. `step_programs` builds the train and eval steps
-with `vit_jax.training.train`'s own builders (`train.Programs`, `train.jitted_eval_step`) with
+with the run's own builders (`train.Programs`, `vit_jax.evaluators.passes.jitted_eval_step`) with
 abstract, sharded arguments; `export_steps` lowers them for `tpu` and `cuda`; `matrix_products`
 reads the dot and convolution ops of a lowered program and the dtypes they multiply.
 
@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from vit_jax import models
+from vit_jax.evaluators import passes
 from vit_jax.training import optim
 from vit_jax.parallel import sharding
 from vit_jax.training import steps
@@ -173,7 +174,7 @@ def step_programs(
       StepProgram('train', programs.train_step, (state, train_batch, teacher_variables, schedule)),
       StepProgram(
           'eval',
-          train.jitted_eval_step(model, num_classes, mesh),
+          passes.jitted_eval_step(model, num_classes, mesh),
           (state, _batch(mesh, batch_size, config.image_size, eval_mask=True)),
       ),
   ]

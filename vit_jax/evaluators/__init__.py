@@ -1,20 +1,28 @@
-"""Evaluators of frozen features, run by name.
+"""Evaluation: every kind is an evaluator, run by one mechanism in training and outside it.
 
-Each evaluator is a `frozen.Evaluator`, a frozen dataclass built from its settings, with `every`
-(steps between runs; 0: only when asked for) and `run(model, variables, data) -> {metric:
-value}`, where `data` (`input_pipeline.DataSettings`) gives the evaluation preprocessing of the
-model's images. The loop runs
-those of `config.evaluators` whose `every` is set (and at the end), writing their metrics to
-TensorBoard and results.json; `python -m vit_jax.evaluate` runs any of them on a run or weights.
+An evaluator (`evaluator.Evaluator`) has `every` (training steps between its runs; 0: none) and
+`run(subject) -> {metric: value}`, where the `evaluator.Subject` is a model with its state on the
+mesh or its variables as host arrays, and `data` (`input_pipeline.DataSettings`) giving the
+evaluation preprocessing of its images; it also names its log lines and its metrics' TensorBoard
+and results.json names. Two kinds:
+* `eval_sets.TestSets`: the model's own predictions, top-1 and loss on the run's eval split (and
+  of its EMA) and on the test sets of `config.eval_sets` (ReaL, ImageNet-A/-R, …);
+* the frozen-feature evaluators of `EVALUATORS` (`frozen.Evaluator`: few-shot and linear
+  probes fitted on pre-logits), set under `config.evaluators.NAME`.
+The loop runs `due` ones every `every` steps and all of them at the end (`run`), writing their
+metrics to TensorBoard and results.json; `eval_only` and `python -m vit_jax.evaluate` run them
+once on a run's or published weights (`standalone`).
 """
 
-from typing import Any, Mapping
+import dataclasses
+from typing import Any, Mapping, Sequence
 
+from vit_jax.evaluators import evaluator
 from vit_jax.evaluators import fewshot
 from vit_jax.evaluators import frozen
 from vit_jax.evaluators import linear_probe
 
-EVALUATORS = {'fewshot': fewshot.FewShot, 'linear_probe': linear_probe.LinearProbe}
+EVALUATORS = {cls.name: cls for cls in (fewshot.FewShot, linear_probe.LinearProbe)}
 
 
 def create(name: str, settings: Mapping[str, Any] | None = None) -> frozen.Evaluator:
@@ -40,12 +48,44 @@ def periodic(sections: Mapping[str, Mapping[str, Any]]) -> dict[str, frozen.Eval
   return {name: evaluator for name, evaluator in evaluators.items() if evaluator.every > 0}
 
 
-def due(
-    evaluators: Mapping[str, frozen.Evaluator], step: int, last_step: int
-) -> dict[str, frozen.Evaluator]:
-  """The evaluators to run after `step`: every `every` steps, and all of them at the last."""
-  return {
-      name: evaluator
-      for name, evaluator in evaluators.items()
-      if step % evaluator.every == 0 or step == last_step
-  }
+def due(evaluators: Sequence[evaluator.Evaluator], step: int) -> list[evaluator.Evaluator]:
+  """The evaluators to run after `step`: those whose `every` divides it."""
+  return [e for e in evaluators if e.every > 0 and step % e.every == 0]
+
+
+@dataclasses.dataclass(frozen=True)
+class Scores:
+  """One round's metrics, by the evaluator that gave them."""
+
+  by_evaluator: tuple[tuple[evaluator.Evaluator, dict[str, float]], ...]
+
+  @property
+  def metrics(self) -> dict[str, float]:
+    """Every metric under the name its evaluator gives it."""
+    return {k: v for _, metrics in self.by_evaluator for k, v in metrics.items()}
+
+  def summaries(self) -> dict[str, float]:
+    """Every metric under its TensorBoard name."""
+    return {k: v for e, metrics in self.by_evaluator for k, v in e.summaries(metrics).items()}
+
+  def results(self) -> dict[str, float]:
+    """Every metric under its results.json name."""
+    return {k: v for e, metrics in self.by_evaluator for k, v in e.results(metrics).items()}
+
+
+def run(
+    evaluators: Sequence[evaluator.Evaluator],
+    subject: evaluator.Subject,
+    step: int | None = None,
+    *,
+    final: bool = False,
+) -> Scores:
+  """Each evaluator's metrics of `subject`, in order; each logs its lines at `step` (none
+  without a step; `final`: the run's last)."""
+  scores = []
+  for e in evaluators:
+    metrics = e.run(subject)
+    if step is not None:
+      e.log(step, metrics, final=final)
+    scores.append((e, metrics))
+  return Scores(tuple(scores))

@@ -17,8 +17,9 @@ Each set's metrics are reported under its name as written: 'imagenet_v2/accuracy
 
 import dataclasses
 import functools
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from absl import logging
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -29,8 +30,9 @@ import tensorflow_datasets as tfds
 from vit_jax.data import dataset_names as datasets
 from vit_jax.data import imagenet
 from vit_jax.data import input_pipeline
+from vit_jax.evaluators import evaluator
+from vit_jax.evaluators import passes
 from vit_jax.parallel import sharding
-from vit_jax.training import evaluation
 from vit_jax.training import steps
 
 SCORINGS = ('top1', 'real', 'imagenet_a', 'imagenet_r')
@@ -181,13 +183,13 @@ class EvalSet:
     )
 
 
-def score(scoring: str) -> steps.Score:
-  """The `steps.Score` of one of `SCORINGS`."""
+def score(scoring: str) -> passes.Score:
+  """The `passes.Score` of one of `SCORINGS`."""
   if scoring == 'real':
     return real_sums
   if scoring in SUBSET_WNIDS:
     return functools.partial(subset_sums, classes=subset_classes(scoring))
-  return steps.top1_sums
+  return passes.top1_sums
 
 
 def _known_dataset(name: str) -> str:
@@ -282,12 +284,12 @@ def compile_steps(
     mesh: jax.sharding.Mesh,
     top1_step: Callable | None = None,
 ) -> dict[str, Callable]:
-  """The jitted eval step (`steps.make_eval_step`) of each scoring the sets use, by scoring;
+  """The jitted eval step (`passes.make_eval_step`) of each scoring the sets use, by scoring;
   `top1_step`: the run's own, where it has one."""
   eval_steps = {} if top1_step is None else {'top1': top1_step}
   for scoring in sorted({s.scoring for s in eval_sets} - set(eval_steps)):
     eval_steps[scoring] = jax.jit(
-        steps.make_eval_step(model, num_classes, score(scoring)),
+        passes.make_eval_step(model, num_classes, score(scoring)),
         out_shardings=sharding.replicated(mesh),
     )
   return eval_steps
@@ -307,28 +309,102 @@ def evaluate(
   for eval_set in eval_sets:
     result = (known or {}).get(eval_set.reads)
     if result is None:
-      result = evaluation.evaluate_with_ema(
+      result = passes.evaluate_with_ema(
           eval_steps[eval_set.scoring], state, lambda s=eval_set: s.batches(data), data_sharding
       )
     metrics.update({f'{eval_set.name}/{k}': v for k, v in result.items()})
   return metrics
 
 
-def evaluate_variables(
-    eval_sets: Sequence[EvalSet],
-    model: nn.Module,
-    variables: dict[str, Any],
-    data: input_pipeline.DataSettings,
-    mesh_settings: sharding.MeshSettings,
-    num_classes: int,
-) -> dict[str, float]:
-  """Every set's metrics of frozen `variables` (host arrays, e.g. a run's EMA weights)."""
-  mesh = sharding.make_mesh(mesh_settings.fsdp)
-  state = evaluation.frozen_state(variables, mesh, mesh_settings.fsdp_min_size)
-  return evaluate(
-      eval_sets,
-      compile_steps(eval_sets, model, num_classes, mesh),
-      state,
-      data,
-      sharding.batch_sharding(mesh),
-  )
+@dataclasses.dataclass(frozen=True)
+class TestSets:
+  """The model's own predictions scored (an `evaluator.Evaluator`): top-1 and loss on the run's
+  eval split where `own_split` ('accuracy', 'loss', 'count'; 'ema_accuracy', 'ema_loss' with an
+  EMA) and on each of `sets` ('NAME/…'), each scoring's step compiled once for the mesh."""
+
+  data: input_pipeline.DataSettings
+  sets: tuple[EvalSet, ...]
+  own_split: bool
+  eval_steps: dict[str, Callable[..., dict[str, jax.Array]]]  # By scoring.
+  data_sharding: jax.sharding.NamedSharding
+  every: int = 0  # Training steps between runs (`config.eval_every`); 0: none.
+
+  @classmethod
+  def build(
+      cls,
+      model: nn.Module,
+      num_classes: int,
+      mesh: jax.sharding.Mesh,
+      data: input_pipeline.DataSettings,
+      sets: Sequence[EvalSet],
+      *,
+      own_split: bool = True,
+      every: int = 0,
+  ) -> 'TestSets':
+    top1_step = passes.jitted_eval_step(model, num_classes, mesh) if own_split else None
+    return cls(
+        data,
+        tuple(sets),
+        own_split,
+        compile_steps(sets, model, num_classes, mesh, top1_step),
+        sharding.batch_sharding(mesh),
+        every,
+    )
+
+  def run(self, subject: evaluator.Subject) -> dict[str, float]:
+    state = subject.state
+    metrics, known = {}, {}
+    if self.own_split:
+      metrics = passes.evaluate_with_ema(
+          self.eval_steps['top1'],
+          state,
+          lambda: input_pipeline.eval_iterator(self.data),
+          self.data_sharding,
+      )
+      # The run's own eval split as a test set: a listed set that reads it is not read again.
+      own = EvalSet(self.data.eval_split, self.data.dataset, self.data.eval_split)
+      known = {own.reads: metrics}
+    return {
+        **metrics,
+        **evaluate(self.sets, self.eval_steps, state, self.data, self.data_sharding, known=known),
+    }
+
+  def log(self, step: int, metrics: Mapping[str, float], *, final: bool) -> None:
+    ema_note = lambda prefix='': (
+        f'; EMA accuracy {metrics[prefix + "ema_accuracy"]:.4f}'
+        if prefix + 'ema_accuracy' in metrics
+        else ''
+    )
+    if self.own_split and final:
+      logging.info(
+          'Final test accuracy: %.4f (%d examples, step %d)%s.',
+          metrics['accuracy'],
+          metrics['count'],
+          step,
+          ema_note(),
+      )
+    elif self.own_split:
+      logging.info(
+          'step %d  test accuracy %.4f  test loss %.4f%s',
+          step,
+          metrics['accuracy'],
+          metrics['loss'],
+          ema_note(),
+      )
+    for eval_set in self.sets:
+      prefix = f'{eval_set.name}/'
+      logging.info(
+          'step %d  %s accuracy %.4f (%d examples scored)%s',
+          step,
+          eval_set.name,
+          metrics[prefix + 'accuracy'],
+          metrics[prefix + 'count'],
+          ema_note(prefix),
+      )
+
+  def summaries(self, metrics: Mapping[str, float]) -> dict[str, float]:
+    return {f'eval/{k}': v for k, v in metrics.items()}
+
+  def results(self, metrics: Mapping[str, float]) -> dict[str, float]:
+    """The eval split's metrics as 'test_accuracy', …; each set's as they are ('NAME/…')."""
+    return {k if '/' in k else f'test_{k}': v for k, v in metrics.items()}

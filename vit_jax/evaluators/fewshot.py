@@ -96,6 +96,8 @@ def fewshot_accuracy(
 class FewShot(frozen.Evaluator):
   """Few-shot ridge regression on frozen pre-logits, over `datasets` and `shots`."""
 
+  name = 'fewshot'
+
   shots: tuple[int, ...] = DEFAULT_SHOTS
   seeds: int = 3
   l2_regs: tuple[float, ...] = DEFAULT_L2_REGS

@@ -4,14 +4,16 @@ import abc
 import dataclasses
 import functools
 import os
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar, Mapping
 
+from absl import logging
 import flax.linen as nn
 import jax
 import numpy as np
 
-from vit_jax.data import input_pipeline
 from vit_jax.data import folder
+from vit_jax.data import input_pipeline
+from vit_jax.evaluators import evaluator
 from vit_jax.models import features
 
 
@@ -82,11 +84,13 @@ def dataset(
 
 @dataclasses.dataclass(frozen=True)
 class Evaluator(abc.ABC):
-  """What every evaluator shares: its datasets and splits, and how often training runs it.
+  """What every frozen-feature evaluator shares (`evaluator.Evaluator`): its datasets and splits,
+  how often training runs it, its name (the prefix of its metrics) and its log line.
 
   A subclass defines `evaluate(data: Dataset) -> {metric: value}`; `run` feeds it every dataset.
   """
 
+  name: ClassVar[str]
   datasets: tuple[str, ...] = ('digits',)
   train_split: str = 'train'
   test_split: str = 'test'
@@ -103,19 +107,17 @@ class Evaluator(abc.ABC):
   def evaluate(self, data: Dataset) -> dict[str, float]:
     """The metrics of one dataset's frozen features."""
 
-  def run(
-      self, model: nn.Module, variables: Any, data: input_pipeline.DataSettings
-  ) -> dict[str, float]:
-    """The metrics of `model`'s frozen features on every dataset, preprocessed as the run
-    `data` (the run's or the weights') evaluates."""
+  def run(self, subject: evaluator.Subject) -> dict[str, float]:
+    """The metrics of the subject's frozen features (its raw variables) on every dataset,
+    preprocessed as the subject's `data` (the run's or the weights') evaluates."""
     metrics = {}
     for name in self.datasets:
       metrics.update(
           self.evaluate(
               dataset(
-                  model,
-                  variables,
-                  data,
+                  subject.model,
+                  subject.variables,
+                  subject.data,
                   name,
                   train_split=self.train_split,
                   test_split=self.test_split,
@@ -123,3 +125,18 @@ class Evaluator(abc.ABC):
           )
       )
     return metrics
+
+  def log(self, step: int, metrics: Mapping[str, float], *, final: bool) -> None:
+    del final
+    logging.info(
+        'step %d  %s: %s',
+        step,
+        self.name,
+        ', '.join(f'{k} {v:.4g}' for k, v in metrics.items() if k.startswith(self.name)),
+    )
+
+  def summaries(self, metrics: Mapping[str, float]) -> dict[str, float]:
+    return dict(metrics)
+
+  def results(self, metrics: Mapping[str, float]) -> dict[str, float]:
+    return dict(metrics)

@@ -34,6 +34,8 @@ def fit(
 class LinearProbe(frozen.Evaluator):
   """Logistic regression on frozen pre-logits of `datasets`."""
 
+  name = 'linear_probe'
+
   inverse_l2s: tuple[float, ...] = (0.01, 0.1, 1.0, 10.0)
   validation_fraction: float = 0.1
   max_iter: int = 1000

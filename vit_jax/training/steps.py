@@ -1,8 +1,8 @@
-"""The training and evaluation steps: state, losses, on-device mixing, micro-batching and EMA.
+"""The training step: state, losses, on-device mixing, micro-batching and EMA.
 
-The functions here are traced under `jax.jit` (the host-side evaluation passes are in
-`vit_jax.training.evaluation`); `vit_jax.training.train` builds the steps once, from a
-`StepSettings`, and runs them in its loop.
+The functions here are traced under `jax.jit` (the eval steps and their passes are in
+`vit_jax.evaluators.passes`); `vit_jax.training.train` builds the step once, from a
+`StepSettings`, and runs it in its loop.
 """
 
 import dataclasses
@@ -389,39 +389,6 @@ def sharded_train_step(
       out_shardings=(state_sharding, sharding.replicated(mesh)),
       donate_argnums=0,
   )
-
-
-# An evaluation set's scoring: (logits (B, classes) float32, batch) -> sums over the batch's real
-# examples of 'correct' and 'count' (and 'loss' where defined).
-Score = Callable[[jax.Array, dict[str, jax.Array]], dict[str, jax.Array]]
-
-
-def top1_sums(logits: jax.Array, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
-  """Correct top-1 predictions, cross-entropy and the count of real examples (mask 1)."""
-  mask = batch['mask']
-  loss = optax.softmax_cross_entropy(logits, jax.nn.one_hot(batch['label'], logits.shape[-1]))
-  return {
-      'correct': jnp.sum((jnp.argmax(logits, -1) == batch['label']) * mask),
-      'loss': jnp.sum(loss * mask),
-      'count': jnp.sum(mask),
-  }
-
-
-def make_eval_step(
-    model: nn.Module, num_classes: int, score: Score = top1_sums
-) -> Callable[[TrainState, dict[str, jax.Array]], dict[str, jax.Array]]:
-  """The (unjitted) eval step: `score`'s sums (default: top-1 and loss) of the model's logits."""
-
-  def eval_step(state: TrainState, batch: dict[str, jax.Array]):
-    variables = {'params': state.params}
-    if state.batch_stats:
-      variables['batch_stats'] = state.batch_stats
-    logits = model.apply(variables, batch['image'], train=False).astype(jnp.float32)
-    if logits.shape[-1] != num_classes:
-      raise ValueError(f'The model predicts {logits.shape[-1]} classes, not {num_classes}.')
-    return score(logits, batch)
-
-  return eval_step
 
 
 def init_rngs(seed: int) -> tuple[jax.Array, jax.Array]:

@@ -29,12 +29,13 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 
 from vit_jax import config as config_lib
-from vit_jax import workdir as workdir_lib
 from vit_jax import evaluators as evaluators_lib
+from vit_jax import workdir as workdir_lib
 from vit_jax.data import input_pipeline
 from vit_jax.evaluators import eval_sets as eval_sets_lib
+from vit_jax.evaluators import evaluator
+from vit_jax.evaluators import standalone
 from vit_jax.parallel import sharding
-from vit_jax.training import evaluation
 from vit_jax.training import interruption
 from vit_jax.training import memory
 from vit_jax.training import optim
@@ -154,9 +155,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
   schedule = optim.learning_rate_schedule(settings.schedule, total_steps, warmup_steps)
   start = settings.start(info.num_classes, schedule)
   model, tx = start.model, start.tx
-  evaluate = Evaluation.build(model, info.num_classes, mesh, settings.data, eval_sets)
+  test_sets = eval_sets_lib.TestSets.build(
+      model, info.num_classes, mesh, settings.data, eval_sets, every=settings.eval_every
+  )
   if settings.eval_only:
-    return _evaluate_only(settings, run_dir, model, mesh, evaluate)
+    metrics = standalone.evaluate_only(
+        test_sets,
+        model,
+        mesh,
+        source=settings.init_from or run_dir.path,
+        use_ema=settings.use_ema,
+        model_name=settings.model_name,
+        fsdp_min_size=settings.mesh.fsdp_min_size,
+        out=run_dir,
+    )
+    return RunResult(step=None, metrics=metrics)
+  evaluators = (*settings.evaluators.values(), test_sets)  # In the order they log.
   abstract_state = jax.eval_shape(start.init)
   teacher = (
       None if settings.teacher is None else teacher_lib.load(settings.teacher, info.num_classes)
@@ -261,7 +275,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
     train_batches = input_pipeline.train_iterator(settings.data, start_step=start_step)
     progress = Progress(num_train_steps=total_steps, writer=writer, every_steps=settings.log_every)
     profile = _profiler(workdir, settings.profile_steps, start_step, total_steps)
-    pending, frozen_metrics = [], {}
+    pending = []
     for step in range(start_step + 1, total_steps + 1):
       batch = sharding.global_batch(next(train_batches), programs.data_sharding)
       if step == start_step + 1:  # Compiles the step: not training time.
@@ -301,134 +315,24 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
             workdir,
         )
         return RunResult(step=step, metrics={}, preempted=True)
-      due = evaluators_lib.due(settings.evaluators, step, total_steps)
-      if due:
-        with progress.timed('evaluators', state):
-          latest = run_evaluators(due, model, state, settings.data)
-        frozen_metrics.update(latest)
-        writer.write_scalars(step, latest)
-      if step % settings.eval_every == 0 and step != total_steps:
+      due = evaluators_lib.due(evaluators, step)
+      if due and step != total_steps:
         with progress.timed('eval', state):
-          _log_evaluation(evaluate(state), evaluate.eval_sets, writer, step)
+          scores = evaluators_lib.run(due, _subject(model, state, settings.data), step)
+        writer.write_scalars(step, scores.summaries())
 
-    # The final evaluation.
+    # The final evaluation: every evaluator.
     run_dir.wait_until_finished()
-    eval_metrics, set_metrics = _log_evaluation(
-        evaluate(state), evaluate.eval_sets, writer, total_steps, final=True
+    scores = evaluators_lib.run(
+        evaluators, _subject(model, state, settings.data), total_steps, final=True
     )
-    run_dir.write_results(
-        {
-            'step': total_steps,
-            **{f'test_{k}': v for k, v in eval_metrics.items()},
-            **set_metrics,
-            **frozen_metrics,
-        }
-    )
+    writer.write_scalars(total_steps, scores.summaries())
+    run_dir.write_results({'step': total_steps, **scores.results()})
     writer.flush()
-    return RunResult(step=total_steps, metrics={**eval_metrics, **set_metrics, **frozen_metrics})
+    return RunResult(step=total_steps, metrics=scores.metrics)
 
 
 # The pieces the loop is made of, in the order it uses them.
-
-
-@dataclasses.dataclass(frozen=True)
-class Evaluation:
-  """A run's evaluation: top-1 and loss on its eval split (and of its EMA), and those of its
-  `eval_sets`, each scoring's step compiled once for the mesh. Called with a state, it returns
-  (metrics, the sets' 'NAME/…' metrics)."""
-
-  data: input_pipeline.DataSettings
-  eval_step: Callable[..., dict[str, jax.Array]]
-  eval_sets: tuple[eval_sets_lib.EvalSet, ...]
-  set_steps: dict[str, Callable[..., dict[str, jax.Array]]]  # By scoring.
-  data_sharding: NamedSharding
-
-  @classmethod
-  def build(
-      cls,
-      model: nn.Module,
-      num_classes: int,
-      mesh: Mesh,
-      data: input_pipeline.DataSettings,
-      eval_sets: tuple[eval_sets_lib.EvalSet, ...],
-  ) -> 'Evaluation':
-    eval_step = jitted_eval_step(model, num_classes, mesh)
-    return cls(
-        data,
-        eval_step,
-        eval_sets,
-        eval_sets_lib.compile_steps(eval_sets, model, num_classes, mesh, eval_step),
-        sharding.batch_sharding(mesh),
-    )
-
-  def __call__(self, state: steps.TrainState) -> tuple[dict[str, float], dict[str, float]]:
-    metrics = evaluation.evaluate_with_ema(
-        self.eval_step, state, lambda: input_pipeline.eval_iterator(self.data), self.data_sharding
-    )
-    # The run's own eval split as a test set: a listed set that reads it is not read again.
-    own = eval_sets_lib.EvalSet(self.data.eval_split, self.data.dataset, self.data.eval_split)
-    set_metrics = eval_sets_lib.evaluate(
-        self.eval_sets,
-        self.set_steps,
-        state,
-        self.data,
-        self.data_sharding,
-        known={own.reads: metrics},
-    )
-    return metrics, set_metrics
-
-
-def jitted_eval_step(
-    model: nn.Module, num_classes: int, mesh: Mesh
-) -> Callable[..., dict[str, jax.Array]]:
-  """The top-1 eval step (`steps.make_eval_step`) jitted for `mesh`, its sums replicated."""
-  return jax.jit(steps.make_eval_step(model, num_classes), out_shardings=sharding.replicated(mesh))
-
-
-def _evaluate_only(
-    settings: Settings,
-    run_dir: run_writer.RunWriter,
-    model: nn.Module,
-    mesh: Mesh,
-    evaluate: Evaluation,
-) -> RunResult:
-  """Top-1 on the eval split (and the eval sets) of `settings.init_from`, else of the work
-  directory's newest checkpoint.
-
-  Reads the EMA weights where the source kept them (`use_ema`). Trains nothing and writes
-  nothing but `eval_report.json`; a class count that differs from the dataset's is an error (no
-  head is re-initialised).
-  """
-  source = settings.init_from or run_dir.path
-  variables = pretrained_lib.load(
-      source, model, image_size=settings.data.image_size, use_ema=settings.use_ema
-  )
-  state = evaluation.frozen_state(variables, mesh, settings.mesh.fsdp_min_size)
-  metrics, set_metrics = evaluate(state)
-  data = settings.data
-  report = {
-      'source': source,
-      'use_ema': settings.use_ema,
-      'model': settings.model_name,
-      'dataset': data.dataset,
-      'split': data.eval_split,
-      'image_size': data.image_size,
-      **metrics,
-      **set_metrics,
-  }
-  run_dir.write_json('eval_report.json', report)
-  if jax.process_index() == 0:
-    weights = f'{"EMA weights where kept" if settings.use_ema else "raw weights"} of {source}'
-    print(
-        f'Top-1 on {data.dataset}/{data.eval_split}: {metrics["accuracy"]:.4f} '
-        f'({metrics["count"]} examples; {weights}).'
-    )
-    for eval_set in evaluate.eval_sets:
-      print(
-          f'Top-1 on {eval_set.name}: {set_metrics[f"{eval_set.name}/accuracy"]:.4f} '
-          f'({set_metrics[f"{eval_set.name}/count"]} examples scored; {weights}).'
-      )
-  return RunResult(step=None, metrics={**metrics, **set_metrics})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -492,6 +396,13 @@ class PreemptionWatcher:
   def should_stop(self, run_dir: run_writer.RunWriter, step: int) -> bool:
     # On several processes, orbax agrees on one step across all of them.
     return self.requested or run_dir.reached_preemption(step)
+
+
+def _subject(
+    model: nn.Module, state: steps.TrainState, data: input_pipeline.DataSettings
+) -> evaluator.Subject:
+  """The model and its training state as the evaluators score them."""
+  return evaluator.Subject(model, data, state=state)
 
 
 def _stop_profiling() -> None:
@@ -649,69 +560,3 @@ def _log_progress(
       summary['train/lr'],
       speed,
   )
-
-
-def run_evaluators(
-    evaluators: Mapping[str, Any],
-    model: nn.Module,
-    state: steps.TrainState,
-    data: input_pipeline.DataSettings,
-) -> dict[str, float]:
-  """The metrics of `evaluators` (`vit_jax.evaluators`) on the state's frozen variables, the
-  images preprocessed as the run `data` evaluates."""
-  variables = {'params': state.params}
-  if state.batch_stats:
-    variables['batch_stats'] = state.batch_stats
-  variables = multihost_utils.process_allgather(variables, tiled=True)  # Host arrays, any mesh.
-  metrics = {}
-  for name, evaluator in evaluators.items():
-    metrics.update(evaluator.run(model, variables, data))
-    logging.info(
-        'step %d  %s: %s',
-        int(state.step),
-        name,
-        ', '.join(f'{k} {v:.4g}' for k, v in metrics.items() if k.startswith(name)),
-    )
-  return metrics
-
-
-def _log_evaluation(
-    results: tuple[dict[str, float], dict[str, float]],
-    eval_sets: tuple[eval_sets_lib.EvalSet, ...],
-    writer: metric_writers.MetricWriter,
-    step: int,
-    final: bool = False,
-) -> tuple[dict[str, float], dict[str, float]]:
-  """`Evaluation`'s (metrics, set metrics), written and logged; returned as they came."""
-  metrics, set_metrics = results
-  writer.write_scalars(step, {f'eval/{k}': v for k, v in {**metrics, **set_metrics}.items()})
-  ema_note = lambda m, prefix='': (
-      f'; EMA accuracy {m[prefix + "ema_accuracy"]:.4f}' if prefix + 'ema_accuracy' in m else ''
-  )
-  if final:
-    logging.info(
-        'Final test accuracy: %.4f (%d examples, step %d)%s.',
-        metrics['accuracy'],
-        metrics['count'],
-        step,
-        ema_note(metrics),
-    )
-  else:
-    logging.info(
-        'step %d  test accuracy %.4f  test loss %.4f%s',
-        step,
-        metrics['accuracy'],
-        metrics['loss'],
-        ema_note(metrics),
-    )
-  for eval_set in eval_sets:
-    prefix = f'{eval_set.name}/'
-    logging.info(
-        'step %d  %s accuracy %.4f (%d examples scored)%s',
-        step,
-        eval_set.name,
-        set_metrics[prefix + 'accuracy'],
-        set_metrics[prefix + 'count'],
-        ema_note(set_metrics, prefix),
-    )
-  return metrics, set_metrics

@@ -1,18 +1,58 @@
-"""Evaluation passes on the host: batches in, summed step outputs, metrics out.
-
-The eval steps themselves are traced (`vit_jax.training.steps.make_eval_step`); this module feeds
-them batches, adds up their sums and divides.
+"""The eval steps and their passes: a scoring's sums of the model's logits, traced (`make_eval_step`);
+on the host, batches in, summed step outputs, metrics out.
 """
 
 from typing import Any, Callable, Iterator
 
+import flax.linen as nn
 import jax
+from jax.experimental import multihost_utils
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 import numpy as np
+import optax
 
 from vit_jax.parallel import sharding
 from vit_jax.training import steps
+
+# An evaluation set's scoring: (logits (B, classes) float32, batch) -> sums over the batch's real
+# examples of 'correct' and 'count' (and 'loss' where defined).
+Score = Callable[[jax.Array, dict[str, jax.Array]], dict[str, jax.Array]]
+
+
+def top1_sums(logits: jax.Array, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+  """Correct top-1 predictions, cross-entropy and the count of real examples (mask 1)."""
+  mask = batch['mask']
+  loss = optax.softmax_cross_entropy(logits, jax.nn.one_hot(batch['label'], logits.shape[-1]))
+  return {
+      'correct': jnp.sum((jnp.argmax(logits, -1) == batch['label']) * mask),
+      'loss': jnp.sum(loss * mask),
+      'count': jnp.sum(mask),
+  }
+
+
+def make_eval_step(
+    model: nn.Module, num_classes: int, score: Score = top1_sums
+) -> Callable[[steps.TrainState, dict[str, jax.Array]], dict[str, jax.Array]]:
+  """The (unjitted) eval step: `score`'s sums (default: top-1 and loss) of the model's logits."""
+
+  def eval_step(state: steps.TrainState, batch: dict[str, jax.Array]):
+    variables = {'params': state.params}
+    if state.batch_stats:
+      variables['batch_stats'] = state.batch_stats
+    logits = model.apply(variables, batch['image'], train=False).astype(jnp.float32)
+    if logits.shape[-1] != num_classes:
+      raise ValueError(f'The model predicts {logits.shape[-1]} classes, not {num_classes}.')
+    return score(logits, batch)
+
+  return eval_step
+
+
+def jitted_eval_step(
+    model: nn.Module, num_classes: int, mesh: Mesh
+) -> Callable[..., dict[str, jax.Array]]:
+  """The top-1 eval step (`make_eval_step`) jitted for `mesh`, its sums replicated."""
+  return jax.jit(make_eval_step(model, num_classes), out_shardings=sharding.replicated(mesh))
 
 
 def frozen_state(variables: dict[str, Any], mesh: Mesh, fsdp_min_size: int) -> steps.TrainState:
@@ -25,6 +65,15 @@ def frozen_state(variables: dict[str, Any], mesh: Mesh, fsdp_min_size: int) -> s
       batch_stats=variables.get('batch_stats', {}),
       rng=None,
   )
+
+
+def host_variables(state: steps.TrainState) -> dict[str, Any]:
+  """The state's (raw) variables, {'params'[, 'batch_stats']}, as host arrays on every process,
+  whatever mesh holds them."""
+  variables = {'params': state.params}
+  if state.batch_stats:
+    variables['batch_stats'] = state.batch_stats
+  return multihost_utils.process_allgather(variables, tiled=True)
 
 
 def _metrics(totals: dict[str, float]) -> dict[str, float]:
