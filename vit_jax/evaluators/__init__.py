@@ -45,7 +45,7 @@ def create(name: str, settings: Mapping[str, Any] | None = None) -> frozen.Evalu
 def periodic(sections: Mapping[str, Mapping[str, Any]]) -> dict[str, frozen.Evaluator]:
   """The evaluators of a run's `evaluators` sections that training runs (`every` > 0)."""
   evaluators = {name: create(name, settings) for name, settings in sections.items()}
-  return {name: evaluator for name, evaluator in evaluators.items() if evaluator.every > 0}
+  return {name: e for name, e in evaluators.items() if e.every > 0}
 
 
 def due(evaluators: Sequence[evaluator.Evaluator], step: int) -> list[evaluator.Evaluator]:

@@ -12,7 +12,8 @@ set is scored (`SCORINGS`):
   1000-way head restricted to them (timm validate.py's `indices_in_1k`); an example labelled
   outside them (none in the published sets) is left out.
 Each set's metrics are reported under its name as written: 'imagenet_v2/accuracy', 'loss',
-'count' (the examples scored) and, with an EMA, 'ema_accuracy' and 'ema_loss'.
+'count' (the examples scored) and, with an EMA, 'ema_accuracy' and 'ema_loss'. `TestSets`, the
+evaluator of a model's predictions, scores them and the run's own eval split.
 """
 
 import dataclasses

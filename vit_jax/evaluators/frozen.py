@@ -1,4 +1,5 @@
-"""Frozen pre-logits features of a dataset split: what every evaluator fits its classifier on."""
+"""Frozen pre-logits features of a dataset split, and the evaluators that fit classifiers on them
+(`Evaluator`, the base of few-shot and linear probes)."""
 
 import abc
 import dataclasses

@@ -90,14 +90,11 @@ def evaluate_weights(
   sets = eval_sets_lib.checked(eval_set_names, data, num_classes=num_classes)
   mesh_settings = sharding.MeshSettings.from_config(run.config)
   mesh = sharding.make_mesh(mesh_settings.fsdp) if sets else None
-  evaluators = [
-      *(
-          [eval_sets_lib.TestSets.build(run.model, num_classes, mesh, data, sets, own_split=False)]
-          if sets
-          else []
-      ),
-      *frozen_evaluators,
-  ]
+  evaluators = list(frozen_evaluators)
+  if sets:
+    evaluators.insert(
+        0, eval_sets_lib.TestSets.build(run.model, num_classes, mesh, data, sets, own_split=False)
+    )
   subject = evaluator.Subject(
       run.model,
       data,

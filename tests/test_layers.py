@@ -1,0 +1,179 @@
+"""The layers of vit_jax/: its import graph (read with ast, imports inside functions included) has
+no cycle, and no module imports one of a higher layer. README.md's "Code layout" lists the layers.
+"""
+
+import ast
+import functools
+import pathlib
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / 'vit_jax'
+
+# Bottom to top: a module may import its own layer and those below. A module's layer is that of
+# the longest name here that is it or a package holding it.
+LAYERS = (
+    ('foundations', ('vit_jax.runtime', 'vit_jax.data.dataset_names')),
+    ('config', ('vit_jax.config',)),
+    ('library', ('vit_jax.data', 'vit_jax.models', 'vit_jax.parallel', 'vit_jax.workdir')),
+    ('weights', ('vit_jax.weights',)),
+    ('configs', ('vit_jax.configs',)),
+    ('training pieces', ('vit_jax.training',)),
+    ('evaluation', ('vit_jax.evaluators',)),
+    ('the loop', ('vit_jax.training.train',)),
+    ('above the loop', ('vit_jax.analysis', 'vit_jax.benchmarks')),
+    (
+        'commands',
+        (
+            'vit_jax.main',
+            'vit_jax.evaluate',
+            'vit_jax.analyze',
+            'vit_jax.predict',
+            'vit_jax.export',
+            'vit_jax.convert',
+            'vit_jax.benchmark',
+            'vit_jax.ablate',
+        ),
+    ),
+)
+
+# Imports that break the layers today, each to be removed; this list must end up empty. The
+# config schema's own imports of the owners of the values its rules accept.
+ALLOWED = frozenset(
+    ('vit_jax.config', imported)
+    for imported in (
+        'vit_jax.data.augment',
+        'vit_jax.data.input_pipeline',
+        'vit_jax.evaluators',
+        'vit_jax.evaluators.eval_sets',
+        'vit_jax.models',
+        'vit_jax.models.parts',
+        'vit_jax.parallel.sharding',
+        'vit_jax.training.steps',
+    )
+)
+
+
+@functools.cache
+def _modules() -> dict[str, pathlib.Path]:
+  """Every module of the package by dotted name ('vit_jax.models' for models/__init__.py)."""
+  modules = {}
+  for path in PACKAGE.rglob('*.py'):
+    parts = path.relative_to(PACKAGE.parent).with_suffix('').parts
+    modules['.'.join(parts[:-1] if parts[-1] == '__init__' else parts)] = path
+  return modules
+
+
+@functools.cache
+def _imports() -> dict[str, frozenset[str]]:
+  """The vit_jax modules each module imports, anywhere in it; `from P import N` counts as P.N
+  where that is a module, else as P."""
+  modules = _modules()
+
+  def known(name: str) -> str:
+    while name not in modules:
+      name = name.rpartition('.')[0]
+    return name
+
+  graph = {}
+  for name, path in modules.items():
+    package = name if path.name == '__init__.py' else name.rpartition('.')[0]
+    imported = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+      if isinstance(node, ast.Import):
+        imported |= {known(a.name) for a in node.names if a.name.split('.')[0] == 'vit_jax'}
+      elif isinstance(node, ast.ImportFrom):
+        base = node.module or ''
+        if node.level:
+          anchor = package.split('.')[: len(package.split('.')) - node.level + 1]
+          base = '.'.join(anchor + ([base] if base else []))
+        if base.split('.')[0] == 'vit_jax':
+          imported |= {known(f'{base}.{a.name}') for a in node.names}
+    graph[name] = frozenset(imported - {name})
+  return graph
+
+
+def _layer(module: str) -> int | None:
+  """The index in LAYERS of `module`'s layer; None where none names it."""
+  best = None
+  for index, (_, names) in enumerate(LAYERS):
+    for name in names:
+      if (module == name or module.startswith(name + '.')) and (
+          best is None or len(name) > len(best[1])
+      ):
+        best = (index, name)
+  return None if best is None else best[0]
+
+
+def _graph() -> dict[str, frozenset[str]]:
+  """The import graph without the allowed edges."""
+  graph = _imports()
+  return {m: {i for i in imported if (m, i) not in ALLOWED} for m, imported in graph.items()}
+
+
+def test_every_module_has_a_layer():
+  unplaced = sorted(m for m in _modules() if m != 'vit_jax' and _layer(m) is None)
+  assert not unplaced, f'add these modules to a layer of LAYERS: {unplaced}'
+
+
+def _upward(graph: dict[str, frozenset[str]]) -> list[str]:
+  """Each import of a module of a higher layer, in words."""
+  return sorted(
+      f'{m} ({LAYERS[_layer(m)][0]}) imports {i} ({LAYERS[_layer(i)][0]})'
+      for m, imported in graph.items()
+      if _layer(m) is not None
+      for i in imported
+      if _layer(i) is not None and _layer(i) > _layer(m)
+  )
+
+
+def _cycles(graph: dict[str, frozenset[str]]) -> list[str]:
+  """The cycles a depth-first walk of `graph` closes, each as 'a -> b -> a'."""
+  state, path, cycles = {}, [], []
+
+  def visit(module: str) -> None:
+    state[module] = 'open'
+    path.append(module)
+    for imported in sorted(graph.get(module, ())):
+      if state.get(imported) == 'open':
+        cycles.append(' -> '.join(path[path.index(imported) :] + [imported]))
+      elif imported not in state:
+        visit(imported)
+    path.pop()
+    state[module] = 'done'
+
+  for module in sorted(graph):
+    if module not in state:
+      visit(module)
+  return cycles
+
+
+def test_no_module_imports_a_higher_layer():
+  upward = _upward(_graph())
+  assert not upward, '\n'.join(upward)
+
+
+def test_the_imports_have_no_cycle():
+  cycles = _cycles(_graph())
+  assert not cycles, '\n'.join(cycles)
+
+
+def test_every_allowed_import_still_exists():
+  """An allowed import that is gone is taken off ALLOWED, so that none comes back unnoticed."""
+  graph = _imports()
+  gone = sorted(f'{m} -> {i}' for m, i in ALLOWED if i not in graph.get(m, set()))
+  assert not gone, f'remove from ALLOWED: {gone}'
+
+
+def test_the_checks_find_an_upward_import_and_a_cycle():
+  """The checks on made-up graphs, and the reader on imports inside functions."""
+  made_up = {
+      'vit_jax.models.vit': {'vit_jax.training.train'},
+      'vit_jax.training.train': {'vit_jax.models.vit'},
+  }
+  assert _upward(made_up) == [
+      'vit_jax.models.vit (library) imports vit_jax.training.train (the loop)'
+  ]
+  assert _cycles(made_up) == ['vit_jax.models.vit -> vit_jax.training.train -> vit_jax.models.vit']
+  assert _upward({'vit_jax.training.train': {'vit_jax.models.vit'}}) == []
+  graph = _imports()
+  assert 'vit_jax.workdir' in graph['vit_jax.training.run_writer']
+  assert 'vit_jax.training.train' in graph['vit_jax.main']  # Imported inside `main`.
