@@ -2,7 +2,7 @@
 
     WORKDIR/
       run.lock                 the lock of the run writing here (`vit_jax.training.run_writer`)
-      config.json              the resolved config (`RunWriter.start` writes, `Workdir.config` reads)
+      config.json              the resolved config (`RunWriter.start` writes, `config` reads)
       checkpoints/<step>/      orbax: `state` (the training state) and `meta` ({'model': name})
       unreadable_checkpoints/  checkpoints that resuming found unreadable, set aside with reason.txt
       results.json             final metrics (`write_results`, `results`)
@@ -381,7 +381,7 @@ class Workdir:
 
   @property
   def manager(self) -> ocp.CheckpointManager:
-    """The orbax manager of WORKDIR/checkpoints: read-only unless `keep_checkpoints` was given."""
+    """The orbax manager of WORKDIR/checkpoints: read-only unless a `RunWriter` keeps some."""
     if self._manager is None:
       read_only = self._keep is None
       options = ocp.CheckpointManagerOptions(  # Read-only: nothing to keep or save, as orbax wants.

@@ -1,5 +1,5 @@
-"""The eval steps and their passes: a scoring's sums of the model's logits, traced (`make_eval_step`);
-on the host, batches in, summed step outputs, metrics out.
+"""The eval steps and their passes: a scoring's sums of the model's logits, traced
+(`make_eval_step`); on the host, batches in, summed step outputs, metrics out.
 """
 
 from typing import Any, Callable, Iterator

@@ -220,18 +220,18 @@ class RunWriter(workdir_lib.Workdir):
       except Exception:  # pylint: disable=broad-except
         if self._layout_or_none(step) not in (None, wanted):  # Reads, but another layout.
           raise workdir_lib.IncompatibleLayout(
-              f'The checkpoint of step {step} in {self.file(workdir_lib.CHECKPOINT_DIR)} holds another '
-              'layout of the training state than the newer ones; it was not moved. Move it out '
-              'of the way by hand to resume from an older one, or start a new run.'
+              f'The checkpoint of step {step} in {self.file(workdir_lib.CHECKPOINT_DIR)} holds '
+              'another layout of the training state than the newer ones; it was not moved. Move '
+              'it out of the way by hand to resume from an older one, or start a new run.'
           ) from None
         raise
 
     found = self._newest_readable(read, on_unreadable=self._set_aside)
     if found is None:
       raise ValueError(
-          f'None of the {len(steps)} checkpoints in {self.file(workdir_lib.CHECKPOINT_DIR)} could be read '
-          f'(steps {steps}); each was moved to {workdir_lib.UNREADABLE_DIR}/ beside it, see the warnings '
-          'above. Rerun to train afresh from step 0, or move a repaired one back.'
+          f'None of the {len(steps)} checkpoints in {self.file(workdir_lib.CHECKPOINT_DIR)} could '
+          f'be read (steps {steps}); each was moved to {workdir_lib.UNREADABLE_DIR}/ beside it, '
+          'see the warnings above. Rerun to train afresh from step 0, or move a repaired one back.'
       )
     return found[1]
 
