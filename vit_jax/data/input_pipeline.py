@@ -308,7 +308,7 @@ def eval_image(image: tf.Tensor, transform: EvalTransform) -> tf.Tensor:
   return image_ops.normalize(tf.round(image), *mean_std(transform.normalization))
 
 
-# Reading examples by index.
+# How a split is read: by index (in memory or from ArrayRecord), or streamed.
 
 
 def _fits_in_memory(data: 'DataSettings', source: sources.Source, split: Any) -> bool:
