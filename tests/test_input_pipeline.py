@@ -11,7 +11,7 @@ import tensorflow_datasets as tfds
 from vit_jax.configs import common
 from vit_jax.data import input_pipeline
 from vit_jax.data import image_ops
-from vit_jax.data import records
+from vit_jax.data import reading
 from vit_jax.data import sources
 from vit_jax.data import digits
 
@@ -528,7 +528,7 @@ def test_records_read_for_the_first_batch_do_not_depend_on_the_step(jpeg_folder,
     assert batch['image'].shape == (6, 16, 16, 3)
     read_at[start_step] = sum(reads)
   # A batch needs 2 records; reading ahead (prefetch, parallel reads) adds a bounded amount.
-  assert all(2 <= n <= 8 * records._READ_CHUNK for n in read_at.values()), read_at
+  assert all(2 <= n <= 8 * reading._READ_CHUNK for n in read_at.values()), read_at
 
 
 def _one_image_folder(root, encoded: bytes, extension: str) -> str:
@@ -568,11 +568,11 @@ def test_train_iterator_decodes_what_the_recipe_needs(tmp_path, image_format, re
       batch_size=6,
   )
   data = input_pipeline.DataSettings.from_config(config)
-  assert records.decodes_crop_window(data.train_transform, repeated_aug) == (repeated_aug == 1)
+  assert reading.decodes_crop_window(data.train_transform, repeated_aug) == (repeated_aug == 1)
   batches = list(
       itertools.islice(input_pipeline.train_iterator(data, process_index=0, process_count=1), 2)
   )
-  augment_seed = records.stream_seed(data, 0, records.AUGMENT_SALT)
+  augment_seed = reading.stream_seed(data, 0, reading.AUGMENT_SALT)
 
   @tf.function(input_signature=[tf.TensorSpec([None, None, 3], tf.uint8)])
   def finish(crop):  # The rest of `_train_image` for this recipe, on a crop of dynamic shape.

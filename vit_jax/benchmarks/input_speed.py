@@ -23,7 +23,7 @@ timed window of at least `TIMED_PER_BUFFERED` times that buffer (or `--steps` ba
 With `--vs_timm` and repeated augmentation the same comparison runs again without it. JPEG decodes
 per training image are reported for each side: ours decodes each drawn image once for its
 repeated copies (or, without repetition, only its crop window:
-`records.decodes_crop_window`), timm's `RepeatAugSampler` hands each copy to its dataset,
+`reading.decodes_crop_window`), timm's `RepeatAugSampler` hands each copy to its dataset,
 which decodes the file whole every time. Images/s per core divide by the number of CPUs; CPU time
 per image counts every thread of this process and, for timm, its worker processes.
 
@@ -47,7 +47,7 @@ import ml_collections
 
 from vit_jax.data import input_pipeline
 from vit_jax.data import image_ops
-from vit_jax.data import records
+from vit_jax.data import reading
 from vit_jax.benchmarks import stopwatch
 from vit_jax.data import convert
 from vit_jax.data import folder
@@ -332,9 +332,9 @@ def _recipe(config: ml_collections.ConfigDict) -> str:
 
 
 def _decodes_per_image(config: ml_collections.ConfigDict) -> str:
-  """How many JPEG decodes each training image costs ours (`records.decodes_crop_window`)."""
+  """How many JPEG decodes each training image costs ours (`reading.decodes_crop_window`)."""
   repeats = config.repeated_aug
-  if records.decodes_crop_window(input_pipeline.TrainTransform.from_config(config), repeats):
+  if reading.decodes_crop_window(input_pipeline.TrainTransform.from_config(config), repeats):
     return '1 of the crop window'
   if repeats > 1:
     return f'1/{repeats} of the whole image (decoded once for its {repeats} copies)'

@@ -14,7 +14,7 @@ from one of two random-access sources, chosen by `_random_access`:
   vit_jax prepares itself, and TFRecord datasets converted with `python -m vit_jax.convert`.
   Records are read in chunks by a `tf.data` map (`tf.numpy_function`), then parsed, decoded and
   augmented by `tf.data`'s parallel map; an inception crop without repeated augmentation decodes
-  only the crop window of a JPEG (`records.decodes_crop_window`).
+  only the crop window of a JPEG (`reading.decodes_crop_window`).
 * In memory: a split whose images have a fixed shape and fit in `IN_MEMORY_MAX_BYTES` decoded (the
   digits, CIFAR, MNIST) is decoded once and held as one array, and each training example is then
   looked up, augmented and normalised in one `tf.data` map (for a TFRecord-only dataset,
@@ -45,7 +45,7 @@ import tensorflow as tf
 
 from vit_jax.data import augment
 from vit_jax.data import image_ops
-from vit_jax.data import records
+from vit_jax.data import reading
 from vit_jax.data import sources
 
 # Per-channel (mean, std) of pixel values in [0, 1].
@@ -323,9 +323,9 @@ def _fits_in_memory(data: 'DataSettings', source: sources.Source, split: Any) ->
 
 def _random_access(
     data: 'DataSettings', source: sources.Source, split: Any, encoded: bool = False
-) -> records.Access | None:
+) -> reading.Access | None:
   """`split` read by example index, or None where it can only be streamed (module docstring);
-  `encoded`: ArrayRecord images stay encoded (`records.array_record_lookup`)."""
+  `encoded`: ArrayRecord images stay encoded (`reading.array_record_lookup`)."""
   forced = data.in_memory
   if forced is not None and not source.streamable:
     raise ValueError(
@@ -335,10 +335,10 @@ def _random_access(
     )
   if source.random_access and forced is None:
     if not encoded and _fits_in_memory(data, source, split):
-      return records.in_memory_lookup(source, split)
-    return records.array_record_lookup(source, split, encoded)
+      return reading.in_memory_lookup(source, split)
+    return reading.array_record_lookup(source, split, encoded)
   if _fits_in_memory(data, source, split):
-    return records.in_memory_lookup(source, split)
+    return reading.in_memory_lookup(source, split)
   return None
 
 
@@ -369,7 +369,7 @@ def train_iterator(
   split = sources.process_split(data.train_split, process_index, process_count)
   start = start_step * local_batch
   transform = data.train_transform
-  augment_seed = records.stream_seed(data, process_index, records.AUGMENT_SALT)
+  augment_seed = reading.stream_seed(data, process_index, reading.AUGMENT_SALT)
 
   @tf.autograph.experimental.do_not_convert  # Graph code already: nothing to convert.
   def preprocess(image, label, position):
@@ -377,10 +377,10 @@ def train_iterator(
     return {'image': _train_image(image, seed, transform), 'label': tf.cast(label, tf.int32)}
 
   access = _random_access(
-      data, source, split, encoded=records.decodes_crop_window(transform, data.repeated_aug)
+      data, source, split, encoded=reading.decodes_crop_window(transform, data.repeated_aug)
   )
   if access is not None:
-    batches = records.shuffled_examples(data, access, start, process_index, preprocess)
+    batches = reading.shuffled_examples(data, access, start, process_index, preprocess)
   else:
     logging.warning(
         'Dataset %r is stored as TFRecord only and is too large to hold in memory, so it is '
@@ -394,8 +394,8 @@ def train_iterator(
         source.name,
         f' --data_dir={data.data_dir}' if data.data_dir else '',
     )
-    batches = records.streamed_examples(data, source, split, start, process_index).map(
-        preprocess, num_parallel_calls=records.preprocess_calls()
+    batches = reading.streamed_examples(data, source, split, start, process_index).map(
+        preprocess, num_parallel_calls=reading.preprocess_calls()
     )
   batches = batches.batch(local_batch, drop_remainder=True).prefetch(data.prefetch)
   # Each image's ops run on one thread: images are preprocessed in parallel already, and splitting
@@ -439,7 +439,7 @@ def eval_iterator(
   local_split = sources.process_split(split, process_index, process_count)
   keys = (source.image_key, source.label_key) + (() if label_set_key is None else (label_set_key,))
   if source.random_access:
-    access = records.array_record_lookup(source, local_split)
+    access = reading.array_record_lookup(source, local_split)
     examples = access.lookup(tf.data.Dataset.range(access.num))
   else:
     examples = source.builder.as_dataset(split=local_split, shuffle_files=False).map(
