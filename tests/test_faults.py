@@ -26,6 +26,7 @@ from tests.tiny_runs import CHECKPOINTED_STEPS as STEPS
 from tests.tiny_runs import checkpointed_config
 from tests.tiny_runs import tiny_config
 from vit_jax.data import input_pipeline
+from vit_jax.data import sources
 from vit_jax.training import train
 from vit_jax import workdir as workdir_lib
 from vit_jax.training import run_writer
@@ -396,7 +397,7 @@ def test_a_download_host_that_does_not_answer_is_refused_when_the_probe_times_ou
   _no_network(monkeypatch)
   released = threading.Event()
   monkeypatch.setattr(socket, 'getaddrinfo', lambda *args, **kwargs: released.wait(60))
-  monkeypatch.setattr(input_pipeline, 'DOWNLOAD_PROBE_SECONDS', 0.2)
+  monkeypatch.setattr(sources, 'DOWNLOAD_PROBE_SECONDS', 0.2)
   try:
     with pytest.raises(ValueError, match=r'www.cs.toronto.edu:443 unreachable: no answer within '):
       _cifar10_info(tmp_path)  # The name lookup hangs, as with an unreachable name server.

@@ -17,6 +17,8 @@ import jax.numpy as jnp
 
 from vit_jax.models import Dtype, Initializer, ModuleDef
 from vit_jax.models import attention as attention_lib
+from vit_jax.models import initializers
+from vit_jax.models import numerics
 from vit_jax.models import parts
 
 STEMS = ('patch', 'cnn', 't2t', 'space_to_depth')
@@ -55,10 +57,10 @@ def space_to_depth(images: jax.Array, block: int) -> jax.Array:
 
 def torch_dense(features: int, fan_in: int, **kwargs) -> nn.Dense:
   """A Linear with PyTorch's default init, which SA-conv's official `BertImage` keeps."""
-  return attention_lib.Dense(
+  return numerics.Dense(
       features,
-      kernel_init=attention_lib.torch_default_kernel_init,
-      bias_init=attention_lib.torch_default_bias_init(fan_in),
+      kernel_init=initializers.torch_default_kernel_init,
+      bias_init=initializers.torch_default_bias_init(fan_in),
       **kwargs,
   )
 
@@ -68,8 +70,8 @@ class PatchEmbedding(nn.Module):
 
   patch_size: int
   hidden_size: int
-  kernel_init: Initializer = attention_lib.torch_default_kernel_init
-  bias_init_from_fan_in: Callable[[int], Initializer] = attention_lib.torch_default_bias_init
+  kernel_init: Initializer = initializers.torch_default_kernel_init
+  bias_init_from_fan_in: Callable[[int], Initializer] = initializers.torch_default_bias_init
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -135,7 +137,7 @@ class CnnStem(nn.Module):
     check_images(images, self.patch_size)
     conv = functools.partial(
         nn.Conv,
-        kernel_init=attention_lib.torch_default_kernel_init,
+        kernel_init=initializers.torch_default_kernel_init,
         dtype=self.dtype,
         param_dtype=self.param_dtype,
     )
@@ -159,7 +161,7 @@ class CnnStem(nn.Module):
     x = conv(self.stem_width, (3, 3), padding=((1, 1), (1, 1)), use_bias=False, name='conv2')(x)
     x = nn.relu(batch_norm(name='bn2')(x)).astype(self.dtype)
     p = self.patch_size // 2
-    bias_init = attention_lib.torch_default_bias_init(self.stem_width * p * p)
+    bias_init = initializers.torch_default_bias_init(self.stem_width * p * p)
     return conv(
         self.hidden_size, (p, p), strides=(p, p), padding='VALID', bias_init=bias_init, name='proj'
     )(x)
@@ -232,7 +234,7 @@ class TokenPerformer(nn.Module):
   kernel_ratio: float = 0.5
   dropout_rate: float = 0.1
   layer_norm_eps: float = 1e-5
-  kernel_init: Initializer = attention_lib.DEFAULT_KERNEL_INIT
+  kernel_init: Initializer = initializers.DEFAULT_KERNEL_INIT
   bias_init: Initializer = nn.initializers.zeros
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
@@ -242,9 +244,7 @@ class TokenPerformer(nn.Module):
 
     w x multiplies operands in `dtype`; |x|^2 and the exponential are float32.
     """
-    projected = attention_lib.einsum_float32(
-        'bti,mi->btm', x.astype(self.dtype), w.astype(self.dtype)
-    )
+    projected = numerics.einsum_float32('bti,mi->btm', x.astype(self.dtype), w.astype(self.dtype))
     x = x.astype(jnp.float32)
     half_norm = 0.5 * jnp.sum(x * x, axis=-1, keepdims=True)
     return jnp.exp(projected - half_norm) / math.sqrt(w.shape[0])
@@ -258,7 +258,7 @@ class TokenPerformer(nn.Module):
           f'dim={self.dim}; it must be >= {1 / self.dim}.'
       )
     dense = functools.partial(
-        attention_lib.Dense,
+        numerics.Dense,
         kernel_init=self.kernel_init,
         bias_init=self.bias_init,
         dtype=self.dtype,
@@ -279,7 +279,7 @@ class TokenPerformer(nn.Module):
     k, q, v = jnp.split(dense(3 * self.dim, name='kqv')(norm(name='norm1')(x)), 3, axis=-1)
     kp, qp = self._features(k, w), self._features(q, w)
     # The features' products take operands in `dtype` and accumulate in float32.
-    product = lambda spec, a, b: attention_lib.einsum_float32(
+    product = lambda spec, a, b: numerics.einsum_float32(
         spec, a.astype(self.dtype), b.astype(self.dtype)
     )
     normaliser = product('btm,bm->bt', qp, kp.sum(axis=1))[..., None] + 1e-8
@@ -304,7 +304,7 @@ class TokensToToken(nn.Module):
   hidden_size: int
   token_block: ModuleDef
   settings: parts.T2TSettings = parts.T2TSettings()
-  kernel_init: Initializer = attention_lib.DEFAULT_KERNEL_INIT
+  kernel_init: Initializer = initializers.DEFAULT_KERNEL_INIT
   bias_init: Initializer = nn.initializers.zeros
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
@@ -319,7 +319,7 @@ class TokensToToken(nn.Module):
     for i, split in enumerate(soft_splits[1:], start=1):
       x = self.token_block(name=f'attention{i}')(x, train=train)
       x, grid = soft_split(x.reshape((x.shape[0],) + grid + (x.shape[-1],)), *split)
-    x = attention_lib.Dense(
+    x = numerics.Dense(
         self.hidden_size,
         kernel_init=self.kernel_init,
         bias_init=self.bias_init,

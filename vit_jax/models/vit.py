@@ -30,8 +30,10 @@ import numpy as np
 from vit_jax import models
 from vit_jax.models import Dtype, Initializer, ModuleDef
 from vit_jax.models import attention as attention_lib
+from vit_jax.models import initializers
 from vit_jax.models import layers
 from vit_jax.models import layouts
+from vit_jax.models import numerics
 from vit_jax.models import parts
 from vit_jax.models import stems
 
@@ -55,7 +57,7 @@ class AttentionPool(nn.Module):
   mlp_dim: int
   mlp_activation: str = 'gelu'
   layer_norm_eps: float = 1e-6
-  kernel_init: Initializer = attention_lib.DEFAULT_KERNEL_INIT
+  kernel_init: Initializer = initializers.DEFAULT_KERNEL_INIT
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -64,7 +66,7 @@ class AttentionPool(nn.Module):
     batch, tokens, width = x.shape
     head_dim = attention_lib.check_heads(width, self.num_heads, 'hidden')
     dense = functools.partial(
-        attention_lib.Dense,
+        numerics.Dense,
         kernel_init=self.kernel_init,
         dtype=self.dtype,
         param_dtype=self.param_dtype,
@@ -76,7 +78,7 @@ class AttentionPool(nn.Module):
         2,
         axis=2,
     )
-    scores = attention_lib.einsum_float32(
+    scores = numerics.einsum_float32(
         'bhqd,bkhd->bhqk',
         jnp.broadcast_to(q * jnp.asarray(head_dim**-0.5, q.dtype), (batch,) + q.shape[1:]),
         k,
@@ -106,10 +108,10 @@ class VisionTransformer(nn.Module, parts.Parts):
   paper's tanh pre-logits layer. The position embedding length is set by the input at init.
   attention_implementation='cudnn' runs the fast attention path as cuDNN flash attention (GPU,
   float16/bfloat16) over sequences padded to a whole number of its tiles
-  (`attention.cudnn_attention`), 'xla' as `jax.nn.dot_product_attention`'s XLA implementation;
-  None computes the same as 'xla' (`attention.softmax_attention`, whose backward pass keeps
+  (`numerics.cudnn_attention`), 'xla' as `jax.nn.dot_product_attention`'s XLA implementation;
+  None computes the same as 'xla' (`numerics.softmax_attention`, whose backward pass keeps
   bfloat16 operands in mixed precision), and on CPU takes sequences of 1024+ tokens by query
-  chunks (`attention.chunked_attention`).
+  chunks (`numerics.chunked_attention`).
 
   `global_pool` picks what the head reads, as timm's field of that name: 'token' the class token;
   'avg' the mean of all tokens after the final LayerNorm (no class token; big_vision's 'gap',
