@@ -85,6 +85,8 @@ def main(argv) -> None:
     eval_sets_lib.parse_all(_EVAL_SETS.value)  # The names, before reading any weights.
   except ValueError as e:
     raise ValueError(f'--eval_sets: {e}.') from None
+  if flags.FLAGS.workdir:  # The run's evaluators of your own (its config.json `imports`) first.
+    workdir_lib.import_recorded_modules(flags.FLAGS.workdir)
   names = _EVALUATORS.value or ([] if _EVAL_SETS.value else list(evaluators_lib.EVALUATORS))
   evaluators = {name: evaluators_lib.create(name, settings(name)) for name in names}
   if _OUT_DIR.value:  # Before reading any weights.

@@ -17,6 +17,16 @@ from vit_jax.evaluators import linear_probe
 EVALUATORS = {'fewshot': fewshot.FewShot, 'linear_probe': linear_probe.LinearProbe}
 
 
+def register(name: str, evaluator: type[frozen.Evaluator]) -> None:
+  """Makes `evaluator`, a `frozen.Evaluator` subclass, the evaluator `name`: set under
+  `--config.evaluators.NAME`, run by `python -m vit_jax.evaluate --evaluators=NAME`."""
+  if name in EVALUATORS:
+    raise ValueError(f'Evaluator {name!r} is registered already; registered: {list(EVALUATORS)}.')
+  if not (isinstance(evaluator, type) and issubclass(evaluator, frozen.Evaluator)):
+    raise ValueError(f'Evaluator {name!r}: {evaluator!r} is not a frozen.Evaluator subclass.')
+  EVALUATORS[name] = evaluator
+
+
 def create(name: str, settings: Mapping[str, Any] | None = None) -> frozen.Evaluator:
   """The evaluator `name` with `settings` (its fields; None: the field's default); ValueError for
   unknown names or fields."""
