@@ -31,7 +31,8 @@ flags.adopt_module_key_flags(source_flags)  # Listed by --help with the command'
 _EVALUATORS = flags.DEFINE_list(
     'evaluators',
     None,
-    'Any of fewshot, linear_probe (default: both, ' 'unless --eval_sets is given).',
+    "Any of fewshot, linear_probe, or an evaluator of your own that the run's config.json "
+    'imports (default: all of them, unless --eval_sets is given).',
 )
 _EVAL_SETS = flags.DEFINE_list(
     'eval_sets',

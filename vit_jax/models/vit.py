@@ -207,7 +207,7 @@ class VisionTransformer(nn.Module, parts.Parts):
       kind = getattr(self, settings.part)
       raise ValueError(
           f'{field}={value!r} are not the settings of {settings.part}={kind!r}; give '
-          f'parts.{settings.__name__}(...) or None.'
+          f'{settings.__module__}.{settings.__qualname__}(...) or None.'
       )
     return value
 
