@@ -193,7 +193,9 @@ def test_a_kind_with_settings_a_stem_and_an_evaluator_register_from_one_module(e
 def test_registrations_are_checked(extension):
   with pytest.raises(ValueError, match="Stem 'pool' is registered already"):
     stems.register('pool', lambda model: None)
-  with pytest.raises(ValueError, match="need part = 'attention'; got 'stem'"):
+  with pytest.raises(
+      ValueError, match=r"T2TSettings.part='stem' is not valid; choose from \['attention'\]"
+  ):
     attention.register('other', lambda model, grid: None, settings=parts.T2TSettings)
   clash = dataclasses.make_dataclass(
       'Clash', [('initial_temperature', float, 1.0)], frozen=True, namespace={'part': 'attention'}

@@ -819,12 +819,7 @@ def register(
   if name in _KINDS:
     raise ValueError(f'Attention kind {name!r} is registered already; registered: {kinds()}.')
   if settings is not None:
-    if getattr(settings, 'part', None) != 'attention':
-      raise ValueError(
-          f"The settings of attention kind {name!r}, {settings.__name__}, need part = 'attention'; "
-          f'got {getattr(settings, "part", None)!r}.'
-      )
-    parts.register_settings(settings)
+    parts.register_settings(settings, part='attention')
   _KINDS[name] = Kind(build, patch_tokens_only, settings, extensions.caller_module())
 
 

@@ -13,7 +13,8 @@ hands to the part's module. The config schema (`vit_jax.config`) offers every fi
 from the model, free of JAX, so that reading a config file imports neither.
 
 - `stem`: 'patch' (ViT's patch embedding), 'cnn' (DeepViT's CNN stem), 't2t' (T2T-ViT's
-  tokens-to-token module, `T2TSettings`), or 'space_to_depth' (SA-conv's); `vit_jax.models.stems`.
+  tokens-to-token module, `T2TSettings`), 'space_to_depth' (SA-conv's), or your own
+  (`stems.register`); `vit_jax.models.stems`.
 - `attention`: the attention kind of the main blocks, a name registered in
   `vit_jax.models.attention` ('standard', 'talking_heads', 're_attention' (`ReAttentionSettings`),
   Cordonnier et al.'s 'quadratic', 'gaussian', 'learned', 'learned_content',
@@ -111,21 +112,23 @@ class KindSettings(Protocol):
 _SETTINGS: list[type] = []
 
 
-def register_settings(settings: type) -> type:
+def register_settings(settings: type, *, part: str | None = None) -> type:
   """Makes the fields of `settings`, a kind's frozen dataclass, `--config.model.FIELD=` of every
   config and `models.create(..., FIELD=...)` overrides; ValueError for a dataclass that is not
-  frozen, names no part with settings, or repeats a field of the parts or of other settings.
-  Registering the same dataclass again changes nothing. Returns `settings` (a class decorator)."""
-  if settings in _SETTINGS:
-    return settings
+  frozen, names no part with settings (or not `part`, the part of the kind it comes with), or
+  repeats a field of the parts or of other settings. Registering the same dataclass again changes
+  nothing. Returns `settings` (a class decorator)."""
   params = getattr(settings, '__dataclass_params__', None)
   if params is None or not params.frozen:
     raise ValueError(f'{settings!r} must be a frozen dataclass to be kind settings.')
-  part = getattr(settings, 'part', None)
-  if part not in PARTS_WITH_SETTINGS:
+  valid = PARTS_WITH_SETTINGS if part is None else (part,)
+  if getattr(settings, 'part', None) not in valid:
     raise ValueError(
-        f'{settings.__name__}.part={part!r} is not valid; choose from {list(PARTS_WITH_SETTINGS)}.'
+        f'{settings.__name__}.part={getattr(settings, "part", None)!r} is not valid; choose from '
+        f'{list(valid)}.'
     )
+  if settings in _SETTINGS:
+    return settings
   taken = {field.name: Parts.__name__ for field in dataclasses.fields(Parts)}
   taken.update({name: other.__name__ for name, other in kind_settings_fields().items()})
   clashes = {f.name: taken[f.name] for f in dataclasses.fields(settings) if f.name in taken}

@@ -372,12 +372,7 @@ def register(
   if name in _STEMS:
     raise ValueError(f'Stem {name!r} is registered already; registered: {names()}.')
   if settings is not None:
-    if getattr(settings, 'part', None) != 'stem':
-      raise ValueError(
-          f"The settings of stem {name!r}, {settings.__name__}, need part = 'stem'; got "
-          f'{getattr(settings, "part", None)!r}.'
-      )
-    parts.register_settings(settings)
+    parts.register_settings(settings, part='stem')
   _STEMS[name] = Stem(build, module_name, check, settings, extensions.caller_module())
 
 
