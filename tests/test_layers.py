@@ -11,7 +11,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / 'vit_jax'
 # Bottom to top: a module may import its own layer and those below. A module's layer is that of
 # the longest name here that is it or a package holding it.
 LAYERS = (
-    ('foundations', ('vit_jax.runtime', 'vit_jax.data.dataset_names')),
+    ('foundations', ('vit_jax.runtime', 'vit_jax.extensions', 'vit_jax.data.dataset_names')),
     ('config', ('vit_jax.config',)),
     ('library', ('vit_jax.data', 'vit_jax.models', 'vit_jax.parallel', 'vit_jax.workdir')),
     ('weights', ('vit_jax.weights',)),

@@ -519,7 +519,7 @@ SECTIONS: tuple[Section, ...] = (
         'name: a registry key (vit_jax.models.names()); every other field is passed to '
         "vit_jax.models.create(). The backbone's parts and shared fields "
         '(vit_jax.models.parts.Parts: scan_layers, remat, attention, ...) and the own settings '
-        'of part kinds (parts.KIND_SETTINGS: soft_splits, centre_init_std, ...) are unset (None: '
+        'of part kinds (parts.register_settings: soft_splits, centre_init_std, ...) are unset (None: '
         "the registered model's own value) until set, e.g. "
         '--config.model.attention=talking_heads.',
     ),
@@ -538,15 +538,12 @@ def _part_field_type(annotation: Any) -> type:
 
 def model_part_fields() -> dict[str, type]:
   """The backbone's parts and shared fields (`vit_jax.models.parts.Parts`, which the model
-  declares them in) and the fields of the part kinds' own settings (`parts.KIND_SETTINGS`), with
+  declares them in) and the fields of the part kinds' own settings (`parts.part_fields`), with
   the type a config holds them as. Any config may set them from the command line; unset (None)
   they keep the registered model's value, and the model checks them (`check_fields`)."""
   from vit_jax.models import parts  # pylint: disable=g-import-not-at-top
 
-  declared = dataclasses.fields(parts.Parts) + tuple(
-      field for settings in parts.KIND_SETTINGS for field in dataclasses.fields(settings)
-  )
-  return {field.name: _part_field_type(field.type) for field in declared}
+  return {field.name: _part_field_type(field.type) for field in parts.part_fields()}
 
 
 # Config fields that say a part field's value in an earlier spelling, still accepted: when set,

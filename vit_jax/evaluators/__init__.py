@@ -17,12 +17,24 @@ once on a run's or published weights (`standalone`).
 import dataclasses
 from typing import Any, Mapping, Sequence
 
+from vit_jax import extensions
 from vit_jax.evaluators import evaluator
 from vit_jax.evaluators import fewshot
 from vit_jax.evaluators import frozen
 from vit_jax.evaluators import linear_probe
 
 EVALUATORS = {cls.name: cls for cls in (fewshot.FewShot, linear_probe.LinearProbe)}
+
+
+def register(name: str, evaluator: type[frozen.Evaluator]) -> None:
+  """Makes `evaluator`, a `frozen.Evaluator` subclass, the evaluator `name`: set under
+  `--config.evaluators.NAME`, run by `python -m vit_jax.evaluate --evaluators=NAME`."""
+  if name in EVALUATORS:
+    raise ValueError(f'Evaluator {name!r} is registered already; registered: {list(EVALUATORS)}.')
+  if not (isinstance(evaluator, type) and issubclass(evaluator, frozen.Evaluator)):
+    raise ValueError(f'Evaluator {name!r}: {evaluator!r} is not a frozen.Evaluator subclass.')
+  EVALUATORS[name] = evaluator
+  extensions.note('evaluator', name, evaluator.__module__, f'evaluators.{name}')
 
 
 def create(name: str, settings: Mapping[str, Any] | None = None) -> frozen.Evaluator:

@@ -6,7 +6,7 @@ converters of its PyTorch checkpoint layout. A new model is added in its family'
 new family is a module with a `FAMILY` named here. Importing this package (or `parts`) does not
 import JAX: a config file reads the backbone's part fields from `parts` alone.
 
-`create` also takes the fields of a part kind's own settings (`parts.KIND_SETTINGS`) by name, e.g.
+`create` also takes the fields of a part kind's own settings (`parts.register_settings`) by name, e.g.
 `create('t2t_vit_ti4', soft_splits=...)`: they replace those of the registered model's
 `{part}_settings`.
 """
@@ -120,7 +120,7 @@ def timm_architecture(architecture: str) -> str:
 
 def fields(name: str) -> list[str]:
   """The fields of model `name` that `create` accepts as overrides: its own, then those of the
-  kind settings (`parts.KIND_SETTINGS`) that its `{part}_settings` fields hold."""
+  registered kind settings (`parts.register_settings`) that its `{part}_settings` fields hold."""
   own = [f.name for f in dataclasses.fields(_entry(name)[1].func) if f.name not in _NOT_FIELDS]
   return own + [
       field

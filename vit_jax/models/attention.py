@@ -21,6 +21,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vit_jax import extensions
 from vit_jax.models import Dtype, Initializer
 from vit_jax.models import initializers
 from vit_jax.models import numerics
@@ -594,15 +595,21 @@ class Kind:
 
   build(model, grid): the attention module (a `functools.partial` of a Flax module called with
   `name='attn'`) for `model`, a `VisionTransformer` whose fields it may read (a kind's own
-  settings: `model.kind_settings(ItsSettings)`, a `parts.KIND_SETTINGS`-like frozen dataclass
-  whose `part` is 'attention'), and tokens whose patches lie on `grid` (rows, cols). The module maps (batch, tokens, width) to the same shape,
-  takes `train=` and sows its probabilities as `intermediates/attention_probs` (`attend` does).
+  settings: `model.kind_settings(ItsSettings)`, a frozen dataclass registered with it whose `part`
+  is 'attention'), and tokens whose patches lie on `grid` (rows, cols). The module maps (batch,
+  tokens, width) to the same shape, takes `train=` and sows its probabilities as
+  `intermediates/attention_probs` (`attend` does).
   patch_tokens_only: the kind attends over the patch grid alone (no class or distillation token
   in the main blocks).
+  settings: the kind's own settings dataclass, None if it has none.
+  module: the module that registered the kind, which a run that uses it records
+  (`vit_jax.extensions`).
   """
 
   build: Callable[[Any, tuple[int, int]], Callable[..., nn.Module]]
   patch_tokens_only: bool = False
+  settings: type | None = None
+  module: str = __name__
 
 
 _KINDS: dict[str, Kind] = {}
@@ -613,11 +620,18 @@ def register(
     build: Callable[[Any, tuple[int, int]], Callable[..., nn.Module]],
     *,
     patch_tokens_only: bool = False,
+    settings: type | None = None,
 ) -> None:
-  """Makes `name` an attention kind of every transformer (`--config.model.attention=name`)."""
+  """Makes `name` an attention kind of every transformer (`--config.model.attention=name`); its
+  own `settings` (a frozen dataclass whose `part` is 'attention') become `--config.model.FIELD`
+  of every config (`parts.register_settings`)."""
   if name in _KINDS:
     raise ValueError(f'Attention kind {name!r} is registered already; registered: {kinds()}.')
-  _KINDS[name] = Kind(build, patch_tokens_only)
+  if settings is not None:
+    parts.register_settings(settings, part='attention')
+  module = extensions.caller_module()
+  _KINDS[name] = Kind(build, patch_tokens_only, settings, module)
+  extensions.note('attention', name, module, f'attention={name!r}')
 
 
 def kinds() -> list[str]:
@@ -635,7 +649,7 @@ def _content(
     head_mixing: str, settings: type | None = None
 ) -> Callable[[Any, tuple[int, int]], Callable[..., nn.Module]]:
   """Content attention with `head_mixing`, from the model's shared attention fields and the kind's
-  own `settings` (a `parts.KIND_SETTINGS` dataclass whose fields `SelfAttention` takes), if any."""
+  own `settings` (a kind settings dataclass whose fields `SelfAttention` takes), if any."""
 
   def build(model: Any, grid: tuple[int, int]) -> Callable[..., nn.Module]:
     del grid
@@ -666,6 +680,10 @@ def _positional(name: str) -> Callable[[Any, tuple[int, int]], Callable[..., nn.
 # then Cordonnier et al.'s positional kinds (patch tokens only).
 register('standard', _content('none'))
 register('talking_heads', _content('talking_heads'))
-register('re_attention', _content('re_attention', parts.ReAttentionSettings))
+register(
+    're_attention',
+    _content('re_attention', parts.ReAttentionSettings),
+    settings=parts.ReAttentionSettings,
+)
 for _name in POSITIONAL_KINDS:
-  register(_name, _positional(_name), patch_tokens_only=True)
+  register(_name, _positional(_name), patch_tokens_only=True, settings=parts.PositionalSettings)

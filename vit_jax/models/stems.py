@@ -4,24 +4,26 @@
 T2T-ViT's tokens-to-token module (`TokensToToken`, with Performer or transformer token attention);
 'space_to_depth', SA-conv's 2x2 invertible downsampling followed by a linear map
 (`SpaceToDepthEmbedding`). Every stem returns tokens laid out on a grid, (batch, rows, cols,
-width), so positional attention and the analysis know where each token sits.
+width), so positional attention and the analysis know where each token sits. Each is registered
+(`register`), as a stem of your own is: the model finds it by name (`VisionTransformer.stem`).
 """
 
+import dataclasses
 import functools
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vit_jax import extensions
 from vit_jax.models import Dtype, Initializer, ModuleDef
 from vit_jax.models import attention as attention_lib
 from vit_jax.models import initializers
 from vit_jax.models import numerics
 from vit_jax.models import parts
 
-STEMS = ('patch', 'cnn', 't2t', 'space_to_depth')
 TOKENS_TYPES = ('performer', 'transformer')
 
 
@@ -76,7 +78,8 @@ class PatchEmbedding(nn.Module):
   param_dtype: Dtype = jnp.float32
 
   @nn.compact
-  def __call__(self, images: jax.Array) -> jax.Array:
+  def __call__(self, images: jax.Array, *, train: bool = False) -> jax.Array:
+    del train  # A linear map: the same in training and evaluation.
     check_images(images, self.patch_size)
     fan_in = images.shape[-1] * self.patch_size**2
     p = self.patch_size
@@ -328,3 +331,110 @@ class TokensToToken(nn.Module):
         name='project',
     )(x)
     return x.reshape((x.shape[0],) + grid + (x.shape[-1],))
+
+
+@dataclasses.dataclass(frozen=True)
+class Stem:
+  """A stem of the backbone (`VisionTransformer.stem`).
+
+  build(model): the stem for `model`, a `VisionTransformer` whose fields it may read (a stem's own
+  settings: `model.kind_settings(ItsSettings)`), as a `functools.partial` of a Flax module that the
+  model names `module_name` and calls with (images, train=...); it returns (batch, rows, cols,
+  `model.hidden_size`) tokens on a grid.
+  module_name: the name of the stem's variables; layer-wise lr decay puts them in layer 0.
+  check(model): raises ValueError for fields of `model` the stem cannot work with (None: none).
+  settings: the stem's own settings dataclass, None if it has none.
+  module: the module that registered the stem, which a run that uses it records
+  (`vit_jax.extensions`).
+  """
+
+  build: Callable[[Any], ModuleDef]
+  module_name: str = 'patch_embed'
+  check: Callable[[Any], None] | None = None
+  settings: type | None = None
+  module: str = __name__
+
+
+_STEMS: dict[str, Stem] = {}
+
+
+def register(
+    name: str,
+    build: Callable[[Any], ModuleDef],
+    *,
+    module_name: str = 'patch_embed',
+    check: Callable[[Any], None] | None = None,
+    settings: type | None = None,
+) -> None:
+  """Makes `name` a stem of every transformer (`--config.model.stem=name`); its own `settings` (a
+  frozen dataclass whose `part` is 'stem') become `--config.model.FIELD` of every config
+  (`parts.register_settings`)."""
+  if name in _STEMS:
+    raise ValueError(f'Stem {name!r} is registered already; registered: {names()}.')
+  if settings is not None:
+    parts.register_settings(settings, part='stem')
+  module = extensions.caller_module()
+  _STEMS[name] = Stem(build, module_name, check, settings, module)
+  extensions.note('stem', name, module, f'stem={name!r}')
+
+
+def names() -> list[str]:
+  """Every registered stem, in registration order."""
+  return list(_STEMS)
+
+
+def stem(name: str) -> Stem:
+  """The registered stem `name`; ValueError naming the registered ones."""
+  attention_lib.check_choice(name, _STEMS, 'stem')
+  return _STEMS[name]
+
+
+def _dtypes(model: Any) -> dict[str, Dtype]:
+  return dict(dtype=model.dtype, param_dtype=model.param_dtype)
+
+
+def _check_cnn(model: Any) -> None:
+  if model.patch_size % 2:
+    raise ValueError(
+        f"patch_size={model.patch_size} must be even with stem='cnn' (its first "
+        'conv has stride 2).'
+    )
+
+
+register(
+    'patch',
+    lambda model: functools.partial(
+        PatchEmbedding,
+        model.patch_size,
+        model.hidden_size,
+        kernel_init=model.scheme.patch_kernel,
+        bias_init_from_fan_in=model.scheme.patch_bias_from_fan_in,
+        **_dtypes(model),
+    ),
+)
+register(
+    'cnn',
+    lambda model: functools.partial(CnnStem, model.patch_size, model.hidden_size, **_dtypes(model)),
+    check=_check_cnn,
+)
+register(
+    't2t',
+    lambda model: functools.partial(
+        TokensToToken,
+        model.hidden_size,
+        model.token_block(),
+        model.kind_settings(parts.T2TSettings),
+        kernel_init=model.scheme.dense_kernel,
+        bias_init=model.scheme.dense_bias,
+        **_dtypes(model),
+    ),
+    module_name='tokens_to_token',
+    check=lambda model: check_t2t_settings(model.kind_settings(parts.T2TSettings)),
+    settings=parts.T2TSettings,
+)
+register(
+    'space_to_depth',
+    lambda model: functools.partial(
+        SpaceToDepthEmbedding, model.patch_size, model.hidden_size, **_dtypes(model)
+    ),
+)
