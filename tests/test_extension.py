@@ -12,7 +12,7 @@ from ml_collections import config_flags
 import numpy as np
 import pytest
 
-from vit_jax import config as config_lib
+from vit_jax import models
 from vit_jax.training import train
 from vit_jax.training import workdir as workdir_lib
 from vit_jax.analysis import maps
@@ -88,7 +88,7 @@ def test_a_new_attention_kind_trains_and_is_analysed(cosine_kind, tmp_path):
   result = train.train_and_evaluate(config, workdir)
   assert result.step == 2 and result.metrics['count'] > 0
 
-  model = config_lib.create_model(config, num_classes=10)
+  model = models.create_model(config, num_classes=10)
   variables = workdir_lib.Workdir(workdir).read_variables(use_ema=False).variables
   block = variables['params']['blocks_0']['attn']
   assert set(block) == {'qkv', 'temperature', 'proj'}
@@ -102,7 +102,7 @@ def test_a_new_attention_kind_trains_and_is_analysed(cosine_kind, tmp_path):
   (relevance,) = rollout.token_relevance(layers, (16, 16))
   assert relevance.maps.shape == (3, 4, 4)
   with pytest.raises(ValueError, match="attention='banana' is not valid; choose from .*'cosine'"):
-    config_lib.create_model(
+    models.create_model(
         config_from_command_line(
             f'--config={REPO}/configs/vit.py', '--config.model.attention=banana'
         ),

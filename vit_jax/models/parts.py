@@ -30,7 +30,7 @@ from the model, free of JAX, so that reading a config file imports neither.
 """
 
 import dataclasses
-from typing import ClassVar
+from typing import Any, Callable, ClassVar
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -112,3 +112,18 @@ def kind_settings_fields() -> dict[str, type]:
   return {
       field.name: settings for settings in KIND_SETTINGS for field in dataclasses.fields(settings)
   }
+
+
+def part_fields() -> tuple[dataclasses.Field, ...]:
+  """The fields a config's `model` section offers besides the registered model's own: the
+  backbone's parts and shared fields (`Parts`), then those of the kinds' settings."""
+  return dataclasses.fields(Parts) + tuple(
+      field for settings in KIND_SETTINGS for field in dataclasses.fields(settings)
+  )
+
+
+# Model fields that say a part field's value in an earlier spelling, still accepted: the type a
+# config holds, and the (part field, value) it spells (None: nothing).
+FIELD_SPELLINGS: dict[str, tuple[type, Callable[[Any], tuple[str, Any] | None]]] = {
+    'paper_layer_scale': (bool, lambda paper: ('layer_scale_init', 'paper') if paper else None),
+}
