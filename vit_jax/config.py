@@ -184,7 +184,9 @@ class Field:
   """One config field: `name` as typed after --config., its default, rule and meaning.
 
   `field_type` is needed only where the default is None (ml_collections must know what the field
-  will hold to accept it from the command line).
+  will hold to accept it from the command line). `into` names the settings types that hold it
+  (`settings_type`), each as 'Type' (under the field's last name part) or 'Type.attribute';
+  `convert` turns the config's value into what they hold (and the default into their default).
   """
 
   name: str
