@@ -16,6 +16,7 @@ import tensorflow as tf
 from vit_jax.data import augment
 from vit_jax.data import mixing
 from vit_jax import config as config_lib
+from vit_jax.training import setup
 from vit_jax.data import input_pipeline
 from vit_jax.data import image_ops
 from vit_jax import models
@@ -365,7 +366,7 @@ def test_config_rejects(fields, message):
   config = config_lib.defaults()
   config.update(fields)
   with pytest.raises(config_lib.ConfigError, match=message):
-    config_lib.validate(config, devices=1, processes=1)
+    setup.validate(config, devices=1, processes=1)
 
 
 def test_weights_load_at_a_new_resolution(tmp_path):

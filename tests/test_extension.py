@@ -287,7 +287,7 @@ def test_a_new_attention_kind_trains_and_is_analysed(extension, data_dir, tmp_pa
   result = train.train_and_evaluate(config, workdir)
   assert result.step == 2 and result.metrics['count'] > 0
 
-  model = config_lib.create_model(config, num_classes=10)
+  model = models.create_model(config, num_classes=10)
   variables = workdir_lib.Workdir(workdir).read_variables(use_ema=False).variables
   block = variables['params']['blocks_0']['attn']
   assert set(block) == {'qkv', 'temperature', 'proj'}

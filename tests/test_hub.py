@@ -17,6 +17,7 @@ from vit_jax.data import input_pipeline
 from vit_jax.weights import hub
 from vit_jax.weights import inference
 from vit_jax import config as config_lib
+from vit_jax.training import setup
 from vit_jax import models
 from vit_jax.weights import pretrained
 from vit_jax.training import teacher as teacher_lib
@@ -235,7 +236,7 @@ def test_predict_reads_model_preprocessing_and_labels_from_the_hub(hub_cache, ti
       run.class_names,
   ) == ('deit_ti16', 32, 0.9, 'imagenet', LABELS)
   [prediction] = inference.predict(run, [str(image)], top_k=3)
-  pixels = inference.decode_for_model(str(image), run.config)[None]
+  pixels = inference.decode_for_model(str(image), run.eval_transform)[None]
   expected = _timm_logits(reference, pixels)[0]
   assert [name for _, name, _ in prediction.top_k] == [LABELS[i] for i in np.argsort(-expected)[:3]]
 
@@ -337,10 +338,10 @@ def test_a_normalisation_given_as_numbers_is_accepted_and_applied():
   numbers = '0.25,0.5,0.75/0.5,0.25,0.125'
   config = common.get_config()
   config.normalization = numbers
-  config_lib.validate(config, devices=1, processes=1)
+  setup.validate(config, devices=1, processes=1)
   config.normalization = '0.5,0.5/0.5,0.5'
   with pytest.raises(config_lib.ConfigError, match=r"normalization='0.5,0.5/0.5,0.5': .*'R,G,B/"):
-    config_lib.validate(config, devices=1, processes=1)
+    setup.validate(config, devices=1, processes=1)
   image = np.random.default_rng(0).integers(0, 256, (20, 24, 3), np.uint8)
   seen = {
       normalization: np.asarray(

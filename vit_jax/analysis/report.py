@@ -15,7 +15,6 @@ import jax
 import ml_collections
 import numpy as np
 
-from vit_jax import config as config_lib
 from vit_jax import models
 from vit_jax.analysis import centres
 from vit_jax.analysis import collapse
@@ -340,7 +339,7 @@ def _pruning(
   pruned_config = pruning.pruned_config(
       config, layer_heads, steps=finetune_steps, lr_factor=lr_factor
   )
-  pruned_model = config_lib.create_model(pruned_config, num_classes)
+  pruned_model = models.create_model(pruned_config, num_classes)
   before = pruning.forward_cost(model, params, config.image_size)
   after = pruning.forward_cost(pruned_model, pruned_params, config.image_size)
   report = {

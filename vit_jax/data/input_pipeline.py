@@ -35,61 +35,26 @@ config; evaluation and prediction use `EvalTransform`. Mixup/CutMix run on devic
 
 import dataclasses
 import math
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
 from absl import logging
 import jax
-import ml_collections
 import numpy as np
 import tensorflow as tf
 
+from vit_jax import config as config_lib
 from vit_jax.data import augment
+from vit_jax.data import augment_spec
 from vit_jax.data import image_ops
+from vit_jax.data import normalization
 from vit_jax.data import reading
 from vit_jax.data import sources
 
-# Per-channel (mean, std) of pixel values in [0, 1].
-NORMALIZATIONS = {
-    'imagenet': ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
-    'inception': ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
-    'cifar10': ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
-    # The 1,437 train images of `digits` (8x8, 0..255), tiled to three channels.
-    'digits': ((0.3054, 0.3054, 0.3054), (0.3760, 0.3760, 0.3760)),
-    # OpenAI CLIP's, which timm's CLIP-trained ViTs and their fine-tunings keep.
-    'clip': ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)),
-}
-
-# 'simple_random_crop': DeiT III's (deit `--src`): shorter side to image_size, reflect padding,
-# a random image_size crop.
-AUGMENTS = ('crop_flip', 'inception_crop', 'simple_random_crop', 'none')
+NORMALIZATIONS = normalization.NORMALIZATIONS
+mean_std = normalization.mean_std
+normalization_name = normalization.normalization_name
+AUGMENTS = augment_spec.AUGMENTS
 IN_MEMORY_MAX_BYTES = 1024**3
-
-
-def mean_std(normalization: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
-  """The per-channel (mean, std) of a `NORMALIZATIONS` name or of numbers 'R,G,B/R,G,B' (mean,
-  then std: what published weights give, e.g. '0.5,0.5,0.5/0.25,0.25,0.25')."""
-  if normalization in NORMALIZATIONS:
-    return NORMALIZATIONS[normalization]
-  try:
-    mean, std = (tuple(float(v) for v in part.split(',')) for part in normalization.split('/'))
-  except (AttributeError, ValueError):
-    mean = std = ()
-  if len(mean) != 3 or len(std) != 3 or not all(map(math.isfinite, mean + std)) or min(std) <= 0:
-    raise ValueError(
-        f'Unknown normalization {normalization!r}; valid: one of {list(NORMALIZATIONS)}, or '
-        "three means and three positive stds as 'R,G,B/R,G,B', e.g. "
-        "'0.5,0.5,0.5/0.25,0.25,0.25'."
-    )
-  return mean, std
-
-
-def normalization_name(mean: Sequence[float], std: Sequence[float]) -> str:
-  """The `NORMALIZATIONS` name of per-channel (mean, std) where one matches (to 1e-4), else the
-  numbers as `mean_std` reads them."""
-  for name, (known_mean, known_std) in NORMALIZATIONS.items():
-    if np.allclose(mean, known_mean, atol=1e-4) and np.allclose(std, known_std, atol=1e-4):
-      return name
-  return '/'.join(','.join(repr(float(v)) for v in values) for values in (mean, std))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,92 +124,27 @@ def eval_num_classes(
   return source.builder.info.features[source.label_key].num_classes
 
 
-@dataclasses.dataclass(frozen=True)
+@config_lib.settings_type
 class TrainTransform:
-  """How one training image is cropped, augmented and normalised (`from_config` reads a run's)."""
-
-  image_size: int
-  augment: str  # One of AUGMENTS.
-  crop_padding: int
-  flip: bool
-  normalization: str  # A key of NORMALIZATIONS, or numbers (`mean_std`).
-  randaugment: augment.RandAugmentSpec | None  # None: off.
-  three_augment: bool
-  color_jitter: float  # 0: off.
-  random_erase_prob: float
-
-  @classmethod
-  def from_config(cls, config: ml_collections.ConfigDict) -> 'TrainTransform':
-    return cls(
-        image_size=config.image_size,
-        augment=config.augment,
-        crop_padding=config.crop_padding,
-        flip=config.flip,
-        normalization=config.normalization,
-        randaugment=(augment.parse_randaugment(config.randaugment) if config.randaugment else None),
-        three_augment=config.three_augment,
-        color_jitter=config.color_jitter,
-        random_erase_prob=config.random_erase_prob,
-    )
+  """How one training image is cropped, augmented and normalised: `augment` one of `AUGMENTS`,
+  `normalization` a key of `NORMALIZATIONS` or numbers (`mean_std`), `randaugment` parsed (None:
+  off), `color_jitter` 0 for off (fields: `vit_jax.config.FIELDS`)."""
 
 
-@dataclasses.dataclass(frozen=True)
+@config_lib.settings_type
 class EvalTransform:
-  """How one image is resized, centre-cropped and normalised for evaluation and prediction."""
-
-  image_size: int
-  crop_ratio: float  # In (0, 1]: resize to image_size / crop_ratio, then centre crop.
-  normalization: str  # A key of NORMALIZATIONS, or numbers (`mean_std`).
-
-  @classmethod
-  def from_config(cls, config: ml_collections.ConfigDict) -> 'EvalTransform':
-    return cls(
-        image_size=config.image_size,
-        crop_ratio=config.eval_crop_ratio,
-        normalization=config.normalization,
-    )
+  """How one image is resized (to image_size / crop_ratio), centre-cropped and normalised for
+  evaluation and prediction (fields: `vit_jax.config.FIELDS`)."""
 
 
-@dataclasses.dataclass(frozen=True)
+@config_lib.settings_type
 class DataSettings:
-  """Which dataset a run reads, how it batches, orders and preprocesses it (`from_config` reads a
-  run's)."""
+  """Which dataset a run reads, how it batches (globally: over every process), orders and
+  preprocesses it; `in_memory` None decides by size (`_fits_in_memory`) (fields:
+  `vit_jax.config.FIELDS`)."""
 
-  dataset: str
-  data_dir: str | None
-  train_split: str
-  eval_split: str
-  image_size: int
-  batch_size: int  # Global: over every process.
-  eval_batch_size: int
-  seed: int
-  repeated_aug: int
-  shuffle_buffer: int
-  prefetch: int
-  in_memory: bool | None  # None: decided by size (`_fits_in_memory`).
-  skip_unreadable_images: bool
   train_transform: TrainTransform
   eval_transform: EvalTransform
-
-  @classmethod
-  def from_config(cls, config: ml_collections.ConfigDict) -> 'DataSettings':
-    return cls(
-        dataset=config.dataset,
-        data_dir=config.data_dir,
-        train_split=config.train_split,
-        eval_split=config.eval_split,
-        image_size=config.image_size,
-        batch_size=config.batch_size,
-        eval_batch_size=config.eval_batch_size,
-        seed=config.seed,
-        repeated_aug=config.repeated_aug,
-        shuffle_buffer=config.shuffle_buffer,
-        prefetch=config.prefetch,
-        in_memory=config.in_memory,
-        skip_unreadable_images=config.skip_unreadable_images,
-        train_transform=TrainTransform.from_config(config),
-        eval_transform=EvalTransform.from_config(config),
-    )
 
 
 def _train_image(image: tf.Tensor, seed: tf.Tensor, transform: TrainTransform) -> tf.Tensor:

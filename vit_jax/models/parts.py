@@ -32,7 +32,7 @@ from the model, free of JAX, so that reading a config file imports neither.
 """
 
 import dataclasses
-from typing import ClassVar, Protocol
+from typing import Any, Callable, ClassVar, Protocol
 
 from vit_jax import extensions
 
@@ -170,3 +170,10 @@ def part_fields() -> tuple[dataclasses.Field, ...]:
 
 for _settings in (T2TSettings, PositionalSettings, ReAttentionSettings, ClassAttentionSettings):
   register_settings(_settings)
+
+
+# Model fields that say a part field's value in an earlier spelling, still accepted: the type a
+# config holds, and the (part field, value) it spells (None: nothing).
+FIELD_SPELLINGS: dict[str, tuple[type, Callable[[Any], tuple[str, Any] | None]]] = {
+    'paper_layer_scale': (bool, lambda paper: ('layer_scale_init', 'paper') if paper else None),
+}

@@ -32,7 +32,6 @@ import ml_dtypes  # Names bfloat16 for NumPy: safetensors.numpy (>= 0.8) reads B
 import numpy as np
 from safetensors import numpy as safetensors_numpy
 
-from vit_jax import config as config_lib
 from vit_jax.weights import checkpoint_formats
 from vit_jax.weights import hub
 from vit_jax import models
@@ -254,7 +253,7 @@ def _from_workdir(path: str, model: nn.Module, use_ema: bool) -> tuple[dict, str
       {'/'.join(k): v for k, v in flat.items()}, f'The checkpoint of step {saved.step} in {path!r}'
   )
   name = run.config().model.name
-  fields = config_lib.model_overrides(run.config().model)
+  fields = models.model_overrides(run.config().model)
   source = (
       f'Work directory {path!r} (model {name!r} with fields {fields}, step {saved.step}, '
       f'{"ema" if saved.ema else "raw"} weights)'
