@@ -18,7 +18,7 @@ from vit_jax.data import mixing
 from vit_jax import config as config_lib
 from vit_jax import models
 from vit_jax.training import setup
-from vit_jax.data import input_pipeline
+from vit_jax.data import settings as data_settings
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -379,7 +379,7 @@ def test_typed_settings_read_the_config_once():
       eval_crop_ratio=0.875,
       mixup_alpha=0.8,
   )
-  train = input_pipeline.TrainTransform.from_config(config)
+  train = data_settings.TrainTransform.from_config(config)
   assert train.randaugment == augment.parse_randaugment('rand-m9-mstd0.5-inc1')
   assert (
       train.image_size,
@@ -389,8 +389,8 @@ def test_typed_settings_read_the_config_once():
       train.normalization,
       train.random_erase_prob,
   ) == (16, 'crop_flip', 2, False, 'digits', 0.25)
-  assert input_pipeline.TrainTransform.from_config(_config()).randaugment is None
-  assert input_pipeline.EvalTransform.from_config(config) == input_pipeline.EvalTransform(
+  assert data_settings.TrainTransform.from_config(_config()).randaugment is None
+  assert data_settings.EvalTransform.from_config(config) == data_settings.EvalTransform(
       image_size=16, crop_ratio=0.875, normalization='digits'
   )
   assert mixing.MixSettings.from_config(config) == mixing.MixSettings(

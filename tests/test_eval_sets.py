@@ -21,7 +21,7 @@ from vit_jax import models
 from vit_jax.training import setup
 from vit_jax.evaluators import eval_sets
 from vit_jax.evaluators import passes
-from vit_jax.data import input_pipeline
+from vit_jax.data import settings as data_settings
 from vit_jax.training import train
 from vit_jax import workdir as workdir_lib
 
@@ -164,7 +164,7 @@ def test_real_label_sets_are_read_from_the_mocked_dataset():
   (real,) = eval_sets.parse_all(['imagenet2012_real'])
   with tfds.testing.mock_data(num_examples=12):
     raw = list(tfds.load('imagenet2012_real', split='validation').as_numpy_iterator())
-    batches = list(real.batches(input_pipeline.DataSettings.from_config(config)))
+    batches = list(real.batches(data_settings.DataSettings.from_config(config)))
   assert len(batches) == 2
   label_set = np.concatenate([b['label_set'] for b in batches])
   mask = np.concatenate([b['mask'] for b in batches])
@@ -235,7 +235,7 @@ def test_a_run_on_mocked_imagenet_reports_every_set_by_name(tmp_path):
     }
     images = {
         s.dataset: np.concatenate(
-            [b['image'] for b in s.batches(input_pipeline.DataSettings.from_config(config))]
+            [b['image'] for b in s.batches(data_settings.DataSettings.from_config(config))]
         )[:24]
         for s in scored_sets
     }

@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 
 from vit_jax.data import input_pipeline
+from vit_jax.data import settings as data_settings
 from vit_jax.data import image_ops
 from vit_jax.benchmarks import timm_reference
 
@@ -85,7 +86,7 @@ def test_eval_images_match_timm_on_photographs(photos, size, ratio):
 
   transform = _timm_transform(size, ratio)
   mean, std = (np.asarray(v, np.float32) for v in input_pipeline.NORMALIZATIONS['imagenet'])
-  ours_transform = input_pipeline.EvalTransform(
+  ours_transform = data_settings.EvalTransform(
       image_size=size, crop_ratio=ratio, normalization='imagenet'
   )
   unknown_shape = tf.function(

@@ -26,6 +26,7 @@ from tests.tiny_runs import CHECKPOINTED_STEPS as STEPS
 from tests.tiny_runs import checkpointed_config
 from tests.tiny_runs import tiny_config
 from vit_jax.data import input_pipeline
+from vit_jax.data import settings as data_settings
 from vit_jax.data import sources
 from vit_jax.training import train
 from vit_jax import workdir as workdir_lib
@@ -323,7 +324,7 @@ def test_nan_without_any_checkpoint_says_so(data_dir, tmp_path):
 def test_unprepared_manual_dataset_says_where_the_archives_go(tmp_path):
   config = tiny_config(str(tmp_path), dataset='imagenet2012')
   with pytest.raises(ValueError) as raised:
-    input_pipeline.get_dataset_info(input_pipeline.DataSettings.from_config(config))
+    input_pipeline.get_dataset_info(data_settings.DataSettings.from_config(config))
   message = str(raised.value)
   assert message.startswith(
       f"Dataset 'imagenet2012' is not prepared in data_dir={tmp_path}, "
@@ -342,7 +343,7 @@ def test_unprepared_dataset_without_network_names_the_command(tmp_path, monkeypa
   monkeypatch.setattr(tfds.core.DatasetBuilder, 'download_and_prepare', offline)
   with pytest.raises(ValueError) as raised:
     input_pipeline.get_dataset_info(
-        input_pipeline.DataSettings.from_config(tiny_config(str(tmp_path), dataset='cifar10'))
+        data_settings.DataSettings.from_config(tiny_config(str(tmp_path), dataset='cifar10'))
     )
   assert str(raised.value) == (
       f"Dataset 'cifar10' is not prepared in data_dir={tmp_path}, and preparing it failed "
@@ -355,7 +356,7 @@ def test_unprepared_dataset_without_network_names_the_command(tmp_path, monkeypa
 
 def _cifar10_info(data_dir):
   return input_pipeline.get_dataset_info(
-      input_pipeline.DataSettings.from_config(tiny_config(str(data_dir), dataset='cifar10'))
+      data_settings.DataSettings.from_config(tiny_config(str(data_dir), dataset='cifar10'))
   )
 
 

@@ -10,6 +10,7 @@ import tensorflow_datasets as tfds
 
 from vit_jax.configs import common
 from vit_jax.data import input_pipeline
+from vit_jax.data import settings as data_settings
 from vit_jax.data import image_ops
 from vit_jax.data import reading
 from vit_jax.data import sources
@@ -45,7 +46,7 @@ def _multiset(images, labels):
 
 def test_dataset_info(data_dir):
   info = input_pipeline.get_dataset_info(
-      input_pipeline.DataSettings.from_config(_config(data_dir, image_size=16))
+      data_settings.DataSettings.from_config(_config(data_dir, image_size=16))
   )
   assert info == input_pipeline.DatasetInfo(
       name='digits',
@@ -70,7 +71,7 @@ def test_one_digits_epoch_is_standardised(data_dir):
   config = _config(data_dir, batch_size=1437, image_size=8, augment='none')
   batch = next(
       input_pipeline.train_iterator(
-          input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1
+          data_settings.DataSettings.from_config(config), process_index=0, process_count=1
       )
   )
   assert batch['image'].shape == (1437, 8, 8, 3) and batch['image'].dtype == np.float32
@@ -146,7 +147,7 @@ def test_mock_cifar10_train_batches(augment):
     batches = list(
         itertools.islice(
             input_pipeline.train_iterator(
-                input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1
+                data_settings.DataSettings.from_config(config), process_index=0, process_count=1
             ),
             4,
         )
@@ -173,12 +174,12 @@ def test_mock_cifar10_unaugmented_batches_are_normalised_dataset_images():
     batches = list(
         itertools.islice(
             input_pipeline.train_iterator(
-                input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1
+                data_settings.DataSettings.from_config(config), process_index=0, process_count=1
             ),
             2,
         )
     )
-    info = input_pipeline.get_dataset_info(input_pipeline.DataSettings.from_config(config))
+    info = input_pipeline.get_dataset_info(data_settings.DataSettings.from_config(config))
   assert (info.num_classes, info.num_train_examples, info.num_eval_examples) == (10, 20, 20)
   pixels = _unnormalize(np.concatenate([b['image'] for b in batches]), 'cifar10')
   labels = np.concatenate([b['label'] for b in batches])
@@ -197,7 +198,7 @@ def test_mock_cifar10_eval_batches():
   with tfds.testing.mock_data(num_examples=20):
     batches = list(
         input_pipeline.eval_iterator(
-            input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1
+            data_settings.DataSettings.from_config(config), process_index=0, process_count=1
         )
     )
   assert len(batches) == 2
@@ -224,7 +225,7 @@ def test_train_epoch_of_each_process_is_its_own_split(data_dir):
   for process in range(3):
     batch = next(
         input_pipeline.train_iterator(
-            input_pipeline.DataSettings.from_config(config), process_index=process, process_count=3
+            data_settings.DataSettings.from_config(config), process_index=process, process_count=3
         )
     )
     assert batch['image'].shape == (479, 8, 8, 3)
@@ -243,7 +244,7 @@ def test_eval_counts_every_example_once(data_dir, process_count, local_batch):
   per_process = [
       list(
           input_pipeline.eval_iterator(
-              input_pipeline.DataSettings.from_config(config),
+              data_settings.DataSettings.from_config(config),
               process_index=p,
               process_count=process_count,
           )
@@ -269,7 +270,7 @@ def test_eval_counts_every_example_once(data_dir, process_count, local_batch):
 
 def _batches(config, start_step, count):
   iterator = input_pipeline.train_iterator(
-      input_pipeline.DataSettings.from_config(config),
+      data_settings.DataSettings.from_config(config),
       start_step=start_step,
       process_index=1,
       process_count=2,
@@ -362,7 +363,7 @@ def test_train_image_from_encoded_bytes_is_the_decoded_images(augment):
   config = _config(
       None, image_size=24, augment=augment, normalization='imagenet', random_erase_prob=0.5
   )
-  transform = input_pipeline.TrainTransform.from_config(config)
+  transform = data_settings.TrainTransform.from_config(config)
   train = tf.function(lambda image, seed: input_pipeline._train_image(image, seed, transform))
   png, jpeg = tf.io.encode_png(pixels), tf.io.encode_jpeg(pixels, quality=95)
   decoded_jpeg = tf.io.decode_jpeg(jpeg)
@@ -390,19 +391,19 @@ def test_inception_crop_of_a_jpeg_decodes_the_same_window():
 def test_bad_dataset_name_raises():
   with pytest.raises(ValueError, match=r"'no_such_dataset'.*'digits'.*'cifar10'"):
     input_pipeline.get_dataset_info(
-        input_pipeline.DataSettings.from_config(_config(None, dataset='no_such_dataset'))
+        data_settings.DataSettings.from_config(_config(None, dataset='no_such_dataset'))
     )
 
 
 def test_bad_split_raises(data_dir):
   with pytest.raises(ValueError, match=r"no split 'validation'.*'train', 'test'"):
     input_pipeline.get_dataset_info(
-        input_pipeline.DataSettings.from_config(_config(data_dir, eval_split='validation'))
+        data_settings.DataSettings.from_config(_config(data_dir, eval_split='validation'))
     )
   with pytest.raises(ValueError, match="no split 'tset'"):
     next(
         input_pipeline.eval_iterator(
-            input_pipeline.DataSettings.from_config(_config(data_dir)), split='train[:10]+tset'
+            data_settings.DataSettings.from_config(_config(data_dir)), split='train[:10]+tset'
         )
     )
 
@@ -411,11 +412,11 @@ def test_indivisible_batch_raises_before_touching_the_dataset():
   config = _config('/nonexistent', dataset='no_such_dataset', batch_size=128)
   with pytest.raises(ValueError, match='batch_size=128.*process count 3'):
     input_pipeline.train_iterator(
-        input_pipeline.DataSettings.from_config(config), process_index=0, process_count=3
+        data_settings.DataSettings.from_config(config), process_index=0, process_count=3
     )
   with pytest.raises(ValueError, match='eval_batch_size=64.*process count 3'):
     input_pipeline.eval_iterator(
-        input_pipeline.DataSettings.from_config(config), process_index=0, process_count=3
+        data_settings.DataSettings.from_config(config), process_index=0, process_count=3
     )
 
 
@@ -442,7 +443,7 @@ def _deit_recipe(jpeg_folder, **overrides):
 
 def _islice(config, start_step, count, process_index=0, process_count=1):
   iterator = input_pipeline.train_iterator(
-      input_pipeline.DataSettings.from_config(config),
+      data_settings.DataSettings.from_config(config),
       start_step=start_step,
       process_index=process_index,
       process_count=process_count,
@@ -456,7 +457,7 @@ def test_folder_is_read_by_index(jpeg_folder):
   assert source.image_feature().shape == (None, None, 3)
   with pytest.raises(ValueError, match='in_memory=False.*ArrayRecord only.*unset'):
     input_pipeline.train_iterator(
-        input_pipeline.DataSettings.from_config(_folder_config(jpeg_folder, in_memory=False))
+        data_settings.DataSettings.from_config(_folder_config(jpeg_folder, in_memory=False))
     )
 
 
@@ -482,7 +483,7 @@ def test_two_processes_read_every_example_once_per_epoch(jpeg_folder):
   config = _folder_config(jpeg_folder, augment='none', batch_size=30, eval_batch_size=30)
   everything = next(
       input_pipeline.eval_iterator(
-          input_pipeline.DataSettings.from_config(config),
+          data_settings.DataSettings.from_config(config),
           split='train',
           process_index=0,
           process_count=1,
@@ -519,7 +520,7 @@ def test_records_read_for_the_first_batch_do_not_depend_on_the_step(jpeg_folder,
     reads.clear()
     batch = next(
         input_pipeline.train_iterator(
-            input_pipeline.DataSettings.from_config(config),
+            data_settings.DataSettings.from_config(config),
             start_step=start_step,
             process_index=0,
             process_count=1,
@@ -567,7 +568,7 @@ def test_train_iterator_decodes_what_the_recipe_needs(tmp_path, image_format, re
       repeated_aug=repeated_aug,
       batch_size=6,
   )
-  data = input_pipeline.DataSettings.from_config(config)
+  data = data_settings.DataSettings.from_config(config)
   assert reading.decodes_crop_window(data.train_transform, repeated_aug) == (repeated_aug == 1)
   batches = list(
       itertools.islice(input_pipeline.train_iterator(data, process_index=0, process_count=1), 2)

@@ -12,7 +12,7 @@ digits model on another dataset); `validate_fields(config)` raises them as one `
 that a command answers a mistyped field at once. `vit_jax.training.setup.validate` adds what the
 owners above this module check (the mesh, the model's fields, the evaluators' settings).
 
-The settings types of the modules that read a config (`input_pipeline.DataSettings`,
+The settings types of the modules that read a config (`data_settings.DataSettings`,
 `optim.OptimizerSettings`, ..., `training.train.Settings`) are derived from `FIELDS` by
 `settings_type`, and built by one function, `from_config`: the training loop's set-up resolves a
 validated config once into them; no field or default is restated anywhere else. Print every field

@@ -11,7 +11,6 @@ evaluation, prediction and export need nothing else. Free of JAX, and of the reg
 note each registration here.
 """
 
-import dataclasses
 import importlib
 import importlib.util
 import os

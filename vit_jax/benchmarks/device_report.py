@@ -308,6 +308,7 @@ def input_pipeline_row(*, reduced: bool, needed_images_per_s: float, num_batches
         'input pipeline', 'not measured: TensorFlow is not installed (pip install -e .)', None
     )
   from vit_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import settings as data_settings
 
   if reduced:
     config = family_config('vit')
@@ -317,7 +318,7 @@ def input_pipeline_row(*, reduced: bool, needed_images_per_s: float, num_batches
     config.dataset = 'digits'
     config.batch_size = 128 * jax.local_device_count()
   batches = input_pipeline.train_iterator(
-      input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1
+      data_settings.DataSettings.from_config(config), process_index=0, process_count=1
   )
   next(batches)
   for _ in range(2):  # What the prefetch buffer held.

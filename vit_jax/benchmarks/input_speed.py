@@ -4,7 +4,7 @@ r"""Images/s of the training input pipeline alone, and its time to a first batch
   python -m vit_jax.benchmark --mode=input_pipeline --batch=96 --vs_timm \
       --config=configs/deit.py:variant=S,dataset=folder:/path/to/images
 
-Ours is `input_pipeline.train_iterator(input_pipeline.DataSettings.from_config(config))`, which parallelises over as many threads as this
+Ours is `input_pipeline.train_iterator(data_settings.DataSettings.from_config(config))`, which parallelises over as many threads as this
 process may use CPUs. timm's is `timm.data.create_transform(image_size, is_training=True, ...)`
 with the config's recipe (inception crop with our scale and ratio ranges, flip, the RandAugment
 string, pixel-mode random erasing, bicubic resizing, the config's normalisation, no colour jitter)
@@ -46,6 +46,7 @@ from typing import Any, Callable, Iterable, Sequence
 import ml_collections
 
 from vit_jax.data import input_pipeline
+from vit_jax.data import settings as data_settings
 from vit_jax.data import image_ops
 from vit_jax.data import reading
 from vit_jax.benchmarks import stopwatch
@@ -170,7 +171,7 @@ def _ours(config: ml_collections.ConfigDict) -> tuple[Pipeline, float]:
   """`train_iterator` from step 0, and the seconds to its first batch (compiling included)."""
   start = time.perf_counter()
   batches = input_pipeline.train_iterator(
-      input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1
+      data_settings.DataSettings.from_config(config), process_index=0, process_count=1
   )
   next(batches)
   first_batch_s = time.perf_counter() - start
@@ -311,7 +312,7 @@ def time_to_first_batch(config: ml_collections.ConfigDict, start_step: int) -> f
   start = time.perf_counter()
   next(
       input_pipeline.train_iterator(
-          input_pipeline.DataSettings.from_config(config),
+          data_settings.DataSettings.from_config(config),
           start_step=start_step,
           process_index=0,
           process_count=1,
@@ -334,7 +335,7 @@ def _recipe(config: ml_collections.ConfigDict) -> str:
 def _decodes_per_image(config: ml_collections.ConfigDict) -> str:
   """How many JPEG decodes each training image costs ours (`reading.decodes_crop_window`)."""
   repeats = config.repeated_aug
-  if reading.decodes_crop_window(input_pipeline.TrainTransform.from_config(config), repeats):
+  if reading.decodes_crop_window(data_settings.TrainTransform.from_config(config), repeats):
     return '1 of the crop window'
   if repeats > 1:
     return f'1/{repeats} of the whole image (decoded once for its {repeats} copies)'

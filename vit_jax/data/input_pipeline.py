@@ -28,8 +28,8 @@ log line says so and how to convert it.
 A training image is resized to image_size (or inception-cropped to it), cropped and flipped per
 `augment`, RandAugmented (`randaugment`, e.g. 'rand-m9-mstd0.5-inc1') and/or given DeiT III's
 3-Augment (`three_augment`) and colour jitter (`color_jitter`), normalised, then randomly erased
-(`random_erase_prob`), as timm and deit order them: `TrainTransform`, built once from the run
-config; evaluation and prediction use `EvalTransform`. Mixup/CutMix run on device
+(`random_erase_prob`), as timm and deit order them: `data_settings.TrainTransform`, built once from the run
+config; evaluation and prediction use `data_settings.EvalTransform`. Mixup/CutMix run on device
 (`mixing.mix_batch`). The config fields and their defaults are declared in `vit_jax.config`.
 """
 
@@ -42,12 +42,12 @@ import jax
 import numpy as np
 import tensorflow as tf
 
-from vit_jax import config as config_lib
 from vit_jax.data import augment
 from vit_jax.data import augment_spec
 from vit_jax.data import image_ops
 from vit_jax.data import normalization
 from vit_jax.data import reading
+from vit_jax.data import settings as data_settings
 from vit_jax.data import sources
 
 NORMALIZATIONS = normalization.NORMALIZATIONS
@@ -86,7 +86,7 @@ def _process(process_index: int | None, process_count: int | None) -> tuple[int,
   return process_index, process_count
 
 
-def get_dataset_info(data: 'DataSettings') -> DatasetInfo:
+def get_dataset_info(data: data_settings.DataSettings) -> DatasetInfo:
   """Sizes and class count of `data.dataset`; prepares digits on first use."""
   source = sources.resolve(data)
   sources.check_split(source, data.train_split)
@@ -103,7 +103,7 @@ def get_dataset_info(data: 'DataSettings') -> DatasetInfo:
 
 
 def eval_num_classes(
-    data: 'DataSettings',
+    data: data_settings.DataSettings,
     *,
     dataset: str,
     split: str,
@@ -124,30 +124,9 @@ def eval_num_classes(
   return source.builder.info.features[source.label_key].num_classes
 
 
-@config_lib.settings_type
-class TrainTransform:
-  """How one training image is cropped, augmented and normalised: `augment` one of `AUGMENTS`,
-  `normalization` a key of `NORMALIZATIONS` or numbers (`mean_std`), `randaugment` parsed (None:
-  off), `color_jitter` 0 for off (fields: `vit_jax.config.FIELDS`)."""
-
-
-@config_lib.settings_type
-class EvalTransform:
-  """How one image is resized (to image_size / crop_ratio), centre-cropped and normalised for
-  evaluation and prediction (fields: `vit_jax.config.FIELDS`)."""
-
-
-@config_lib.settings_type
-class DataSettings:
-  """Which dataset a run reads, how it batches (globally: over every process), orders and
-  preprocesses it; `in_memory` None decides by size (`_fits_in_memory`) (fields:
-  `vit_jax.config.FIELDS`)."""
-
-  train_transform: TrainTransform
-  eval_transform: EvalTransform
-
-
-def _train_image(image: tf.Tensor, seed: tf.Tensor, transform: TrainTransform) -> tf.Tensor:
+def _train_image(
+    image: tf.Tensor, seed: tf.Tensor, transform: data_settings.TrainTransform
+) -> tf.Tensor:
   """Crop, resize, augment (stateless, keyed by `seed`) and normalise one training image.
 
   `image` is uint8 (H, W, C) or its encoded bytes (a scalar string: JPEG, PNG, ...); an
@@ -199,7 +178,7 @@ def _train_image(image: tf.Tensor, seed: tf.Tensor, transform: TrainTransform) -
   return image
 
 
-def eval_image(image: tf.Tensor, transform: EvalTransform) -> tf.Tensor:
+def eval_image(image: tf.Tensor, transform: data_settings.EvalTransform) -> tf.Tensor:
   """One decoded uint8 (H, W, C) image as the model sees it in evaluation and prediction: timm's
   eval transform, pixels rounded to whole values as PIL's 8-bit resize output is."""
   image = image_ops.resize_centre_crop(
@@ -211,7 +190,7 @@ def eval_image(image: tf.Tensor, transform: EvalTransform) -> tf.Tensor:
 # How a split is read: by index (in memory or from ArrayRecord), or streamed.
 
 
-def _fits_in_memory(data: 'DataSettings', source: sources.Source, split: Any) -> bool:
+def _fits_in_memory(data: data_settings.DataSettings, source: sources.Source, split: Any) -> bool:
   """True if a TFRecord-only split is held in memory (exact resume), False if it is streamed."""
   if data.in_memory is not None:
     return data.in_memory
@@ -222,7 +201,7 @@ def _fits_in_memory(data: 'DataSettings', source: sources.Source, split: Any) ->
 
 
 def _random_access(
-    data: 'DataSettings', source: sources.Source, split: Any, encoded: bool = False
+    data: data_settings.DataSettings, source: sources.Source, split: Any, encoded: bool = False
 ) -> reading.Access | None:
   """`split` read by example index, or None where it can only be streamed (module docstring);
   `encoded`: ArrayRecord images stay encoded (`reading.array_record_lookup`)."""
@@ -246,7 +225,7 @@ def _random_access(
 
 
 def train_iterator(
-    data: 'DataSettings',
+    data: data_settings.DataSettings,
     *,
     start_step: int = 0,
     process_index: int | None = None,
@@ -309,7 +288,7 @@ def train_iterator(
 
 
 def eval_iterator(
-    data: 'DataSettings',
+    data: data_settings.DataSettings,
     *,
     split: str | None = None,
     dataset: str | None = None,

@@ -4,7 +4,7 @@ order: shuffled per epoch by index, or streamed from TFRecord files (`input_pipe
 
 import dataclasses
 import os
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import numpy as np
 import tensorflow as tf
@@ -12,9 +12,8 @@ import tensorflow_datasets as tfds
 
 from vit_jax.data import convert
 from vit_jax.data import sources
+from vit_jax.data import settings as data_settings
 
-if TYPE_CHECKING:
-  from vit_jax.data.input_pipeline import DataSettings, TrainTransform
 
 # Records per `tf.numpy_function` read of an ArrayRecord source: enough that the Python call costs
 # little per record, few enough that the first batch waits for little beyond its own records.
@@ -37,7 +36,7 @@ class Access:
   gather: Callable[[tf.Tensor], tuple[tf.Tensor, tf.Tensor]] | None = None
 
 
-def decodes_crop_window(transform: 'TrainTransform', repeated_aug: int) -> bool:
+def decodes_crop_window(transform: data_settings.TrainTransform, repeated_aug: int) -> bool:
   """True where training decodes only each JPEG's inception-crop window, once per copy; False
   where it decodes each drawn image whole, once, and crops its `repeated_aug` copies from that.
 
@@ -114,7 +113,7 @@ _SHUFFLE_SALT, AUGMENT_SALT = 0, 1
 _PREPROCESS_CALLS_PER_CPU = 4
 
 
-def stream_seed(data: 'DataSettings', process_index: int, salt: int) -> tf.Tensor:
+def stream_seed(data: data_settings.DataSettings, process_index: int, salt: int) -> tf.Tensor:
   """The seed of random stream `salt` (shuffle or augmentation) of process `process_index`."""
   base = tf.constant([data.seed, process_index], tf.int64)
   return tf.random.experimental.stateless_fold_in(base, salt)
@@ -126,7 +125,11 @@ def preprocess_calls() -> int:
 
 
 def shuffled_examples(
-    data: 'DataSettings', access: Access, start: int, process_index: int, preprocess: Callable
+    data: data_settings.DataSettings,
+    access: Access,
+    start: int,
+    process_index: int,
+    preprocess: Callable,
 ) -> tf.data.Dataset:
   """Stream positions start, start+1, ... → preprocess(image, label, position), shuffled per
   epoch."""
@@ -164,7 +167,11 @@ def shuffled_examples(
 
 
 def streamed_examples(
-    data: 'DataSettings', source: sources.Source, split: Any, start: int, process_index: int
+    data: data_settings.DataSettings,
+    source: sources.Source,
+    split: Any,
+    start: int,
+    process_index: int,
 ) -> tf.data.Dataset:
   """As `shuffled_examples`, from a seeded file order and shuffle buffer (TFRecord only)."""
   records = source.builder.as_dataset(

@@ -5,7 +5,7 @@ import dataclasses
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 import urllib.parse
 import urllib.request
 
@@ -15,9 +15,8 @@ from vit_jax import runtime
 from vit_jax.data import convert
 from vit_jax.data import digits
 from vit_jax.data import folder
+from vit_jax.data import settings as data_settings
 
-if TYPE_CHECKING:
-  from vit_jax.data.input_pipeline import DataSettings
 
 # How long a dataset's download host may take to accept a connection before the download is
 # deemed unable to start (TFDS's own retries take minutes to give up).
@@ -52,7 +51,7 @@ class Source:
 
 
 def resolve(
-    data: 'DataSettings',
+    data: data_settings.DataSettings,
     dataset: str | None = None,
     label_key: str | None = None,
     label_set_key: str | None = None,
@@ -95,7 +94,7 @@ def resolve(
   return Source(builder, image_key, label_key, label_set_key)
 
 
-def _prepared_builder(data: 'DataSettings', name: str) -> tfds.core.DatasetBuilder:
+def _prepared_builder(data: data_settings.DataSettings, name: str) -> tfds.core.DatasetBuilder:
   """The builder of dataset `name`, prepared on first use."""
   if name == digits.NAME:
     return digits.prepare(data.data_dir)

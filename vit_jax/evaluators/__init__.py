@@ -2,7 +2,7 @@
 
 An evaluator (`evaluator.Evaluator`) has `every` (training steps between its runs; 0: none) and
 `run(subject) -> {metric: value}`, where the `evaluator.Subject` is a model with its state on the
-mesh or its variables as host arrays, and `data` (`input_pipeline.DataSettings`) giving the
+mesh or its variables as host arrays, and `data` (`data_settings.DataSettings`) giving the
 evaluation preprocessing of its images; it also names its log lines and its metrics' TensorBoard
 and results.json names. Two kinds:
 * `eval_sets.TestSets`: the model's own predictions, top-1 and loss on the run's eval split (and

@@ -30,6 +30,7 @@ import optax
 from vit_jax.data import eval_set_names
 from vit_jax.data import imagenet
 from vit_jax.data import input_pipeline
+from vit_jax.data import settings as data_settings
 from vit_jax.evaluators import evaluator
 from vit_jax.evaluators import passes
 from vit_jax.parallel import sharding
@@ -139,7 +140,7 @@ def subset_sums(
 class EvalSet(eval_set_names.EvalSetName):
   """One test set (`eval_set_names.EvalSetName`) and the batches it reads."""
 
-  def batches(self, data: input_pipeline.DataSettings) -> Iterator[dict[str, np.ndarray]]:
+  def batches(self, data: data_settings.DataSettings) -> Iterator[dict[str, np.ndarray]]:
     """One padded pass over the set, preprocessed as the run `data` evaluates."""
     return input_pipeline.eval_iterator(
         data,
@@ -174,7 +175,7 @@ def parse_all(
 
 
 def checked(
-    specs: Sequence[str], data: input_pipeline.DataSettings, *, num_classes: int
+    specs: Sequence[str], data: data_settings.DataSettings, *, num_classes: int
 ) -> tuple[EvalSet, ...]:
   """The sets of `specs` (a run's `eval_sets`) beside the run reading `data`, each checked
   against its data before anything compiles: the dataset and split exist and its labels are
@@ -222,7 +223,7 @@ def evaluate(
     eval_sets: Sequence[EvalSet],
     eval_steps: dict[str, Callable],
     state: steps.TrainState,
-    data: input_pipeline.DataSettings,
+    data: data_settings.DataSettings,
     data_sharding: jax.sharding.NamedSharding,
     known: dict[tuple[Any, ...], dict[str, float]] | None = None,
 ) -> dict[str, float]:
@@ -245,7 +246,7 @@ class TestSets:
   eval split where `own_split` ('accuracy', 'loss', 'count'; 'ema_accuracy', 'ema_loss' with an
   EMA) and on each of `sets` ('NAME/…'), each scoring's step compiled once for the mesh."""
 
-  data: input_pipeline.DataSettings
+  data: data_settings.DataSettings
   sets: tuple[EvalSet, ...]
   own_split: bool
   eval_steps: dict[str, Callable[..., dict[str, jax.Array]]]  # By scoring.
@@ -258,7 +259,7 @@ class TestSets:
       model: nn.Module,
       num_classes: int,
       mesh: jax.sharding.Mesh,
-      data: input_pipeline.DataSettings,
+      data: data_settings.DataSettings,
       sets: Sequence[EvalSet],
       *,
       own_split: bool = True,

@@ -10,14 +10,13 @@ and layouts, so the run's first call reuses this compilation.
 """
 
 import os
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
-if TYPE_CHECKING:
-  from vit_jax.data import input_pipeline
+from vit_jax.data import settings as data_settings
 
 
 def compiled_bytes(compiled: Any) -> dict[str, int]:
@@ -88,7 +87,7 @@ def _size(count: int) -> str:
 
 
 def train_batch(
-    data: 'input_pipeline.DataSettings', data_sharding: NamedSharding
+    data: 'data_settings.DataSettings', data_sharding: NamedSharding
 ) -> dict[str, jax.ShapeDtypeStruct]:
   """The global training batch's shapes, dtypes and layout, as `steps.global_batch` makes it."""
   size, batch = data.image_size, data.batch_size

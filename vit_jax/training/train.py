@@ -32,6 +32,7 @@ from vit_jax import config as config_lib
 from vit_jax import evaluators as evaluators_lib
 from vit_jax import workdir as workdir_lib
 from vit_jax.data import input_pipeline
+from vit_jax.data import settings as data_settings
 from vit_jax.evaluators import eval_sets as eval_sets_lib
 from vit_jax.evaluators import evaluator
 from vit_jax.evaluators import standalone
@@ -57,7 +58,7 @@ class Settings:
 
   model: Mapping[str, Any] = config_lib.section(dict)
   evaluators: Mapping[str, Any] = config_lib.section(evaluators_lib.periodic)
-  data: input_pipeline.DataSettings
+  data: data_settings.DataSettings
   schedule: optim.ScheduleSettings
   optimizer: optim.OptimizerSettings
   step: steps.StepSettings
@@ -379,7 +380,7 @@ class PreemptionWatcher:
 
 
 def _subject(
-    model: nn.Module, state: steps.TrainState, data: input_pipeline.DataSettings
+    model: nn.Module, state: steps.TrainState, data: data_settings.DataSettings
 ) -> evaluator.Subject:
   """The model and its training state as the evaluators score them."""
   return evaluator.Subject(model, data, state=state)

@@ -26,6 +26,7 @@ from vit_jax.weights import hub
 from vit_jax.data import folder
 from vit_jax.data import imagenet
 from vit_jax.data import input_pipeline
+from vit_jax.data import settings as data_settings
 from vit_jax import models
 from vit_jax.weights import pretrained
 from vit_jax import workdir as workdir_lib
@@ -37,7 +38,7 @@ class Run:
   name of each class it predicts."""
 
   config: ml_collections.ConfigDict
-  eval_transform: input_pipeline.EvalTransform
+  eval_transform: data_settings.EvalTransform
   model: nn.Module
   variables: dict[str, Any]
   class_names: tuple[str, ...]
@@ -61,7 +62,7 @@ def load_run(
     for field in ('scan_layers', 'remat'):
       if field in config.model:
         del config.model[field]  # Off by default.
-  data = input_pipeline.DataSettings.from_config(config)
+  data = data_settings.DataSettings.from_config(config)
   info = input_pipeline.get_dataset_info(data)
   model = models.create_model(config, info.num_classes)
   saved = run.read_variables(step, use_ema=use_ema, unrolled=unroll)
@@ -148,7 +149,7 @@ def load_weights(
       if num_classes == imagenet.NUM_CLASSES
       else tuple(str(i) for i in range(num_classes))
   )
-  transform = input_pipeline.EvalTransform.from_config(config)
+  transform = data_settings.EvalTransform.from_config(config)
   return Run(config, transform, model, variables, names, None, path)
 
 
@@ -219,7 +220,7 @@ def image_paths(arguments: Sequence[str]) -> tuple[list[str], list[tuple[str, st
   return paths, missing
 
 
-def decode_for_model(path: str, transform: input_pipeline.EvalTransform) -> np.ndarray:
+def decode_for_model(path: str, transform: data_settings.EvalTransform) -> np.ndarray:
   """The image file at `path` as the model sees it: (S, S, 3) float32, preprocessed by the
   evaluation `transform`. Raises tf.errors.OpError for a file that is not a readable image."""
   image = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
