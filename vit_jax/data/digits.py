@@ -25,6 +25,7 @@ import tensorflow_datasets as tfds
 from vit_jax.data import dataset_names as datasets
 from vit_jax.data import convert
 from vit_jax.data import folder
+from vit_jax.data import storage
 
 NAME = datasets.DIGITS
 NUM_CLASSES = 10
@@ -94,8 +95,20 @@ def prepare(data_dir: str | None = None) -> tfds.core.DatasetBuilder:
 
   Stored twice (340 KB each): TFRecord for `tfds.load`, ArrayRecord for training by index.
   """
-  with folder.preparing(Digits(data_dir=data_dir)):  # Processes preparing it at once wait here.
+  builder = Digits(data_dir=data_dir)
+  if (
+      builder.is_prepared()
+      and convert.has_array_record(builder)
+      and not storage.missing_files(builder)
+  ):
+    return builder  # Nothing to write: a read-only data dir serves.
+  what = f'the {NAME!r} dataset'
+  storage.check_writable(builder.data_dir_root, what)
+  leftovers = lambda: storage.preparation_leftovers(builder)
+  with storage.writing(builder.data_dir_root, what, leftovers), folder.preparing(builder):
     builder = Digits(data_dir=data_dir)  # Read after the wait: another may have prepared it.
+    if storage.remove_if_incomplete(builder, what):
+      builder = Digits(data_dir=data_dir)
     if not builder.is_prepared():
       builder.download_and_prepare()
       builder = Digits(data_dir=data_dir)

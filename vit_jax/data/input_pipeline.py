@@ -55,6 +55,7 @@ from vit_jax.data import augment
 from vit_jax.data import convert
 from vit_jax.data import digits
 from vit_jax.data import folder
+from vit_jax.data import storage
 
 # Per-channel (mean, std) of pixel values in [0, 1].
 NORMALIZATIONS = {
@@ -164,8 +165,10 @@ def _resolve(
   `label_set_key` names a feature holding several labels per example.
   """
   name = data.dataset if dataset is None else dataset
+  storage.check_location(data.data_dir)
   with runtime.quiet_preparation():  # No progress bars in a run's log.
     builder = _prepared_builder(data, name)
+  storage.check_complete(builder, name)
   keys = builder.info.supervised_keys
   image_key, supervised_label = (
       keys
@@ -213,6 +216,7 @@ def _prepared_builder(data: 'DataSettings', name: str) -> tfds.core.DatasetBuild
         "e.g. 'cifar10', 'cifar100', 'imagenet2012' (tfds.list_builders())."
     )
     raise ValueError(message) from None
+  storage.check_preparable(builder, name)
   _prepare_tfds(builder)
   return builder
 
