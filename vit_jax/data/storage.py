@@ -60,11 +60,12 @@ def writing(data_dir: str, what: str, partial: Callable[[], Sequence[str]]) -> I
   try:
     yield
   except Exception as e:  # OSError, or a library's own error type. pylint: disable=broad-except
-    refusal = (
-        e
-        if isinstance(e, workdir_lib.Unwritable)  # A nested write's, said already.
-        else workdir_lib.unwritable(e, str(data_dir), _needs(what))
-    )
+    if isinstance(e, workdir_lib.Unwritable):  # A nested write's, said already.
+      refusal = e
+    elif isinstance(e, ValueError):  # Bad input (an image that does not decode), named already.
+      raise
+    else:
+      refusal = workdir_lib.unwritable(e, str(data_dir), _needs(what))
     if refusal is None:
       raise
     removed = [path for path in partial() if _remove(path)]
