@@ -17,6 +17,8 @@ Per class (0..9) the test split holds 36, 36, 35, 37, 36, 37, 36, 36, 35, 36 exa
 carries `index`, its row in `load_digits()`, so the split can be audited.
 """
 
+import functools
+
 import numpy as np
 from sklearn import datasets as sk_datasets
 from sklearn import model_selection
@@ -104,7 +106,7 @@ def prepare(data_dir: str | None = None) -> tfds.core.DatasetBuilder:
     return builder  # Nothing to write: a read-only data dir serves.
   what = f'the {NAME!r} dataset'
   storage.check_writable(builder.data_dir_root, what)
-  leftovers = lambda: storage.preparation_leftovers(builder)
+  leftovers = functools.partial(storage.preparation_leftovers, builder)
   with storage.writing(builder.data_dir_root, what, leftovers), folder.preparing(builder):
     builder = Digits(data_dir=data_dir)  # Read after the wait: another may have prepared it.
     if storage.remove_if_incomplete(builder, what):

@@ -23,6 +23,7 @@ import collections
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import hashlib
 import logging as std_logging
 import os
@@ -281,7 +282,7 @@ def prepare(
   if not builder.is_prepared() or storage.missing_files(builder):
     what = f'the image folder {config.root}'
     storage.check_writable(builder.data_dir_root, what)
-    leftovers = lambda: storage.preparation_leftovers(builder)
+    leftovers = functools.partial(storage.preparation_leftovers, builder)
     with storage.writing(builder.data_dir_root, what, leftovers), preparing(builder):
       # Another process may have prepared it meanwhile: look again.
       builder = Folder(config=config, data_dir=data_dir)
