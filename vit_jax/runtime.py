@@ -279,6 +279,22 @@ def flag_error(error: Exception) -> str:
   return lines[-1] if lines else type(root).__name__
 
 
+def backend_failure(error: BaseException) -> str | None:
+  """One line for a JAX platform that cannot start (`JAX_PLATFORMS` naming one this machine lacks,
+  a GPU without its driver); None for any other error."""
+  text = str(error).strip()
+  if not (isinstance(error, RuntimeError) and text.startswith('Unable to initialize backend')):
+    return None
+  platforms = os.environ.get('JAX_PLATFORMS')
+  hint = (
+      f'JAX_PLATFORMS={platforms} names a platform this machine cannot start: unset it, or '
+      'name one it has, e.g. JAX_PLATFORMS=cpu.'
+      if platforms
+      else "install the platform's JAX plugin and driver, or set JAX_PLATFORMS=cpu."
+  )
+  return f'{text.splitlines()[0].rstrip(".")}. {hint}'
+
+
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, where every unusable flag or config file is one line on stderr."""
   try:
@@ -322,5 +338,10 @@ def run(
     except ValueError as e:
       absl_logging.debug('Stopped by an error.', exc_info=True)
       sys.exit(f'error: {e}')
+    except RuntimeError as e:
+      if backend_failure(e) is None:
+        raise
+      absl_logging.debug('Stopped by an error.', exc_info=True)
+      sys.exit(f'error: {backend_failure(e)}')
 
   app.run(prologue_then_main, flags_parser=parse_flags)
