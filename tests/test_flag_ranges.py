@@ -41,6 +41,7 @@ CASES = {
             '--neighbours=0': 'positive integer',
             '--finetune_steps=-1': 'non-negative integer',
             '--finetune_lr_factor=0': 'must be > 0',
+            '--what=': 'at least one analysis',
         },
     ),
     'predict': (
@@ -61,6 +62,8 @@ CASES = {
             '--shots=0,5': 'integers >= 1',
             '--shots=five': 'integers >= 1',
             '--shots=': 'integers >= 1',
+            '--evaluators=': 'at least one of fewshot',
+            '--datasets=': 'at least one dataset',
         },
     ),
     'ablate': (

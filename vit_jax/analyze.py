@@ -30,6 +30,9 @@ _WHAT = flags.DEFINE_list(
     ['all'],
     'Analyses: all (those that apply to the model), or any ' 'of those listed above.',
 )
+flags.register_validator(
+    'what', lambda names: len(names) > 0, 'must name at least one analysis, or all (the default).'
+)
 _STEP = flags.DEFINE_integer(
     'step', None, 'Checkpoint step to analyse (default: newest).', lower_bound=0
 )

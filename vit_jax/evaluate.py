@@ -33,6 +33,11 @@ _EVALUATORS = flags.DEFINE_list(
     None,
     'Any of fewshot, linear_probe (default: both, ' 'unless --eval_sets is given).',
 )
+flags.register_validator(
+    'evaluators',
+    lambda names: names is None or len(names) > 0,
+    'must name at least one of fewshot, linear_probe (or be left out for both).',
+)
 _EVAL_SETS = flags.DEFINE_list(
     'eval_sets',
     [],
@@ -41,6 +46,9 @@ _EVAL_SETS = flags.DEFINE_list(
 )
 _DATASETS = flags.DEFINE_list(
     'datasets', ['digits'], "Datasets: 'digits', TFDS names, 'folder:/path/to/images'."
+)
+flags.register_validator(
+    'datasets', lambda names: len(names) > 0, "must name at least one dataset, e.g. 'digits'."
 )
 _TRAIN_SPLIT = flags.DEFINE_string('train_split', 'train', 'Split the classifiers are fitted on.')
 _TEST_SPLIT = flags.DEFINE_string('test_split', 'test', 'Split they are scored on.')
