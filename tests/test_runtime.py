@@ -8,6 +8,7 @@ import platform
 import subprocess
 import sys
 
+from absl import flags as absl_flags
 from absl import logging as absl_logging
 import orbax.checkpoint
 import pytest
@@ -185,3 +186,14 @@ def test_a_platform_that_cannot_start_is_one_line_naming_jax_platforms(monkeypat
   assert ('JAX_PLATFORMS=tpu names a platform' in line) == (platforms is not None), line
   assert runtime.backend_failure(RuntimeError('something else')) is None
   assert runtime.backend_failure(ValueError(str(error))) is None
+
+
+def test_a_config_file_given_twice_is_one_line_naming_the_flag():
+  error = absl_flags.DuplicateFlagError(
+      "The flag 'config.data_dir' is defined twice. First from absl.flags._flag, second from "
+      "absl.flags._flag. Description from first occurrence: An override of config's field"
+  )
+  assert runtime.flag_error(error) == (
+      '--config is given more than once: give one config file, and change its fields with '
+      '--config.FIELD=VALUE.'
+  )

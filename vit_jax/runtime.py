@@ -272,6 +272,13 @@ def flag_error(error: Exception) -> str:
     return f'Did you mean "{misspelt.group(1)}"? "{misspelt.group(2)}" is not a config field.'
   if isinstance(root, KeyError):
     return f'{root.args[0]!r} is not a config field.'
+  twice = re.match(r"The flag '(\w+)\.[\w.]+' is defined twice", str(root))
+  if isinstance(root, absl_flags.DuplicateFlagError) and twice:  # Its fields' flags, redefined.
+    name = twice.group(1)
+    return (
+        f'--{name} is given more than once: give one config file, and change its fields with '
+        f'--{name}.FIELD=VALUE.'
+    )
   if isinstance(root, OSError) and lines:  # The config file: its path and why it did not load.
     return f'cannot load the config file: {lines[-1]}'
   if isinstance(error, absl_flags.Error) and 'Error whilst parsing config file' not in str(error):
