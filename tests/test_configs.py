@@ -82,6 +82,17 @@ def test_deit3_recipes_pass_the_config_checks(arg):
         ('vit', 'variant', 'key=value'),
         ('finetune', 'epochs=abc', r"epochs='abc' must be a number, e.g. epochs=100.0"),
         ('finetune', 'image_size=1.5', r"image_size='1.5' must be an integer, e.g. image_size=0"),
+        ('finetune', 'epochs=0', r"epochs='0' must be > 0, e.g. epochs=100.0"),
+        ('finetune', 'layer_decay=-0.5', r"layer_decay='-0.5' must be > 0, e.g. layer_decay=0.65"),
+        ('finetune', 'image_size=-224', r"image_size='-224' must be >= 0 \(0: unset\)"),
+        ('deit3', 'epochs=0', r"epochs='0' must be > 0, e.g. epochs=800"),
+        ('deit3', 'finetune=-384', r"finetune='-384' must be >= 0"),
+        ('deit', 'image_size=0', r"image_size='0' must be > 0, e.g. image_size=224"),
+        ('cait', 'image_size=-1', r"image_size='-1' must be >= 0"),
+        ('t2t', 'image_size=0', r"image_size='0' must be > 0"),
+        ('regnet', 'image_size=-5', r"image_size='-5' must be > 0"),
+        ('sa_conv', 'heads=-9', r"heads='-9' must be > 0"),
+        ('finetune', 'epochs=nan', r"epochs='nan' must be > 0"),
     ],
 )
 def test_bad_arguments_are_named(name, arg, message):

@@ -8,6 +8,7 @@ import platform
 import subprocess
 import sys
 
+from absl import flags as absl_flags
 from absl import logging as absl_logging
 import orbax.checkpoint
 import pytest
@@ -167,3 +168,32 @@ def test_tensorflow_loads_without_start_up_notices():
   result = _python(code, without='TF_CPP_MIN_LOG_LEVEL')
   assert result.returncode == 0, result.stderr
   assert result.stderr == 'after\n'  # Written to stderr after the import: stderr is back.
+
+
+@pytest.mark.parametrize('platforms', ['tpu', None])
+def test_a_platform_that_cannot_start_is_one_line_naming_jax_platforms(monkeypatch, platforms):
+  if platforms is None:
+    monkeypatch.delenv('JAX_PLATFORMS', raising=False)
+  else:
+    monkeypatch.setenv('JAX_PLATFORMS', platforms)
+  error = RuntimeError(
+      "Unable to initialize backend 'tpu': INTERNAL: Failed to open libtpu.so: libtpu.so: "
+      'cannot open shared object file: No such file or directory (you may need to uninstall '
+      'the failing plugin package, or set JAX_PLATFORMS=cpu to skip this backend.)'
+  )
+  line = runtime.backend_failure(error)
+  assert '\n' not in line and line.startswith("Unable to initialize backend 'tpu'"), line
+  assert ('JAX_PLATFORMS=tpu names a platform' in line) == (platforms is not None), line
+  assert runtime.backend_failure(RuntimeError('something else')) is None
+  assert runtime.backend_failure(ValueError(str(error))) is None
+
+
+def test_a_config_file_given_twice_is_one_line_naming_the_flag():
+  error = absl_flags.DuplicateFlagError(
+      "The flag 'config.data_dir' is defined twice. First from absl.flags._flag, second from "
+      "absl.flags._flag. Description from first occurrence: An override of config's field"
+  )
+  assert runtime.flag_error(error) == (
+      '--config is given more than once: give one config file, and change its fields with '
+      '--config.FIELD=VALUE.'
+  )

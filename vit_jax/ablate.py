@@ -34,9 +34,10 @@ _TIMING_STEPS = flags.DEFINE_integer(
     'timing_steps',
     5,
     'Training steps per timed block; each ' 'variant runs 3 blocks, alternating with the others.',
+    lower_bound=1,
 )
 _COLLAPSE_IMAGES = flags.DEFINE_integer(
-    'collapse_images', 64, 'Test images for the collapse ' 'metric.'
+    'collapse_images', 64, 'Test images for the collapse ' 'metric.', lower_bound=1
 )
 _SEEDS = flags.DEFINE_integer(
     'seeds', 1, 'Trainings per variant, each with its own seed.', lower_bound=1

@@ -30,12 +30,25 @@ _WHAT = flags.DEFINE_list(
     ['all'],
     'Analyses: all (those that apply to the model), or any ' 'of those listed above.',
 )
-_STEP = flags.DEFINE_integer('step', None, 'Checkpoint step to analyse (default: newest).')
-_NUM_IMAGES = flags.DEFINE_integer('num_images', 64, 'Eval images to average over.')
-_BATCH_SIZE = flags.DEFINE_integer('batch_size', 16, 'Images per forward pass.')
-_WINDOW = flags.DEFINE_integer('window', 11, 'Cells shown around the query pixel.')
-_THRESHOLD = flags.DEFINE_float('threshold', 0.9, 'Similarity above which a block is collapsed.')
-_NEIGHBOURS = flags.DEFINE_integer('neighbours', 3, 'Largest k of the k-next-block similarity.')
+flags.register_validator(
+    'what', lambda names: len(names) > 0, 'must name at least one analysis, or all (the default).'
+)
+_STEP = flags.DEFINE_integer(
+    'step', None, 'Checkpoint step to analyse (default: newest).', lower_bound=0
+)
+_NUM_IMAGES = flags.DEFINE_integer('num_images', 64, 'Eval images to average over.', lower_bound=1)
+_BATCH_SIZE = flags.DEFINE_integer('batch_size', 16, 'Images per forward pass.', lower_bound=1)
+_WINDOW = flags.DEFINE_integer('window', 11, 'Cells shown around the query pixel.', lower_bound=1)
+_THRESHOLD = flags.DEFINE_float(
+    'threshold',
+    0.9,
+    'Similarity (of attention maps, in [0, 1]) above which a block is collapsed.',
+    lower_bound=0.0,
+    upper_bound=1.0,
+)
+_NEIGHBOURS = flags.DEFINE_integer(
+    'neighbours', 3, 'Largest k of the k-next-block similarity.', lower_bound=1
+)
 _PRUNING_RULE = flags.DEFINE_enum(
     'pruning_rule',
     'official',
@@ -43,10 +56,13 @@ _PRUNING_RULE = flags.DEFINE_enum(
     'Condition-number threshold: official code 1e3, paper 1e5.',
 )
 _FINETUNE_STEPS = flags.DEFINE_integer(
-    'finetune_steps', 0, 'Steps to fine-tune the pruned model (0: only write it).'
+    'finetune_steps', 0, 'Steps to fine-tune the pruned model (0: only write it).', lower_bound=0
 )
 _FINETUNE_LR_FACTOR = flags.DEFINE_float(
     'finetune_lr_factor', 0.1, 'Fine-tuning learning rate as a fraction of base_lr.'
+)
+flags.register_validator(
+    'finetune_lr_factor', lambda factor: factor > 0, 'must be > 0 (a fraction of base_lr).'
 )
 _USE_EMA = flags.DEFINE_bool(
     'use_ema',

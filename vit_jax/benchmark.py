@@ -48,9 +48,13 @@ _CONFIG = config_flags.DEFINE_config_file(
     'Training configuration file (default: configs/vit.py:variant=Ti/4).',
     lock_config=False,
 )
-_BATCH = flags.DEFINE_integer('batch', None, "Batch size (default: the config's batch_size).")
+_BATCH = flags.DEFINE_integer(
+    'batch', None, "Batch size (default: the config's batch_size).", lower_bound=1
+)
 _STEPS = flags.DEFINE_integer('steps', 5, 'Timed steps per block.', lower_bound=1)
-_WARMUP = flags.DEFINE_integer('warmup', 2, 'Untimed steps before every timed block.')
+_WARMUP = flags.DEFINE_integer(
+    'warmup', 2, 'Untimed steps before every timed block.', lower_bound=0
+)
 _REPEATS = flags.DEFINE_integer(
     'repeats', 3, 'Timed blocks per contender; the median counts.', lower_bound=1
 )
@@ -59,19 +63,24 @@ _MODEL = flags.DEFINE_string(
     None,
     'Registry name replacing config.model.name (the ' "config's model overrides are dropped).",
 )
-_IMAGE_SIZE = flags.DEFINE_integer('image_size', None, "Input resolution (default: the config's).")
+_IMAGE_SIZE = flags.DEFINE_integer(
+    'image_size', None, "Input resolution (default: the config's).", lower_bound=1
+)
 _DTYPE = flags.DEFINE_enum(
     'dtype',
     None,
     ['float32', 'bfloat16', 'float16'],
     "Computation dtype (default: the config's); parameters stay float32 " '(timm: autocast).',
 )
-_NUM_CLASSES = flags.DEFINE_integer('num_classes', 10, 'Classes of the random labels.')
+_NUM_CLASSES = flags.DEFINE_integer(
+    'num_classes', 10, 'Classes of the random labels.', lower_bound=1
+)
 _THREADS = flags.DEFINE_integer(
     'threads',
     None,
     'Run on the first N CPUs only, for XLA and torch '
     'alike (default: every CPU this process may use).',
+    lower_bound=1,
 )
 _CPU_TUNING = flags.DEFINE_bool(
     'cpu_tuning',
@@ -95,16 +104,29 @@ _PEAK_TFLOPS = flags.DEFINE_float(
     '--dtype, for model FLOPs utilisation (default: '
     'device_report.PEAK_TFLOPS for bfloat16).',
 )
+flags.register_validator(
+    'peak_tflops',
+    lambda peak: peak is None or peak > 0,
+    'must be > 0 (TFLOP/s of the device at --dtype).',
+)
 _FAMILY_MODELS = flags.DEFINE_list(
     'family_models',
     None,
     'family_table: registry names, at '
     '--image_size (default: tables.FAMILY_MODELS, each at its own).',
 )
+flags.register_validator(
+    'family_models',
+    lambda names: names is None or len(names) > 0,
+    'must name at least one registry model (or be left out for tables.FAMILY_MODELS).',
+)
 _LAYERS_MODELS = flags.DEFINE_list(
     'layers_models',
     ['cait_xxs24', 'deepvit_32b'],
     'layers_table: registry names (at --image_size, default 224).',
+)
+flags.register_validator(
+    'layers_models', lambda names: len(names) > 0, 'must name at least one registry model.'
 )
 _LAYERS_ROW = flags.DEFINE_string(
     'layers_row',
@@ -118,7 +140,10 @@ flags.register_validator(
     'must be MODEL:SCAN:REMAT with 0 or 1 for each switch, e.g. cait_xxs24:1:0.',
 )
 _DEVICES = flags.DEFINE_integer(
-    'devices', None, 'memory: devices of the mesh (default: ' 'config.mesh.fsdp).'
+    'devices',
+    None,
+    'memory: devices of the mesh (default: ' 'config.mesh.fsdp).',
+    lower_bound=1,
 )
 _LATE_STEP = flags.DEFINE_integer(
     'late_step',

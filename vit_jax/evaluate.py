@@ -34,6 +34,11 @@ _EVALUATORS = flags.DEFINE_list(
     "Any of fewshot, linear_probe, or an evaluator of your own that the run's config.json "
     'imports (default: all of them, unless --eval_sets is given).',
 )
+flags.register_validator(
+    'evaluators',
+    lambda names: names is None or len(names) > 0,
+    'must name at least one of fewshot, linear_probe (or be left out for both).',
+)
 _EVAL_SETS = flags.DEFINE_list(
     'eval_sets',
     [],
@@ -43,10 +48,18 @@ _EVAL_SETS = flags.DEFINE_list(
 _DATASETS = flags.DEFINE_list(
     'datasets', ['digits'], "Datasets: 'digits', TFDS names, 'folder:/path/to/images'."
 )
+flags.register_validator(
+    'datasets', lambda names: len(names) > 0, "must name at least one dataset, e.g. 'digits'."
+)
 _TRAIN_SPLIT = flags.DEFINE_string('train_split', 'train', 'Split the classifiers are fitted on.')
 _TEST_SPLIT = flags.DEFINE_string('test_split', 'test', 'Split they are scored on.')
 _SHOTS = flags.DEFINE_list('shots', ['1', '5', '10', '25'], 'Few-shot: examples per class.')
-_SEEDS = flags.DEFINE_integer('seeds', 3, 'Few-shot: draws of the shots, averaged.')
+flags.register_validator(
+    'shots',
+    lambda shots: bool(shots) and all(k.isdigit() and int(k) >= 1 for k in shots),
+    'must be one or more integers >= 1, e.g. 1,5,10,25.',
+)
+_SEEDS = flags.DEFINE_integer('seeds', 3, 'Few-shot: draws of the shots, averaged.', lower_bound=1)
 _OUT_DIR = flags.DEFINE_string(
     'out_dir',
     None,
@@ -65,10 +78,7 @@ def settings(name: str) -> dict:
   }
   if name != 'fewshot':
     return common
-  try:
-    shots = tuple(int(k) for k in _SHOTS.value)
-  except ValueError:
-    raise ValueError(f'--shots={",".join(_SHOTS.value)} must be integers.') from None
+  shots = tuple(int(k) for k in _SHOTS.value)  # Integers >= 1: checked with the flags.
   return {**common, 'shots': shots, 'seeds': _SEEDS.value}
 
 

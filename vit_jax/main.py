@@ -69,11 +69,13 @@ _NUM_PROCESSES = flags.DEFINE_integer(
     'num_processes',
     None,
     'Number of processes, with --coordinator_address (default: ' '$JAX_NUM_PROCESSES).',
+    lower_bound=1,
 )
 _PROCESS_ID = flags.DEFINE_integer(
     'process_id',
     None,
     'This process, 0..num_processes-1, with --coordinator_address (default: ' '$JAX_PROCESS_ID).',
+    lower_bound=0,
 )
 flags.mark_flags_as_required(['config', 'workdir'])
 

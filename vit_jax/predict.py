@@ -25,8 +25,8 @@ from vit_jax.weights import source_flags
 
 _LOAD = source_flags.define()
 flags.adopt_module_key_flags(source_flags)  # Listed by --help with the command's own.
-_TOP_K = flags.DEFINE_integer('top_k', 5, 'Classes printed per image.')
-_BATCH_SIZE = flags.DEFINE_integer('batch_size', 32, 'Images per forward pass.')
+_TOP_K = flags.DEFINE_integer('top_k', 5, 'Classes printed per image.', lower_bound=1)
+_BATCH_SIZE = flags.DEFINE_integer('batch_size', 32, 'Images per forward pass.', lower_bound=1)
 _JSON = flags.DEFINE_bool('json', False, 'Print one JSON document, not text lines.')
 
 

@@ -274,11 +274,34 @@ def flag_error(error: Exception) -> str:
     return f'Did you mean "{misspelt.group(1)}"? "{misspelt.group(2)}" is not a config field.'
   if isinstance(root, KeyError):
     return f'{root.args[0]!r} is not a config field.'
+  twice = re.match(r"The flag '(\w+)\.[\w.]+' is defined twice", str(root))
+  if isinstance(root, absl_flags.DuplicateFlagError) and twice:  # Its fields' flags, redefined.
+    name = twice.group(1)
+    return (
+        f'--{name} is given more than once: give one config file, and change its fields with '
+        f'--{name}.FIELD=VALUE.'
+    )
   if isinstance(root, OSError) and lines:  # The config file: its path and why it did not load.
     return f'cannot load the config file: {lines[-1]}'
   if isinstance(error, absl_flags.Error) and 'Error whilst parsing config file' not in str(error):
     return str(error).strip().splitlines()[0]  # Names the flag: '--config.x=abc: invalid ...'.
   return lines[-1] if lines else type(root).__name__
+
+
+def backend_failure(error: BaseException) -> str | None:
+  """One line for a JAX platform that cannot start (`JAX_PLATFORMS` naming one this machine lacks,
+  a GPU without its driver); None for any other error."""
+  text = str(error).strip()
+  if not (isinstance(error, RuntimeError) and text.startswith('Unable to initialize backend')):
+    return None
+  platforms = os.environ.get('JAX_PLATFORMS')
+  hint = (
+      f'JAX_PLATFORMS={platforms} names a platform this machine cannot start: unset it, or '
+      'name one it has, e.g. JAX_PLATFORMS=cpu.'
+      if platforms
+      else "install the platform's JAX plugin and driver, or set JAX_PLATFORMS=cpu."
+  )
+  return f'{text.splitlines()[0].rstrip(".")}. {hint}'
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -326,5 +349,10 @@ def run(
     except ValueError as e:
       absl_logging.debug('Stopped by an error.', exc_info=True)
       sys.exit(f'error: {e}')
+    except RuntimeError as e:
+      if backend_failure(e) is None:
+        raise
+      absl_logging.debug('Stopped by an error.', exc_info=True)
+      sys.exit(f'error: {backend_failure(e)}')
 
   app.run(prologue_then_main, flags_parser=parse_flags)

@@ -24,6 +24,7 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
   """Parses the `key=value,key=value` string after the config path's colon.
 
   Only keys present in `defaults` are accepted; values are converted to the type of the default.
+  Numbers are sizes, counts and rates: positive, or where the default is 0 (unset), not negative.
   """
   parsed = ml_collections.ConfigDict(defaults)
   if not arg:
@@ -47,13 +48,19 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
       parsed[key] = value
     else:
       try:
-        parsed[key] = type(default)(value)
-        continue
+        number = type(default)(value)
       except ValueError:
-        pass
+        number = None
       # Raised outside the handler: the command line's one-line error reads this, not the cause.
-      kind = {int: 'an integer', float: 'a number'}.get(type(default), type(default).__name__)
-      raise ValueError(f'Config argument {key}={value!r} must be {kind}, e.g. {key}={default!r}.')
+      if number is None:
+        kind = {int: 'an integer', float: 'a number'}.get(type(default), type(default).__name__)
+        raise ValueError(f'Config argument {key}={value!r} must be {kind}, e.g. {key}={default!r}.')
+      if not (number >= 0 if default == 0 else number > 0):  # A default of 0: unset.
+        bound = '>= 0 (0: unset)' if default == 0 else '> 0'
+        raise ValueError(
+            f'Config argument {key}={value!r} must be {bound}, e.g. {key}={default!r}.'
+        )
+      parsed[key] = number
   return parsed
 
 

@@ -8,12 +8,15 @@ format"), so both `tfds.load` and `tfds.data_source` work afterwards. The comman
 `python -m vit_jax.convert`.
 """
 
+import os
+
 from absl import logging
 import tensorflow as tf
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core import file_adapters
 
 from vit_jax.data import dataset_names
+from vit_jax.data import storage
 
 ARRAY_RECORD = file_adapters.FileFormat.ARRAY_RECORD
 
@@ -24,6 +27,7 @@ def prepared_builder(name: str, data_dir: str | None) -> tfds.core.DatasetBuilde
   why = dataset_names.unknown(name)
   if why is not None:
     raise ValueError(f'--dataset={name!r}: {why}')
+  storage.check_location(data_dir)
   builder = tfds.builder(name, data_dir=data_dir)
   if not builder.is_prepared():
     raise ValueError(
@@ -47,16 +51,30 @@ def has_array_record(builder: tfds.core.DatasetBuilder) -> bool:
 
 
 def add_array_record(builder: tfds.core.DatasetBuilder) -> None:
-  """Writes an ArrayRecord copy of every TFRecord shard of the prepared `builder` and registers it."""
-  if has_array_record(builder):
+  """Writes an ArrayRecord copy of every TFRecord shard of the prepared `builder` and registers it.
+
+  A copy whose files are gone is written again; a refused write (a full or read-only disk) is one
+  line, with the copy's files written so far removed.
+  """
+  missing = storage.missing_files(builder)
+  lost_copies = [path for path in missing if ARRAY_RECORD.file_suffix in os.path.basename(path)]
+  if missing != lost_copies or (missing and builder.info.file_format == ARRAY_RECORD):
+    storage.check_complete(builder, builder.name)
+  if has_array_record(builder) and not lost_copies:
     return
+  what = f'the ArrayRecord copy of {builder.name!r}'
+  storage.check_writable(str(builder.data_dir), what)
   adapter = file_adapters.ADAPTER_FOR_FORMAT[ARRAY_RECORD]
-  for split in builder.info.splits.values():
-    template = split.filename_template.replace(filetype_suffix=ARRAY_RECORD.file_suffix)
-    targets = template.sharded_filepaths(len(split.shard_lengths))
-    for source, target in zip(split.filepaths, targets):
-      logging.info('Copying %s to %s.', source, target)
-      records = tf.data.TFRecordDataset(str(source)).as_numpy_iterator()
-      adapter.write_examples(target, enumerate(records))
-  builder.info.add_alternative_file_format(ARRAY_RECORD)
-  builder.info.write_to_directory(builder.data_dir)
+  written = []
+  with storage.writing(str(builder.data_dir), what, lambda: written):
+    for split in builder.info.splits.values():
+      template = split.filename_template.replace(filetype_suffix=ARRAY_RECORD.file_suffix)
+      targets = template.sharded_filepaths(len(split.shard_lengths))
+      for source, target in zip(split.filepaths, targets):
+        logging.info('Copying %s to %s.', source, target)
+        records = tf.data.TFRecordDataset(str(source)).as_numpy_iterator()
+        written.append(str(target))
+        adapter.write_examples(target, enumerate(records))
+    if not has_array_record(builder):
+      builder.info.add_alternative_file_format(ARRAY_RECORD)
+      builder.info.write_to_directory(builder.data_dir)

@@ -17,6 +17,8 @@ Per class (0..9) the test split holds 36, 36, 35, 37, 36, 37, 36, 36, 35, 36 exa
 carries `index`, its row in `load_digits()`, so the split can be audited.
 """
 
+import functools
+
 import numpy as np
 from sklearn import datasets as sk_datasets
 from sklearn import model_selection
@@ -25,6 +27,7 @@ import tensorflow_datasets as tfds
 from vit_jax.data import dataset_names as datasets
 from vit_jax.data import convert
 from vit_jax.data import folder
+from vit_jax.data import storage
 
 NAME = datasets.DIGITS
 NUM_CLASSES = 10
@@ -94,8 +97,20 @@ def prepare(data_dir: str | None = None) -> tfds.core.DatasetBuilder:
 
   Stored twice (340 KB each): TFRecord for `tfds.load`, ArrayRecord for training by index.
   """
-  with folder.preparing(Digits(data_dir=data_dir)):  # Processes preparing it at once wait here.
+  builder = Digits(data_dir=data_dir)
+  if (
+      builder.is_prepared()
+      and convert.has_array_record(builder)
+      and not storage.missing_files(builder)
+  ):
+    return builder  # Nothing to write: a read-only data dir serves.
+  what = f'the {NAME!r} dataset'
+  storage.check_writable(builder.data_dir_root, what)
+  leftovers = functools.partial(storage.preparation_leftovers, builder)
+  with storage.writing(builder.data_dir_root, what, leftovers), folder.preparing(builder):
     builder = Digits(data_dir=data_dir)  # Read after the wait: another may have prepared it.
+    if storage.remove_if_incomplete(builder, what):
+      builder = Digits(data_dir=data_dir)
     if not builder.is_prepared():
       builder.download_and_prepare()
       builder = Digits(data_dir=data_dir)

@@ -23,6 +23,7 @@ import collections
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import hashlib
 import logging as std_logging
 import os
@@ -37,6 +38,7 @@ import tensorflow_datasets as tfds
 
 from vit_jax.data import dataset_names as datasets
 from vit_jax.data import convert
+from vit_jax.data import storage
 
 PREFIX = datasets.FOLDER_PREFIX
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png')
@@ -277,9 +279,15 @@ def prepare(
   """
   config = scan(root, skip_unreadable)
   builder = Folder(config=config, data_dir=data_dir)
-  if not builder.is_prepared():
-    with preparing(builder):  # Another process may have prepared it meanwhile: look again.
+  if not builder.is_prepared() or storage.missing_files(builder):
+    what = f'the image folder {config.root}'
+    storage.check_writable(builder.data_dir_root, what)
+    leftovers = functools.partial(storage.preparation_leftovers, builder)
+    with storage.writing(builder.data_dir_root, what, leftovers), preparing(builder):
+      # Another process may have prepared it meanwhile: look again.
       builder = Folder(config=config, data_dir=data_dir)
+      if storage.remove_if_incomplete(builder, what):
+        builder = Folder(config=config, data_dir=data_dir)
       if not builder.is_prepared():
         _remove_incomplete(builder)
         builder = Folder(config=_without_undecodable(config, skip_unreadable), data_dir=data_dir)

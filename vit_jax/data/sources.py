@@ -16,6 +16,7 @@ from vit_jax.data import convert
 from vit_jax.data import digits
 from vit_jax.data import folder
 from vit_jax.data import settings as data_settings
+from vit_jax.data import storage
 
 
 # How long a dataset's download host may take to accept a connection before the download is
@@ -62,8 +63,10 @@ def resolve(
   `label_set_key` names a feature holding several labels per example.
   """
   name = data.dataset if dataset is None else dataset
+  storage.check_location(data.data_dir)
   with runtime.quiet_preparation():  # No progress bars in a run's log.
     builder = _prepared_builder(data, name)
+  storage.check_complete(builder, name)
   keys = builder.info.supervised_keys
   image_key, supervised_label = (
       keys
@@ -111,6 +114,7 @@ def _prepared_builder(data: data_settings.DataSettings, name: str) -> tfds.core.
         "e.g. 'cifar10', 'cifar100', 'imagenet2012' (tfds.list_builders())."
     )
     raise ValueError(message) from None
+  storage.check_preparable(builder, name)
   _prepare_tfds(builder)
   return builder
 

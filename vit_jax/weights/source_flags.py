@@ -31,13 +31,21 @@ def define() -> Callable[[], 'inference.Run']:
   )
   unset = " (default: Hub weights' own, else %s)."
   num_classes = flags.DEFINE_integer(
-      'num_classes', None, "Classes of the weights' head" + unset % "ImageNet's 1000"
+      'num_classes',
+      None,
+      "Classes of the weights' head" + unset % "ImageNet's 1000",
+      lower_bound=1,
   )
   image_size = flags.DEFINE_integer(
-      'image_size', None, 'Input resolution for weights' + unset % 224
+      'image_size', None, 'Input resolution for weights' + unset % 224, lower_bound=1
   )
   eval_crop_ratio = flags.DEFINE_float(
       'eval_crop_ratio', None, 'Centre-crop ratio for weights' + unset % 0.875
+  )
+  flags.register_validator(
+      'eval_crop_ratio',
+      lambda ratio: ratio is None or 0 < ratio <= 1,
+      'must be in (0, 1]: the share of the image side kept by the centre crop.',
   )
   normalization = flags.DEFINE_string(
       'normalization',

@@ -1,0 +1,245 @@
+"""The TFDS data dir's faults, each one line naming the data dir and the cause before anything
+compiles: a read-only or full data dir where a dataset must be prepared or converted (nothing
+half written, no lock left), a data dir or $TFDS_DATA_DIR that is a file, and a prepared dataset
+whose metadata lists files that are gone (prepared again from its source, else refused).
+
+Read-only and full disks are small tmpfs mounts (`test_output_paths`' fixtures), else skipped.
+"""
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import types
+
+import numpy as np
+from PIL import Image
+import pytest
+import tensorflow_datasets as tfds
+
+from tests.test_output_paths import full  # pylint: disable=unused-import
+from tests.test_output_paths import read_only  # pylint: disable=unused-import
+from tests.tiny_runs import mounted_tmpfs
+from vit_jax.data import convert
+from vit_jax.data import digits
+from vit_jax.data import folder
+from vit_jax.data import input_pipeline
+from vit_jax.data import storage
+from vit_jax import workdir as workdir_lib
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _images(root: str, size: int = 12, per_class: int = 3) -> str:
+  rng = np.random.default_rng(0)
+  for split in ('train', 'test'):
+    for name in ('a', 'b'):
+      os.makedirs(os.path.join(root, split, name))
+      for i in range(per_class):
+        Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(
+            os.path.join(root, split, name, f'{i}.png')
+        )
+  return root
+
+
+def _one_line(error: BaseException, *named: str) -> str:
+  message = str(error)
+  assert '\n' not in message, message
+  for text in named:
+    assert text in message, message
+  return message
+
+
+def _files(path: str) -> list[str]:
+  return sorted(os.path.relpath(os.path.join(d, f), path) for d, _, fs in os.walk(path) for f in fs)
+
+
+def _read_only_cause() -> str:
+  return 'read-only' if os.geteuid() == 0 else 'permission denied'
+
+
+def test_a_folder_to_prepare_in_a_read_only_data_dir_names_the_data_dir(tmp_path, read_only):
+  root = _images(str(tmp_path / 'images'))
+  with pytest.raises(workdir_lib.Unwritable) as refused:
+    folder.prepare(root, read_only)
+  _one_line(refused.value, f'cannot write {read_only}:', _read_only_cause(), 'data_dir', root)
+  assert not os.listdir(read_only)
+
+
+def test_digits_to_prepare_in_a_read_only_data_dir_names_the_data_dir(read_only):
+  with pytest.raises(workdir_lib.Unwritable) as refused:
+    digits.prepare(read_only)
+  _one_line(refused.value, f'cannot write {read_only}:', _read_only_cause(), 'data_dir')
+
+
+def test_a_tfds_dataset_to_prepare_in_a_read_only_data_dir_is_refused_before_its_download(
+    read_only, monkeypatch
+):
+  def download_and_prepare(*args, **kwargs):
+    raise AssertionError('started preparing in a read-only data dir')
+
+  monkeypatch.setattr(tfds.core.DatasetBuilder, 'download_and_prepare', download_and_prepare)
+  data = types.SimpleNamespace(data_dir=read_only)
+  with pytest.raises(workdir_lib.Unwritable) as refused:
+    input_pipeline._prepared_builder(data, 'mnist')  # pylint: disable=protected-access
+  _one_line(refused.value, f'cannot write {read_only}:', _read_only_cause(), "'mnist'")
+
+
+def test_prepared_digits_are_read_from_a_data_dir_that_became_read_only(tmp_path):
+  data_dir = tmp_path / 'tfds'
+  with mounted_tmpfs(data_dir) as mounted:
+    if mounted is None:
+      pytest.skip('mounting a tmpfs is not allowed here')
+    digits.prepare(mounted)
+    subprocess.run(['mount', '-o', 'remount,ro', mounted], check=True)
+    before = _files(mounted)
+    builder = digits.prepare(mounted)
+    assert builder.info.splits['test'].num_examples == digits.NUM_TEST_EXAMPLES
+    assert _files(mounted) == before
+
+
+@pytest.mark.parametrize('through', ['data_dir', 'TFDS_DATA_DIR'])
+@pytest.mark.parametrize('where', ['a file', 'under a file'])
+def test_a_data_dir_that_is_a_file_is_one_line_naming_it(tmp_path, monkeypatch, through, where):
+  (tmp_path / 'plain').write_text('x')
+  path = str(tmp_path / 'plain') if where == 'a file' else str(tmp_path / 'plain' / 'tfds')
+  monkeypatch.setenv('TFDS_DATA_DIR', path if through == 'TFDS_DATA_DIR' else str(tmp_path))
+  with pytest.raises(ValueError) as refused:
+    storage.check_location(path if through == 'data_dir' else None)
+  cause = 'is a file, not a directory' if where == 'a file' else f'under the file {tmp_path}'
+  assert _one_line(refused.value, cause).startswith(f'{through}={path} ')
+  with pytest.raises(ValueError, match=f'^{through}='):  # Also where a dataset is resolved.
+    input_pipeline._resolve(  # pylint: disable=protected-access
+        types.SimpleNamespace(data_dir=path if through == 'data_dir' else None, dataset='digits')
+    )
+  storage.check_location(str(tmp_path / 'new'))  # A folder that is not there yet is created.
+
+
+def test_a_disk_that_fills_while_a_folder_is_prepared_leaves_nothing_behind(tmp_path):
+  root = _images(str(tmp_path / 'images'), size=96, per_class=8)  # About 900 KB of PNGs.
+  with mounted_tmpfs(tmp_path / 'tfds') as mounted:
+    if mounted is None:
+      pytest.skip('mounting a tmpfs is not allowed here')
+    with contextlib.suppress(OSError), open(os.path.join(mounted, 'filler'), 'wb') as f:
+      f.write(b'\0' * (shutil.disk_usage(mounted).free - 300_000))  # Room for a third.
+    with pytest.raises(workdir_lib.Unwritable) as refused:
+      folder.prepare(root, mounted)
+    _one_line(refused.value, f'cannot write {mounted}:', 'no space left', 'Removed')
+    assert _files(mounted) == ['filler']  # No lock, no incomplete.*, no version directory.
+    os.remove(os.path.join(mounted, 'filler'))
+    builder = folder.prepare(root, mounted)  # A rerun with room prepares it in full.
+    assert builder.info.splits['train'].num_examples == 16
+
+
+def _tfrecord_digits(data_dir: str) -> tfds.core.DatasetBuilder:
+  builder = digits.Digits(data_dir=data_dir)
+  builder.download_and_prepare()  # TFRecord only, as a dataset `convert` is for.
+  return digits.Digits(data_dir=data_dir)
+
+
+def test_converting_into_a_full_disk_is_one_line_and_leaves_no_partial_copy(tmp_path):
+  with mounted_tmpfs(tmp_path / 'tfds') as mounted:
+    if mounted is None:
+      pytest.skip('mounting a tmpfs is not allowed here')
+    builder = _tfrecord_digits(mounted)
+    before = _files(mounted)
+    with contextlib.suppress(OSError), open(os.path.join(mounted, 'filler'), 'wb') as f:
+      f.write(b'\0' * (shutil.disk_usage(mounted).free - 100_000))  # Less than a copy.
+    with pytest.raises(workdir_lib.Unwritable) as refused:
+      convert.add_array_record(builder)
+    _one_line(refused.value, str(builder.data_dir), 'no space left', 'ArrayRecord')
+    assert _files(mounted) == sorted(before + ['filler'])
+    assert not convert.has_array_record(digits.Digits(data_dir=mounted))
+
+
+def test_converting_into_a_read_only_data_dir_is_refused_before_copying(tmp_path):
+  with mounted_tmpfs(tmp_path / 'tfds') as mounted:
+    if mounted is None:
+      pytest.skip('mounting a tmpfs is not allowed here')
+    _tfrecord_digits(mounted)
+    subprocess.run(['mount', '-o', 'remount,ro', mounted], check=True)
+    with pytest.raises(workdir_lib.Unwritable) as refused:
+      convert.add_array_record(digits.Digits(data_dir=mounted))
+    _one_line(refused.value, 'read-only', 'ArrayRecord')
+
+
+def _delete_one(builder: tfds.core.DatasetBuilder, suffix: str) -> str:
+  (path,) = [
+      os.path.join(builder.data_dir, n)
+      for n in os.listdir(builder.data_dir)
+      if n.startswith(f'{builder.name}-train.{suffix}')
+  ]
+  os.remove(path)
+  return path
+
+
+def test_a_prepared_folder_with_a_file_gone_is_prepared_again(tmp_path, caplog):
+  root, data_dir = _images(str(tmp_path / 'images')), str(tmp_path / 'tfds')
+  gone = _delete_one(folder.prepare(root, data_dir), 'array_record')
+  builder = folder.prepare(root, data_dir)
+  assert os.path.exists(gone)
+  assert not storage.missing_files(builder)
+  assert len(builder.as_data_source(split='train')) == 6
+  assert os.path.basename(gone) in caplog.text
+
+
+def test_prepared_digits_with_a_file_gone_are_prepared_again(tmp_path):
+  gone = _delete_one(digits.prepare(str(tmp_path)), 'tfrecord')
+  digits.prepare(str(tmp_path))
+  assert os.path.exists(gone)
+
+
+def test_a_converted_copy_with_a_file_gone_is_written_again(tmp_path):
+  builder = _tfrecord_digits(str(tmp_path))
+  convert.add_array_record(builder)
+  gone = _delete_one(digits.Digits(data_dir=str(tmp_path)), 'array_record')
+  convert.add_array_record(digits.Digits(data_dir=str(tmp_path)))
+  assert os.path.exists(gone)
+
+
+def test_a_tfds_dataset_with_a_file_gone_is_refused_naming_it(tmp_path):
+  builder = _tfrecord_digits(str(tmp_path))
+  gone = _delete_one(builder, 'tfrecord')
+  with pytest.raises(ValueError) as refused:
+    storage.check_complete(digits.Digits(data_dir=str(tmp_path)), 'digits')
+  _one_line(refused.value, gone, "Dataset 'digits'", 'tfds build')
+  with pytest.raises(ValueError, match='lacks 1 of the files'):  # No copy from what is gone.
+    convert.add_array_record(digits.Digits(data_dir=str(tmp_path)))
+
+
+def _run(command: str, *flags: str) -> str:
+  """The last line of stderr of `python -m vit_jax.<command>`, which must fail in one line."""
+  done = subprocess.run(
+      [sys.executable, '-m', f'vit_jax.{command}', *flags],
+      cwd=REPO,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'),
+      capture_output=True,
+      text=True,
+      timeout=300,
+      check=False,
+  )
+  assert done.returncode == 1, done.stderr[-2000:]
+  assert 'Traceback' not in done.stderr, done.stderr[-2000:]
+  return done.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.e2e  # The training and convert commands as a user runs them.
+def test_the_commands_name_a_read_only_data_dir_in_one_line(tmp_path, read_only):
+  root = _images(str(tmp_path / 'images'))
+  last = _run(
+      'main',
+      f'--config={os.path.join(REPO, "tests", "digits_run_config.py")}',
+      f'--config.dataset=folder:{root}',
+      f'--config.data_dir={read_only}',
+      f'--workdir={tmp_path / "run"}',
+  )
+  assert last.startswith(f'error: cannot write {read_only}: ') and 'data_dir' in last, last
+  assert not os.path.exists(tmp_path / 'run' / 'checkpoints')
+  with mounted_tmpfs(tmp_path / 'tfds') as mounted:
+    if mounted is None:
+      return
+    _tfrecord_digits(mounted)
+    subprocess.run(['mount', '-o', 'remount,ro', mounted], check=True)
+    last = _run('convert', '--dataset=digits', f'--data_dir={mounted}')
+    assert last.startswith(f'error: cannot write {mounted}/digits/1.0.0: ') and 'read-only' in last

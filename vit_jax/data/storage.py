@@ -1,0 +1,148 @@
+"""The TFDS data dir as a place datasets are read from and prepared in.
+
+Every fault of it is one line that names the data dir and the cause, found before anything
+compiles: a data dir (or `$TFDS_DATA_DIR`) that is a file, one that cannot be written where a
+dataset must be prepared, a disk that fills while one is (what was half written is removed), and a
+prepared dataset whose metadata lists files that are gone.
+"""
+
+import contextlib
+import os
+import shutil
+from typing import Callable, Iterator, Sequence
+
+from absl import logging
+import tensorflow_datasets as tfds
+from tensorflow_datasets.core import file_adapters
+
+from vit_jax import workdir as workdir_lib
+
+TFDS_DATA_DIR = 'TFDS_DATA_DIR'
+
+
+def check_location(data_dir: str | None) -> None:
+  """ValueError of one line where the data dir (`data_dir`, else `$TFDS_DATA_DIR`) is a file or
+  lies under one: TFDS would stop with a traceback at its first directory."""
+  given = data_dir or os.environ.get(TFDS_DATA_DIR)
+  if not given or '://' in given:
+    return
+  named = f'data_dir={given}' if data_dir else f'{TFDS_DATA_DIR}={given}'
+  path = existing = os.path.abspath(os.path.expanduser(given))
+  while not os.path.exists(existing) and os.path.dirname(existing) != existing:
+    existing = os.path.dirname(existing)
+  if os.path.isdir(existing):
+    return
+  why = 'is a file, not a directory' if existing == path else f'lies under the file {existing}'
+  raise ValueError(
+      f'{named} {why}: name the folder where datasets are prepared (it is created if missing).'
+  )
+
+
+def _needs(what: str) -> str:
+  return f'write access and room, as the data_dir where {what} is prepared'
+
+
+def check_writable(data_dir: str, what: str) -> None:
+  """`workdir.Unwritable`'s one line unless `what` can be prepared in `data_dir`."""
+  workdir_lib.check_writable(str(data_dir), _needs(what), directory=True)
+
+
+def check_preparable(builder: tfds.core.DatasetBuilder, name: str) -> None:
+  """`check_writable` for a TFDS dataset that is not prepared yet, before its download starts."""
+  if not builder.is_prepared():
+    check_writable(str(builder.data_dir_root), f'dataset {name!r}')
+
+
+@contextlib.contextmanager
+def writing(data_dir: str, what: str, partial: Callable[[], Sequence[str]]) -> Iterator[None]:
+  """A write refused while `what` is written into `data_dir` (a full or read-only disk) removes
+  the paths `partial()` names, so that no later run trusts them, and is raised as one line."""
+  try:
+    yield
+  except Exception as e:  # OSError, or a library's own error type. pylint: disable=broad-except
+    if isinstance(e, workdir_lib.Unwritable):  # A nested write's, said already.
+      refusal = e
+    elif isinstance(e, ValueError):  # Bad input (an image that does not decode), named already.
+      raise
+    else:
+      refusal = workdir_lib.unwritable(e, str(data_dir), _needs(what))
+    if refusal is None:
+      raise
+    removed = [path for path in partial() if _remove(path)]
+    note = f' Removed what was half written: {", ".join(removed)}.' if removed else ''
+    raise workdir_lib.Unwritable(f'{refusal}{note}') from None
+
+
+def _remove(path: str) -> bool:
+  """Removes a file or directory tree; whether there was one."""
+  if os.path.isdir(path):
+    shutil.rmtree(path, ignore_errors=True)
+    return True
+  if os.path.lexists(path):
+    os.remove(path)
+    return True
+  return False
+
+
+def preparation_leftovers(builder: tfds.core.DatasetBuilder) -> list[str]:
+  """What preparing `builder` writes: its version directory, TFDS's `incomplete.*` directories
+  beside it and the lock file beside the dataset's directory (`folder.preparing`)."""
+  version_dir = str(builder.data_dir)
+  dataset_dir = os.path.dirname(version_dir)
+  incomplete = (
+      [os.path.join(dataset_dir, n) for n in os.listdir(dataset_dir) if n.startswith('incomplete.')]
+      if os.path.isdir(dataset_dir)
+      else []
+  )
+  return [version_dir, *incomplete, f'{dataset_dir}.lock']
+
+
+def missing_files(builder: tfds.core.DatasetBuilder) -> list[str]:
+  """The data files that a prepared `builder`'s metadata lists, in every format it registers,
+  and that are not there (deleted, or lost in a copy)."""
+  if '://' in str(builder.data_dir) or not builder.is_prepared():
+    return []  # An object store: thousands of requests, and its reads name a missing file.
+  info = builder.info
+  formats = {info.file_format or file_adapters.DEFAULT_FILE_FORMAT}
+  formats |= {
+      file_adapters.FileFormat.from_value(v) for v in info.as_proto.alternative_file_formats
+  }
+  missing = []
+  for split in info.splits.values():
+    for fmt in sorted(formats, key=lambda f: f.value):
+      template = split.filename_template.replace(filetype_suffix=fmt.file_suffix)
+      for path in template.sharded_filepaths(len(split.shard_lengths)):
+        if not path.exists():
+          missing.append(str(path))
+  return missing
+
+
+def remove_if_incomplete(builder: tfds.core.DatasetBuilder, what: str) -> bool:
+  """Removes the prepared `builder` whose files are not all there, to be prepared again from its
+  source; whether it did. Called under the preparation lock."""
+  missing = missing_files(builder)
+  if not missing:
+    return False
+  logging.warning(
+      'The prepared data of %s in %s lacks %d of the files its metadata lists (%s); preparing '
+      'it again.',
+      what,
+      builder.data_dir,
+      len(missing),
+      ', '.join(os.path.basename(p) for p in missing),
+  )
+  shutil.rmtree(str(builder.data_dir), ignore_errors=True)
+  return True
+
+
+def check_complete(builder: tfds.core.DatasetBuilder, name: str) -> None:
+  """ValueError of one line naming the files that a prepared dataset's metadata lists and that
+  are gone: training would stop with a traceback at the first batch read from one."""
+  missing = missing_files(builder)
+  if missing:
+    raise ValueError(
+        f'Dataset {name!r} prepared in {builder.data_dir} lacks {len(missing)} of the files its '
+        f'dataset_info.json lists: {", ".join(missing)}. Restore them, or remove '
+        f'{builder.data_dir} and prepare it again (`tfds build {builder.name} '
+        f'--data_dir={builder.data_dir_root} --file_format=array_record`).'
+    )
