@@ -24,7 +24,7 @@ from tests.tiny_runs import mounted_tmpfs
 from vit_jax.data import convert
 from vit_jax.data import digits
 from vit_jax.data import folder
-from vit_jax.data import input_pipeline
+from vit_jax.data import sources
 from vit_jax.data import storage
 from vit_jax import workdir as workdir_lib
 
@@ -82,7 +82,7 @@ def test_a_tfds_dataset_to_prepare_in_a_read_only_data_dir_is_refused_before_its
   monkeypatch.setattr(tfds.core.DatasetBuilder, 'download_and_prepare', download_and_prepare)
   data = types.SimpleNamespace(data_dir=read_only)
   with pytest.raises(workdir_lib.Unwritable) as refused:
-    input_pipeline._prepared_builder(data, 'mnist')  # pylint: disable=protected-access
+    sources._prepared_builder(data, 'mnist')  # pylint: disable=protected-access
   _one_line(refused.value, f'cannot write {read_only}:', _read_only_cause(), "'mnist'")
 
 
@@ -110,7 +110,7 @@ def test_a_data_dir_that_is_a_file_is_one_line_naming_it(tmp_path, monkeypatch, 
   cause = 'is a file, not a directory' if where == 'a file' else f'under the file {tmp_path}'
   assert _one_line(refused.value, cause).startswith(f'{through}={path} ')
   with pytest.raises(ValueError, match=f'^{through}='):  # Also where a dataset is resolved.
-    input_pipeline._resolve(  # pylint: disable=protected-access
+    sources.resolve(  # pylint: disable=protected-access
         types.SimpleNamespace(data_dir=path if through == 'data_dir' else None, dataset='digits')
     )
   storage.check_location(str(tmp_path / 'new'))  # A folder that is not there yet is created.
