@@ -16,6 +16,9 @@ from tests.tiny_runs import tiny_config
 from vit_jax.data import augment
 from vit_jax.data import mixing
 from vit_jax import config as config_lib
+from vit_jax import config_checks
+from vit_jax import config_rules
+from vit_jax import config_settings
 from vit_jax import models
 from vit_jax.training import setup
 from vit_jax.data import settings as data_settings
@@ -29,7 +32,7 @@ def _config(**overrides):
 
 
 def _problems(config, devices=1, processes=1) -> list[str]:
-  with pytest.raises(config_lib.ConfigError) as raised:
+  with pytest.raises(config_checks.ConfigError) as raised:
     setup.validate(config, devices=devices, processes=processes)
   lines = str(raised.value).splitlines()  # One line for one problem, else a header and one each.
   assert lines == (
@@ -72,7 +75,7 @@ def test_family_configs_are_valid(module, arg):
 
 
 def test_every_shared_field_has_a_rule_and_nothing_else_does():
-  fields = set(config_lib._flatten(common.get_config()))  # pylint: disable=protected-access
+  fields = set(config_checks._flatten(common.get_config()))  # pylint: disable=protected-access
   assert fields == {field.name for field in config_lib.FIELDS}
 
 
@@ -175,7 +178,7 @@ def test_batches_must_split_over_devices_processes_and_micro_batches(monkeypatch
   monkeypatch.setattr(jax, 'device_count', lambda: 8)
   config = common.get_config()
   config.batch_size = 100
-  with pytest.raises(config_lib.ConfigError) as raised:
+  with pytest.raises(config_checks.ConfigError) as raised:
     setup.validate(config)
   assert 'batch_size=100: must be a multiple of the 8 device(s)' in str(raised.value)
 
@@ -313,8 +316,8 @@ def test_a_bad_field_or_dataset_is_answered_before_tensorflow_or_jax_is_imported
 
 def test_the_fields_alone_are_checked_without_the_devices_or_the_model():
   config = _config(batch_size=-1, dataset='cifar100000', eval_batch_size=7, **{'model.depth': 0})
-  with pytest.raises(config_lib.ConfigError) as raised:
-    config_lib.validate_fields(config)
+  with pytest.raises(config_checks.ConfigError) as raised:
+    config_checks.validate_fields(config)
   alone = raised.value.problems
   assert [p.split(':')[0] for p in alone] == [
       "--config.dataset='cifar100000'",
@@ -350,7 +353,7 @@ def test_fields_without_a_default_can_be_set_from_the_command_line():
 
 
 def test_three_bad_fields_are_one_error_in_the_flags_words():
-  with pytest.raises(config_lib.ConfigError) as raised:
+  with pytest.raises(config_checks.ConfigError) as raised:
     setup.validate(
         _config(mix_prob=1.5, optimizer='adagrad', **{'mesh.fsdp': 0}), devices=1, processes=1
     )
@@ -454,7 +457,7 @@ def test_scan_layers_and_remat_keep_the_models_own_values_until_set():
   assert (model.scan_layers, model.remat) == (True, True)
   config = regnet.get_config()
   config.model.scan_layers = True
-  with pytest.raises(config_lib.ConfigError, match="Unknown override 'scan_layers'"):
+  with pytest.raises(config_checks.ConfigError, match="Unknown override 'scan_layers'"):
     setup.validate(config, devices=1, processes=1)
 
 
@@ -483,7 +486,7 @@ def test_a_part_kinds_own_settings_are_set_by_name_and_reach_its_module():
   model = models.create_model(config, 10)
   assert model.stem_settings == parts.T2TSettings(soft_splits=((3, 2, 1), (3, 1, 1)))
   config.model.soft_splits = ((3, 0, 1),)
-  with pytest.raises(config_lib.ConfigError, match=r'soft_splits=\(\(3, 0, 1\),\) must be'):
+  with pytest.raises(config_checks.ConfigError, match=r'soft_splits=\(\(3, 0, 1\),\) must be'):
     setup.validate(config, devices=1, processes=1)
   config = sa_conv.get_config()
   config.model.centre_init_std = 0.5
@@ -519,11 +522,11 @@ def test_the_backbone_parts_can_be_set_on_every_family_config():
   model = models.create_model(config, 10)
   assert (model.layer_scale_init, model.attention) == (1e-5, 're_attention')
   config.model.attention = 'banana'
-  with pytest.raises(config_lib.ConfigError, match="attention='banana' is not valid"):
+  with pytest.raises(config_checks.ConfigError, match="attention='banana' is not valid"):
     setup.validate(config, devices=1, processes=1)
   config = regnet.get_config()
   config.model.attention = 'talking_heads'  # A CNN has no attention to replace.
-  with pytest.raises(config_lib.ConfigError, match='attention'):
+  with pytest.raises(config_checks.ConfigError, match='attention'):
     setup.validate(config, devices=1, processes=1)
 
 
@@ -539,11 +542,11 @@ def test_layer_scale_and_mlp_width_are_each_said_once():
   assert models.create_model(config, 10).layer_scale_init == 'paper'
   config = cait.get_config()
   config.model.layer_scale_init = 'banana'
-  with pytest.raises(config_lib.ConfigError, match="layer_scale_init='banana' is not valid"):
+  with pytest.raises(config_checks.ConfigError, match="layer_scale_init='banana' is not valid"):
     setup.validate(config, devices=1, processes=1)
   config = vit.get_config()  # Its quick model sets mlp_dim.
   config.model.mlp_ratio = 2.0
-  with pytest.raises(config_lib.ConfigError, match='mlp_dim=256 and mlp_ratio=2.0'):
+  with pytest.raises(config_checks.ConfigError, match='mlp_dim=256 and mlp_ratio=2.0'):
     setup.validate(config, devices=1, processes=1)
   config.model.mlp_dim = None
   assert models.create_model(config, 10).mlp_width == 2 * config.model.hidden_size
@@ -556,11 +559,11 @@ def test_a_new_field_is_one_declaration(monkeypatch):
   from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
 
   field = config_lib.Field(
-      'probe_width', 3, config_lib.integer(1), 'A width.', into=('Probe.width',)
+      'probe_width', 3, config_rules.integer(1), 'A width.', into=('Probe.width',)
   )
   monkeypatch.setattr(config_lib, 'FIELDS', config_lib.FIELDS + (field,))
 
-  @config_lib.settings_type
+  @config_settings.settings_type
   class Probe:
     """Reads the new field as `width`."""
 
@@ -568,13 +571,13 @@ def test_a_new_field_is_one_declaration(monkeypatch):
   assert config_lib.defaults().probe_width == 3
   assert Probe.from_config(config_lib.defaults()) == Probe(width=3) == Probe()
   config = _config(probe_width=0)
-  with pytest.raises(config_lib.ConfigError, match=r'probe_width=0: must be an integer >= 1'):
-    config_lib.validate_fields(config)
+  with pytest.raises(config_checks.ConfigError, match=r'probe_width=0: must be an integer >= 1'):
+    config_checks.validate_fields(config)
   argv = ['main', f'--config={REPO}/vit_jax/configs/vit.py', '--config.probe_width=5']
   flag_values = flags.FlagValues()
   config_flags.DEFINE_config_file('config', flag_values=flag_values, sys_argv=argv)
   flag_values(argv)
-  config_lib.validate_fields(flag_values.config)
+  config_checks.validate_fields(flag_values.config)
   assert Probe.from_config(flag_values.config).width == 5
 
 

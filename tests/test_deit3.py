@@ -16,6 +16,7 @@ import tensorflow as tf
 from vit_jax.data import augment
 from vit_jax.data import mixing
 from vit_jax import config as config_lib
+from vit_jax import config_checks
 from vit_jax.training import setup
 from vit_jax.data import input_pipeline
 from vit_jax.data import settings as data_settings
@@ -366,7 +367,7 @@ def test_pipeline_applies_three_augment_and_jitter(tmp_path):
 def test_config_rejects(fields, message):
   config = config_lib.defaults()
   config.update(fields)
-  with pytest.raises(config_lib.ConfigError, match=message):
+  with pytest.raises(config_checks.ConfigError, match=message):
     setup.validate(config, devices=1, processes=1)
 
 

@@ -16,7 +16,7 @@ import tensorflow_datasets as tfds
 
 from tests import tiny_runs
 from vit_jax.configs import common
-from vit_jax import config as config_lib
+from vit_jax import config_checks
 from vit_jax import models
 from vit_jax.training import setup
 from vit_jax.evaluators import eval_sets
@@ -148,7 +148,7 @@ def test_names_take_the_published_or_the_runs_split():
 def test_bad_names_are_one_config_error_naming_them(names, message):
   config = common.get_config()
   config.eval_sets = names
-  with pytest.raises(config_lib.ConfigError, match=r'--config\.eval_sets=.*' + message):
+  with pytest.raises(config_checks.ConfigError, match=r'--config\.eval_sets=.*' + message):
     setup.validate(config, devices=1, processes=1)
 
 

@@ -17,7 +17,7 @@ from vit_jax.data import input_pipeline
 from vit_jax.data import settings as data_settings
 from vit_jax.weights import hub
 from vit_jax.weights import inference
-from vit_jax import config as config_lib
+from vit_jax import config_checks
 from vit_jax.training import setup
 from vit_jax import models
 from vit_jax.weights import pretrained
@@ -341,7 +341,9 @@ def test_a_normalisation_given_as_numbers_is_accepted_and_applied():
   config.normalization = numbers
   setup.validate(config, devices=1, processes=1)
   config.normalization = '0.5,0.5/0.5,0.5'
-  with pytest.raises(config_lib.ConfigError, match=r"normalization='0.5,0.5/0.5,0.5': .*'R,G,B/"):
+  with pytest.raises(
+      config_checks.ConfigError, match=r"normalization='0.5,0.5/0.5,0.5': .*'R,G,B/"
+  ):
     setup.validate(config, devices=1, processes=1)
   image = np.random.default_rng(0).integers(0, 256, (20, 24, 3), np.uint8)
   seen = {

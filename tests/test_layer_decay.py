@@ -15,6 +15,7 @@ import pytest
 from vit_jax.configs import common
 from tests.tiny_runs import tiny_config
 from vit_jax import config as config_lib
+from vit_jax import config_checks
 from vit_jax.training import setup
 from vit_jax import models
 from vit_jax.training import optim
@@ -195,7 +196,7 @@ def test_each_update_is_scaled_by_its_layers_factor(optimizer):
 def test_layer_decay_outside_zero_to_one_is_refused(value):
   config = common.get_config()
   config.layer_decay = value
-  with pytest.raises(config_lib.ConfigError, match=r'--config.layer_decay=.*\(0, 1\]'):
+  with pytest.raises(config_checks.ConfigError, match=r'--config.layer_decay=.*\(0, 1\]'):
     setup.validate(config, devices=1, processes=1)
 
 

@@ -13,7 +13,7 @@ from vit_jax.configs import common
 from vit_jax.configs import deit
 from vit_jax.configs import vit
 from tests.tiny_runs import compiled_programs
-from vit_jax import config as config_lib
+from vit_jax import config_checks
 from vit_jax.training import setup
 from vit_jax.training import memory
 from vit_jax.training import train
@@ -39,7 +39,7 @@ def tiny_config(data_dir: str, **overrides):
     'module, arg', [(vit, 'variant=S/16'), (vit, 'variant=S/4'), (deit, 'variant=B')]
 )
 def test_a_published_size_without_a_dataset_names_the_dataset_to_add(module, arg):
-  with pytest.raises(config_lib.ConfigError) as error:
+  with pytest.raises(config_checks.ConfigError) as error:
     setup.validate(module.get_config(arg), devices=1, processes=1)
   assert "--config.dataset=''" in str(error.value)
   assert 'add dataset=imagenet2012' in str(error.value)

@@ -8,14 +8,14 @@ import time
 
 import pytest
 
-from vit_jax import config as config_lib
+from vit_jax import config_checks
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.parametrize('dataset', ['cifar100000', 'imagenet2012x:5.0.0'])
 def test_an_unknown_dataset_is_said_to_be_unknown_not_to_need_a_variant(dataset):
-  problems = config_lib.quick_default_problems(dataset, 'digits', ('S/16',))
+  problems = config_checks.quick_default_problems(dataset, 'digits', ('S/16',))
   assert problems == [
       f"--config.dataset={dataset!r}: no such dataset. Valid: 'digits' "
       "(embedded), 'folder:/path/to/images' (your own images) or a TFDS dataset "
@@ -24,7 +24,7 @@ def test_an_unknown_dataset_is_said_to_be_unknown_not_to_need_a_variant(dataset)
 
 
 def test_a_known_dataset_still_gets_the_variant_advice():
-  (problem,) = config_lib.quick_default_problems('cifar100', 'digits', ('S/16',))
+  (problem,) = config_checks.quick_default_problems('cifar100', 'digits', ('S/16',))
   assert 'add variant= with one of S/16' in problem
 
 

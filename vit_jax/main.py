@@ -42,7 +42,7 @@ from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-posit
 from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 from ml_collections import config_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from vit_jax import config as config_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+from vit_jax import config_checks  # pylint: disable=g-import-not-at-top,wrong-import-position
 from vit_jax.parallel import distributed  # pylint: disable=g-import-not-at-top,wrong-import-position
 from vit_jax.parallel import peers  # pylint: disable=g-import-not-at-top,wrong-import-position
 from vit_jax import runtime  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -91,9 +91,9 @@ def _first_refusal(error: BaseException) -> Exception | None:
 
 
 def _check_config() -> None:
-  """The config's fields alone (`config.validate_fields`), before TensorFlow and JAX are imported:
-  a mistyped field or dataset is answered in a fraction of a second, as one line."""
-  config_lib.validate_fields(_CONFIG.value)
+  """The config's fields alone (`config_checks.validate_fields`), before TensorFlow and JAX are
+  imported: a mistyped field or dataset is answered in a fraction of a second, as one line."""
+  config_checks.validate_fields(_CONFIG.value)
 
 
 def main(argv) -> None:

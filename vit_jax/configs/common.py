@@ -11,6 +11,7 @@ from typing import Sequence
 import ml_collections
 
 from vit_jax import config as config_lib
+from vit_jax import config_checks
 from vit_jax.data import dataset_names
 
 
@@ -81,7 +82,7 @@ def quick_run(
 
   Upsampling lets the pad-2 random crop shift by half pixels of the original 8×8 digits, which
   regularises far better than whole-pixel shifts (98 % vs 92 % test accuracy at 600 steps).
-  Raises ConfigError when `config.dataset` is another named dataset, which this model does not
+  Raises ValueError when `config.dataset` is another named dataset, which this model does not
   fit, naming the family's published `variants` to pick instead.
   """
   config.image_size = 16
@@ -97,7 +98,7 @@ def quick_run(
   config.log_every = 100
   config.eval_every = 500
   config.checkpoint_every = 500
-  config_lib.require_fit(config, variants)
+  config_checks.require_fit(config, variants)
   return config
 
 

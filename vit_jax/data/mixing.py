@@ -7,7 +7,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from vit_jax import config as config_lib
+from vit_jax import config_settings
 
 
 def mix_batch(
@@ -72,7 +72,7 @@ def mix_batch(
   return images, lam * targets + (1.0 - lam) * targets[::-1]
 
 
-@config_lib.settings_type
+@config_settings.settings_type
 class MixSettings:
   """`mix_batch`'s settings (timm's Mixup arguments); `from_config` gives None when neither is on
   (both alphas 0)."""

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from vit_jax import config as config_lib
+from vit_jax import config_settings
 
 MESH_AXES = ('data', 'fsdp')
 
@@ -108,7 +108,7 @@ def bytes_per_device(tree: Any, shardings: Any) -> int:
   )
 
 
-@config_lib.settings_type
+@config_settings.settings_type
 class MeshSettings:
   """The mesh of a run: `fsdp` devices split the state; arrays under `fsdp_min_size` elements
   stay replicated (fields: `vit_jax.config.FIELDS`)."""

@@ -18,17 +18,17 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from vit_jax import config as config_lib
+from vit_jax import config_settings
 from vit_jax.models import layouts
 
 
-@config_lib.settings_type
+@config_settings.settings_type
 class ScheduleSettings:
   """How long a run trains (`num_epochs`, `warmup_epochs` when set override the steps) and its
   learning rate per step; `batch_size` is global (fields: `vit_jax.config.FIELDS`)."""
 
 
-@config_lib.settings_type
+@config_settings.settings_type
 class OptimizerSettings:
   """The optimizer of a run (fields: `vit_jax.config.FIELDS`)."""
 

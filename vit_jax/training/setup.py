@@ -1,21 +1,22 @@
 """The full check of a run config, before anything reads data or compiles: the fields
-(`vit_jax.config.problems`, the batches over the devices included), then what the owners of the
-rest check: the mesh over the devices, the model's own fields (`models.section_problems`) and the
-evaluators' settings. One `ConfigError` lists every bad field with its value and what is valid.
+(`vit_jax.config_checks.problems`, the batches over the devices included), then what the owners
+of the rest check: the mesh over the devices, the model's own fields (`models.section_problems`)
+and the evaluators' settings. One `ConfigError` lists every bad field with its value and what is
+valid.
 
-It sits above the schema (`vit_jax.config`, which imports none of the modules checked here), so
-that reading and checking the fields alone needs neither JAX nor a model.
+It sits above the schema and its checks (`vit_jax.config`, `vit_jax.config_checks`, which import
+none of the modules checked here), so that reading and checking the fields alone needs neither JAX
+nor a model.
 """
 
 import jax
 import ml_collections
 
 from vit_jax import config as config_lib
+from vit_jax import config_checks
 from vit_jax import evaluators
 from vit_jax import models
 from vit_jax.parallel import sharding
-
-FLAG = config_lib.FLAG
 
 
 def _evaluator_problems(config: ml_collections.ConfigDict) -> list[str]:
@@ -25,28 +26,28 @@ def _evaluator_problems(config: ml_collections.ConfigDict) -> list[str]:
     try:
       evaluators.create(name, settings)
     except ValueError as e:
-      problems.append(f'{FLAG}evaluators.{name}: {e}')
+      problems.append(f'{config_lib.FLAG}evaluators.{name}: {e}')
   return problems
 
 
 def validate(
     config: ml_collections.ConfigDict, *, devices: int | None = None, processes: int | None = None
 ) -> None:
-  """Raises `config_lib.ConfigError` listing every bad field of `config`; compiles and reads
+  """Raises `config_checks.ConfigError` listing every bad field of `config`; compiles and reads
   nothing. `devices` and `processes` (default: JAX's global counts) are what the batches and the
   mesh must divide."""
   devices = jax.device_count() if devices is None else devices
   processes = jax.process_count() if processes is None else processes
-  problems = config_lib.problems(config, devices=devices, processes=processes)
-  bad = config_lib.bad_fields(problems)
+  problems = config_checks.problems(config, devices=devices, processes=processes)
+  bad = config_checks.bad_fields(problems)
   if 'mesh.fsdp' not in bad:
     try:
       sharding.check_mesh(config.mesh.fsdp, devices)
     except ValueError as e:
-      problems.append(f'{FLAG}{e}')
+      problems.append(f'{config_lib.FLAG}{e}')
   if 'model' not in bad:
-    problems += models.section_problems(config.model, FLAG)
+    problems += models.section_problems(config.model, config_lib.FLAG)
   if 'evaluators' not in bad:
     problems += _evaluator_problems(config)
   if problems:
-    raise config_lib.ConfigError(problems)
+    raise config_checks.ConfigError(problems)

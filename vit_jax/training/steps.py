@@ -17,7 +17,7 @@ from jax.sharding import Mesh
 import numpy as np
 import optax
 
-from vit_jax import config as config_lib
+from vit_jax import config_settings
 from vit_jax.data import mixing
 from vit_jax.parallel import sharding
 
@@ -107,13 +107,13 @@ def distillation_loss(
   return (1 - alpha) * base + alpha * kd
 
 
-@config_lib.settings_type
+@config_settings.settings_type
 class DistillationLoss:
   """`distillation_loss`'s settings: 'hard' or 'soft' (`kind`), the weight `alpha` and
   temperature `tau`."""
 
 
-@config_lib.settings_type
+@config_settings.settings_type
 class StepSettings:
   """What the train step reads of a run: its loss (a key of `LOSSES`), mixing (None: no
   mixup/CutMix), micro-batches and EMA (0: none).

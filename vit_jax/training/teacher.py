@@ -6,7 +6,7 @@ import os
 from absl import logging
 import numpy as np
 
-from vit_jax import config as config_lib
+from vit_jax import config_settings
 from vit_jax.weights import hub
 from vit_jax.data import input_pipeline
 from vit_jax import models
@@ -33,7 +33,7 @@ def normalization_change(student: str, teacher: str) -> tuple[np.ndarray, np.nda
   return std_s / std_t, (mean_s - mean_t) / std_t
 
 
-@config_lib.settings_type
+@config_settings.settings_type
 class TeacherSettings:
   """Which teacher a distilling run learns from (`teacher`: a work directory, 'hf-hub:ORG/NAME'
   or 'MODEL:FILE') and how it reads it (`teacher_normalization` '': the student's, a work

@@ -29,6 +29,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 
 from vit_jax import config as config_lib
+from vit_jax import config_settings
 from vit_jax import evaluators as evaluators_lib
 from vit_jax import workdir as workdir_lib
 from vit_jax.data import input_pipeline
@@ -49,15 +50,15 @@ from vit_jax.training import teacher as teacher_lib
 from vit_jax.weights import pretrained as pretrained_lib
 
 
-@config_lib.settings_type
+@config_settings.settings_type
 class Settings:
   """A validated config resolved once into the settings each module reads; the code below the
   set-up receives the piece it reads. `model` is the `model` section (`name` and the fields it
   sets), `dtype` the model's compute dtype unless its section sets one, `evaluators` the periodic
   ones (`evaluators_lib.periodic`), `teacher` None without distillation."""
 
-  model: Mapping[str, Any] = config_lib.section(dict)
-  evaluators: Mapping[str, Any] = config_lib.section(evaluators_lib.periodic)
+  model: Mapping[str, Any] = config_settings.section(dict)
+  evaluators: Mapping[str, Any] = config_settings.section(evaluators_lib.periodic)
   data: data_settings.DataSettings
   schedule: optim.ScheduleSettings
   optimizer: optim.OptimizerSettings

@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from vit_jax import config as config_lib
+from vit_jax import config_checks
 from vit_jax.weights import hub
 from vit_jax.data import folder
 from vit_jax.data import imagenet
@@ -127,7 +128,7 @@ def load_weights(
       normalization=normalization or 'imagenet',
   )
   section = {'name': model_name, **fields}
-  problems = config_lib.field_problems(preprocessing)
+  problems = config_checks.field_problems(preprocessing)
   problems += models.section_problems(section, config_lib.FLAG)
   if problems:
     raise ValueError('; '.join(p.replace(config_lib.FLAG, '--') for p in problems))
