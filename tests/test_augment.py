@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from vit_jax.data import augment_spec
 from vit_jax.configs import common
 from vit_jax.data import augment
 from vit_jax.data import mixing
@@ -20,7 +21,7 @@ from vit_jax.data import settings as data_settings
 from vit_jax.data import digits
 
 FILL = (124, 116, 104)  # timm's img_mean for ImageNet normalisation.
-ALL_OPS = sorted(set(augment.RAND_OPS + augment.RAND_INCREASING_OPS))
+ALL_OPS = sorted(set(augment_spec.RAND_OPS + augment_spec.RAND_INCREASING_OPS))
 
 
 def _test_image():
@@ -32,16 +33,16 @@ def _test_image():
 
 
 def test_parse_randaugment():
-  spec = augment.parse_randaugment('rand-m9-mstd0.5-inc1')
-  assert spec == augment.RandAugmentSpec(
+  spec = augment_spec.parse_randaugment('rand-m9-mstd0.5-inc1')
+  assert spec == augment_spec.RandAugmentSpec(
       magnitude=9.0, num_layers=2, prob=0.5, magnitude_std=0.5, magnitude_max=10.0, increasing=True
   )
-  assert spec.ops == augment.RAND_INCREASING_OPS and len(spec.ops) == 15
-  assert augment.parse_randaugment('rand-n3-m7-p0.7').ops == augment.RAND_OPS
-  assert augment.parse_randaugment('rand-mstd101').magnitude_std == math.inf
+  assert spec.ops == augment_spec.RAND_INCREASING_OPS and len(spec.ops) == 15
+  assert augment_spec.parse_randaugment('rand-n3-m7-p0.7').ops == augment_spec.RAND_OPS
+  assert augment_spec.parse_randaugment('rand-mstd101').magnitude_std == math.inf
   for bad in ('auto-m9', 'rand-m9-x1', 'rand-mfoo'):
     with pytest.raises(ValueError, match='RandAugment spec'):
-      augment.parse_randaugment(bad)
+      augment_spec.parse_randaugment(bad)
 
 
 @pytest.mark.parametrize('interpolation', ['bicubic', 'bilinear'])
@@ -111,7 +112,7 @@ def test_op_arguments_stay_in_their_ranges():
       'BrightnessIncreasing': (0.1, 1.9),
       'SharpnessIncreasing': (0.1, 1.9),
   }
-  spec = augment.parse_randaugment('rand-m9-mstd0.5-inc1')
+  spec = augment_spec.parse_randaugment('rand-m9-mstd0.5-inc1')
   sample = tf.function(lambda seed: augment.sample_magnitude(seed, spec))
   magnitudes = np.array([float(sample(tf.constant([i, 3], tf.int64))) for i in range(300)])
   assert magnitudes.min() >= 0 and magnitudes.max() <= 10
@@ -131,7 +132,7 @@ def test_op_arguments_stay_in_their_ranges():
 
 
 def test_randaugment_is_deterministic_and_changes_images():
-  spec = augment.parse_randaugment('rand-m9-mstd0.5-inc1')
+  spec = augment_spec.parse_randaugment('rand-m9-mstd0.5-inc1')
   image = tf.constant(_test_image())
   traced = tf.function(lambda seed: augment.randaugment(image, seed, spec, fill=FILL))
   run = lambda i: traced(tf.constant([i, 1], tf.int64)).numpy()

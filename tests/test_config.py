@@ -11,9 +11,9 @@ import sys
 import jax
 import pytest
 
+from vit_jax.data import augment_spec
 from vit_jax.configs import cait, common, deepvit, deit, regnet, sa_conv, t2t, vit
 from tests.tiny_runs import tiny_config
-from vit_jax.data import augment
 from vit_jax.data import mixing
 from vit_jax import config as config_lib
 from vit_jax import config_checks
@@ -383,7 +383,7 @@ def test_typed_settings_read_the_config_once():
       mixup_alpha=0.8,
   )
   train = data_settings.TrainTransform.from_config(config)
-  assert train.randaugment == augment.parse_randaugment('rand-m9-mstd0.5-inc1')
+  assert train.randaugment == augment_spec.parse_randaugment('rand-m9-mstd0.5-inc1')
   assert (
       train.image_size,
       train.augment,

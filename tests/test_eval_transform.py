@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from vit_jax.data import normalization
 from vit_jax.data import input_pipeline
 from vit_jax.data import settings as data_settings
 from vit_jax.data import image_ops
@@ -85,7 +86,7 @@ def test_eval_images_match_timm_on_photographs(photos, size, ratio):
   from PIL import Image  # pylint: disable=g-import-not-at-top
 
   transform = _timm_transform(size, ratio)
-  mean, std = (np.asarray(v, np.float32) for v in input_pipeline.NORMALIZATIONS['imagenet'])
+  mean, std = (np.asarray(v, np.float32) for v in normalization.NORMALIZATIONS['imagenet'])
   ours_transform = data_settings.EvalTransform(
       image_size=size, crop_ratio=ratio, normalization='imagenet'
   )

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from vit_jax.data import normalization
 from vit_jax.data import input_pipeline
 from vit_jax.data import settings as data_settings
 from vit_jax.weights import hub
@@ -133,7 +134,7 @@ def test_metadata_picks_preprocessing():
   config['pretrained_cfg']['std'] = [0.5, 0.25, 0.125]  # Of no known normalisation.
   numbers = hub.read_config('hf-hub:x/y', config)['normalization']
   np.testing.assert_array_equal(
-      input_pipeline.mean_std(numbers),
+      normalization.mean_std(numbers),
       ([0.48145466, 0.4578275, 0.40821073], [0.5, 0.25, 0.125]),
   )
   config['pretrained_cfg']['std'] = [0.5, 0.0, 0.5]

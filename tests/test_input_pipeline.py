@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from vit_jax.data import normalization
 from vit_jax.configs import common
 from vit_jax.data import input_pipeline
 from vit_jax.data import settings as data_settings
@@ -32,9 +33,9 @@ def _raw_digits(data_dir, split):
   return arrays['image'], arrays['label'], arrays['index']
 
 
-def _unnormalize(images, normalization):
+def _unnormalize(images, name):
   """Back to uint8 pixel values; exact for unresized images."""
-  mean, std = (np.array(v, np.float32) for v in input_pipeline.NORMALIZATIONS[normalization])
+  mean, std = (np.array(v, np.float32) for v in normalization.NORMALIZATIONS[name])
   pixels = (images * std + mean) * 255.0
   np.testing.assert_allclose(pixels, np.round(pixels), atol=1e-3)
   return np.round(pixels).astype(np.uint8)
@@ -60,7 +61,7 @@ def test_dataset_info(data_dir):
 
 def test_digits_statistics_are_the_train_split_statistics(data_dir):
   images, _, _ = _raw_digits(data_dir, 'train')
-  mean, std = input_pipeline.NORMALIZATIONS['digits']
+  mean, std = normalization.NORMALIZATIONS['digits']
   pixels = images.astype(np.float64) / 255.0
   np.testing.assert_allclose(mean, pixels.mean(), atol=5e-5)
   np.testing.assert_allclose(std, pixels.std(), atol=5e-5)
@@ -82,9 +83,9 @@ def test_one_digits_epoch_is_standardised(data_dir):
   assert _multiset(pixels[..., :1], batch['label']) == _multiset(images, labels)
 
 
-@pytest.mark.parametrize('normalization', sorted(input_pipeline.NORMALIZATIONS))
-def test_normalisation_of_constant_images(normalization):
-  mean, std = (np.array(v, np.float32) for v in input_pipeline.NORMALIZATIONS[normalization])
+@pytest.mark.parametrize('name', sorted(normalization.NORMALIZATIONS))
+def test_normalisation_of_constant_images(name):
+  mean, std = (np.array(v, np.float32) for v in normalization.NORMALIZATIONS[name])
   at_mean = image_ops.normalize(tf.fill([4, 4, 3], 1.0) * 255.0 * mean, mean, std)
   one_std_up = image_ops.normalize(tf.fill([4, 4, 3], 1.0) * 255.0 * (mean + std), mean, std)
   np.testing.assert_allclose(at_mean, 0.0, atol=1e-5)
@@ -128,8 +129,8 @@ def test_crop_resize_is_tensorflows_antialiased_resize_bit_for_bit(whole):
 
 
 def test_imagenet_and_inception_constants():
-  assert input_pipeline.NORMALIZATIONS['imagenet'] == ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
-  black = image_ops.normalize(tf.zeros([1, 1, 3]), *input_pipeline.mean_std('inception')).numpy()
+  assert normalization.NORMALIZATIONS['imagenet'] == ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+  black = image_ops.normalize(tf.zeros([1, 1, 3]), *normalization.mean_std('inception')).numpy()
   np.testing.assert_allclose(black, -1.0)
 
 
@@ -158,7 +159,7 @@ def test_mock_cifar10_train_batches(augment):
     assert batch['label'].shape == (16,) and batch['label'].dtype == np.int32
     assert batch['label'].min() >= 0 and batch['label'].max() < 10
     assert np.all(np.isfinite(batch['image']))
-  mean, std = input_pipeline.NORMALIZATIONS['cifar10']
+  mean, std = normalization.NORMALIZATIONS['cifar10']
   lowest = (0 - np.array(mean)) / np.array(std)
   highest = (1 - np.array(mean)) / np.array(std)
   images = np.concatenate([b['image'] for b in batches])
@@ -577,9 +578,7 @@ def test_train_iterator_decodes_what_the_recipe_needs(tmp_path, image_format, re
 
   @tf.function(input_signature=[tf.TensorSpec([None, None, 3], tf.uint8)])
   def finish(crop):  # The rest of `_train_image` for this recipe, on a crop of dynamic shape.
-    return image_ops.normalize(
-        image_ops.resize(crop, 16, 16), *input_pipeline.mean_std('inception')
-    )
+    return image_ops.normalize(image_ops.resize(crop, 16, 16), *normalization.mean_std('inception'))
 
   whole = tf.io.decode_image(encoded, channels=3)
   differs = []

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tests.tiny_runs import tiny_config
-from vit_jax.data import input_pipeline
+from vit_jax.data import normalization
 from vit_jax import models
 from vit_jax.weights import pretrained
 from vit_jax.training import teacher
@@ -134,8 +134,8 @@ def test_deit_distils_from_a_timm_regnety_weights_file(timm, data_dir, tmp_path,
   config.distillation.teacher_normalization = 'imagenet'
   loaded = teacher.load(teacher.TeacherSettings.from_config(config), num_classes=10)
   images = np.random.default_rng(0).normal(size=(2, 16, 16, 3)).astype(np.float32)
-  digits_mean, digits_std = (np.asarray(v) for v in input_pipeline.NORMALIZATIONS['digits'])
-  imagenet_mean, imagenet_std = (np.asarray(v) for v in input_pipeline.NORMALIZATIONS['imagenet'])
+  digits_mean, digits_std = (np.asarray(v) for v in normalization.NORMALIZATIONS['digits'])
+  imagenet_mean, imagenet_std = (np.asarray(v) for v in normalization.NORMALIZATIONS['imagenet'])
   timm_images = ((images * digits_std + digits_mean) - imagenet_mean) / imagenet_std
   with torch.no_grad():
     expected = reference(torch.from_numpy(timm_images.transpose(0, 3, 1, 2).astype(np.float32)))

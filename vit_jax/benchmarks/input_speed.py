@@ -52,6 +52,8 @@ from vit_jax.data import reading
 from vit_jax.benchmarks import stopwatch
 from vit_jax.data import convert
 from vit_jax.data import folder
+from vit_jax.data import dataset_names
+from vit_jax.data import normalization
 
 LATE_EXAMPLES = 100_000  # Examples consumed before the default --late_step.
 TIMM_RECORDS = 4096  # Encoded images timm's side holds when the dataset is not a folder.
@@ -223,10 +225,10 @@ class _Epochs:
 def _timm_images(config: ml_collections.ConfigDict, transform: Callable[[Any], Any]):
   """The train split's images for timm, from ours' storage (module docstring)."""
   split = config.train_split.split('[')[0]
-  if config.dataset.startswith(folder.PREFIX):
+  if config.dataset.startswith(dataset_names.FOLDER_PREFIX):
     import torchvision  # pylint: disable=g-import-not-at-top
 
-    root = folder.scan(config.dataset[len(folder.PREFIX) :]).root
+    root = folder.scan(config.dataset[len(dataset_names.FOLDER_PREFIX) :]).root
     return torchvision.datasets.ImageFolder(os.path.join(root, split), transform=transform)
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
@@ -259,7 +261,7 @@ def _timm(config: ml_collections.ConfigDict, workers: int) -> Pipeline:
   # pylint: enable=g-import-not-at-top
   for name in ('Posterize', 'PosterizeIncreasing', 'PosterizeOriginal'):
     auto_augment.NAME_TO_OP[name] = _posterize_in_range
-  mean, std = input_pipeline.mean_std(config.normalization)
+  mean, std = normalization.mean_std(config.normalization)
   transform = create_transform(
       config.image_size,
       is_training=True,

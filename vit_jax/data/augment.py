@@ -24,13 +24,7 @@ import tensorflow as tf
 
 from vit_jax.data import augment_spec
 
-RAND_OPS = augment_spec.RAND_OPS
-RAND_INCREASING_OPS = augment_spec.RAND_INCREASING_OPS
-RandAugmentSpec = augment_spec.RandAugmentSpec
-parse_randaugment = augment_spec.parse_randaugment
-
 INTERPOLATIONS = ('bicubic', 'bilinear', 'random')
-_LEVEL_DENOM = augment_spec.LEVEL_DENOM
 _TRANSLATE_PCT = 0.45
 _SIGNED_OPS = (
     'Rotate',
@@ -47,7 +41,8 @@ _SIGNED_OPS = (
 
 def level_to_arg(name: str, magnitude: tf.Tensor, negate: tf.Tensor) -> tf.Tensor:
   """timm's LEVEL_TO_ARG: the op argument for `magnitude` in [0, 10]; `negate` flips its sign."""
-  level = tf.cast(magnitude, tf.float64) / _LEVEL_DENOM  # Double, as timm's Python floats.
+  # Double, as timm's Python floats.
+  level = tf.cast(magnitude, tf.float64) / augment_spec.LEVEL_DENOM
   sign = tf.where(negate, tf.constant(-1.0, tf.float64), tf.constant(1.0, tf.float64))
   if name == 'Rotate':
     return sign * level * 30.0
@@ -289,7 +284,7 @@ def _pixel_op(
 # fifth of what TensorFlow's kernels spend on it, one op at a time, and every op gets cheaper.
 _COMPILED_OPS = {
     name: tf.function(functools.partial(_pixel_op, name), jit_compile=True, autograph=False)
-    for name in sorted(set(RAND_OPS + RAND_INCREASING_OPS))
+    for name in sorted(set(augment_spec.RAND_OPS + augment_spec.RAND_INCREASING_OPS))
 }
 
 
@@ -328,7 +323,7 @@ def apply_op(
   return _COMPILED_OPS[name](image, tf.cast(arg, tf.float64), tf.cast(fill, tf.uint8), bicubic)
 
 
-def sample_magnitude(seed: tf.Tensor, spec: RandAugmentSpec) -> tf.Tensor:
+def sample_magnitude(seed: tf.Tensor, spec: augment_spec.RandAugmentSpec) -> tf.Tensor:
   """One op's magnitude: N(m, mstd) (or U(0, m) if mstd is inf), clipped to [0, mmax]."""
   if spec.magnitude_std == math.inf:
     magnitude = tf.random.stateless_uniform([], seed, 0.0, spec.magnitude)
@@ -343,7 +338,7 @@ def sample_magnitude(seed: tf.Tensor, spec: RandAugmentSpec) -> tf.Tensor:
 def randaugment(
     image: tf.Tensor,
     seed: tf.Tensor,
-    spec: RandAugmentSpec,
+    spec: augment_spec.RandAugmentSpec,
     *,
     fill: tuple[int, int, int],
     interpolation: str = 'bicubic',

@@ -29,7 +29,6 @@ from vit_jax.data import convert
 from vit_jax.data import folder
 from vit_jax.data import storage
 
-NAME = datasets.DIGITS
 NUM_CLASSES = 10
 TEST_FRACTION = 0.2
 SPLIT_SEED = 0
@@ -104,7 +103,7 @@ def prepare(data_dir: str | None = None) -> tfds.core.DatasetBuilder:
       and not storage.missing_files(builder)
   ):
     return builder  # Nothing to write: a read-only data dir serves.
-  what = f'the {NAME!r} dataset'
+  what = f'the {datasets.DIGITS!r} dataset'
   storage.check_writable(builder.data_dir_root, what)
   leftovers = functools.partial(storage.preparation_leftovers, builder)
   with storage.writing(builder.data_dir_root, what, leftovers), folder.preparing(builder):

@@ -36,11 +36,9 @@ from PIL import Image as pil_image
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from vit_jax.data import dataset_names as datasets
 from vit_jax.data import convert
 from vit_jax.data import storage
 
-PREFIX = datasets.FOLDER_PREFIX
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png')
 _LAYOUT = '<root>/<split>/<class>/*.jpg|*.jpeg|*.png, e.g. <root>/train/cat/1.jpg'
 

@@ -43,17 +43,12 @@ import numpy as np
 import tensorflow as tf
 
 from vit_jax.data import augment
-from vit_jax.data import augment_spec
 from vit_jax.data import image_ops
 from vit_jax.data import normalization
 from vit_jax.data import reading
 from vit_jax.data import settings as data_settings
 from vit_jax.data import sources
 
-NORMALIZATIONS = normalization.NORMALIZATIONS
-mean_std = normalization.mean_std
-normalization_name = normalization.normalization_name
-AUGMENTS = augment_spec.AUGMENTS
 IN_MEMORY_MAX_BYTES = 1024**3
 
 
@@ -156,7 +151,7 @@ def _train_image(
     image = tf.image.stateless_random_flip_left_right(image, flip_seed)
   if pixel_ops:
     if transform.randaugment is not None:
-      mean = mean_std(transform.normalization)[0]
+      mean = normalization.mean_std(transform.normalization)[0]
       image = augment.randaugment(
           image,
           randaugment_seed,
@@ -172,7 +167,7 @@ def _train_image(
       image = augment.three_augment(image, three_seed)
     if transform.color_jitter:
       image = augment.color_jitter(image, jitter_seed, transform.color_jitter)
-  image = image_ops.normalize(image, *mean_std(transform.normalization))
+  image = image_ops.normalize(image, *normalization.mean_std(transform.normalization))
   if transform.random_erase_prob > 0:
     image = augment.random_erase(image, erase_seed, transform.random_erase_prob)
   return image
@@ -184,7 +179,7 @@ def eval_image(image: tf.Tensor, transform: data_settings.EvalTransform) -> tf.T
   image = image_ops.resize_centre_crop(
       image_ops.to_rgb(image), transform.image_size, transform.crop_ratio
   )
-  return image_ops.normalize(tf.round(image), *mean_std(transform.normalization))
+  return image_ops.normalize(tf.round(image), *normalization.mean_std(transform.normalization))
 
 
 # How a split is read: by index (in memory or from ArrayRecord), or streamed.

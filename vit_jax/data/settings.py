@@ -7,9 +7,10 @@ from vit_jax import config_settings
 
 @config_settings.settings_type
 class TrainTransform:
-  """How one training image is cropped, augmented and normalised: `augment` one of `AUGMENTS`,
-  `normalization` a key of `NORMALIZATIONS` or numbers (`mean_std`), `randaugment` parsed (None:
-  off), `color_jitter` 0 for off (fields: `vit_jax.config.FIELDS`)."""
+  """How one training image is cropped, augmented and normalised: `augment` one of
+  `augment_spec.AUGMENTS`, `normalization` a key of `normalization.NORMALIZATIONS` or numbers
+  (`normalization.mean_std`), `randaugment` parsed (None: off), `color_jitter` 0 for off (fields:
+  `vit_jax.config.FIELDS`)."""
 
 
 @config_settings.settings_type

@@ -13,6 +13,7 @@ import tensorflow_datasets as tfds
 
 from vit_jax import runtime
 from vit_jax.data import convert
+from vit_jax.data import dataset_names
 from vit_jax.data import digits
 from vit_jax.data import folder
 from vit_jax.data import settings as data_settings
@@ -99,19 +100,21 @@ def resolve(
 
 def _prepared_builder(data: data_settings.DataSettings, name: str) -> tfds.core.DatasetBuilder:
   """The builder of dataset `name`, prepared on first use."""
-  if name == digits.NAME:
+  if name == dataset_names.DIGITS:
     return digits.prepare(data.data_dir)
-  if name.startswith(folder.PREFIX):
+  if name.startswith(dataset_names.FOLDER_PREFIX):
     return folder.prepare(
-        name[len(folder.PREFIX) :], data.data_dir, skip_unreadable=data.skip_unreadable_images
+        name[len(dataset_names.FOLDER_PREFIX) :],
+        data.data_dir,
+        skip_unreadable=data.skip_unreadable_images,
     )
   try:
     builder = tfds.builder(name, data_dir=data.data_dir)
   except tfds.core.registered.DatasetNotFoundError:
     message = (
-        f'Unknown dataset {name!r}. Valid: {digits.NAME!r} (embedded), '
-        f"'{folder.PREFIX}/path/to/images' (your own images) or any TFDS dataset name, "
-        "e.g. 'cifar10', 'cifar100', 'imagenet2012' (tfds.list_builders())."
+        f'Unknown dataset {name!r}. Valid: {dataset_names.DIGITS!r} (embedded), '
+        f"'{dataset_names.FOLDER_PREFIX}/path/to/images' (your own images) or any TFDS dataset "
+        "name, e.g. 'cifar10', 'cifar100', 'imagenet2012' (tfds.list_builders())."
     )
     raise ValueError(message) from None
   storage.check_preparable(builder, name)

@@ -3,8 +3,8 @@
 A set is named `DATASET[:SPLIT]`: any TFDS image-classification dataset ('imagenet_v2',
 'imagenet_v2/topimages', 'cifar10:test', 'imagenet2012:validation'), the embedded 'digits', or an
 image folder ('folder:/path/to/images:test'). Without a split: the run's `eval_split` for the run's
-own dataset, the published split for the ImageNet test sets of `PUBLISHED`, else 'test'. How each
-set is scored (`SCORINGS`):
+own dataset, the published split for the ImageNet test sets of `eval_set_names.PUBLISHED`, else
+'test'. How each set is scored (`eval_set_names.SCORINGS`):
 * 'top1': the argmax of the logits equals the label (ImageNet, -v2, -Sketch, any other dataset);
 * 'real': ImageNet-ReaL (Beyer et al. 2020, "Are we done with ImageNet?"): correct when the argmax
   is one of the example's ReaL labels; examples without a ReaL label are left out, as there;
@@ -35,8 +35,6 @@ from vit_jax.evaluators import evaluator
 from vit_jax.evaluators import passes
 from vit_jax.parallel import sharding
 from vit_jax.training import steps
-
-SCORINGS = eval_set_names.SCORINGS
 
 # The 200 ImageNet classes (WordNet ids) of ImageNet-A (Hendrycks et al. 2021, "Natural Adversarial
 # Examples", github.com/hendrycks/natural-adv-examples) and ImageNet-R (Hendrycks et al. 2021, "The
@@ -99,9 +97,6 @@ n10565667 n12267677
 SUBSET_WNIDS = {'imagenet_a': IMAGENET_A_WNIDS, 'imagenet_r': IMAGENET_R_WNIDS}
 
 
-PUBLISHED = eval_set_names.PUBLISHED
-
-
 @functools.cache
 def subset_classes(scoring: str) -> tuple[int, ...]:
   """The indices among the 1000 ImageNet classes (TFDS label order) of the 200 classes of
@@ -152,7 +147,7 @@ class EvalSet(eval_set_names.EvalSetName):
 
 
 def score(scoring: str) -> passes.Score:
-  """The `passes.Score` of one of `SCORINGS`."""
+  """The `passes.Score` of one of `eval_set_names.SCORINGS`."""
   if scoring == 'real':
     return real_sums
   if scoring in SUBSET_WNIDS:

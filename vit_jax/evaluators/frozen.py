@@ -12,7 +12,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from vit_jax.data import folder
+from vit_jax.data import dataset_names
 from vit_jax.data import input_pipeline
 from vit_jax.data import settings as data_settings
 from vit_jax.evaluators import evaluator
@@ -39,8 +39,8 @@ class Dataset:
 
 def metric_name(dataset: str) -> str:
   """'cifar10' -> 'cifar10'; 'folder:/data/flowers/' -> 'flowers'."""
-  if dataset.startswith(folder.PREFIX):
-    return os.path.basename(os.path.normpath(dataset[len(folder.PREFIX) :]))
+  if dataset.startswith(dataset_names.FOLDER_PREFIX):
+    return os.path.basename(os.path.normpath(dataset[len(dataset_names.FOLDER_PREFIX) :]))
   return dataset.replace('/', '_')
 
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from vit_jax import config_settings
 from vit_jax.weights import hub
-from vit_jax.data import input_pipeline
+from vit_jax.data import normalization
 from vit_jax import models
 from vit_jax.weights import pretrained
 from vit_jax.training import steps
@@ -28,7 +28,7 @@ def normalization_change(student: str, teacher: str) -> tuple[np.ndarray, np.nda
   if student == teacher:
     return None
   (mean_s, std_s), (mean_t, std_t) = (
-      np.asarray(input_pipeline.mean_std(n), np.float32) for n in (student, teacher)
+      np.asarray(normalization.mean_std(n), np.float32) for n in (student, teacher)
   )
   return std_s / std_t, (mean_s - mean_t) / std_t
 

@@ -24,6 +24,7 @@ import flax.linen as nn
 import numpy as np
 
 from vit_jax import models
+from vit_jax.data import normalization
 
 PREFIX = 'hf-hub:'
 CONFIG_FILE = 'config.json'
@@ -42,7 +43,7 @@ class HubConfig:
   model_fields: dict[str, Any]  # Overrides of the registered model, from `model_args`.
   num_classes: int  # 0: headless (timm's num_classes=0): no classifier in the weights.
   image_size: int
-  normalization: str  # A name or numbers, as `input_pipeline.mean_std` reads them.
+  normalization: str  # A name or numbers, as `normalization.mean_std` reads them.
   crop_ratio: float  # timm's crop_pct: resize to image_size / crop_ratio, centre crop.
   label_names: tuple[str, ...] | None
 
@@ -127,15 +128,13 @@ def _first_line(error: Exception) -> str:
 
 def _normalization(name: str, mean: Any, std: Any) -> str:
   """The normalisation of (mean, std): its name where one matches, else the numbers."""
-  from vit_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
-
   if np.shape(mean) != (3,) or np.shape(std) != (3,):
     raise ValueError(
         f'{name} normalises with mean {mean} and std {std}; vit_jax takes three of each (RGB).'
     )
-  normalization = input_pipeline.normalization_name(mean, std)
-  input_pipeline.mean_std(normalization)  # Positive, finite stds.
-  return normalization
+  spelled = normalization.normalization_name(mean, std)
+  normalization.mean_std(spelled)  # Positive, finite stds.
+  return spelled
 
 
 def _model_fields(
