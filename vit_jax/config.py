@@ -31,7 +31,7 @@ from vit_jax.models import parts
 
 DTYPES = ('float32', 'bfloat16', 'float16')
 OPTIMIZERS = ('adamw', 'sgd', 'lamb')
-LOSSES = ('softmax_xent', 'bce')  # The keys of `vit_jax.training.steps.LOSSES`.
+LOSSES = ('softmax_xent', 'bce')  # Each the name of its loss in `vit_jax.training.steps.LOSSES`.
 DISTILLATION_TYPES = ('none', 'hard', 'soft')
 FLAG = '--config.'  # How a field is named on the command line, and in every message about it.
 

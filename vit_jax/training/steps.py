@@ -17,6 +17,7 @@ from jax.sharding import Mesh
 import numpy as np
 import optax
 
+from vit_jax import config as config_lib
 from vit_jax import config_settings
 from vit_jax.data import mixing
 from vit_jax.parallel import sharding
@@ -57,13 +58,14 @@ def binary_cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
   return jnp.mean(optax.sigmoid_binary_cross_entropy(logits.astype(jnp.float32), hits), axis=-1)
 
 
-# Per-example loss of logits against (batch, classes) targets, by the config's `loss`.
-LOSSES = {  # By the names `config.LOSSES` declares.
-    'softmax_xent': lambda logits, targets: optax.softmax_cross_entropy(
-        logits.astype(jnp.float32), targets
-    ),
-    'bce': binary_cross_entropy,
-}
+def softmax_cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
+  """Cross-entropy of the softmax against (soft) targets, in float32. Per example: (batch,)."""
+  return optax.softmax_cross_entropy(logits.astype(jnp.float32), targets)
+
+
+# Per-example loss of logits against (batch, classes) targets, by the config's `loss`: the names
+# `config.LOSSES` declares, in its order.
+LOSSES = dict(zip(config_lib.LOSSES, (softmax_cross_entropy, binary_cross_entropy), strict=True))
 
 
 def classification_loss(outputs: Any, targets: jax.Array, kind: str = 'softmax_xent') -> jax.Array:
