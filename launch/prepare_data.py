@@ -33,11 +33,12 @@ def main(argv) -> None:
 
   tf.config.set_visible_devices([], 'GPU')
   from vit_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import settings as data_settings  # pylint: disable=g-import-not-at-top
 
   config = _CONFIG.value
   if _DATA_DIR.value:
     config.data_dir = _DATA_DIR.value
-  info = input_pipeline.get_dataset_info(input_pipeline.DataSettings.from_config(config))
+  info = input_pipeline.get_dataset_info(data_settings.DataSettings.from_config(config))
   print(
       f'Prepared {info.name} in {config.data_dir or "the TFDS default data dir"}: '
       f'{info.num_train_examples} train / {info.num_eval_examples} eval examples, '
