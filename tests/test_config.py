@@ -1,4 +1,4 @@
-"""The one validation pass (vit_jax.config): every field range-checked, every bad one listed.
+"""The one validation pass (vit_jax.config_checks): every field range-checked, every bad one listed.
 
 Nothing here compiles or reads data: validation runs before either.
 """
