@@ -87,7 +87,7 @@ FIELDS: tuple[Field, ...] = (
     Field(
         'dataset',
         datasets.DIGITS,
-        config_rules.Rule(datasets.named, lambda: 'a non-empty string'),
+        config_rules.DATASET,
         "'digits' (embedded, nothing to download), 'folder:/path/to/images' or a TFDS name.",
         into=('DataSettings',),
     ),
@@ -116,11 +116,7 @@ FIELDS: tuple[Field, ...] = (
     Field(
         'eval_sets',
         (),
-        config_rules.Rule(
-            config_rules.is_eval_sets,
-            lambda: "a tuple of test-set names 'DATASET[:SPLIT]' "
-            "(vit_jax/evaluators/eval_sets.py), e.g. ('imagenet2012_real', 'imagenet_v2')",
-        ),
+        config_rules.EVAL_SETS,
         'Test sets scored beside eval_split, when it is, each under its own name: any TFDS '
         "'name:split', digits, 'folder:/path:split'; ImageNet-ReaL multi-label, ImageNet-A/-R "
         'on their 200 classes.',
@@ -201,10 +197,7 @@ FIELDS: tuple[Field, ...] = (
     Field(
         'randaugment',
         '',
-        config_rules.Rule(
-            config_rules.is_randaugment,
-            lambda: "'' (off) or a timm spec such as 'rand-m9-mstd0.5-inc1'",
-        ),
+        config_rules.RANDAUGMENT,
         "timm RandAugment spec, e.g. 'rand-m9-mstd0.5-inc1'; '' = off.",
         into=('TrainTransform',),
         convert=_randaugment_spec,

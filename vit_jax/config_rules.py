@@ -8,6 +8,7 @@ import math
 from typing import Any, Callable, Iterable
 
 from vit_jax.data import augment_spec
+from vit_jax.data import dataset_names as datasets
 from vit_jax.data import eval_set_names
 from vit_jax.data import normalization
 
@@ -113,8 +114,7 @@ def normalization_rule(*, unset: str = '') -> Rule:
   )
 
 
-def is_randaugment(spec: Any) -> bool:
-  """Whether `spec` is '' (off) or a timm RandAugment spec; a bad spec raises what is wrong."""
+def _is_randaugment(spec: Any) -> bool:
   if not isinstance(spec, str):
     return False
   if spec:
@@ -122,7 +122,17 @@ def is_randaugment(spec: Any) -> bool:
   return True
 
 
-def is_eval_sets(specs: Any) -> bool:
-  """Whether `specs` are test-set names; a bad one raises naming it and what is valid."""
+def _is_eval_sets(specs: Any) -> bool:
   eval_set_names.parse_all(specs)  # Its ValueError names the bad set and what is valid.
   return True
+
+
+DATASET = Rule(datasets.named, lambda: 'a non-empty string')
+EVAL_SETS = Rule(
+    _is_eval_sets,
+    lambda: "a tuple of test-set names 'DATASET[:SPLIT]' "
+    "(vit_jax/evaluators/eval_sets.py), e.g. ('imagenet2012_real', 'imagenet_v2')",
+)
+RANDAUGMENT = Rule(
+    _is_randaugment, lambda: "'' (off) or a timm spec such as 'rand-m9-mstd0.5-inc1'"
+)
