@@ -98,6 +98,20 @@ def test_a_step_deleted_while_being_pinned_gives_way_to_the_newest(
   assert not _pins(workdir)
 
 
+def test_the_commands_reader_of_a_run_reads_a_live_one_from_a_pin(
+    checkpointed_run, tmp_path, caplog
+):
+  """`inference.load_run`: how evaluate, predict and analyze read a run."""
+  from vit_jax.weights import inference  # pylint: disable=g-import-not-at-top
+
+  workdir = _copy(checkpointed_run, tmp_path)
+  with run_writer.lock(workdir), caplog.at_level(std_logging.WARNING):
+    run = inference.load_run(workdir, unroll=True)
+  assert run.step == STEPS[-1]
+  assert caplog.text.count(' is being trained (pid ') == 1
+  assert not _pins(workdir)
+
+
 def test_a_reader_beside_no_live_run_pins_nothing(checkpointed_run, tmp_path, monkeypatch):
   workdir = _copy(checkpointed_run, tmp_path)
   monkeypatch.setattr(workdir_lib.Workdir, 'pin', None)  # Would fail if called.
