@@ -58,6 +58,21 @@ def test_a_step_deleted_after_pinning_is_still_read_from_the_pin(checkpointed_ru
   assert not _pins(workdir)  # Removed afterwards.
 
 
+def test_where_links_are_refused_the_pin_is_a_copy(checkpointed_run, tmp_path, monkeypatch):
+  workdir = _copy(checkpointed_run, tmp_path)
+  run = workdir_lib.Workdir(workdir)
+  expected = run.read_state(STEPS[-1])
+
+  def refused(source, target):
+    raise PermissionError(1, 'Operation not permitted', source)
+
+  monkeypatch.setattr(os, 'link', refused)
+  with run.pin(STEPS[-1]) as pinned:
+    shutil.rmtree(os.path.join(workdir, 'checkpoints', str(STEPS[-1])))
+    _assert_same_tree(pinned.read_state(STEPS[-1]), expected)
+  assert not _pins(workdir)
+
+
 def test_a_live_run_is_named_in_one_line_and_read_from_a_pin(checkpointed_run, tmp_path, caplog):
   workdir = _copy(checkpointed_run, tmp_path)
   with run_writer.lock(workdir), caplog.at_level(std_logging.WARNING):
