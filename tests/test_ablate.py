@@ -10,7 +10,6 @@ import pytest
 
 from vit_jax.configs import ablations
 from tests import pairwise
-from vit_jax import config as config_lib
 from vit_jax import models
 from vit_jax.analysis import ablation
 from vit_jax.analysis import collapse
@@ -186,9 +185,7 @@ def test_every_grid_variant_builds(grid):
   config.lock()  # As `python -m vit_jax.ablate` reads it.
   assert len(config.variants) >= 2
   for name in config.variants:
-    model = config_lib.create_model(
-        ablation.variant_config(config, dict(config.variants[name])), 10
-    )
+    model = models.create_model(ablation.variant_config(config, dict(config.variants[name])), 10)
     model.check_fields()
     images = jnp.zeros((1, config.image_size, config.image_size, 3))
     assert jax.eval_shape(model.init, jax.random.key(0), images)['params']

@@ -14,7 +14,6 @@ import pytest
 
 from tests.tiny_runs import CHECKPOINTED_STEPS
 from tests.tiny_runs import tiny_config
-from vit_jax import config as config_lib
 from vit_jax import models
 from vit_jax import workdir as workdir_lib
 from vit_jax.analysis import pruning
@@ -74,7 +73,7 @@ def _sa_conv_config(data_dir: str) -> ml_collections.ConfigDict:
 @pytest.mark.e2e  # About 30 s: eight small compilations and a short fine-tuning run.
 def test_sa_conv_run_gets_centres_and_a_pruned_run_that_fine_tunes(data_dir, tmp_path):
   config = _sa_conv_config(data_dir)
-  model = config_lib.create_model(config, 10)
+  model = models.create_model(config, 10)
   params = model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)))['params']
   params = jax.tree.map(np.array, params)
   params['layers_1']['attention']['attention_spreads'][2] = np.diag([1.0, 1e-3])  # Degenerate.

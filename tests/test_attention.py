@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from vit_jax.models import attention
+from vit_jax.models import numerics
 from vit_jax.models import parts
 
 B, N, D, H = 2, 6, 12, 3
@@ -262,7 +263,7 @@ def test_chunked_attention_equals_full_attention(queries, chunk_size):
   def loss(attend, q, k, v):
     return jnp.sum(attend(q, k, v) * weights)
 
-  chunked = lambda q, k, v: attention.chunked_attention(q, k, v, chunk_size=chunk_size)
+  chunked = lambda q, k, v: numerics.chunked_attention(q, k, v, chunk_size=chunk_size)
   full = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, scale=1.0)
   np.testing.assert_allclose(chunked(q, k, v), full(q, k, v), atol=1e-5)
   for a, b in zip(
@@ -277,14 +278,14 @@ def test_long_sequences_take_chunked_attention_on_cpu(monkeypatch):
   x = jax.random.normal(jax.random.key(1), (2, 40, 24))
   variables = module.init(jax.random.key(0), x)
   full = module.apply(variables, x)
-  calls, chunked = [], attention.chunked_attention
+  calls, chunked = [], numerics.chunked_attention
 
   def spy(q, k, v):
     calls.append(q.shape)
     return chunked(q, k, v, chunk_size=7)
 
-  monkeypatch.setattr(attention, 'chunked_attention', spy)
-  monkeypatch.setattr(attention, 'CHUNKED_ATTENTION_MIN_PAIRS', 40 * 40)
+  monkeypatch.setattr(numerics, 'chunked_attention', spy)
+  monkeypatch.setattr(numerics, 'CHUNKED_ATTENTION_MIN_PAIRS', 40 * 40)
   np.testing.assert_allclose(module.apply(variables, x), full, atol=1e-5)
   assert calls == [(2, 40, 2, 4)]
   module.clone(fast_path_implementation='xla').apply(variables, x)
@@ -309,7 +310,7 @@ def test_cudnn_attention_pads_masks_and_equals_unpadded_attention(multiple, padd
     return dot_product_attention(q, k, v, *args, implementation='xla', **kwargs)
 
   monkeypatch.setattr(jax.nn, 'dot_product_attention', spy)
-  monkeypatch.setattr(attention, 'CUDNN_SEQUENCE_MULTIPLE', multiple)
+  monkeypatch.setattr(numerics, 'CUDNN_SEQUENCE_MULTIPLE', multiple)
 
   def loss(variables, x, implementation):
     out = module.clone(fast_path_implementation=implementation).apply(variables, x)

@@ -16,6 +16,7 @@ from vit_jax.configs import common
 from vit_jax.data import augment
 from vit_jax.data import mixing
 from vit_jax.data import input_pipeline
+from vit_jax.data import settings as data_settings
 from vit_jax.data import digits
 
 FILL = (124, 116, 104)  # timm's img_mean for ImageNet normalisation.
@@ -311,7 +312,7 @@ def _config(data_dir, **overrides):
 
 def _batches(config, count, start_step=0):
   iterator = input_pipeline.train_iterator(
-      input_pipeline.DataSettings.from_config(config),
+      data_settings.DataSettings.from_config(config),
       start_step=start_step,
       process_index=0,
       process_count=1,

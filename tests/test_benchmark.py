@@ -12,7 +12,7 @@ import numpy as np
 from PIL import Image
 import pytest
 
-from vit_jax import config as config_lib
+from vit_jax import models
 from vit_jax.benchmarks import device_report
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -270,7 +270,7 @@ def test_step_flops_count_the_matrix_products_of_a_training_step():
       'image': jax.ShapeDtypeStruct((8, 16, 16, 3), jnp.float32),
       'label': jax.ShapeDtypeStruct((8,), jnp.int32),
   }
-  model = config_lib.model_from_section(config.model.to_dict(), 10, 'float32')
+  model = models.model_from_section(config.model.to_dict(), 10, 'float32')
   variables = jax.eval_shape(lambda x: model.init(jax.random.key(0), x), batch['image'])
   forward = device_report.step_flops(lambda v, x: model.apply(v, x), variables, batch['image'])
   step, _, flops = device_report._compiled_train_step(  # pylint: disable=protected-access

@@ -16,7 +16,9 @@ from tests.tiny_runs import tiny_config
 from vit_jax.data import augment
 from vit_jax.data import mixing
 from vit_jax import config as config_lib
-from vit_jax.data import input_pipeline
+from vit_jax import models
+from vit_jax.training import setup
+from vit_jax.data import settings as data_settings
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -28,7 +30,7 @@ def _config(**overrides):
 
 def _problems(config, devices=1, processes=1) -> list[str]:
   with pytest.raises(config_lib.ConfigError) as raised:
-    config_lib.validate(config, devices=devices, processes=processes)
+    setup.validate(config, devices=devices, processes=processes)
   lines = str(raised.value).splitlines()  # One line for one problem, else a header and one each.
   assert lines == (
       [f'Config field not valid: {raised.value.problems[0]}']
@@ -66,7 +68,7 @@ FAMILY_CONFIGS = [
     'module, arg', FAMILY_CONFIGS, ids=[f'{m.__name__}:{a}' for m, a in FAMILY_CONFIGS]
 )
 def test_family_configs_are_valid(module, arg):
-  config_lib.validate(module.get_config(arg or None), devices=1, processes=1)
+  setup.validate(module.get_config(arg or None), devices=1, processes=1)
 
 
 def test_every_shared_field_has_a_rule_and_nothing_else_does():
@@ -167,14 +169,14 @@ def test_batches_must_split_over_devices_processes_and_micro_batches(monkeypatch
   )
   problems = _problems(_config(batch_size=64, grad_accum_steps=16), devices=8, processes=1)
   assert 'grad_accum_steps=16' in problems[0] and 'of 128' in problems[0]
-  config_lib.validate(_config(batch_size=64, repeated_aug=3), devices=1, processes=2)
-  config_lib.validate(_config(batch_size=96, repeated_aug=3), devices=8, processes=2)
+  setup.validate(_config(batch_size=64, repeated_aug=3), devices=1, processes=2)
+  setup.validate(_config(batch_size=96, repeated_aug=3), devices=8, processes=2)
   # Without `devices`, JAX's device count is what the batch must divide.
   monkeypatch.setattr(jax, 'device_count', lambda: 8)
   config = common.get_config()
   config.batch_size = 100
   with pytest.raises(config_lib.ConfigError) as raised:
-    config_lib.validate(config)
+    setup.validate(config)
   assert 'batch_size=100: must be a multiple of the 8 device(s)' in str(raised.value)
 
 
@@ -199,7 +201,7 @@ def test_the_digits_default_on_another_dataset_says_which_variant():
       'the quick model for the embedded digits'
   )
   assert "e.g. --config='configs/vit.py:variant=S/16,dataset=cifar10'" in problems[0]
-  config_lib.validate(_config(dataset='folder:/images/of/digits'), devices=1, processes=1)
+  setup.validate(_config(dataset='folder:/images/of/digits'), devices=1, processes=1)
   for module in (vit, deit, cait, deepvit, t2t, regnet):
     first = list(module.VARIANTS)[0]
     with pytest.raises(
@@ -333,7 +335,7 @@ def test_every_default_obeys_its_rule_and_reaches_the_config():
     for key in field.name.split('.'):
       value = value[key]
     assert value == field.default, field.name
-  config_lib.validate(config, devices=1, processes=1)
+  setup.validate(config, devices=1, processes=1)
 
 
 def test_fields_without_a_default_can_be_set_from_the_command_line():
@@ -342,14 +344,14 @@ def test_fields_without_a_default_can_be_set_from_the_command_line():
     if field.default is None:
       assert field.field_type is not None, field.name
   config.in_memory, config.num_epochs, config.data_dir = True, 3.0, '/tfds'
-  config_lib.validate(config, devices=1, processes=1)
+  setup.validate(config, devices=1, processes=1)
   with pytest.raises(TypeError):
     config.in_memory = 'yes'
 
 
 def test_three_bad_fields_are_one_error_in_the_flags_words():
   with pytest.raises(config_lib.ConfigError) as raised:
-    config_lib.validate(
+    setup.validate(
         _config(mix_prob=1.5, optimizer='adagrad', **{'mesh.fsdp': 0}), devices=1, processes=1
     )
   assert str(raised.value) == (
@@ -377,7 +379,7 @@ def test_typed_settings_read_the_config_once():
       eval_crop_ratio=0.875,
       mixup_alpha=0.8,
   )
-  train = input_pipeline.TrainTransform.from_config(config)
+  train = data_settings.TrainTransform.from_config(config)
   assert train.randaugment == augment.parse_randaugment('rand-m9-mstd0.5-inc1')
   assert (
       train.image_size,
@@ -387,8 +389,8 @@ def test_typed_settings_read_the_config_once():
       train.normalization,
       train.random_erase_prob,
   ) == (16, 'crop_flip', 2, False, 'digits', 0.25)
-  assert input_pipeline.TrainTransform.from_config(_config()).randaugment is None
-  assert input_pipeline.EvalTransform.from_config(config) == input_pipeline.EvalTransform(
+  assert data_settings.TrainTransform.from_config(_config()).randaugment is None
+  assert data_settings.EvalTransform.from_config(config) == data_settings.EvalTransform(
       image_size=16, crop_ratio=0.875, normalization='digits'
   )
   assert mixing.MixSettings.from_config(config) == mixing.MixSettings(
@@ -443,17 +445,17 @@ def test_scan_layers_and_remat_keep_the_models_own_values_until_set():
   for module in (vit, t2t, sa_conv, regnet):
     config = module.get_config()
     assert (config.model.scan_layers, config.model.remat) == (None, None), module.__name__
-    config_lib.validate(config, devices=1, processes=1)
-    model = config_lib.create_model(config, 10)
+    setup.validate(config, devices=1, processes=1)
+    model = models.create_model(config, 10)
     assert not getattr(model, 'scan_layers', False) and not getattr(model, 'remat', False)
   config = sa_conv.get_config()
   config.model.scan_layers = config.model.remat = True
-  model = config_lib.create_model(config, 10)
+  model = models.create_model(config, 10)
   assert (model.scan_layers, model.remat) == (True, True)
   config = regnet.get_config()
   config.model.scan_layers = True
   with pytest.raises(config_lib.ConfigError, match="Unknown override 'scan_layers'"):
-    config_lib.validate(config, devices=1, processes=1)
+    setup.validate(config, devices=1, processes=1)
 
 
 def test_a_part_kinds_own_settings_are_set_by_name_and_reach_its_module():
@@ -466,26 +468,26 @@ def test_a_part_kinds_own_settings_are_set_by_name_and_reach_its_module():
   from vit_jax.models import attention  # pylint: disable=g-import-not-at-top
   from vit_jax.models import parts  # pylint: disable=g-import-not-at-top
 
-  plain = config_lib.create_model(vit.get_config(), 10)
+  plain = models.create_model(vit.get_config(), 10)
   assert (plain.stem_settings, plain.attention_settings) == (None, None)
   config = t2t.get_config('variant=14,dataset=digits')
   assert config.model.soft_splits is None
-  assert config_lib.create_model(config, 10).stem_settings == parts.T2TSettings()  # T2T-ViT-14's.
+  assert models.create_model(config, 10).stem_settings == parts.T2TSettings()  # T2T-ViT-14's.
   config.model.token_dim = 32  # Over the registered model's own: T2T-ViT_t-14 keeps its block.
   config.model.name = 't2t_vit_t_14'
-  assert config_lib.create_model(config, 10).stem_settings == parts.T2TSettings(
+  assert models.create_model(config, 10).stem_settings == parts.T2TSettings(
       tokens_type='transformer', token_dim=32
   )
   config.model.name, config.model.token_dim = 't2t_vit_14', None
   config.model.soft_splits = ((3, 2, 1), (3, 1, 1))
-  model = config_lib.create_model(config, 10)
+  model = models.create_model(config, 10)
   assert model.stem_settings == parts.T2TSettings(soft_splits=((3, 2, 1), (3, 1, 1)))
   config.model.soft_splits = ((3, 0, 1),)
   with pytest.raises(config_lib.ConfigError, match=r'soft_splits=\(\(3, 0, 1\),\) must be'):
-    config_lib.validate(config, devices=1, processes=1)
+    setup.validate(config, devices=1, processes=1)
   config = sa_conv.get_config()
   config.model.centre_init_std = 0.5
-  model = config_lib.create_model(config, 10)
+  model = models.create_model(config, 10)
   received = []
 
   def record(next_fun, args, kwargs, context):
@@ -505,24 +507,24 @@ def test_the_backbone_parts_can_be_set_on_every_family_config():
     model = module.get_config().model
     assert set(config_lib.model_part_fields()) <= set(model), module.__name__
   config = cait.get_config()
-  assert config_lib.create_model(config, 10).attention == 'talking_heads'  # CaiT's own, kept unset.
+  assert models.create_model(config, 10).attention == 'talking_heads'  # CaiT's own, kept unset.
   config.model.attention = 'standard'
   config.model.class_stage = 'token'
-  model = config_lib.create_model(config, 10)
+  model = models.create_model(config, 10)
   assert (model.attention, model.class_stage) == ('standard', 'token')
   config = vit.get_config()
   config.model.layer_scale_init = 1e-5
   config.model.attention = 're_attention'
-  config_lib.validate(config, devices=1, processes=1)
-  model = config_lib.create_model(config, 10)
+  setup.validate(config, devices=1, processes=1)
+  model = models.create_model(config, 10)
   assert (model.layer_scale_init, model.attention) == (1e-5, 're_attention')
   config.model.attention = 'banana'
   with pytest.raises(config_lib.ConfigError, match="attention='banana' is not valid"):
-    config_lib.validate(config, devices=1, processes=1)
+    setup.validate(config, devices=1, processes=1)
   config = regnet.get_config()
   config.model.attention = 'talking_heads'  # A CNN has no attention to replace.
   with pytest.raises(config_lib.ConfigError, match='attention'):
-    config_lib.validate(config, devices=1, processes=1)
+    setup.validate(config, devices=1, processes=1)
 
 
 def test_layer_scale_and_mlp_width_are_each_said_once():
@@ -530,18 +532,53 @@ def test_layer_scale_and_mlp_width_are_each_said_once():
   it); a model gets its MLP width from mlp_dim or mlp_ratio, and both at once is an error."""
   config = cait.get_config()  # Its quick model sets layer_scale_init=0.1.
   config.model.layer_scale_init = 'paper'
-  assert config_lib.create_model(config, 10).layer_scale_init == 'paper'
+  assert models.create_model(config, 10).layer_scale_init == 'paper'
   config = cait.get_config()
   config.model.paper_layer_scale = True
-  config_lib.validate(config, devices=1, processes=1)
-  assert config_lib.create_model(config, 10).layer_scale_init == 'paper'
+  setup.validate(config, devices=1, processes=1)
+  assert models.create_model(config, 10).layer_scale_init == 'paper'
   config = cait.get_config()
   config.model.layer_scale_init = 'banana'
   with pytest.raises(config_lib.ConfigError, match="layer_scale_init='banana' is not valid"):
-    config_lib.validate(config, devices=1, processes=1)
+    setup.validate(config, devices=1, processes=1)
   config = vit.get_config()  # Its quick model sets mlp_dim.
   config.model.mlp_ratio = 2.0
   with pytest.raises(config_lib.ConfigError, match='mlp_dim=256 and mlp_ratio=2.0'):
-    config_lib.validate(config, devices=1, processes=1)
+    setup.validate(config, devices=1, processes=1)
   config.model.mlp_dim = None
-  assert config_lib.create_model(config, 10).mlp_width == 2 * config.model.hidden_size
+  assert models.create_model(config, 10).mlp_width == 2 * config.model.hidden_size
+
+
+def test_a_new_field_is_one_declaration(monkeypatch):
+  """One `Field` entry gives the schema's listing, the defaults, the rule, the command line and
+  the settings type that reads it."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+
+  field = config_lib.Field(
+      'probe_width', 3, config_lib.integer(1), 'A width.', into=('Probe.width',)
+  )
+  monkeypatch.setattr(config_lib, 'FIELDS', config_lib.FIELDS + (field,))
+
+  @config_lib.settings_type
+  class Probe:
+    """Reads the new field as `width`."""
+
+  assert '--config.probe_width=3\n    an integer >= 1. A width.' in config_lib.describe()
+  assert config_lib.defaults().probe_width == 3
+  assert Probe.from_config(config_lib.defaults()) == Probe(width=3) == Probe()
+  config = _config(probe_width=0)
+  with pytest.raises(config_lib.ConfigError, match=r'probe_width=0: must be an integer >= 1'):
+    config_lib.validate_fields(config)
+  argv = ['main', f'--config={REPO}/vit_jax/configs/vit.py', '--config.probe_width=5']
+  flag_values = flags.FlagValues()
+  config_flags.DEFINE_config_file('config', flag_values=flag_values, sys_argv=argv)
+  flag_values(argv)
+  config_lib.validate_fields(flag_values.config)
+  assert Probe.from_config(flag_values.config).width == 5
+
+
+def test_the_schemas_loss_names_are_the_losses_of_the_step():
+  from vit_jax.training import steps  # pylint: disable=g-import-not-at-top
+
+  assert tuple(steps.LOSSES) == config_lib.LOSSES

@@ -7,7 +7,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from vit_jax import config as config_lib
+from vit_jax import models
+from vit_jax.training import setup
 from vit_jax import runtime
 from vit_jax.training import train
 
@@ -47,7 +48,7 @@ PUBLISHED = (
 @pytest.mark.parametrize('name, arg', PUBLISHED)
 def test_published_sizes_name_registered_models(name, arg):
   config = load(name).get_config(arg)
-  config_lib.create_model(config, 10)
+  models.create_model(config, 10)
 
 
 @pytest.mark.parametrize(
@@ -57,9 +58,9 @@ def test_deit3_recipes_pass_the_config_checks(arg):
   """DeiT III's recipes combine 3-Augment, BCE and LAMB (or RandAugment and softmax for the
   fine-tuning) as the config's checks allow."""
   config = load('deit3').get_config(f'{arg},dataset=imagenet2012')
-  config_lib.validate(config, devices=8, processes=1)
+  setup.validate(config, devices=8, processes=1)
   config.model.depth = 1  # The stem checks that its patches tile the image.
-  size, model = config.image_size, config_lib.create_model(config, 1000)
+  size, model = config.image_size, models.create_model(config, 1000)
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1, size, size, 3)))
   assert shapes['params']['pos_embed'].shape[1] == (size // model.patch_size) ** 2
 

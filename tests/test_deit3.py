@@ -16,7 +16,10 @@ import tensorflow as tf
 from vit_jax.data import augment
 from vit_jax.data import mixing
 from vit_jax import config as config_lib
+from vit_jax.training import setup
 from vit_jax.data import input_pipeline
+from vit_jax.data import settings as data_settings
+from vit_jax.data import image_ops
 from vit_jax import models
 from vit_jax.training import optim
 from vit_jax.training import steps
@@ -215,7 +218,7 @@ def test_simple_random_crop_matches_torchvision(reference, shape):
   }
   offsets = []
   for k in range(300):
-    out = input_pipeline._simple_random_crop(tf.constant(image), _seed(k), size, pad).numpy()
+    out = image_ops.simple_random_crop(tf.constant(image), _seed(k), size, pad).numpy()
     found = [ij for ij, window in windows.items() if np.array_equal(out, window)]
     assert found, k
     offsets.append(found[0])
@@ -342,9 +345,9 @@ def test_pipeline_applies_three_augment_and_jitter(tmp_path):
   config.data_dir = str(tmp_path)
   config.batch_size, config.image_size, config.normalization = 16, 16, 'digits'
   config.augment, config.crop_padding, config.flip = 'simple_random_crop', 2, False
-  plain = next(input_pipeline.train_iterator(input_pipeline.DataSettings.from_config(config)))
+  plain = next(input_pipeline.train_iterator(data_settings.DataSettings.from_config(config)))
   config.three_augment, config.color_jitter = True, 0.3
-  recipe = next(input_pipeline.train_iterator(input_pipeline.DataSettings.from_config(config)))
+  recipe = next(input_pipeline.train_iterator(data_settings.DataSettings.from_config(config)))
   np.testing.assert_array_equal(plain['label'], recipe['label'])
   assert not np.allclose(plain['image'], recipe['image'])
   assert recipe['image'].shape == (16, 16, 16, 3)
@@ -364,7 +367,7 @@ def test_config_rejects(fields, message):
   config = config_lib.defaults()
   config.update(fields)
   with pytest.raises(config_lib.ConfigError, match=message):
-    config_lib.validate(config, devices=1, processes=1)
+    setup.validate(config, devices=1, processes=1)
 
 
 def test_weights_load_at_a_new_resolution(tmp_path):

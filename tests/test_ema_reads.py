@@ -7,7 +7,7 @@ import os
 import pytest
 
 from tests.tiny_runs import assert_trees_close, tiny_config
-from vit_jax import config as config_lib
+from vit_jax import models
 from vit_jax.weights import inference
 from vit_jax.weights import pretrained as pretrained_lib
 from vit_jax.training import steps
@@ -55,7 +55,7 @@ def test_init_from_teacher_and_analysis_read_the_ema(run, tmp_path):
   config, workdir, _, state = run
   config = config.copy_and_resolve_references()
   config.init_from = workdir
-  model = config_lib.create_model(config, 10)
+  model = models.create_model(config, 10)
   pretrained = pretrained_lib.load(
       config.init_from,
       model,

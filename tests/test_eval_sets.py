@@ -17,9 +17,11 @@ import tensorflow_datasets as tfds
 from tests import tiny_runs
 from vit_jax.configs import common
 from vit_jax import config as config_lib
+from vit_jax import models
+from vit_jax.training import setup
 from vit_jax.evaluators import eval_sets
 from vit_jax.evaluators import passes
-from vit_jax.data import input_pipeline
+from vit_jax.data import settings as data_settings
 from vit_jax.training import train
 from vit_jax import workdir as workdir_lib
 
@@ -147,13 +149,13 @@ def test_bad_names_are_one_config_error_naming_them(names, message):
   config = common.get_config()
   config.eval_sets = names
   with pytest.raises(config_lib.ConfigError, match=r'--config\.eval_sets=.*' + message):
-    config_lib.validate(config, devices=1, processes=1)
+    setup.validate(config, devices=1, processes=1)
 
 
 def test_default_config_has_no_test_sets():
   config = common.get_config()
   assert config.eval_sets == ()
-  config_lib.validate(config, devices=1, processes=1)
+  setup.validate(config, devices=1, processes=1)
 
 
 def test_real_label_sets_are_read_from_the_mocked_dataset():
@@ -162,7 +164,7 @@ def test_real_label_sets_are_read_from_the_mocked_dataset():
   (real,) = eval_sets.parse_all(['imagenet2012_real'])
   with tfds.testing.mock_data(num_examples=12):
     raw = list(tfds.load('imagenet2012_real', split='validation').as_numpy_iterator())
-    batches = list(real.batches(input_pipeline.DataSettings.from_config(config)))
+    batches = list(real.batches(data_settings.DataSettings.from_config(config)))
   assert len(batches) == 2
   label_set = np.concatenate([b['label_set'] for b in batches])
   mask = np.concatenate([b['mask'] for b in batches])
@@ -233,7 +235,7 @@ def test_a_run_on_mocked_imagenet_reports_every_set_by_name(tmp_path):
     }
     images = {
         s.dataset: np.concatenate(
-            [b['image'] for b in s.batches(input_pipeline.DataSettings.from_config(config))]
+            [b['image'] for b in s.batches(data_settings.DataSettings.from_config(config))]
         )[:24]
         for s in scored_sets
     }
@@ -244,7 +246,7 @@ def test_a_run_on_mocked_imagenet_reports_every_set_by_name(tmp_path):
   assert 'imagenet2012_real/loss' not in results  # ReaL is scored on its label sets alone.
   assert results['imagenet2012:validation/accuracy'] == results['test_accuracy']
   assert results['imagenet2012:validation/count'] == 24
-  apply = jax.jit(config_lib.create_model(config, 1000).apply, static_argnames='train')
+  apply = jax.jit(models.create_model(config, 1000).apply, static_argnames='train')
   saved = workdir_lib.Workdir(workdir).read_state()
   for weights, prefix in ((saved['params'], ''), (saved['ema']['params'], 'ema_')):
     for eval_set in scored_sets:

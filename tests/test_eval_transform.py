@@ -6,6 +6,8 @@ import pytest
 import tensorflow as tf
 
 from vit_jax.data import input_pipeline
+from vit_jax.data import settings as data_settings
+from vit_jax.data import image_ops
 from vit_jax.benchmarks import timm_reference
 
 # (height, width): common photo shapes, portrait and landscape, odd and even, square.
@@ -72,9 +74,9 @@ def test_crop_window_is_timms(size, ratio):
       (h, w) for h in (size, size + 1, size + 17) for w in range(size, 3 * size, 29)
   )
   expected = [_timm_window(transform, height, width) for height, width in shapes]
-  assert [input_pipeline.centre_crop_window(h, w, size, ratio) for h, w in shapes] == expected
+  assert [image_ops.centre_crop_window(h, w, size, ratio) for h, w in shapes] == expected
   heights, widths = (tf.constant(side, tf.int32) for side in zip(*shapes))  # Run-time shapes.
-  found = input_pipeline.centre_crop_window(heights, widths, size, ratio)
+  found = image_ops.centre_crop_window(heights, widths, size, ratio)
   assert list(zip(*(v.numpy().tolist() for v in found))) == expected
 
 
@@ -84,7 +86,7 @@ def test_eval_images_match_timm_on_photographs(photos, size, ratio):
 
   transform = _timm_transform(size, ratio)
   mean, std = (np.asarray(v, np.float32) for v in input_pipeline.NORMALIZATIONS['imagenet'])
-  ours_transform = input_pipeline.EvalTransform(
+  ours_transform = data_settings.EvalTransform(
       image_size=size, crop_ratio=ratio, normalization='imagenet'
   )
   unknown_shape = tf.function(

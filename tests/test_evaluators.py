@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 from vit_jax import evaluators
-from vit_jax.data import input_pipeline
+from vit_jax.data import settings as data_settings
 from vit_jax.weights import inference
 from vit_jax.evaluators import evaluator
 from vit_jax.evaluators import fewshot
@@ -56,7 +56,7 @@ def test_fewshot_of_a_trained_vit_is_far_above_an_untrained_one(trained_digits_r
   with open(os.path.join(trained_digits_run, 'results.json')) as f:
     trained = json.load(f)['fewshot/digits_10shot']
   run = inference.load_run(trained_digits_run)
-  data = input_pipeline.DataSettings.from_config(run.config)
+  data = data_settings.DataSettings.from_config(run.config)
   ten_shot = evaluators.create('fewshot', run.config.evaluators.fewshot)
   untrained_variables = run.model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)))
   untrained = ten_shot.run(evaluator.Subject(run.model, data, variables=untrained_variables))[

@@ -1,94 +1,293 @@
-"""The README's worked extension, "Add your own attention": a kind defined here, chosen with
---config.model.attention, trains through the loop and is analysed through its sown maps."""
+"""The README's worked extension, "Add your own attention (or stem, or evaluator)": one module of
+the user's, outside vit_jax, registers an attention kind with settings of its own, a stem and an
+evaluator; a config file imports it, and every command then trains, resumes, analyses,
+evaluates, predicts and exports the run without any change to the project."""
 
-import functools
+import dataclasses
+import importlib
+import json
 import os
+import subprocess
+import sys
+import textwrap
 
-from absl import flags
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
-from ml_collections import config_flags
 import numpy as np
 import pytest
 
 from vit_jax import config as config_lib
-from vit_jax.training import train
+from vit_jax import evaluators
+from vit_jax import extensions
+from vit_jax import models
 from vit_jax import workdir as workdir_lib
 from vit_jax.analysis import maps
 from vit_jax.analysis import rollout
 from vit_jax.models import attention
+from vit_jax.models import parts
+from vit_jax.models import stems
+from vit_jax.training import optim
+from vit_jax.training import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# The user's module: what the README shows, written outside vit_jax by each test.
+EXTENSION = 'my_extension'
+EXTENSION_SOURCE = '''
+"""Cosine attention with a settings field, an average-pooling stem, a feature-norm evaluator."""
+import dataclasses
+import functools
+from typing import ClassVar
+
+import flax.linen as nn
+import jax.numpy as jnp
+import numpy as np
+
+from vit_jax import evaluators
+from vit_jax.evaluators import frozen
+from vit_jax.models import attention
+from vit_jax.models import stems
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CosineSettings:
+  """The 'cosine' kind's own settings: --config.model.initial_temperature=..."""
+  part: ClassVar[str] = 'attention'
+  initial_temperature: float = 10.0
+
 
 class CosineAttention(nn.Module):
-  """Softmax over the cosine similarities of queries and keys times a learned temperature per
-  head (the scaled cosine attention of Swin V2, in its plainest form)."""
-
+  """Softmax of cosine similarities times a learned temperature per head."""
   num_heads: int
+  initial_temperature: float = 10.0
   dropout_rate: float = 0.0
 
   @nn.compact
-  def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
+  def __call__(self, x, *, train=False):
     batch, tokens, width = x.shape
     qkv = nn.Dense(3 * width, name='qkv')(x).reshape(batch, tokens, 3 * self.num_heads, -1)
     q, k, v = jnp.split(qkv, 3, axis=2)
     q, k = (t / jnp.linalg.norm(t, axis=-1, keepdims=True) for t in (q, k))
-    temperature = self.param('temperature', nn.initializers.constant(10.0), (self.num_heads,))
+    temperature = self.param(
+        'temperature', nn.initializers.constant(self.initial_temperature), (self.num_heads,))
     scores = jnp.einsum('bqhd,bkhd->bhqk', q, k) * temperature[:, None, None]
-    # `attend` softmaxes, sows the probabilities to `intermediates` and weighs the values.
     heads = attention.attend(self, scores, v, dropout_rate=self.dropout_rate, train=train)
     return nn.Dense(width, name='proj')(heads.reshape(batch, tokens, width))
 
 
+attention.register(
+    'cosine',
+    lambda model, grid: functools.partial(
+        CosineAttention,
+        num_heads=model.num_heads,
+        initial_temperature=model.kind_settings(CosineSettings).initial_temperature,
+        dropout_rate=model.attention_dropout_rate,
+    ),
+    settings=CosineSettings,
+)
+
+
+class PoolStem(nn.Module):
+  """Average pooling over patches, then a linear map to the token width."""
+  patch_size: int
+  hidden_size: int
+
+  @nn.compact
+  def __call__(self, images, *, train=False):
+    p = self.patch_size
+    x = nn.avg_pool(images, (p, p), strides=(p, p))
+    return nn.Dense(self.hidden_size, name='proj')(x)
+
+
+stems.register(
+    'pool',
+    lambda model: functools.partial(PoolStem, model.patch_size, model.hidden_size),
+    module_name='pool_embed',
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureNorm(frozen.Evaluator):
+  """The mean norm of the test split's frozen features."""
+
+  def evaluate(self, data):
+    return {f'{data.name}/feature_norm': float(np.linalg.norm(data.test.features, axis=-1).mean())}
+
+
+evaluators.register('feature_norm', FeatureNorm)
+'''
+
+# The user's config file: imports the module, chooses its kind, stem and evaluator.
+CONFIG_SOURCE = f"""
+import {EXTENSION}  # Registers 'cosine', 'pool' and 'feature_norm'.
+
+import ml_collections
+from tests import tiny_runs
+
+
+def get_config():
+  config = tiny_runs.tiny_config('', total_steps=1, warmup_steps=0, log_every=1)
+  config.model.attention = 'cosine'
+  config.model.initial_temperature = 5.0
+  config.model.stem = 'pool'
+  config.layer_decay = 0.75
+  config.evaluators.feature_norm = ml_collections.ConfigDict({{'every': 0}})
+  return config
+"""
+
+
+def write_extension(folder) -> str:
+  """The user's module and config file in `folder`; returns the config file's path."""
+  (folder / f'{EXTENSION}.py').write_text(textwrap.dedent(EXTENSION_SOURCE))
+  (folder / 'my_config.py').write_text(textwrap.dedent(CONFIG_SOURCE))
+  return str(folder / 'my_config.py')
+
+
 @pytest.fixture
-def cosine_kind(monkeypatch):
-  """'cosine' registered as an attention kind for the test only."""
-  # pylint: disable-next=protected-access
+def extension(tmp_path, monkeypatch):
+  """The user's module imported from `tmp_path/ext`, its registrations undone after the test."""
+  # pylint: disable=protected-access
   monkeypatch.setattr(attention, '_KINDS', dict(attention._KINDS))
-  attention.register(
-      'cosine',
-      lambda model, grid: functools.partial(
-          CosineAttention, num_heads=model.num_heads, dropout_rate=model.attention_dropout_rate
-      ),
+  monkeypatch.setattr(stems, '_STEMS', dict(stems._STEMS))
+  monkeypatch.setattr(parts, '_SETTINGS', list(parts._SETTINGS))
+  monkeypatch.setattr(evaluators, 'EVALUATORS', dict(evaluators.EVALUATORS))
+  # pylint: enable=protected-access
+  folder = tmp_path / 'ext'
+  folder.mkdir()
+  write_extension(folder)
+  monkeypatch.syspath_prepend(str(folder))
+  monkeypatch.delitem(sys.modules, EXTENSION, raising=False)
+  module = importlib.import_module(EXTENSION)
+  yield module
+  sys.modules.pop(EXTENSION, None)
+
+
+def test_a_kind_with_settings_a_stem_and_an_evaluator_register_from_one_module(extension):
+  assert 'cosine' in attention.kinds() and 'pool' in stems.names()
+  assert evaluators.EVALUATORS['feature_norm'] is extension.FeatureNorm
+  assert attention.kind('cosine').module == stems.stem('pool').module == EXTENSION
+  # The kind's settings field is a model field of every config and an override of `create`.
+  assert config_lib.model_part_fields()['initial_temperature'] is float
+  assert 'initial_temperature' in config_lib.defaults().model
+  model = models.create(
+      'vit_ti4',
+      num_classes=10,
+      attention='cosine',
+      stem='pool',
+      initial_temperature=3.0,
+      hidden_size=32,
+      depth=2,
+      num_heads=2,
+      mlp_dim=64,
   )
-  return 'cosine'
+  assert model.attention_settings == extension.CosineSettings(initial_temperature=3.0)
+  variables = model.init(jax.random.key(0), np.zeros((1, 16, 16, 3)))
+  params = variables['params']
+  assert set(params['pool_embed']) == {'proj'} and 'patch_embed' not in params
+  np.testing.assert_allclose(params['blocks_0']['attn']['temperature'], 3.0)
+  # Layer-wise lr decay puts the stem with the embeddings, in layer 0 (top layer 3: the head).
+  scales = optim.layer_decay_scales(model, params, 0.5)
+  assert scales['pool_embed']['proj']['kernel'] == 0.5**3
+  assert scales['blocks_1']['attn']['temperature'] == 0.5
 
 
-def config_from_command_line(*args: str):
-  """The config `python -m vit_jax.main ARGS` would train: config_flags reads the file and applies
-  the --config.FIELD overrides."""
-  argv = ['main', *args]
-  flag_values = flags.FlagValues()
-  config_flags.DEFINE_config_file('config', flag_values=flag_values, sys_argv=argv)
-  flag_values(argv)
-  return flag_values.config
+def test_registrations_are_checked(extension):
+  with pytest.raises(ValueError, match="Stem 'pool' is registered already"):
+    stems.register('pool', lambda model: None)
+  with pytest.raises(
+      ValueError, match=r"T2TSettings.part='stem' is not valid; choose from \['attention'\]"
+  ):
+    attention.register('other', lambda model, grid: None, settings=parts.T2TSettings)
+  clash = dataclasses.make_dataclass(
+      'Clash', [('initial_temperature', float, 1.0)], frozen=True, namespace={'part': 'attention'}
+  )
+  with pytest.raises(ValueError, match=r"repeats fields .*'initial_temperature': 'CosineSettings'"):
+    parts.register_settings(clash)
+  with pytest.raises(ValueError, match="stem='banana' is not valid; choose from .*'pool'"):
+    models.create('vit_ti4', stem='banana').check_fields()
 
 
-def test_a_new_attention_kind_trains_and_is_analysed(cosine_kind, tmp_path):
-  assert cosine_kind in attention.kinds()
-  config = config_from_command_line(
-      f'--config={REPO}/configs/vit.py',
-      f'--config.model.attention={cosine_kind}',
-      f'--config.data_dir={tmp_path / "tfds"}',
-      '--config.image_size=16',
-      '--config.crop_padding=2',
-      '--config.total_steps=2',
-      '--config.warmup_steps=0',
-      '--config.batch_size=32',
-      '--config.eval_batch_size=64',
-      '--config.log_every=1',
-      '--config.model.hidden_size=32',
-      '--config.model.depth=2',
-      '--config.model.num_heads=2',
-      '--config.model.mlp_dim=64',
+def fresh_process(monkeypatch, folder: str) -> None:
+  """As in a new process: the user's module not loaded nor registered, its folder not on
+  sys.path."""
+  # pylint: disable=protected-access
+  monkeypatch.delitem(sys.modules, EXTENSION)
+  monkeypatch.setattr(sys, 'path', [p for p in sys.path if p != folder])
+  monkeypatch.setattr(
+      attention, '_KINDS', {k: v for k, v in attention._KINDS.items() if v.module != EXTENSION}
+  )
+  monkeypatch.setattr(
+      stems, '_STEMS', {k: v for k, v in stems._STEMS.items() if v.module != EXTENSION}
+  )
+  monkeypatch.setattr(parts, '_SETTINGS', [s for s in parts._SETTINGS if s.__module__ != EXTENSION])
+  monkeypatch.setattr(
+      evaluators,
+      'EVALUATORS',
+      {k: v for k, v in evaluators.EVALUATORS.items() if v.__module__ != EXTENSION},
+  )
+
+
+def test_a_run_records_the_module_and_reads_it_back(extension, tmp_path, monkeypatch):
+  config = config_lib.defaults()
+  config.model.attention, config.model.stem = 'cosine', 'pool'
+  config.evaluators.feature_norm = {'every': 0}
+  folder = str(tmp_path / 'ext')
+  (record,) = extensions.recorded_imports(config)
+  assert record == {
+      'module': EXTENSION,
+      'path': folder,
+      'registers': [
+          "attention='cosine'",
+          "stem='pool'",
+          'CosineSettings',
+          'evaluators.feature_norm',
+      ],
+  }
+  run = tmp_path / 'run'
+  run.mkdir()
+  (run / workdir_lib.CONFIG_FILE).write_text(workdir_lib.config_json(config))
+  fresh_process(monkeypatch, folder)
+  saved = workdir_lib.Workdir(str(run)).config()
+  assert EXTENSION in sys.modules and extensions.IMPORTS not in saved
+  assert saved.model.attention == 'cosine'
+  # Moved away: one line naming the module, its folder and what it registered.
+  fresh_process(monkeypatch, folder)
+  os.rename(folder, str(tmp_path / 'moved'))
+  with pytest.raises(ValueError) as refusal:
+    workdir_lib.Workdir(str(run)).config()
+  assert str(refusal.value).startswith(
+      f"{run / workdir_lib.CONFIG_FILE} records module '{EXTENSION}' (imported from {folder}), "
+      "which registered attention='cosine', stem='pool', CosineSettings, "
+      'evaluators.feature_norm, but it cannot be imported (ModuleNotFoundError'
+  )
+  assert '\n' not in str(refusal.value)
+
+
+def test_a_config_file_imports_the_modules_beside_it(tmp_path, monkeypatch):
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file('config', flag_values=values)
+  monkeypatch.setattr(sys, 'path', list(sys.path))
+  extensions.make_config_folders_importable(
+      ['main', f'--config={tmp_path}/my_config.py:arg', '--workdir=/x'], values
+  )
+  assert sys.path[0] == str(tmp_path)
+  extensions.make_config_folders_importable(['main', f'--config={REPO}/configs/vit.py'], values)
+  assert os.path.join(REPO, 'configs') not in sys.path  # vit_jax's own configs stay out.
+
+
+def test_a_new_attention_kind_trains_and_is_analysed(extension, data_dir, tmp_path):
+  from tests import tiny_runs  # pylint: disable=g-import-not-at-top
+
+  config = tiny_runs.tiny_config(
+      data_dir, total_steps=2, warmup_steps=0, log_every=1, **{'model.attention': 'cosine'}
   )
   workdir = str(tmp_path / 'run')
   result = train.train_and_evaluate(config, workdir)
   assert result.step == 2 and result.metrics['count'] > 0
 
-  model = config_lib.create_model(config, num_classes=10)
+  model = models.create_model(config, num_classes=10)
   variables = workdir_lib.Workdir(workdir).read_variables(use_ema=False).variables
   block = variables['params']['blocks_0']['attn']
   assert set(block) == {'qkv', 'temperature', 'proj'}
@@ -101,10 +300,55 @@ def test_a_new_attention_kind_trains_and_is_analysed(cosine_kind, tmp_path):
   np.testing.assert_allclose(layers[0].probs.sum(-1), 1.0, atol=1e-5)
   (relevance,) = rollout.token_relevance(layers, (16, 16))
   assert relevance.maps.shape == (3, 4, 4)
-  with pytest.raises(ValueError, match="attention='banana' is not valid; choose from .*'cosine'"):
-    config_lib.create_model(
-        config_from_command_line(
-            f'--config={REPO}/configs/vit.py', '--config.model.attention=banana'
-        ),
-        10,
-    ).check_fields()
+
+
+def _command(module: str, *args: str) -> subprocess.CompletedProcess:
+  """`python -m vit_jax.MODULE ARGS` as a user runs it, from the repository, in its own process."""
+  result = subprocess.run(
+      [sys.executable, '-m', f'vit_jax.{module}', *args],
+      cwd=REPO,
+      env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL='2'),
+      capture_output=True,
+      text=True,
+      timeout=600,
+      check=False,
+  )
+  assert result.returncode == 0, f'{module}: {result.stderr[-3000:]}'
+  return result
+
+
+@pytest.mark.e2e
+def test_every_command_reads_a_run_of_the_users_module(data_dir, tmp_path):
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+
+  folder = tmp_path / 'experiments'
+  folder.mkdir()
+  config_file = write_extension(folder)
+  workdir = str(tmp_path / 'run')
+  train_flags = (f'--config={config_file}', f'--workdir={workdir}', f'--config.data_dir={data_dir}')
+  _command('main', *train_flags)
+  _command('main', *train_flags, '--config.total_steps=2')  # Resumed from step 1.
+  with open(os.path.join(workdir, workdir_lib.CONFIG_FILE)) as f:
+    saved = json.load(f)
+  assert saved[extensions.IMPORTS][0]['module'] == EXTENSION
+  assert saved[extensions.IMPORTS][0]['path'] == str(folder)
+  assert saved['model']['initial_temperature'] == 5.0
+  assert workdir_lib.Workdir(workdir).steps()[-1] == 2
+
+  _command('analyze', f'--workdir={workdir}', '--num_images=4', '--batch_size=4', '--what=maps')
+  with open(os.path.join(workdir, 'analysis', 'analysis.json')) as f:
+    assert [layer['name'] for layer in json.load(f)['layers']] == ['blocks_0/attn', 'blocks_1/attn']
+
+  evaluated = _command('evaluate', f'--workdir={workdir}', '--evaluators=feature_norm')
+  assert 'digits/feature_norm' in evaluated.stdout
+  with open(os.path.join(workdir, 'results.json')) as f:
+    assert json.load(f)['digits/feature_norm'] > 0
+
+  image = tmp_path / 'seven.png'
+  Image.fromarray(np.full((16, 16, 3), 128, np.uint8)).save(image)
+  predicted = _command('predict', f'--workdir={workdir}', '--json', str(image))
+  assert len(json.loads(predicted.stdout)['predictions']) == 1
+
+  out = str(tmp_path / 'model.safetensors')
+  _command('export', f'--workdir={workdir}', f'--out={out}')
+  assert os.path.getsize(out) > 1000

@@ -26,6 +26,8 @@ from tests.tiny_runs import CHECKPOINTED_STEPS as STEPS
 from tests.tiny_runs import checkpointed_config
 from tests.tiny_runs import tiny_config
 from vit_jax.data import input_pipeline
+from vit_jax.data import settings as data_settings
+from vit_jax.data import sources
 from vit_jax.training import train
 from vit_jax import workdir as workdir_lib
 from vit_jax.training import run_writer
@@ -322,7 +324,7 @@ def test_nan_without_any_checkpoint_says_so(data_dir, tmp_path):
 def test_unprepared_manual_dataset_says_where_the_archives_go(tmp_path):
   config = tiny_config(str(tmp_path), dataset='imagenet2012')
   with pytest.raises(ValueError) as raised:
-    input_pipeline.get_dataset_info(input_pipeline.DataSettings.from_config(config))
+    input_pipeline.get_dataset_info(data_settings.DataSettings.from_config(config))
   message = str(raised.value)
   assert message.startswith(
       f"Dataset 'imagenet2012' is not prepared in data_dir={tmp_path}, "
@@ -341,7 +343,7 @@ def test_unprepared_dataset_without_network_names_the_command(tmp_path, monkeypa
   monkeypatch.setattr(tfds.core.DatasetBuilder, 'download_and_prepare', offline)
   with pytest.raises(ValueError) as raised:
     input_pipeline.get_dataset_info(
-        input_pipeline.DataSettings.from_config(tiny_config(str(tmp_path), dataset='cifar10'))
+        data_settings.DataSettings.from_config(tiny_config(str(tmp_path), dataset='cifar10'))
     )
   assert str(raised.value) == (
       f"Dataset 'cifar10' is not prepared in data_dir={tmp_path}, and preparing it failed "
@@ -354,7 +356,7 @@ def test_unprepared_dataset_without_network_names_the_command(tmp_path, monkeypa
 
 def _cifar10_info(data_dir):
   return input_pipeline.get_dataset_info(
-      input_pipeline.DataSettings.from_config(tiny_config(str(data_dir), dataset='cifar10'))
+      data_settings.DataSettings.from_config(tiny_config(str(data_dir), dataset='cifar10'))
   )
 
 
@@ -396,7 +398,7 @@ def test_a_download_host_that_does_not_answer_is_refused_when_the_probe_times_ou
   _no_network(monkeypatch)
   released = threading.Event()
   monkeypatch.setattr(socket, 'getaddrinfo', lambda *args, **kwargs: released.wait(60))
-  monkeypatch.setattr(input_pipeline, 'DOWNLOAD_PROBE_SECONDS', 0.2)
+  monkeypatch.setattr(sources, 'DOWNLOAD_PROBE_SECONDS', 0.2)
   try:
     with pytest.raises(ValueError, match=r'www.cs.toronto.edu:443 unreachable: no answer within '):
       _cifar10_info(tmp_path)  # The name lookup hangs, as with an unreachable name server.

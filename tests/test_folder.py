@@ -10,6 +10,7 @@ import pytest
 
 from vit_jax.configs import common
 from vit_jax.data import input_pipeline
+from vit_jax.data import settings as data_settings
 from vit_jax.data import folder
 
 CLASSES = ('cat', 'dog', 'emu')  # Written out of order below, so sorting is exercised.
@@ -61,11 +62,11 @@ def test_info_batches_and_eval_through_the_shared_pipeline(tmp_path):
   root, data_dir = str(tmp_path / 'images'), str(tmp_path / 'tfds')
   written = _write_images(root)
   config = _config(root, data_dir, image_size=12, augment='none', batch_size=21, eval_batch_size=4)
-  info = input_pipeline.get_dataset_info(input_pipeline.DataSettings.from_config(config))
+  info = input_pipeline.get_dataset_info(data_settings.DataSettings.from_config(config))
   assert (info.num_classes, info.num_train_examples, info.num_eval_examples) == (3, 21, 9)
   batch = next(
       input_pipeline.train_iterator(
-          input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1
+          data_settings.DataSettings.from_config(config), process_index=0, process_count=1
       )
   )
   assert batch['image'].shape == (21, 12, 12, 3) and batch['image'].dtype == np.float32
@@ -81,7 +82,7 @@ def test_info_batches_and_eval_through_the_shared_pipeline(tmp_path):
   assert expected <= seen
   batches = list(
       input_pipeline.eval_iterator(
-          input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1
+          data_settings.DataSettings.from_config(config), process_index=0, process_count=1
       )
   )
   assert len(batches) == 3
@@ -105,7 +106,7 @@ def test_mixed_sizes_stream_and_resize(tmp_path):
   batches = list(
       itertools.islice(
           input_pipeline.train_iterator(
-              input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1
+              data_settings.DataSettings.from_config(config), process_index=0, process_count=1
           ),
           2,
       )
@@ -113,7 +114,7 @@ def test_mixed_sizes_stream_and_resize(tmp_path):
   assert all(b['image'].shape == (8, 16, 16, 3) for b in batches)
   again = next(
       input_pipeline.train_iterator(
-          input_pipeline.DataSettings.from_config(config),
+          data_settings.DataSettings.from_config(config),
           start_step=1,
           process_index=0,
           process_count=1,
@@ -122,7 +123,7 @@ def test_mixed_sizes_stream_and_resize(tmp_path):
   np.testing.assert_array_equal(again['image'], batches[1]['image'])
   evaluated = list(
       input_pipeline.eval_iterator(
-          input_pipeline.DataSettings.from_config(config), process_index=1, process_count=2
+          data_settings.DataSettings.from_config(config), process_index=1, process_count=2
       )
   )
   assert all(b['image'].shape == (4, 16, 16, 3) for b in evaluated)
@@ -131,7 +132,7 @@ def test_mixed_sizes_stream_and_resize(tmp_path):
 def test_missing_folder(tmp_path):
   with pytest.raises(ValueError, match='does not exist.*<split>/<class>'):
     input_pipeline.get_dataset_info(
-        input_pipeline.DataSettings.from_config(_config(str(tmp_path / 'nowhere'), str(tmp_path)))
+        data_settings.DataSettings.from_config(_config(str(tmp_path / 'nowhere'), str(tmp_path)))
     )
 
 

@@ -18,7 +18,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from tests.tiny_runs import final_params, tiny_config
-from vit_jax import config as config_lib
+from vit_jax import models
 from vit_jax.weights import pretrained
 from vit_jax.parallel import sharding
 from vit_jax.training import train
@@ -286,7 +286,7 @@ def test_saved_at_fsdp_8_resumed_at_fsdp_2_equals_an_uninterrupted_run(trained):
 
 @pytest.mark.e2e
 def test_exported_weights_of_a_sharded_run_equal_a_replicated_ones(trained, tmp_path):
-  model = config_lib.create_model(tiny_config(''), 10)
+  model = models.create_model(tiny_config(''), 10)
   exported = []
   for name in ('vit_fsdp1', 'vit_fsdp8'):
     path = str(tmp_path / f'{name}.safetensors')

@@ -14,9 +14,11 @@ import pytest
 from PIL import Image
 
 from vit_jax.data import input_pipeline
+from vit_jax.data import settings as data_settings
 from vit_jax.weights import hub
 from vit_jax.weights import inference
 from vit_jax import config as config_lib
+from vit_jax.training import setup
 from vit_jax import models
 from vit_jax.weights import pretrained
 from vit_jax.training import teacher as teacher_lib
@@ -235,7 +237,7 @@ def test_predict_reads_model_preprocessing_and_labels_from_the_hub(hub_cache, ti
       run.class_names,
   ) == ('deit_ti16', 32, 0.9, 'imagenet', LABELS)
   [prediction] = inference.predict(run, [str(image)], top_k=3)
-  pixels = inference.decode_for_model(str(image), run.config)[None]
+  pixels = inference.decode_for_model(str(image), run.eval_transform)[None]
   expected = _timm_logits(reference, pixels)[0]
   assert [name for _, name, _ in prediction.top_k] == [LABELS[i] for i in np.argsort(-expected)[:3]]
 
@@ -337,14 +339,14 @@ def test_a_normalisation_given_as_numbers_is_accepted_and_applied():
   numbers = '0.25,0.5,0.75/0.5,0.25,0.125'
   config = common.get_config()
   config.normalization = numbers
-  config_lib.validate(config, devices=1, processes=1)
+  setup.validate(config, devices=1, processes=1)
   config.normalization = '0.5,0.5/0.5,0.5'
   with pytest.raises(config_lib.ConfigError, match=r"normalization='0.5,0.5/0.5,0.5': .*'R,G,B/"):
-    config_lib.validate(config, devices=1, processes=1)
+    setup.validate(config, devices=1, processes=1)
   image = np.random.default_rng(0).integers(0, 256, (20, 24, 3), np.uint8)
   seen = {
       normalization: np.asarray(
-          input_pipeline.eval_image(image, input_pipeline.EvalTransform(16, 0.9, normalization))
+          input_pipeline.eval_image(image, data_settings.EvalTransform(16, 0.9, normalization))
       )
       for normalization in (numbers, 'inception')
   }
@@ -421,7 +423,7 @@ def test_headless_weights_fine_tune_with_a_fresh_head_and_give_features(
       np.asarray(extracted.pre_logits), _timm_logits(reference, images), atol=1e-5, rtol=0
   )
   run.config.data_dir = data_dir
-  data = input_pipeline.DataSettings.from_config(run.config)
+  data = data_settings.DataSettings.from_config(run.config)
   probe = evaluators.create('fewshot', {'datasets': ('digits',), 'shots': (1,), 'seeds': 1})
   metrics = probe.run(evaluator.Subject(run.model, data, variables=run.variables))
   assert 0 <= metrics['fewshot/digits_1shot'] <= 1
@@ -458,7 +460,7 @@ def test_the_papers_evaluation_crop_is_one_flag_away(hub_cache, timm_model):
     flag_values = flags.FlagValues()
     config_flags.DEFINE_config_file('config', None, flag_values=flag_values, sys_argv=argv)
     flag_values(argv)
-    transform = input_pipeline.EvalTransform.from_config(flag_values.config)
+    transform = data_settings.EvalTransform.from_config(flag_values.config)
     crops.append(transform.crop_ratio)
   assert crops == [0.9, 0.875]
 

@@ -10,6 +10,10 @@ import tensorflow_datasets as tfds
 
 from vit_jax.configs import common
 from vit_jax.data import input_pipeline
+from vit_jax.data import settings as data_settings
+from vit_jax.data import image_ops
+from vit_jax.data import reading
+from vit_jax.data import sources
 from vit_jax.data import digits
 
 
@@ -42,7 +46,7 @@ def _multiset(images, labels):
 
 def test_dataset_info(data_dir):
   info = input_pipeline.get_dataset_info(
-      input_pipeline.DataSettings.from_config(_config(data_dir, image_size=16))
+      data_settings.DataSettings.from_config(_config(data_dir, image_size=16))
   )
   assert info == input_pipeline.DatasetInfo(
       name='digits',
@@ -67,7 +71,7 @@ def test_one_digits_epoch_is_standardised(data_dir):
   config = _config(data_dir, batch_size=1437, image_size=8, augment='none')
   batch = next(
       input_pipeline.train_iterator(
-          input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1
+          data_settings.DataSettings.from_config(config), process_index=0, process_count=1
       )
   )
   assert batch['image'].shape == (1437, 8, 8, 3) and batch['image'].dtype == np.float32
@@ -81,13 +85,11 @@ def test_one_digits_epoch_is_standardised(data_dir):
 @pytest.mark.parametrize('normalization', sorted(input_pipeline.NORMALIZATIONS))
 def test_normalisation_of_constant_images(normalization):
   mean, std = (np.array(v, np.float32) for v in input_pipeline.NORMALIZATIONS[normalization])
-  at_mean = input_pipeline._normalize(tf.fill([4, 4, 3], 1.0) * 255.0 * mean, normalization)
-  one_std_up = input_pipeline._normalize(
-      tf.fill([4, 4, 3], 1.0) * 255.0 * (mean + std), normalization
-  )
+  at_mean = image_ops.normalize(tf.fill([4, 4, 3], 1.0) * 255.0 * mean, mean, std)
+  one_std_up = image_ops.normalize(tf.fill([4, 4, 3], 1.0) * 255.0 * (mean + std), mean, std)
   np.testing.assert_allclose(at_mean, 0.0, atol=1e-5)
   np.testing.assert_allclose(one_std_up, 1.0, atol=1e-5)
-  white = input_pipeline._normalize(tf.fill([2, 2, 3], 255.0), normalization).numpy()
+  white = image_ops.normalize(tf.fill([2, 2, 3], 255.0), mean, std).numpy()
   np.testing.assert_allclose(white[0, 0], (1 - mean) / std, rtol=1e-5)
 
 
@@ -96,7 +98,7 @@ def test_whole_pixels_clip_and_round_half_to_even(size):
   rng = np.random.default_rng(0)
   image = rng.uniform(-40.0, 300.0, (size, size, 3)).astype(np.float32)
   image[0, 0] = [0.5, 1.5, 254.5]  # Ties go to the even neighbour, as PIL's 8-bit output.
-  pixels = input_pipeline._whole_pixels(tf.constant(image)).numpy()
+  pixels = image_ops.whole_pixels(tf.constant(image)).numpy()
   assert pixels.dtype == np.uint8
   np.testing.assert_array_equal(pixels[0, 0], [0, 2, 254])
   np.testing.assert_array_equal(pixels, np.round(np.clip(image, 0.0, 255.0)).astype(np.uint8))
@@ -112,11 +114,11 @@ def test_crop_resize_is_tensorflows_antialiased_resize_bit_for_bit(whole):
 
   @tf.function(input_signature=spec)
   def reference(crop):
-    resized = tf.ensure_shape(input_pipeline._resize(crop, 96, 96, clip=not whole), [96, 96, 3])
-    return input_pipeline._whole_pixels(resized) if whole else resized
+    resized = tf.ensure_shape(image_ops.resize(crop, 96, 96, clip=not whole), [96, 96, 3])
+    return image_ops.whole_pixels(resized) if whole else resized
 
   resize_crop = tf.function(
-      lambda crop: input_pipeline._resize_crop(crop, 96, whole), input_signature=spec
+      lambda crop: image_ops.resize_crop(crop, 96, whole), input_signature=spec
   )
   for shape in [(1, 1), (5, 3), (60, 97), (96, 96), (97, 95), (375, 500), (2, 540), (700, 31)]:
     crop = tf.constant(rng.integers(0, 256, shape + (3,), dtype=np.uint8))
@@ -127,7 +129,7 @@ def test_crop_resize_is_tensorflows_antialiased_resize_bit_for_bit(whole):
 
 def test_imagenet_and_inception_constants():
   assert input_pipeline.NORMALIZATIONS['imagenet'] == ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
-  black = input_pipeline._normalize(tf.zeros([1, 1, 3]), 'inception').numpy()
+  black = image_ops.normalize(tf.zeros([1, 1, 3]), *input_pipeline.mean_std('inception')).numpy()
   np.testing.assert_allclose(black, -1.0)
 
 
@@ -145,7 +147,7 @@ def test_mock_cifar10_train_batches(augment):
     batches = list(
         itertools.islice(
             input_pipeline.train_iterator(
-                input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1
+                data_settings.DataSettings.from_config(config), process_index=0, process_count=1
             ),
             4,
         )
@@ -172,12 +174,12 @@ def test_mock_cifar10_unaugmented_batches_are_normalised_dataset_images():
     batches = list(
         itertools.islice(
             input_pipeline.train_iterator(
-                input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1
+                data_settings.DataSettings.from_config(config), process_index=0, process_count=1
             ),
             2,
         )
     )
-    info = input_pipeline.get_dataset_info(input_pipeline.DataSettings.from_config(config))
+    info = input_pipeline.get_dataset_info(data_settings.DataSettings.from_config(config))
   assert (info.num_classes, info.num_train_examples, info.num_eval_examples) == (10, 20, 20)
   pixels = _unnormalize(np.concatenate([b['image'] for b in batches]), 'cifar10')
   labels = np.concatenate([b['label'] for b in batches])
@@ -196,7 +198,7 @@ def test_mock_cifar10_eval_batches():
   with tfds.testing.mock_data(num_examples=20):
     batches = list(
         input_pipeline.eval_iterator(
-            input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1
+            data_settings.DataSettings.from_config(config), process_index=0, process_count=1
         )
     )
   assert len(batches) == 2
@@ -208,7 +210,7 @@ def test_mock_cifar10_eval_batches():
 
 def test_process_splits_are_disjoint_and_cover_the_split(data_dir):
   _, _, all_indices = _raw_digits(data_dir, 'train')
-  parts = [_raw_digits(data_dir, input_pipeline._process_split('train', p, 3))[2] for p in range(3)]
+  parts = [_raw_digits(data_dir, sources.process_split('train', p, 3))[2] for p in range(3)]
   assert sorted(len(part) for part in parts) == [479, 479, 479]
   union = np.concatenate(parts)
   assert len(np.unique(union)) == len(union)
@@ -223,11 +225,11 @@ def test_train_epoch_of_each_process_is_its_own_split(data_dir):
   for process in range(3):
     batch = next(
         input_pipeline.train_iterator(
-            input_pipeline.DataSettings.from_config(config), process_index=process, process_count=3
+            data_settings.DataSettings.from_config(config), process_index=process, process_count=3
         )
     )
     assert batch['image'].shape == (479, 8, 8, 3)
-    images, labels, _ = _raw_digits(data_dir, input_pipeline._process_split('train', process, 3))
+    images, labels, _ = _raw_digits(data_dir, sources.process_split('train', process, 3))
     local = _multiset(_unnormalize(batch['image'], 'inception')[..., :1], batch['label'])
     assert local == _multiset(images, labels)
     seen += local
@@ -242,7 +244,7 @@ def test_eval_counts_every_example_once(data_dir, process_count, local_batch):
   per_process = [
       list(
           input_pipeline.eval_iterator(
-              input_pipeline.DataSettings.from_config(config),
+              data_settings.DataSettings.from_config(config),
               process_index=p,
               process_count=process_count,
           )
@@ -268,7 +270,7 @@ def test_eval_counts_every_example_once(data_dir, process_count, local_batch):
 
 def _batches(config, start_step, count):
   iterator = input_pipeline.train_iterator(
-      input_pipeline.DataSettings.from_config(config),
+      data_settings.DataSettings.from_config(config),
       start_step=start_step,
       process_index=1,
       process_count=2,
@@ -325,7 +327,7 @@ def test_a_split_held_in_memory_gives_the_batches_read_from_array_record(
 def test_in_memory_rule(data_dir):
   # The digits (ArrayRecord, and a TFRecord copy) fit in memory.
   config = _config(data_dir)
-  source = input_pipeline._resolve(config)
+  source = sources.resolve(config)
   assert source.random_access and source.streamable
   assert input_pipeline._fits_in_memory(config, source, 'train')
   config.in_memory = False
@@ -337,7 +339,7 @@ def test_inception_crop_boxes_follow_timm_ranges():
   for i in range(200):
     top, left, height, width = (
         int(v)
-        for v in input_pipeline._inception_crop_box(
+        for v in image_ops.inception_crop_box(
             tf.constant([180, 240]), tf.constant([i, 7], tf.int64)
         )
     )
@@ -361,7 +363,7 @@ def test_train_image_from_encoded_bytes_is_the_decoded_images(augment):
   config = _config(
       None, image_size=24, augment=augment, normalization='imagenet', random_erase_prob=0.5
   )
-  transform = input_pipeline.TrainTransform.from_config(config)
+  transform = data_settings.TrainTransform.from_config(config)
   train = tf.function(lambda image, seed: input_pipeline._train_image(image, seed, transform))
   png, jpeg = tf.io.encode_png(pixels), tf.io.encode_jpeg(pixels, quality=95)
   decoded_jpeg = tf.io.decode_jpeg(jpeg)
@@ -378,8 +380,8 @@ def test_inception_crop_of_a_jpeg_decodes_the_same_window():
   decoded = tf.io.decode_jpeg(jpeg)
   for i in range(20):
     seed = tf.constant([i, 5], tf.int64)
-    window = input_pipeline._inception_crop(jpeg, seed).numpy().astype(int)
-    expected = input_pipeline._inception_crop(decoded, seed).numpy().astype(int)
+    window = image_ops.inception_crop(jpeg, seed).numpy().astype(int)
+    expected = image_ops.inception_crop(decoded, seed).numpy().astype(int)
     assert window.shape == expected.shape
     # Chroma upsampling differs only along the window's edges.
     assert np.abs(window - expected)[1:-1, 1:-1].max() <= 1
@@ -389,19 +391,19 @@ def test_inception_crop_of_a_jpeg_decodes_the_same_window():
 def test_bad_dataset_name_raises():
   with pytest.raises(ValueError, match=r"'no_such_dataset'.*'digits'.*'cifar10'"):
     input_pipeline.get_dataset_info(
-        input_pipeline.DataSettings.from_config(_config(None, dataset='no_such_dataset'))
+        data_settings.DataSettings.from_config(_config(None, dataset='no_such_dataset'))
     )
 
 
 def test_bad_split_raises(data_dir):
   with pytest.raises(ValueError, match=r"no split 'validation'.*'train', 'test'"):
     input_pipeline.get_dataset_info(
-        input_pipeline.DataSettings.from_config(_config(data_dir, eval_split='validation'))
+        data_settings.DataSettings.from_config(_config(data_dir, eval_split='validation'))
     )
   with pytest.raises(ValueError, match="no split 'tset'"):
     next(
         input_pipeline.eval_iterator(
-            input_pipeline.DataSettings.from_config(_config(data_dir)), split='train[:10]+tset'
+            data_settings.DataSettings.from_config(_config(data_dir)), split='train[:10]+tset'
         )
     )
 
@@ -410,11 +412,11 @@ def test_indivisible_batch_raises_before_touching_the_dataset():
   config = _config('/nonexistent', dataset='no_such_dataset', batch_size=128)
   with pytest.raises(ValueError, match='batch_size=128.*process count 3'):
     input_pipeline.train_iterator(
-        input_pipeline.DataSettings.from_config(config), process_index=0, process_count=3
+        data_settings.DataSettings.from_config(config), process_index=0, process_count=3
     )
   with pytest.raises(ValueError, match='eval_batch_size=64.*process count 3'):
     input_pipeline.eval_iterator(
-        input_pipeline.DataSettings.from_config(config), process_index=0, process_count=3
+        data_settings.DataSettings.from_config(config), process_index=0, process_count=3
     )
 
 
@@ -441,7 +443,7 @@ def _deit_recipe(jpeg_folder, **overrides):
 
 def _islice(config, start_step, count, process_index=0, process_count=1):
   iterator = input_pipeline.train_iterator(
-      input_pipeline.DataSettings.from_config(config),
+      data_settings.DataSettings.from_config(config),
       start_step=start_step,
       process_index=process_index,
       process_count=process_count,
@@ -450,12 +452,12 @@ def _islice(config, start_step, count, process_index=0, process_count=1):
 
 
 def test_folder_is_read_by_index(jpeg_folder):
-  source = input_pipeline._resolve(_folder_config(jpeg_folder))
+  source = sources.resolve(_folder_config(jpeg_folder))
   assert source.random_access and not source.streamable
   assert source.image_feature().shape == (None, None, 3)
   with pytest.raises(ValueError, match='in_memory=False.*ArrayRecord only.*unset'):
     input_pipeline.train_iterator(
-        input_pipeline.DataSettings.from_config(_folder_config(jpeg_folder, in_memory=False))
+        data_settings.DataSettings.from_config(_folder_config(jpeg_folder, in_memory=False))
     )
 
 
@@ -481,7 +483,7 @@ def test_two_processes_read_every_example_once_per_epoch(jpeg_folder):
   config = _folder_config(jpeg_folder, augment='none', batch_size=30, eval_batch_size=30)
   everything = next(
       input_pipeline.eval_iterator(
-          input_pipeline.DataSettings.from_config(config),
+          data_settings.DataSettings.from_config(config),
           split='train',
           process_index=0,
           process_count=1,
@@ -518,7 +520,7 @@ def test_records_read_for_the_first_batch_do_not_depend_on_the_step(jpeg_folder,
     reads.clear()
     batch = next(
         input_pipeline.train_iterator(
-            input_pipeline.DataSettings.from_config(config),
+            data_settings.DataSettings.from_config(config),
             start_step=start_step,
             process_index=0,
             process_count=1,
@@ -527,7 +529,7 @@ def test_records_read_for_the_first_batch_do_not_depend_on_the_step(jpeg_folder,
     assert batch['image'].shape == (6, 16, 16, 3)
     read_at[start_step] = sum(reads)
   # A batch needs 2 records; reading ahead (prefetch, parallel reads) adds a bounded amount.
-  assert all(2 <= n <= 8 * input_pipeline._READ_CHUNK for n in read_at.values()), read_at
+  assert all(2 <= n <= 8 * reading._READ_CHUNK for n in read_at.values()), read_at
 
 
 def _one_image_folder(root, encoded: bytes, extension: str) -> str:
@@ -566,25 +568,25 @@ def test_train_iterator_decodes_what_the_recipe_needs(tmp_path, image_format, re
       repeated_aug=repeated_aug,
       batch_size=6,
   )
-  data = input_pipeline.DataSettings.from_config(config)
-  assert input_pipeline.decodes_crop_window(data.train_transform, repeated_aug) == (
-      repeated_aug == 1
-  )
+  data = data_settings.DataSettings.from_config(config)
+  assert reading.decodes_crop_window(data.train_transform, repeated_aug) == (repeated_aug == 1)
   batches = list(
       itertools.islice(input_pipeline.train_iterator(data, process_index=0, process_count=1), 2)
   )
-  augment_seed = input_pipeline._seed(data, 0, input_pipeline._AUGMENT_SALT)
+  augment_seed = reading.stream_seed(data, 0, reading.AUGMENT_SALT)
 
   @tf.function(input_signature=[tf.TensorSpec([None, None, 3], tf.uint8)])
   def finish(crop):  # The rest of `_train_image` for this recipe, on a crop of dynamic shape.
-    return input_pipeline._normalize(input_pipeline._resize(crop, 16, 16), 'inception')
+    return image_ops.normalize(
+        image_ops.resize(crop, 16, 16), *input_pipeline.mean_std('inception')
+    )
 
   whole = tf.io.decode_image(encoded, channels=3)
   differs = []
   for position in range(12):
     seed = tf.random.experimental.stateless_fold_in(augment_seed, tf.constant(position, tf.int64))
     crop_seed = tf.random.experimental.stateless_split(seed, 4)[0]
-    top, left, height, width = input_pipeline._inception_crop_box(tf.shape(whole), crop_seed)
+    top, left, height, width = image_ops.inception_crop_box(tf.shape(whole), crop_seed)
     from_whole = finish(whole[top : top + height, left : left + width])
     expected = from_whole
     if image_format == 'jpeg':

@@ -15,6 +15,7 @@ import pytest
 from vit_jax.configs import common
 from tests.tiny_runs import tiny_config
 from vit_jax import config as config_lib
+from vit_jax.training import setup
 from vit_jax import models
 from vit_jax.training import optim
 from vit_jax.training import steps
@@ -195,7 +196,7 @@ def test_layer_decay_outside_zero_to_one_is_refused(value):
   config = common.get_config()
   config.layer_decay = value
   with pytest.raises(config_lib.ConfigError, match=r'--config.layer_decay=.*\(0, 1\]'):
-    config_lib.validate(config, devices=1, processes=1)
+    setup.validate(config, devices=1, processes=1)
 
 
 @pytest.mark.parametrize('family', models.FAMILY_MODULES)
@@ -206,7 +207,7 @@ def test_every_family_trains_two_steps_with_layer_decay(family):
   config.layer_decay = 0.75
   depth = 'num_layers' if family == 'sa_conv' else 'depth'
   config.model[depth] = 2
-  model = config_lib.create_model(config, 10)
+  model = models.create_model(config, 10)
   tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), lambda _: 1e-3, model)
   state = steps.init_state(model, tx, steps.init_rngs(0), image_size=config.image_size, ema=False)
   factors = jax.tree.leaves(optim.layer_decay_scales(model, state.params, 0.75))

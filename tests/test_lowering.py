@@ -23,6 +23,7 @@ from vit_jax.benchmarks import lowering
 from vit_jax.training import steps
 from vit_jax.training import train
 from vit_jax.models import attention
+from vit_jax.models import numerics
 
 FAMILIES = ('vit', 'deit', 'cait', 'deepvit', 't2t', 'sa_conv', 'regnet')
 FEATURES = ('teacher', 'mixing', 'ema', 'micro_batches', 'scan_remat', 'positional')
@@ -145,7 +146,7 @@ def test_cudnn_attention_cannot_be_cross_lowered_and_the_error_names_case_step_a
   with pytest.raises(
       lowering.LoweringError,
       match=r'vit\[cudnn\]: the set-up of the steps does '
-      r"not lower for \['tpu', 'cuda'\]: .*cuDNN.*models/attention\.py:\d+ "
+      r"not lower for \['tpu', 'cuda'\]: .*cuDNN.*models/numerics\.py:\d+ "
       r'`.*dot_product_attention',
   ):
     lowering.export_steps(config, 10, lowering.abstract_mesh(8), batch_size=16, case='vit[cudnn]')
@@ -218,14 +219,14 @@ def test_a_float32_operand_product_is_caught():
   config.model.depth = 1
   bad, _ = float32_products(config)
   assert not bad
-  original = attention.einsum_float32
+  original = numerics.einsum_float32
   try:  # The scores' plain float32-result einsum, as before einsum_float32.
-    attention.einsum_float32 = lambda spec, a, b: jnp.einsum(
+    numerics.einsum_float32 = lambda spec, a, b: jnp.einsum(
         spec, a, b, preferred_element_type=jnp.float32
     )
     bad, _ = float32_products(config)
   finally:
-    attention.einsum_float32 = original
+    numerics.einsum_float32 = original
   assert bad and all('transpose' in p.name for p in bad), bad
 
 
@@ -241,15 +242,15 @@ def test_einsum_float32_equals_einsum_with_gradients_in_the_operands_dtype(spec,
   weights = jax.random.normal(jax.random.key(1), jnp.einsum(spec, a, b).shape)
   loss = lambda f, a, b: jnp.sum(f(spec, a, b) * weights)
   reference = lambda spec, a, b: jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
-  np.testing.assert_allclose(attention.einsum_float32(spec, a, b), reference(spec, a, b), rtol=1e-6)
+  np.testing.assert_allclose(numerics.einsum_float32(spec, a, b), reference(spec, a, b), rtol=1e-6)
   for ours, theirs in zip(
-      jax.grad(loss, (1, 2))(attention.einsum_float32, a, b),
+      jax.grad(loss, (1, 2))(numerics.einsum_float32, a, b),
       jax.grad(loss, (1, 2))(reference, a, b),
   ):
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
   a16, b16 = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
-  assert attention.einsum_float32(spec, a16, b16).dtype == jnp.float32
-  grads = jax.grad(loss, (1, 2))(attention.einsum_float32, a16, b16)
+  assert numerics.einsum_float32(spec, a16, b16).dtype == jnp.float32
+  grads = jax.grad(loss, (1, 2))(numerics.einsum_float32, a16, b16)
   assert [g.dtype for g in grads] == [jnp.bfloat16, jnp.bfloat16]
   for ours, theirs in zip(grads, jax.grad(loss, (1, 2))(reference, a, b)):
     np.testing.assert_allclose(np.asarray(ours, np.float32), theirs, rtol=0.05, atol=0.05)

@@ -14,6 +14,7 @@ from vit_jax.configs import deit
 from vit_jax.configs import vit
 from tests.tiny_runs import compiled_programs
 from vit_jax import config as config_lib
+from vit_jax.training import setup
 from vit_jax.training import memory
 from vit_jax.training import train
 
@@ -39,12 +40,12 @@ def tiny_config(data_dir: str, **overrides):
 )
 def test_a_published_size_without_a_dataset_names_the_dataset_to_add(module, arg):
   with pytest.raises(config_lib.ConfigError) as error:
-    config_lib.validate(module.get_config(arg), devices=1, processes=1)
+    setup.validate(module.get_config(arg), devices=1, processes=1)
   assert "--config.dataset=''" in str(error.value)
   assert 'add dataset=imagenet2012' in str(error.value)
   assert 'dataset=cifar10 for the 32-pixel sizes' in str(error.value)
   # Named, the dataset is taken; the quick default still trains on the digits.
-  config_lib.validate(module.get_config(f'{arg},dataset=imagenet2012'), devices=8, processes=1)
+  setup.validate(module.get_config(f'{arg},dataset=imagenet2012'), devices=8, processes=1)
   assert module.get_config().dataset == 'digits'
   assert module.get_config(f'{arg},dataset=digits').dataset == 'digits'
 
@@ -69,13 +70,13 @@ def _step():
 
 
 def test_a_step_larger_than_the_free_memory_is_refused_with_both_numbers_and_the_knobs():
-  config = tiny_config('/unused')
+  settings = train.Settings.from_config(tiny_config('/unused'))
   step, state, rows = _step()
-  need = memory.check_fits(step, state, config, rows)  # This host holds it.
+  need = memory.check_fits(step, state, settings, rows)  # This host holds it.
   assert need['arguments'] >= 16 * 16 * 3 * 512 * 4 and need['total'] >= need['arguments']
   with pytest.raises(ValueError) as error:
     memory.check_fits(
-        step, state, config, rows, available=lambda devices: (need['total'] - 1, 'cpu:0')
+        step, state, settings, rows, available=lambda devices: (need['total'] - 1, 'cpu:0')
     )
   message = str(error.value)
   assert message.startswith(f'The training step needs {memory._size(need["total"])} per device')

@@ -11,7 +11,8 @@ import pytest
 
 from tests import tiny_runs
 from tests.tiny_runs import tiny_config
-from vit_jax import config as config_lib
+from vit_jax import models
+from vit_jax.training import setup
 from vit_jax.training import steps
 from vit_jax.training import train
 
@@ -26,13 +27,13 @@ def _batch(size: int = 32):
 
 def test_config_dtype_reaches_the_model_and_model_override_wins():
   bfloat16_config = tiny_config('unused', dtype='bfloat16')
-  assert config_lib.create_model(bfloat16_config, 10).dtype == jnp.bfloat16
+  assert models.create_model(bfloat16_config, 10).dtype == jnp.bfloat16
   config = tiny_config('unused', dtype='bfloat16', **{'model.dtype': 'float32'})
-  assert config_lib.create_model(config, 10).dtype == jnp.float32
+  assert models.create_model(config, 10).dtype == jnp.float32
 
 
 def test_bfloat16_compute_float32_parameters_probabilities_and_logits():
-  model = config_lib.create_model(tiny_config('unused', dtype='bfloat16'), 10)
+  model = models.create_model(tiny_config('unused', dtype='bfloat16'), 10)
   images = _batch(4)['image']
   variables = jax.jit(model.init)(jax.random.key(0), images)
   assert {x.dtype for x in jax.tree.leaves(variables)} == {jnp.dtype(jnp.float32)}
@@ -73,7 +74,7 @@ def test_train_step_keeps_float32_state_and_bfloat16_first_moment():
 @pytest.mark.parametrize('field, value', [('dtype', 'bfloat17'), ('mu_dtype', 'int8')])
 def test_bad_dtype_is_refused(field, value):
   with pytest.raises(ValueError, match=value):
-    config_lib.validate(tiny_config('unused', **{field: value}))
+    setup.validate(tiny_config('unused', **{field: value}))
 
 
 @pytest.mark.e2e

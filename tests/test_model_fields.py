@@ -195,4 +195,4 @@ def test_family_protocol_declares_converters():
     assert models.family(models.create(name)) is family
     assert (family.from_torch is None) == (family.to_torch is None)
   assert models.family('deit_ti16').from_torch is vit.from_timm
-  assert stems.STEMS[0] == 'patch'
+  assert stems.names()[0] == 'patch'

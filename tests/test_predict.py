@@ -84,7 +84,7 @@ def test_published_weight_layout_runs_end_to_end_with_imagenet_names(timm_model,
   assert [name for _, name, _ in prediction.top_k] == [names[i] for i, _, _ in prediction.top_k]
 
   # timm's model on the very input our eval preprocessing made ranks the same classes.
-  image = inference.decode_for_model(photo, run.config)
+  image = inference.decode_for_model(photo, run.eval_transform)
   assert image.shape == (224, 224, 3)
   with torch.no_grad():
     logits = reference(torch.from_numpy(image[None].transpose(0, 3, 1, 2))).numpy()[0]

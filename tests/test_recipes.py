@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from tests.tiny_runs import assert_trees_close, tiny_config
-from vit_jax import config as config_lib
 from vit_jax.configs import cait as cait_config
 from vit_jax.configs import deepvit as deepvit_config
 from vit_jax.configs import deit as deit_config
@@ -315,7 +314,7 @@ def test_deit_recipe(variant, distilled, tmp_path):
       1e-3
   )  # 5e-4 × 1024 / 512.
   assert config.model.drop_path_rate == 0.1
-  model = config_lib.create_model(config, 10)
+  model = models.create_model(config, 10)
   assert model.drop_path_rate == 0.1 and model.dropout_rate == 0.0
   assert config.model.name == f'deit_{variant.lower()}16' + ('_distilled' if distilled else '')
   assert config.distillation.type == ('hard' if distilled else 'none')

@@ -9,7 +9,6 @@ import pytest
 
 from configs import common
 from tests.tiny_runs import tiny_config
-from vit_jax import config as config_lib
 from vit_jax import models
 from vit_jax.weights import pretrained
 from vit_jax.training import optim
@@ -294,9 +293,9 @@ def test_scanned_run_checkpoint_loads_into_either_layout(data_dir, tmp_path):
   assert 'blocks_2' in variables['params'] and 'blocks_0_to_2' not in variables['params']
 
   images = jax.random.normal(jax.random.key(1), (2, 16, 16, 3))
-  scanned = config_lib.create_model(config, 10)
+  scanned = models.create_model(config, 10)
   config.model.scan_layers = False
-  unrolled = config_lib.create_model(config, 10)
+  unrolled = models.create_model(config, 10)
   expected = scanned.apply({'params': saved}, images)
   np.testing.assert_allclose(
       unrolled.apply(pretrained.load_for_run(workdir, unrolled, config), images),

@@ -1,42 +1,48 @@
 """The run config's schema: every field declared once, with its default, rule and meaning.
 
 `FIELDS` declares each field a config may hold: its name as typed after `--config.`, its default,
-its rule (type and range) and what it does. `defaults()` builds the ConfigDict that every family
-config starts from (`configs/common.py`), and `validate(config)` checks a finished config once,
-before anything reads data or compiles: each field against its rule, then the settings that only
-make sense together (batch sizes over devices, processes, micro-batches and repeated augmentation;
-warm-up within training; a teacher for distillation; the quick digits model on another dataset),
-then the model's own fields (`check_fields` of the registered model) and the evaluators' settings.
-It raises one `ConfigError` that lists every bad field with its value and what would be valid.
-`validate_fields(config)` checks what the fields alone show without importing JAX, TensorFlow or
-a model (each rule that needs no slow import, the dataset's name among them, and the settings that
-only make sense together); a command calls it first, to answer a mistyped field at once.
+its rule (type and range), what it does, and which settings types hold it (`into`, under another
+attribute name where one is given, e.g. 'EvalTransform.crop_ratio'; `convert` turns the value
+into what they hold). `defaults()` builds the ConfigDict that every family config starts from
+(`configs/common.py`). `problems(config)` finds, without JAX, TensorFlow or a model, each field
+against its rule (the dataset's name and the test sets' names included), the batch sizes over
+devices, processes, micro-batches and repeated augmentation (given the devices), and the settings
+that only make sense together (warm-up within training; a teacher for distillation; the quick
+digits model on another dataset); `validate_fields(config)` raises them as one `ConfigError`, so
+that a command answers a mistyped field at once. `vit_jax.training.setup.validate` adds what the
+owners above this module check (the mesh, the model's fields, the evaluators' settings).
 
-The training loop's set-up resolves a validated config once into the typed settings of the
-modules that read it (`vit_jax.training.train.Settings`); no default is restated anywhere else. `create_model(config, num_classes)` builds the model a config describes, for
-training, analysis, inference and the benchmark alike (`model_overrides` turns the `model`
-section into the registry's arguments). Print every field with its default and rule:
+The settings types of the modules that read a config (`data_settings.DataSettings`,
+`optim.OptimizerSettings`, ..., `training.train.Settings`) are derived from `FIELDS` by
+`settings_type`, and built by one function, `from_config`: the training loop's set-up resolves a
+validated config once into them; no field or default is restated anywhere else. Print every field
+with its default and rule:
 
   python -m vit_jax.config
 
-Reading a config file imports only this module and ml_collections; the owners of the values some
-rules accept (the input pipeline's normalisations, the models, the evaluators) are imported when a
-config is checked.
+Reading a config file imports only this module, ml_collections and the light modules it reads
+names from (`data.normalization`, `data.augment_spec`, `data.eval_set_names`, `data.dataset_names`,
+`models.parts`), none of which imports JAX or TensorFlow.
 """
 
 import dataclasses
+import json
 import math
-import sys
 import types
 import typing
 from typing import Any, Callable, Iterable, Sequence
 
 import ml_collections
 
+from vit_jax.data import augment_spec
 from vit_jax.data import dataset_names as datasets
+from vit_jax.data import eval_set_names
+from vit_jax.data import normalization
+from vit_jax.models import parts
 
 DTYPES = ('float32', 'bfloat16', 'float16')
 OPTIMIZERS = ('adamw', 'sgd', 'lamb')
+LOSSES = ('softmax_xent', 'bce')  # The keys of `vit_jax.training.steps.LOSSES`.
 DISTILLATION_TYPES = ('none', 'hard', 'soft')
 FLAG = '--config.'  # How a field is named on the command line, and in every message about it.
 
@@ -56,17 +62,10 @@ class ConfigError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Rule:
-  """What one field accepts: a predicate, and the words that tell a user what is valid.
-
-  `describe` is called when the words are needed, so that a rule may name values owned by a
-  module that is only imported when a config is checked. `owner` names that module where
-  importing it takes seconds (it imports JAX or TensorFlow): `validate_fields` leaves such a rule
-  to `validate` unless the module is imported already.
-  """
+  """What one field accepts: a predicate, and the words that tell a user what is valid."""
 
   accepts: Callable[[Any], bool]
   describe: Callable[[], str]
-  owner: str = ''
 
   @property
   def valid(self) -> str:
@@ -111,16 +110,13 @@ def number(
   return Rule(accepts, lambda: words + (', or None (unset)' if optional else ''))
 
 
-def choice(
-    values: Iterable[Any] | Callable[[], Iterable[Any]], *, unset: str = '', owner: str = ''
-) -> Rule:
-  """One of `values` (or of what the callable returns, for values owned elsewhere: by the module
-  `owner`, where importing it is slow); with `unset`, also '' meaning what `unset` says."""
-  read = values if callable(values) else (lambda fixed=tuple(values): fixed)
-  words = lambda: f'one of {list(read())}'
+def choice(values: Iterable[Any], *, unset: str = '') -> Rule:
+  """One of `values`; with `unset`, also '' meaning what `unset` says."""
+  values = tuple(values)
+  words = f'one of {list(values)}'
   if not unset:
-    return Rule(lambda v: v in tuple(read()), words, owner)
-  return Rule(lambda v: v == '' or v in tuple(read()), lambda: f"'' ({unset}) or {words()}", owner)
+    return Rule(lambda v: v in values, lambda: words)
+  return Rule(lambda v: v == '' or v in values, lambda: f"'' ({unset}) or {words}")
 
 
 def text(*, empty: bool = False, optional: bool = False) -> Rule:
@@ -147,64 +143,40 @@ NAMES = Rule(
 )
 
 
-_INPUT_PIPELINE = 'vit_jax.data.input_pipeline'  # The owners that import TensorFlow or JAX.
-_AUGMENT = 'vit_jax.data.augment'
-_STEPS = 'vit_jax.training.steps'
-_EVAL_SETS = 'vit_jax.evaluators.eval_sets'
-
-
 def _is_normalization(value: Any) -> bool:
-  from vit_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
-
   try:
-    input_pipeline.mean_std(value)
+    normalization.mean_std(value)
   except ValueError:
     return False
   return True
 
 
 def _normalization(*, unset: str = '') -> Rule:
-  """A name of `input_pipeline.NORMALIZATIONS`, or per-channel numbers 'R,G,B/R,G,B' (mean/std);
+  """A name of `normalization.NORMALIZATIONS`, or per-channel numbers 'R,G,B/R,G,B' (mean/std);
   with `unset`, also '' meaning what `unset` says."""
-
-  def describe() -> str:
-    from vit_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
-
-    words = f"one of {list(input_pipeline.NORMALIZATIONS)}, or numbers 'R,G,B/R,G,B' (mean/std)"
-    return f"'' ({unset}) or {words}" if unset else words
-
+  words = f"one of {list(normalization.NORMALIZATIONS)}, or numbers 'R,G,B/R,G,B' (mean/std)"
   return Rule(
-      lambda v: (bool(unset) and v == '') or _is_normalization(v), describe, _INPUT_PIPELINE
+      lambda v: (bool(unset) and v == '') or _is_normalization(v),
+      lambda: f"'' ({unset}) or {words}" if unset else words,
   )
-
-
-def _augments() -> tuple[str, ...]:
-  from vit_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
-
-  return input_pipeline.AUGMENTS
-
-
-def _losses() -> tuple[str, ...]:
-  from vit_jax.training import steps  # pylint: disable=g-import-not-at-top
-
-  return tuple(steps.LOSSES)
 
 
 def _randaugment(spec: Any) -> bool:
   if not isinstance(spec, str):
     return False
   if spec:
-    from vit_jax.data import augment  # pylint: disable=g-import-not-at-top
-
-    augment.parse_randaugment(spec)  # Its ValueError says what is wrong with the spec.
+    augment_spec.parse_randaugment(spec)  # Its ValueError says what is wrong with the spec.
   return True
 
 
 def _eval_sets(specs: Any) -> bool:
-  from vit_jax.evaluators import eval_sets  # pylint: disable=g-import-not-at-top
-
-  eval_sets.parse_all(specs)  # Its ValueError names the bad set and what is valid.
+  eval_set_names.parse_all(specs)  # Its ValueError names the bad set and what is valid.
   return True
+
+
+def _randaugment_spec(spec: str) -> augment_spec.RandAugmentSpec | None:
+  """A `randaugment` field as the training transform holds it: parsed, or None when off."""
+  return augment_spec.parse_randaugment(spec) if spec else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,7 +184,9 @@ class Field:
   """One config field: `name` as typed after --config., its default, rule and meaning.
 
   `field_type` is needed only where the default is None (ml_collections must know what the field
-  will hold to accept it from the command line).
+  will hold to accept it from the command line). `into` names the settings types that hold it
+  (`settings_type`), each as 'Type' (under the field's last name part) or 'Type.attribute';
+  `convert` turns the config's value into what they hold (and the default into their default).
   """
 
   name: str
@@ -220,6 +194,8 @@ class Field:
   rule: Rule
   doc: str
   field_type: type | None = None
+  into: tuple[str, ...] = ()
+  convert: Callable[[Any], Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,13 +213,20 @@ class Section:
 
 
 FIELDS: tuple[Field, ...] = (
-    Field('seed', 0, integer(), 'Seeds parameters, data order and augmentation.'),
+    Field(
+        'seed',
+        0,
+        integer(),
+        'Seeds parameters, data order and augmentation.',
+        into=('DataSettings', 'Settings'),
+    ),
     # Data.
     Field(
         'dataset',
         datasets.DIGITS,
         Rule(datasets.named, lambda: 'a non-empty string'),
         "'digits' (embedded, nothing to download), 'folder:/path/to/images' or a TFDS name.",
+        into=('DataSettings',),
     ),
     Field(
         'data_dir',
@@ -251,9 +234,16 @@ FIELDS: tuple[Field, ...] = (
         text(optional=True),
         'TFDS data directory; None: TFDS default.',
         field_type=str,
+        into=('DataSettings',),
     ),
-    Field('train_split', 'train', text(), "TFDS split to train on, e.g. 'train[:90%]'."),
-    Field('eval_split', 'test', text(), 'TFDS split to evaluate on.'),
+    Field(
+        'train_split',
+        'train',
+        text(),
+        "TFDS split to train on, e.g. 'train[:90%]'.",
+        into=('DataSettings',),
+    ),
+    Field('eval_split', 'test', text(), 'TFDS split to evaluate on.', into=('DataSettings',)),
     Field(
         'eval_sets',
         (),
@@ -261,32 +251,48 @@ FIELDS: tuple[Field, ...] = (
             _eval_sets,
             lambda: "a tuple of test-set names 'DATASET[:SPLIT]' "
             "(vit_jax/evaluators/eval_sets.py), e.g. ('imagenet2012_real', 'imagenet_v2')",
-            _EVAL_SETS,
         ),
         'Test sets scored beside eval_split, when it is, each under its own name: any TFDS '
         "'name:split', digits, 'folder:/path:split'; ImageNet-ReaL multi-label, ImageNet-A/-R "
         'on their 200 classes.',
+        into=('Settings',),
+        convert=tuple,
     ),
-    Field('image_size', 32, integer(1), 'Model input resolution; the pipeline resizes to it.'),
+    Field(
+        'image_size',
+        32,
+        integer(1),
+        'Model input resolution; the pipeline resizes to it.',
+        into=('TrainTransform', 'EvalTransform', 'DataSettings', 'TeacherSettings'),
+    ),
     Field(
         'augment',
         'crop_flip',
-        choice(_augments, owner=_INPUT_PIPELINE),
+        choice(augment_spec.AUGMENTS),
         "Training crop: pad and random crop, inception crop, DeiT III's simple random crop, or "
         'resize only.',
+        into=('TrainTransform',),
     ),
     Field(
         'crop_padding',
         4,
         integer(0),
         "Padding before the random crop: zeros ('crop_flip'), reflected ('simple_random_crop').",
+        into=('TrainTransform',),
     ),
-    Field('flip', True, boolean(), 'Random horizontal flips during training.'),
+    Field(
+        'flip',
+        True,
+        boolean(),
+        'Random horizontal flips during training.',
+        into=('TrainTransform',),
+    ),
     Field(
         'eval_crop_ratio',
         1.0,
         number(0.0, 1.0, low_open=True),
         'Evaluation: resize to image_size / ratio, then centre crop.',
+        into=('EvalTransform.crop_ratio',),
     ),
     Field(
         'normalization',
@@ -294,9 +300,16 @@ FIELDS: tuple[Field, ...] = (
         _normalization(),
         "Per-channel mean and std of the inputs ('inception': 0.5/0.5), by name or as numbers, "
         "e.g. '0.5,0.5,0.5/0.25,0.25,0.25'.",
+        into=('TrainTransform', 'EvalTransform', 'TeacherSettings'),
     ),
-    Field('shuffle_buffer', 10_000, integer(1), 'Shuffle buffer of a streamed TFRecord dataset.'),
-    Field('prefetch', 2, integer(1), 'Batches prepared ahead.'),
+    Field(
+        'shuffle_buffer',
+        10_000,
+        integer(1),
+        'Shuffle buffer of a streamed TFRecord dataset.',
+        into=('DataSettings',),
+    ),
+    Field('prefetch', 2, integer(1), 'Batches prepared ahead.', into=('DataSettings',)),
     Field(
         'in_memory',
         None,
@@ -304,12 +317,14 @@ FIELDS: tuple[Field, ...] = (
         'A TFRecord-only dataset held in memory (True) or streamed (False); None: held when '
         'its images are of one shape and fit in input_pipeline.IN_MEMORY_MAX_BYTES.',
         field_type=bool,
+        into=('DataSettings',),
     ),
     Field(
         'skip_unreadable_images',
         False,
         boolean(),
         'Image folders: leave out, with a warning naming each, files that do not decode.',
+        into=('DataSettings',),
     ),
     # Recipe augmentations, per example in the tf.data pipeline.
     Field(
@@ -318,61 +333,115 @@ FIELDS: tuple[Field, ...] = (
         Rule(
             _randaugment,
             lambda: "'' (off) or a timm spec such as 'rand-m9-mstd0.5-inc1'",
-            _AUGMENT,
         ),
         "timm RandAugment spec, e.g. 'rand-m9-mstd0.5-inc1'; '' = off.",
+        into=('TrainTransform',),
+        convert=_randaugment_spec,
     ),
     Field(
         'three_augment',
         False,
         boolean(),
         "DeiT III's 3-Augment: one of grayscale, solarization, Gaussian blur per image.",
+        into=('TrainTransform',),
     ),
     Field(
         'color_jitter',
         0.0,
         number(0.0),
         'Colour jitter strength (brightness, contrast, saturation; DeiT III: 0.3); 0 = off.',
+        into=('TrainTransform',),
     ),
     Field(
-        'random_erase_prob', 0.0, PROBABILITY, 'Random erasing (one box, per-pixel normal noise).'
+        'random_erase_prob',
+        0.0,
+        PROBABILITY,
+        'Random erasing (one box, per-pixel normal noise).',
+        into=('TrainTransform',),
     ),
     Field(
         'repeated_aug',
         1,
         integer(1),
         'Copies of each example per batch (DeiT: 3); batch_size counts the copies.',
+        into=('DataSettings',),
     ),
     # Mixup / CutMix on device, per device's share of the batch (timm Mixup, mode 'batch').
-    Field('mixup_alpha', 0.0, number(0.0), 'Mixup Beta(alpha, alpha); 0 = off (DeiT: 0.8).'),
-    Field('cutmix_alpha', 0.0, number(0.0), 'CutMix Beta(alpha, alpha); 0 = off (DeiT: 1.0).'),
-    Field('mix_switch_prob', 0.5, PROBABILITY, 'P(CutMix) when both are on.'),
-    Field('mix_prob', 1.0, PROBABILITY, 'P(a batch is mixed at all).'),
+    Field(
+        'mixup_alpha',
+        0.0,
+        number(0.0),
+        'Mixup Beta(alpha, alpha); 0 = off (DeiT: 0.8).',
+        into=('MixSettings',),
+    ),
+    Field(
+        'cutmix_alpha',
+        0.0,
+        number(0.0),
+        'CutMix Beta(alpha, alpha); 0 = off (DeiT: 1.0).',
+        into=('MixSettings',),
+    ),
+    Field(
+        'mix_switch_prob',
+        0.5,
+        PROBABILITY,
+        'P(CutMix) when both are on.',
+        into=('MixSettings.switch_prob',),
+    ),
+    Field('mix_prob', 1.0, PROBABILITY, 'P(a batch is mixed at all).', into=('MixSettings',)),
     # Optimisation.
     Field(
-        'batch_size', 128, integer(1), 'Global batch, summed over every device of every process.'
+        'batch_size',
+        128,
+        integer(1),
+        'Global batch, summed over every device of every process.',
+        into=('DataSettings', 'ScheduleSettings'),
     ),
-    Field('eval_batch_size', 256, integer(1), 'Global evaluation batch.'),
+    Field('eval_batch_size', 256, integer(1), 'Global evaluation batch.', into=('DataSettings',)),
     Field(
         'optimizer',
         'adamw',
         choice(OPTIMIZERS),
         "'adamw', 'sgd' with momentum, or 'lamb' (DeiT III; apex FusedLAMB's semantics).",
+        into=('OptimizerSettings',),
     ),
-    Field('base_lr', 1e-3, number(0.0, low_open=True), 'Peak learning rate.'),
     Field(
-        'lr_scaling_batch', 0, integer(0), 'If > 0, lr = base_lr * batch_size / lr_scaling_batch.'
+        'base_lr',
+        1e-3,
+        number(0.0, low_open=True),
+        'Peak learning rate.',
+        into=('ScheduleSettings',),
     ),
-    Field('min_lr', 0.0, number(0.0), 'Learning rate at the end of the cosine.'),
-    Field('warmup_lr', 0.0, number(0.0), 'Learning rate at the first warm-up step (DeiT: 1e-6).'),
-    Field('warmup_steps', 100, integer(0), 'Linear warm-up steps.'),
-    Field('total_steps', 1000, integer(1), 'Optimizer steps.'),
+    Field(
+        'lr_scaling_batch',
+        0,
+        integer(0),
+        'If > 0, lr = base_lr * batch_size / lr_scaling_batch.',
+        into=('ScheduleSettings',),
+    ),
+    Field(
+        'min_lr',
+        0.0,
+        number(0.0),
+        'Learning rate at the end of the cosine.',
+        into=('ScheduleSettings',),
+    ),
+    Field(
+        'warmup_lr',
+        0.0,
+        number(0.0),
+        'Learning rate at the first warm-up step (DeiT: 1e-6).',
+        into=('ScheduleSettings',),
+    ),
+    Field('warmup_steps', 100, integer(0), 'Linear warm-up steps.', into=('ScheduleSettings',)),
+    Field('total_steps', 1000, integer(1), 'Optimizer steps.', into=('ScheduleSettings',)),
     Field(
         'num_epochs',
         None,
         number(0.0, low_open=True, optional=True),
         'Epochs; when set, overrides total_steps.',
         field_type=float,
+        into=('ScheduleSettings',),
     ),
     Field(
         'warmup_epochs',
@@ -380,12 +449,15 @@ FIELDS: tuple[Field, ...] = (
         number(0.0, optional=True),
         'Warm-up epochs; when set, overrides warmup_steps.',
         field_type=float,
+        into=('ScheduleSettings',),
     ),
-    Field('weight_decay', 0.05, number(0.0), 'Decoupled weight decay.'),
-    Field('momentum', 0.9, RATE_BELOW_ONE, 'SGD momentum.'),
-    Field('b1', 0.9, RATE_BELOW_ONE, 'Adam beta1.'),
-    Field('b2', 0.999, RATE_BELOW_ONE, 'Adam beta2.'),
-    Field('eps', 1e-8, number(0.0, low_open=True), 'Adam epsilon.'),
+    Field(
+        'weight_decay', 0.05, number(0.0), 'Decoupled weight decay.', into=('OptimizerSettings',)
+    ),
+    Field('momentum', 0.9, RATE_BELOW_ONE, 'SGD momentum.', into=('OptimizerSettings',)),
+    Field('b1', 0.9, RATE_BELOW_ONE, 'Adam beta1.', into=('OptimizerSettings',)),
+    Field('b2', 0.999, RATE_BELOW_ONE, 'Adam beta2.', into=('OptimizerSettings',)),
+    Field('eps', 1e-8, number(0.0, low_open=True), 'Adam epsilon.', into=('OptimizerSettings',)),
     Field(
         'layer_decay',
         1.0,
@@ -393,45 +465,65 @@ FIELDS: tuple[Field, ...] = (
         'Layer-wise lr decay: the lr of layer l (0 = embeddings, depth + 1 = head) is scaled '
         "by layer_decay^(depth + 1 - l), as timm's --layer-decay (BEiT, MAE: 0.65-0.75); "
         '1 = off.',
+        into=('OptimizerSettings',),
     ),
     Field(
         'grad_clip_norm',
         0.0,
         number(0.0),
         "Global gradient-norm clipping; 0 = off ('lamb' always clips at 1, as apex's).",
+        into=('OptimizerSettings',),
     ),
-    Field('label_smoothing', 0.0, RATE_BELOW_ONE, 'Label smoothing (folded into mixed targets).'),
+    Field(
+        'label_smoothing',
+        0.0,
+        RATE_BELOW_ONE,
+        'Label smoothing (folded into mixed targets).',
+        into=('StepSettings', 'MixSettings'),
+    ),
     Field(
         'loss',
         'softmax_xent',
-        choice(_losses, owner=_STEPS),
+        choice(LOSSES),
         "'softmax_xent', or 'bce': binary cross-entropy on targets > 0 (deit --bce-loss).",
+        into=('StepSettings',),
     ),
     Field(
         'grad_accum_steps',
         1,
         integer(1),
         'Micro-batches per optimizer step (batch_size is per step).',
+        into=('StepSettings',),
     ),
     Field(
         'ema_decay',
         0.0,
         RATE_BELOW_ONE,
         'Per-step EMA of the variables, evaluated beside them; 0 = off.',
+        into=('StepSettings',),
     ),
     # Precision: parameters, softmax, norms and the loss stay float32.
-    Field('dtype', 'float32', choice(DTYPES), 'Compute dtype of the model.'),
+    Field(
+        'dtype',
+        'float32',
+        choice(DTYPES),
+        'Compute dtype of the model.',
+        into=('Settings', 'TeacherSettings'),
+    ),
     Field(
         'mu_dtype',
         '',
         choice(DTYPES, unset="the parameters' dtype"),
         "Adam first moment / SGD momentum dtype; '' = the parameters'.",
+        into=('OptimizerSettings',),
     ),
     Field(
         'no_decay_names',
         ('bias', 'scale', 'pos_embed', 'cls_token'),
         NAMES,
         'Parameters never decayed (besides every 1-D one). DeiT does decay dist_token.',
+        into=('OptimizerSettings',),
+        convert=tuple,
     ),
     # Devices: a (data x fsdp) mesh over every device (vit_jax.parallel.sharding).
     Field(
@@ -440,41 +532,64 @@ FIELDS: tuple[Field, ...] = (
         integer(1),
         'Devices that split parameters, gradients, optimizer state and EMA; 1 = replicated. '
         'Must divide the number of devices.',
+        into=('MeshSettings',),
     ),
     Field(
         'mesh.fsdp_min_size',
         2**18,
         integer(0),
         'Arrays with fewer elements (1 MiB in float32) stay replicated.',
+        into=('MeshSettings',),
     ),
     # Logging, evaluation and checkpoints.
-    Field('log_every', 50, integer(1), 'Steps between progress lines.'),
-    Field('eval_every', 500, integer(1), 'Steps between evaluations.'),
-    Field('checkpoint_every', 500, integer(1), 'Steps between checkpoints.'),
+    Field('log_every', 50, integer(1), 'Steps between progress lines.', into=('Settings',)),
+    Field('eval_every', 500, integer(1), 'Steps between evaluations.', into=('Settings',)),
+    Field('checkpoint_every', 500, integer(1), 'Steps between checkpoints.', into=('Settings',)),
     Field(
         'profile_steps',
         0,
         integer(0),
         'Training steps after the first traced by jax.profiler into WORKDIR/plugins/profile '
         "(TensorBoard's profile tab); 0 = off.",
+        into=('Settings',),
     ),
     Field('keep_checkpoints', 3, integer(1), 'Checkpoints kept.'),
     # DeiT distillation from a teacher.
-    Field('distillation.type', 'none', choice(DISTILLATION_TYPES), 'Distillation loss.'),
-    Field('distillation.alpha', 0.5, PROBABILITY, 'Weight of the distillation term.'),
-    Field('distillation.tau', 1.0, number(0.0, low_open=True), "Temperature of 'soft'."),
+    Field(
+        'distillation.type',
+        'none',
+        choice(DISTILLATION_TYPES),
+        'Distillation loss.',
+        into=('DistillationLoss.kind',),
+    ),
+    Field(
+        'distillation.alpha',
+        0.5,
+        PROBABILITY,
+        'Weight of the distillation term.',
+        into=('DistillationLoss',),
+    ),
+    Field(
+        'distillation.tau',
+        1.0,
+        number(0.0, low_open=True),
+        "Temperature of 'soft'.",
+        into=('DistillationLoss',),
+    ),
     Field(
         'distillation.teacher',
         '',
         text(empty=True),
         "The teacher: a run's --workdir, Hub weights (hf-hub:timm/regnety_160.deit_in1k), or "
         'MODEL:FILE (e.g. regnety_160:/path/regnety.pth).',
+        into=('TeacherSettings',),
     ),
     Field(
         'distillation.teacher_normalization',
         '',
         _normalization(unset="the student's"),
         "Inputs the teacher was trained on; '' = the student's (a work directory's: its own).",
+        into=('TeacherSettings',),
     ),
     # Weights to start from, or to evaluate.
     Field(
@@ -484,18 +599,21 @@ FIELDS: tuple[Field, ...] = (
         'Pretrained weights (timm/DeiT/CaiT/DeepViT/T2T .pth or .safetensors, Google ViT .npz, '
         'Hub weights hf-hub:ORG/NAME, or a work directory) to start from; a --workdir holding '
         'a checkpoint resumes instead.',
+        into=('Settings',),
     ),
     Field(
         'eval_only',
         False,
         boolean(),
         "Only evaluate init_from (else --workdir's newest checkpoint) on eval_split.",
+        into=('Settings',),
     ),
     Field(
         'use_ema',
         True,
         boolean(),
         "Read a run's EMA weights where it kept them (eval_only, init_from, the teacher).",
+        into=('Settings', 'TeacherSettings'),
     ),
 )
 
@@ -519,7 +637,7 @@ SECTIONS: tuple[Section, ...] = (
         'name: a registry key (vit_jax.models.names()); every other field is passed to '
         "vit_jax.models.create(). The backbone's parts and shared fields "
         '(vit_jax.models.parts.Parts: scan_layers, remat, attention, ...) and the own settings '
-        'of part kinds (parts.KIND_SETTINGS: soft_splits, centre_init_std, ...) are unset (None: '
+        'of part kinds (parts.register_settings: soft_splits, centre_init_std, ...) are unset (None: '
         "the registered model's own value) until set, e.g. "
         '--config.model.attention=talking_heads.',
     ),
@@ -537,68 +655,11 @@ def _part_field_type(annotation: Any) -> type:
 
 
 def model_part_fields() -> dict[str, type]:
-  """The backbone's parts and shared fields (`vit_jax.models.parts.Parts`, which the model
-  declares them in) and the fields of the part kinds' own settings (`parts.KIND_SETTINGS`), with
-  the type a config holds them as. Any config may set them from the command line; unset (None)
-  they keep the registered model's value, and the model checks them (`check_fields`)."""
-  from vit_jax.models import parts  # pylint: disable=g-import-not-at-top
-
-  declared = dataclasses.fields(parts.Parts) + tuple(
-      field for settings in parts.KIND_SETTINGS for field in dataclasses.fields(settings)
-  )
-  return {field.name: _part_field_type(field.type) for field in declared}
-
-
-# Config fields that say a part field's value in an earlier spelling, still accepted: when set,
-# the part field takes the value they spell (over the config file's value of it, as before).
-MODEL_FIELD_SPELLINGS: dict[str, tuple[type, Callable[[Any], tuple[str, Any] | None]]] = {
-    'paper_layer_scale': (bool, lambda paper: ('layer_scale_init', 'paper') if paper else None),
-}
-
-
-def _hashable(value: Any) -> Any:
-  """`value` with lists as tuples, at any depth: a saved config.json gives JSON lists, and a Flax
-  module's fields must hash (T2T's `soft_splits`, say)."""
-  return tuple(map(_hashable, value)) if isinstance(value, (list, tuple)) else value
-
-
-def model_overrides(model: Any) -> dict[str, Any]:
-  """The fields of a `model` config section to pass to `models.create`: all but the name and the
-  unset (None) part fields, which keep the registered model's own values."""
-  part_fields = model_part_fields()
-  overrides, spelled_overrides = {}, []
-  for key, value in model.items():
-    if key == 'name' or (key in part_fields and value is None):
-      continue
-    if key in MODEL_FIELD_SPELLINGS:
-      spelled = MODEL_FIELD_SPELLINGS[key][1](value) if value is not None else None
-      if spelled is not None:
-        spelled_overrides.append(spelled)
-      continue
-    overrides[key] = _hashable(value)
-  return {**overrides, **dict(spelled_overrides)}
-
-
-def create_model(config: ml_collections.ConfigDict, num_classes: int) -> Any:
-  """The registered model `config.model.name` with the config's overrides (a Flax module).
-
-  `config.dtype` is the compute dtype of every model ('bfloat16': mixed precision with float32
-  parameters, softmax, norms and loss); a `model.dtype` override takes precedence.
-  """
-  return model_from_section(config.model, num_classes, config.dtype)
-
-
-def model_from_section(model: Any, num_classes: int, dtype: str) -> Any:
-  """The model a `model` section ({'name': ..., fields}) describes, computing in `dtype` unless
-  the section sets its own (`create_model`; a teacher's section, saved or from the Hub)."""
-  from vit_jax import models  # pylint: disable=g-import-not-at-top
-
-  overrides = model_overrides(model)
-  overrides.setdefault('dtype', dtype)
-  return models.create(model['name'], num_classes=num_classes, **overrides)
-
-
-_BY_NAME = {field.name: field for field in FIELDS}
+  """The backbone's parts and shared fields and the fields of the part kinds' own settings
+  (`vit_jax.models.parts.part_fields`), with the type a config holds them as. Any config may set
+  them from the command line; unset (None) they keep the registered model's value, and the model
+  checks them (`check_fields`)."""
+  return {field.name: _part_field_type(field.type) for field in parts.part_fields()}
 
 
 def _config_dict(tree: dict[str, Any]) -> ml_collections.ConfigDict:
@@ -638,7 +699,7 @@ def defaults() -> ml_collections.ConfigDict:
     config[section.name] = _config_dict(section.default)
   for name, field_type in model_part_fields().items():
     config.model[name] = ml_collections.FieldReference(None, field_type=field_type)
-  for name, (field_type, _) in MODEL_FIELD_SPELLINGS.items():
+  for name, (field_type, _) in parts.FIELD_SPELLINGS.items():
     config.model[name] = ml_collections.FieldReference(None, field_type=field_type)
   return config
 
@@ -649,7 +710,7 @@ def _flatten(config: ml_collections.ConfigDict, prefix: str = '') -> dict[str, A
   sections = {section.name for section in SECTIONS}
   for key, value in config.items():
     path = f'{prefix}{key}'
-    if path in sections:  # Checked by their owners (`_model_problems`, `_evaluator_problems`).
+    if path in sections:  # Checked by their owners (`vit_jax.training.setup.validate`).
       continue
     if isinstance(value, ml_collections.ConfigDict):
       flat.update(_flatten(value, f'{path}.'))
@@ -658,20 +719,32 @@ def _flatten(config: ml_collections.ConfigDict, prefix: str = '') -> dict[str, A
   return flat
 
 
-def _field_problems(fields: dict[str, Any], *, light: bool = False) -> list[str]:
-  """Each field against its rule, in the order `FIELDS` declares them (unknown fields last);
-  `light`: leaving out the rules whose owner is not imported yet."""
+def json_fields(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """Every leaf of `config` by name ('model.hidden_size'), as its config.json holds it (tuples as
+  lists), sections included: what a run's saved config is compared with."""
+
+  def leaves(tree: Any, prefix: str) -> dict[str, Any]:
+    if not isinstance(tree, dict):
+      return {prefix[:-1]: tree}
+    return {
+        k: v for key, value in tree.items() for k, v in leaves(value, f'{prefix}{key}.').items()
+    }
+
+  return leaves(json.loads(config.to_json_best_effort()), '')
+
+
+def field_problems(fields: dict[str, Any]) -> list[str]:
+  """Each field against its rule, in the order `FIELDS` declares them (unknown fields last)."""
   problems = []
-  rank = {name: i for i, name in enumerate(_BY_NAME)}
+  by_name = {field.name: field for field in FIELDS}
+  rank = {name: i for i, name in enumerate(by_name)}
   for path, value in sorted(fields.items(), key=lambda item: rank.get(item[0], len(rank))):
-    field = _BY_NAME.get(path)
+    field = by_name.get(path)
     if field is None:
       problems.append(
           f'{FLAG}{path}={value!r}: not a known field; valid fields: '
-          f'{sorted(_BY_NAME)} (python -m vit_jax.config lists them).'
+          f'{sorted(by_name)} (python -m vit_jax.config lists them).'
       )
-      continue
-    if light and field.rule.owner and field.rule.owner not in sys.modules:
       continue
     try:
       if not field.rule.accepts(value):
@@ -812,42 +885,12 @@ _JOINT_CHECKS = (
 )
 
 
-def _model_problems(model: ml_collections.ConfigDict) -> list[str]:
-  """The registered model's own field checks (`check_fields`), as one problem."""
-  from vit_jax import models  # pylint: disable=g-import-not-at-top
-
-  name = model.get('name')
-  overrides = model_overrides(model)
-  try:
-    models.create(name, num_classes=1, **overrides).check_fields()
-  except (ValueError, TypeError) as e:
-    return [
-        f'{FLAG}model.name={name!r}: {e}' if name not in models.names() else f'{FLAG}model: {e}'
-    ]
-  return []
-
-
-def _evaluator_problems(config: ml_collections.ConfigDict) -> list[str]:
-  """Every evaluator's settings, checked by the evaluator itself (`vit_jax.evaluators`)."""
-  from vit_jax import evaluators  # pylint: disable=g-import-not-at-top
-
-  problems = []
-  for name, settings in config.evaluators.items():
-    try:
-      evaluators.create(name, settings)
-    except ValueError as e:
-      problems.append(f'{FLAG}evaluators.{name}: {e}')
-  return problems
-
-
-def _problems_alone(
-    config: ml_collections.ConfigDict, fields: dict[str, Any], *, light: bool = False
-) -> list[str]:
-  """Each field against its rule and the fields every config needs (`_field_problems`)."""
-  problems = _field_problems(fields, light=light)
+def _problems_alone(config: ml_collections.ConfigDict, fields: dict[str, Any]) -> list[str]:
+  """Each field against its rule and the fields every config needs (`field_problems`)."""
+  problems = field_problems(fields)
   problems += [
       f'{FLAG}{path}: missing; every config needs it (see vit_jax/config.py).'
-      for path in sorted(set(_BY_NAME) - set(fields))
+      for path in sorted({field.name for field in FIELDS} - set(fields))
   ]
   problems += [
       f'{FLAG}{section.name}: missing; every config needs it (see vit_jax/config.py).'
@@ -857,7 +900,7 @@ def _problems_alone(
   return problems
 
 
-def _bad_fields(problems: list[str]) -> set[str]:
+def bad_fields(problems: list[str]) -> set[str]:
   """The fields (and sections) that `problems` name."""
   return {p.removeprefix(FLAG).split('=', 1)[0].split(':', 1)[0] for p in problems}
 
@@ -868,51 +911,130 @@ def _joint_problems(fields: dict[str, Any], bad: set[str]) -> list[str]:
   return [p for needed, check in _JOINT_CHECKS if not bad & set(needed) for p in check(fields)]
 
 
+def problems(
+    config: ml_collections.ConfigDict, *, devices: int | None = None, processes: int = 1
+) -> list[str]:
+  """What the fields show, in one line each: every field against its rule (the dataset's name
+  included), the fields every config needs, the batches over `devices` and `processes` (when
+  `devices` is given) and the settings that only make sense together.
+
+  Each joint check runs only when the fields it reads are valid on their own. The model, the
+  evaluators and the mesh are checked above this module (`vit_jax.training.setup.validate`).
+  """
+  fields = _flatten(config)
+  found = _problems_alone(config, fields)
+  bad = bad_fields(found)
+  if devices is not None and not bad & set(_BATCH_FIELDS):
+    found += _batch_problems(fields, devices, processes)
+  return found + _joint_problems(fields, bad)
+
+
 def validate_fields(config: ml_collections.ConfigDict) -> None:
-  """Raises `ConfigError` listing what can be found without JAX, TensorFlow or a model: each
-  field against its rule (the dataset's name included) and the joint checks of fields alone.
+  """Raises `ConfigError` listing what the fields alone show (`problems`), without JAX,
+  TensorFlow or a model.
 
   A command calls it before importing them, to answer a mistyped field in a fraction of a
-  second; `validate` checks the rest (rules whose owner is not imported yet, the batch sizes over
-  the devices, the model, the evaluators).
+  second; `vit_jax.training.setup.validate` checks the rest (the batch sizes over the devices,
+  the mesh, the model, the evaluators).
   """
-  fields = _flatten(config)
-  problems = _problems_alone(config, fields, light=True)
-  problems += _joint_problems(fields, _bad_fields(problems))
-  if problems:
-    raise ConfigError(problems)
+  found = problems(config)
+  if found:
+    raise ConfigError(found)
 
 
-def validate(
-    config: ml_collections.ConfigDict, *, devices: int | None = None, processes: int | None = None
-) -> None:
-  """Raises `ConfigError` listing every bad field of `config`; compiles and reads nothing.
+# The settings types that are None, their settings off, for a config: no mixing, no distillation.
+SETTINGS_OFF: dict[str, Callable[[Any], bool]] = {
+    'MixSettings': lambda c: c.mixup_alpha == 0 and c.cutmix_alpha == 0,
+    'DistillationLoss': lambda c: c.distillation.type == 'none',
+    'TeacherSettings': lambda c: c.distillation.type == 'none',
+}
+_SETTINGS_FIELD = 'vit_jax.config.field'  # A settings field's metadata key: the `Field` it holds.
+_SECTION_CONVERT = 'vit_jax.config.convert'  # A section field's: what turns the section into it.
 
-  `devices` and `processes` (default: JAX's global counts) are what the batches must divide.
-  """
-  import jax  # pylint: disable=g-import-not-at-top
-  from vit_jax.parallel import sharding  # pylint: disable=g-import-not-at-top
 
-  devices = jax.device_count() if devices is None else devices
-  processes = jax.process_count() if processes is None else processes
-  fields = _flatten(config)
-  problems = _problems_alone(config, fields)
-  bad = _bad_fields(problems)
-  # Each joint check runs only when the fields it reads are valid on their own.
-  if not bad & set(_BATCH_FIELDS):
-    problems += _batch_problems(fields, devices, processes)
-  if 'mesh.fsdp' not in bad:
-    try:
-      sharding.check_mesh(fields['mesh.fsdp'], devices)
-    except ValueError as e:
-      problems.append(f'{FLAG}{e}')
-  problems += _joint_problems(fields, bad)
-  if 'model' not in bad:
-    problems += _model_problems(config.model)
-  if 'evaluators' not in bad:
-    problems += _evaluator_problems(config)
-  if problems:
-    raise ConfigError(problems)
+def _into(field: Field) -> dict[str, str]:
+  """Settings type name -> the attribute that holds `field` (its last name part unless renamed)."""
+  attributes = {}
+  for target in field.into:
+    settings, _, attribute = target.partition('.')
+    attributes[settings] = attribute or field.name.rsplit('.', 1)[-1]
+  return attributes
+
+
+def _annotation(field: Field) -> Any:
+  """The type a settings type holds `field` as."""
+  if field.convert is not None:
+    return Any
+  kind = field.field_type or type(field.default)
+  return kind | None if field.default is None else kind
+
+
+def section(convert: Callable[[Any], Any]) -> Any:
+  """A settings type's field that holds a section (`SECTIONS`, by the field's name) as `convert`
+  turns its dict."""
+  return dataclasses.field(metadata={_SECTION_CONVERT: convert})
+
+
+def settings_type(cls: type) -> type:
+  """`cls` as a frozen dataclass of the fields that `FIELDS` declares `into` it (by its name), in
+  their order and with their defaults, then the fields `cls` itself annotates (keyword-only):
+  other settings types, built from the same config, or sections (`SECTIONS`). `cls.from_config`
+  builds it from a config (`from_config`)."""
+  own = dict(cls.__dict__.get('__annotations__', {}))
+  annotations = {}
+  for field in FIELDS:
+    attribute = _into(field).get(cls.__name__)
+    if attribute is None:
+      continue
+    if attribute in own or attribute in annotations:
+      raise TypeError(f'{cls.__name__}.{attribute} is declared twice ({field.name}).')
+    annotations[attribute] = _annotation(field)
+    default = field.default if field.convert is None else field.convert(field.default)
+    setattr(cls, attribute, dataclasses.field(default=default, metadata={_SETTINGS_FIELD: field}))
+  for name in own:
+    declared = cls.__dict__.get(name, dataclasses.MISSING)
+    if not isinstance(declared, dataclasses.Field):
+      declared = dataclasses.field(default=declared)
+    declared.kw_only = True
+    setattr(cls, name, declared)
+  cls.__annotations__ = {**annotations, **own}
+  cls.from_config = classmethod(from_config)
+  return dataclasses.dataclass(frozen=True)(cls)
+
+
+def _settings_types(annotation: Any) -> tuple[type, ...]:
+  """The settings types an annotation names (`X` or `X | None`)."""
+  kinds = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
+  return tuple(kind for kind in kinds if hasattr(kind, '__dataclass_fields__'))
+
+
+def _value(config: Any, name: str) -> Any:
+  """The value of field `name` ('distillation.alpha') in `config`."""
+  for key in name.split('.'):
+    config = config[key]
+  return config
+
+
+def from_config(cls: type, config: ml_collections.ConfigDict) -> Any:
+  """The settings type `cls` (`settings_type`) with the values of `config`, or None when its
+  settings are off (`SETTINGS_OFF`)."""
+  off = SETTINGS_OFF.get(cls.__name__)
+  if off is not None and off(config):
+    return None
+  values = {}
+  for declared in dataclasses.fields(cls):
+    field = declared.metadata.get(_SETTINGS_FIELD)
+    if field is not None:
+      value = _value(config, field.name)
+      values[declared.name] = value if field.convert is None else field.convert(value)
+    elif _SECTION_CONVERT in declared.metadata:
+      tree = config[declared.name]
+      tree = tree.to_dict() if isinstance(tree, ml_collections.ConfigDict) else dict(tree)
+      values[declared.name] = declared.metadata[_SECTION_CONVERT](tree)
+    else:
+      (settings,) = _settings_types(declared.type)
+      values[declared.name] = settings.from_config(config)
+  return cls(**values)
 
 
 def describe() -> str:

@@ -31,7 +31,8 @@ flags.adopt_module_key_flags(source_flags)  # Listed by --help with the command'
 _EVALUATORS = flags.DEFINE_list(
     'evaluators',
     None,
-    'Any of fewshot, linear_probe (default: both, ' 'unless --eval_sets is given).',
+    "Any of fewshot, linear_probe, or an evaluator of your own that the run's config.json "
+    'imports (default: all of them, unless --eval_sets is given).',
 )
 _EVAL_SETS = flags.DEFINE_list(
     'eval_sets',
@@ -83,6 +84,8 @@ def main(argv) -> None:
     eval_sets.parse_all(_EVAL_SETS.value)  # The names, before reading any weights.
   except ValueError as e:
     raise ValueError(f'--eval_sets: {e}.') from None
+  if flags.FLAGS.workdir:  # The run's evaluators of your own (its config.json `imports`) first.
+    workdir_lib.import_recorded_modules(flags.FLAGS.workdir)
   names = _EVALUATORS.value or ([] if _EVAL_SETS.value else list(evaluators.EVALUATORS))
   frozen = [evaluators.create(name, settings(name)) for name in names]
   if _OUT_DIR.value:  # Before reading any weights.

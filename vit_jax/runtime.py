@@ -40,6 +40,8 @@ from absl import app
 from absl import flags as absl_flags
 from absl import logging as absl_logging
 
+from vit_jax import extensions
+
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 # Each flag is added unless XLA_FLAGS already names it, with the first jaxlib that knows it (XLA
@@ -280,7 +282,9 @@ def flag_error(error: Exception) -> str:
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing, where every unusable flag or config file is one line on stderr."""
+  """absl's flag parsing, where every unusable flag or config file is one line on stderr; a config
+  file imports the modules beside it (`extensions.make_config_folders_importable`)."""
+  extensions.make_config_folders_importable(argv, absl_flags.FLAGS)
   try:
     remaining = absl_flags.FLAGS(argv)
     for name in absl_flags.FLAGS:  # A config file that failed to load raises when first read.

@@ -2,7 +2,8 @@
 
     WORKDIR/
       run.lock                 the lock of the run writing here (`vit_jax.training.run_writer`)
-      config.json              the resolved config (`RunWriter.start` writes, `config` reads)
+      config.json              the resolved config (`RunWriter.start` writes, `config` reads;
+                               `imports`: the modules of your own it uses, `vit_jax.extensions`)
       checkpoints/<step>/      orbax: `state` (the training state) and `meta` ({'model': name})
       unreadable_checkpoints/  checkpoints that resuming found unreadable, set aside with reason.txt
       results.json             final metrics of the run and of `vit_jax.evaluate` (`write_results`)
@@ -54,6 +55,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
+from vit_jax import extensions
 from vit_jax.models import layouts
 
 LOCK_FILE = 'run.lock'
@@ -310,6 +312,23 @@ def _reason(error: Exception) -> str:
   return f'{type(error).__name__}: {text[:300]}'
 
 
+def config_json(config: ml_collections.ConfigDict) -> str:
+  """The config.json of a run of `config`: the config, and under `imports` the modules outside
+  vit_jax that registered what it uses (`extensions.recorded_imports`), when there are any."""
+  imports = extensions.recorded_imports(config)
+  if not imports:
+    return config.to_json_best_effort(indent=2)
+  return json.dumps(
+      {**json.loads(config.to_json_best_effort()), extensions.IMPORTS: imports}, indent=2
+  )
+
+
+def import_recorded_modules(path: str) -> None:
+  """Imports the modules that the run in `path` records in its config.json (`imports`), as
+  reading its config does: for a command that names the run's evaluators before loading it."""
+  Workdir(path).config()
+
+
 class Workdir:
   """A run's work directory, read (see the module docstring); reading changes nothing there."""
 
@@ -351,6 +370,8 @@ class Workdir:
           f'{path} is damaged ({e}); restore it from a copy, or write it again with '
           'the command that trained this run.'
       ) from None
+    # The modules of the user's own kinds, stems and evaluators, before the config is read.
+    extensions.import_recorded(saved.pop(extensions.IMPORTS, []), str(path))
     saved['model'] = {k: tuple(v) if isinstance(v, list) else v for k, v in saved['model'].items()}
     return ml_collections.ConfigDict(saved)
 

@@ -17,6 +17,7 @@ import ml_collections
 from vit_jax.analysis import report as report_lib
 from vit_jax.benchmarks import training_step
 from vit_jax.data import input_pipeline
+from vit_jax.data import settings as data_settings
 from vit_jax.training import run_sequence
 from vit_jax.training import train
 
@@ -116,7 +117,7 @@ def run_grid(
   """Trains and measures every variant of `config.variants` (`seeds` times each), skipping the
   trainings an earlier, interrupted run finished; returns one row per variant."""
   num_classes = input_pipeline.get_dataset_info(
-      input_pipeline.DataSettings.from_config(config)
+      data_settings.DataSettings.from_config(config)
   ).num_classes
   names = list(config.variants)
   configs = [variant_config(config, dict(config.variants[name])) for name in names]

@@ -15,7 +15,6 @@ import jax
 import ml_collections
 import numpy as np
 
-from vit_jax import config as config_lib
 from vit_jax import models
 from vit_jax.analysis import centres
 from vit_jax.analysis import collapse
@@ -23,6 +22,7 @@ from vit_jax.analysis import maps
 from vit_jax.analysis import pruning
 from vit_jax.analysis import rollout
 from vit_jax.data import input_pipeline
+from vit_jax.data import settings as data_settings
 from vit_jax.models import attention
 from vit_jax.models import sa_conv
 from vit_jax.models import vit
@@ -37,7 +37,7 @@ def eval_images(config: ml_collections.ConfigDict, count: int) -> np.ndarray:
   """The first `count` real images of the eval split, (count, S, S, 3)."""
   images = []
   for batch in input_pipeline.eval_iterator(
-      input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1
+      data_settings.DataSettings.from_config(config), process_index=0, process_count=1
   ):
     images.append(batch['image'][batch['mask'] > 0])
     if sum(len(x) for x in images) >= count:
@@ -52,7 +52,7 @@ def accuracy(
   predict = jax.jit(lambda v, x: jax.numpy.argmax(model.apply(v, x, train=False), -1))
   correct = total = 0.0
   for batch in input_pipeline.eval_iterator(
-      input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1
+      data_settings.DataSettings.from_config(config), process_index=0, process_count=1
   ):
     hits = np.asarray(predict(variables, batch['image'])) == batch['label']
     correct += float((hits * batch['mask']).sum())
@@ -340,7 +340,7 @@ def _pruning(
   pruned_config = pruning.pruned_config(
       config, layer_heads, steps=finetune_steps, lr_factor=lr_factor
   )
-  pruned_model = config_lib.create_model(pruned_config, num_classes)
+  pruned_model = models.create_model(pruned_config, num_classes)
   before = pruning.forward_cost(model, params, config.image_size)
   after = pruning.forward_cost(pruned_model, pruned_params, config.image_size)
   report = {

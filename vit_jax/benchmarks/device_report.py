@@ -27,7 +27,7 @@ import ml_collections
 import numpy as np
 
 from vit_jax import runtime
-from vit_jax.models import attention
+from vit_jax.models import numerics
 from vit_jax.training import optim
 from vit_jax.training import start as start_lib
 from vit_jax.training import steps
@@ -198,12 +198,12 @@ def attention_row(*, reduced: bool, repeats: int) -> Row:
   xla = step(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, scale=1.0, implementation='xla'))
   xla_s = _time(lambda: xla(q, k, v), repeats)
   shape = (
-      f'{batch}x{tokens} tokens (cuDNN padded to {attention.cudnn_sequence_length(tokens)}) x '
+      f'{batch}x{tokens} tokens (cuDNN padded to {numerics.cudnn_sequence_length(tokens)}) x '
       f'{heads} heads x {head_dim}'
   )
   numbers = {'shape': shape, 'xla_ms': 1e3 * xla_s}
   try:
-    cudnn = step(attention.cudnn_attention)
+    cudnn = step(numerics.cudnn_attention)
     (_, cudnn_out), cudnn_grads = cudnn(q, k, v)
   except Exception as e:  # pylint: disable=broad-except
     reason = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -253,11 +253,11 @@ def throughput_configs(*, reduced: bool) -> list[tuple[ml_collections.ConfigDict
 
 
 def _cudnn_runs(tokens: int) -> bool:
-  """Whether the models' cuDNN attention (`attention.cudnn_attention`) runs on this machine for
+  """Whether the models' cuDNN attention (`numerics.cudnn_attention`) runs on this machine for
   sequences of `tokens`."""
   q = jnp.zeros((1, tokens, 1, 64), jnp.bfloat16)
   try:
-    jax.block_until_ready(attention.cudnn_attention(q, q, q))
+    jax.block_until_ready(numerics.cudnn_attention(q, q, q))
   except Exception:  # pylint: disable=broad-except
     return False
   return True
@@ -308,6 +308,7 @@ def input_pipeline_row(*, reduced: bool, needed_images_per_s: float, num_batches
         'input pipeline', 'not measured: TensorFlow is not installed (pip install -e .)', None
     )
   from vit_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import settings as data_settings
 
   if reduced:
     config = family_config('vit')
@@ -317,7 +318,7 @@ def input_pipeline_row(*, reduced: bool, needed_images_per_s: float, num_batches
     config.dataset = 'digits'
     config.batch_size = 128 * jax.local_device_count()
   batches = input_pipeline.train_iterator(
-      input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1
+      data_settings.DataSettings.from_config(config), process_index=0, process_count=1
   )
   next(batches)
   for _ in range(2):  # What the prefetch buffer held.

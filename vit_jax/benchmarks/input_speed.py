@@ -4,7 +4,7 @@ r"""Images/s of the training input pipeline alone, and its time to a first batch
   python -m vit_jax.benchmark --mode=input_pipeline --batch=96 --vs_timm \
       --config=configs/deit.py:variant=S,dataset=folder:/path/to/images
 
-Ours is `input_pipeline.train_iterator(input_pipeline.DataSettings.from_config(config))`, which parallelises over as many threads as this
+Ours is `input_pipeline.train_iterator(data_settings.DataSettings.from_config(config))`, which parallelises over as many threads as this
 process may use CPUs. timm's is `timm.data.create_transform(image_size, is_training=True, ...)`
 with the config's recipe (inception crop with our scale and ratio ranges, flip, the RandAugment
 string, pixel-mode random erasing, bicubic resizing, the config's normalisation, no colour jitter)
@@ -23,7 +23,7 @@ timed window of at least `TIMED_PER_BUFFERED` times that buffer (or `--steps` ba
 With `--vs_timm` and repeated augmentation the same comparison runs again without it. JPEG decodes
 per training image are reported for each side: ours decodes each drawn image once for its
 repeated copies (or, without repetition, only its crop window:
-`input_pipeline.decodes_crop_window`), timm's `RepeatAugSampler` hands each copy to its dataset,
+`reading.decodes_crop_window`), timm's `RepeatAugSampler` hands each copy to its dataset,
 which decodes the file whole every time. Images/s per core divide by the number of CPUs; CPU time
 per image counts every thread of this process and, for timm, its worker processes.
 
@@ -46,6 +46,9 @@ from typing import Any, Callable, Iterable, Sequence
 import ml_collections
 
 from vit_jax.data import input_pipeline
+from vit_jax.data import settings as data_settings
+from vit_jax.data import image_ops
+from vit_jax.data import reading
 from vit_jax.benchmarks import stopwatch
 from vit_jax.data import convert
 from vit_jax.data import folder
@@ -168,7 +171,7 @@ def _ours(config: ml_collections.ConfigDict) -> tuple[Pipeline, float]:
   """`train_iterator` from step 0, and the seconds to its first batch (compiling included)."""
   start = time.perf_counter()
   batches = input_pipeline.train_iterator(
-      input_pipeline.DataSettings.from_config(config), process_index=0, process_count=1
+      data_settings.DataSettings.from_config(config), process_index=0, process_count=1
   )
   next(batches)
   first_batch_s = time.perf_counter() - start
@@ -260,8 +263,8 @@ def _timm(config: ml_collections.ConfigDict, workers: int) -> Pipeline:
   transform = create_transform(
       config.image_size,
       is_training=True,
-      scale=input_pipeline.INCEPTION_CROP_AREA,
-      ratio=input_pipeline.INCEPTION_CROP_RATIO,
+      scale=image_ops.INCEPTION_CROP_AREA,
+      ratio=image_ops.INCEPTION_CROP_RATIO,
       hflip=0.5 if config.flip else 0.0,
       color_jitter=None,
       auto_augment=config.randaugment or None,
@@ -309,7 +312,7 @@ def time_to_first_batch(config: ml_collections.ConfigDict, start_step: int) -> f
   start = time.perf_counter()
   next(
       input_pipeline.train_iterator(
-          input_pipeline.DataSettings.from_config(config),
+          data_settings.DataSettings.from_config(config),
           start_step=start_step,
           process_index=0,
           process_count=1,
@@ -330,9 +333,9 @@ def _recipe(config: ml_collections.ConfigDict) -> str:
 
 
 def _decodes_per_image(config: ml_collections.ConfigDict) -> str:
-  """How many JPEG decodes each training image costs ours (`input_pipeline.decodes_crop_window`)."""
+  """How many JPEG decodes each training image costs ours (`reading.decodes_crop_window`)."""
   repeats = config.repeated_aug
-  if input_pipeline.decodes_crop_window(input_pipeline.TrainTransform.from_config(config), repeats):
+  if reading.decodes_crop_window(data_settings.TrainTransform.from_config(config), repeats):
     return '1 of the crop window'
   if repeats > 1:
     return f'1/{repeats} of the whole image (decoded once for its {repeats} copies)'

@@ -8,7 +8,7 @@ layouts (exact on every backend), the step's temporaries from XLA's account of t
 import jax
 import jax.numpy as jnp
 
-from vit_jax import config as config_lib
+from vit_jax import models
 from vit_jax.benchmarks import stopwatch
 from vit_jax.benchmarks import training_step
 from vit_jax.parallel import sharding
@@ -66,7 +66,7 @@ def run_memory(config, *, num_classes: int) -> dict[str, int]:
   """Prints `memory_per_device` of the config's model on this process's mesh."""
   devices, fsdp = jax.device_count(), config.mesh.fsdp
   sharding.check_mesh(fsdp, devices)
-  stopwatch.report('model', f'{config.model.name} {config_lib.model_overrides(config.model)}')
+  stopwatch.report('model', f'{config.model.name} {models.model_overrides(config.model)}')
   stopwatch.report(
       'mesh',
       f'data {devices // fsdp} x fsdp {fsdp} = {devices} devices '

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax import config as config_lib
+from vit_jax import models
 from vit_jax.benchmarks import device_report
 from vit_jax.benchmarks import stopwatch
 from vit_jax.models import deit
@@ -59,7 +59,7 @@ def benchmark_config(
 ):
   """A copy of `config` with the benchmark's batch, image size, model and dtype.
 
-  The compute dtype ends up in `config.dtype` alone (`config.create_model` gives it to every
+  The compute dtype ends up in `config.dtype` alone (`models.create_model` gives it to every
   model), so the tables' models, which replace `config.model`, keep it.
   """
   config = config.copy_and_resolve_references()
@@ -272,7 +272,7 @@ def run_single(
 ) -> dict[str, float]:
   """Benchmarks the config's model (and timm's twin); prints and returns images/s and ratios."""
   device = jax.devices()[0]
-  stopwatch.report('model', f'{config.model.name} {config_lib.model_overrides(config.model)}')
+  stopwatch.report('model', f'{config.model.name} {models.model_overrides(config.model)}')
   stopwatch.report(
       'batch',
       f'{config.batch_size} x {config.image_size}x{config.image_size}x3, '

@@ -7,6 +7,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from vit_jax import config as config_lib
+
 
 def mix_batch(
     rng: jax.Array,
@@ -70,28 +72,10 @@ def mix_batch(
   return images, lam * targets + (1.0 - lam) * targets[::-1]
 
 
-@dataclasses.dataclass(frozen=True)
+@config_lib.settings_type
 class MixSettings:
-  """`mix_batch`'s settings (timm's Mixup arguments), from a run config by `from_config`."""
-
-  mixup_alpha: float
-  cutmix_alpha: float
-  switch_prob: float
-  mix_prob: float
-  label_smoothing: float
-
-  @classmethod
-  def from_config(cls, config) -> 'MixSettings | None':
-    """The config's mixup/CutMix, or None when neither is on (both alphas 0)."""
-    if config.mixup_alpha == 0 and config.cutmix_alpha == 0:
-      return None
-    return cls(
-        mixup_alpha=config.mixup_alpha,
-        cutmix_alpha=config.cutmix_alpha,
-        switch_prob=config.mix_switch_prob,
-        mix_prob=config.mix_prob,
-        label_smoothing=config.label_smoothing,
-    )
+  """`mix_batch`'s settings (timm's Mixup arguments); `from_config` gives None when neither is on
+  (both alphas 0)."""
 
   def mix(
       self, rng: jax.Array, images: jax.Array, labels_onehot: jax.Array

@@ -2,7 +2,7 @@
 
 An evaluator (`evaluator.Evaluator`) has `every` (training steps between its runs; 0: none) and
 `run(subject) -> {metric: value}`, where the `evaluator.Subject` is a model with its state on the
-mesh or its variables as host arrays, and `data` (`input_pipeline.DataSettings`) giving the
+mesh or its variables as host arrays, and `data` (`data_settings.DataSettings`) giving the
 evaluation preprocessing of its images; it also names its log lines and its metrics' TensorBoard
 and results.json names. Two kinds:
 * `eval_sets.TestSets`: the model's own predictions, top-1 and loss on the run's eval split (and
@@ -17,12 +17,24 @@ once on a run's or published weights (`standalone`).
 import dataclasses
 from typing import Any, Mapping, Sequence
 
+from vit_jax import extensions
 from vit_jax.evaluators import evaluator
 from vit_jax.evaluators import fewshot
 from vit_jax.evaluators import frozen
 from vit_jax.evaluators import linear_probe
 
 EVALUATORS = {cls.name: cls for cls in (fewshot.FewShot, linear_probe.LinearProbe)}
+
+
+def register(name: str, evaluator: type[frozen.Evaluator]) -> None:
+  """Makes `evaluator`, a `frozen.Evaluator` subclass, the evaluator `name`: set under
+  `--config.evaluators.NAME`, run by `python -m vit_jax.evaluate --evaluators=NAME`."""
+  if name in EVALUATORS:
+    raise ValueError(f'Evaluator {name!r} is registered already; registered: {list(EVALUATORS)}.')
+  if not (isinstance(evaluator, type) and issubclass(evaluator, frozen.Evaluator)):
+    raise ValueError(f'Evaluator {name!r}: {evaluator!r} is not a frozen.Evaluator subclass.')
+  EVALUATORS[name] = evaluator
+  extensions.note('evaluator', name, evaluator.__module__, f'evaluators.{name}')
 
 
 def create(name: str, settings: Mapping[str, Any] | None = None) -> frozen.Evaluator:

@@ -26,17 +26,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import tensorflow_datasets as tfds
 
 from vit_jax.data import dataset_names as datasets
+from vit_jax.data import eval_set_names
 from vit_jax.data import imagenet
 from vit_jax.data import input_pipeline
+from vit_jax.data import settings as data_settings
 from vit_jax.evaluators import evaluator
 from vit_jax.evaluators import passes
 from vit_jax.parallel import sharding
 from vit_jax.training import steps
 
-SCORINGS = ('top1', 'real', 'imagenet_a', 'imagenet_r')
+SCORINGS = eval_set_names.SCORINGS
 
 # The 200 ImageNet classes (WordNet ids) of ImageNet-A (Hendrycks et al. 2021, "Natural Adversarial
 # Examples", github.com/hendrycks/natural-adv-examples) and ImageNet-R (Hendrycks et al. 2021, "The
@@ -99,27 +100,7 @@ n10565667 n12267677
 SUBSET_WNIDS = {'imagenet_a': IMAGENET_A_WNIDS, 'imagenet_r': IMAGENET_R_WNIDS}
 
 
-@dataclasses.dataclass(frozen=True)
-class Published:
-  """A published ImageNet test set: its labelled splits (the first is the default), its scoring
-  and the features holding its label (and its ReaL labels)."""
-
-  splits: tuple[str, ...]
-  scoring: str
-  label_key: str | None = None  # None: the dataset's supervised label.
-  label_set_key: str | None = None
-
-
-PUBLISHED = {
-    'imagenet2012': Published(('validation', 'train'), 'top1'),
-    'imagenet2012_real': Published(
-        ('validation',), 'real', label_key='original_label', label_set_key='real_label'
-    ),
-    'imagenet_v2': Published(('test',), 'top1'),
-    'imagenet_a': Published(('test',), 'imagenet_a'),
-    'imagenet_r': Published(('test',), 'imagenet_r'),
-    'imagenet_sketch': Published(('test',), 'top1'),
-}
+PUBLISHED = eval_set_names.PUBLISHED
 
 
 @functools.cache
@@ -157,23 +138,10 @@ def subset_sums(
   }
 
 
-@dataclasses.dataclass(frozen=True)
-class EvalSet:
-  """One test set: the dataset and split it reads and how it is scored (`SCORINGS`)."""
+class EvalSet(eval_set_names.EvalSetName):
+  """One test set (`eval_set_names.EvalSetName`) and the batches it reads."""
 
-  name: str  # As written in the list: the prefix of its metrics.
-  dataset: str
-  split: str
-  scoring: str = 'top1'
-  label_key: str | None = None
-  label_set_key: str | None = None
-
-  @property
-  def reads(self) -> tuple[Any, ...]:
-    """What it reads and scores: two sets alike here give the same metrics."""
-    return (self.dataset, self.split, self.scoring, self.label_key, self.label_set_key)
-
-  def batches(self, data: input_pipeline.DataSettings) -> Iterator[dict[str, np.ndarray]]:
+  def batches(self, data: data_settings.DataSettings) -> Iterator[dict[str, np.ndarray]]:
     """One padded pass over the set, preprocessed as the run `data` evaluates."""
     return input_pipeline.eval_iterator(
         data,
@@ -193,62 +161,18 @@ def score(scoring: str) -> passes.Score:
   return passes.top1_sums
 
 
-def _known_dataset(name: str) -> str:
-  """`name` if it names a dataset (its TFDS builder is registered); ValueError otherwise."""
-  if name == datasets.DIGITS or name.startswith(datasets.FOLDER_PREFIX):
-    return name
-  try:
-    tfds.builder_cls(name.split('/')[0])
-  except tfds.core.registered.DatasetNotFoundError:
-    raise ValueError(
-        f'unknown dataset {name!r}; valid: {list(PUBLISHED)}, any TFDS dataset name '
-        f"(tfds.list_builders()), '{datasets.DIGITS}' or '{datasets.FOLDER_PREFIX}/path/to/images'"
-        ', each optionally followed by :SPLIT'
-    ) from None
-  return name
-
-
 def parse(spec: str, *, dataset: str = '', eval_split: str = 'test') -> EvalSet:
-  """The set `spec` names ('DATASET[:SPLIT]'), whose default split is `eval_split` where DATASET
-  is the run's `dataset`; ValueError for an unknown dataset or a published set's unknown split."""
-  if not isinstance(spec, str) or not spec.strip():
-    raise ValueError(f"{spec!r} is not a set name; write 'DATASET[:SPLIT]', e.g. 'imagenet_v2'")
-  is_folder = spec.startswith(datasets.FOLDER_PREFIX)
-  rest = spec[len(datasets.FOLDER_PREFIX) :] if is_folder else spec
-  name, _, split = rest.partition(':')
-  name = (datasets.FOLDER_PREFIX if is_folder else '') + name.strip()
-  if name in ('', datasets.FOLDER_PREFIX):
-    raise ValueError(f'{spec!r} names no dataset')
-  _known_dataset(name)
-  published = PUBLISHED.get(name.split('/')[0])
-  split = split.strip() or (
-      eval_split if name == dataset else published.splits[0] if published else 'test'
-  )
-  if published is None:
-    return EvalSet(spec, name, split)
-  for part in split.split('+'):
-    if part.split('[')[0].strip() not in published.splits:
-      raise ValueError(
-          f'{spec!r}: {name} has no labelled split {part!r}; valid: '
-          f'{list(published.splits)}, optionally sliced, e.g. '
-          f"'{name}:{published.splits[0]}[:1000]'"
-      )
-  return EvalSet(spec, name, split, published.scoring, published.label_key, published.label_set_key)
+  """The set `spec` names (`eval_set_names.parse`)."""
+  name = eval_set_names.parse(spec, dataset=dataset, eval_split=eval_split)
+  return EvalSet(**dataclasses.asdict(name))
 
 
 def parse_all(
     specs: Sequence[str], *, dataset: str = '', eval_split: str = 'test'
 ) -> tuple[EvalSet, ...]:
-  """The sets of a list of names (`parse`); ValueError naming the first bad or repeated one."""
-  if isinstance(specs, str) or not isinstance(specs, (tuple, list)):
-    raise ValueError(
-        f"must be a tuple of set names, e.g. ('imagenet2012_real', 'imagenet_v2'); "
-        f'got {specs!r}'
-    )
-  repeated = sorted({spec for spec in specs if list(specs).count(spec) > 1})
-  if repeated:
-    raise ValueError(f'names {repeated} more than once')
-  return tuple(parse(spec, dataset=dataset, eval_split=eval_split) for spec in specs)
+  """The sets of a list of names (`eval_set_names.parse_all`)."""
+  names = eval_set_names.parse_all(specs, dataset=dataset, eval_split=eval_split)
+  return tuple(EvalSet(**dataclasses.asdict(name)) for name in names)
 
 
 def _named(dataset: str, names: Sequence[str]) -> bool:
@@ -284,7 +208,7 @@ def class_difference(model: Sequence[str], found: Sequence[str]) -> str | None:
 
 
 def checked(
-    specs: Sequence[str], data: input_pipeline.DataSettings, *, class_names: Sequence[str]
+    specs: Sequence[str], data: data_settings.DataSettings, *, class_names: Sequence[str]
 ) -> tuple[EvalSet, ...]:
   """The sets of `specs` (a run's `eval_sets`) beside the run reading `data`, whose model
   predicts `class_names`, each checked against its data before anything compiles: the dataset
@@ -350,7 +274,7 @@ def evaluate(
     eval_sets: Sequence[EvalSet],
     eval_steps: dict[str, Callable],
     state: steps.TrainState,
-    data: input_pipeline.DataSettings,
+    data: data_settings.DataSettings,
     data_sharding: jax.sharding.NamedSharding,
     known: dict[tuple[Any, ...], dict[str, float]] | None = None,
 ) -> dict[str, float]:
@@ -373,7 +297,7 @@ class TestSets:
   eval split where `own_split` ('accuracy', 'loss', 'count'; 'ema_accuracy', 'ema_loss' with an
   EMA) and on each of `sets` ('NAME/…'), each scoring's step compiled once for the mesh."""
 
-  data: input_pipeline.DataSettings
+  data: data_settings.DataSettings
   sets: tuple[EvalSet, ...]
   own_split: bool
   eval_steps: dict[str, Callable[..., dict[str, jax.Array]]]  # By scoring.
@@ -386,7 +310,7 @@ class TestSets:
       model: nn.Module,
       num_classes: int,
       mesh: jax.sharding.Mesh,
-      data: input_pipeline.DataSettings,
+      data: data_settings.DataSettings,
       sets: Sequence[EvalSet],
       *,
       own_split: bool = True,

@@ -6,7 +6,7 @@ from typing import Any, Mapping, Protocol
 import flax.linen as nn
 from jax.sharding import Mesh
 
-from vit_jax.data import input_pipeline
+from vit_jax.data import settings as data_settings
 from vit_jax.evaluators import passes
 from vit_jax.training import steps
 
@@ -20,7 +20,7 @@ class Subject:
   def __init__(
       self,
       model: nn.Module,
-      data: input_pipeline.DataSettings,
+      data: data_settings.DataSettings,
       *,
       state: steps.TrainState | None = None,
       variables: dict[str, Any] | None = None,

@@ -14,6 +14,7 @@ import numpy as np
 
 from vit_jax.data import folder
 from vit_jax.data import input_pipeline
+from vit_jax.data import settings as data_settings
 from vit_jax.evaluators import evaluator
 from vit_jax.models import features
 
@@ -50,9 +51,7 @@ def _pre_logits_fn(model: nn.Module) -> Callable[[Any, jax.Array], jax.Array]:
   )
 
 
-def _split(
-    model: nn.Module, variables: Any, data: input_pipeline.DataSettings, split: str
-) -> Split:
+def _split(model: nn.Module, variables: Any, data: data_settings.DataSettings, split: str) -> Split:
   """Every example of `split` of `data.dataset`, preprocessed as in evaluation."""
   outputs, labels = [], []
   for batch in input_pipeline.eval_iterator(data, split=split, process_index=0, process_count=1):
@@ -65,7 +64,7 @@ def _split(
 def dataset(
     model: nn.Module,
     variables: Any,
-    data: input_pipeline.DataSettings,
+    data: data_settings.DataSettings,
     name: str,
     *,
     train_split: str,

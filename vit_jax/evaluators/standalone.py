@@ -14,7 +14,7 @@ from jax.sharding import Mesh
 
 from vit_jax import evaluators as evaluators_lib
 from vit_jax import workdir as workdir_lib
-from vit_jax.data import input_pipeline
+from vit_jax.data import settings as data_settings
 from vit_jax.evaluators import eval_sets as eval_sets_lib
 from vit_jax.evaluators import evaluator
 from vit_jax.evaluators import frozen
@@ -86,7 +86,7 @@ def evaluate_weights(
         f'--eval_sets scores predictions, and {run.source} has no classifier head (headless '
         'weights); --evaluators=fewshot,linear_probe read its features.'
     )
-  data = input_pipeline.DataSettings.from_config(run.config)
+  data = data_settings.DataSettings.from_config(run.config)
   sets = eval_sets_lib.checked(eval_set_names, data, class_names=run.class_names)
   mesh_settings = sharding.MeshSettings.from_config(run.config)
   mesh = sharding.make_mesh(mesh_settings.fsdp) if sets else None

@@ -6,7 +6,7 @@ converters of its PyTorch checkpoint layout. A new model is added in its family'
 new family is a module with a `FAMILY` named here. Importing this package (or `parts`) does not
 import JAX: a config file reads the backbone's part fields from `parts` alone.
 
-`create` also takes the fields of a part kind's own settings (`parts.KIND_SETTINGS`) by name, e.g.
+`create` also takes the fields of a part kind's own settings (`parts.register_settings`) by name, e.g.
 `create('t2t_vit_ti4', soft_splits=...)`: they replace those of the registered model's
 `{part}_settings`.
 """
@@ -120,7 +120,7 @@ def timm_architecture(architecture: str) -> str:
 
 def fields(name: str) -> list[str]:
   """The fields of model `name` that `create` accepts as overrides: its own, then those of the
-  kind settings (`parts.KIND_SETTINGS`) that its `{part}_settings` fields hold."""
+  registered kind settings (`parts.register_settings`) that its `{part}_settings` fields hold."""
   own = [f.name for f in dataclasses.fields(_entry(name)[1].func) if f.name not in _NOT_FIELDS]
   return own + [
       field
@@ -164,3 +164,55 @@ def create(name: str, **overrides: Any) -> 'nn.Module':
     if key in _DTYPE_FIELDS and isinstance(value, str):
       overrides[key] = jnp.dtype(value)
   return factory(**_with_kind_settings(factory, overrides))
+
+
+def _hashable(value: Any) -> Any:
+  """`value` with lists as tuples, at any depth: a saved config.json gives JSON lists, and a Flax
+  module's fields must hash (T2T's `soft_splits`, say)."""
+  return tuple(map(_hashable, value)) if isinstance(value, (list, tuple)) else value
+
+
+def model_overrides(model: Mapping[str, Any]) -> dict[str, Any]:
+  """The fields of a config's `model` section to pass to `create`: all but the name and the
+  unset (None) part fields, which keep the registered model's own values."""
+  part_fields = {field.name for field in parts.part_fields()}
+  overrides, spelled_overrides = {}, []
+  for key, value in model.items():
+    if key == 'name' or (key in part_fields and value is None):
+      continue
+    if key in parts.FIELD_SPELLINGS:
+      spelled = parts.FIELD_SPELLINGS[key][1](value) if value is not None else None
+      if spelled is not None:
+        spelled_overrides.append(spelled)
+      continue
+    overrides[key] = _hashable(value)
+  return {**overrides, **dict(spelled_overrides)}
+
+
+def model_from_section(model: Mapping[str, Any], num_classes: int, dtype: str) -> 'nn.Module':
+  """The model a `model` section ({'name': ..., fields}) describes, computing in `dtype` unless
+  the section sets its own (a run's model; a teacher's section, saved or from the Hub)."""
+  overrides = model_overrides(model)
+  overrides.setdefault('dtype', dtype)
+  return create(model['name'], num_classes=num_classes, **overrides)
+
+
+def create_model(config: Any, num_classes: int) -> 'nn.Module':
+  """The registered model `config.model.name` with the config's overrides (a Flax module).
+
+  `config.dtype` is the compute dtype of every model ('bfloat16': mixed precision with float32
+  parameters, softmax, norms and loss); a `model.dtype` override takes precedence.
+  """
+  return model_from_section(config.model, num_classes, config.dtype)
+
+
+def section_problems(model: Mapping[str, Any], prefix: str) -> list[str]:
+  """What is wrong with a config's `model` section, as one problem naming the field (`prefix`
+  before it, e.g. '--config.'): an unknown name or override, or a field its model refuses
+  (`check_fields`); [] when nothing is."""
+  name = model.get('name')
+  try:
+    create(name, num_classes=1, **model_overrides(model)).check_fields()
+  except (ValueError, TypeError) as e:
+    return [f'{prefix}model.name={name!r}: {e}' if name not in names() else f'{prefix}model: {e}']
+  return []

@@ -7,8 +7,9 @@ Head mixing: talking heads (CaiT) and Re-attention (DeepViT). Every module sows 
 probabilities (after any head mixing) as `intermediates/attention_probs`, shape
 (batch, heads, queries, keys). Without head mixing, positional scores, attention dropout or an
 `intermediates` collection to fill, content attention takes a fast path that keeps no
-probabilities (`softmax_attention`, or `jax.nn.dot_product_attention` with cuDNN). Scores and head
-mixing accumulate in float32 from operands in the compute dtype, in both passes (`einsum_float32`).
+probabilities (`numerics.softmax_attention`, or `jax.nn.dot_product_attention` with cuDNN). Scores
+and head mixing accumulate in float32 from operands in the compute dtype, in both passes
+(`numerics.einsum_float32`).
 """
 
 import dataclasses
@@ -20,144 +21,18 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vit_jax import extensions
 from vit_jax.models import Dtype, Initializer
+from vit_jax.models import initializers
+from vit_jax.models import numerics
 from vit_jax.models import parts
 
-DEFAULT_KERNEL_INIT = nn.initializers.normal(stddev=0.02)
 HEAD_MIXINGS = ('none', 'talking_heads', 're_attention')
 RE_ATTENTION_NORMS = ('batch', 'layer')
 POSITIONAL_SCORES = ('quadratic', 'gaussian', 'learned')
 # Cordonnier et al.'s attention kinds: isotropic and non-isotropic Gaussian, learned relative
 # embeddings, and learned embeddings with content scores.
 POSITIONAL_KINDS = ('quadratic', 'gaussian', 'learned', 'learned_content')
-
-# PyTorch's default Linear/Conv weight, kaiming_uniform(a=sqrt(5)) = U(+-1/sqrt(fan_in)).
-torch_default_kernel_init = nn.initializers.variance_scaling(1.0 / 3.0, 'fan_in', 'uniform')
-
-
-def dense_dot_general(
-    lhs: jax.Array,
-    rhs: jax.Array,
-    dimension_numbers: Any,
-    precision: Any = None,
-    preferred_element_type: Dtype | None = None,
-) -> jax.Array:
-  """`lax.dot_general` for `Dense`: on CPU, (batch, tokens, in) x (in, out) as one 2-D matmul.
-
-  With the leading axes merged, XLA's CPU compiler computes the kernel gradient as one direct
-  matmul instead of a slower one on a transposed copy of the activations (about a tenth of a
-  ViT training step). Elsewhere (TPU tiles the two minor axes) the dot is left as it is.
-  """
-  (lhs_contracting, rhs_contracting), (lhs_batch, _) = dimension_numbers
-  if (
-      jax.default_backend() == 'cpu'
-      and lhs.ndim > 2
-      and rhs.ndim == 2
-      and not lhs_batch
-      and tuple(lhs_contracting) == (lhs.ndim - 1,)
-      and tuple(rhs_contracting) == (0,)
-  ):
-    out = jax.lax.dot_general(
-        lhs.reshape(-1, lhs.shape[-1]),
-        rhs,
-        (((1,), (0,)), ((), ())),
-        precision=precision,
-        preferred_element_type=preferred_element_type,
-    )
-    return out.reshape(lhs.shape[:-1] + rhs.shape[1:])
-  return jax.lax.dot_general(
-      lhs,
-      rhs,
-      dimension_numbers,
-      precision=precision,
-      preferred_element_type=preferred_element_type,
-  )
-
-
-def Dense(features: int, **kwargs: Any) -> nn.Dense:  # pylint: disable=invalid-name
-  """`nn.Dense` over the last axis of token arrays, with the CPU-friendly `dense_dot_general`."""
-  return nn.Dense(features, dot_general=dense_dot_general, **kwargs)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _float32_product(product: Callable[..., jax.Array], a: jax.Array, b: jax.Array) -> jax.Array:
-  return product(a, b, jnp.float32)
-
-
-def _float32_product_forward(product, a, b):
-  return _float32_product(product, a, b), (a, b)
-
-
-def _float32_product_backward(product, operands, cotangent):
-  # The cotangent enters the transposed products in the operands' dtype: left float32, it would
-  # make each of them a float32 product (bfloat16 operands upcast) on GPU and TPU.
-  a, b = operands
-  dtype = jnp.result_type(a, b)
-  _, vjp = jax.vjp(lambda a, b: product(a, b, dtype), a, b)
-  return vjp(cotangent.astype(dtype))
-
-
-_float32_product.defvjp(_float32_product_forward, _float32_product_backward)
-
-
-def einsum_float32(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
-  """`jnp.einsum(spec, a, b)` of the operands in their own dtype, accumulated into float32.
-
-  For attention scores in mixed precision: bfloat16 operands, float32 result for the softmax, and
-  in the backward pass products of bfloat16 operands too (the float32 cotangent is rounded to
-  bfloat16 first, as an einsum with a bfloat16 result would do).
-  """
-  return _float32_product(
-      lambda a, b, dtype: jnp.einsum(spec, a, b, preferred_element_type=dtype), a, b
-  )
-
-
-def float32_dot_general(
-    lhs: jax.Array,
-    rhs: jax.Array,
-    dimension_numbers: Any,
-    precision: Any = None,
-    preferred_element_type: Dtype | None = None,
-) -> jax.Array:
-  """`dense_dot_general` with a float32 result and `einsum_float32`'s backward pass.
-
-  The `dot_general` of a `Dense` whose output feeds a float32 computation (head mixing before
-  softmax or normalisation).
-  """
-  del preferred_element_type  # Always float32.
-  return _float32_product(
-      lambda a, b, dtype: dense_dot_general(
-          a, b, dimension_numbers, precision=precision, preferred_element_type=dtype
-      ),
-      lhs,
-      rhs,
-  )
-
-
-def torch_default_bias_init(fan_in: int) -> Initializer:
-  """PyTorch's default Linear/Conv bias: U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
-  bound = 1.0 / math.sqrt(fan_in)
-
-  def init(key: jax.Array, shape: tuple[int, ...], dtype: Dtype = jnp.float32) -> jax.Array:
-    return jax.random.uniform(key, shape, dtype, -bound, bound)
-
-  return init
-
-
-def split_heads_init(kernel_init: Initializer, parts: int) -> Initializer:
-  """Initialises a fused (in, parts * out) kernel as `parts` independent (in, out) kernels.
-
-  Keeps fan-dependent schemes (xavier) identical to separate q/k/v projections.
-  """
-
-  def init(key: jax.Array, shape: tuple[int, ...], dtype: Dtype = jnp.float32) -> jax.Array:
-    fan_in, fan_out = shape[0], shape[-1]
-    keys = jax.random.split(key, parts)
-    return jnp.concatenate(
-        [kernel_init(k, (fan_in, fan_out // parts), dtype) for k in keys], axis=-1
-    )
-
-  return init
 
 
 def check_heads(width: int, num_heads: int, what: str) -> int:
@@ -221,77 +96,6 @@ def attend(
   return jnp.einsum(f'{probs_axes},{values_axes}->bqhd', probs.astype(values.dtype), values)
 
 
-# On CPU, attention over at least this many (query, key) pairs per head goes by query chunks.
-CHUNKED_ATTENTION_MIN_PAIRS = 1024 * 1024
-ATTENTION_CHUNK_SIZE = 512
-
-
-def chunked_attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, *, chunk_size: int = ATTENTION_CHUNK_SIZE
-) -> jax.Array:
-  """softmax(q k^T) v by query chunks, each recomputed in the backward pass (Rabe & Staats 2021).
-
-  Exactly `jax.nn.dot_product_attention(q, k, v, scale=1.0)` for q pre-scaled, all (batch, tokens,
-  heads, head_dim), with (batch, heads, chunk, keys) score blocks in place of one queries x keys
-  matrix (39 MB per image for T2T-ViT's 3136 tokens), and nothing of them kept for the backward
-  pass: a quarter less CPU time for that attention's forward and backward.
-  """
-  queries = q.shape[1]
-  num_chunks = -(-queries // chunk_size)
-  bounds = [queries * i // num_chunks for i in range(num_chunks + 1)]  # Near-equal chunks.
-
-  attend_chunk = jax.checkpoint(lambda q_chunk: softmax_attention(q_chunk, k, v))
-  return jnp.concatenate(
-      [attend_chunk(q[:, start:stop]) for start, stop in zip(bounds[:-1], bounds[1:])], axis=1
-  )
-
-
-def softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-  """softmax(q k^T) v for q pre-scaled, all (batch, tokens, heads, head_dim).
-
-  The computation of `jax.nn.dot_product_attention`'s XLA implementation (scores accumulated in
-  float32, softmax in float32, probabilities rounded to the values' dtype), whose backward pass
-  also multiplies operands of the inputs' dtype only (`einsum_float32`).
-  """
-  scores = einsum_float32('bqhd,bkhd->bhqk', q, k)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  return jnp.einsum('bhqk,bkhd->bqhd', probs, v)
-
-
-# cuDNN's flash attention takes sequences padded to a multiple of this many tokens (ViT's 197 it
-# refuses); the padded keys are masked by their count.
-CUDNN_SEQUENCE_MULTIPLE = 64
-
-
-def cudnn_sequence_length(tokens: int) -> int:
-  """The length `cudnn_attention` pads a sequence of `tokens` to."""
-  return -(-tokens // CUDNN_SEQUENCE_MULTIPLE) * CUDNN_SEQUENCE_MULTIPLE
-
-
-def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-  """softmax(q k^T) v for q pre-scaled, all (batch, tokens, heads, head_dim), as cuDNN flash
-  attention (`jax.nn.dot_product_attention`; GPU, float16/bfloat16).
-
-  Queries and keys are padded to a multiple of `CUDNN_SEQUENCE_MULTIPLE` tokens, the padded keys
-  masked (`key_value_seq_lengths`) and the padded queries' outputs dropped: the result and its
-  gradients are those of the unpadded sequences.
-  """
-  queries, keys = q.shape[1], k.shape[1]
-  padded_queries, padded_keys = cudnn_sequence_length(queries), cudnn_sequence_length(keys)
-  if (padded_queries, padded_keys) == (queries, keys):
-    return jax.nn.dot_product_attention(q, k, v, scale=1.0, implementation='cudnn')
-  pad = lambda x, n: jnp.pad(x, ((0, 0), (0, n - x.shape[1]), (0, 0), (0, 0)))
-  out = jax.nn.dot_product_attention(
-      pad(q, padded_queries),
-      pad(k, padded_keys),
-      pad(v, padded_keys),
-      scale=1.0,
-      key_value_seq_lengths=jnp.full((q.shape[0],), keys, jnp.int32),
-      implementation='cudnn',
-  )
-  return out[:, :queries]
-
-
 def content_attention(
     module: nn.Module,
     q: jax.Array,
@@ -307,9 +111,10 @@ def content_attention(
 ) -> jax.Array:
   """softmax(q k^T) v for q pre-scaled, all (batch, tokens, heads, head_dim).
 
-  When nothing needs the explicit probabilities: with `implementation` None, `softmax_attention`
-  (on CPU `chunked_attention` for long sequences); with 'xla', `jax.nn.dot_product_attention` of
-  that implementation; with 'cudnn', `cudnn_attention`. Otherwise the shared pipeline `attend`.
+  When nothing needs the explicit probabilities: with `implementation` None,
+  `numerics.softmax_attention` (on CPU `numerics.chunked_attention` for long sequences); with 'xla',
+  `jax.nn.dot_product_attention` of that implementation; with 'cudnn', `numerics.cudnn_attention`.
+  Otherwise the shared pipeline `attend`.
   """
   fast = (
       pre_softmax is None
@@ -318,14 +123,17 @@ def content_attention(
       and (not train or dropout_rate == 0.0)
   )
   if fast and implementation is None:
-    if jax.default_backend() == 'cpu' and q.shape[1] * k.shape[1] >= CHUNKED_ATTENTION_MIN_PAIRS:
-      return chunked_attention(q, k, v)
-    return softmax_attention(q, k, v)
+    if (
+        jax.default_backend() == 'cpu'
+        and q.shape[1] * k.shape[1] >= numerics.CHUNKED_ATTENTION_MIN_PAIRS
+    ):
+      return numerics.chunked_attention(q, k, v)
+    return numerics.softmax_attention(q, k, v)
   if fast and implementation == 'cudnn':
-    return cudnn_attention(q, k, v)
+    return numerics.cudnn_attention(q, k, v)
   if fast:
     return jax.nn.dot_product_attention(q, k, v, scale=1.0, implementation=implementation)
-  scores = einsum_float32('bqhd,bkhd->bhqk', q, k)
+  scores = numerics.einsum_float32('bqhd,bkhd->bhqk', q, k)
   return attend(
       module,
       scores,
@@ -345,7 +153,7 @@ def _merge_heads(heads: jax.Array) -> jax.Array:
 def _module_dense(module: nn.Module, features: int, name: str, **fields: Any) -> nn.Dense:
   """`Dense` to `features`, named `name`, with content attention `module`'s initialisers and
   dtypes (`fields` add to or replace them)."""
-  return Dense(
+  return numerics.Dense(
       features,
       name=name,
       **{
@@ -368,7 +176,7 @@ def fused_qkv(
       3 * features,
       'qkv',
       use_bias=module.qkv_bias,
-      kernel_init=split_heads_init(module.kernel_init, 3),
+      kernel_init=initializers.split_heads_init(module.kernel_init, 3),
   )(x)
   qkv = qkv.reshape(x.shape[:2] + (3, module.num_heads, head_dim))
   return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
@@ -401,7 +209,7 @@ class SelfAttention(nn.Module):
   head_mixing: str = 'none'
   re_attention_norm: str = 'batch'
   re_attention_scale: bool = False
-  kernel_init: Initializer = DEFAULT_KERNEL_INIT
+  kernel_init: Initializer = initializers.DEFAULT_KERNEL_INIT
   bias_init: Initializer = nn.initializers.zeros
   fast_path_implementation: str | None = None
   dtype: Dtype = jnp.float32
@@ -422,7 +230,7 @@ class SelfAttention(nn.Module):
         bias_init=bias_init or self.bias_init,
         dtype=self.dtype,
         param_dtype=self.param_dtype,
-        dot_general=float32_dot_general,
+        dot_general=numerics.float32_dot_general,
         name=name,
     )(jnp.moveaxis(t, 1, -1))
     return jnp.moveaxis(mixed, -1, 1)
@@ -433,8 +241,8 @@ class SelfAttention(nn.Module):
       mixed = self._mix_heads_dense(
           probs,
           'reatten_matrix',
-          kernel_init=torch_default_kernel_init,
-          bias_init=torch_default_bias_init(heads),
+          kernel_init=initializers.torch_default_kernel_init,
+          bias_init=initializers.torch_default_bias_init(heads),
       )
       normed = nn.BatchNorm(
           use_running_average=not train,
@@ -450,7 +258,9 @@ class SelfAttention(nn.Module):
       theta = self.param(
           'reattn_weights', nn.initializers.normal(1.0), (heads, heads), self.param_dtype
       )
-      mixed = einsum_float32('bhqk,hg->bgqk', probs.astype(self.dtype), theta.astype(self.dtype))
+      mixed = numerics.einsum_float32(
+          'bhqk,hg->bgqk', probs.astype(self.dtype), theta.astype(self.dtype)
+      )
       normed = nn.LayerNorm(
           epsilon=1e-5,
           reduction_axes=1,
@@ -500,7 +310,7 @@ class ClassAttention(nn.Module):
   qkv_bias: bool = True
   attention_dropout_rate: float = 0.0
   dropout_rate: float = 0.0
-  kernel_init: Initializer = DEFAULT_KERNEL_INIT
+  kernel_init: Initializer = initializers.DEFAULT_KERNEL_INIT
   bias_init: Initializer = nn.initializers.zeros
   fast_path_implementation: str | None = None
   dtype: Dtype = jnp.float32
@@ -543,7 +353,7 @@ class TokenAttention(nn.Module):
   qkv_bias: bool = False
   attention_dropout_rate: float = 0.0
   dropout_rate: float = 0.0
-  kernel_init: Initializer = DEFAULT_KERNEL_INIT
+  kernel_init: Initializer = initializers.DEFAULT_KERNEL_INIT
   bias_init: Initializer = nn.initializers.zeros
   fast_path_implementation: str | None = None
   dtype: Dtype = jnp.float32
@@ -643,14 +453,14 @@ class PositionalAttention(nn.Module):
   attention_dropout_rate: float = 0.0
   dropout_rate: float = 0.0
   grid: tuple[int, int] | None = None
-  kernel_init: Initializer = torch_default_kernel_init
-  bias_init_from_fan_in: Callable[[int], Initializer] = torch_default_bias_init
+  kernel_init: Initializer = initializers.torch_default_kernel_init
+  bias_init_from_fan_in: Callable[[int], Initializer] = initializers.torch_default_bias_init
   embedding_init: Initializer = nn.initializers.normal(stddev=1.0)
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
   def _dense(self, features: int, fan_in: int, name: str, use_bias: bool = True) -> nn.Dense:
-    return Dense(
+    return numerics.Dense(
         features,
         use_bias=use_bias,
         kernel_init=self.kernel_init,
@@ -760,7 +570,7 @@ class PositionalAttention(nn.Module):
         shape = (batch, rows * cols, self.num_heads, width)
         q = self._dense(self.num_heads * width, width, 'query')(tokens).reshape(shape)
         k = self._dense(self.num_heads * width, width, 'key')(tokens).reshape(shape)
-        content = einsum_float32('bqhd,bkhd->bhqk', q, k)
+        content = numerics.einsum_float32('bqhd,bkhd->bhqk', q, k)
         scores = scores[None] + content / math.sqrt(width)
       heads = attend(self, scores, tokens, dropout_rate=self.attention_dropout_rate, train=train)
     out = self._dense(width, self.num_heads * width, 'value')(_merge_heads(heads))
@@ -785,15 +595,21 @@ class Kind:
 
   build(model, grid): the attention module (a `functools.partial` of a Flax module called with
   `name='attn'`) for `model`, a `VisionTransformer` whose fields it may read (a kind's own
-  settings: `model.kind_settings(ItsSettings)`, a `parts.KIND_SETTINGS`-like frozen dataclass
-  whose `part` is 'attention'), and tokens whose patches lie on `grid` (rows, cols). The module maps (batch, tokens, width) to the same shape,
-  takes `train=` and sows its probabilities as `intermediates/attention_probs` (`attend` does).
+  settings: `model.kind_settings(ItsSettings)`, a frozen dataclass registered with it whose `part`
+  is 'attention'), and tokens whose patches lie on `grid` (rows, cols). The module maps (batch,
+  tokens, width) to the same shape, takes `train=` and sows its probabilities as
+  `intermediates/attention_probs` (`attend` does).
   patch_tokens_only: the kind attends over the patch grid alone (no class or distillation token
   in the main blocks).
+  settings: the kind's own settings dataclass, None if it has none.
+  module: the module that registered the kind, which a run that uses it records
+  (`vit_jax.extensions`).
   """
 
   build: Callable[[Any, tuple[int, int]], Callable[..., nn.Module]]
   patch_tokens_only: bool = False
+  settings: type | None = None
+  module: str = __name__
 
 
 _KINDS: dict[str, Kind] = {}
@@ -804,11 +620,18 @@ def register(
     build: Callable[[Any, tuple[int, int]], Callable[..., nn.Module]],
     *,
     patch_tokens_only: bool = False,
+    settings: type | None = None,
 ) -> None:
-  """Makes `name` an attention kind of every transformer (`--config.model.attention=name`)."""
+  """Makes `name` an attention kind of every transformer (`--config.model.attention=name`); its
+  own `settings` (a frozen dataclass whose `part` is 'attention') become `--config.model.FIELD`
+  of every config (`parts.register_settings`)."""
   if name in _KINDS:
     raise ValueError(f'Attention kind {name!r} is registered already; registered: {kinds()}.')
-  _KINDS[name] = Kind(build, patch_tokens_only)
+  if settings is not None:
+    parts.register_settings(settings, part='attention')
+  module = extensions.caller_module()
+  _KINDS[name] = Kind(build, patch_tokens_only, settings, module)
+  extensions.note('attention', name, module, f'attention={name!r}')
 
 
 def kinds() -> list[str]:
@@ -826,7 +649,7 @@ def _content(
     head_mixing: str, settings: type | None = None
 ) -> Callable[[Any, tuple[int, int]], Callable[..., nn.Module]]:
   """Content attention with `head_mixing`, from the model's shared attention fields and the kind's
-  own `settings` (a `parts.KIND_SETTINGS` dataclass whose fields `SelfAttention` takes), if any."""
+  own `settings` (a kind settings dataclass whose fields `SelfAttention` takes), if any."""
 
   def build(model: Any, grid: tuple[int, int]) -> Callable[..., nn.Module]:
     del grid
@@ -857,6 +680,10 @@ def _positional(name: str) -> Callable[[Any, tuple[int, int]], Callable[..., nn.
 # then Cordonnier et al.'s positional kinds (patch tokens only).
 register('standard', _content('none'))
 register('talking_heads', _content('talking_heads'))
-register('re_attention', _content('re_attention', parts.ReAttentionSettings))
+register(
+    're_attention',
+    _content('re_attention', parts.ReAttentionSettings),
+    settings=parts.ReAttentionSettings,
+)
 for _name in POSITIONAL_KINDS:
-  register(_name, _positional(_name), patch_tokens_only=True)
+  register(_name, _positional(_name), patch_tokens_only=True, settings=parts.PositionalSettings)

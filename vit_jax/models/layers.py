@@ -17,8 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax.models import Dtype, Initializer, ModuleDef
-from vit_jax.models import attention as attention_lib
+from vit_jax.models import initializers
 from vit_jax.models import layouts
+from vit_jax.models import numerics
 
 INIT_SCHEMES = ('google', 'timm')
 # The collection every family sows its features to (`vit_jax.models.features` reads it): each
@@ -60,8 +61,8 @@ class InitScheme:
           head_kernel=normal,
           cls_token=normal,
           pos_embed=normal,
-          patch_kernel=attention_lib.torch_default_kernel_init,
-          patch_bias_from_fan_in=attention_lib.torch_default_bias_init,
+          patch_kernel=initializers.torch_default_kernel_init,
+          patch_bias_from_fan_in=initializers.torch_default_bias_init,
       )
     if name == 'google':
       return cls(
@@ -115,7 +116,7 @@ class Mlp(nn.Module):
   out_dim: int | None = None
   dropout_rate: float = 0.0
   activation: str = 'gelu'
-  kernel_init: Initializer = attention_lib.DEFAULT_KERNEL_INIT
+  kernel_init: Initializer = initializers.DEFAULT_KERNEL_INIT
   bias_init: Initializer = nn.initializers.zeros
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
@@ -124,7 +125,7 @@ class Mlp(nn.Module):
   def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
     out_dim = self.out_dim or x.shape[-1]
     dense = functools.partial(
-        attention_lib.Dense,
+        numerics.Dense,
         kernel_init=self.kernel_init,
         bias_init=self.bias_init,
         dtype=self.dtype,
@@ -162,7 +163,7 @@ class EncoderBlock(nn.Module):
   attention_residual: bool = True
   scale_adjustment: float = 1.0
   mlp_activation: str = 'gelu'
-  mlp_kernel_init: Initializer = attention_lib.DEFAULT_KERNEL_INIT
+  mlp_kernel_init: Initializer = initializers.DEFAULT_KERNEL_INIT
   mlp_bias_init: Initializer = nn.initializers.zeros
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32

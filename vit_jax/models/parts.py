@@ -4,7 +4,8 @@ own settings of the part kinds that have any.
 `Parts` declares the parts and shared settings once, with ViT's defaults; `vit.VisionTransformer`
 (and so every family preset of it) has them as fields. A part kind's own settings are a small
 frozen dataclass (`T2TSettings`, `PositionalSettings`, `ReAttentionSettings`,
-`ClassAttentionSettings`) that the backbone holds in the part's one settings field
+`ClassAttentionSettings`; a kind of your own registers its own: `register_settings`, which
+`attention.register` and `stems.register` call with `settings=`) that the backbone holds in the part's one settings field
 (`stem_settings`, `attention_settings`, `class_stage_settings`; None: the kind's defaults) and
 hands to the part's module. The config schema (`vit_jax.config`) offers every field of both as
 `--config.model.FIELD`, unset until a user sets it (the registered model's own value);
@@ -12,7 +13,8 @@ hands to the part's module. The config schema (`vit_jax.config`) offers every fi
 from the model, free of JAX, so that reading a config file imports neither.
 
 - `stem`: 'patch' (ViT's patch embedding), 'cnn' (DeepViT's CNN stem), 't2t' (T2T-ViT's
-  tokens-to-token module, `T2TSettings`), or 'space_to_depth' (SA-conv's); `vit_jax.models.stems`.
+  tokens-to-token module, `T2TSettings`), 'space_to_depth' (SA-conv's), or your own
+  (`stems.register`); `vit_jax.models.stems`.
 - `attention`: the attention kind of the main blocks, a name registered in
   `vit_jax.models.attention` ('standard', 'talking_heads', 're_attention' (`ReAttentionSettings`),
   Cordonnier et al.'s 'quadratic', 'gaussian', 'learned', 'learned_content',
@@ -30,7 +32,9 @@ from the model, free of JAX, so that reading a config file imports neither.
 """
 
 import dataclasses
-from typing import ClassVar
+from typing import Any, Callable, ClassVar, Protocol
+
+from vit_jax import extensions
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -97,9 +101,53 @@ class ClassAttentionSettings:
   class_attention_depth: int = 2
 
 
-# Every part kind's settings dataclass; each names its `part`, whose `{part}_settings` field of a
-# model holds it.
-KIND_SETTINGS = (T2TSettings, PositionalSettings, ReAttentionSettings, ClassAttentionSettings)
+# The parts whose kinds may have settings of their own, each held in the model's `{part}_settings`.
+PARTS_WITH_SETTINGS = ('stem', 'attention', 'class_stage')
+
+
+class KindSettings(Protocol):
+  """A part kind's own settings: a frozen dataclass whose `part` names the part it belongs to."""
+
+  part: ClassVar[str]
+
+
+_SETTINGS: list[type] = []
+
+
+def register_settings(settings: type, *, part: str | None = None) -> type:
+  """Makes the fields of `settings`, a kind's frozen dataclass, `--config.model.FIELD=` of every
+  config and `models.create(..., FIELD=...)` overrides; ValueError for a dataclass that is not
+  frozen, names no part with settings (or not `part`, the part of the kind it comes with), or
+  repeats a field of the parts or of other settings. Registering the same dataclass again changes
+  nothing. Returns `settings` (a class decorator)."""
+  params = getattr(settings, '__dataclass_params__', None)
+  if params is None or not params.frozen:
+    raise ValueError(f'{settings!r} must be a frozen dataclass to be kind settings.')
+  valid = PARTS_WITH_SETTINGS if part is None else (part,)
+  if getattr(settings, 'part', None) not in valid:
+    raise ValueError(
+        f'{settings.__name__}.part={getattr(settings, "part", None)!r} is not valid; choose from '
+        f'{list(valid)}.'
+    )
+  if settings in _SETTINGS:
+    return settings
+  taken = {field.name: Parts.__name__ for field in dataclasses.fields(Parts)}
+  taken.update({name: other.__name__ for name, other in kind_settings_fields().items()})
+  clashes = {f.name: taken[f.name] for f in dataclasses.fields(settings) if f.name in taken}
+  if clashes:
+    raise ValueError(
+        f'{settings.__name__} repeats fields declared already (field: declared in): {clashes}; '
+        'rename them.'
+    )
+  _SETTINGS.append(settings)
+  for field in dataclasses.fields(settings):
+    extensions.note('setting', field.name, settings.__module__, settings.__name__)
+  return settings
+
+
+def kind_settings() -> tuple[type, ...]:
+  """Every registered kind settings dataclass (`register_settings`), in registration order."""
+  return tuple(_SETTINGS)
 
 
 def settings_field(part: str) -> str:
@@ -108,7 +156,24 @@ def settings_field(part: str) -> str:
 
 
 def kind_settings_fields() -> dict[str, type]:
-  """Each field of a kind's settings (`KIND_SETTINGS`) -> the dataclass that declares it."""
-  return {
-      field.name: settings for settings in KIND_SETTINGS for field in dataclasses.fields(settings)
-  }
+  """Each field of a registered kind's settings -> the dataclass that declares it."""
+  return {field.name: settings for settings in _SETTINGS for field in dataclasses.fields(settings)}
+
+
+def part_fields() -> tuple[dataclasses.Field, ...]:
+  """The backbone's parts and shared fields (`Parts`), then every registered kind settings'
+  fields: what a config's `model` section offers besides the model's own fields."""
+  return dataclasses.fields(Parts) + tuple(
+      field for settings in _SETTINGS for field in dataclasses.fields(settings)
+  )
+
+
+for _settings in (T2TSettings, PositionalSettings, ReAttentionSettings, ClassAttentionSettings):
+  register_settings(_settings)
+
+
+# Model fields that say a part field's value in an earlier spelling, still accepted: the type a
+# config holds, and the (part field, value) it spells (None: nothing).
+FIELD_SPELLINGS: dict[str, tuple[type, Callable[[Any], tuple[str, Any] | None]]] = {
+    'paper_layer_scale': (bool, lambda paper: ('layer_scale_init', 'paper') if paper else None),
+}

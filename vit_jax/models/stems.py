@@ -4,22 +4,26 @@
 T2T-ViT's tokens-to-token module (`TokensToToken`, with Performer or transformer token attention);
 'space_to_depth', SA-conv's 2x2 invertible downsampling followed by a linear map
 (`SpaceToDepthEmbedding`). Every stem returns tokens laid out on a grid, (batch, rows, cols,
-width), so positional attention and the analysis know where each token sits.
+width), so positional attention and the analysis know where each token sits. Each is registered
+(`register`), as a stem of your own is: the model finds it by name (`VisionTransformer.stem`).
 """
 
+import dataclasses
 import functools
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vit_jax import extensions
 from vit_jax.models import Dtype, Initializer, ModuleDef
 from vit_jax.models import attention as attention_lib
+from vit_jax.models import initializers
+from vit_jax.models import numerics
 from vit_jax.models import parts
 
-STEMS = ('patch', 'cnn', 't2t', 'space_to_depth')
 TOKENS_TYPES = ('performer', 'transformer')
 
 
@@ -55,10 +59,10 @@ def space_to_depth(images: jax.Array, block: int) -> jax.Array:
 
 def torch_dense(features: int, fan_in: int, **kwargs) -> nn.Dense:
   """A Linear with PyTorch's default init, which SA-conv's official `BertImage` keeps."""
-  return attention_lib.Dense(
+  return numerics.Dense(
       features,
-      kernel_init=attention_lib.torch_default_kernel_init,
-      bias_init=attention_lib.torch_default_bias_init(fan_in),
+      kernel_init=initializers.torch_default_kernel_init,
+      bias_init=initializers.torch_default_bias_init(fan_in),
       **kwargs,
   )
 
@@ -68,13 +72,14 @@ class PatchEmbedding(nn.Module):
 
   patch_size: int
   hidden_size: int
-  kernel_init: Initializer = attention_lib.torch_default_kernel_init
-  bias_init_from_fan_in: Callable[[int], Initializer] = attention_lib.torch_default_bias_init
+  kernel_init: Initializer = initializers.torch_default_kernel_init
+  bias_init_from_fan_in: Callable[[int], Initializer] = initializers.torch_default_bias_init
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
   @nn.compact
-  def __call__(self, images: jax.Array) -> jax.Array:
+  def __call__(self, images: jax.Array, *, train: bool = False) -> jax.Array:
+    del train  # A linear map: the same in training and evaluation.
     check_images(images, self.patch_size)
     fan_in = images.shape[-1] * self.patch_size**2
     p = self.patch_size
@@ -135,7 +140,7 @@ class CnnStem(nn.Module):
     check_images(images, self.patch_size)
     conv = functools.partial(
         nn.Conv,
-        kernel_init=attention_lib.torch_default_kernel_init,
+        kernel_init=initializers.torch_default_kernel_init,
         dtype=self.dtype,
         param_dtype=self.param_dtype,
     )
@@ -159,7 +164,7 @@ class CnnStem(nn.Module):
     x = conv(self.stem_width, (3, 3), padding=((1, 1), (1, 1)), use_bias=False, name='conv2')(x)
     x = nn.relu(batch_norm(name='bn2')(x)).astype(self.dtype)
     p = self.patch_size // 2
-    bias_init = attention_lib.torch_default_bias_init(self.stem_width * p * p)
+    bias_init = initializers.torch_default_bias_init(self.stem_width * p * p)
     return conv(
         self.hidden_size, (p, p), strides=(p, p), padding='VALID', bias_init=bias_init, name='proj'
     )(x)
@@ -232,7 +237,7 @@ class TokenPerformer(nn.Module):
   kernel_ratio: float = 0.5
   dropout_rate: float = 0.1
   layer_norm_eps: float = 1e-5
-  kernel_init: Initializer = attention_lib.DEFAULT_KERNEL_INIT
+  kernel_init: Initializer = initializers.DEFAULT_KERNEL_INIT
   bias_init: Initializer = nn.initializers.zeros
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
@@ -242,9 +247,7 @@ class TokenPerformer(nn.Module):
 
     w x multiplies operands in `dtype`; |x|^2 and the exponential are float32.
     """
-    projected = attention_lib.einsum_float32(
-        'bti,mi->btm', x.astype(self.dtype), w.astype(self.dtype)
-    )
+    projected = numerics.einsum_float32('bti,mi->btm', x.astype(self.dtype), w.astype(self.dtype))
     x = x.astype(jnp.float32)
     half_norm = 0.5 * jnp.sum(x * x, axis=-1, keepdims=True)
     return jnp.exp(projected - half_norm) / math.sqrt(w.shape[0])
@@ -258,7 +261,7 @@ class TokenPerformer(nn.Module):
           f'dim={self.dim}; it must be >= {1 / self.dim}.'
       )
     dense = functools.partial(
-        attention_lib.Dense,
+        numerics.Dense,
         kernel_init=self.kernel_init,
         bias_init=self.bias_init,
         dtype=self.dtype,
@@ -279,7 +282,7 @@ class TokenPerformer(nn.Module):
     k, q, v = jnp.split(dense(3 * self.dim, name='kqv')(norm(name='norm1')(x)), 3, axis=-1)
     kp, qp = self._features(k, w), self._features(q, w)
     # The features' products take operands in `dtype` and accumulate in float32.
-    product = lambda spec, a, b: attention_lib.einsum_float32(
+    product = lambda spec, a, b: numerics.einsum_float32(
         spec, a.astype(self.dtype), b.astype(self.dtype)
     )
     normaliser = product('btm,bm->bt', qp, kp.sum(axis=1))[..., None] + 1e-8
@@ -304,7 +307,7 @@ class TokensToToken(nn.Module):
   hidden_size: int
   token_block: ModuleDef
   settings: parts.T2TSettings = parts.T2TSettings()
-  kernel_init: Initializer = attention_lib.DEFAULT_KERNEL_INIT
+  kernel_init: Initializer = initializers.DEFAULT_KERNEL_INIT
   bias_init: Initializer = nn.initializers.zeros
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
@@ -319,7 +322,7 @@ class TokensToToken(nn.Module):
     for i, split in enumerate(soft_splits[1:], start=1):
       x = self.token_block(name=f'attention{i}')(x, train=train)
       x, grid = soft_split(x.reshape((x.shape[0],) + grid + (x.shape[-1],)), *split)
-    x = attention_lib.Dense(
+    x = numerics.Dense(
         self.hidden_size,
         kernel_init=self.kernel_init,
         bias_init=self.bias_init,
@@ -328,3 +331,110 @@ class TokensToToken(nn.Module):
         name='project',
     )(x)
     return x.reshape((x.shape[0],) + grid + (x.shape[-1],))
+
+
+@dataclasses.dataclass(frozen=True)
+class Stem:
+  """A stem of the backbone (`VisionTransformer.stem`).
+
+  build(model): the stem for `model`, a `VisionTransformer` whose fields it may read (a stem's own
+  settings: `model.kind_settings(ItsSettings)`), as a `functools.partial` of a Flax module that the
+  model names `module_name` and calls with (images, train=...); it returns (batch, rows, cols,
+  `model.hidden_size`) tokens on a grid.
+  module_name: the name of the stem's variables; layer-wise lr decay puts them in layer 0.
+  check(model): raises ValueError for fields of `model` the stem cannot work with (None: none).
+  settings: the stem's own settings dataclass, None if it has none.
+  module: the module that registered the stem, which a run that uses it records
+  (`vit_jax.extensions`).
+  """
+
+  build: Callable[[Any], ModuleDef]
+  module_name: str = 'patch_embed'
+  check: Callable[[Any], None] | None = None
+  settings: type | None = None
+  module: str = __name__
+
+
+_STEMS: dict[str, Stem] = {}
+
+
+def register(
+    name: str,
+    build: Callable[[Any], ModuleDef],
+    *,
+    module_name: str = 'patch_embed',
+    check: Callable[[Any], None] | None = None,
+    settings: type | None = None,
+) -> None:
+  """Makes `name` a stem of every transformer (`--config.model.stem=name`); its own `settings` (a
+  frozen dataclass whose `part` is 'stem') become `--config.model.FIELD` of every config
+  (`parts.register_settings`)."""
+  if name in _STEMS:
+    raise ValueError(f'Stem {name!r} is registered already; registered: {names()}.')
+  if settings is not None:
+    parts.register_settings(settings, part='stem')
+  module = extensions.caller_module()
+  _STEMS[name] = Stem(build, module_name, check, settings, module)
+  extensions.note('stem', name, module, f'stem={name!r}')
+
+
+def names() -> list[str]:
+  """Every registered stem, in registration order."""
+  return list(_STEMS)
+
+
+def stem(name: str) -> Stem:
+  """The registered stem `name`; ValueError naming the registered ones."""
+  attention_lib.check_choice(name, _STEMS, 'stem')
+  return _STEMS[name]
+
+
+def _dtypes(model: Any) -> dict[str, Dtype]:
+  return dict(dtype=model.dtype, param_dtype=model.param_dtype)
+
+
+def _check_cnn(model: Any) -> None:
+  if model.patch_size % 2:
+    raise ValueError(
+        f"patch_size={model.patch_size} must be even with stem='cnn' (its first "
+        'conv has stride 2).'
+    )
+
+
+register(
+    'patch',
+    lambda model: functools.partial(
+        PatchEmbedding,
+        model.patch_size,
+        model.hidden_size,
+        kernel_init=model.scheme.patch_kernel,
+        bias_init_from_fan_in=model.scheme.patch_bias_from_fan_in,
+        **_dtypes(model),
+    ),
+)
+register(
+    'cnn',
+    lambda model: functools.partial(CnnStem, model.patch_size, model.hidden_size, **_dtypes(model)),
+    check=_check_cnn,
+)
+register(
+    't2t',
+    lambda model: functools.partial(
+        TokensToToken,
+        model.hidden_size,
+        model.token_block(),
+        model.kind_settings(parts.T2TSettings),
+        kernel_init=model.scheme.dense_kernel,
+        bias_init=model.scheme.dense_bias,
+        **_dtypes(model),
+    ),
+    module_name='tokens_to_token',
+    check=lambda model: check_t2t_settings(model.kind_settings(parts.T2TSettings)),
+    settings=parts.T2TSettings,
+)
+register(
+    'space_to_depth',
+    lambda model: functools.partial(
+        SpaceToDepthEmbedding, model.patch_size, model.hidden_size, **_dtypes(model)
+    ),
+)

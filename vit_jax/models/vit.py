@@ -30,8 +30,10 @@ import numpy as np
 from vit_jax import models
 from vit_jax.models import Dtype, Initializer, ModuleDef
 from vit_jax.models import attention as attention_lib
+from vit_jax.models import initializers
 from vit_jax.models import layers
 from vit_jax.models import layouts
+from vit_jax.models import numerics
 from vit_jax.models import parts
 from vit_jax.models import stems
 
@@ -55,7 +57,7 @@ class AttentionPool(nn.Module):
   mlp_dim: int
   mlp_activation: str = 'gelu'
   layer_norm_eps: float = 1e-6
-  kernel_init: Initializer = attention_lib.DEFAULT_KERNEL_INIT
+  kernel_init: Initializer = initializers.DEFAULT_KERNEL_INIT
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -64,7 +66,7 @@ class AttentionPool(nn.Module):
     batch, tokens, width = x.shape
     head_dim = attention_lib.check_heads(width, self.num_heads, 'hidden')
     dense = functools.partial(
-        attention_lib.Dense,
+        numerics.Dense,
         kernel_init=self.kernel_init,
         dtype=self.dtype,
         param_dtype=self.param_dtype,
@@ -76,7 +78,7 @@ class AttentionPool(nn.Module):
         2,
         axis=2,
     )
-    scores = attention_lib.einsum_float32(
+    scores = numerics.einsum_float32(
         'bhqd,bkhd->bhqk',
         jnp.broadcast_to(q * jnp.asarray(head_dim**-0.5, q.dtype), (batch,) + q.shape[1:]),
         k,
@@ -106,10 +108,10 @@ class VisionTransformer(nn.Module, parts.Parts):
   paper's tanh pre-logits layer. The position embedding length is set by the input at init.
   attention_implementation='cudnn' runs the fast attention path as cuDNN flash attention (GPU,
   float16/bfloat16) over sequences padded to a whole number of its tiles
-  (`attention.cudnn_attention`), 'xla' as `jax.nn.dot_product_attention`'s XLA implementation;
-  None computes the same as 'xla' (`attention.softmax_attention`, whose backward pass keeps
+  (`numerics.cudnn_attention`), 'xla' as `jax.nn.dot_product_attention`'s XLA implementation;
+  None computes the same as 'xla' (`numerics.softmax_attention`, whose backward pass keeps
   bfloat16 operands in mixed precision), and on CPU takes sequences of 1024+ tokens by query
-  chunks (`attention.chunked_attention`).
+  chunks (`numerics.chunked_attention`).
 
   `global_pool` picks what the head reads, as timm's field of that name: 'token' the class token;
   'avg' the mean of all tokens after the final LayerNorm (no class token; big_vision's 'gap',
@@ -150,11 +152,11 @@ class VisionTransformer(nn.Module, parts.Parts):
   representation_size: int | None = None
   init_scheme: str = 'google'
   inference_mode: str = 'average_logits'
-  # The own settings of the chosen stem, attention and class stage kinds (`parts.KIND_SETTINGS`);
-  # None: the kind's defaults. A kind without settings ignores them.
-  stem_settings: parts.T2TSettings | None = None
-  attention_settings: parts.PositionalSettings | parts.ReAttentionSettings | None = None
-  class_stage_settings: parts.ClassAttentionSettings | None = None
+  # The own settings of the chosen stem, attention and class stage kinds (registered:
+  # `parts.register_settings`); None: the kind's defaults. A kind without settings ignores them.
+  stem_settings: parts.KindSettings | None = None
+  attention_settings: parts.KindSettings | None = None
+  class_stage_settings: parts.KindSettings | None = None
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -197,7 +199,7 @@ class VisionTransformer(nn.Module, parts.Parts):
     return int((self.mlp_ratio or self.default_mlp_ratio) * self.hidden_size)
 
   def kind_settings(self, settings: type) -> Any:
-    """The own settings of type `settings` (a `parts.KIND_SETTINGS` dataclass) of the chosen kind
+    """The own settings of type `settings` (a registered kind settings dataclass) of the chosen kind
     of `settings.part`: the model's `{part}_settings`, or the dataclass' defaults when unset."""
     field = parts.settings_field(settings.part)
     value = getattr(self, field)
@@ -207,7 +209,7 @@ class VisionTransformer(nn.Module, parts.Parts):
       kind = getattr(self, settings.part)
       raise ValueError(
           f'{field}={value!r} are not the settings of {settings.part}={kind!r}; give '
-          f'parts.{settings.__name__}(...) or None.'
+          f'{settings.__module__}.{settings.__qualname__}(...) or None.'
       )
     return value
 
@@ -227,7 +229,7 @@ class VisionTransformer(nn.Module, parts.Parts):
         ('global_pool', GLOBAL_POOLS),
         ('mlp_activation', layers.ACTIVATIONS),
         ('attention_implementation', (None, 'xla', 'cudnn')),
-        ('stem', stems.STEMS),
+        ('stem', stems.names()),
         ('attention', attention_lib.kinds()),
         ('class_stage', CLASS_STAGES),
         ('inference_mode', INFERENCE_MODES),
@@ -243,18 +245,13 @@ class VisionTransformer(nn.Module, parts.Parts):
           f'mlp_dim={self.mlp_dim} and mlp_ratio={self.mlp_ratio} both give the MLP '
           'width; set one of them (the other None).'
       )
-    if self.stem == 't2t':
-      stems.check_t2t_settings(self.kind_settings(parts.T2TSettings))
+    if stems.stem(self.stem).check is not None:
+      stems.stem(self.stem).check(self)
     if self.attention == 're_attention':
       attention_lib.check_choice(
           self.kind_settings(parts.ReAttentionSettings).re_attention_norm,
           attention_lib.RE_ATTENTION_NORMS,
           're_attention_norm',
-      )
-    if self.stem == 'cnn' and self.patch_size % 2:
-      raise ValueError(
-          f"patch_size={self.patch_size} must be even with stem='cnn' (its first "
-          'conv has stride 2).'
       )
     self.check_parts()
 
@@ -303,14 +300,15 @@ class VisionTransformer(nn.Module, parts.Parts):
     """Layer-wise lr decay's layer of parameter `path`, one id per stacked block (timm's
     `group_matcher` of ViT, DeiT and CaiT, BEiT Section 2.5).
 
-    The stem (patch embedding, DeepViT's CNN stem, T2T's tokens-to-token module), the class and
-    distillation tokens and the position embedding are layer 0; main block i is i + 1; CaiT's
+    The stem (its registered `module_name`: the patch embedding, DeepViT's CNN stem, T2T's
+    tokens-to-token module, a stem of your own), the class and distillation tokens and the
+    position embedding are layer 0; main block i is i + 1; CaiT's
     class-attention block j shares a layer with the main block depth - class_attention_depth + j
     (timm's `Cait.group_matcher`); the final norm goes with the last block (depth); the head(s),
     pre-logits and attention pool are `top_layer`.
     """
     name = path[0]
-    if name in ('patch_embed', 'tokens_to_token', 'pos_embed', 'cls_token', 'dist_token'):
+    if name in (stems.stem(self.stem).module_name, 'pos_embed', 'cls_token', 'dist_token'):
       return np.array([0])
     for prefix, offset in (
         ('blocks', 1),
@@ -391,35 +389,9 @@ class VisionTransformer(nn.Module, parts.Parts):
     return np.linspace(0.0, self.drop_path_rate, self.depth)
 
   def patch_tokens(self, images: jax.Array, *, train: bool) -> jax.Array:
-    """The image as (batch, rows, cols, hidden) tokens of the `stem`."""
-    scheme = self.scheme
-    dtypes = dict(dtype=self.dtype, param_dtype=self.param_dtype)
-    if self.stem == 'cnn':
-      return stems.CnnStem(self.patch_size, self.hidden_size, **dtypes, name='patch_embed')(
-          images, train=train
-      )
-    if self.stem == 'space_to_depth':
-      return stems.SpaceToDepthEmbedding(
-          self.patch_size, self.hidden_size, **dtypes, name='patch_embed'
-      )(images, train=train)
-    if self.stem == 't2t':
-      return stems.TokensToToken(
-          self.hidden_size,
-          self.token_block(),
-          self.kind_settings(parts.T2TSettings),
-          kernel_init=scheme.dense_kernel,
-          bias_init=scheme.dense_bias,
-          **dtypes,
-          name='tokens_to_token',
-      )(images, train=train)
-    return stems.PatchEmbedding(
-        self.patch_size,
-        self.hidden_size,
-        kernel_init=scheme.patch_kernel,
-        bias_init_from_fan_in=scheme.patch_bias_from_fan_in,
-        **dtypes,
-        name='patch_embed',
-    )(images)
+    """The image as (batch, rows, cols, hidden) tokens of the `stem` (`stems.register`)."""
+    stem = stems.stem(self.stem)
+    return stem.build(self)(name=stem.module_name)(images, train=train)
 
   def token_block(self) -> ModuleDef:
     """T2T's token block (`T2TSettings.tokens_type`): a Performer, or a transformer block over

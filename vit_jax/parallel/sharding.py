@@ -13,12 +13,13 @@ moments (whatever `mu_dtype`) always share one layout, and a checkpoint written 
 restores onto another (`workdir.Workdir.resume` with this module's shardings of the new mesh).
 """
 
-import dataclasses
 from typing import Any, Sequence
 
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+from vit_jax import config as config_lib
 
 MESH_AXES = ('data', 'fsdp')
 
@@ -107,17 +108,10 @@ def bytes_per_device(tree: Any, shardings: Any) -> int:
   )
 
 
-@dataclasses.dataclass(frozen=True)
+@config_lib.settings_type
 class MeshSettings:
   """The mesh of a run: `fsdp` devices split the state; arrays under `fsdp_min_size` elements
-  stay replicated (`from_config` reads a run's `mesh` section)."""
-
-  fsdp: int = 1
-  fsdp_min_size: int = 2**18
-
-  @classmethod
-  def from_config(cls, config: Any) -> 'MeshSettings':
-    return cls(fsdp=config.mesh.fsdp, fsdp_min_size=config.mesh.fsdp_min_size)
+  stay replicated (fields: `vit_jax.config.FIELDS`)."""
 
 
 def global_batch(

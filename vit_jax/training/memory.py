@@ -14,10 +14,9 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 from jax.sharding import NamedSharding
 
-from vit_jax.parallel import sharding
+from vit_jax.data import settings as data_settings
 
 
 def compiled_bytes(compiled: Any) -> dict[str, int]:
@@ -88,28 +87,27 @@ def _size(count: int) -> str:
 
 
 def train_batch(
-    config: ml_collections.ConfigDict, data_sharding: NamedSharding
+    data: 'data_settings.DataSettings', data_sharding: NamedSharding
 ) -> dict[str, jax.ShapeDtypeStruct]:
   """The global training batch's shapes, dtypes and layout, as `steps.global_batch` makes it."""
-  size, batch = config.image_size, config.batch_size
+  size, batch = data.image_size, data.batch_size
   return {
       'image': jax.ShapeDtypeStruct((batch, size, size, 3), jnp.float32, sharding=data_sharding),
       'label': jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=data_sharding),
   }
 
 
-def too_big_message(
-    need: dict[str, int], free: int, where: str, config: ml_collections.ConfigDict
-) -> str:
-  """The refusal: both numbers and the settings that shrink the step."""
+def too_big_message(need: dict[str, int], free: int, where: str, settings: Any) -> str:
+  """The refusal: both numbers and the settings (`train.Settings`) that shrink the step."""
   knobs = [
-      f'a smaller batch_size (now {config.batch_size})',
-      f'grad_accum_steps above {config.grad_accum_steps} (the same batch in micro-batches)',
+      f'a smaller batch_size (now {settings.data.batch_size})',
+      f'grad_accum_steps above {settings.step.grad_accum_steps} (the same batch in '
+      'micro-batches)',
   ]
-  if not config.model.get('remat', False):
+  if not settings.model.get('remat', False):
     knobs.append('model.remat=True (recompute activations in the backward pass)')
-  knobs.append(f'mesh.fsdp above {config.mesh.fsdp} (split the training state over devices)')
-  if config.dtype == 'float32':
+  knobs.append(f'mesh.fsdp above {settings.mesh.fsdp} (split the training state over devices)')
+  if settings.dtype == 'float32':
     knobs.append('dtype=bfloat16')
   return (
       f'The training step needs {_size(need["total"])} per device (XLA\'s account: '
@@ -122,7 +120,7 @@ def too_big_message(
 def check_fits(
     train_step: Callable[..., Any],
     abstract_state: Any,
-    config: ml_collections.ConfigDict,
+    settings: Any,
     data_sharding: NamedSharding,
     teacher_variables: Any = None,
     schedule: Any = None,
@@ -131,12 +129,13 @@ def check_fits(
   """Compiles the jitted `train_step` for the run's arguments (ShapeDtypeStructs with their
   shardings, and the learning-rate `schedule`) and raises ValueError if XLA's account of it
   exceeds the free memory of this process's devices; returns the account (empty where the
-  backend gives none)."""
+  backend gives none). `settings`: the run's `train.Settings` (its batch and the fields that
+  shrink the step)."""
   compiled = train_step.lower(
-      abstract_state, train_batch(config, data_sharding), teacher_variables, schedule
+      abstract_state, train_batch(settings.data, data_sharding), teacher_variables, schedule
   ).compile()
   need = compiled_bytes(compiled)
   found = (available or available_bytes)(jax.local_devices()) if need else None
   if found is not None and need['total'] > found[0]:
-    raise ValueError(too_big_message(need, found[0], found[1], config))
+    raise ValueError(too_big_message(need, found[0], found[1], settings))
   return need

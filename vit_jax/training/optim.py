@@ -8,7 +8,6 @@ as timm's `param_groups_layer_decay`), after the optimizer: its learning rate an
 weight decay are both scaled, as a timm parameter group's `lr_scale` scales them.
 """
 
-import dataclasses
 import math
 from typing import Any
 
@@ -16,51 +15,22 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 
+from vit_jax import config as config_lib
 from vit_jax.models import layouts
 
 
-@dataclasses.dataclass(frozen=True)
+@config_lib.settings_type
 class ScheduleSettings:
-  """How long a run trains and its learning rate per step (`from_config` reads a run's)."""
-
-  batch_size: int  # Global.
-  total_steps: int
-  num_epochs: float | None  # When set, overrides total_steps.
-  warmup_steps: int
-  warmup_epochs: float | None  # When set, overrides warmup_steps.
-  base_lr: float
-  lr_scaling_batch: int  # > 0: the peak scales with batch_size / lr_scaling_batch.
-  warmup_lr: float
-  min_lr: float
-
-  @classmethod
-  def from_config(cls, config: ml_collections.ConfigDict) -> 'ScheduleSettings':
-    return cls(**{field.name: config[field.name] for field in dataclasses.fields(cls)})
+  """How long a run trains (`num_epochs`, `warmup_epochs` when set override the steps) and its
+  learning rate per step; `batch_size` is global (fields: `vit_jax.config.FIELDS`)."""
 
 
-@dataclasses.dataclass(frozen=True)
+@config_lib.settings_type
 class OptimizerSettings:
-  """The optimizer of a run (`from_config` reads a run's)."""
-
-  optimizer: str  # 'adamw', 'sgd' or 'lamb'.
-  b1: float
-  b2: float
-  eps: float
-  momentum: float
-  weight_decay: float
-  mu_dtype: str  # '': the parameters' dtype.
-  no_decay_names: tuple[str, ...]
-  layer_decay: float  # 1: off.
-  grad_clip_norm: float  # 0: off.
-
-  @classmethod
-  def from_config(cls, config: ml_collections.ConfigDict) -> 'OptimizerSettings':
-    fields = {field.name: config[field.name] for field in dataclasses.fields(cls)}
-    return cls(**{**fields, 'no_decay_names': tuple(fields['no_decay_names'])})
+  """The optimizer of a run (fields: `vit_jax.config.FIELDS`)."""
 
 
 def training_steps(schedule: ScheduleSettings, num_train_examples: int) -> tuple[int, int]:

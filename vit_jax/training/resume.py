@@ -15,12 +15,12 @@ the model's name) and, to name the fields, the run's saved config.json.
 
 import dataclasses
 import json
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from absl import logging
 import jax
-import ml_collections
 
+from vit_jax import config as config_lib
 from vit_jax import workdir as workdir_lib
 from vit_jax.training import run_writer
 from vit_jax.training import steps
@@ -73,60 +73,27 @@ class IncompatibleCheckpoint(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-  """How to resume: read the checkpoint (of `step`) as `saved_config`'s state, then carry it over.
-
-  `saved_config` is this config with the saved run's state-only fields (clipping and EMA on or off).
-  """
+  """How to resume: read the checkpoint (of `step`) in this run's layout with gradient clipping
+  and the EMA on or off as `clip` and `ema` say (the saved run's), then carry it over."""
 
   step: int
-  saved_config: ml_collections.ConfigDict
+  clip: bool
+  ema: bool
   changed: dict[str, tuple[Any, Any]]
 
 
-def _leaves(tree: Any, prefix: str = '') -> dict[str, Any]:
-  """'model.hidden_size' -> value for every leaf of a JSON-like tree."""
-  if not isinstance(tree, dict):
-    return {prefix[:-1]: tree}
-  flat = {}
-  for key, value in tree.items():
-    flat.update(_leaves(value, f'{prefix}{key}.'))
-  return flat
-
-
 def changed_fields(
-    saved: ml_collections.ConfigDict | None, config: ml_collections.ConfigDict
+    saved: Mapping[str, Any] | None, fields: Mapping[str, Any]
 ) -> dict[str, tuple[Any, Any]]:
-  """field -> (saved value, new value) for every field that differs; {} without a saved config."""
+  """field -> (saved value, new value) for every field that differs, both given by name as
+  config.json holds them (`config.json_fields`); {} without a saved config."""
   if saved is None:
     return {}
-  as_json = lambda c: _leaves(json.loads(c.to_json_best_effort()))
-  before, after = as_json(saved), as_json(config)
   return {
-      k: (before.get(k), after.get(k))
-      for k in sorted(set(before) | set(after))
-      if before.get(k) != after.get(k)
+      k: (saved.get(k), fields.get(k))
+      for k in sorted(set(saved) | set(fields))
+      if saved.get(k) != fields.get(k)
   }
-
-
-def _with_state_fields(
-    config: ml_collections.ConfigDict,
-    saved: ml_collections.ConfigDict | None,
-    clip: bool,
-    ema: bool,
-) -> ml_collections.ConfigDict:
-  """`config` with gradient clipping and the EMA on or off as a saved run may have had them."""
-
-  def value(name, on, default_on):
-    if bool(config[name]) == on:
-      return config[name]
-    if saved is not None and bool(saved.get(name)) == on:
-      return saved[name]
-    return default_on if on else 0.0
-
-  copy = ml_collections.ConfigDict(config.to_dict())
-  copy.grad_clip_norm = value('grad_clip_norm', clip, 1.0)
-  copy.ema_decay = value('ema_decay', ema, 0.999)
-  return copy
 
 
 _EMPTY_MEANS = {'mu_dtype': "the parameters' dtype"}  # Fields whose '' stands for a value.
@@ -163,16 +130,17 @@ def _note(field: str, old: Any, new: Any) -> str:
 
 def plan(
     run: workdir_lib.Workdir,
-    config: ml_collections.ConfigDict,
+    fields: Mapping[str, Any],
     abstract_state: Any,
-    abstract_for: Callable[[ml_collections.ConfigDict], Any],
+    abstract_for: Callable[[bool, bool], Any],
 ) -> Plan | None:
-  """How this config resumes `run`'s newest checkpoint whose metadata reads; None without one.
+  """How this run resumes `run`'s newest checkpoint whose metadata reads; None without one.
 
-  `abstract_state` is this config's (abstract) training state, `abstract_for(c)` that of another
-  config `c` of the same model. Raises IncompatibleCheckpoint, touching nothing, when the saved
-  state fits neither this config's layout nor one it differs from only by state that is added or
-  dropped (clipping, EMA).
+  `fields` are this run's config fields by name as config.json holds them
+  (`config.json_fields`), `abstract_state` its (abstract) training state and `abstract_for(clip,
+  ema)` that state with gradient clipping and the EMA on or off. Raises IncompatibleCheckpoint,
+  touching nothing, when the saved state fits neither this run's layout nor one it differs from
+  only by state that is added or dropped (clipping, EMA).
   """
   if jax.process_index() == 0:  # Said before anything about the checkpoints is.
     run_writer.refuse_if_in_use(run.path)
@@ -185,13 +153,12 @@ def plan(
   except ValueError as e:  # Damaged: the checkpoint's metadata alone decides; the run rewrites it.
     logging.warning('%s', e)
     saved = None
-  changed = changed_fields(saved, config)
-  if saved_model == config.model.name:
-    layouts = [(bool(config.grad_clip_norm), bool(config.ema_decay))]
+  changed = changed_fields(None if saved is None else config_lib.json_fields(saved), fields)
+  if saved_model == fields['model.name']:
+    layouts = [(bool(fields['grad_clip_norm']), bool(fields['ema_decay']))]
     layouts += [(c, e) for c in (False, True) for e in (False, True) if (c, e) not in layouts]
     for clip, ema in layouts:
-      like = _with_state_fields(config, saved, clip, ema)
-      abstract = abstract_state if (clip, ema) == layouts[0] else abstract_for(like)
+      abstract = abstract_state if (clip, ema) == layouts[0] else abstract_for(clip, ema)
       if workdir_lib.flat_shapes(abstract) == saved_shapes:
         for field, (old, new) in changed.items():
           note = _note(field, old, new)
@@ -205,13 +172,13 @@ def plan(
               _shown(field, new),
               note,
           )
-        return Plan(step=step, saved_config=like, changed=changed)
+        return Plan(step=step, clip=clip, ema=ema, changed=changed)
   raise IncompatibleCheckpoint(
       _refusal(
           run,
           step,
           saved_model,
-          config,
+          fields,
           changed,
           workdir_lib.ShapeDiff.between(saved_shapes, workdir_lib.flat_shapes(abstract_state)),
       )
@@ -222,14 +189,14 @@ def _refusal(
     run: workdir_lib.Workdir,
     step: int,
     saved_model: str,
-    config: ml_collections.ConfigDict,
+    fields: Mapping[str, Any],
     changed: dict[str, tuple[Any, Any]],
     diff: workdir_lib.ShapeDiff,
 ) -> str:
   """One error: what differs, and both ways forward."""
   named = {k: v for k, v in changed.items() if not k.startswith(_NOT_SAVED)}
-  if saved_model != config.model.name:
-    named.setdefault('model.name', (saved_model, config.model.name))
+  if saved_model != fields['model.name']:
+    named.setdefault('model.name', (saved_model, fields['model.name']))
   if named:
     what = 'changed ' + ', '.join(
         f'{k} ({_shown(k, old)} -> {_shown(k, new)})' for k, (old, new) in named.items()
@@ -251,7 +218,7 @@ def _refusal(
 def carry_over(
     state: steps.TrainState, ema: bool, abstract_state: Any, state_sharding: Any
 ) -> steps.TrainState:
-  """A saved state read in its own layout (`Plan.saved_config`'s) in this run's layout
+  """A saved state read in its own layout (`Plan`'s) in this run's layout
   (`abstract_state`, with an EMA if `ema`).
 
   Parameters, step, rng, batch statistics and the optimizer's arrays are the saved ones, bit for

@@ -182,7 +182,7 @@ class RunWriter(workdir_lib.Workdir):
       # is held, so that what a stop message names as kept is what the next run resumes from.
       run_scope.callback(self.wait_until_finished)
       if jax.process_index() == 0:
-        self.file(workdir_lib.CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
+        self.file(workdir_lib.CONFIG_FILE).write_text(workdir_lib.config_json(config))
     if self._manager is not None:  # Read-only until now.
       self._manager.close()
       self._manager = None

@@ -9,7 +9,7 @@ import flax.linen as nn
 import jax
 import optax
 
-from vit_jax import config as config_lib
+from vit_jax import models
 from vit_jax.training import optim
 from vit_jax.training import steps
 
@@ -40,7 +40,7 @@ class Start:
   ) -> 'Start':
     """`model_section`: a config's `model` section (`name` and the fields it sets); `dtype`: the
     model's compute dtype unless the section sets one."""
-    model = config_lib.model_from_section(model_section, num_classes, dtype)
+    model = models.model_from_section(model_section, num_classes, dtype)
     tx = optim.create_optimizer(optimizer, schedule, model)
     rngs = steps.init_rngs(seed)
     init = lambda: steps.init_state(model, tx, rngs, image_size=image_size, ema=ema)

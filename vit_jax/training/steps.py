@@ -14,10 +14,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
-import ml_collections
 import numpy as np
 import optax
 
+from vit_jax import config as config_lib
 from vit_jax.data import mixing
 from vit_jax.parallel import sharding
 
@@ -58,7 +58,7 @@ def binary_cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
 
 
 # Per-example loss of logits against (batch, classes) targets, by the config's `loss`.
-LOSSES = {
+LOSSES = {  # By the names `config.LOSSES` declares.
     'softmax_xent': lambda logits, targets: optax.softmax_cross_entropy(
         logits.astype(jnp.float32), targets
     ),
@@ -107,42 +107,22 @@ def distillation_loss(
   return (1 - alpha) * base + alpha * kd
 
 
-@dataclasses.dataclass(frozen=True)
+@config_lib.settings_type
 class DistillationLoss:
-  """`distillation_loss`'s settings: 'hard' or 'soft', the weight `alpha` and temperature `tau`."""
-
-  kind: str
-  alpha: float
-  tau: float
+  """`distillation_loss`'s settings: 'hard' or 'soft' (`kind`), the weight `alpha` and
+  temperature `tau`."""
 
 
-@dataclasses.dataclass(frozen=True)
+@config_lib.settings_type
 class StepSettings:
-  """What the train step reads of a run: its loss, mixing, micro-batches and EMA.
+  """What the train step reads of a run: its loss (a key of `LOSSES`), mixing (None: no
+  mixup/CutMix), micro-batches and EMA (0: none).
 
   `distillation` is None unless the run distils (then the step takes a `Teacher`).
   """
 
-  loss: str = 'softmax_xent'  # A key of LOSSES.
-  label_smoothing: float = 0.0
-  mix: mixing.MixSettings | None = None  # None: no mixup/CutMix.
-  grad_accum_steps: int = 1
-  ema_decay: float = 0.0  # 0: no EMA.
+  mix: mixing.MixSettings | None = None
   distillation: DistillationLoss | None = None
-
-  @classmethod
-  def from_config(cls, config: ml_collections.ConfigDict) -> 'StepSettings':
-    spec = config.distillation
-    return cls(
-        loss=config.loss,
-        label_smoothing=config.label_smoothing,
-        mix=mixing.MixSettings.from_config(config),
-        grad_accum_steps=config.grad_accum_steps,
-        ema_decay=config.ema_decay,
-        distillation=(
-            None if spec.type == 'none' else DistillationLoss(spec.type, spec.alpha, spec.tau)
-        ),
-    )
 
 
 @dataclasses.dataclass(frozen=True)

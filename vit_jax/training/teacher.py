@@ -1,11 +1,9 @@
 """The teacher of DeiT's distillation (Touvron et al., 2021, Section 4): which model, which
 weights, and how the student's normalised images map to the teacher's."""
 
-import dataclasses
 import os
 
 from absl import logging
-import ml_collections
 import numpy as np
 
 from vit_jax import config as config_lib
@@ -35,30 +33,11 @@ def normalization_change(student: str, teacher: str) -> tuple[np.ndarray, np.nda
   return std_s / std_t, (mean_s - mean_t) / std_t
 
 
-@dataclasses.dataclass(frozen=True)
+@config_lib.settings_type
 class TeacherSettings:
-  """Which teacher a distilling run learns from and how it reads it (`from_config`: None for a
-  run that does not distil)."""
-
-  teacher: str  # A work directory, 'hf-hub:ORG/NAME' or 'MODEL:FILE'.
-  teacher_normalization: str  # '': the student's (a work directory's or Hub weights': their own).
-  normalization: str  # The student's.
-  dtype: str  # The run's compute dtype.
-  image_size: int
-  use_ema: bool
-
-  @classmethod
-  def from_config(cls, config: ml_collections.ConfigDict) -> 'TeacherSettings | None':
-    if config.distillation.type == 'none':
-      return None
-    return cls(
-        teacher=config.distillation.teacher,
-        teacher_normalization=config.distillation.teacher_normalization,
-        normalization=config.normalization,
-        dtype=config.dtype,
-        image_size=config.image_size,
-        use_ema=config.use_ema,
-    )
+  """Which teacher a distilling run learns from (`teacher`: a work directory, 'hf-hub:ORG/NAME'
+  or 'MODEL:FILE') and how it reads it (`teacher_normalization` '': the student's, a work
+  directory's or Hub weights' own); `from_config` gives None for a run that does not distil."""
 
 
 def load(settings: TeacherSettings, num_classes: int) -> steps.Teacher:
@@ -96,7 +75,7 @@ def load(settings: TeacherSettings, num_classes: int) -> steps.Teacher:
     raise ValueError(f'distillation.teacher={settings.teacher!r}: no weights file at {path!r}.')
   else:
     section = {'name': model_name}
-  model = config_lib.model_from_section(section, num_classes, settings.dtype)
+  model = models.model_from_section(section, num_classes, settings.dtype)
   variables = pretrained.load(path, model, image_size=settings.image_size, use_ema=settings.use_ema)
   change = normalization_change(settings.normalization, normalization)
   logging.info(

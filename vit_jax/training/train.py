@@ -32,6 +32,7 @@ from vit_jax import config as config_lib
 from vit_jax import evaluators as evaluators_lib
 from vit_jax import workdir as workdir_lib
 from vit_jax.data import input_pipeline
+from vit_jax.data import settings as data_settings
 from vit_jax.evaluators import eval_sets as eval_sets_lib
 from vit_jax.evaluators import evaluator
 from vit_jax.evaluators import standalone
@@ -41,58 +42,28 @@ from vit_jax.training import memory
 from vit_jax.training import optim
 from vit_jax.training import resume as resume_lib
 from vit_jax.training import run_writer
+from vit_jax.training import setup
 from vit_jax.training import start as start_lib
 from vit_jax.training import steps
 from vit_jax.training import teacher as teacher_lib
 from vit_jax.weights import pretrained as pretrained_lib
 
 
-@dataclasses.dataclass(frozen=True)
+@config_lib.settings_type
 class Settings:
   """A validated config resolved once into the settings each module reads; the code below the
-  set-up receives the piece it reads."""
+  set-up receives the piece it reads. `model` is the `model` section (`name` and the fields it
+  sets), `dtype` the model's compute dtype unless its section sets one, `evaluators` the periodic
+  ones (`evaluators_lib.periodic`), `teacher` None without distillation."""
 
-  model: Mapping[str, Any]  # The `model` section: `name` and the fields it sets.
-  dtype: str  # The model's compute dtype unless its section sets one.
-  seed: int
-  init_from: str  # '': none.
-  use_ema: bool
-  eval_only: bool
-  eval_sets: tuple[str, ...]
-  log_every: int
-  eval_every: int
-  checkpoint_every: int
-  profile_steps: int  # 0: no profile.
-  data: input_pipeline.DataSettings
+  model: Mapping[str, Any] = config_lib.section(dict)
+  evaluators: Mapping[str, Any] = config_lib.section(evaluators_lib.periodic)
+  data: data_settings.DataSettings
   schedule: optim.ScheduleSettings
   optimizer: optim.OptimizerSettings
   step: steps.StepSettings
-  teacher: teacher_lib.TeacherSettings | None  # None: no distillation.
+  teacher: teacher_lib.TeacherSettings | None
   mesh: sharding.MeshSettings
-  evaluators: Mapping[str, Any]  # The periodic ones (`evaluators_lib.periodic`), by name.
-
-  @classmethod
-  def from_config(cls, config: ml_collections.ConfigDict) -> 'Settings':
-    return cls(
-        model=config.model.to_dict(),
-        dtype=config.dtype,
-        seed=config.seed,
-        init_from=config.init_from,
-        use_ema=config.use_ema,
-        eval_only=config.eval_only,
-        eval_sets=tuple(config.eval_sets),
-        log_every=config.log_every,
-        eval_every=config.eval_every,
-        checkpoint_every=config.checkpoint_every,
-        profile_steps=config.profile_steps,
-        data=input_pipeline.DataSettings.from_config(config),
-        schedule=optim.ScheduleSettings.from_config(config),
-        optimizer=optim.OptimizerSettings.from_config(config),
-        step=steps.StepSettings.from_config(config),
-        teacher=teacher_lib.TeacherSettings.from_config(config),
-        mesh=sharding.MeshSettings.from_config(config),
-        evaluators=evaluators_lib.periodic(config.evaluators),
-    )
 
   @property
   def model_name(self) -> str:
@@ -110,6 +81,16 @@ class Settings:
         image_size=self.data.image_size,
         ema=bool(self.step.ema_decay),
     )
+
+
+def _with_state(settings: Settings, clip: bool, ema: bool) -> Settings:
+  """`settings` with gradient clipping and the EMA on or off (a saved run's layout, `resume`)."""
+  optimizer, step = settings.optimizer, settings.step
+  if bool(optimizer.grad_clip_norm) != clip:
+    optimizer = dataclasses.replace(optimizer, grad_clip_norm=1.0 if clip else 0.0)
+  if bool(step.ema_decay) != ema:
+    step = dataclasses.replace(step, ema_decay=0.999 if ema else 0.0)
+  return dataclasses.replace(settings, optimizer=optimizer, step=step)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,7 +116,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
   checkpoint. The work directory's lock and the signal handlers are held until it returns.
   """
   # Set-up: everything that can be wrong is found before anything compiles or is written.
-  config_lib.validate(config)
+  setup.validate(config)
   run_writer.check_path(workdir)
   settings = Settings.from_config(config)
   run_dir = run_writer.RunWriter(workdir)  # Read-only until `start` takes the lock.
@@ -210,10 +191,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
   # `plan` refuses, touching nothing and compiling nothing, a work directory in use or a
   # checkpoint this config cannot take.
   resuming = run_dir.has_checkpoint()
-  abstract_for = lambda saved: jax.eval_shape(
-      Settings.from_config(saved).start(info.num_classes, schedule).init
+  abstract_for = lambda clip, ema: jax.eval_shape(
+      _with_state(settings, clip, ema).start(info.num_classes, schedule).init
   )
-  plan = resume_lib.plan(run_dir, config, abstract_state, abstract_for)
+  plan = resume_lib.plan(run_dir, config_lib.json_fields(config), abstract_state, abstract_for)
   pretrained = None
   if settings.init_from and not resuming:
     pretrained = pretrained_lib.load(
@@ -232,7 +213,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
   memory.check_fits(
       programs.train_step,
       sharding.abstract(abstract_state, state_sharding),
-      config,
+      settings,
       programs.data_sharding,
       teacher and sharding.abstract(teacher.variables, programs.teacher_sharding),
       schedule,
@@ -256,7 +237,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
     run_scope.callback(_stop_profiling)
     saved = None
     if resuming:  # The saved run's layout (this config's, or the saved config's).
-      saved = abstract_state if plan is None else abstract_for(plan.saved_config)
+      saved = abstract_state if plan is None else abstract_for(plan.clip, plan.ema)
       saved = sharding.abstract(
           saved, sharding.fsdp_shardings(saved, mesh, settings.mesh.fsdp_min_size)
       )
@@ -399,7 +380,7 @@ class PreemptionWatcher:
 
 
 def _subject(
-    model: nn.Module, state: steps.TrainState, data: input_pipeline.DataSettings
+    model: nn.Module, state: steps.TrainState, data: data_settings.DataSettings
 ) -> evaluator.Subject:
   """The model and its training state as the evaluators score them."""
   return evaluator.Subject(model, data, state=state)

@@ -26,6 +26,7 @@ from vit_jax.weights import hub
 from vit_jax.data import folder
 from vit_jax.data import imagenet
 from vit_jax.data import input_pipeline
+from vit_jax.data import settings as data_settings
 from vit_jax import models
 from vit_jax.weights import pretrained
 from vit_jax import workdir as workdir_lib
@@ -33,10 +34,11 @@ from vit_jax import workdir as workdir_lib
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-  """A model with its variables, the config whose eval fields preprocess its images, and the
+  """A model with its variables, its config, the evaluation preprocessing of its images, and the
   name of each class it predicts."""
 
   config: ml_collections.ConfigDict
+  eval_transform: data_settings.EvalTransform
   model: nn.Module
   variables: dict[str, Any]
   class_names: tuple[str, ...]
@@ -60,10 +62,20 @@ def load_run(
     for field in ('scan_layers', 'remat'):
       if field in config.model:
         del config.model[field]  # Off by default.
-  info = input_pipeline.get_dataset_info(input_pipeline.DataSettings.from_config(config))
-  model = config_lib.create_model(config, info.num_classes)
+  data = data_settings.DataSettings.from_config(config)
+  info = input_pipeline.get_dataset_info(data)
+  model = models.create_model(config, info.num_classes)
   saved = run.read_variables(step, use_ema=use_ema, unrolled=unroll)
-  return Run(config, model, saved.variables, info.class_names, saved.step, workdir, saved.ema)
+  return Run(
+      config,
+      data.eval_transform,
+      model,
+      saved.variables,
+      info.class_names,
+      saved.step,
+      workdir,
+      saved.ema,
+  )
 
 
 def load_weights(
@@ -107,25 +119,29 @@ def load_weights(
     raise ValueError(
         f'--num_classes={num_classes} must be >= 0 (0: weights without a head, for features).'
     )
-  # The weights' evaluation on ImageNet, for evaluators on any dataset; checked by the schema,
-  # whose field names are these flags' names.
+  # The weights' evaluation on ImageNet, for evaluators on any dataset; its fields and the model
+  # are checked by the schema's rules, whose field names are these flags' names.
+  preprocessing = dict(
+      image_size=image_size or 224,
+      eval_crop_ratio=eval_crop_ratio or 0.875,
+      normalization=normalization or 'imagenet',
+  )
+  section = {'name': model_name, **fields}
+  problems = config_lib.field_problems(preprocessing)
+  problems += models.section_problems(section, config_lib.FLAG)
+  if problems:
+    raise ValueError('; '.join(p.replace(config_lib.FLAG, '--') for p in problems))
   config = config_lib.defaults()
   config.update(
       dict(
-          image_size=image_size or 224,
-          eval_crop_ratio=eval_crop_ratio or 0.875,
-          normalization=normalization or 'imagenet',
+          preprocessing,
           augment='none',
           dataset='imagenet2012',
           eval_split='validation',
           eval_batch_size=64,
       )
   )
-  config.model = ml_collections.ConfigDict({'name': model_name, **fields})
-  try:
-    config_lib.validate(config, devices=1, processes=1)
-  except config_lib.ConfigError as e:
-    raise ValueError('; '.join(p.replace(config_lib.FLAG, '--') for p in e.problems)) from None
+  config.model = ml_collections.ConfigDict(section)
   model = models.create(model_name, num_classes=num_classes, **fields)
   variables = pretrained.load(path, model, image_size=config.image_size)
   names = label_names or (
@@ -133,7 +149,8 @@ def load_weights(
       if num_classes == imagenet.NUM_CLASSES
       else tuple(str(i) for i in range(num_classes))
   )
-  return Run(config, model, variables, names, None, path)
+  transform = data_settings.EvalTransform.from_config(config)
+  return Run(config, transform, model, variables, names, None, path)
 
 
 def load(
@@ -203,11 +220,10 @@ def image_paths(arguments: Sequence[str]) -> tuple[list[str], list[tuple[str, st
   return paths, missing
 
 
-def decode_for_model(path: str, config) -> np.ndarray:
-  """The image file at `path` as the model sees it: (S, S, 3) float32, preprocessed as `config`
-  evaluates. Raises tf.errors.OpError for a file that is not a readable image."""
+def decode_for_model(path: str, transform: data_settings.EvalTransform) -> np.ndarray:
+  """The image file at `path` as the model sees it: (S, S, 3) float32, preprocessed by the
+  evaluation `transform`. Raises tf.errors.OpError for a file that is not a readable image."""
   image = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
-  transform = input_pipeline.EvalTransform.from_config(config)
   return input_pipeline.eval_image(image, transform).numpy()
 
 
@@ -239,7 +255,7 @@ def predict(
   batch_paths, images = [], []
   for path in paths:
     try:
-      images.append(decode_for_model(path, run.config))
+      images.append(decode_for_model(path, run.eval_transform))
       batch_paths.append(path)
     except (tf.errors.OpError, ValueError) as e:
       message = getattr(e, 'message', str(e)).strip().splitlines()[0]

@@ -1,4 +1,4 @@
-"""Weights from elsewhere: foreign formats, their key rules, resizing, and export back to timm.
+"""Weights from elsewhere fitted to a model: layouts, resizing, and export back to timm.
 
 `load(path, model, image_size=...)` returns Flax variables for `model` from
   - a timm / DeiT / CaiT / DeepViT / T2T-ViT / RegNet PyTorch checkpoint, `.safetensors` (read
@@ -6,24 +6,20 @@
     `torch.load(weights_only=True)`: tensors only, never arbitrary objects), plain or wrapped in
     `state_dict_ema` / `model_ema` / `state_dict` / `model`, with `module.` prefixes stripped;
   - a Google ViT `.npz`: google-research/vision_transformer's or big_vision's layout
-    (`google_to_timm`);
+    (`checkpoint_formats.google_to_timm`);
   - a work directory written by `vit_jax.main` (`vit_jax.workdir.Workdir.read_variables`);
   - Hub weights by name, `hf-hub:ORG/NAME` (`vit_jax.weights.hub`: fetched once into the Hugging Face
     cache, then read as the file they are).
 EMA weights are read first where a file or run has them; `use_ema=False` reads the raw ones.
-The PyTorch key layout is converted by the `from_torch` of the target model's family. The position
+Files are read by `checkpoint_formats`, recognised by their content, not their extension. The
+PyTorch key layout is converted by the `from_torch` of the target model's family. The position
 embedding is resized when the resolution differs (`resize_pos_embed`), with `reset_head=True` a
 head whose class count differs is initialised afresh, and a model with `scan_layers` gets its
-blocks stacked. `export_timm` writes the inverse: a timm `.safetensors`. Files are recognised by
-their content, not their extension.
+blocks stacked. `export_timm` writes the inverse: a timm `.safetensors`.
 """
 
-import argparse
 import math
 import os
-import re
-import warnings
-import zipfile
 from typing import Any, Mapping
 
 from absl import logging
@@ -34,10 +30,9 @@ import jax.numpy as jnp
 import ml_collections
 import ml_dtypes  # Names bfloat16 for NumPy: safetensors.numpy (>= 0.8) reads BF16 through it.
 import numpy as np
-import safetensors
 from safetensors import numpy as safetensors_numpy
 
-from vit_jax import config as config_lib
+from vit_jax.weights import checkpoint_formats
 from vit_jax.weights import hub
 from vit_jax import models
 from vit_jax import workdir as workdir_lib
@@ -45,9 +40,6 @@ from vit_jax.models import layouts
 
 HEAD_NAMES = ('head', 'head_dist')
 POS_EMBED_RESIZE_METHODS = ('timm', 'pytorch')
-_EMA_WRAPPERS = ('state_dict_ema', 'model_ema')
-_WRAPPERS = ('state_dict', 'model')
-_STRIPPED_PREFIX = 'module.'
 _VARIABLE_COLLECTIONS = ('params', 'batch_stats')
 
 # A key that only one layout has -> (what the file holds, the families that accept it).
@@ -108,265 +100,6 @@ def _layout_hint(keys: list[str], family: str) -> str:
       if resembles
       else f'its first keys are {", ".join(sorted(keys)[:4])}. '
   )
-
-
-def check_finite(arrays: Mapping[str, Any], source: str) -> None:
-  """Raises ValueError naming the first array of `arrays` with a NaN or an infinity."""
-  for key, value in arrays.items():
-    value = np.asarray(value)
-    if np.issubdtype(value.dtype, np.inexact) or value.dtype == ml_dtypes.bfloat16:
-      finite = np.isfinite(value.astype(np.float32))
-      if not finite.all():
-        raise ValueError(
-            f'{source} holds {value.size - int(finite.sum())} non-finite value(s) (NaN or '
-            f'infinity) in {key!r} (shape {value.shape}): these weights are damaged; download '
-            'or export them again.'
-        )
-
-
-def _corrupt(path: str, what: str, detail: str) -> ValueError:
-  return ValueError(
-      f'{path!r} is not a readable {what}: {detail}. The file may be truncated or '
-      'corrupt; download or write it again.'
-  )
-
-
-def _read_safetensors(path: str) -> dict[str, np.ndarray]:
-  """The tensors of a .safetensors file, bfloat16 included (as ml_dtypes' bfloat16)."""
-  try:
-    return safetensors_numpy.load_file(path)
-  except safetensors.SafetensorError as e:
-    raise _corrupt(path, 'safetensors file', str(e)) from e
-
-
-def _read_torch(path: str) -> Any:
-  """`torch.load(path, weights_only=True)` on CPU: tensors and plain containers, nothing else."""
-  try:
-    import torch  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    raise ValueError(
-        f'{path!r} is a PyTorch pickle; reading it needs torch (pip install torch), '
-        'or convert it to .safetensors.'
-    ) from e
-  try:
-    # Training checkpoints of deit/timm carry their argparse arguments beside the weights.
-    with torch.serialization.safe_globals([argparse.Namespace]), warnings.catch_warnings():
-      # Said of bytes that are no pickle at all; the error below names the file instead.
-      warnings.filterwarnings('ignore', message='Detected pickle protocol')
-      return torch.load(path, map_location='cpu', weights_only=True)
-  except Exception as e:  # RuntimeError, UnpicklingError, EOFError... pylint: disable=broad-except
-    text = str(e)
-    found = re.search(r'unsupported (?:global: )?GLOBAL ([\w.]+)', text, re.IGNORECASE)
-    if found or 'Weights only load failed' in text:
-      culprit = found.group(1) if found else 'see torch.load'
-      raise ValueError(
-          f'{path!r} was refused as unsafe: it holds Python objects besides tensors ({culprit}), '
-          'which could run code when unpickled, so it is not unpickled (torch.load with '
-          'weights_only=True). If you trust its source, save only its state dict, or convert it '
-          'to .safetensors.'
-      ) from e
-    first_line = text.strip().splitlines()[0] if text.strip() else ''
-    raise _corrupt(path, 'PyTorch checkpoint', f'{type(e).__name__}: {first_line}') from e
-
-
-def _tensor_to_numpy(key: str, value: Any, path: str) -> np.ndarray:
-  if isinstance(value, np.ndarray):
-    return value
-  if type(value).__module__.startswith('torch') and hasattr(value, 'detach'):
-    value = value.detach().cpu()
-    if str(value.dtype) == 'torch.bfloat16':
-      value = value.float()
-    return value.numpy()
-  raise ValueError(
-      f'{path!r}: entry {key!r} is a {type(value).__name__}, not a tensor; expected a '
-      'state dict (optionally inside state_dict / state_dict_ema / model).'
-  )
-
-
-def _unwrap(checkpoint: Mapping[str, Any], *, use_ema: bool) -> Mapping[str, Any]:
-  """The state dict inside a training checkpoint (EMA weights first when `use_ema`)."""
-  for wrapper in (_EMA_WRAPPERS if use_ema else ()) + _WRAPPERS:
-    inner = checkpoint.get(wrapper)
-    if isinstance(inner, Mapping) and inner:
-      logging.info(
-          'Read the %s weights (%r) of the checkpoint.',
-          'EMA' if wrapper in _EMA_WRAPPERS else 'raw',
-          wrapper,
-      )
-      return inner
-  return checkpoint
-
-
-# Google ViT .npz -> timm keys; the inverse of timm's `_load_weights`. Two layouts:
-# google-research/vision_transformer (`opt/target/` prefix, LayerNorm_0/2, MlpBlock_3,
-# MultiHeadDotProductAttention_1, `Transformer/posembed_input/pos_embedding` with the class slot)
-# and big_vision's `models/vit.py` (`params/` or `params/img/` prefix, LayerNorm_0/1, MlpBlock_0,
-# MultiHeadDotProductAttention_0, a top-level `pos_embedding` without one: the class token gets
-# no position embedding there, a zero row here; `MAPHead_0` for pool_type='map').
-_GOOGLE_PREFIXES = ('opt/target/', 'params/img/', 'params/')
-_BLOCK = r'Transformer/encoderblock_(\d+)/'
-_MAP = r'MAPHead_0/'
-
-
-def _mlp_rules(source: str, target: str) -> tuple[tuple[str, str, str], ...]:
-  """The rules of an MlpBlock's Dense_0 / Dense_1 (`source` prefix) -> timm's `target`.fc1 / fc2."""
-  return tuple(
-      (f'{source}Dense_{i}/{leaf}', f'{target}.fc{i + 1}.{name}', rule)
-      for i in (0, 1)
-      for leaf, name, rule in (('kernel', 'weight', 'dense'), ('bias', 'bias', 'copy'))
-  )
-
-
-_GOOGLE_RULES = (
-    (r'embedding/kernel', 'patch_embed.proj.weight', 'conv'),
-    (r'embedding/bias', 'patch_embed.proj.bias', 'copy'),
-    (r'cls', 'cls_token', 'copy'),
-    (r'Transformer/posembed_input/pos_embedding', 'pos_embed', 'copy'),
-    (r'pos_embedding', 'pos_embed', 'copy'),
-    (r'Transformer/encoder_norm/(scale|bias)', 'norm.{0}', 'norm'),
-    (r'(head|pre_logits)/kernel', '{0}.weight', 'dense'),
-    (r'(head|pre_logits)/bias', '{0}.bias', 'copy'),
-    (_BLOCK + r'LayerNorm_0/(scale|bias)', 'blocks.{0}.norm1.{1}', 'norm'),
-    (_BLOCK + r'LayerNorm_[12]/(scale|bias)', 'blocks.{0}.norm2.{1}', 'norm'),
-    *_mlp_rules(_BLOCK + r'MlpBlock_[03]/', 'blocks.{0}.mlp'),
-    # (H, hd, D) -> Linear weight (D, H * hd)
-    (
-        _BLOCK + r'MultiHeadDotProductAttention_[01]/out/kernel',
-        'blocks.{0}.attn.proj.weight',
-        'out',
-    ),
-    (_BLOCK + r'MultiHeadDotProductAttention_[01]/out/bias', 'blocks.{0}.attn.proj.bias', 'copy'),
-    (_MAP + r'probe', 'attn_pool.latent', 'copy'),
-    (_MAP + r'LayerNorm_0/(scale|bias)', 'attn_pool.norm.{0}', 'norm'),
-    *_mlp_rules(_MAP + r'MlpBlock_0/', 'attn_pool.mlp'),
-    (_MAP + r'MultiHeadDotProductAttention_0/query/kernel', 'attn_pool.q.weight', 'in'),
-    (_MAP + r'MultiHeadDotProductAttention_0/query/bias', 'attn_pool.q.bias', 'flat'),
-    (_MAP + r'MultiHeadDotProductAttention_0/out/kernel', 'attn_pool.proj.weight', 'out'),
-    (_MAP + r'MultiHeadDotProductAttention_0/out/bias', 'attn_pool.proj.bias', 'copy'),
-)
-# Projections packed into one Linear: (pattern, timm name, parts in order).
-_GOOGLE_PACKED = (
-    (
-        re.compile(_BLOCK + r'MultiHeadDotProductAttention_[01]/(query|key|value)/(kernel|bias)'),
-        'blocks.{0}.attn.qkv',
-        ('query', 'key', 'value'),
-    ),
-    (
-        re.compile(r'()' + _MAP + r'MultiHeadDotProductAttention_0/(key|value)/(kernel|bias)'),
-        'attn_pool.kv',
-        ('key', 'value'),
-    ),
-)
-
-
-def google_to_timm(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-  """Google ViT .npz arrays (either layout above) -> timm ViT state dict.
-
-  query/key/value are packed into one qkv (the MAP head's key/value into kv): a kernel
-  (D, H, hd) gives rows W[0:D] = kernel.reshape(D, D).T; biases (H, hd) are flattened; an out
-  kernel (H, hd, D) gives proj.weight = kernel.reshape(D, D).T.
-  """
-  state_dict: dict[str, np.ndarray] = {}
-  packed: dict[tuple[str, str], dict[str, np.ndarray]] = {}
-  unknown = []
-  for key, value in arrays.items():
-    key = next((key[len(p) :] for p in _GOOGLE_PREFIXES if key.startswith(p)), key)
-    value = np.asarray(value)
-    for pattern, target, parts in _GOOGLE_PACKED:
-      found = pattern.fullmatch(key)
-      if found:
-        index, part, leaf = found.groups()
-        packed.setdefault((target.format(index), leaf, parts), {})[part] = value
-        break
-    else:
-      for pattern, target, rule in _GOOGLE_RULES:
-        found = re.fullmatch(pattern, key)
-        if not found:
-          continue
-        groups = [
-            {'scale': 'weight', 'pre_logits': 'pre_logits.fc'}.get(g, g) for g in found.groups()
-        ]
-        if rule == 'conv':
-          value = value.transpose(3, 2, 0, 1)
-        elif rule == 'dense':
-          value = value.T
-        elif rule == 'out':
-          value = value.reshape(-1, value.shape[-1]).T
-        elif rule == 'in':
-          value = value.reshape(value.shape[0], -1).T
-        elif rule == 'flat':
-          value = value.reshape(-1)
-        state_dict[target.format(*groups)] = value
-        break
-      else:
-        unknown.append(key)
-  for (target, leaf, parts), found in sorted(packed.items()):
-    if set(found) != set(parts):
-      unknown += [f'{target} {p}/{leaf}' for p in found]
-      continue
-    if leaf == 'kernel':
-      state_dict[f'{target}.weight'] = np.concatenate(
-          [found[p].reshape(found[p].shape[0], -1).T for p in parts], axis=0
-      )
-    else:
-      state_dict[f'{target}.bias'] = np.concatenate([found[p].reshape(-1) for p in parts])
-  if unknown:
-    raise ValueError(
-        'Arrays outside the Google ViT layouts (google-research/vision_transformer, '
-        f'big_vision models/vit.py): {sorted(unknown)}.'
-    )
-  unslotted = not any('posembed_input' in key for key in arrays)
-  if unslotted and {'cls_token', 'pos_embed'} <= set(state_dict):
-    pos_embed = state_dict['pos_embed']  # big_vision's: no class slot.
-    state_dict['pos_embed'] = np.concatenate([np.zeros_like(pos_embed[:, :1]), pos_embed], 1)
-  return state_dict
-
-
-def read_state_dict(path: str, *, use_ema: bool = True) -> dict[str, np.ndarray]:
-  """The weights in a .safetensors, .pth or Google ViT .npz file, as a PyTorch-layout state dict.
-
-  The format is recognised from the content. Wrappers (EMA first when `use_ema`, as timm does) are
-  unwrapped and `module.` prefixes stripped.
-  """
-  if not os.path.isfile(path):
-    raise ValueError(f'No checkpoint file or work directory at {path!r}.')
-  with open(path, 'rb') as f:
-    magic = f.read(9)
-  if magic.startswith(b'PK'):  # A zip archive: NumPy .npz or PyTorch's default .pth format.
-    try:
-      with zipfile.ZipFile(path) as archive:
-        names = archive.namelist()
-    except zipfile.BadZipFile as e:
-      raise _corrupt(path, 'zip archive (.npz or .pth)', str(e)) from e
-    if names and all(name.endswith('.npy') for name in names):
-      try:
-        with np.load(path, allow_pickle=False) as npz:
-          arrays = {key: npz[key] for key in npz.files}
-      except (ValueError, OSError, zipfile.BadZipFile) as e:
-        raise _corrupt(path, '.npz file', str(e)) from e
-      check_finite(arrays, repr(path))
-      return google_to_timm(arrays)
-    if not any(name.endswith('data.pkl') for name in names):
-      raise ValueError(f'{path!r} is a zip archive but neither a .npz nor a PyTorch checkpoint.')
-    checkpoint = _read_torch(path)
-  elif magic[:1] == b'\x80':  # A bare pickle: PyTorch's legacy format.
-    checkpoint = _read_torch(path)
-  elif len(magic) == 9 and magic[8:9] == b'{':
-    checkpoint = _read_safetensors(path)
-  else:
-    raise ValueError(
-        f'{path!r} is not a recognised checkpoint; supported: .safetensors, PyTorch '
-        '.pth/.pt/.bin, Google ViT .npz, or a vit_jax work directory.'
-    )
-  if not isinstance(checkpoint, Mapping):
-    raise ValueError(f'{path!r} holds a {type(checkpoint).__name__}, not a state dict.')
-  state_dict = _unwrap(checkpoint, use_ema=use_ema)
-  arrays = {
-      key.removeprefix(_STRIPPED_PREFIX): _tensor_to_numpy(key, value, path)
-      for key, value in state_dict.items()
-  }
-  check_finite(arrays, repr(path))
-  return arrays
 
 
 # Adapting to the target model.
@@ -516,11 +249,11 @@ def _from_workdir(path: str, model: nn.Module, use_ema: bool) -> tuple[dict, str
   run = workdir_lib.Workdir.open(path)
   saved = run.read_variables(use_ema=use_ema, unrolled=True)
   flat = flax.traverse_util.flatten_dict(saved.variables)
-  check_finite(
+  checkpoint_formats.check_finite(
       {'/'.join(k): v for k, v in flat.items()}, f'The checkpoint of step {saved.step} in {path!r}'
   )
   name = run.config().model.name
-  fields = config_lib.model_overrides(run.config().model)
+  fields = models.model_overrides(run.config().model)
   source = (
       f'Work directory {path!r} (model {name!r} with fields {fields}, step {saved.step}, '
       f'{"ema" if saved.ema else "raw"} weights)'
@@ -549,7 +282,7 @@ def _from_file(path: str, model: nn.Module, use_ema: bool) -> tuple[dict, str, s
     path = weights.path
   else:
     source = f'Checkpoint {path!r}'
-  state_dict = read_state_dict(path, use_ema=use_ema)
+  state_dict = checkpoint_formats.read_state_dict(path, use_ema=use_ema)
   hint = hint or _layout_hint(list(state_dict), family)
   if (
       'cls_token' not in state_dict

@@ -1,0 +1,91 @@
+"""What a config's augmentation fields name, without TensorFlow: the training crops (`AUGMENTS`)
+and timm's RandAugment strings (`parse_randaugment`), so that a config is checked before the
+pipeline (`input_pipeline`, `augment`) is imported."""
+
+import dataclasses
+import math
+import re
+
+# 'simple_random_crop': DeiT III's (deit `--src`): shorter side to image_size, reflect padding,
+# a random image_size crop.
+AUGMENTS = ('crop_flip', 'inception_crop', 'simple_random_crop', 'none')
+
+# timm's _RAND_TRANSFORMS ('inc0') and _RAND_INCREASING_TRANSFORMS ('inc1').
+RAND_OPS = (
+    'AutoContrast',
+    'Equalize',
+    'Invert',
+    'Rotate',
+    'Posterize',
+    'Solarize',
+    'SolarizeAdd',
+    'Color',
+    'Contrast',
+    'Brightness',
+    'Sharpness',
+    'ShearX',
+    'ShearY',
+    'TranslateXRel',
+    'TranslateYRel',
+)
+RAND_INCREASING_OPS = (
+    'AutoContrast',
+    'Equalize',
+    'Invert',
+    'Rotate',
+    'PosterizeIncreasing',
+    'SolarizeIncreasing',
+    'SolarizeAdd',
+    'ColorIncreasing',
+    'ContrastIncreasing',
+    'BrightnessIncreasing',
+    'SharpnessIncreasing',
+    'ShearX',
+    'ShearY',
+    'TranslateXRel',
+    'TranslateYRel',
+)
+LEVEL_DENOM = 10.0  # timm's _LEVEL_DENOM: magnitudes are in [0, LEVEL_DENOM].
+
+
+@dataclasses.dataclass(frozen=True)
+class RandAugmentSpec:
+  """A parsed timm RandAugment string such as 'rand-m9-mstd0.5-inc1'."""
+
+  magnitude: float = 10.0
+  num_layers: int = 2
+  prob: float = 0.5
+  magnitude_std: float = 0.0  # inf: magnitude uniform in [0, magnitude].
+  magnitude_max: float = LEVEL_DENOM
+  increasing: bool = False
+
+  @property
+  def ops(self) -> tuple[str, ...]:
+    return RAND_INCREASING_OPS if self.increasing else RAND_OPS
+
+
+def parse_randaugment(spec: str) -> RandAugmentSpec:
+  """Parses timm's 'rand-m{M}-n{N}-p{P}-mstd{S}-mmax{X}-inc{0|1}' (sections in any order)."""
+  sections = spec.split('-')
+  if sections[0] != 'rand':
+    raise ValueError(
+        f"RandAugment spec {spec!r} must start with 'rand-', e.g. " "'rand-m9-mstd0.5-inc1'."
+    )
+  values = {}
+  for section in sections[1:]:
+    match = re.fullmatch(r'(mstd|mmax|inc|m|n|p)(\d+(?:\.\d*)?)', section)
+    if not match:
+      raise ValueError(
+          f'Unknown section {section!r} in RandAugment spec {spec!r}; valid: '
+          'm<magnitude>, n<layers>, p<prob>, mstd<std>, mmax<max>, inc<0|1>.'
+      )
+    values[match.group(1)] = float(match.group(2))
+  magnitude_std = values.get('mstd', 0.0)
+  return RandAugmentSpec(
+      magnitude=values.get('m', LEVEL_DENOM),
+      num_layers=int(values.get('n', 2)),
+      prob=values.get('p', 0.5),
+      magnitude_std=math.inf if magnitude_std > 100 else magnitude_std,
+      magnitude_max=values.get('mmax', LEVEL_DENOM),
+      increasing=bool(values.get('inc', 0)),
+  )

@@ -1,0 +1,164 @@
+"""Modules of your own: the modules outside vit_jax that register attention kinds, stems, kind
+settings or evaluators, recorded with a run so that every command that reads the run has them.
+
+A module of yours registers what it adds (`attention.register`, `stems.register`,
+`parts.register_settings`, `evaluators.register`) when it is imported, e.g. by a config file that
+starts with `import my_attention` (the config file's own folder is importable, as a script's is:
+`make_config_folders_importable`). A run writes to its config.json, under `imports`, each such
+module that its config uses, with the folder it was imported from (`recorded_imports`); every
+command that reads the run imports them first (`import_recorded`), so that resuming, analysis,
+evaluation, prediction and export need nothing else. Free of JAX, and of the registries: they
+note each registration here.
+"""
+
+import importlib
+import importlib.util
+import os
+import sys
+from typing import Any, Mapping, Sequence
+
+# The key of config.json that lists the modules to import before the config is read.
+IMPORTS = 'imports'
+_PACKAGE_DIR = os.path.dirname(os.path.realpath(__file__))
+
+
+def caller_module() -> str:
+  """The name of the module that called the function calling this one: the module whose import
+  makes a registration."""
+  return sys._getframe(2).f_globals.get('__name__', '__main__')  # pylint: disable=protected-access
+
+
+def module_record(name: str) -> dict[str, str] | None:
+  """{'module': the name to import, 'path': the folder to import it from} of the loaded module
+  `name`; None for vit_jax's own modules and for modules without a file (an interactive
+  session's). A module loaded under a name its file does not spell (a config file, which
+  ml_collections loads as 'config_config'; a script run as __main__) is recorded by its file's
+  name and folder."""
+  module = sys.modules.get(name)
+  file = getattr(module, '__file__', None)
+  if name == 'vit_jax' or name.startswith('vit_jax.') or not file:
+    return None
+  stem = os.path.splitext(os.path.abspath(file))[0]
+  if os.path.basename(stem) == '__init__':
+    stem = os.path.dirname(stem)
+  tail = os.path.join(*name.split('.'))
+  if stem.endswith(os.sep + tail):
+    return {'module': name, 'path': stem[: -len(tail) - 1]}
+  return {'module': os.path.basename(stem), 'path': os.path.dirname(stem)}
+
+
+# (registry, name) -> (the module that registered it, what the run records it registered);
+# filled by the registries as they register (`note`), so that this module imports none of them.
+_REGISTERED: dict[tuple[str, str], tuple[str, str]] = {}
+
+
+def note(registry: str, name: str, module: str, label: str) -> None:
+  """Records that `module` registered `name` in `registry` ('attention', 'stem', 'setting' (a kind
+  settings field), 'evaluator'), shown as `label` in a run's config.json."""
+  _REGISTERED[(registry, name)] = (module, label)
+
+
+def _registrations(config: Any) -> dict[str, list[str]]:
+  """Module name -> what of `config` it registered: the attention kind and stem its model
+  chooses, the kind settings whose fields its model section holds, its evaluators."""
+  model = config.model
+  used = [('attention', model.get('attention')), ('stem', model.get('stem'))]
+  used += [('setting', key) for key in model]  # Unset too: config.json holds every field.
+  used += [('evaluator', name) for name in config.get('evaluators', {})]
+  registered: dict[str, list[str]] = {}
+  for key in used:
+    if key in _REGISTERED:
+      module, label = _REGISTERED[key]
+      if label not in registered.setdefault(module, []):
+        registered[module].append(label)
+  return registered
+
+
+def recorded_imports(config: Any) -> list[dict[str, Any]]:
+  """What a run with `config` records under `imports`: each module outside vit_jax that registered
+  what the config uses ({'module', 'path', 'registers'}; `module_record`)."""
+  records: dict[tuple[str, str], dict[str, Any]] = {}
+  for name, registers in _registrations(config).items():
+    record = module_record(name)
+    if record is not None:
+      key = (record['module'], record['path'])
+      records.setdefault(key, {**record, 'registers': []})['registers'] += registers
+  return list(records.values())
+
+
+def _loaded(name: str, path: str) -> bool:
+  """Whether the module `name` of folder `path` is loaded already, under any name (a config file
+  that registered a kind was loaded by ml_collections as 'config_config')."""
+  base = os.path.join(path, *name.split('.'))
+  files = {base + '.py', os.path.join(base, '__init__.py')}
+  return any(
+      os.path.abspath(getattr(module, '__file__', None) or '') in files
+      for module in list(sys.modules.values())
+  )
+
+
+def _importable_from(name: str, path: str) -> bool:
+  """Whether `import name` finds the module in folder `path` as things stand."""
+  try:
+    spec = importlib.util.find_spec(name)
+  except (ImportError, ValueError):
+    return False
+  origin = getattr(spec, 'origin', None) or ''
+  return os.path.abspath(origin).startswith(os.path.join(os.path.abspath(path), ''))
+
+
+def import_recorded(imports: Any, source: str) -> None:
+  """Imports each module of `imports` (what `source`, a run's config.json, records), from its
+  recorded folder where `import` would not find it there; ValueError naming the module, its
+  folder and what it registered when it cannot be imported."""
+  if not isinstance(imports, list) or not all(
+      isinstance(record, Mapping) and {'module', 'path'} <= set(record) for record in imports
+  ):
+    raise ValueError(
+        f'{source}: {IMPORTS}={imports!r} is damaged; expected a list of '
+        "{'module': NAME, 'path': FOLDER}."
+    )
+  for record in imports:
+    name, path = record['module'], record['path']
+    if _loaded(name, path):
+      continue
+    if not _importable_from(name, path) and os.path.isdir(path):
+      sys.path.insert(0, path)
+      importlib.invalidate_caches()
+    try:
+      importlib.import_module(name)
+    except Exception as e:  # pylint: disable=broad-except
+      reason = (str(e).strip().splitlines() or [''])[0]
+      raise ValueError(
+          f'{source} records module {name!r} (imported from {path}), which registered '
+          f'{", ".join(record.get("registers", [])) or "what the run uses"}, but it cannot be '
+          f'imported ({type(e).__name__}: {reason}); put it back in {path} or make it '
+          'importable (PYTHONPATH).'
+      ) from None
+
+
+def make_config_folders_importable(argv: Sequence[str], flag_values: Any) -> None:
+  """Puts the folder of each config file that `argv` names (`--config=PATH[:ARGS]`, a config file
+  flag of `flag_values`) first on sys.path, as Python puts a script's, so that the config file
+  imports the modules beside it; vit_jax's own config folder is left out."""
+  config_flags = sys.modules.get('ml_collections.config_flags.config_flags')
+  if config_flags is None:
+    return
+  names = [
+      name
+      for name in flag_values
+      if isinstance(flag_values[name].parser, config_flags.ConfigFileFlagParser)
+  ]
+  values = []
+  for i, arg in enumerate(argv[1:], start=1):
+    for name in names:
+      for prefix in (f'--{name}', f'-{name}'):
+        if arg.startswith(f'{prefix}='):
+          values.append(arg[len(prefix) + 1 :])
+        elif arg == prefix and i + 1 < len(argv):
+          values.append(argv[i + 1])
+  for value in values:
+    folder = os.path.dirname(os.path.abspath(value.split(':', 1)[0]))
+    inside_package = os.path.realpath(folder).startswith(os.path.join(_PACKAGE_DIR, ''))
+    if not inside_package and folder not in sys.path:
+      sys.path.insert(0, folder)
