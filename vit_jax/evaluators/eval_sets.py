@@ -208,13 +208,16 @@ def class_difference(model: Sequence[str], found: Sequence[str]) -> str | None:
 
 
 def checked(
-    specs: Sequence[str], data: data_settings.DataSettings, *, class_names: Sequence[str]
+    specs: Sequence[str],
+    data: data_settings.DataSettings,
+    *,
+    num_classes: int,
+    class_names: Sequence[str] | None = None,
 ) -> tuple[EvalSet, ...]:
-  """The sets of `specs` (a run's `eval_sets`) beside the run reading `data`, whose model
-  predicts `class_names`, each checked against its data before anything compiles: the dataset
-  and split exist, its labels are as many classes, and, where both sides name their classes, the
-  same names in the same order (a set is scored by label index)."""
-  num_classes = len(class_names)
+  """The sets of `specs` (a run's `eval_sets`) beside the run reading `data`, each checked
+  against its data before anything compiles: the dataset and split exist, its labels are
+  `num_classes` classes and, given the `class_names` of the run's dataset, where both sides name
+  their classes, the same names in the same order (a set is scored by label index)."""
   try:
     eval_sets = parse_all(specs, dataset=data.dataset, eval_split=data.eval_split)
   except ValueError as e:
@@ -233,7 +236,7 @@ def checked(
           f'predicts {num_classes} (of {data.dataset!r}); evaluate it with a model '
           f'of {classes} classes.'
       )
-    if eval_set.scoring != 'top1' or eval_set.label_key or eval_set.label_set_key:
+    if class_names is None or eval_set.scoring != 'top1' or eval_set.label_key:
       continue  # The ImageNet sets of `PUBLISHED`, scored by their own labels.
     names = input_pipeline.get_dataset_info(
         dataclasses.replace(
