@@ -6,7 +6,6 @@ results.json; an eval set whose classes the model does not name alike is refused
 compiles. The end-to-end tests start a real training run and read it while it trains.
 """
 
-import json
 import logging as std_logging
 import os
 import shutil
