@@ -6,7 +6,9 @@
                                `imports`: the modules of your own it uses, `vit_jax.extensions`)
       checkpoints/<step>/      orbax: `state` (the training state) and `meta` ({'model': name})
       unreadable_checkpoints/  checkpoints that resuming found unreadable, set aside with reason.txt
-      results.json             final metrics (`write_results`, `results`)
+      results.json             final metrics of the run and of `vit_jax.evaluate` (`write_results`)
+      results.lock             the lock under which each writer merges its metrics into results.json
+      .pin-*/                  a checkpoint of a live run pinned while a side command reads it
       eval_report.json         what `eval_only` scored (`write_json`)
       analysis/                `vit_jax.analyze`'s figures, analysis.json and pruned runs
       events.out.tfevents.*    TensorBoard summaries
@@ -21,6 +23,13 @@ be read is used: readers skip unreadable newer ones with a warning. Saved shapes
 for `vit_jax.training.resume`) come from orbax's own metadata. The small results a side command
 writes here (`write_results`, `write_json`, `analysis_dir`) are written through this class too.
 
+Beside a live run (`live_holder`: a process holds its lock), a reader says so in one line and reads
+a pinned checkpoint: the step's files hard-linked (copied where links are refused) into a
+temporary directory, so that the run's retention cannot delete them mid-read; a step deleted while
+it is being pinned gives way to the newest one. Every writer of results.json merges its metrics
+into it under a file lock, so that the run's final metrics and an evaluation's are both kept, in
+either order.
+
 A write the file system refuses (a full or read-only device, no permission), here or to any other
 output of a command (exported weights, reports), is one line: `writing(path, needs)` turns it into
 `Unwritable`, naming the path, why and what the write needs; `check_writable` asks before the work
@@ -30,11 +39,13 @@ that ends in the write.
 import contextlib
 import dataclasses
 import errno
+import fcntl
 import json
 import os
 import re
 import shutil
 import tempfile
+import time
 from typing import Any, Callable, Iterator, Mapping
 
 from absl import logging
@@ -52,12 +63,19 @@ CONFIG_FILE = 'config.json'
 CHECKPOINT_DIR = 'checkpoints'
 UNREADABLE_DIR = 'unreadable_checkpoints'  # Beside CHECKPOINT_DIR: checkpoints set aside.
 RESULTS_FILE = 'results.json'
+RESULTS_LOCK_FILE = 'results.lock'
+PIN_PREFIX = '.pin-'  # Checkpoints of a live run pinned by a reader, beside CHECKPOINT_DIR.
+PIN_ATTEMPTS = 5  # Steps tried in turn while the run's retention deletes them under the reader.
 ANALYSIS_DIR = 'analysis'
 ROOM = 'write access and room for its config, logs and checkpoints'  # What a run needs.
 
 
 class IncompatibleLayout(ValueError):
   """A checkpoint that reads, but holds another layout of the training state: never set aside."""
+
+
+class _Vanished(Exception):
+  """A live run's retention deleted the checkpoint being pinned."""
 
 
 class Unwritable(ValueError):
@@ -160,6 +178,61 @@ def check_writable(path: str, needs: str, *, directory: bool) -> None:
     raise unwritable(e, path, needs) or Unwritable(
         f'cannot write {path}: {parent} refused a file ({e.strerror}); it needs {needs}.'
     ) from None
+
+
+# A live run beside a reader.
+
+
+def live_holder(path: str) -> dict[str, Any] | None:
+  """The record ({'pid', 'host', 'started', 'command'}; {} if it wrote none yet) of the live
+  process that holds `path`'s run lock; None where none does (or where it cannot be told: an
+  object store, an unreadable lock file)."""
+  lock_path = os.path.join(path, LOCK_FILE)
+  if '://' in path or not os.path.isfile(lock_path):
+    return None
+  try:
+    with open(lock_path, 'r', encoding='utf-8') as f:
+      try:
+        fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+      except BlockingIOError:
+        text = f.read()
+      else:
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return None
+  except OSError:
+    return None
+  try:
+    holder = json.loads(text)
+  except ValueError:
+    return {}
+  return holder if isinstance(holder, dict) else {}
+
+
+def _file_names(root: str) -> set[str]:
+  return {
+      os.path.relpath(os.path.join(directory, name), root)
+      for directory, _, names in os.walk(root)
+      for name in names
+  }
+
+
+def _link_tree(source: str, target: str) -> None:
+  """Hard-links every file under `source` into `target` (a copy where links are refused: another
+  file system, no permission); FileNotFoundError when part of `source` vanishes meanwhile."""
+
+  def vanished(error: OSError) -> None:
+    raise error
+
+  for directory, _, names in os.walk(source, onerror=vanished):
+    into = os.path.join(target, os.path.relpath(directory, source))
+    os.makedirs(into, exist_ok=True)
+    for name in names:
+      try:
+        os.link(os.path.join(directory, name), os.path.join(into, name))
+      except FileNotFoundError:
+        raise
+      except OSError:
+        shutil.copy2(os.path.join(directory, name), os.path.join(into, name))
 
 
 # Comparing variables by shape.
@@ -325,20 +398,90 @@ class Workdir:
     read whole, whatever mesh, device count or process count wrote them, never passing through a
     device (for teachers, fine-tuning, evaluation and analysis, which need no optimizer).
     """
+    holder = live_holder(self.path) if self._keep is None else None  # A RunWriter reads its own.
+    read = lambda s: self._restore(s, like)['state']
+    if holder is not None:
+      read = lambda s: self._read_pinned(s, like)
+    for _ in range(PIN_ATTEMPTS if holder is not None else 1):
+      try:
+        found = self._read_step(step, read)
+      except _Vanished:
+        self.manager.reload()
+        continue
+      if holder is not None:
+        logging.warning(
+            '%s is being trained (pid %s on host %s); reading its checkpoint at step %d, '
+            'pinned against retention.',
+            self.path,
+            holder.get('pid', '?'),
+            holder.get('host', '?'),
+            found[0],
+        )
+      return found[1]
+    raise ValueError(
+        f'{self.path!r} is being trained (pid {holder.get("pid", "?")} on host '
+        f'{holder.get("host", "?")}), and its retention deleted each of {PIN_ATTEMPTS} checkpoints '
+        'while they were being pinned; read it again, or once it has finished.'
+    )
+
+  def _read_step(self, step: int | None, read: Callable[[int], Any]) -> tuple[int, Any]:
+    """(step, read(step)) at `step`, or without one at the newest step that `read` can read."""
     if step is not None:
       if step not in self.steps():
         raise ValueError(f'No checkpoint at step {step} in {self.path!r}; steps: {self.steps()}.')
       try:
-        return self._restore(step, like)['state']
+        return step, read(step)
+      except _Vanished:
+        raise
       except Exception as e:  # Orbax, tensorstore, json: many kinds. pylint: disable=broad-except
         raise ValueError(
             f'The checkpoint of step {step} in {self.path!r} cannot be read '
             f'({_reason(e)}); it may be truncated or corrupt.'
         ) from e
-    found = self._newest_readable(lambda s: self._restore(s, like)['state'])
+    found = self._newest_readable(read)
     if found is None:
       raise ValueError(f'{self.path!r} holds no readable checkpoint (steps {self.steps()}).')
-    return found[1]
+    return found
+
+  def _read_pinned(self, step: int, like: Any = None) -> Any:
+    """The training state at `step`, read from a pin of its files (`pin`); _Vanished when the
+    live run's retention deletes the step while it is being pinned."""
+    source = str(self.file(CHECKPOINT_DIR) / str(step))
+    with self.pin(step) as pinned:
+      try:
+        return pinned._restore(step, like)['state']  # pylint: disable=protected-access
+      except Exception:  # pylint: disable=broad-except
+        pinned_names = _file_names(str(pinned.file(CHECKPOINT_DIR) / str(step)))
+        for _ in range(10):  # Retention deletes a step's files, then its directory.
+          if not os.path.isdir(source) or _file_names(source) != pinned_names:
+            raise _Vanished(step) from None
+          time.sleep(0.1)
+        raise
+      finally:
+        if pinned._manager is not None:  # pylint: disable=protected-access
+          pinned._manager.close()  # pylint: disable=protected-access
+
+  @contextlib.contextmanager
+  def pin(self, step: int) -> Iterator['Workdir']:
+    """A read-only `Workdir` holding checkpoint `step` as hard links to its files (copies where
+    links are refused), in WORKDIR/.pin-*/ (or, where the work directory refuses it, the system's
+    temporary directory), removed when the block ends: the run's retention cannot delete what
+    it reads. _Vanished when the step is deleted while it is being pinned."""
+    try:
+      root = tempfile.mkdtemp(prefix=PIN_PREFIX, dir=str(self.file('')))
+    except OSError:
+      root = tempfile.mkdtemp(prefix=f'vit_jax{PIN_PREFIX}')
+    try:
+      try:
+        _link_tree(
+            str(self.file(CHECKPOINT_DIR) / str(step)),
+            os.path.join(root, CHECKPOINT_DIR, str(step)),
+        )
+      except FileNotFoundError:
+        raise _Vanished(step) from None
+      yield Workdir(root)
+    finally:
+      shutil.rmtree(root, ignore_errors=True)
 
   def read_variables(
       self, step: int | None = None, *, use_ema: bool = True, unrolled: bool = False
@@ -381,8 +524,30 @@ class Workdir:
   # Small results beside the run.
 
   def write_results(self, results: Mapping[str, Any]) -> str:
-    """Replaces results.json (process 0 writes; read it with `results`); its path."""
-    return self.write_json(RESULTS_FILE, results)
+    """Merges `results` into results.json (process 0 writes; read it with `results`); its path.
+
+    Under an exclusive lock of WORKDIR/results.lock, read, merged and atomically replaced: the
+    run's final metrics and those of `vit_jax.evaluate` beside it are both kept, in either order.
+    """
+    path = self.file(RESULTS_FILE)
+    if jax.process_index() != 0:
+      return str(path)
+    if '://' in self.path:  # Object stores have no locks.
+      return self.write_json(RESULTS_FILE, {**self.results(), **results})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(self.file(RESULTS_LOCK_FILE), 'a', encoding='utf-8') as lock:
+      fcntl.flock(lock, fcntl.LOCK_EX)
+      merged = {**self.results(), **results}
+      handle, temporary = tempfile.mkstemp(dir=str(path.parent), prefix=f'.{RESULTS_FILE}.')
+      try:
+        with os.fdopen(handle, 'w', encoding='utf-8') as f:
+          f.write(json.dumps(merged, indent=1))
+        os.chmod(temporary, 0o644)  # As a plain write leaves it, not mkstemp's 0o600.
+        os.replace(temporary, path)
+      except BaseException:
+        os.remove(temporary)
+        raise
+    return str(path)
 
   def write_json(self, name: str, data: Mapping[str, Any]) -> str:
     """Writes `data` as JSON to `name` inside the work directory (process 0 writes); its path."""
@@ -451,7 +616,7 @@ class Workdir:
     for step in reversed(self.steps()):
       try:
         return step, read(step)
-      except IncompatibleLayout:
+      except (IncompatibleLayout, _Vanished):
         raise
       except Exception as e:  # Orbax, tensorstore, json: many kinds. pylint: disable=broad-except
         reason = _reason(e)

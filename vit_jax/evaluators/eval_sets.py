@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from vit_jax.data import dataset_names as datasets
 from vit_jax.data import eval_set_names
 from vit_jax.data import imagenet
 from vit_jax.data import input_pipeline
@@ -169,12 +170,49 @@ def parse_all(
   return tuple(EvalSet(**dataclasses.asdict(name)) for name in names)
 
 
+def _named(dataset: str, names: Sequence[str]) -> bool:
+  """Whether `names` are a dataset's own class names, not TFDS's indices of unnamed labels."""
+  return (
+      dataset == datasets.DIGITS
+      or dataset.startswith(datasets.FOLDER_PREFIX)
+      or tuple(names) != tuple(str(i) for i in range(len(names)))
+  )
+
+
+def class_difference(model: Sequence[str], found: Sequence[str]) -> str | None:
+  """How the class names `found` (an eval set's, by label index) differ from the `model`'s, in
+  words; None where they are the same in the same order, so that scoring by index is right."""
+  model, found = tuple(model), tuple(found)
+  if model == found:
+    return None
+  shown = lambda names: ', '.join(names[:8]) + (
+      f', … ({len(names) - 8} more)' if len(names) > 8 else ''
+  )
+  if sorted(model) == sorted(found):
+    index = next(i for i, (a, b) in enumerate(zip(model, found)) if a != b)
+    return (
+        f'the same {len(model)} classes in another order (index {index}: {found[index]!r} there, '
+        f'{model[index]!r} in the model)'
+    )
+  only_set = [n for n in found if n not in set(model)]
+  only_model = [n for n in model if n not in set(found)]
+  return (
+      f'classes {shown(only_set) or "none"} there are not the model\'s, which has '
+      f'{shown(only_model) or "none"} instead'
+  )
+
+
 def checked(
-    specs: Sequence[str], data: data_settings.DataSettings, *, num_classes: int
+    specs: Sequence[str],
+    data: data_settings.DataSettings,
+    *,
+    num_classes: int,
+    class_names: Sequence[str] | None = None,
 ) -> tuple[EvalSet, ...]:
   """The sets of `specs` (a run's `eval_sets`) beside the run reading `data`, each checked
-  against its data before anything compiles: the dataset and split exist and its labels are
-  `num_classes` classes."""
+  against its data before anything compiles: the dataset and split exist, its labels are
+  `num_classes` classes and, given the `class_names` of the run's dataset, where both sides name
+  their classes, the same names in the same order (a set is scored by label index)."""
   try:
     eval_sets = parse_all(specs, dataset=data.dataset, eval_split=data.eval_split)
   except ValueError as e:
@@ -192,6 +230,22 @@ def checked(
           f'eval_sets: {eval_set.name!r} has {classes} classes, but the model '
           f'predicts {num_classes} (of {data.dataset!r}); evaluate it with a model '
           f'of {classes} classes.'
+      )
+    if class_names is None or eval_set.scoring != 'top1' or eval_set.label_key:
+      continue  # The ImageNet sets of `PUBLISHED`, scored by their own labels.
+    names = input_pipeline.get_dataset_info(
+        dataclasses.replace(
+            data, dataset=eval_set.dataset, train_split=eval_set.split, eval_split=eval_set.split
+        )
+    ).class_names
+    difference = None
+    if _named(eval_set.dataset, names) and _named(data.dataset, class_names):
+      difference = class_difference(class_names, names)
+    if difference is not None:
+      raise ValueError(
+          f'eval_sets: {eval_set.name!r} names its classes differently from the model (of '
+          f'{data.dataset!r}), which it would score by label index: {difference}; name its '
+          'class folders as the training classes, or evaluate it with a model trained on them.'
       )
   return eval_sets
 

@@ -87,7 +87,9 @@ def evaluate_weights(
         'weights); --evaluators=fewshot,linear_probe read its features.'
     )
   data = data_settings.DataSettings.from_config(run.config)
-  sets = eval_sets_lib.checked(eval_set_names, data, num_classes=num_classes)
+  # A run's classes are its dataset's; weights' (Hub label names) may be words for the same ones.
+  names = run.class_names if run.step is not None else None
+  sets = eval_sets_lib.checked(eval_set_names, data, num_classes=num_classes, class_names=names)
   mesh_settings = sharding.MeshSettings.from_config(run.config)
   mesh = sharding.make_mesh(mesh_settings.fsdp) if sets else None
   evaluators = list(frozen_evaluators)
@@ -106,7 +108,7 @@ def evaluate_weights(
   for key, value in metrics.items():
     print(f'{key:40s} {value:.4g}')
   out = workdir_lib.Workdir(out_dir)
-  results_file = out.write_results({**out.results(), **metrics})
+  results_file = out.write_results(metrics)  # Merged: the run's own are kept.
   writer = metric_writers.SummaryWriter(out_dir)  # TensorBoard; the lines above are printed.
   writer.write_scalars(run.step or 0, metrics)
   writer.close()

@@ -72,10 +72,11 @@ def _holder() -> dict[str, Any]:
   }
 
 
-def _describe(text: str) -> str:
-  """'pid 123 on host, started 2026-…, command: python -m …' from a lock file's content."""
+def _describe(text: str | dict[str, Any]) -> str:
+  """'pid 123 on host, started 2026-…, command: python -m …' from a lock file's content (or its
+  record, `workdir.live_holder`)."""
   try:
-    holder = json.loads(text)
+    holder = json.loads(text) if isinstance(text, str) else text
     return (
         f'pid {holder["pid"]} on {holder["host"]}, started {holder["started"]}, command: '
         f'{holder["command"]}'
@@ -131,22 +132,13 @@ def lock(workdir: str) -> Iterator[None]:
 def refuse_if_in_use(workdir: str) -> None:
   """Raises WorkdirInUse where another run holds `workdir`'s lock; takes nothing and creates
   nothing, so a run can say so before it reads (and reports on) the work directory's contents."""
-  lock_path = os.path.join(workdir, workdir_lib.LOCK_FILE)
-  if '://' in workdir or not os.path.isfile(lock_path):
-    return
-  try:
-    with open(lock_path, 'r', encoding='utf-8') as f:
-      try:
-        fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
-      except BlockingIOError:
-        raise WorkdirInUse(
-            f'The work directory {workdir!r} is in use by another run: {_describe(f.read())}. '
-            'Wait for it to finish or stop it (SIGTERM saves a checkpoint), or choose another '
-            '--workdir.'
-        ) from None
-      fcntl.flock(f, fcntl.LOCK_UN)
-  except PermissionError:  # Unreadable here: `hold` decides when the run takes it.
-    return
+  holder = workdir_lib.live_holder(workdir)  # None where unreadable: `hold` decides then.
+  if holder is not None:
+    raise WorkdirInUse(
+        f'The work directory {workdir!r} is in use by another run: {_describe(holder)}. '
+        'Wait for it to finish or stop it (SIGTERM saves a checkpoint), or choose another '
+        '--workdir.'
+    )
 
 
 def hold(workdir: str, run_scope: contextlib.ExitStack) -> None:

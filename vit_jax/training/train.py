@@ -130,7 +130,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
 
   # Data.
   info = input_pipeline.get_dataset_info(settings.data)
-  eval_sets = eval_sets_lib.checked(settings.eval_sets, settings.data, num_classes=info.num_classes)
+  eval_sets = eval_sets_lib.checked(
+      settings.eval_sets, settings.data, num_classes=info.num_classes, class_names=info.class_names
+  )
 
   # Model and optimizer.
   total_steps, warmup_steps = optim.training_steps(settings.schedule, info.num_train_examples)

@@ -1,0 +1,333 @@
+"""Side commands beside a live run: pinned checkpoints, results kept by both, eval-set classes.
+
+A reader of a work directory that a live run holds reads a pin of a checkpoint that retention
+cannot delete under it; the run's final results and an evaluation's are both kept in
+results.json; an eval set whose classes the model does not name alike is refused before anything
+compiles. The end-to-end tests start a real training run and read it while it trains.
+"""
+
+import logging as std_logging
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import jax
+from PIL import Image
+import pytest
+
+from tests import tiny_runs
+from tests.tiny_runs import CHECKPOINTED_STEPS as STEPS
+from vit_jax import workdir as workdir_lib
+from vit_jax.evaluators import eval_sets
+from vit_jax.training import run_writer
+from vit_jax.training import train
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _copy(checkpointed_run: str, tmp_path) -> str:
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(checkpointed_run, workdir)
+  return workdir
+
+
+def _pins(workdir: str) -> list[str]:
+  return [name for name in os.listdir(workdir) if name.startswith(workdir_lib.PIN_PREFIX)]
+
+
+def _assert_same_tree(a, b) -> None:
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    assert (x == y).all()
+
+
+# The pin.
+
+
+def test_a_step_deleted_after_pinning_is_still_read_from_the_pin(checkpointed_run, tmp_path):
+  workdir = _copy(checkpointed_run, tmp_path)
+  run = workdir_lib.Workdir(workdir)
+  expected = run.read_state(STEPS[-1])
+  with run.pin(STEPS[-1]) as pinned:
+    shutil.rmtree(os.path.join(workdir, 'checkpoints', str(STEPS[-1])))  # Retention, meanwhile.
+    _assert_same_tree(pinned.read_state(STEPS[-1]), expected)
+  assert not _pins(workdir)  # Removed afterwards.
+
+
+def test_where_links_are_refused_the_pin_is_a_copy(checkpointed_run, tmp_path, monkeypatch):
+  workdir = _copy(checkpointed_run, tmp_path)
+  run = workdir_lib.Workdir(workdir)
+  expected = run.read_state(STEPS[-1])
+
+  def refused(source, target):
+    raise PermissionError(1, 'Operation not permitted', source)
+
+  monkeypatch.setattr(os, 'link', refused)
+  with run.pin(STEPS[-1]) as pinned:
+    shutil.rmtree(os.path.join(workdir, 'checkpoints', str(STEPS[-1])))
+    _assert_same_tree(pinned.read_state(STEPS[-1]), expected)
+  assert not _pins(workdir)
+
+
+def test_a_live_run_is_named_in_one_line_and_read_from_a_pin(checkpointed_run, tmp_path, caplog):
+  workdir = _copy(checkpointed_run, tmp_path)
+  with run_writer.lock(workdir), caplog.at_level(std_logging.WARNING):
+    saved = workdir_lib.Workdir.open(workdir).read_variables()
+  assert saved.step == STEPS[-1]
+  lines = [r.getMessage() for r in caplog.records if 'is being trained' in r.getMessage()]
+  assert lines == [
+      f'{workdir} is being trained (pid {os.getpid()} on host {os.uname().nodename}); reading '
+      f'its checkpoint at step {STEPS[-1]}, pinned against retention.'
+  ]
+  assert not _pins(workdir)
+
+
+def test_a_step_deleted_while_being_pinned_gives_way_to_the_newest(
+    checkpointed_run, tmp_path, monkeypatch, caplog
+):
+  """The run saves step 8 and its retention deletes step 6 while the reader pins step 6: the
+  reader pins step 8 instead."""
+  workdir = _copy(checkpointed_run, tmp_path)
+  run = workdir_lib.Workdir(workdir)
+  expected = run.read_state(STEPS[-1])
+  checkpoints = os.path.join(workdir, 'checkpoints')
+  link_tree = workdir_lib._link_tree  # pylint: disable=protected-access
+  pinned_steps = []
+
+  def retention_meanwhile(source, target):
+    pinned_steps.append(int(os.path.basename(source)))
+    if len(pinned_steps) == 1:
+      os.rename(source, os.path.join(checkpoints, '8'))  # Saved as 8; 6 deleted.
+    link_tree(source, target)
+
+  monkeypatch.setattr(workdir_lib, '_link_tree', retention_meanwhile)
+  with run_writer.lock(workdir), caplog.at_level(std_logging.WARNING):
+    state = workdir_lib.Workdir(workdir).read_state()
+  assert pinned_steps == [STEPS[-1], 8]
+  _assert_same_tree(state, expected)  # Step 8 holds step 6's state, renamed.
+  assert 'reading its checkpoint at step 8, pinned against retention' in caplog.text
+  assert not _pins(workdir)
+
+
+def test_the_commands_reader_of_a_run_reads_a_live_one_from_a_pin(
+    checkpointed_run, tmp_path, caplog
+):
+  """`inference.load_run`: how evaluate, predict and analyze read a run."""
+  from vit_jax.weights import inference  # pylint: disable=g-import-not-at-top
+
+  workdir = _copy(checkpointed_run, tmp_path)
+  with run_writer.lock(workdir), caplog.at_level(std_logging.WARNING):
+    run = inference.load_run(workdir, unroll=True)
+  assert run.step == STEPS[-1]
+  assert caplog.text.count(' is being trained (pid ') == 1
+  assert not _pins(workdir)
+
+
+def test_a_reader_beside_no_live_run_pins_nothing(checkpointed_run, tmp_path, monkeypatch):
+  workdir = _copy(checkpointed_run, tmp_path)
+  monkeypatch.setattr(workdir_lib.Workdir, 'pin', None)  # Would fail if called.
+  with run_writer.lock(workdir):
+    pass  # A finished run's lock: released.
+  assert workdir_lib.Workdir(workdir).read_variables().step == STEPS[-1]
+
+
+# results.json: merged by every writer.
+
+
+RUN_RESULTS = {'step': 400, 'accuracy': 0.9, 'loss': 0.3}
+EVALUATION = {'digits/accuracy': 0.8, 'digits/count': 100}
+
+
+@pytest.mark.parametrize('run_first', [True, False])
+def test_the_runs_results_and_an_evaluations_are_both_kept(tmp_path, run_first):
+  out = workdir_lib.Workdir(str(tmp_path))
+  writes = [RUN_RESULTS, EVALUATION] if run_first else [EVALUATION, RUN_RESULTS]
+  for results in writes:
+    out.write_results(results)
+  assert workdir_lib.Workdir(str(tmp_path)).results() == {**RUN_RESULTS, **EVALUATION}
+
+
+def test_concurrent_writers_of_results_lose_nothing(tmp_path):
+  writers = [
+      threading.Thread(
+          target=lambda i=i: workdir_lib.Workdir(str(tmp_path)).write_results({f'w{i}': i})
+      )
+      for i in range(16)
+  ]
+  for writer in writers:
+    writer.start()
+  for writer in writers:
+    writer.join()
+  assert workdir_lib.Workdir(str(tmp_path)).results() == {f'w{i}': i for i in range(16)}
+
+
+# Eval sets whose classes differ from the model's.
+
+
+def test_the_same_classes_in_another_order_are_named():
+  assert eval_sets.class_difference(('a', 'b', 'c'), ('a', 'b', 'c')) is None
+  assert eval_sets.class_difference(('a', 'b', 'c'), ('a', 'c', 'b')) == (
+      "the same 3 classes in another order (index 1: 'c' there, 'b' in the model)"
+  )
+  assert eval_sets.class_difference(('0', '1'), ('0', 'one')) == (
+      "classes one there are not the model's, which has 1 instead"
+  )
+
+
+def _digit_folder(root, names) -> str:
+  for split in ('train', 'test'):
+    for name in names:
+      (root / split / name).mkdir(parents=True)
+      Image.new('RGB', (8, 8), (int(name.encode()[0]) % 256, 0, 0)).save(
+          root / split / name / '0.png'
+      )
+  return str(root)
+
+
+def test_an_eval_set_with_other_class_names_is_refused_before_anything_compiles(
+    data_dir, tmp_path, monkeypatch
+):
+  names = ['zero', 'one', 'two', 'three', 'four', 'five', 'six', 'seven', 'eight', 'nine']
+  images = _digit_folder(tmp_path / 'images', names)
+
+  def compile_steps(*args, **kwargs):
+    raise AssertionError('compiled an evaluation of a set scored by index')
+
+  monkeypatch.setattr(eval_sets, 'compile_steps', compile_steps)
+  monkeypatch.setattr(jax, 'jit', compile_steps)
+  config = tiny_runs.tiny_config(data_dir, eval_sets=(f'folder:{images}:test',))
+  with pytest.raises(ValueError) as refusal:
+    train.train_and_evaluate(config, str(tmp_path / 'run'))
+  message = str(refusal.value)
+  assert '\n' not in message
+  assert f"'folder:{images}:test' names its classes differently" in message
+  assert 'classes eight, five, four, nine, one, seven, six, three, … (2 more) there' in message
+  assert 'which has 0, 1, 2, 3, 4, 5, 6, 7, … (2 more) instead' in message
+  assert not os.path.exists(tmp_path / 'run')
+
+
+def test_an_eval_set_with_the_models_class_names_is_accepted(data_dir, tmp_path):
+  images = _digit_folder(tmp_path / 'images', [str(i) for i in range(10)])
+  settings = train.Settings.from_config(
+      tiny_runs.tiny_config(data_dir, eval_sets=(f'folder:{images}:test',))
+  )
+  names = tuple(str(i) for i in range(10))
+  (checked,) = eval_sets.checked(
+      settings.eval_sets, settings.data, num_classes=10, class_names=names
+  )
+  assert checked.dataset == f'folder:{images}'
+
+
+def test_weights_names_for_classes_are_not_compared(data_dir, tmp_path):
+  """Weights name their classes in their own words (Hub label names), not as datasets do."""
+  images = _digit_folder(tmp_path / 'images', [f'digit {i}' for i in range(10)])
+  settings = train.Settings.from_config(
+      tiny_runs.tiny_config(data_dir, eval_sets=(f'folder:{images}:test',))
+  )
+  assert eval_sets.checked(settings.eval_sets, settings.data, num_classes=10)
+
+
+# Beside a real training run.
+
+
+def _start_training(workdir: str, data_dir: str, *flags: str) -> subprocess.Popen:
+  """`vit_jax.main` on the digits with a tiny ViT, checkpointing every 5 steps, 1 kept."""
+  return subprocess.Popen(
+      [
+          sys.executable,
+          '-m',
+          'vit_jax.main',
+          '--config=configs/vit.py',
+          f'--workdir={workdir}',
+          f'--config.data_dir={data_dir}',
+          '--config.total_steps=400',
+          '--config.checkpoint_every=5',
+          '--config.keep_checkpoints=1',
+          '--config.log_every=50',
+          '--config.model.depth=1',
+          '--config.model.hidden_size=16',
+          '--config.model.num_heads=1',
+          '--config.model.mlp_dim=16',
+          '--config.batch_size=16',
+          *flags,
+      ],
+      cwd=REPO,
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.PIPE,
+      text=True,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'),
+  )
+
+
+def _wait_for_a_checkpoint(training: subprocess.Popen, workdir: str) -> None:
+  checkpoints = os.path.join(workdir, 'checkpoints')
+  deadline = time.monotonic() + 300
+  while not (os.path.isdir(checkpoints) and any(n.isdigit() for n in os.listdir(checkpoints))):
+    assert training.poll() is None, training.communicate()[1][-3000:]
+    assert time.monotonic() < deadline, 'no checkpoint within 300 s'
+    time.sleep(0.2)
+
+
+def _command(name: str, *flags: str) -> subprocess.CompletedProcess:
+  return subprocess.run(
+      [sys.executable, '-m', f'vit_jax.{name}', *flags],
+      cwd=REPO,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'),
+      capture_output=True,
+      text=True,
+      timeout=300,
+      check=False,
+  )
+
+
+def _finish(training: subprocess.Popen) -> None:
+  _, log = training.communicate(timeout=600)
+  assert training.returncode == 0, log[-3000:]
+
+
+@pytest.mark.e2e
+def test_evaluate_during_a_run_keeps_its_results_beside_the_runs(data_dir, tmp_path):
+  workdir = str(tmp_path / 'run')
+  training = _start_training(workdir, data_dir)
+  try:
+    _wait_for_a_checkpoint(training, workdir)
+    evaluation = _command('evaluate', f'--workdir={workdir}', '--eval_sets=digits:test[:64]')
+    assert training.poll() is None, 'the run finished before the evaluation: make it longer'
+  finally:
+    _finish(training)
+  assert evaluation.returncode == 0, evaluation.stderr[-3000:]
+  live = [line for line in evaluation.stderr.splitlines() if 'is being trained' in line]
+  assert len(live) == 1 and 'pinned against retention' in live[0], evaluation.stderr[-3000:]
+  results = workdir_lib.Workdir(workdir).results()
+  assert results['step'] == 400 and 0 <= results['test_accuracy'] <= 1  # The run's final write.
+  assert 0 <= results['digits:test[:64]/accuracy'] <= 1  # The evaluation's, kept.
+  assert results['digits:test[:64]/count'] == 64
+
+
+@pytest.mark.e2e
+def test_export_during_a_run_with_one_checkpoint_kept_exports_a_whole_one(data_dir, tmp_path):
+  from safetensors import numpy as safetensors_numpy  # pylint: disable=g-import-not-at-top
+
+  workdir = str(tmp_path / 'run')
+  out = str(tmp_path / 'run.safetensors')
+  training = _start_training(workdir, data_dir)
+  try:
+    _wait_for_a_checkpoint(training, workdir)
+    export = _command('export', f'--workdir={workdir}', f'--out={out}')
+    assert training.poll() is None, 'the run finished before the export: make it longer'
+  finally:
+    _finish(training)
+  assert export.returncode == 0, export.stderr[-3000:]
+  live = [line for line in export.stderr.splitlines() if 'is being trained' in line]
+  assert len(live) == 1, export.stderr[-3000:]
+  step = int(live[0].split('at step ')[1].split(',')[0])
+  assert f'(step {step},' in export.stdout
+  # The export holds a whole checkpoint: the tensors that the finished run exports, same shapes.
+  final = str(tmp_path / 'final.safetensors')
+  assert _command('export', f'--workdir={workdir}', f'--out={final}').returncode == 0
+  exported, whole = safetensors_numpy.load_file(out), safetensors_numpy.load_file(final)
+  assert {k: v.shape for k, v in exported.items()} == {k: v.shape for k, v in whole.items()}
+  assert not _pins(workdir)
