@@ -232,7 +232,7 @@ def checked(
           f'of {classes} classes.'
       )
     if class_names is None or eval_set.scoring != 'top1' or eval_set.label_key:
-      continue  # The ImageNet sets of `PUBLISHED`, scored by their own labels.
+      continue  # The ImageNet sets of `eval_set_names.PUBLISHED`, scored by their own labels.
     names = input_pipeline.get_dataset_info(
         dataclasses.replace(
             data, dataset=eval_set.dataset, train_split=eval_set.split, eval_split=eval_set.split
