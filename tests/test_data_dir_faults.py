@@ -10,7 +10,6 @@ import contextlib
 import os
 import shutil
 import subprocess
-import sys
 import types
 
 import numpy as np
@@ -20,6 +19,7 @@ import tensorflow_datasets as tfds
 
 from tests.test_output_paths import full  # pylint: disable=unused-import
 from tests.test_output_paths import read_only  # pylint: disable=unused-import
+from tests import tiny_runs
 from tests.tiny_runs import mounted_tmpfs
 from vit_jax.data import convert
 from vit_jax.data import digits
@@ -210,15 +210,7 @@ def test_a_tfds_dataset_with_a_file_gone_is_refused_naming_it(tmp_path):
 
 def _run(command: str, *flags: str) -> str:
   """The last line of stderr of `python -m vit_jax.<command>`, which must fail in one line."""
-  done = subprocess.run(
-      [sys.executable, '-m', f'vit_jax.{command}', *flags],
-      cwd=REPO,
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'),
-      capture_output=True,
-      text=True,
-      timeout=300,
-      check=False,
-  )
+  done = tiny_runs.run_command(command, *flags, timeout=300)
   assert done.returncode == 1, done.stderr[-2000:]
   assert 'Traceback' not in done.stderr, done.stderr[-2000:]
   return done.stderr.strip().splitlines()[-1]

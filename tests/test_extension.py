@@ -28,6 +28,8 @@ from vit_jax.models import stems
 from vit_jax.training import optim
 from vit_jax.training import train
 
+from tests import tiny_runs
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The user's module: what the README shows, written outside vit_jax by each test.
@@ -303,16 +305,8 @@ def test_a_new_attention_kind_trains_and_is_analysed(extension, data_dir, tmp_pa
 
 
 def _command(module: str, *args: str) -> subprocess.CompletedProcess:
-  """`python -m vit_jax.MODULE ARGS` as a user runs it, from the repository, in its own process."""
-  result = subprocess.run(
-      [sys.executable, '-m', f'vit_jax.{module}', *args],
-      cwd=REPO,
-      env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL='2'),
-      capture_output=True,
-      text=True,
-      timeout=600,
-      check=False,
-  )
+  """`python -m vit_jax.MODULE ARGS` as a user runs it, which must succeed."""
+  result = tiny_runs.run_command(module, *args)
   assert result.returncode == 0, f'{module}: {result.stderr[-3000:]}'
   return result
 

@@ -271,18 +271,6 @@ def _wait_for_a_checkpoint(training: subprocess.Popen, workdir: str) -> None:
     time.sleep(0.2)
 
 
-def _command(name: str, *flags: str) -> subprocess.CompletedProcess:
-  return subprocess.run(
-      [sys.executable, '-m', f'vit_jax.{name}', *flags],
-      cwd=REPO,
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'),
-      capture_output=True,
-      text=True,
-      timeout=300,
-      check=False,
-  )
-
-
 def _finish(training: subprocess.Popen) -> None:
   _, log = training.communicate(timeout=600)
   assert training.returncode == 0, log[-3000:]
@@ -294,7 +282,9 @@ def test_evaluate_during_a_run_keeps_its_results_beside_the_runs(data_dir, tmp_p
   training = _start_training(workdir, data_dir)
   try:
     _wait_for_a_checkpoint(training, workdir)
-    evaluation = _command('evaluate', f'--workdir={workdir}', '--eval_sets=digits:test[:64]')
+    evaluation = tiny_runs.run_command(
+        'evaluate', f'--workdir={workdir}', '--eval_sets=digits:test[:64]'
+    )
     assert training.poll() is None, 'the run finished before the evaluation: make it longer'
   finally:
     _finish(training)
@@ -316,7 +306,7 @@ def test_export_during_a_run_with_one_checkpoint_kept_exports_a_whole_one(data_d
   training = _start_training(workdir, data_dir)
   try:
     _wait_for_a_checkpoint(training, workdir)
-    export = _command('export', f'--workdir={workdir}', f'--out={out}')
+    export = tiny_runs.run_command('export', f'--workdir={workdir}', f'--out={out}')
     assert training.poll() is None, 'the run finished before the export: make it longer'
   finally:
     _finish(training)
@@ -327,7 +317,7 @@ def test_export_during_a_run_with_one_checkpoint_kept_exports_a_whole_one(data_d
   assert f'(step {step},' in export.stdout
   # The export holds a whole checkpoint: the tensors that the finished run exports, same shapes.
   final = str(tmp_path / 'final.safetensors')
-  assert _command('export', f'--workdir={workdir}', f'--out={final}').returncode == 0
+  assert tiny_runs.run_command('export', f'--workdir={workdir}', f'--out={final}').returncode == 0
   exported, whole = safetensors_numpy.load_file(out), safetensors_numpy.load_file(final)
   assert {k: v.shape for k, v in exported.items()} == {k: v.shape for k, v in whole.items()}
   assert not _pins(workdir)

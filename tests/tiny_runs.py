@@ -107,6 +107,20 @@ def _user_environment() -> dict[str, str]:
   )
 
 
+def run_command(name: str, *flags: str, timeout: int = 600) -> subprocess.CompletedProcess:
+  """`python -m vit_jax.NAME FLAGS` as a user runs it, from the repository, in its own process
+  (its output captured, its exit code not checked)."""
+  return subprocess.run(
+      [sys.executable, '-m', f'vit_jax.{name}', *flags],
+      cwd=REPO,
+      env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL='2'),
+      capture_output=True,
+      text=True,
+      timeout=timeout,
+      check=False,
+  )
+
+
 def train_as_a_user(config_file: str, workdir: str, *flags: str) -> dict:
   """Runs `python -m vit_jax.main` as a user runs it, in its own process (`_user_environment`);
   returns its results.json."""
