@@ -148,6 +148,19 @@ def writing(path: str, needs: str) -> Iterator[None]:
     raise refusal from None
 
 
+@contextlib.contextmanager
+def replaced_whole(path: str) -> Iterator[str]:
+  """A partial file beside `path` to write; it replaces `path` when the block ends well and is
+  removed otherwise: `path` is written whole or not at all."""
+  partial = os.path.join(os.path.dirname(path), f'.{os.path.basename(path)}.partial')
+  try:
+    yield partial
+    os.replace(partial, path)
+  finally:
+    if os.path.exists(partial):
+      os.remove(partial)
+
+
 def _existing_parent(path: str) -> str:
   path = os.path.abspath(path)
   while not os.path.exists(path) and os.path.dirname(path) != path:
@@ -538,15 +551,9 @@ class Workdir:
     with open(self.file(RESULTS_LOCK_FILE), 'a', encoding='utf-8') as lock:
       fcntl.flock(lock, fcntl.LOCK_EX)
       merged = {**self.results(), **results}
-      handle, temporary = tempfile.mkstemp(dir=str(path.parent), prefix=f'.{RESULTS_FILE}.')
-      try:
-        with os.fdopen(handle, 'w', encoding='utf-8') as f:
+      with replaced_whole(str(path)) as partial:
+        with open(partial, 'w', encoding='utf-8') as f:
           f.write(json.dumps(merged, indent=1))
-        os.chmod(temporary, 0o644)  # As a plain write leaves it, not mkstemp's 0o600.
-        os.replace(temporary, path)
-      except BaseException:
-        os.remove(temporary)
-        raise
     return str(path)
 
   def write_json(self, name: str, data: Mapping[str, Any]) -> str:

@@ -373,14 +373,9 @@ def export_timm(variables: Mapping[str, Any], model: nn.Module, path: str) -> li
     if value.dtype == ml_dtypes.bfloat16:  # timm's models hold float32 parameters.
       value = value.astype(np.float32)
     tensors[key] = np.ascontiguousarray(value)
-  directory = os.path.dirname(os.path.abspath(path))
-  partial = os.path.join(directory, f'.{os.path.basename(path)}.partial')
+  target = os.path.abspath(path)
   with workdir_lib.writing(path, EXPORT_ROOM):
-    try:
-      os.makedirs(directory, exist_ok=True)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    with workdir_lib.replaced_whole(target) as partial:
       safetensors_numpy.save_file(tensors, partial, metadata={'format': 'pt'})
-      os.replace(partial, path)  # Whole or not at all: a failed write leaves no partial file.
-    finally:
-      if os.path.exists(partial):
-        os.remove(partial)
   return sorted(tensors)
