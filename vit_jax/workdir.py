@@ -129,7 +129,7 @@ def unwritable(error: BaseException, path: str, needs: str) -> Unwritable | None
   why = _REFUSALS[code]
   if code in (errno.ENOSPC, errno.EDQUOT):
     try:
-      usage = shutil.disk_usage(_existing_parent(path))
+      usage = shutil.disk_usage(existing_parent(path))
       why += f' ({size_words(usage.free)} free of {size_words(usage.total)})'
     except OSError:
       pass
@@ -161,7 +161,8 @@ def replaced_whole(path: str) -> Iterator[str]:
       os.remove(partial)
 
 
-def _existing_parent(path: str) -> str:
+def existing_parent(path: str) -> str:
+  """`path` made absolute, or its nearest ancestor that exists."""
   path = os.path.abspath(path)
   while not os.path.exists(path) and os.path.dirname(path) != path:
     path = os.path.dirname(path)
@@ -177,7 +178,7 @@ def check_writable(path: str, needs: str, *, directory: bool) -> None:
     raise Unwritable(f'cannot write {path}: it is a directory, not a file; it needs {needs}.')
   if os.path.exists(path) and not os.path.isdir(path) and directory:
     raise Unwritable(f'cannot write {path}: it is a file, not a directory; it needs {needs}.')
-  parent = _existing_parent(os.path.dirname(os.path.abspath(path)) if not directory else path)
+  parent = existing_parent(os.path.dirname(os.path.abspath(path)) if not directory else path)
   if not os.path.isdir(parent):
     raise Unwritable(f'cannot write {path}: {parent} is a file, not a directory; it needs {needs}.')
   try:

@@ -27,9 +27,8 @@ def check_location(data_dir: str | None) -> None:
   if not given or '://' in given:
     return
   named = f'data_dir={given}' if data_dir else f'{TFDS_DATA_DIR}={given}'
-  path = existing = os.path.abspath(os.path.expanduser(given))
-  while not os.path.exists(existing) and os.path.dirname(existing) != existing:
-    existing = os.path.dirname(existing)
+  path = os.path.abspath(os.path.expanduser(given))
+  existing = workdir_lib.existing_parent(path)
   if os.path.isdir(existing):
     return
   why = 'is a file, not a directory' if existing == path else f'lies under the file {existing}'
