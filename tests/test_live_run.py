@@ -112,6 +112,45 @@ def test_a_step_deleted_while_being_pinned_gives_way_to_the_newest(
   assert not _pins(workdir)
 
 
+def test_a_step_deleted_while_orbax_lists_the_steps_is_listed_again(
+    checkpointed_run, tmp_path, monkeypatch
+):
+  """Retention deletes the oldest step after orbax has listed it, as orbax looks inside it."""
+  workdir = _copy(checkpointed_run, tmp_path)
+  oldest = os.path.join(os.path.abspath(workdir), 'checkpoints', str(STEPS[0]))
+  stat = os.stat
+  deleted = []
+
+  def retention_meanwhile(path, *args, **kwargs):
+    if str(path).startswith(oldest + os.sep) and not deleted:
+      deleted.append(path)
+      monkeypatch.setattr(os, 'stat', stat)  # rmtree stats too.
+      shutil.rmtree(oldest)
+    return stat(path, *args, **kwargs)
+
+  monkeypatch.setattr(os, 'stat', retention_meanwhile)
+  with run_writer.lock(workdir):
+    run = workdir_lib.Workdir.open(workdir)
+    assert deleted and run.steps() == list(STEPS[1:])
+    _assert_same_tree(run.read_state(), workdir_lib.Workdir(checkpointed_run).read_state())
+
+
+def test_checkpoints_changing_under_every_listing_are_one_clear_error(
+    checkpointed_run, tmp_path, monkeypatch
+):
+  workdir = _copy(checkpointed_run, tmp_path)
+  listings = []
+
+  def retention_meanwhile(directory, **unused_kwargs):
+    listings.append(directory)
+    raise FileNotFoundError(2, 'No such file or directory', f'{directory}/{len(listings)}')
+
+  monkeypatch.setattr(workdir_lib.ocp, 'CheckpointManager', retention_meanwhile)
+  with pytest.raises(ValueError, match='changed under each of 5 listings'):
+    workdir_lib.Workdir(workdir).steps()
+  assert len(listings) == workdir_lib.PIN_ATTEMPTS
+
+
 def test_the_commands_reader_of_a_run_reads_a_live_one_from_a_pin(
     checkpointed_run, tmp_path, caplog
 ):

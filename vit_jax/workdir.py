@@ -26,7 +26,8 @@ writes here (`write_results`, `write_json`, `analysis_dir`) are written through 
 Beside a live run (`live_holder`: a process holds its lock), a reader says so in one line and reads
 a pinned checkpoint: the step's files hard-linked (copied where links are refused) into a
 temporary directory, so that the run's retention cannot delete them mid-read; a step deleted while
-it is being pinned gives way to the newest one. Every writer of results.json merges its metrics
+it is being pinned gives way to the newest one, and one deleted while orbax lists the steps is
+listed again. Every writer of results.json merges its metrics
 into it under a file lock, so that the run's final metrics and an evaluation's are both kept, in
 either order.
 
@@ -420,7 +421,7 @@ class Workdir:
       try:
         found = self._read_step(step, read)
       except _Vanished:
-        self.manager.reload()
+        self._listed(self.manager.reload)
         continue
       if holder is not None:
         logging.warning(
@@ -585,15 +586,31 @@ class Workdir:
           read_only=read_only,
           cleanup_tmp_directories=not read_only,
       )  # A killed or refused save's partial one.
-      self._manager = ocp.CheckpointManager(
-          self.file(CHECKPOINT_DIR),
-          options=options,
-          item_handlers={
-              'state': ocp.StandardCheckpointHandler(),
-              'meta': ocp.JsonCheckpointHandler(),
-          },
+      self._manager = self._listed(
+          lambda: ocp.CheckpointManager(
+              self.file(CHECKPOINT_DIR),
+              options=options,
+              item_handlers={
+                  'state': ocp.StandardCheckpointHandler(),
+                  'meta': ocp.JsonCheckpointHandler(),
+              },
+          )
       )
     return self._manager
+
+  def _listed(self, list_steps: Callable[[], Any]) -> Any:
+    """list_steps() (orbax listing the steps, then reading each one's time), listed again when a
+    live run's retention deletes a listed step before its time is read."""
+    for _ in range(PIN_ATTEMPTS):
+      try:
+        return list_steps()
+      except FileNotFoundError:
+        if not self.file(CHECKPOINT_DIR).is_dir():
+          raise
+    raise ValueError(
+        f'The checkpoints of {self.path!r} changed under each of {PIN_ATTEMPTS} listings '
+        '(a live run saving and deleting them); read it again, or once it has finished.'
+    )
 
   def _restore(self, step: int, like: Any = None, *, state: bool = True) -> Any:
     """The one reader: step `step`'s items, {'meta'[, 'state']}.
