@@ -5,6 +5,8 @@ error when the weights are neither cached nor downloadable."""
 import json
 import os
 import pathlib
+import re
+import shutil
 import subprocess
 import sys
 
@@ -220,6 +222,18 @@ def test_empty_cache_offline_fails_naming_the_weights_and_the_cache(hub_cache):
     message = str(raised.value)
     assert message.startswith(f'Cannot get {name}: neither downloaded (HF_HUB_OFFLINE is set')
     assert hub.cache_dir() in message and 'Traceback' not in message
+
+
+def test_a_cache_under_a_file_is_named_as_a_file(hub_cache):
+  del hub_cache
+  home = os.path.dirname(hub.cache_dir())
+  shutil.rmtree(home)
+  with open(home, 'w') as f:
+    f.write('not a folder')
+  with pytest.raises(
+      ValueError, match=f'{re.escape(home)} is a file, where the cache needs a folder'
+  ):
+    hub.resolve('hf-hub:timm/deit_small_patch16_224.fb_in1k')
 
 
 def test_predict_reads_model_preprocessing_and_labels_from_the_hub(hub_cache, timm_model, tmp_path):

@@ -15,6 +15,7 @@ LAYERS = (
         'foundations',
         (
             'vit_jax.runtime',
+            'vit_jax.exits',
             'vit_jax.extensions',
             'vit_jax.data.dataset_names',
             'vit_jax.data.normalization',

@@ -6,6 +6,8 @@ results.json; an eval set whose classes the model does not name alike is refused
 compiles. The end-to-end tests start a real training run and read it while it trains.
 """
 
+import contextlib
+import fcntl
 import logging as std_logging
 import os
 import shutil
@@ -173,26 +175,103 @@ def test_a_reader_beside_no_live_run_pins_nothing(checkpointed_run, tmp_path, mo
   assert workdir_lib.Workdir(workdir).read_variables().step == STEPS[-1]
 
 
+def _abandoned_pin(workdir: str, name: str) -> str:
+  """A pin as a killed reader leaves it: its files, its lock file, the lock free."""
+  pin_dir = os.path.join(workdir, workdir_lib.PIN_PREFIX + name)
+  shutil.copytree(os.path.join(workdir, 'checkpoints'), os.path.join(pin_dir, 'checkpoints'))
+  open(os.path.join(pin_dir, workdir_lib.PIN_LOCK_FILE), 'w').close()
+  return pin_dir
+
+
+def test_a_readers_pin_removes_the_pins_of_killed_readers_and_keeps_those_in_use(
+    checkpointed_run, tmp_path
+):
+  workdir = _copy(checkpointed_run, tmp_path)
+  _abandoned_pin(workdir, 'killed')
+  in_use = _abandoned_pin(workdir, 'reading')
+  made_now = os.path.join(workdir, workdir_lib.PIN_PREFIX + 'no-lock-yet')
+  os.makedirs(made_now)
+  with open(os.path.join(in_use, workdir_lib.PIN_LOCK_FILE)) as held:
+    fcntl.flock(held, fcntl.LOCK_EX)  # Another reader's, as flock sees it.
+    run = workdir_lib.Workdir(workdir)
+    with run.pin(STEPS[-1]) as pinned:
+      assert sorted(_pins(workdir)) == sorted(
+          [os.path.basename(in_use), os.path.basename(made_now), os.path.basename(pinned.path)]
+      )
+  assert sorted(_pins(workdir)) == sorted([os.path.basename(in_use), os.path.basename(made_now)])
+
+
+def test_a_run_starting_removes_the_pins_of_killed_readers(checkpointed_run, tmp_path):
+  workdir = _copy(checkpointed_run, tmp_path)
+  _abandoned_pin(workdir, 'killed')
+  config = workdir_lib.Workdir(workdir).config()
+  with contextlib.ExitStack() as run_scope:
+    run_writer.RunWriter(workdir).start(config, run_scope)
+    assert not _pins(workdir)
+
+
+@pytest.mark.e2e
+def test_a_reader_killed_mid_read_leaves_a_pin_that_the_next_reader_removes(
+    checkpointed_run, tmp_path
+):
+  workdir = _copy(checkpointed_run, tmp_path)
+  reader = subprocess.Popen(
+      [
+          sys.executable,
+          '-c',
+          'import time\n'
+          'from vit_jax import workdir\n'
+          f'with workdir.Workdir({workdir!r}).pin({STEPS[-1]}):\n'
+          '  print("pinned", flush=True)\n'
+          '  time.sleep(600)\n',
+      ],
+      cwd=REPO,
+      stdout=subprocess.PIPE,
+      text=True,
+  )
+  try:
+    assert reader.stdout.readline() == 'pinned\n'
+    assert len(_pins(workdir)) == 1
+  finally:
+    reader.kill()
+    reader.communicate()
+  assert len(_pins(workdir)) == 1  # SIGKILL: nothing of the reader's removed it.
+  with run_writer.lock(workdir):
+    workdir_lib.Workdir(workdir).read_state()
+  assert not _pins(workdir)
+
+
 # results.json: merged by every writer.
 
 
-RUN_RESULTS = {'step': 400, 'accuracy': 0.9, 'loss': 0.3}
-EVALUATION = {'digits/accuracy': 0.8, 'digits/count': 100}
+RUN_RESULTS = {'test_accuracy': 0.9, 'test_loss': 0.3, 'digits/accuracy': 0.85}
+EVALUATION = {'digits/accuracy': 0.8, 'digits/count': 100, 'imagenet_v2/accuracy': 0.1}
 
 
 @pytest.mark.parametrize('run_first', [True, False])
-def test_the_runs_results_and_an_evaluations_are_both_kept(tmp_path, run_first):
+def test_the_runs_results_and_an_evaluations_are_both_kept_each_with_its_step(tmp_path, run_first):
+  """The run's final write at step 400; an evaluation of its checkpoint at step 105."""
   out = workdir_lib.Workdir(str(tmp_path))
-  writes = [RUN_RESULTS, EVALUATION] if run_first else [EVALUATION, RUN_RESULTS]
-  for results in writes:
-    out.write_results(results)
-  assert workdir_lib.Workdir(str(tmp_path)).results() == {**RUN_RESULTS, **EVALUATION}
+  writes = [(RUN_RESULTS, 400), (EVALUATION, 105)]
+  for metrics, step in writes if run_first else writes[::-1]:
+    out.write_results(metrics, step=step)
+  later = EVALUATION if run_first else RUN_RESULTS
+  results = workdir_lib.Workdir(str(tmp_path)).results()
+  steps = results.pop(workdir_lib.RESULTS_STEPS)
+  assert results == {**RUN_RESULTS, **EVALUATION, **later}
+  assert steps == {
+      'test_accuracy': 400,
+      'test_loss': 400,
+      'digits/accuracy': 105 if run_first else 400,  # Both wrote it: the later writer's.
+      'digits/count': 105,
+      'imagenet_v2/accuracy': 105,
+  }
 
 
 def test_concurrent_writers_of_results_lose_nothing(tmp_path):
   writers = [
       threading.Thread(
-          target=lambda i=i: workdir_lib.Workdir(str(tmp_path)).write_results({f'w{i}': i})
+          target=lambda i=i: workdir_lib.Workdir(str(tmp_path)).write_results({f'w{i}': i}, step=i)
       )
       for i in range(16)
   ]
@@ -200,7 +279,8 @@ def test_concurrent_writers_of_results_lose_nothing(tmp_path):
     writer.start()
   for writer in writers:
     writer.join()
-  assert workdir_lib.Workdir(str(tmp_path)).results() == {f'w{i}': i for i in range(16)}
+  results = workdir_lib.Workdir(str(tmp_path)).results()
+  assert results == {**{f'w{i}': i for i in range(16)}, 'steps': {f'w{i}': i for i in range(16)}}
 
 
 # Eval sets whose classes differ from the model's.
@@ -331,9 +411,12 @@ def test_evaluate_during_a_run_keeps_its_results_beside_the_runs(data_dir, tmp_p
   live = [line for line in evaluation.stderr.splitlines() if 'is being trained' in line]
   assert len(live) == 1 and 'pinned against retention' in live[0], evaluation.stderr[-3000:]
   results = workdir_lib.Workdir(workdir).results()
-  assert results['step'] == 400 and 0 <= results['test_accuracy'] <= 1  # The run's final write.
+  assert 0 <= results['test_accuracy'] <= 1  # The run's final write.
   assert 0 <= results['digits:test[:64]/accuracy'] <= 1  # The evaluation's, kept.
   assert results['digits:test[:64]/count'] == 64
+  steps = results['steps']
+  assert steps['test_accuracy'] == 400  # Each with the step it was measured at.
+  assert 0 < steps['digits:test[:64]/accuracy'] == steps['digits:test[:64]/count'] < 400
 
 
 @pytest.mark.e2e

@@ -15,12 +15,12 @@ seeds and the mean similar-block count, so a difference can be told from seed no
 resumes: finished runs are evaluated again, not retrained.
 """
 
-import signal  # pylint: disable=g-bad-import-order
 import sys
 
 from absl import flags
 from ml_collections import config_flags
 
+from vit_jax import exits
 from vit_jax import runtime
 from vit_jax.training import run_sequence
 
@@ -63,11 +63,12 @@ def main(argv) -> None:
     print(
         str(e) or 'Interrupted; rerun the same command to resume where it stopped.', file=sys.stderr
     )
-    sys.exit(run_sequence.EXIT_PREEMPTED)
+    sys.exit(exits.EXIT_PREEMPTED)
   print(ablation.table(rows))
 
 
 if __name__ == '__main__':
-  for signum in (signal.SIGTERM, signal.SIGINT):  # An interruption while starting: one line.
-    signal.signal(signum, run_sequence.stop_at_once)
+  exits.end_at_once_on_signals(
+      'stopped before any training started. Rerun the same command to resume.'
+  )
   runtime.run(main)

@@ -7,36 +7,20 @@ Override any config field with `--config.FIELD=VALUE`, or pass `key=value` pairs
 path: `--config=configs/vit.py:variant=S/16,dataset=cifar10`.
 
 Exit status: 0 the run finished; 1 it was refused or failed (one line says why: a bad config,
-a work directory in use or of another model, missing data); 75 (`EXIT_PREEMPTED`, EX_TEMPFAIL)
+a work directory in use or of another model, missing data); 75 (`exits.EXIT_PREEMPTED`, EX_TEMPFAIL)
 it was interrupted (SIGTERM, Ctrl-C) and, where training had started, saved a checkpoint: rerun
 the same command to resume.
 """
 
-import os
-import signal
 import sys
 
-EXIT_PREEMPTED = os.EX_TEMPFAIL  # 75: interrupted; rerunning the same command resumes.
-_STDERR = os.dup(2)  # Kept: the TensorFlow import points fd 2 at /dev/null for a while.
+from vit_jax import exits  # Standard library only: watching the signals comes first.
 
-
-def _stop_at_once(signum, frame) -> None:
-  """SIGTERM or Ctrl-C where the training loop is not watching for them (`train.
-  PreemptionWatcher` is, and saves first): nothing is being trained that a checkpoint would keep,
-  so the process ends now, with one line, however deep in an import or a compilation it is."""
-  del frame
-  os.write(
-      _STDERR,
-      f'{signal.Signals(signum).name}: stopped before any training step could be '
-      "saved; the work directory's checkpoints (if any) are intact. Rerun the same "
-      'command to resume.\n'.encode(),
+if __name__ == '__main__':  # Before the imports that take seconds.
+  exits.end_at_once_on_signals(
+      "stopped before any training step could be saved; the work directory's checkpoints "
+      '(if any) are intact. Rerun the same command to resume.'
   )
-  os._exit(EXIT_PREEMPTED)  # pylint: disable=protected-access
-
-
-if __name__ == '__main__':  # First thing, before the imports that take seconds.
-  for _signum in (signal.SIGTERM, signal.SIGINT):
-    signal.signal(_signum, _stop_at_once)
 
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -138,9 +122,9 @@ def main(argv) -> None:
         'command to resume.',
         _WORKDIR.value,
     )
-    sys.exit(EXIT_PREEMPTED)
+    sys.exit(exits.EXIT_PREEMPTED)
   if result.preempted:
-    sys.exit(EXIT_PREEMPTED)
+    sys.exit(exits.EXIT_PREEMPTED)
 
 
 def main_of_one_process(argv) -> None:

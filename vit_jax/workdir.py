@@ -27,9 +27,12 @@ Beside a live run (`live_holder`: a process holds its lock), a reader says so in
 a pinned checkpoint: the step's files hard-linked (copied where links are refused) into a
 temporary directory, so that the run's retention cannot delete them mid-read; a step deleted while
 it is being pinned gives way to the newest one, and one deleted while orbax lists the steps is
-listed again. Every writer of results.json merges its metrics
-into it under a file lock, so that the run's final metrics and an evaluation's are both kept, in
-either order.
+listed again. A pin holds a lock while it is read; the next reader or run removes a pin whose lock
+is free (its reader was killed), so that it does not keep deleted checkpoints on the disk.
+
+Every writer of results.json merges its metrics into it under a file lock, so that the run's final
+metrics and an evaluation's are both kept, in either order, each with the step it was measured at
+(`steps`: an evaluation beside a live run scores an earlier step than the run's final one).
 
 A write the file system refuses (a full or read-only device, no permission), here or to any other
 output of a command (exported weights, reports), is one line: `writing(path, needs)` turns it into
@@ -65,7 +68,9 @@ CHECKPOINT_DIR = 'checkpoints'
 UNREADABLE_DIR = 'unreadable_checkpoints'  # Beside CHECKPOINT_DIR: checkpoints set aside.
 RESULTS_FILE = 'results.json'
 RESULTS_LOCK_FILE = 'results.lock'
+RESULTS_STEPS = 'steps'  # In results.json: the step each metric was measured at.
 PIN_PREFIX = '.pin-'  # Checkpoints of a live run pinned by a reader, beside CHECKPOINT_DIR.
+PIN_LOCK_FILE = 'pin.lock'  # In a pin, locked by its reader: a pin whose lock is free is abandoned.
 PIN_ATTEMPTS = 5  # Steps tried in turn while the run's retention deletes them under the reader.
 ANALYSIS_DIR = 'analysis'
 ROOM = 'write access and room for its config, logs and checkpoints'  # What a run needs.
@@ -221,6 +226,29 @@ def live_holder(path: str) -> dict[str, Any] | None:
   except ValueError:
     return {}
   return holder if isinstance(holder, dict) else {}
+
+
+def remove_abandoned_pins(path: str) -> list[str]:
+  """Removes the pins in work directory `path` whose reader ended without removing them (killed:
+  its pin's lock is free), which would otherwise keep deleted checkpoints' files on the disk;
+  returns their paths. A pin still being read, or made before it holds its lock, stays."""
+  if '://' in path or not os.path.isdir(path):
+    return []
+  removed = []
+  for name in sorted(os.listdir(path)):
+    pin_dir = os.path.join(path, name)
+    if not name.startswith(PIN_PREFIX) or not os.path.isdir(pin_dir):
+      continue
+    try:
+      with open(os.path.join(pin_dir, PIN_LOCK_FILE), 'r', encoding='utf-8') as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        shutil.rmtree(pin_dir, ignore_errors=True)
+    except OSError:  # In use (BlockingIOError), no lock yet, or removed meanwhile: left alone.
+      continue
+    removed.append(pin_dir)
+  if removed:
+    logging.info('Removed %d abandoned pin(s) of checkpoints in %s.', len(removed), path)
+  return removed
 
 
 def _file_names(root: str) -> set[str]:
@@ -481,20 +509,24 @@ class Workdir:
     """A read-only `Workdir` holding checkpoint `step` as hard links to its files (copies where
     links are refused), in WORKDIR/.pin-*/ (or, where the work directory refuses it, the system's
     temporary directory), removed when the block ends: the run's retention cannot delete what
-    it reads. _Vanished when the step is deleted while it is being pinned."""
+    it reads. _Vanished when the step is deleted while it is being pinned. The pins of readers
+    that were killed are removed first (`remove_abandoned_pins`)."""
+    remove_abandoned_pins(self.path)
     try:
       root = tempfile.mkdtemp(prefix=PIN_PREFIX, dir=str(self.file('')))
     except OSError:
       root = tempfile.mkdtemp(prefix=f'vit_jax{PIN_PREFIX}')
     try:
-      try:
-        _link_tree(
-            str(self.file(CHECKPOINT_DIR) / str(step)),
-            os.path.join(root, CHECKPOINT_DIR, str(step)),
-        )
-      except FileNotFoundError:
-        raise _Vanished(step) from None
-      yield Workdir(root)
+      with open(os.path.join(root, PIN_LOCK_FILE), 'w', encoding='utf-8') as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # Released by the kernel however this process ends.
+        try:
+          _link_tree(
+              str(self.file(CHECKPOINT_DIR) / str(step)),
+              os.path.join(root, CHECKPOINT_DIR, str(step)),
+          )
+        except FileNotFoundError:
+          raise _Vanished(step) from None
+        yield Workdir(root)
     finally:
       shutil.rmtree(root, ignore_errors=True)
 
@@ -538,8 +570,9 @@ class Workdir:
 
   # Small results beside the run.
 
-  def write_results(self, results: Mapping[str, Any]) -> str:
-    """Merges `results` into results.json (process 0 writes; read it with `results`); its path.
+  def write_results(self, metrics: Mapping[str, float], *, step: int | None) -> str:
+    """Merges `metrics`, measured at `step` (None: weights of no run), into results.json: each
+    under its name, its step under 'steps' (process 0 writes; read it with `results`); its path.
 
     Under an exclusive lock of WORKDIR/results.lock, read, merged and atomically replaced: the
     run's final metrics and those of `vit_jax.evaluate` beside it are both kept, in either order.
@@ -547,15 +580,21 @@ class Workdir:
     path = self.file(RESULTS_FILE)
     if jax.process_index() != 0:
       return str(path)
+
+    def merged() -> dict[str, Any]:
+      old = self.results()
+      steps = {**old.get(RESULTS_STEPS, {}), **dict.fromkeys(metrics, step)}
+      return {**old, **metrics, RESULTS_STEPS: steps}
+
     if '://' in self.path:  # Object stores have no locks.
-      return self.write_json(RESULTS_FILE, {**self.results(), **results})
+      return self.write_json(RESULTS_FILE, merged())
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(self.file(RESULTS_LOCK_FILE), 'a', encoding='utf-8') as lock:
       fcntl.flock(lock, fcntl.LOCK_EX)
-      merged = {**self.results(), **results}
+      results = merged()
       with replaced_whole(str(path)) as partial:
         with open(partial, 'w', encoding='utf-8') as f:
-          f.write(json.dumps(merged, indent=1))
+          f.write(json.dumps(results, indent=1))
     return str(path)
 
   def write_json(self, name: str, data: Mapping[str, Any]) -> str:

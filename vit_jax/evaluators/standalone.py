@@ -108,7 +108,7 @@ def evaluate_weights(
   for key, value in metrics.items():
     print(f'{key:40s} {value:.4g}')
   out = workdir_lib.Workdir(out_dir)
-  results_file = out.write_results(metrics)  # Merged: the run's own are kept.
+  results_file = out.write_results(metrics, step=run.step)  # Merged: the run's own are kept.
   writer = metric_writers.SummaryWriter(out_dir)  # TensorBoard; the lines above are printed.
   writer.write_scalars(run.step or 0, metrics)
   writer.close()

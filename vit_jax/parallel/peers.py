@@ -1,8 +1,8 @@
 """The other processes of a multi-process run: noticing that one died, and ending this one fast.
 
 When a process of a run dies, the others learn it in one of three ways, and each ends them with one
-line and `EXIT_PREEMPTED` (rerunning every process resumes from the last checkpoint; exit 1 where
-the peer stopped on an error of its own):
+line and `exits.EXIT_PREEMPTED` (rerunning every process resumes from the last checkpoint; exit 1
+where the peer stopped on an error of its own):
 - `watch`: every worker holds a TCP link to process 0 (the coordinator), opened beside JAX's own
   connections. A process killed or crashed closes its links at once: the coordinator learns that a
   worker died, a worker that the coordinator died, within milliseconds, whatever either is doing
@@ -30,7 +30,8 @@ import sys
 import threading
 from typing import Any, NoReturn
 
-EXIT_PREEMPTED = os.EX_TEMPFAIL  # 75: rerunning every process resumes from the last checkpoint.
+from vit_jax import exits
+
 # JAX's default is 100 s; a machine that vanished stops the run this long after its last heartbeat.
 HEARTBEAT_TIMEOUT_S = 10
 _LINK_KEY = 'vit_jax/peers/link_port'  # The coordinator's link port, in JAX's key-value store.
@@ -44,7 +45,6 @@ _LOST_CONNECTION = (
     'stopped sending heartbeats',
     'remote process exited',
 )
-_STDERR = os.dup(2)  # Kept: the TensorFlow import points fd 2 at /dev/null for a while.
 _EXITING = threading.Lock()  # Held by the thread that ends the process: one line, one status.
 _finished = threading.Event()  # This process leaves: a peer that leaves now is no news.
 _links: list[socket.socket] = []  # To process 0 from a worker; to every worker from process 0.
@@ -123,13 +123,13 @@ def exit_now(code: int, line: str = '') -> NoReturn:
   sys.stdout.flush()
   sys.stderr.flush()
   if line:
-    os.write(_STDERR, (line.rstrip('\n') + '\n').encode())
+    exits.write_line(line)
   os._exit(code)  # pylint: disable=protected-access
 
 
 def end_run(error: BaseException, workdir: str) -> NoReturn | None:
   """Where `error` is a lost peer in a multi-process run, ends this process with one line naming
-  the dead process(es) and EXIT_PREEMPTED; otherwise returns."""
+  the dead process(es) and exits.EXIT_PREEMPTED; otherwise returns."""
   import jax  # pylint: disable=g-import-not-at-top
 
   words = lost_peer(error) if jax.process_count() > 1 else None
@@ -142,7 +142,7 @@ def end_run(error: BaseException, workdir: str) -> NoReturn | None:
       else f'another of the {jax.process_count()} processes'
   )
   exit_now(
-      EXIT_PREEMPTED,
+      exits.EXIT_PREEMPTED,
       f'error: {who} stopped (process {jax.process_index()} lost its connection: {words}); '
       f'the checkpoints in {workdir} are intact. Rerun all processes to resume.',
   )
@@ -161,17 +161,17 @@ def _peer_left(process: int, code: int | None) -> None:
   """Ends this process after `process` left with exit status `code` (None: it was killed or
   crashed). Not where this process leaves itself, nor where a worker left having finished or
   saved (its exit status 0 or 75): this process's own work ends it then."""
-  if _finished.is_set() or (process != 0 and code in (0, EXIT_PREEMPTED)):
+  if _finished.is_set() or (process != 0 and code in (0, exits.EXIT_PREEMPTED)):
     return
   me, count = _run['process'], _run['count']
   name = f'process {process} of {count}' + (' (the coordinator)' if process == 0 else '')
-  if code not in (None, 0, EXIT_PREEMPTED):
+  if code not in (None, 0, exits.EXIT_PREEMPTED):
     exit_now(
         1, f'error: {name} stopped on an error (exit {code}); see its log. Process {me} stops.'
     )
   how = 'was killed or crashed' if code is None else f'stopped (exit {code})'
   exit_now(
-      EXIT_PREEMPTED,
+      exits.EXIT_PREEMPTED,
       f'error: {name} {how}; process {me} stops too (the checkpoints saved, if any, are '
       'intact). Rerun all processes to resume.',
   )

@@ -13,7 +13,7 @@ from typing import Iterator
 
 from absl import logging
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
+from vit_jax import exits
 
 _requested: str | None = None  # The first signal's name while watching.
 _notices: list[str] = []  # What each open scope does on a signal, the innermost last.
@@ -33,7 +33,7 @@ def watching(notice: str) -> Iterator[None]:
   previous = {}
   if not _notices:
     try:
-      for signum in SIGNALS:
+      for signum in exits.SIGNALS:
         previous[signum] = signal.signal(signum, _on_signal)
     except ValueError:  # Not the main thread.
       pass

@@ -13,16 +13,13 @@ on a rerun of that config.
 import contextlib
 import json
 import os
-import signal
 from typing import Any
 
 import ml_collections
 
 from vit_jax.training import interruption
 
-EXIT_PREEMPTED = os.EX_TEMPFAIL  # 75: interrupted; rerunning the same command resumes.
 RECORD_FILE = 'measured.json'
-_STDERR = os.dup(2)  # Kept: the TensorFlow import points fd 2 at /dev/null for a while.
 
 
 class Interrupted(Exception):
@@ -62,18 +59,6 @@ class Stopper:
           f'{self.requested}: stopped before {before}; the finished trainings are '
           'recorded. Rerun the same command to resume where it stopped.'
       )
-
-
-def stop_at_once(signum, frame) -> None:
-  """A handler for SIGTERM and Ctrl-C while a command starts (imports, flags): nothing has been
-  trained, so the process ends now with one line and EXIT_PREEMPTED."""
-  del frame
-  os.write(
-      _STDERR,
-      f'{signal.Signals(signum).name}: stopped before any training started. Rerun the '
-      'same command to resume.\n'.encode(),
-  )
-  os._exit(EXIT_PREEMPTED)  # pylint: disable=protected-access
 
 
 def _config_text(config: ml_collections.ConfigDict) -> str:

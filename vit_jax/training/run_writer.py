@@ -175,7 +175,7 @@ class RunWriter(workdir_lib.Workdir):
   ) -> 'RunWriter':
     """Makes this the run that trains here with `config`: locked until `run_scope` closes
     (`hold`), its saves finished by then, its config.json written, its checkpoints kept by
-    `config.keep_checkpoints`."""
+    `config.keep_checkpoints`; the pins that killed readers left are removed."""
     with workdir_lib.writing(self.path, workdir_lib.ROOM):
       hold(self.path, run_scope)
       # However the run ends, its save in flight is finished (or, refused, removed) while the lock
@@ -183,6 +183,7 @@ class RunWriter(workdir_lib.Workdir):
       run_scope.callback(self.wait_until_finished)
       if jax.process_index() == 0:
         self.file(workdir_lib.CONFIG_FILE).write_text(workdir_lib.config_json(config))
+        workdir_lib.remove_abandoned_pins(self.path)
     if self._manager is not None:  # Read-only until now.
       self._manager.close()
       self._manager = None

@@ -311,7 +311,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
         evaluators, _subject(model, state, settings.data), total_steps, final=True
     )
     writer.write_scalars(total_steps, scores.summaries())
-    run_dir.write_results({'step': total_steps, **scores.results()})
+    run_dir.write_results(scores.results(), step=total_steps)
     writer.flush()
     return RunResult(step=total_steps, metrics=scores.metrics)
 

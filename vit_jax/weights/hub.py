@@ -17,6 +17,7 @@ ValueError naming the weights and the cache. The weights themselves are read by
 
 import dataclasses
 import json
+import os
 from typing import Any
 
 from absl import logging
@@ -24,6 +25,7 @@ import flax.linen as nn
 import numpy as np
 
 from vit_jax import models
+from vit_jax import workdir
 from vit_jax.data import normalization
 
 PREFIX = 'hf-hub:'
@@ -112,6 +114,9 @@ def _download(name: str, repo_id: str, filenames: tuple[str, ...]) -> str:
     ) as e:
       reasons.append(f'{filename}: {_first_line(e)}')
   offline = huggingface_hub.constants.HF_HUB_OFFLINE
+  in_the_way = workdir.existing_parent(cache_dir())
+  if os.path.isfile(in_the_way):
+    reasons.insert(0, f'{in_the_way} is a file, where the cache needs a folder')
   raise ValueError(
       f'Cannot get {name}: neither downloaded (HF_HUB_OFFLINE is '
       f'{"set: no network" if offline else "unset, but the download failed"}) nor in the '

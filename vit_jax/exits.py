@@ -1,0 +1,32 @@
+"""How a command ends: its exit status when interrupted, and its last line when it must end at once.
+
+Free of everything but the standard library, so that `vit_jax.main` and `vit_jax.ablate` watch
+for SIGTERM and Ctrl-C before the imports that take seconds, and a process of a multi-process run
+can say why it ends while TensorFlow's import has fd 2 pointed elsewhere.
+"""
+
+import os
+import signal
+
+EXIT_PREEMPTED = os.EX_TEMPFAIL  # 75: interrupted; rerunning the same command resumes.
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_STDERR = os.dup(2)  # Kept: the TensorFlow import points fd 2 at /dev/null for a while.
+
+
+def write_line(line: str) -> None:
+  """`line` on the process's standard error as it was at start, wherever fd 2 points now."""
+  os.write(_STDERR, (line.rstrip('\n') + '\n').encode())
+
+
+def end_at_once_on_signals(what_then: str) -> None:
+  """Until a training loop watches them: SIGTERM or Ctrl-C end the process at once with
+  '<SIGNAL>: <what_then>' and EXIT_PREEMPTED, however deep in an import or a compilation it is,
+  as nothing a checkpoint would keep has been trained."""
+
+  def end(signum, frame) -> None:
+    del frame
+    write_line(f'{signal.Signals(signum).name}: {what_then}')
+    os._exit(EXIT_PREEMPTED)  # pylint: disable=protected-access
+
+  for signum in SIGNALS:
+    signal.signal(signum, end)
