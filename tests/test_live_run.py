@@ -115,7 +115,7 @@ def test_a_step_deleted_while_being_pinned_gives_way_to_the_newest(
 
 
 def test_a_step_deleted_while_orbax_lists_the_steps_is_listed_again(
-    checkpointed_run, tmp_path, monkeypatch
+    checkpointed_run, tmp_path, monkeypatch, caplog
 ):
   """Retention deletes the oldest step after orbax has listed it, as orbax looks inside it."""
   workdir = _copy(checkpointed_run, tmp_path)
@@ -131,10 +131,11 @@ def test_a_step_deleted_while_orbax_lists_the_steps_is_listed_again(
     return stat(path, *args, **kwargs)
 
   monkeypatch.setattr(os, 'stat', retention_meanwhile)
-  with run_writer.lock(workdir):
+  with run_writer.lock(workdir), caplog.at_level(std_logging.INFO):
     run = workdir_lib.Workdir.open(workdir)
     assert deleted and run.steps() == list(STEPS[1:])
     _assert_same_tree(run.read_state(), workdir_lib.Workdir(checkpointed_run).read_state())
+  assert 'Metadata file' not in caplog.text  # Orbax's notice of the deleted step: not news.
 
 
 def test_checkpoints_changing_under_every_listing_are_one_clear_error(

@@ -45,6 +45,7 @@ import dataclasses
 import errno
 import fcntl
 import json
+import logging as std_logging
 import os
 import re
 import shutil
@@ -70,6 +71,10 @@ RESULTS_FILE = 'results.json'
 RESULTS_LOCK_FILE = 'results.lock'
 RESULTS_STEPS = 'steps'  # In results.json: the step each metric was measured at.
 PIN_PREFIX = '.pin-'  # Checkpoints of a live run pinned by a reader, beside CHECKPOINT_DIR.
+_ORBAX_METADATA_GONE = (  # Orbax's lines for a step's metadata file that is not there.
+    'Metadata file does not exist: %s',
+    'Failed to read Metadata file: %s, error: %s',
+)
 PIN_LOCK_FILE = 'pin.lock'  # In a pin, locked by its reader: a pin whose lock is free is abandoned.
 PIN_ATTEMPTS = 5  # Steps tried in turn while the run's retention deletes them under the reader.
 ANALYSIS_DIR = 'analysis'
@@ -226,6 +231,14 @@ def live_holder(path: str) -> dict[str, Any] | None:
   except ValueError:
     return {}
   return holder if isinstance(holder, dict) else {}
+
+
+def _not_of_a_deleted_step(record: std_logging.LogRecord) -> bool:
+  """False for orbax's notice that a listed step's metadata is gone when the whole step is gone
+  (a live run's retention deleted it; `Workdir._listed` lists again), True for any other line."""
+  if record.msg in _ORBAX_METADATA_GONE and record.args:
+    return os.path.exists(os.path.dirname(str(record.args[0])))
+  return True
 
 
 def remove_abandoned_pins(path: str) -> list[str]:
@@ -640,12 +653,17 @@ class Workdir:
   def _listed(self, list_steps: Callable[[], Any]) -> Any:
     """list_steps() (orbax listing the steps, then reading each one's time), listed again when a
     live run's retention deletes a listed step before its time is read."""
-    for _ in range(PIN_ATTEMPTS):
-      try:
-        return list_steps()
-      except FileNotFoundError:
-        if not self.file(CHECKPOINT_DIR).is_dir():
-          raise
+    absl_logger = std_logging.getLogger('absl')  # Orbax's, from its listing threads too.
+    absl_logger.addFilter(_not_of_a_deleted_step)
+    try:
+      for _ in range(PIN_ATTEMPTS):
+        try:
+          return list_steps()
+        except FileNotFoundError:
+          if not self.file(CHECKPOINT_DIR).is_dir():
+            raise
+    finally:
+      absl_logger.removeFilter(_not_of_a_deleted_step)
     raise ValueError(
         f'The checkpoints of {self.path!r} changed under each of {PIN_ATTEMPTS} listings '
         '(a live run saving and deleting them); read it again, or once it has finished.'
