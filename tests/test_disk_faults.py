@@ -160,6 +160,29 @@ def test_disk_full_at_start_is_one_error_naming_the_directory(data_dir, tmp_path
       train.train_and_evaluate(_config(data_dir, 2), workdir)
 
 
+def test_a_file_of_the_work_directory_rewritten_on_a_full_disk_is_left_as_it_was(
+    tmp_path, monkeypatch
+):
+  """config.json, rewritten by every start of a run, and results.json: whole or not at all."""
+  with mounted_tmpfs(tmp_path / 'small') as small:
+    run = workdir_lib.Workdir(small or str(tmp_path))
+    run.write_whole(workdir_lib.CONFIG_FILE, 'a' * 3000)
+    if small is not None:
+      _fill(small, leave=0)
+    else:
+
+      def full(*args):
+        raise OSError(errno.ENOSPC, 'No space left on device')
+
+      monkeypatch.setattr(os, 'replace', full)
+    with pytest.raises(OSError):
+      run.write_whole(workdir_lib.CONFIG_FILE, 'b' * 9000)
+    assert run.file(workdir_lib.CONFIG_FILE).read_text() == 'a' * 3000
+    assert sorted(os.listdir(run.path)) == sorted(
+        [workdir_lib.CONFIG_FILE] + (['filler'] if small else [])
+    )
+
+
 def test_a_read_only_work_directory_is_one_error_and_left_as_it_was(data_dir, tmp_path):
   with mounted_tmpfs(tmp_path / 'ro', 'ro') as read_only:
     if read_only is None:

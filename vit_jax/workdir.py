@@ -604,18 +604,24 @@ class Workdir:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(self.file(RESULTS_LOCK_FILE), 'a', encoding='utf-8') as lock:
       fcntl.flock(lock, fcntl.LOCK_EX)
-      results = merged()
-      with replaced_whole(str(path)) as partial:
-        with open(partial, 'w', encoding='utf-8') as f:
-          f.write(json.dumps(results, indent=1))
-    return str(path)
+      return self.write_json(RESULTS_FILE, merged())
 
   def write_json(self, name: str, data: Mapping[str, Any]) -> str:
-    """Writes `data` as JSON to `name` inside the work directory (process 0 writes); its path."""
+    """Writes `data` as JSON to `name` inside the work directory (`write_whole`); its path."""
+    return self.write_whole(name, json.dumps(data, indent=1))
+
+  def write_whole(self, name: str, text: str) -> str:
+    """Writes `text` to `name` inside the work directory, whole or not at all (process 0 writes):
+    a reader, a kill or a full disk never leaves it in part; its path."""
     path = self.file(name)
     if jax.process_index() == 0:
       path.parent.mkdir(parents=True, exist_ok=True)
-      path.write_text(json.dumps(data, indent=1))
+      if '://' in self.path:  # An object store's write is whole.
+        path.write_text(text)
+      else:
+        with replaced_whole(str(path)) as partial:
+          with open(partial, 'w', encoding='utf-8') as f:
+            f.write(text)
     return str(path)
 
   def analysis_dir(self) -> str:

@@ -182,7 +182,7 @@ class RunWriter(workdir_lib.Workdir):
       # is held, so that what a stop message names as kept is what the next run resumes from.
       run_scope.callback(self.wait_until_finished)
       if jax.process_index() == 0:
-        self.file(workdir_lib.CONFIG_FILE).write_text(workdir_lib.config_json(config))
+        self.write_whole(workdir_lib.CONFIG_FILE, workdir_lib.config_json(config))
         workdir_lib.remove_abandoned_pins(self.path)
     if self._manager is not None:  # Read-only until now.
       self._manager.close()
