@@ -107,7 +107,7 @@ def test_cli_on_a_run_writes_results(trained_digits_run, tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   with open(tmp_path / 'results.json') as f:
     results = json.load(f)
-  assert set(results) == {
+  metrics = {
       'fewshot/digits_1shot',
       'fewshot/digits_1shot_l2',
       'fewshot/digits_5shot',
@@ -115,5 +115,7 @@ def test_cli_on_a_run_writes_results(trained_digits_run, tmp_path):
       'linear_probe/digits',
       'linear_probe/digits_C',
   }
+  assert set(results) == metrics | {'steps'}
+  assert results['steps'] == dict.fromkeys(metrics, 800)  # The step of the checkpoint scored.
   assert results['fewshot/digits_5shot'] > results['fewshot/digits_1shot'] - 0.05
   assert 'fewshot/digits_5shot' in result.stdout and 'step 800' in result.stdout
