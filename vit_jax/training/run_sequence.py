@@ -17,7 +17,6 @@ from typing import Any
 
 import ml_collections
 
-from vit_jax import workdir
 from vit_jax.training import interruption
 
 RECORD_FILE = 'measured.json'
@@ -82,6 +81,7 @@ def recorded(run_dir: str, config: ml_collections.ConfigDict) -> dict[str, Any] 
 
 def record(run_dir: str, config: ml_collections.ConfigDict, measured: dict[str, Any]) -> None:
   """Records `measured` for `run_dir` and `config` (written whole or not at all)."""
-  with workdir.replaced_whole(os.path.join(run_dir, RECORD_FILE)) as partial:
-    with open(partial, 'w', encoding='utf-8') as f:
-      json.dump({'config': _config_text(config), 'measured': measured}, f)
+  path = os.path.join(run_dir, RECORD_FILE)
+  with open(path + '.tmp', 'w', encoding='utf-8') as f:
+    json.dump({'config': _config_text(config), 'measured': measured}, f)
+  os.replace(path + '.tmp', path)
