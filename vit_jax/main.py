@@ -7,9 +7,9 @@ Override any config field with `--config.FIELD=VALUE`, or pass `key=value` pairs
 path: `--config=configs/vit.py:variant=S/16,dataset=cifar10`.
 
 Exit status: 0 the run finished; 1 it was refused or failed (one line says why: a bad config,
-a work directory in use or of another model, missing data); 75 (`exits.EXIT_PREEMPTED`, EX_TEMPFAIL)
-it was interrupted (SIGTERM, Ctrl-C) and, where training had started, saved a checkpoint: rerun
-the same command to resume.
+a work directory in use or of another model, missing data); 75 (`exits.EXIT_PREEMPTED`,
+EX_TEMPFAIL) it was interrupted (SIGTERM, Ctrl-C) and, where training had started, saved a
+checkpoint: rerun the same command to resume.
 """
 
 import sys

@@ -71,12 +71,12 @@ RESULTS_FILE = 'results.json'
 RESULTS_LOCK_FILE = 'results.lock'
 RESULTS_STEPS = 'steps'  # In results.json: the step each metric was measured at.
 PIN_PREFIX = '.pin-'  # Checkpoints of a live run pinned by a reader, beside CHECKPOINT_DIR.
+PIN_LOCK_FILE = 'pin.lock'  # In a pin, locked by its reader: a pin whose lock is free is abandoned.
+PIN_ATTEMPTS = 5  # Steps tried in turn while the run's retention deletes them under the reader.
 _ORBAX_METADATA_GONE = (  # Orbax's lines for a step's metadata file that is not there.
     'Metadata file does not exist: %s',
     'Failed to read Metadata file: %s, error: %s',
 )
-PIN_LOCK_FILE = 'pin.lock'  # In a pin, locked by its reader: a pin whose lock is free is abandoned.
-PIN_ATTEMPTS = 5  # Steps tried in turn while the run's retention deletes them under the reader.
 ANALYSIS_DIR = 'analysis'
 ROOM = 'write access and room for its config, logs and checkpoints'  # What a run needs.
 
@@ -590,21 +590,16 @@ class Workdir:
     Under an exclusive lock of WORKDIR/results.lock, read, merged and atomically replaced: the
     run's final metrics and those of `vit_jax.evaluate` beside it are both kept, in either order.
     """
-    path = self.file(RESULTS_FILE)
     if jax.process_index() != 0:
-      return str(path)
-
-    def merged() -> dict[str, Any]:
+      return str(self.file(RESULTS_FILE))
+    with contextlib.ExitStack() as locked:
+      if '://' not in self.path:  # Object stores have no locks.
+        self.file('').mkdir(parents=True, exist_ok=True)
+        lock = locked.enter_context(open(self.file(RESULTS_LOCK_FILE), 'a', encoding='utf-8'))
+        fcntl.flock(lock, fcntl.LOCK_EX)
       old = self.results()
       steps = {**old.get(RESULTS_STEPS, {}), **dict.fromkeys(metrics, step)}
-      return {**old, **metrics, RESULTS_STEPS: steps}
-
-    if '://' in self.path:  # Object stores have no locks.
-      return self.write_json(RESULTS_FILE, merged())
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(self.file(RESULTS_LOCK_FILE), 'a', encoding='utf-8') as lock:
-      fcntl.flock(lock, fcntl.LOCK_EX)
-      return self.write_json(RESULTS_FILE, merged())
+      return self.write_json(RESULTS_FILE, {**old, **metrics, RESULTS_STEPS: steps})
 
   def write_json(self, name: str, data: Mapping[str, Any]) -> str:
     """Writes `data` as JSON to `name` inside the work directory (`write_whole`); its path."""
