@@ -6,10 +6,10 @@ command defines. (The main command training its default config, as the README sh
 import glob
 import os
 import re
-import subprocess
-import sys
 
 import pytest
+
+from tests import tiny_runs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMANDS = ('main', 'analyze', 'evaluate', 'predict', 'export', 'ablate', 'benchmark', 'convert')
@@ -38,18 +38,8 @@ def helps() -> dict[str, tuple[str, str]]:
   """Each command's --helpfull output and stderr, all commands' processes at once."""
   env = {k: v for k, v in os.environ.items() if k != 'TF_CPP_MIN_LOG_LEVEL'}
   env['PYTHONPATH'] = os.pathsep.join(filter(None, [REPO, env.get('PYTHONPATH')]))
-  processes = {
-      c: subprocess.Popen(
-          [sys.executable, '-c', _HELP, _path(c)],
-          cwd=REPO,
-          env=env,
-          stdout=subprocess.PIPE,
-          stderr=subprocess.PIPE,
-          text=True,
-      )
-      for c in COMMANDS
-  }
-  return {c: p.communicate(timeout=300) for c, p in processes.items()}
+  done = tiny_runs.run_at_once({c: ['-c', _HELP, _path(c)] for c in COMMANDS}, env)
+  return {c: (done[c].stdout, done[c].stderr) for c in COMMANDS}
 
 
 def _path(command: str) -> str:

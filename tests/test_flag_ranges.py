@@ -4,10 +4,10 @@ measured) instead of being replaced by a default or accepted."""
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+
+from tests import tiny_runs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(REPO, 'configs', 'vit.py')
@@ -113,22 +113,17 @@ def parsed() -> dict[str, dict]:
   env = dict(
       os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get('PYTHONPATH')]))
   )
-  processes = {
-      command: subprocess.Popen(
-          [sys.executable, '-c', _PARSE, command, json.dumps(required), json.dumps(list(cases))],
-          cwd=REPO,
-          env=env,
-          stdout=subprocess.PIPE,
-          stderr=subprocess.PIPE,
-          text=True,
-      )
-      for command, (required, cases) in CASES.items()
-  }
+  done = tiny_runs.run_at_once(
+      {
+          command: ['-c', _PARSE, command, json.dumps(required), json.dumps(list(cases))]
+          for command, (required, cases) in CASES.items()
+      },
+      env,
+  )
   results = {}
-  for command, process in processes.items():
-    out, err = process.communicate(timeout=300)
-    assert process.returncode == 0, err[-3000:]
-    results[command] = json.loads(out.strip().splitlines()[-1])
+  for command, process in done.items():
+    assert process.returncode == 0, process.stderr[-3000:]
+    results[command] = json.loads(process.stdout.strip().splitlines()[-1])
   return results
 
 

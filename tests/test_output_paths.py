@@ -11,13 +11,12 @@ import contextlib
 import errno
 import os
 import shutil
-import subprocess
-import sys
 
 import jax
 import numpy as np
 import pytest
 
+from tests import tiny_runs
 from tests.tiny_runs import mounted_tmpfs
 from vit_jax import models
 from vit_jax.benchmarks import device_report
@@ -186,20 +185,12 @@ def test_the_commands_refuse_a_bad_output_in_one_line_before_the_work(tmp_path):
       'evaluate': ([f'--workdir={missing}', f'--out_dir={tmp_path / "a_file"}'], 'a_file'),
       'export': ([f'--workdir={missing}', f'--out={tmp_path / "a_file" / "x"}'], 'a_file/x'),
   }
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
-  processes = {
-      name: subprocess.Popen(
-          [sys.executable, '-m', f'vit_jax.{name}', *flags],
-          cwd=REPO,
-          env=env,
-          stdout=subprocess.PIPE,
-          stderr=subprocess.PIPE,
-          text=True,
-      )
-      for name, (flags, _) in commands.items()
-  }
-  for name, process in processes.items():
-    out, err = process.communicate(timeout=300)
+  done = tiny_runs.run_at_once(
+      {name: ['-m', f'vit_jax.{name}', *flags] for name, (flags, _) in commands.items()},
+      dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'),
+  )
+  for name, process in done.items():
+    out, err = process.stdout, process.stderr
     assert process.returncode == 1, (name, err[-3000:])
     shown = [line for line in err.splitlines() if line and not line.startswith(('I1', 'W1'))]
     assert shown == [shown[0]] and 'Traceback' not in err, (name, err[-3000:])

@@ -11,7 +11,7 @@ import os
 import re
 import subprocess
 import sys
-from typing import Iterator
+from typing import Iterator, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -119,6 +119,29 @@ def run_command(name: str, *flags: str, timeout: int = 600) -> subprocess.Comple
       timeout=timeout,
       check=False,
   )
+
+
+def run_at_once(
+    argvs: Mapping[str, Sequence[str]], env: Mapping[str, str], timeout: int = 300
+) -> dict[str, subprocess.CompletedProcess]:
+  """`python ARGV` for each of `argvs`, all in their own processes at once, from the repository
+  with `env` (their output captured, their exit codes not checked), by the same keys."""
+  processes = {
+      key: subprocess.Popen(
+          [sys.executable, *argv],
+          cwd=REPO,
+          env=env,
+          stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE,
+          text=True,
+      )
+      for key, argv in argvs.items()
+  }
+  done = {}
+  for key, process in processes.items():
+    out, err = process.communicate(timeout=timeout)
+    done[key] = subprocess.CompletedProcess(process.args, process.returncode, out, err)
+  return done
 
 
 def train_as_a_user(config_file: str, workdir: str, *flags: str) -> dict:
