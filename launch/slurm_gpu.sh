@@ -7,11 +7,11 @@
 #
 # Commands:
 #   install  create --venv (on storage every node reads) with the versions of
-#            launch/requirements.txt, jax[cuda12] and this checkout (editable)
+#            launch/requirements.txt, jax[cuda13] and this checkout (editable)
 #   submit   (the default) write WORKDIR/job.sbatch and submit it with sbatch
 # Options [default]:
 #   --nodes [1]  --gpus_per_node [8]  --cpus_per_task [8]  --time [24:00:00]
-#   --partition  --account  --job_name [vit_jax]  --cuda [cuda12]
+#   --partition  --account  --job_name [vit_jax]  --cuda [cuda13] (or cuda12)
 #   --venv [~/.venvs/vit_jax]
 #   --config [configs/vit.py:variant=S/16,dataset=imagenet2012]
 #   --workdir (required for submit; shared storage)  --data_dir [TFDS's default]
@@ -33,7 +33,7 @@ time_limit=24:00:00
 partition=
 account=
 job_name=vit_jax
-cuda=cuda12
+cuda=cuda13
 venv="$HOME/.venvs/vit_jax"
 config='configs/vit.py:variant=S/16,dataset=imagenet2012'
 workdir=
@@ -129,7 +129,7 @@ EOF
 }
 
 do_install() {
-  run python3.11 -m venv "$venv"
+  run python3.12 -m venv "$venv"
   run "$venv/bin/pip" install --upgrade pip
   run "$venv/bin/pip" install -r "$REPO/launch/requirements.txt" "jax[$cuda]==$JAX_VERSION" \
     -e "$REPO"

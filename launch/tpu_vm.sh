@@ -6,7 +6,7 @@
 #
 # Commands, in the order of a run:
 #   create   create the TPU VM
-#   install  copy this checkout (git archive HEAD) to every worker and install Python 3.11 with
+#   install  copy this checkout (git archive HEAD) to every worker and install Python 3.12 with
 #            the versions of launch/requirements.txt and jax[tpu]
 #   prepare  prepare the config's dataset in --data_dir, on worker 0 only
 #   train    start `python -m vit_jax.main` on every worker in the background (~/vit_jax.log)
@@ -135,7 +135,7 @@ do_install() {
   remote="set -e; rm -rf ~/vit_jax ~/venv; mkdir -p ~/vit_jax"
   remote+="; tar -xzf ~/vit_jax.tar.gz -C ~/vit_jax"
   remote+="; python3 -m pip install --user --quiet uv==$UV_VERSION"
-  remote+="; ~/.local/bin/uv venv --python 3.11 ~/venv"
+  remote+="; ~/.local/bin/uv venv --python 3.12 ~/venv"
   remote+="; ~/.local/bin/uv pip install --python ~/venv/bin/python"
   remote+=" -r ~/vit_jax/launch/requirements.txt 'jax[tpu]==$JAX_VERSION' -e ~/vit_jax"
   remote+="; ~/venv/bin/python -c 'import jax, vit_jax; print(\"jax\", jax.__version__)'"

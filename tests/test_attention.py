@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from vit_jax import models
 from vit_jax.models import attention
 from vit_jax.models import numerics
 from vit_jax.models import parts
@@ -292,13 +293,14 @@ def test_long_sequences_take_chunked_attention_on_cpu(monkeypatch):
   assert len(calls) == 1  # An explicit implementation is left to dot_product_attention.
 
 
-@pytest.mark.parametrize('multiple, padded', [(8, 24), (1, 17)])
-def test_cudnn_attention_pads_masks_and_equals_unpadded_attention(multiple, padded, monkeypatch):
-  """The 'cudnn' fast path pads 17 tokens to a multiple and masks the padded keys: output and
-  gradients equal the unpadded attention's. cuDNN's own kernel runs on a GPU only
-  (`--mode=device_report`); here its padded call goes to the XLA implementation."""
+@pytest.mark.parametrize('tokens, padded', [(17, 128), (50, 128), (64, 64), (192, 192)])
+def test_cudnn_attention_pads_masks_and_equals_unpadded_attention(tokens, padded, monkeypatch):
+  """The 'cudnn' fast path runs a multiple of 64 tokens as it is and pads any other count, with
+  the padded keys masked, to a multiple of 128: output and gradients equal the unpadded
+  attention's. cuDNN's own kernel runs on a GPU only (`--mode=device_report`); here its call
+  goes to the XLA implementation."""
   module = attention.SelfAttention(num_heads=2)
-  x = jax.random.normal(jax.random.key(1), (2, 17, 24))
+  x = jax.random.normal(jax.random.key(1), (2, tokens, 24))
   variables = module.init(jax.random.key(0), x)
   weights = jax.random.normal(jax.random.key(2), x.shape)
   calls, dot_product_attention = [], jax.nn.dot_product_attention
@@ -310,7 +312,6 @@ def test_cudnn_attention_pads_masks_and_equals_unpadded_attention(multiple, padd
     return dot_product_attention(q, k, v, *args, implementation='xla', **kwargs)
 
   monkeypatch.setattr(jax.nn, 'dot_product_attention', spy)
-  monkeypatch.setattr(numerics, 'CUDNN_SEQUENCE_MULTIPLE', multiple)
 
   def loss(variables, x, implementation):
     out = module.clone(fast_path_implementation=implementation).apply(variables, x)
@@ -322,10 +323,72 @@ def test_cudnn_attention_pads_masks_and_equals_unpadded_attention(multiple, padd
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
   (queries, keys, lengths), *_ = calls
   assert (queries, keys) == (padded, padded)
-  if padded == 17:
+  if padded == tokens:
     assert lengths is None
   else:
-    np.testing.assert_array_equal(lengths, [17, 17])
+    np.testing.assert_array_equal(lengths, [tokens, tokens])
+
+
+# Every family's token counts at its published sizes: ViT-B/32, ViT-B/16, DeiT distilled, 384 px,
+# T2T-ViT's token stages.
+PUBLISHED_TOKENS = (50, 197, 198, 577, 784, 3136)
+
+
+@pytest.mark.parametrize('tokens', PUBLISHED_TOKENS)
+def test_cudnn_padding_never_builds_a_masked_length_of_64_mod_128(tokens):
+  """Masked lengths ≡ 64 (mod 128) get NaN query gradients from cuDNN on Hopper: a length that
+  is padded is padded to a multiple of 128; only unmasked lengths are multiples of 64 alone."""
+  padded = numerics.cudnn_sequence_length(tokens)
+  assert padded >= tokens and padded - tokens < numerics.CUDNN_MASKED_MULTIPLE
+  if padded == tokens:
+    assert tokens % numerics.CUDNN_UNMASKED_MULTIPLE == 0
+  else:
+    assert padded % numerics.CUDNN_MASKED_MULTIPLE == 0
+  assert {50: 128, 197: 256, 198: 256, 577: 640, 784: 896, 3136: 3136}[tokens] == padded
+
+
+def test_auto_chooses_cudnn_only_where_it_is_known_correct(monkeypatch):
+  choose = numerics.choose_attention
+  assert choose('auto', 197, 197, 64, jnp.bfloat16) == (
+      'xla',
+      'cpu: no faster kernel known correct',
+  )
+  assert choose(None, 197, 197, 64, jnp.bfloat16).implementation == 'xla'
+  assert choose('xla', 197, 197, 64, jnp.bfloat16).implementation == 'xla'
+  monkeypatch.setattr(numerics, 'accelerator', lambda: 'cuda')
+  assert choose('auto', 197, 197, 64, jnp.bfloat16).implementation == 'cudnn'
+  assert choose(None, 3136, 3136, 64, jnp.float16).implementation == 'cudnn'
+  assert 'float32' in choose('auto', 197, 197, 64, jnp.float32).reason
+  assert 'head dim 12' in choose('auto', 197, 197, 12, jnp.bfloat16).reason
+  for requested in ('auto', 'cudnn'):  # A single query (CaiT's class attention) never.
+    one_query = choose(requested, 1, 197, 48, jnp.bfloat16)
+    assert one_query.implementation == 'xla' and 'one query' in one_query.reason
+  assert choose('cudnn', 197, 197, 64, jnp.float32).implementation == 'cudnn'  # Asked for.
+
+
+def test_plan_names_what_each_attention_runs_and_why(monkeypatch):
+  """CaiT's talking heads and DeepViT's Re-attention change the logits around the softmax and
+  stay in XLA, saying so; so does a single query; the rest takes cuDNN on an NVIDIA GPU (traced
+  here with cuDNN's call handed to XLA)."""
+  monkeypatch.setattr(numerics, 'accelerator', lambda: 'cuda')
+  xla = jax.nn.dot_product_attention
+  monkeypatch.setattr(jax.nn, 'dot_product_attention', lambda *a, implementation, **k: xla(*a, **k))
+  cait = models.create('cait_ti4', num_classes=10, dtype=jnp.bfloat16)
+  planned = attention.plan(cait, 32)
+  assert [(p.queries, p.keys, p.implementation) for p in planned] == [
+      (64, 64, 'xla'),
+      (1, 65, 'xla'),
+  ]
+  line = attention.describe(planned)
+  assert 'logits mixed between the product and the softmax' in line and 'one query' in line
+  deepvit = attention.describe(attention.plan(models.create('deepvit_ti4', num_classes=10), 32))
+  assert 'probabilities mixed after the softmax' in deepvit
+  vit_b16 = attention.plan(models.create('vit_b16', num_classes=10, dtype=jnp.bfloat16), 224)
+  assert [(p.queries, p.implementation) for p in vit_b16] == [(197, 'cudnn')]
+  assert 'padded to 256 with the padding masked' in attention.describe(vit_b16)
+  dropout = models.create('vit_ti4', num_classes=10, attention_dropout_rate=0.1)
+  assert attention.plan(dropout, 32)[0].reason == 'attention dropout'
+  assert attention.plan(dropout, 32, train=False)[0].implementation == 'xla'
 
 
 @pytest.mark.parametrize('scores', ['quadratic', 'learned'])

@@ -226,7 +226,8 @@ def test_memory_mode_refuses_a_mesh_that_does_not_divide_the_devices():
 @pytest.mark.e2e  # The device report, every row.
 def test_device_report_reduced_on_cpu(tmp_path, capsys):
   """The reduced report on CPU: every family trains (finite, falling loss), cuDNN is reported
-  unavailable, and the training and input pipeline rows carry their numbers."""
+  unavailable at every attention shape beside XLA's time, and the training and input pipeline
+  rows carry their numbers."""
   report = tmp_path / 'report.json'
   device_report.run(json_path=str(report))
   printed = capsys.readouterr().out
@@ -237,8 +238,13 @@ def test_device_report_reduced_on_cpu(tmp_path, capsys):
     row = rows[f'{family} training']
     assert row['ok'], row
     assert np.all(np.isfinite(row['numbers']['losses']))
-  assert 'cuDNN unavailable on cpu' in rows['attention cuDNN vs XLA']['result']
-  assert rows['attention cuDNN vs XLA']['numbers']['xla_ms'] > 0
+  for shape in device_report.ATTENTION_SHAPES:  # Every family's token counts, cuDNN vs XLA.
+    row = rows[f'attention {shape.name}']
+    assert 'cuDNN unavailable on cpu' in row['result'] and row['numbers']['xla_ms'] > 0, row
+    assert row['numbers']['chosen'] == 'xla' and row['ok'] is None
+    assert set(row['numbers']['cudnn']) == set(
+        device_report.cudnn_candidates(shape.queries, shape.keys)
+    )
   assert 'MFU not reported' in rows['vit_ti4 training']['result']
   assert rows['vit_ti4 training']['numbers']['images_per_s'] > 0
   assert rows['input pipeline']['numbers']['images_per_s'] > 0
@@ -285,3 +291,33 @@ def test_step_flops_of_a_matrix_product_from_its_shapes_alone():
   touched, so arrays on any device, or none, give the same count."""
   a, b = jax.ShapeDtypeStruct((8, 32), jnp.bfloat16), jnp.zeros((32, 4), jnp.bfloat16)
   assert device_report.step_flops(jnp.matmul, a, b) == 2 * 8 * 32 * 4
+
+
+def test_cudnn_candidates_are_each_distinct_padding_and_include_the_models_choice():
+  assert device_report.cudnn_candidates(197, 197) == {'unpadded': None, 'x128': 128}
+  assert device_report.cudnn_candidates(50, 50) == {'unpadded': None, 'x128': 128, 'x64': 64}
+  assert device_report.cudnn_candidates(3136, 3136) == {'unpadded': None, 'x128': 128}
+  for shape in device_report.ATTENTION_SHAPES:
+    candidates = device_report.cudnn_candidates(shape.queries, shape.keys)
+    assert device_report.chosen_padding(shape.queries, shape.keys) in candidates, shape
+
+
+def test_attention_rows_flag_nans_and_differences_of_the_chosen_padding(monkeypatch):
+  """With cuDNN's call handed to XLA the chosen padding agrees; a kernel that returns NaN in the
+  adversarial rows fails the row."""
+  monkeypatch.setattr(device_report.numerics, 'accelerator', lambda: 'cuda')
+  xla = jax.nn.dot_product_attention
+  monkeypatch.setattr(jax.nn, 'dot_product_attention', lambda *a, implementation, **k: xla(*a, **k))
+  shape = device_report.ATTENTION_SHAPES[1]
+  row = device_report.attention_row(shape, reduced=True, repeats=1)
+  assert row.ok and row.numbers['chosen'] == 'cudnn', row
+  assert row.numbers['cudnn']['x128']['max_rel_diff'] < 2e-2
+  assert 'chosen: cudnn x128' in row.result
+
+  def nan_rows(*a, implementation, **k):
+    out = xla(*a, **k)
+    return out.at[:, 0].set(jnp.nan) if implementation == 'cudnn' else out
+
+  monkeypatch.setattr(jax.nn, 'dot_product_attention', nan_rows)
+  row = device_report.attention_row(shape, reduced=True, repeats=1)
+  assert row.ok is False and ' NaN' in row.result

@@ -108,7 +108,7 @@ def test_tpu_dry_run_prints_the_commands_of_a_run(recorder):
   pins = requirement_pins()
   assert f"'jax[tpu]=={pins['jax']}'" in remote(install)
   assert '-r ~/vit_jax/launch/requirements.txt' in remote(install)
-  assert 'uv venv --python 3.11' in remote(install)
+  assert 'uv venv --python 3.12' in remote(install)
   assert (
       'launch/prepare_data.py --config=configs/vit.py:variant=S/4,dataset=cifar10 '
       '--data_dir=gs://my-bucket/tensorflow_datasets --config.batch_size=1024'
@@ -222,13 +222,13 @@ def test_slurm_install_pins_the_tested_versions(recorder):
   env, _ = recorder
   printed = launch(SLURM, ['--dry-run', '--venv=/shared/venv', 'install'], env).stdout
   commands = [shlex.split(line) for line in printed.splitlines()]
-  assert commands[0] == ['python3.11', '-m', 'venv', '/shared/venv']
+  assert commands[0] == ['python3.12', '-m', 'venv', '/shared/venv']
   assert commands[-1] == [
       '/shared/venv/bin/pip',
       'install',
       '-r',
       os.path.join(REPO, 'launch', 'requirements.txt'),
-      f'jax[cuda12]=={requirement_pins()["jax"]}',
+      f'jax[cuda13]=={requirement_pins()["jax"]}',
       '-e',
       REPO,
   ]

@@ -11,6 +11,7 @@ import functools
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from vit_jax import models
@@ -148,17 +149,13 @@ def test_every_shared_field_reaches_every_block(name):
 
 
 def _uses_fast_attention(model: nn.Module) -> bool:
-  """Whether some attention of `model` takes `jax.nn.dot_product_attention` at inference."""
+  """Whether some attention of `model` takes the fast path with more than one query at inference
+  (class attention's single query never goes to cuDNN)."""
   if not isinstance(model, vit.VisionTransformer):
     return False
   kinds = {model.block_attention(i) for i in range(model.depth)}
-  return (
-      'standard' in kinds
-      or model.class_stage == 'class_attention'
-      or (
-          model.stem == 't2t'
-          and model.kind_settings(parts.T2TSettings).tokens_type == 'transformer'
-      )
+  return 'standard' in kinds or (
+      model.stem == 't2t' and model.kind_settings(parts.T2TSettings).tokens_type == 'transformer'
   )
 
 
@@ -196,3 +193,26 @@ def test_family_protocol_declares_converters():
     assert (family.from_torch is None) == (family.to_torch is None)
   assert models.family('deit_ti16').from_torch is vit.from_timm
   assert stems.names()[0] == 'patch'
+
+
+def _first_of_each_family() -> list[str]:
+  firsts: dict[str, str] = {}
+  for name in models.names():
+    firsts.setdefault(models.family(name).name, name)
+  return sorted(firsts.values())
+
+
+@pytest.mark.parametrize('name', _first_of_each_family())
+def test_auto_attention_is_xla_on_cpu_with_the_same_logits(name):
+  """The default implementation ('auto') runs every family on CPU without an error, as XLA, and
+  computes the logits of the explicit XLA path."""
+  tiny, size = _tiny(name)
+  model = models.create(name, num_classes=3, **tiny)
+  images = jax.random.normal(jax.random.key(3), (2, size, size, 3))
+  variables = model.init(jax.random.key(0), images)
+  assert getattr(model, 'attention_implementation', 'auto') == 'auto'
+  assert all(p.implementation == 'xla' for p in attention.plan(model, size, train=False))
+  auto = model.apply(variables, images)
+  if hasattr(model, 'attention_implementation'):
+    xla = dataclasses.replace(model, attention_implementation='xla').apply(variables, images)
+    np.testing.assert_allclose(auto, xla, rtol=1e-5, atol=1e-5)

@@ -9,6 +9,7 @@ import site
 import subprocess
 import sys
 
+from conftest import copy_of_project
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,14 +32,7 @@ def _installed_python(tmp_path) -> str:
   """A fresh virtual environment's python with a copy of the project installed non-editable;
   the test environment's packages (jax, flax, ...) are seen behind its own, so nothing is
   downloaded."""
-  source = tmp_path / 'source'
-  shutil.copytree(
-      os.path.join(REPO, 'vit_jax'),
-      source / 'vit_jax',
-      ignore=shutil.ignore_patterns('__pycache__'),
-  )
-  for name in ('pyproject.toml', 'README.md'):
-    shutil.copy(os.path.join(REPO, name), source / name)
+  source = copy_of_project(tmp_path / 'source')
   venv = tmp_path / 'venv'
   subprocess.run([sys.executable, '-m', 'venv', '--without-pip', str(venv)], check=True)
   python = str(venv / 'bin' / 'python')

@@ -4,9 +4,12 @@ r"""What the accelerator at hand runs, in one table:
 For the day a GPU or TPU is lent, one command checks and measures what matters there:
 - every family's quick model (`configs/FAMILY.py`) trains a few bfloat16 steps on one repeated
   batch: the loss is finite and falls;
-- `jax.nn.dot_product_attention` with cuDNN against XLA on ViT-B-shaped heads in bfloat16:
-  outputs equal within bfloat16 tolerance, and the time of each (forward and backward);
-- ViT-B/16's bfloat16 training step: images/s, XLA's FLOP count and, for a device kind of
+- attention at every family's token counts (`ATTENTION_SHAPES`), bfloat16: cuDNN against XLA,
+  outputs and gradients under rows of very large negative logits, NaNs, and the forward and
+  backward time of XLA and of each cuDNN padding; the row fails where what the models choose
+  (`numerics.choose_attention`, `numerics.cudnn_sequence_length`) is wrong;
+- ViT-B/16's bfloat16 training step with the default attention ('auto', named in the row) at 256
+  and 512 images per device, and with XLA's: images/s, XLA's FLOP count and, for a device kind of
   `PEAK_TFLOPS`, the model FLOPs utilisation;
 - the training input pipeline (DeiT's ImageNet recipe on the embedded digits) on every host core,
   beside the images/s that the ViT-B/16 step needs on every local device.
@@ -19,14 +22,16 @@ import importlib
 import json
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from vit_jax import models
 from vit_jax import runtime
+from vit_jax.models import attention as attention_lib
 from vit_jax.models import numerics
 from vit_jax.training import optim
 from vit_jax.training import start as start_lib
@@ -120,12 +125,13 @@ def _train_step(
 def _compiled_train_step(
     config: ml_collections.ConfigDict, batch: dict, num_classes: int
 ) -> tuple[Callable, steps.TrainState, float | None]:
-  """The config's training step, compiled, its fresh state and its FLOPs. cuDNN's attention is
-  counted as the XLA attention that computes the same (cuDNN's kernel is no CPU operation)."""
+  """The config's training step, compiled, its fresh state and its FLOPs. Attention is counted
+  as the XLA attention that computes the same (cuDNN's kernel is no CPU operation)."""
   step, init = _train_step(config, num_classes)
   state = jax.jit(init)()
   compiled = jax.jit(step, donate_argnums=0).lower(state, batch).compile()
-  if config.model.get('attention_implementation') == 'cudnn':
+  model = models.model_from_section(config.model.to_dict(), num_classes, config.dtype)
+  if getattr(model, 'attention_implementation', 'xla') != 'xla':
     config = config.copy_and_resolve_references()
     config.model.attention_implementation = 'xla'
     step, _ = _train_step(config, num_classes)
@@ -179,14 +185,97 @@ def _time(function: Callable[[], Any], repeats: int) -> float:
   return (time.perf_counter() - start) / repeats
 
 
-def attention_row(*, reduced: bool, repeats: int) -> Row:
-  """cuDNN against XLA `jax.nn.dot_product_attention`, forward and backward, bfloat16."""
-  batch, tokens, heads, head_dim = (2, 17, 2, 16) if reduced else (64, 197, 12, 64)
+class AttentionShape(NamedTuple):
+  """One attention shape of a family at its published size: (batch, queries, keys, heads,
+  head_dim), and the reduced sizes that keep its token counts."""
+
+  name: str
+  batch: int
+  queries: int
+  keys: int
+  heads: int
+  head_dim: int
+
+  def reduced(self) -> 'AttentionShape':
+    return self._replace(batch=1, heads=1, head_dim=8)
+
+
+# Every family's token counts at its published sizes.
+ATTENTION_SHAPES = (
+    AttentionShape('ViT-B/32', 256, 50, 50, 12, 64),
+    AttentionShape('ViT-B/16', 64, 197, 197, 12, 64),
+    AttentionShape('DeiT-B distilled', 64, 198, 198, 12, 64),
+    AttentionShape('ViT-B/16 at 384', 16, 577, 577, 12, 64),
+    AttentionShape('CaiT-S24 class attention', 64, 1, 197, 8, 48),
+    AttentionShape('T2T-ViT-14 token stage 1', 8, 3136, 3136, 1, 64),
+    AttentionShape('T2T-ViT-14 token stage 2', 32, 784, 784, 1, 64),
+)
+# Rows of very large negative scores: the logits that break some kernels' backward passes.
+ADVERSARIAL_SCORE = -2000.0
+
+
+def _attention_inputs(shape: AttentionShape) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """bfloat16 q (pre-scaled), k, v of `shape`; the first queries of each sequence score every key
+  near `ADVERSARIAL_SCORE`."""
   q, k, v = (
-      jax.random.normal(key, (batch, tokens, heads, head_dim), jnp.bfloat16)
-      for key in jax.random.split(jax.random.key(0), 3)
+      jax.random.normal(key, (shape.batch, n, shape.heads, shape.head_dim), jnp.float32)
+      for key, n in zip(
+          jax.random.split(jax.random.key(0), 3), (shape.queries, shape.keys, shape.keys)
+      )
   )
-  q = q / np.sqrt(head_dim).astype(q.dtype)  # Pre-scaled, as the models' attention takes it.
+  q = q / np.sqrt(shape.head_dim)
+  k = k.at[..., 0].set(5.0 + jnp.abs(k[..., 0]))
+  adversarial = max(1, shape.queries // 8)
+  q = q.at[:, :adversarial].set(0.0).at[:, :adversarial, :, 0].set(ADVERSARIAL_SCORE / 7.5)
+  return q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), v.astype(jnp.bfloat16)
+
+
+def _padded_cudnn(multiple: int | None) -> Callable:
+  """cuDNN attention over queries and keys each padded to a multiple of `multiple` tokens, the
+  padded keys masked; None: unpadded and unmasked."""
+
+  def attend(q, k, v):
+    if multiple is None:
+      return jax.nn.dot_product_attention(q, k, v, scale=1.0, implementation='cudnn')
+    pad = lambda x: jnp.pad(x, ((0, 0), (0, -x.shape[1] % multiple), (0, 0), (0, 0)))
+    out = jax.nn.dot_product_attention(
+        pad(q),
+        pad(k),
+        pad(v),
+        scale=1.0,
+        key_value_seq_lengths=jnp.full((q.shape[0],), k.shape[1], jnp.int32),
+        implementation='cudnn',
+    )
+    return out[:, : q.shape[1]]
+
+  return attend
+
+
+def cudnn_candidates(queries: int, keys: int) -> dict[str, int | None]:
+  """The paddings the report times for cuDNN, each distinct one once: none, and to multiples of
+  64 and of 128 with the padded keys masked."""
+  candidates: dict[str, int | None] = {'unpadded': None}
+  seen = {(queries, keys)}
+  for multiple in (numerics.CUDNN_MASKED_MULTIPLE, numerics.CUDNN_UNMASKED_MULTIPLE):
+    padded = tuple(-(-n // multiple) * multiple for n in (queries, keys))
+    if padded not in seen:
+      seen.add(padded)
+      candidates[f'x{multiple}'] = multiple
+  return candidates
+
+
+def chosen_padding(queries: int, keys: int) -> str:
+  """The candidate of `cudnn_candidates` that the models' cuDNN attention runs."""
+  lengths = (numerics.cudnn_sequence_length(queries), numerics.cudnn_sequence_length(keys))
+  return 'unpadded' if lengths == (queries, keys) else f'x{numerics.CUDNN_MASKED_MULTIPLE}'
+
+
+def attention_row(shape: AttentionShape, *, reduced: bool, repeats: int) -> Row:
+  """cuDNN against XLA at one shape in bfloat16: outputs and gradients, NaNs under adversarial
+  logits, and the forward and backward time of XLA and of each cuDNN padding."""
+  if reduced:
+    shape = shape.reduced()
+  q, k, v = _attention_inputs(shape)
 
   def step(attend):
     def loss(q, k, v):
@@ -195,72 +284,82 @@ def attention_row(*, reduced: bool, repeats: int) -> Row:
 
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
 
+  as32 = lambda x: np.asarray(x, np.float32)
   xla = step(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, scale=1.0, implementation='xla'))
-  xla_s = _time(lambda: xla(q, k, v), repeats)
-  shape = (
-      f'{batch}x{tokens} tokens (cuDNN padded to {numerics.cudnn_sequence_length(tokens)}) x '
-      f'{heads} heads x {head_dim}'
-  )
-  numbers = {'shape': shape, 'xla_ms': 1e3 * xla_s}
-  try:
-    cudnn = step(numerics.cudnn_attention)
-    (_, cudnn_out), cudnn_grads = cudnn(q, k, v)
-  except Exception as e:  # pylint: disable=broad-except
-    reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+  (_, xla_out), xla_grads = xla(q, k, v)
+  numbers: dict[str, Any] = {
+      'shape': shape._asdict(),
+      'xla_ms': 1e3 * _time(lambda: xla(q, k, v), repeats),
+      'chosen': numerics.choose_attention(
+          'auto', shape.queries, shape.keys, shape.head_dim, jnp.bfloat16
+      ).implementation,
+      'chosen_padding': chosen_padding(shape.queries, shape.keys),
+      'cudnn': {},
+  }
+  check = f'attention {shape.name} ({shape.queries}x{shape.keys}, bf16)'
+  for label, multiple in cudnn_candidates(shape.queries, shape.keys).items():
+    try:
+      cudnn = step(_padded_cudnn(multiple))
+      (_, out), grads = cudnn(q, k, v)
+    except Exception as e:  # pylint: disable=broad-except
+      reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+      numbers['cudnn'][label] = {'error': reason[:200]}
+      continue
+    nan = not all(np.all(np.isfinite(as32(x))) for x in (out, *grads))
+    scale = lambda b: float(np.max(np.abs(as32(b)))) + 1e-6
+    diff = max(
+        float(np.max(np.abs(as32(a) - as32(b)))) / scale(b)
+        for a, b in zip((out, *grads), (xla_out, *xla_grads))
+    )
+    numbers['cudnn'][label] = {
+        'nan': nan,
+        'max_rel_diff': diff,
+        'ms': 1e3 * _time(lambda: cudnn(q, k, v), repeats),
+    }
+  measured = {label: m for label, m in numbers['cudnn'].items() if 'error' not in m}
+  if not measured:
+    first = next(iter(numbers['cudnn'].values()))['error']
     return Row(
-        'attention cuDNN vs XLA (bf16)',
-        f'cuDNN unavailable on {jax.devices()[0].platform} ({reason}); XLA '
-        f'{1e3 * xla_s:.2f} ms fwd+bwd, {shape}',
+        check,
+        f'cuDNN unavailable on {jax.devices()[0].platform} ({first}); XLA '
+        f'{numbers["xla_ms"]:.2f} ms fwd+bwd',
         None,
         numbers,
     )
-  (_, xla_out), xla_grads = xla(q, k, v)
-  as32 = lambda x: np.asarray(x, np.float32)
-  out_diff = float(np.max(np.abs(as32(cudnn_out) - as32(xla_out))))
-  grad_diff = max(
-      float(np.max(np.abs(as32(a) - as32(b))) / (np.max(np.abs(as32(b))) + 1e-6))
-      for a, b in zip(cudnn_grads, xla_grads)
+  chosen = numbers['chosen_padding']
+  text = ', '.join(
+      f'{label} {m["ms"]:.2f} ms{" NaN" if m["nan"] else ""} (rel {m["max_rel_diff"]:.1g})'
+      for label, m in measured.items()
   )
-  cudnn_s = _time(lambda: cudnn(q, k, v), repeats)
-  ok = out_diff < 2e-2 and grad_diff < 2e-2
-  numbers.update(cudnn_ms=1e3 * cudnn_s, max_abs_diff=out_diff, max_rel_grad_diff=grad_diff)
+  # What the models run must be correct; the other candidates are reported beside it.
+  ok = numbers['chosen'] != 'cudnn' or (
+      chosen in measured
+      and not measured[chosen]['nan']
+      and measured[chosen]['max_rel_diff'] <= 2e-2
+  )
   return Row(
-      'attention cuDNN vs XLA (bf16)',
-      f'max |diff| {out_diff:.2g} (grads {grad_diff:.2g} rel); cuDNN {1e3 * cudnn_s:.2f} '
-      f'ms, XLA {1e3 * xla_s:.2f} ms fwd+bwd, {shape}',
+      check,
+      f'XLA {numbers["xla_ms"]:.2f} ms; cuDNN {text}; chosen: {numbers["chosen"]}'
+      + (f' {chosen}' if numbers['chosen'] == 'cudnn' else ''),
       ok,
       numbers,
   )
 
 
 def throughput_configs(*, reduced: bool) -> list[tuple[ml_collections.ConfigDict, int]]:
-  """(config, classes) of each ViT-B/16 bfloat16 training step the report times, at two batch
-  sizes per device: with XLA's attention and, where it runs, cuDNN's (reduced: the ViT row's
-  step, which a persistent compilation cache holds already)."""
+  """(config, classes) of each ViT-B/16 bfloat16 training step the report times: the default
+  attention ('auto') at 256 and 512 images per device, XLA's at 256 (reduced: the ViT row's step,
+  which a persistent compilation cache holds already)."""
   if reduced:
     return [(_reduced_config('vit'), 10)]
-  tokens = (224 // 16) ** 2 + 1
-  variants = [('xla', 128), ('xla', 256)]
-  variants += [('cudnn', 128), ('cudnn', 256)] if _cudnn_runs(tokens) else []
   configs = []
-  for implementation, per_device in variants:
+  for implementation, per_device in (('auto', 256), ('auto', 512), ('xla', 256)):
     config = family_config('vit', 'variant=B/16')
     config.dtype = 'bfloat16'
     config.model.attention_implementation = implementation
     config.batch_size = per_device * jax.local_device_count()
     configs.append((config, 1000))
   return configs
-
-
-def _cudnn_runs(tokens: int) -> bool:
-  """Whether the models' cuDNN attention (`numerics.cudnn_attention`) runs on this machine for
-  sequences of `tokens`."""
-  q = jnp.zeros((1, tokens, 1, 64), jnp.bfloat16)
-  try:
-    jax.block_until_ready(numerics.cudnn_attention(q, q, q))
-  except Exception:  # pylint: disable=broad-except
-    return False
-  return True
 
 
 def throughput_row(config: ml_collections.ConfigDict, num_classes: int, repeats: int) -> Row:
@@ -278,10 +377,15 @@ def throughput_row(config: ml_collections.ConfigDict, num_classes: int, repeats:
   images_per_s = batch_size / seconds
   kind = jax.devices()[0].device_kind
   peak = peak_tflops(kind)
-  attention = config.model.get('attention_implementation') or 'default'
+  planned = attention_lib.plan(
+      models.model_from_section(config.model.to_dict(), num_classes, config.dtype),
+      config.image_size,
+  )
+  attention = ', '.join(sorted({p.implementation for p in planned})) or 'no'
   numbers = {
       'model': config.model.name,
       'attention': attention,
+      'attention_plan': attention_lib.describe(planned),
       'batch': batch_size,
       'image_size': config.image_size,
       'images_per_s': images_per_s,
@@ -382,7 +486,11 @@ def run(*, reduced: bool | None = None, json_path: str | None = None) -> list[Ro
         f'{family} training (bf16)',
         lambda: family_row(family, reduced=reduced, num_steps=4 if reduced else 10),
     )
-  add('attention cuDNN vs XLA (bf16)', lambda: attention_row(reduced=reduced, repeats=repeats))
+  for shape in ATTENTION_SHAPES:
+    add(
+        f'attention {shape.name}',
+        lambda: attention_row(shape, reduced=reduced, repeats=repeats),
+    )
   needed = 0.0
   for config, num_classes in throughput_configs(reduced=reduced):
     row = add(

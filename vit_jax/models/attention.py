@@ -12,6 +12,7 @@ and head mixing accumulate in float32 from operands in the compute dtype, in bot
 (`numerics.einsum_float32`).
 """
 
+import contextvars
 import dataclasses
 import functools
 import math
@@ -96,6 +97,23 @@ def attend(
   return jnp.einsum(f'{probs_axes},{values_axes}->bqhd', probs.astype(values.dtype), values)
 
 
+class PlannedAttention(NamedTuple):
+  """One content attention of a model as traced: its shape and what it runs (`plan`)."""
+
+  queries: int
+  keys: int
+  heads: int
+  head_dim: int
+  implementation: str
+  reason: str
+
+
+# The list that `plan` collects each traced content attention's choice into.
+_PLANNED: contextvars.ContextVar[list[PlannedAttention] | None] = contextvars.ContextVar(
+    '_PLANNED', default=None
+)
+
+
 def content_attention(
     module: nn.Module,
     q: jax.Array,
@@ -104,35 +122,45 @@ def content_attention(
     *,
     dropout_rate: float,
     train: bool,
-    implementation: str | None = None,
+    implementation: str | None = 'auto',
     pre_softmax: Callable[[jax.Array], jax.Array] | None = None,
     post_softmax: Callable[[jax.Array], jax.Array] | None = None,
     dropout_before_post_softmax: bool = False,
 ) -> jax.Array:
   """softmax(q k^T) v for q pre-scaled, all (batch, tokens, heads, head_dim).
 
-  When nothing needs the explicit probabilities: with `implementation` None,
-  `numerics.softmax_attention` (on CPU `numerics.chunked_attention` for long sequences); with 'xla',
-  `jax.nn.dot_product_attention` of that implementation; with 'cudnn', `numerics.cudnn_attention`.
-  Otherwise the shared pipeline `attend`.
+  When nothing needs the explicit probabilities, the fast path of `numerics.choose_attention`:
+  cuDNN (`numerics.cudnn_attention`); 'xla' asked for, `jax.nn.dot_product_attention` of that
+  implementation; else `numerics.softmax_attention` (on CPU `numerics.chunked_attention` for long
+  sequences). Otherwise the shared pipeline `attend`, in XLA.
   """
-  fast = (
-      pre_softmax is None
-      and post_softmax is None
-      and not module.is_mutable_collection('intermediates')
-      and (not train or dropout_rate == 0.0)
-  )
-  if fast and implementation is None:
-    if (
+  fast: Callable[[jax.Array, jax.Array, jax.Array], jax.Array] | None = None
+  if pre_softmax is not None:
+    choice = numerics.AttentionChoice('xla', 'logits mixed between the product and the softmax')
+  elif post_softmax is not None:
+    choice = numerics.AttentionChoice('xla', 'probabilities mixed after the softmax')
+  elif module.is_mutable_collection('intermediates'):
+    choice = numerics.AttentionChoice('xla', 'probabilities sown')
+  elif train and dropout_rate > 0.0:
+    choice = numerics.AttentionChoice('xla', 'attention dropout')
+  else:
+    choice = numerics.choose_attention(implementation, q.shape[1], k.shape[1], q.shape[3], q.dtype)
+    if choice.implementation == 'cudnn':
+      fast = numerics.cudnn_attention
+    elif implementation == 'xla':
+      fast = functools.partial(jax.nn.dot_product_attention, scale=1.0, implementation='xla')
+    elif (
         jax.default_backend() == 'cpu'
         and q.shape[1] * k.shape[1] >= numerics.CHUNKED_ATTENTION_MIN_PAIRS
     ):
-      return numerics.chunked_attention(q, k, v)
-    return numerics.softmax_attention(q, k, v)
-  if fast and implementation == 'cudnn':
-    return numerics.cudnn_attention(q, k, v)
-  if fast:
-    return jax.nn.dot_product_attention(q, k, v, scale=1.0, implementation=implementation)
+      fast = numerics.chunked_attention
+    else:
+      fast = numerics.softmax_attention
+  planned = _PLANNED.get()
+  if planned is not None:
+    planned.append(PlannedAttention(q.shape[1], k.shape[1], *q.shape[2:], *choice))
+  if fast is not None:
+    return fast(q, k, v)
   scores = numerics.einsum_float32('bqhd,bkhd->bhqk', q, k)
   return attend(
       module,
@@ -144,6 +172,35 @@ def content_attention(
       post_softmax=post_softmax,
       dropout_before_post_softmax=dropout_before_post_softmax,
   )
+
+
+def plan(model: nn.Module, image_size: int, *, train: bool = True) -> tuple[PlannedAttention, ...]:
+  """What each content attention of `model` runs on `image_size`² images: traced (as
+  `jax.eval_shape`), not computed; each distinct one once."""
+  planned: list[PlannedAttention] = []
+  token = _PLANNED.set(planned)
+  try:
+    images = jax.ShapeDtypeStruct((1, image_size, image_size, 3), jnp.float32)
+    rngs = {'params': jax.random.key(0), 'dropout': jax.random.key(1)}
+    jax.eval_shape(functools.partial(model.init, train=train), rngs, images)
+  finally:
+    _PLANNED.reset(token)
+  return tuple(dict.fromkeys(planned))
+
+
+def describe(planned: tuple[PlannedAttention, ...]) -> str:
+  """One line: what each distinct attention of a model runs, and why."""
+  if not planned:
+    return 'Attention: none (no content attention in the model).'
+  entries = []
+  for p in planned:
+    shape = f'{p.queries}x{p.keys} tokens, {p.heads} heads of {p.head_dim}'
+    if p.implementation == 'cudnn':
+      lengths = {numerics.cudnn_sequence_length(n) for n in (p.queries, p.keys)}
+      if lengths != {p.queries, p.keys}:
+        shape += f', padded to {"/".join(map(str, sorted(lengths)))} with the padding masked'
+    entries.append(f'{p.implementation} for {shape} ({p.reason})')
+  return 'Attention: ' + '; '.join(entries) + '.'
 
 
 def _merge_heads(heads: jax.Array) -> jax.Array:
@@ -211,7 +268,7 @@ class SelfAttention(nn.Module):
   re_attention_scale: bool = False
   kernel_init: Initializer = initializers.DEFAULT_KERNEL_INIT
   bias_init: Initializer = nn.initializers.zeros
-  fast_path_implementation: str | None = None
+  fast_path_implementation: str | None = 'auto'
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -312,7 +369,7 @@ class ClassAttention(nn.Module):
   dropout_rate: float = 0.0
   kernel_init: Initializer = initializers.DEFAULT_KERNEL_INIT
   bias_init: Initializer = nn.initializers.zeros
-  fast_path_implementation: str | None = None
+  fast_path_implementation: str | None = 'auto'
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -355,7 +412,7 @@ class TokenAttention(nn.Module):
   dropout_rate: float = 0.0
   kernel_init: Initializer = initializers.DEFAULT_KERNEL_INIT
   bias_init: Initializer = nn.initializers.zeros
-  fast_path_implementation: str | None = None
+  fast_path_implementation: str | None = 'auto'
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 

@@ -3,7 +3,7 @@ dot, products accumulated into float32 (`einsum_float32`), and softmax(q k^T) v 
 query chunks or as cuDNN flash attention."""
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -148,23 +148,73 @@ def softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
   return jnp.einsum('bhqk,bkhd->bqhd', probs, v)
 
 
-# cuDNN's flash attention takes sequences padded to a multiple of this many tokens (ViT's 197 it
-# refuses); the padded keys are masked by their count.
-CUDNN_SEQUENCE_MULTIPLE = 64
+# The implementations of the fast path (`choose_attention`).
+ATTENTION_IMPLEMENTATIONS = ('auto', 'xla', 'cudnn')
+
+# cuDNN's flash attention runs a sequence of a multiple of this many tokens as it is; any other
+# length is padded, with the padded keys masked by their count (no bias), to a multiple of
+# `CUDNN_MASKED_MULTIPLE`: its backward pass gives NaN query gradients for a masked length
+# ≡ 64 (mod 128) on Hopper (pytorch #196678, huggingface/trl #7181).
+CUDNN_UNMASKED_MULTIPLE = 64
+CUDNN_MASKED_MULTIPLE = 128
+# What cuDNN's flash attention takes: half-precision operands, heads of at most 128 features in
+# multiples of 8.
+CUDNN_DTYPES = ('bfloat16', 'float16')
+CUDNN_MAX_HEAD_DIM = 128
 
 
 def cudnn_sequence_length(tokens: int) -> int:
-  """The length `cudnn_attention` pads a sequence of `tokens` to."""
-  return -(-tokens // CUDNN_SEQUENCE_MULTIPLE) * CUDNN_SEQUENCE_MULTIPLE
+  """The length `cudnn_attention` runs a sequence of `tokens` at (see `CUDNN_MASKED_MULTIPLE`)."""
+  if tokens % CUDNN_UNMASKED_MULTIPLE == 0:
+    return tokens
+  return -(-tokens // CUDNN_MASKED_MULTIPLE) * CUDNN_MASKED_MULTIPLE
+
+
+class AttentionChoice(NamedTuple):
+  """The implementation a fast-path attention runs ('xla' or 'cudnn') and why."""
+
+  implementation: str
+  reason: str
+
+
+def accelerator() -> str:
+  """'cuda' on NVIDIA GPUs, else JAX's default backend ('cpu', 'tpu', 'gpu' for others)."""
+  backend = jax.default_backend()
+  if backend == 'gpu' and jax.devices()[0].device_kind.startswith('NVIDIA'):
+    return 'cuda'
+  return backend
+
+
+def choose_attention(
+    requested: str | None, queries: int, keys: int, head_dim: int, dtype: Any
+) -> AttentionChoice:
+  """What the fast path runs for `requested` ('auto', None for 'auto', 'xla', 'cudnn') on these
+  shapes, on this machine: cuDNN where it is asked for or, with 'auto', on NVIDIA GPUs for the
+  shapes and dtypes it computes correctly; XLA elsewhere. A single query never goes to cuDNN:
+  its kernel gives NaN key and value gradients for one query with large negative logits on H200
+  (NVIDIA/cudnn-frontend #1072)."""
+  if requested == 'xla':
+    return AttentionChoice('xla', 'asked for')
+  if requested != 'cudnn' and accelerator() != 'cuda':
+    return AttentionChoice('xla', f'{accelerator()}: no faster kernel known correct')
+  if queries == 1:
+    return AttentionChoice('xla', "one query: cuDNN's gives NaN gradients, cudnn-frontend #1072")
+  if requested == 'cudnn':
+    return AttentionChoice('cudnn', 'asked for')
+  if jnp.dtype(dtype).name not in CUDNN_DTYPES:
+    return AttentionChoice('xla', f'{jnp.dtype(dtype).name} (cuDNN takes {"/".join(CUDNN_DTYPES)})')
+  if head_dim % 8 or head_dim > CUDNN_MAX_HEAD_DIM:
+    return AttentionChoice('xla', f'head dim {head_dim} (cuDNN takes multiples of 8 up to 128)')
+  return AttentionChoice('cudnn', 'fastest correct on NVIDIA GPUs')
 
 
 def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
   """softmax(q k^T) v for q pre-scaled, all (batch, tokens, heads, head_dim), as cuDNN flash
   attention (`jax.nn.dot_product_attention`; GPU, float16/bfloat16).
 
-  Queries and keys are padded to a multiple of `CUDNN_SEQUENCE_MULTIPLE` tokens, the padded keys
-  masked (`key_value_seq_lengths`) and the padded queries' outputs dropped: the result and its
-  gradients are those of the unpadded sequences.
+  Queries and keys are padded to `cudnn_sequence_length`, the padded keys masked
+  (`key_value_seq_lengths`) and the padded queries' outputs dropped: the result and its gradients
+  are those of the unpadded sequences.
   """
   queries, keys = q.shape[1], k.shape[1]
   padded_queries, padded_keys = cudnn_sequence_length(queries), cudnn_sequence_length(keys)

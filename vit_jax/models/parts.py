@@ -50,7 +50,7 @@ class Parts:
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
   drop_path_rate: float = 0.0
-  attention_implementation: str | None = None
+  attention_implementation: str | None = 'auto'
   mlp_activation: str = 'gelu'
   qkv_bias: bool = True
   layer_norm_eps: float = 1e-6

@@ -106,12 +106,14 @@ class VisionTransformer(nn.Module, parts.Parts):
   `init_scheme='google'` (default; the paper's official code) zero-initialises the head and uses
   xavier Dense kernels; `'timm'` is DeiT/timm's N(0, 0.02) scheme. `representation_size` adds the
   paper's tanh pre-logits layer. The position embedding length is set by the input at init.
-  attention_implementation='cudnn' runs the fast attention path as cuDNN flash attention (GPU,
-  float16/bfloat16) over sequences padded to a whole number of its tiles
-  (`numerics.cudnn_attention`), 'xla' as `jax.nn.dot_product_attention`'s XLA implementation;
-  None computes the same as 'xla' (`numerics.softmax_attention`, whose backward pass keeps
-  bfloat16 operands in mixed precision), and on CPU takes sequences of 1024+ tokens by query
-  chunks (`numerics.chunked_attention`).
+  `attention_implementation` picks what runs attention where no probabilities are needed
+  (`numerics.choose_attention`): 'auto' (None in configs recorded before it) cuDNN flash attention
+  on NVIDIA GPUs for the shapes and dtypes it computes correctly, padded where it needs it
+  (`numerics.cudnn_attention`), else XLA (`numerics.softmax_attention`, whose backward pass keeps
+  bfloat16 operands in mixed precision; on CPU sequences of 1024+ tokens by query chunks,
+  `numerics.chunked_attention`); 'cudnn' cuDNN wherever it is not known wrong; 'xla'
+  `jax.nn.dot_product_attention`'s XLA implementation. `vit_jax.models.attention.plan` says what
+  each attention of a model runs, and why; training logs it in one line.
 
   `global_pool` picks what the head reads, as timm's field of that name: 'token' the class token;
   'avg' the mean of all tokens after the final LayerNorm (no class token; big_vision's 'gap',
@@ -228,7 +230,7 @@ class VisionTransformer(nn.Module, parts.Parts):
     for name, valid in (
         ('global_pool', GLOBAL_POOLS),
         ('mlp_activation', layers.ACTIVATIONS),
-        ('attention_implementation', (None, 'xla', 'cudnn')),
+        ('attention_implementation', (None, *numerics.ATTENTION_IMPLEMENTATIONS)),
         ('stem', stems.names()),
         ('attention', attention_lib.kinds()),
         ('class_stage', CLASS_STAGES),

@@ -324,7 +324,7 @@ def make_train_step(
     extra = {} if schedule is None else {'schedule': schedule}
     updates, opt_state = tx.update(grads, state.opt_state, state.params, **extra)
     params = optax.apply_updates(state.params, updates)
-    metrics = {'loss': loss, 'accuracy': accuracy, 'grad_norm': optax.global_norm(grads)}
+    metrics = {'loss': loss, 'accuracy': accuracy, 'grad_norm': optax.tree.norm(grads)}
     ema = state.ema
     if ema_decay:
       ema = update_ema(ema, {'params': params, 'batch_stats': batch_stats}, ema_decay)

@@ -37,6 +37,7 @@ from vit_jax.data import settings as data_settings
 from vit_jax.evaluators import eval_sets as eval_sets_lib
 from vit_jax.evaluators import evaluator
 from vit_jax.evaluators import standalone
+from vit_jax.models import attention as attention_lib
 from vit_jax.parallel import sharding
 from vit_jax.training import interruption
 from vit_jax.training import memory
@@ -156,6 +157,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
     return RunResult(step=None, metrics=metrics)
   evaluators = (*settings.evaluators.values(), test_sets)  # In the order they log.
   abstract_state = jax.eval_shape(start.init)
+  planned_attention = attention_lib.plan(model, settings.data.image_size)
+  if planned_attention:
+    logging.info('%s', attention_lib.describe(planned_attention))
   teacher = (
       None if settings.teacher is None else teacher_lib.load(settings.teacher, info.num_classes)
   )
