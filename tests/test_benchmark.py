@@ -321,3 +321,11 @@ def test_attention_rows_flag_nans_and_differences_of_the_chosen_padding(monkeypa
   monkeypatch.setattr(jax.nn, 'dot_product_attention', nan_rows)
   row = device_report.attention_row(shape, reduced=True, repeats=1)
   assert row.ok is False and ' NaN' in row.result
+
+
+def test_device_report_measures_only_the_groups_asked_for(monkeypatch):
+  monkeypatch.setattr(device_report.runtime, 'tensorflow_installed', lambda: False)
+  rows = device_report.run(reduced=True, groups=('input',))
+  assert [row.check for row in rows] == ['input pipeline']
+  with pytest.raises(ValueError, match=r"Unknown device report rows \['kernels'\]; choose from"):
+    device_report.run(reduced=True, groups=('attention', 'kernels'))

@@ -9,6 +9,7 @@ r"""Measures a config's model and the machine at hand; `--mode` picks what is me
   python -m vit_jax.benchmark --mode=input_pipeline --batch=96 --vs_timm \
       --config=configs/deit.py:variant=S,dataset=folder:/path/to/images
   python -m vit_jax.benchmark --mode=device_report --report_json=/tmp/device_report.json
+  python -m vit_jax.benchmark --mode=device_report --report_rows=attention,throughput
 
 Modes:
   step            (default) images/s of the training step and of inference, compile times, XLA's
@@ -158,6 +159,12 @@ _REDUCED = flags.DEFINE_bool('reduced', None, 'device_report: tiny sizes (defaul
 _REPORT_JSON = flags.DEFINE_string(
     'report_json', 'device_report.json', 'device_report: where the table is written as JSON.'
 )
+_REPORT_ROWS = flags.DEFINE_list(
+    'report_rows',
+    None,
+    'device_report: the groups of rows to measure, of families, attention, throughput, input '
+    '(default: every group).',
+)
 
 
 def _before_libraries() -> None:
@@ -191,7 +198,11 @@ def main(argv) -> None:
 
     if _CPU_TUNING.value:
       runtime.configure()
-    device_report.run(reduced=_REDUCED.value, json_path=_REPORT_JSON.value)
+    device_report.run(
+        reduced=_REDUCED.value,
+        json_path=_REPORT_JSON.value,
+        groups=tuple(_REPORT_ROWS.value or device_report.GROUPS),
+    )
     return
   # pylint: disable=g-import-not-at-top
   from vit_jax import models

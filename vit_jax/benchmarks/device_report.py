@@ -285,7 +285,7 @@ def attention_row(shape: AttentionShape, *, reduced: bool, repeats: int) -> Row:
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
 
   as32 = lambda x: np.asarray(x, np.float32)
-  xla = step(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, scale=1.0, implementation='xla'))
+  xla = step(numerics.softmax_attention)  # The models' XLA attention.
   (_, xla_out), xla_grads = xla(q, k, v)
   numbers: dict[str, Any] = {
       'shape': shape._asdict(),
@@ -456,13 +456,28 @@ def _measured(check: str, measure: Callable[[], Row]) -> Row:
 
 
 REPORT_ROOM = 'write access and room for the report (--report_json)'  # What `run` writes.
+# The groups of rows, in the order they are measured (`--report_rows`).
+GROUPS = ('families', 'attention', 'throughput', 'input')
+# Where compiled programs are kept between reports when JAX was given no cache directory: a
+# second report on the same machine compiles nothing again.
+DEFAULT_COMPILATION_CACHE = os.path.join(os.path.expanduser('~'), '.cache', 'vit_jax', 'xla')
 
 
-def run(*, reduced: bool | None = None, json_path: str | None = None) -> list[Row]:
-  """Measures every row, printing each as it comes, and writes the table as JSON to
+def run(
+    *,
+    reduced: bool | None = None,
+    json_path: str | None = None,
+    groups: tuple[str, ...] = GROUPS,
+) -> list[Row]:
+  """Measures the rows of `groups`, printing each as it comes, and writes the table as JSON to
   `json_path` (checked first: minutes of measurements are not lost to a bad path)."""
+  unknown = sorted(set(groups) - set(GROUPS))
+  if unknown:
+    raise ValueError(f'Unknown device report rows {unknown}; choose from {list(GROUPS)}.')
   if json_path:
     workdir_lib.check_writable(json_path, REPORT_ROOM, directory=False)
+  if not jax.config.jax_compilation_cache_dir:
+    jax.config.update('jax_compilation_cache_dir', DEFAULT_COMPILATION_CACHE)
   device = jax.devices()[0]
   if reduced is None:
     reduced = device.platform == 'cpu'
@@ -481,29 +496,30 @@ def run(*, reduced: bool | None = None, json_path: str | None = None) -> list[Ro
     rows.append(row)
     return row
 
-  for family in FAMILIES:
+  for family in FAMILIES if 'families' in groups else ():
     add(
         f'{family} training (bf16)',
         lambda: family_row(family, reduced=reduced, num_steps=4 if reduced else 10),
     )
-  for shape in ATTENTION_SHAPES:
+  for shape in ATTENTION_SHAPES if 'attention' in groups else ():
     add(
         f'attention {shape.name}',
         lambda: attention_row(shape, reduced=reduced, repeats=repeats),
     )
   needed = 0.0
-  for config, num_classes in throughput_configs(reduced=reduced):
+  for config, num_classes in throughput_configs(reduced=reduced) if 'throughput' in groups else ():
     row = add(
         f'{config.model.name} training (bf16)',
         lambda: throughput_row(config, num_classes, repeats),
     )
     needed = max(needed, row.numbers.get('images_per_s', 0.0))
-  add(
-      'input pipeline',
-      lambda: input_pipeline_row(
-          reduced=reduced, needed_images_per_s=needed, num_batches=4 if reduced else 50
-      ),
-  )
+  if 'input' in groups:
+    add(
+        'input pipeline',
+        lambda: input_pipeline_row(
+            reduced=reduced, needed_images_per_s=needed, num_batches=4 if reduced else 50
+        ),
+    )
   if json_path:
     with workdir_lib.writing(json_path, REPORT_ROOM), open(json_path, 'w') as f:
       json.dump(
