@@ -108,6 +108,7 @@ def test_every_shared_field_has_a_rule_and_nothing_else_does():
         ('mix_prob', -0.5, r'\[0, 1\]'),
         ('lr_scaling_batch', -512, 'integer >= 0'),
         ('min_lr', -1e-5, 'number >= 0'),
+        ('seed', 10**23, r'integer in \[-2147483648, 2147483647\]'),
         ('warmup_lr', -1e-6, 'number >= 0'),
         ('warmup_epochs', -5.0, 'number >= 0'),
         ('weight_decay', -0.05, 'number >= 0'),
@@ -187,6 +188,13 @@ def test_settings_that_do_not_fit_together():
   assert _problems(_config(warmup_steps=900, total_steps=800)) == [
       '--config.warmup_steps=900: must be <= --config.total_steps=800.'
   ]
+  assert _problems(_config(min_lr=0.375, base_lr=1e-3)) == [
+      '--config.min_lr=0.375: must be <= --config.base_lr=0.001, the peak the cosine decays '
+      'from to it.'
+  ]
+  repeated = _problems(_config(batch_size=16, repeated_aug=32), devices=1, processes=1)
+  assert repeated[0].startswith('--config.repeated_aug=32: must be <= the 16 examples each')
+  setup.validate(_config(batch_size=16, repeated_aug=16), devices=1, processes=1)
   assert (
       '--config.warmup_epochs=10.0: must be <= --config.num_epochs=5.0'
       in _problems(_config(num_epochs=5.0, warmup_epochs=10.0))[0]

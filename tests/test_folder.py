@@ -172,3 +172,27 @@ def test_edited_folder_is_prepared_afresh(tmp_path):
   second = folder.prepare(root, data_dir)
   assert first.builder_config.name != second.builder_config.name
   assert second.info.splits['test'].num_examples == 10
+
+
+def test_macos_archive_folders_are_not_data(tmp_path):
+  root = tmp_path / 'images'
+  _write_images(str(root))
+  for where in (root / '__MACOSX', root / 'train' / '__MACOSX'):
+    where.mkdir()
+    Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(where / '._0.png')
+  scanned = folder.scan(str(root))
+  assert scanned.classes == CLASSES
+  assert {split for split, _ in scanned.files} == {'train', 'test'}
+
+
+def test_one_class_is_refused_before_training(tmp_path):
+  root, data_dir = tmp_path / 'images', str(tmp_path / 'tfds')
+  _write_images(str(root))
+  for split in ('train', 'test'):
+    for name in CLASSES[1:]:
+      for path in (root / split / name).iterdir():
+        path.unlink()
+      (root / split / name).rmdir()
+  config = _config(str(root), data_dir, image_size=12)
+  with pytest.raises(ValueError, match=r'has 1 class \(cat\): a classifier needs two or more'):
+    input_pipeline.get_dataset_info(data_settings.DataSettings.from_config(config))

@@ -2,6 +2,7 @@
 
 import collections
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -406,6 +407,18 @@ def test_bad_split_raises(data_dir):
         input_pipeline.eval_iterator(
             data_settings.DataSettings.from_config(_config(data_dir)), split='train[:10]+tset'
         )
+    )
+
+
+@pytest.mark.parametrize(
+    'field, split', [('eval_split', 'test[:0]'), ('train_split', 'train[5:2]')]
+)
+def test_an_empty_or_reversed_slice_is_refused_before_training(data_dir, field, split):
+  """Found with the dataset's sizes, before anything compiles or trains (not at the final
+  evaluation, or in TFDS's reader)."""
+  with pytest.raises(ValueError, match=rf"--config.{field}='{re.escape(split)}' holds no exa"):
+    input_pipeline.get_dataset_info(
+        data_settings.DataSettings.from_config(_config(data_dir, **{field: split}))
     )
 
 

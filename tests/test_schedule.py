@@ -83,3 +83,10 @@ def test_runs_of_any_length_share_one_compiled_train_step():
     }
     lowered.append(step.lower(state, batch, None, schedule).as_text())
   assert lowered[0] == lowered[1]
+
+
+def test_epochs_of_less_than_one_step_are_refused():
+  schedule = _settings(num_epochs=1e-9, batch_size=16).schedule
+  with pytest.raises(ValueError, match=r'num_epochs=1e-09 is less than one step: an epoch is '):
+    optim.training_steps(schedule, 1000)
+  assert optim.training_steps(_settings(num_epochs=0.016, batch_size=16).schedule, 1000)[0] == 1

@@ -25,6 +25,7 @@ from typing import Any, Callable
 import ml_collections
 
 from vit_jax import config_rules
+from vit_jax import exits
 from vit_jax.data import augment_spec
 from vit_jax.data import dataset_names as datasets
 from vit_jax.models import parts
@@ -79,7 +80,7 @@ FIELDS: tuple[Field, ...] = (
     Field(
         'seed',
         0,
-        config_rules.integer(),
+        config_rules.integer(-(2**31), 2**31 - 1),  # What every random generator takes.
         'Seeds parameters, data order and augmentation.',
         into=('DataSettings', 'Settings'),
     ),
@@ -641,4 +642,5 @@ def describe() -> str:
 
 
 if __name__ == '__main__':
-  print(describe())
+  with exits.closed_output_ends_quietly():
+    print(describe(), flush=True)

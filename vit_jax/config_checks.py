@@ -78,6 +78,13 @@ def _batch_problems(c: dict[str, Any], devices: int, processes: int) -> list[str
         f'i.e. of {step} (e.g. {max(step, batch // step * step)}), so that every micro-batch '
         'spans every device equally.'
     )
+  if c['repeated_aug'] > batch // processes:
+    problems.append(
+        f'{config_lib.FLAG}repeated_aug={c["repeated_aug"]}: must be <= the '
+        f'{batch // processes} examples each process loads per batch '
+        f'({config_lib.FLAG}batch_size={batch} over {processes} process(es)), which count the '
+        'copies of each example.'
+    )
   eval_batch = c['eval_batch_size']
   if eval_batch % math.lcm(devices, processes):
     step = math.lcm(devices, processes)
@@ -111,6 +118,16 @@ def _schedule_problems(c: dict[str, Any]) -> list[str]:
         f'{config_lib.FLAG}num_epochs={c["num_epochs"]}.'
     )
   return problems
+
+
+def _learning_rate_problems(c: dict[str, Any]) -> list[str]:
+  """A cosine that would climb: its end above its peak."""
+  if c['min_lr'] > c['base_lr']:
+    return [
+        f'{config_lib.FLAG}min_lr={c["min_lr"]}: must be <= {config_lib.FLAG}base_lr='
+        f'{c["base_lr"]}, the peak the cosine decays from to it.'
+    ]
+  return []
 
 
 def _distillation_problems(c: dict[str, Any]) -> list[str]:
@@ -193,6 +210,7 @@ def _recipe_problems(c: dict[str, Any]) -> list[str]:
 _BATCH_FIELDS = ('batch_size', 'eval_batch_size', 'grad_accum_steps', 'repeated_aug')
 _JOINT_CHECKS = (
     (('num_epochs', 'warmup_epochs', 'warmup_steps', 'total_steps'), _schedule_problems),
+    (('min_lr', 'base_lr'), _learning_rate_problems),
     (('distillation.type', 'distillation.teacher'), _distillation_problems),
     (
         ('normalization', 'dataset'),

@@ -29,11 +29,20 @@ def _is_number(value: Any) -> bool:
   return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def integer(low: int | None = None) -> Rule:
-  """An int (not a bool) of at least `low`."""
+def integer(low: int | None = None, high: int | None = None) -> Rule:
+  """An int (not a bool) of at least `low` and at most `high`."""
+
+  def words() -> str:
+    if high is None:
+      return 'an integer' if low is None else f'an integer >= {low}'
+    return f'an integer in [{low}, {high}]'
+
   return Rule(
-      lambda v: isinstance(v, int) and not isinstance(v, bool) and (low is None or v >= low),
-      lambda: 'an integer' if low is None else f'an integer >= {low}',
+      lambda v: isinstance(v, int)
+      and not isinstance(v, bool)
+      and (low is None or v >= low)
+      and (high is None or v <= high),
+      words,
   )
 
 

@@ -1,14 +1,20 @@
-"""How a command ends: its exit status when interrupted, and its last line when it must end at once.
+"""How a command ends: its exit status when interrupted, its last line when it must end at once,
+and its quiet end when the reader of its output stops reading (`| head`).
 
 Free of everything but the standard library, so that `vit_jax.main` and `vit_jax.ablate` watch
 for SIGTERM and Ctrl-C before the imports that take seconds, and a process of a multi-process run
 can say why it ends while TensorFlow's import has fd 2 pointed elsewhere.
 """
 
+import contextlib
 import os
 import signal
+import sys
+from typing import Iterator
 
 EXIT_PREEMPTED = os.EX_TEMPFAIL  # 75: interrupted; rerunning the same command resumes.
+EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130: a side command stopped by Ctrl-C, as shells report.
+EXIT_PIPE_CLOSED = 128 + signal.SIGPIPE  # 141: the reader of the output stopped reading.
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _STDERR = os.dup(2)  # Kept: the TensorFlow import points fd 2 at /dev/null for a while.
 
@@ -30,3 +36,15 @@ def end_at_once_on_signals(what_then: str) -> None:
 
   for signum in SIGNALS:
     signal.signal(signum, end)
+
+
+@contextlib.contextmanager
+def closed_output_ends_quietly() -> Iterator[None]:
+  """A reader that stops reading the output (`| head`) ends the command with EXIT_PIPE_CLOSED and
+  no traceback, as command-line tools end; standard output goes to /dev/null first, so that
+  Python's flush at exit does not fail on the closed pipe again."""
+  try:
+    yield
+  except BrokenPipeError:
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(EXIT_PIPE_CLOSED)

@@ -40,6 +40,7 @@ from absl import app
 from absl import flags as absl_flags
 from absl import logging as absl_logging
 
+from vit_jax import exits
 from vit_jax import extensions
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -328,7 +329,9 @@ def run(
   Flags are parsed first (`--help` answers before any library loads); then `before_libraries`
   (what must precede TensorFlow and JAX, e.g. the CPUs to run on), quiet library logs and
   TensorFlow kept off the accelerators (tf.data only: they belong to JAX). A `ValueError` that
-  `main` raises (bad input, named) ends the process with one line, `error: ...`, exit status 1.
+  `main` raises (bad input, named) ends the process with one line, `error: ...`, exit status 1;
+  Ctrl-C with one line and `exits.EXIT_INTERRUPTED`; a closed output quietly
+  (`exits.closed_output_ends_quietly`).
   """
 
   def prologue_then_main(argv: list[str]) -> None:
@@ -345,7 +348,14 @@ def run(
         import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
         tf.config.set_visible_devices([], 'GPU')
-      main(argv)
+      with exits.closed_output_ends_quietly():
+        main(argv)
+    except KeyboardInterrupt:
+      absl_logging.debug('Interrupted.', exc_info=True)
+      exits.write_line(
+          'Interrupted (Ctrl-C): stopped; what it writes is written whole or not at all.'
+      )
+      sys.exit(exits.EXIT_INTERRUPTED)
     except ValueError as e:
       absl_logging.debug('Stopped by an error.', exc_info=True)
       sys.exit(f'error: {e}')

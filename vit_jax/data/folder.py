@@ -72,11 +72,17 @@ logging.get_absl_logger().addFilter(_not_tfds_folder_config_line)
 _reported: set[str] = set()  # Folders whose description (and left-out formats) this process logged.
 
 
+# Folders that archivers add beside the data (macOS's zip keeps resource forks in one).
+_NOT_DATA = ('__MACOSX',)
+
+
 def _list_dirs(path: str) -> list[str]:
   return sorted(
       name
       for name in os.listdir(path)
-      if os.path.isdir(os.path.join(path, name)) and not name.startswith('.')
+      if os.path.isdir(os.path.join(path, name))
+      and not name.startswith('.')
+      and name not in _NOT_DATA
   )
 
 

@@ -87,11 +87,24 @@ def get_dataset_info(data: data_settings.DataSettings) -> DatasetInfo:
   sources.check_split(source, data.train_split)
   sources.check_split(source, data.eval_split)
   labels = source.builder.info.features[source.label_key]
+  if labels.num_classes < 2:
+    raise ValueError(
+        f'Dataset {data.dataset!r} has {labels.num_classes} class ({", ".join(labels.names)}): a '
+        'classifier needs two or more (an image folder: one folder per class in each split).'
+    )
+  counts = {}
+  for field, split in (('train_split', data.train_split), ('eval_split', data.eval_split)):
+    counts[field] = sources.num_examples(source, split)
+    if counts[field] <= 0:  # An empty or reversed slice: found now, not after a whole training.
+      raise ValueError(
+          f'--config.{field}={split!r} holds no examples of {data.dataset!r}; name a split or '
+          f"slice that holds some, e.g. '{split.split('[')[0]}'."
+      )
   return DatasetInfo(
       name=data.dataset,
       num_classes=labels.num_classes,
-      num_train_examples=sources.num_examples(source, data.train_split),
-      num_eval_examples=sources.num_examples(source, data.eval_split),
+      num_train_examples=counts['train_split'],
+      num_eval_examples=counts['eval_split'],
       image_size=data.image_size,
       class_names=tuple(labels.names),
   )

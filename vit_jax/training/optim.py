@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from vit_jax import config as config_lib
 from vit_jax import config_settings
 from vit_jax.models import layouts
 
@@ -34,10 +35,17 @@ class OptimizerSettings:
 
 
 def training_steps(schedule: ScheduleSettings, num_train_examples: int) -> tuple[int, int]:
-  """Total and warm-up steps, from epochs when the settings give epochs."""
+  """Total and warm-up steps, from epochs when the settings give epochs; epochs that make less
+  than one step are refused (one step would train at the warm-up's first learning rate)."""
   steps_per_epoch = num_train_examples / schedule.batch_size
   total = schedule.total_steps
   if schedule.num_epochs is not None:
+    if schedule.num_epochs * steps_per_epoch < 1:
+      raise ValueError(
+          f'{config_lib.FLAG}num_epochs={schedule.num_epochs:g} is less than one step: an '
+          f'epoch is {steps_per_epoch:g} steps ({num_train_examples} training examples in '
+          f'batches of {schedule.batch_size}); give at least {1 / steps_per_epoch:.3g}.'
+      )
     total = math.ceil(schedule.num_epochs * steps_per_epoch)
   warmup = schedule.warmup_steps
   if schedule.warmup_epochs is not None:
