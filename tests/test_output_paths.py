@@ -183,7 +183,10 @@ def test_the_commands_refuse_a_bad_output_in_one_line_before_the_work(tmp_path):
   commands = {
       'benchmark': (['--mode=device_report', f'--report_json={tmp_path / "a_dir"}'], 'a_dir'),
       'evaluate': ([f'--workdir={missing}', f'--out_dir={tmp_path / "a_file"}'], 'a_file'),
-      'export': ([f'--workdir={missing}', f'--out={tmp_path / "a_file" / "x"}'], 'a_file/x'),
+      'export': (
+          [f'--workdir={missing}', f'--out={tmp_path / "a_file" / "x.safetensors"}'],
+          'a_file/x.safetensors',
+      ),
   }
   done = tiny_runs.run_at_once(
       {name: ['-m', f'vit_jax.{name}', *flags] for name, (flags, _) in commands.items()},
@@ -198,3 +201,19 @@ def test_the_commands_refuse_a_bad_output_in_one_line_before_the_work(tmp_path):
     assert not out, (name, out)  # Nothing measured, read or evaluated.
   assert sorted(os.listdir(tmp_path)) == ['a_dir', 'a_file']
   assert not os.listdir(tmp_path / 'a_dir')
+
+
+def test_an_export_named_as_another_format_is_refused(tmp_path):
+  """Readers go by the suffix: safetensors written as `w.pth` would be taken for a pickle."""
+  out = tmp_path / 'w.pth'
+  done = tiny_runs.run_at_once(
+      {'export': ['-m', 'vit_jax.export', f'--workdir={tmp_path / "no_run"}', f'--out={out}']},
+      dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'),
+  )
+  process = done['export']
+  assert process.returncode == 1 and 'Traceback' not in process.stderr, process.stderr
+  assert process.stderr.strip().splitlines()[-1] == (
+      f"error: --out='{out}': the export is a safetensors file; name it "
+      f'{tmp_path / "w"}.safetensors.'
+  )
+  assert not out.exists()

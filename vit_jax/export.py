@@ -8,6 +8,8 @@ In PyTorch: `model = timm.create_model(NAME, num_classes=..., img_size=...)` wit
 of the run, then `model.load_state_dict(safetensors.torch.load_file('/tmp/deit.safetensors'))`.
 """
 
+import os
+
 from absl import flags
 
 from vit_jax import runtime
@@ -29,6 +31,11 @@ def main(argv) -> None:
   from vit_jax import workdir
   from vit_jax.weights import pretrained
   # pylint: enable=g-import-not-at-top
+  if not _OUT.value.endswith('.safetensors'):  # Readers go by the suffix (a .pth is a pickle).
+    raise ValueError(
+        f'--out={_OUT.value!r}: the export is a safetensors file; name it '
+        f'{os.path.splitext(_OUT.value)[0]}.safetensors.'
+    )
   workdir.check_writable(_OUT.value, pretrained.EXPORT_ROOM, directory=False)
   run = workdir.Workdir.open(_WORKDIR.value)  # No dataset needed: the family names the layout.
   name = run.config().model.name
