@@ -78,7 +78,8 @@ def test_published_weight_layout_runs_end_to_end_with_imagenet_names(timm_model,
   Image.fromarray(rng.integers(0, 256, (180, 260, 3), np.uint8)).save(photo)
 
   run = inference.load_weights(weights, 'deit_ti16')
-  [prediction] = list(inference.predict(run, [photo], top_k=5))
+  # A batch far larger than the images given allocates one image's batch, not its padding.
+  [prediction] = list(inference.predict(run, [photo], top_k=5, batch_size=100_000_000))
   names = imagenet.class_names()
   assert len(names) == 1000 and names[0] == 'n01440764'  # tench, in TFDS's label order.
   assert [name for _, name, _ in prediction.top_k] == [names[i] for i, _, _ in prediction.top_k]

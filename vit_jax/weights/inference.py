@@ -233,10 +233,12 @@ def predict(
 ) -> Iterator[Prediction | tuple[str, str]]:
   """Yields, per path in order, its `Prediction`, or (path, reason) when it cannot be read.
 
-  Batches are padded to `batch_size`, so one program serves all.
+  Batches are padded to `batch_size`, so one program serves all; it is at most the number of
+  paths (a larger one would only allocate padding).
   """
   if top_k < 1 or batch_size < 1:
     raise ValueError(f'top_k={top_k} and batch_size={batch_size} must be >= 1.')
+  batch_size = min(batch_size, max(len(paths), 1))
   if not run.class_names:
     raise ValueError(
         f'{run.source} has no classifier head (headless weights): it gives features '
