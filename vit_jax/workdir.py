@@ -397,10 +397,16 @@ class Workdir:
   def open(cls, path: str) -> 'Workdir':
     """The trained run in `path`; ValueError unless it has a config.json and a checkpoint."""
     run = cls(path)
-    if not run.file(CONFIG_FILE).exists() or not run.steps():
+    if not run.file(CONFIG_FILE).exists():
       raise ValueError(
           f'{path!r} is not a work directory of a vit_jax.main run: expected '
           f'{CONFIG_FILE} and a checkpoint in {run.file(CHECKPOINT_DIR)}/<step>.'
+      )
+    if not run.steps():  # A run that has started and not yet saved, or one that never did.
+      raise ValueError(
+          f'{path!r} is a vit_jax.main run with no checkpoint yet: a run in progress saves '
+          f'its first at --config.checkpoint_every steps (in {run.file(CHECKPOINT_DIR)}/<step>); '
+          'read it then.'
       )
     return run
 
