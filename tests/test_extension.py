@@ -5,6 +5,7 @@ evaluates, predicts and exports the run without any change to the project."""
 
 import dataclasses
 import importlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -274,9 +275,27 @@ def test_a_config_file_imports_the_modules_beside_it(tmp_path, monkeypatch):
   extensions.make_config_folders_importable(
       ['main', f'--config={tmp_path}/my_config.py:arg', '--workdir=/x'], values
   )
-  assert sys.path[0] == str(tmp_path)
+  assert sys.path[-1] == str(tmp_path)
   extensions.make_config_folders_importable(['main', f'--config={REPO}/configs/vit.py'], values)
   assert os.path.join(REPO, 'configs') not in sys.path  # vit_jax's own configs stay out.
+
+
+def test_a_file_beside_a_config_hides_no_installed_module(tmp_path, monkeypatch):
+  """A user's `statistics.py` or `flax.py` beside the config file is not what the libraries
+  import; the user's own modules there still import."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+
+  for name in ('statistics', 'flax', 'my_own_module'):
+    (tmp_path / f'{name}.py').write_text('raise ImportError("the user\'s file")\n')
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file('config', flag_values=values)
+  monkeypatch.setattr(sys, 'path', list(sys.path))
+  extensions.make_config_folders_importable(['main', f'--config={tmp_path}/my_config.py'], values)
+  importlib.invalidate_caches()
+  for name in ('statistics', 'flax'):
+    assert not importlib.util.find_spec(name).origin.startswith(str(tmp_path)), name
+  assert importlib.util.find_spec('my_own_module').origin == str(tmp_path / 'my_own_module.py')
 
 
 def test_a_new_attention_kind_trains_and_is_analysed(extension, data_dir, tmp_path):

@@ -449,7 +449,7 @@ def test_export_during_a_run_with_one_checkpoint_kept_exports_a_whole_one(data_d
 def test_a_run_before_its_first_checkpoint_is_named_so(tmp_path):
   """A side command on a live run that has written config.json but no checkpoint yet is told so,
   not that the folder is no work directory."""
-  with pytest.raises(ValueError, match="is not a work directory of a vit_jax.main run"):
+  with pytest.raises(ValueError, match='is not a work directory of a vit_jax.main run'):
     workdir_lib.Workdir.open(str(tmp_path))
   (tmp_path / workdir_lib.CONFIG_FILE).write_text('{}')
   with pytest.raises(ValueError, match='is a vit_jax.main run with no checkpoint yet: a run in'):

@@ -139,8 +139,9 @@ def import_recorded(imports: Any, source: str) -> None:
 
 def make_config_folders_importable(argv: Sequence[str], flag_values: Any) -> None:
   """Puts the folder of each config file that `argv` names (`--config=PATH[:ARGS]`, a config file
-  flag of `flag_values`) first on sys.path, as Python puts a script's, so that the config file
-  imports the modules beside it; vit_jax's own config folder is left out."""
+  flag of `flag_values`) last on sys.path, so that the config file imports the modules beside it
+  and a file there named like an installed module (`statistics.py`, `flax.py`) hides nothing;
+  vit_jax's own config folder is left out."""
   config_flags = sys.modules.get('ml_collections.config_flags.config_flags')
   if config_flags is None:
     return
@@ -161,4 +162,4 @@ def make_config_folders_importable(argv: Sequence[str], flag_values: Any) -> Non
     folder = os.path.dirname(os.path.abspath(value.split(':', 1)[0]))
     inside_package = os.path.realpath(folder).startswith(os.path.join(_PACKAGE_DIR, ''))
     if not inside_package and folder not in sys.path:
-      sys.path.insert(0, folder)
+      sys.path.append(folder)
