@@ -454,3 +454,17 @@ def test_a_run_before_its_first_checkpoint_is_named_so(tmp_path):
   (tmp_path / workdir_lib.CONFIG_FILE).write_text('{}')
   with pytest.raises(ValueError, match='is a vit_jax.main run with no checkpoint yet: a run in'):
     workdir_lib.Workdir.open(str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    'damaged', ['{"test/accuracy": 0.9, "steps": {"te', '[]', '{"steps": [1, 2]}', '\xff\xfe']
+)
+def test_a_damaged_results_json_is_set_aside_and_the_new_metrics_kept(tmp_path, damaged):
+  path = tmp_path / workdir_lib.RESULTS_FILE
+  path.write_bytes(damaged.encode('latin-1'))
+  run = workdir_lib.Workdir(str(tmp_path))
+  with pytest.raises(ValueError, match=f'{path} is damaged'):
+    run.results()
+  run.write_results({'test/accuracy': 0.95}, step=7)
+  assert run.results() == {'test/accuracy': 0.95, 'steps': {'test/accuracy': 7}}
+  assert (tmp_path / 'results.json.damaged').read_bytes() == damaged.encode('latin-1')

@@ -448,9 +448,21 @@ class Workdir:
     return bool(self.steps())
 
   def results(self) -> dict[str, Any]:
-    """The metrics in results.json; {} before there are any."""
+    """The metrics in results.json; {} before there are any; ValueError naming the file where it
+    is damaged (not JSON, or not {name: value, ..., 'steps': {name: step}})."""
     path = self.file(RESULTS_FILE)
-    return json.loads(path.read_text()) if path.exists() else {}
+    if not path.exists():
+      return {}
+    try:
+      results = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+      raise ValueError(f'{path} is damaged: not JSON ({e}).') from None
+    if not isinstance(results, dict) or not isinstance(results.get(RESULTS_STEPS, {}), dict):
+      raise ValueError(
+          f'{path} is damaged: expected {{metric: value, ..., {RESULTS_STEPS!r}: {{metric: '
+          f'step}}}}, found a {type(results).__name__}.'
+      )
+    return results
 
   def read_state(self, step: int | None = None, *, like: Any = None) -> Any:
     """The training state at `step` (default: the newest readable; unreadable newer ones are
@@ -603,7 +615,15 @@ class Workdir:
         self.file('').mkdir(parents=True, exist_ok=True)
         lock = locked.enter_context(open(self.file(RESULTS_LOCK_FILE), 'a', encoding='utf-8'))
         fcntl.flock(lock, fcntl.LOCK_EX)
-      old = self.results()
+      try:
+        old = self.results()
+      except ValueError as e:  # Set aside, not fatal: the metrics just measured are kept.
+        aside = self.file(f'{RESULTS_FILE}.damaged')
+        self.file(RESULTS_FILE).rename(aside)
+        logging.warning(
+            '%s Set aside as %s; the new metrics go to a fresh %s.', e, aside, RESULTS_FILE
+        )
+        old = {}
       steps = {**old.get(RESULTS_STEPS, {}), **dict.fromkeys(metrics, step)}
       return self.write_json(RESULTS_FILE, {**old, **metrics, RESULTS_STEPS: steps})
 
