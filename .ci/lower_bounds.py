@@ -5,7 +5,6 @@ declares is a version its tests have passed on.
 """
 
 import pathlib
-import sys
 import tomllib
 
 from packaging.requirements import Requirement
@@ -29,4 +28,3 @@ def lower_bounds(pyproject: pathlib.Path) -> list[str]:
 if __name__ == '__main__':
   root = pathlib.Path(__file__).resolve().parent.parent
   print('\n'.join(lower_bounds(root / 'pyproject.toml')))
-  sys.exit(0)

@@ -6,8 +6,10 @@ resolve beside JAX's accelerator extra fails here, not on the cluster. The insta
 virtual environments are real. Skipped where the package registry cannot be reached.
 """
 
+import importlib.util
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -156,3 +158,24 @@ def test_install_downgrades_none_of_the_newest_versions(registry, tmp_path):
   python = _venv_holding(tmp_path, *(Requirement(d).name for d in dependencies))
   before, after = _install_project(python, tmp_path)
   assert not _downgraded(before, after)
+
+
+def test_every_dependency_has_a_lower_bound_that_the_oldest_leg_pins():
+  """`.ci/run`'s oldest leg installs `.ci/lower_bounds.py`'s pins: a dependency without a lower
+  bound would escape it."""
+  spec = importlib.util.spec_from_file_location(
+      'lower_bounds', os.path.join(REPO, '.ci', 'lower_bounds.py')
+  )
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  pins = {
+      Requirement(pin).name: pin
+      for pin in module.lower_bounds(pathlib.Path(REPO, 'pyproject.toml'))
+  }
+  with open(os.path.join(REPO, 'pyproject.toml'), 'rb') as f:
+    project = tomllib.load(f)['project']
+  for text in project['dependencies'] + project['optional-dependencies']['test']:
+    requirement = Requirement(text)
+    assert requirement.name in pins, f'{text} has no lower bound'
+    assert requirement.specifier.contains(pins[requirement.name].split('==')[1]), text
+  assert pins['jax'] == 'jax==0.10' and pins['flax'] == 'flax==0.12.7'
