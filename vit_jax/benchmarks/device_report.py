@@ -231,24 +231,12 @@ def _attention_inputs(shape: AttentionShape) -> tuple[jax.Array, jax.Array, jax.
 
 
 def _padded_cudnn(multiple: int | None) -> Callable:
-  """cuDNN attention over queries and keys each padded to a multiple of `multiple` tokens, the
-  padded keys masked; None: unpadded and unmasked."""
-
-  def attend(q, k, v):
-    if multiple is None:
-      return jax.nn.dot_product_attention(q, k, v, scale=1.0, implementation='cudnn')
-    pad = lambda x: jnp.pad(x, ((0, 0), (0, -x.shape[1] % multiple), (0, 0), (0, 0)))
-    out = jax.nn.dot_product_attention(
-        pad(q),
-        pad(k),
-        pad(v),
-        scale=1.0,
-        key_value_seq_lengths=jnp.full((q.shape[0],), k.shape[1], jnp.int32),
-        implementation='cudnn',
-    )
-    return out[:, : q.shape[1]]
-
-  return attend
+  """The models' cuDNN attention with queries and keys each padded to a multiple of `multiple`
+  tokens (None: unpadded and unmasked)."""
+  round_up = lambda n: n if multiple is None else -(-n // multiple) * multiple
+  return lambda q, k, v: numerics.cudnn_attention(
+      q, k, v, lengths=(round_up(q.shape[1]), round_up(k.shape[1]))
+  )
 
 
 def cudnn_candidates(queries: int, keys: int) -> dict[str, int | None]:

@@ -208,16 +208,21 @@ def choose_attention(
   return AttentionChoice('cudnn', 'fastest correct on NVIDIA GPUs')
 
 
-def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+def cudnn_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, *, lengths: tuple[int, int] | None = None
+) -> jax.Array:
   """softmax(q k^T) v for q pre-scaled, all (batch, tokens, heads, head_dim), as cuDNN flash
   attention (`jax.nn.dot_product_attention`; GPU, float16/bfloat16).
 
-  Queries and keys are padded to `cudnn_sequence_length`, the padded keys masked
-  (`key_value_seq_lengths`) and the padded queries' outputs dropped: the result and its gradients
-  are those of the unpadded sequences.
+  Queries and keys are padded to `lengths` (default: each to its `cudnn_sequence_length`), the
+  padded keys masked (`key_value_seq_lengths`) and the padded queries' outputs dropped: the
+  result and its gradients are those of the unpadded sequences.
   """
   queries, keys = q.shape[1], k.shape[1]
-  padded_queries, padded_keys = cudnn_sequence_length(queries), cudnn_sequence_length(keys)
+  padded_queries, padded_keys = lengths or (
+      cudnn_sequence_length(queries),
+      cudnn_sequence_length(keys),
+  )
   if (padded_queries, padded_keys) == (queries, keys):
     return jax.nn.dot_product_attention(q, k, v, scale=1.0, implementation='cudnn')
   pad = lambda x, n: jnp.pad(x, ((0, 0), (0, n - x.shape[1]), (0, 0), (0, 0)))
