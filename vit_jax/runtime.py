@@ -34,6 +34,7 @@ import os
 import platform
 import re
 import sys
+import warnings
 from typing import Any, Callable, Iterator, Mapping
 
 from absl import app
@@ -238,7 +239,9 @@ def quiet_library_logs() -> None:
   its C++ start-up notices (oneDNN, CPU features) while it loads, before absl's C++ logging is
   set up and whatever `TF_CPP_MIN_LOG_LEVEL` says, so it is imported here with them discarded;
   call this before anything imports TensorFlow. `TF_CPP_MIN_LOG_LEVEL=0` keeps them. The
-  tracebacks of reads abandoned on a closed event loop go too (`_silence_closed_event_loops`).
+  tracebacks of reads abandoned on a closed event loop go too (`_silence_closed_event_loops`), and
+  so does Python's exit notice of the writes a refused save left unstarted (a full disk is one
+  error line).
   """
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   if os.environ['TF_CPP_MIN_LOG_LEVEL'] != '0' and tensorflow_installed():
@@ -248,6 +251,11 @@ def quiet_library_logs() -> None:
   if _own_or_important not in handler.filters:
     handler.addFilter(_own_or_important)
   _silence_closed_event_loops()
+  warnings.filterwarnings(
+      'ignore',
+      message=r"coroutine '[^']*async_serialize[^']*' was never awaited",
+      category=RuntimeWarning,
+  )
 
 
 def tensorflow_installed() -> bool:
