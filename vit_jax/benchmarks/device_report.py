@@ -233,9 +233,9 @@ def _attention_inputs(shape: AttentionShape) -> tuple[jax.Array, jax.Array, jax.
 def _padded_cudnn(multiple: int | None) -> Callable:
   """The models' cuDNN attention with queries and keys each padded to a multiple of `multiple`
   tokens (None: unpadded and unmasked)."""
-  round_up = lambda n: n if multiple is None else -(-n // multiple) * multiple
+  pad = lambda n: n if multiple is None else numerics.round_up(n, multiple)
   return lambda q, k, v: numerics.cudnn_attention(
-      q, k, v, lengths=(round_up(q.shape[1]), round_up(k.shape[1]))
+      q, k, v, lengths=(pad(q.shape[1]), pad(k.shape[1]))
   )
 
 
@@ -245,7 +245,7 @@ def cudnn_candidates(queries: int, keys: int) -> dict[str, int | None]:
   candidates: dict[str, int | None] = {'unpadded': None}
   seen = {(queries, keys)}
   for multiple in (numerics.CUDNN_MASKED_MULTIPLE, numerics.CUDNN_UNMASKED_MULTIPLE):
-    padded = tuple(-(-n // multiple) * multiple for n in (queries, keys))
+    padded = tuple(numerics.round_up(n, multiple) for n in (queries, keys))
     if padded not in seen:
       seen.add(padded)
       candidates[f'x{multiple}'] = multiple

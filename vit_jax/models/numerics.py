@@ -163,11 +163,16 @@ CUDNN_DTYPES = ('bfloat16', 'float16')
 CUDNN_MAX_HEAD_DIM = 128
 
 
+def round_up(tokens: int, multiple: int) -> int:
+  """`tokens` padded to a whole number of `multiple`."""
+  return -(-tokens // multiple) * multiple
+
+
 def cudnn_sequence_length(tokens: int) -> int:
   """The length `cudnn_attention` runs a sequence of `tokens` at (see `CUDNN_MASKED_MULTIPLE`)."""
   if tokens % CUDNN_UNMASKED_MULTIPLE == 0:
     return tokens
-  return -(-tokens // CUDNN_MASKED_MULTIPLE) * CUDNN_MASKED_MULTIPLE
+  return round_up(tokens, CUDNN_MASKED_MULTIPLE)
 
 
 class AttentionChoice(NamedTuple):
