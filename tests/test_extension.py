@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 
+from absl import flags
 import jax
 import numpy as np
 import pytest
@@ -249,6 +250,7 @@ def test_a_run_records_the_module_and_reads_it_back(extension, tmp_path, monkeyp
   run.mkdir()
   (run / workdir_lib.CONFIG_FILE).write_text(workdir_lib.config_json(config))
   fresh_process(monkeypatch, folder)
+  monkeypatch.setattr(flags.FLAGS[extensions.ALLOW_IMPORTS_FLAG], 'value', True)
   saved = workdir_lib.Workdir(str(run)).config()
   assert EXTENSION in sys.modules and extensions.IMPORTS not in saved
   assert saved.model.attention == 'cosine'
@@ -266,7 +268,7 @@ def test_a_run_records_the_module_and_reads_it_back(extension, tmp_path, monkeyp
 
 
 def test_a_config_file_imports_the_modules_beside_it(tmp_path, monkeypatch):
-  from absl import flags  # pylint: disable=g-import-not-at-top
+
   from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
 
   values = flags.FlagValues()
@@ -283,7 +285,7 @@ def test_a_config_file_imports_the_modules_beside_it(tmp_path, monkeypatch):
 def test_a_file_beside_a_config_hides_no_installed_module(tmp_path, monkeypatch):
   """A user's `statistics.py` or `flax.py` beside the config file is not what the libraries
   import; the user's own modules there still import."""
-  from absl import flags  # pylint: disable=g-import-not-at-top
+
   from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
 
   for name in ('statistics', 'flax', 'my_own_module'):
@@ -348,20 +350,22 @@ def test_every_command_reads_a_run_of_the_users_module(data_dir, tmp_path):
   assert saved['model']['initial_temperature'] == 5.0
   assert workdir_lib.Workdir(workdir).steps()[-1] == 2
 
-  _command('analyze', f'--workdir={workdir}', '--num_images=4', '--batch_size=4', '--what=maps')
+  # Reading the run imports the user's module by the user's leave (`--import_run_modules`).
+  read = (f'--workdir={workdir}', '--import_run_modules')
+  _command('analyze', *read, '--num_images=4', '--batch_size=4', '--what=maps')
   with open(os.path.join(workdir, 'analysis', 'analysis.json')) as f:
     assert [layer['name'] for layer in json.load(f)['layers']] == ['blocks_0/attn', 'blocks_1/attn']
 
-  evaluated = _command('evaluate', f'--workdir={workdir}', '--evaluators=feature_norm')
+  evaluated = _command('evaluate', *read, '--evaluators=feature_norm')
   assert 'digits/feature_norm' in evaluated.stdout
   with open(os.path.join(workdir, 'results.json')) as f:
     assert json.load(f)['digits/feature_norm'] > 0
 
   image = tmp_path / 'seven.png'
   Image.fromarray(np.full((16, 16, 3), 128, np.uint8)).save(image)
-  predicted = _command('predict', f'--workdir={workdir}', '--json', str(image))
+  predicted = _command('predict', *read, '--json', str(image))
   assert len(json.loads(predicted.stdout)['predictions']) == 1
 
   out = str(tmp_path / 'model.safetensors')
-  _command('export', f'--workdir={workdir}', f'--out={out}')
+  _command('export', *read, f'--out={out}')
   assert os.path.getsize(out) > 1000

@@ -23,6 +23,7 @@ it kept an EMA (analysis.json says which); --nouse_ema analyses the raw ones.
 from absl import flags
 
 from vit_jax import runtime
+from vit_jax.weights import source_flags
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Work directory of a training run.')
 _WHAT = flags.DEFINE_list(
@@ -36,7 +37,12 @@ flags.register_validator(
 _STEP = flags.DEFINE_integer(
     'step', None, 'Checkpoint step to analyse (default: newest).', lower_bound=0
 )
-_NUM_IMAGES = flags.DEFINE_integer('num_images', 64, 'Eval images to average over.', lower_bound=1)
+_NUM_IMAGES = flags.DEFINE_integer(
+    'num_images',
+    None,
+    'Eval images to average over (default: as many as a run records of its eval split).',
+    lower_bound=1,
+)
 _BATCH_SIZE = flags.DEFINE_integer('batch_size', 16, 'Images per forward pass.', lower_bound=1)
 _WINDOW = flags.DEFINE_integer('window', 11, 'Cells shown around the query pixel.', lower_bound=1)
 _THRESHOLD = flags.DEFINE_float(
@@ -64,6 +70,7 @@ _FINETUNE_LR_FACTOR = flags.DEFINE_float(
 flags.register_validator(
     'finetune_lr_factor', lambda factor: factor > 0, 'must be > 0 (a fraction of base_lr).'
 )
+_DATA_DIR = source_flags.define_data_dir()
 _USE_EMA = flags.DEFINE_bool(
     'use_ema',
     True,
@@ -89,6 +96,7 @@ def main(argv) -> None:
       finetune_steps=_FINETUNE_STEPS.value,
       finetune_lr_factor=_FINETUNE_LR_FACTOR.value,
       use_ema=_USE_EMA.value,
+      data_dir=_DATA_DIR.value,
   )
 
 

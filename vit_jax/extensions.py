@@ -5,10 +5,11 @@ A module of yours registers what it adds (`attention.register`, `stems.register`
 `parts.register_settings`, `evaluators.register`) when it is imported, e.g. by a config file that
 starts with `import my_attention` (the config file's own folder is importable, as a script's is:
 `make_config_folders_importable`). A run writes to its config.json, under `imports`, each such
-module that its config uses, with the folder it was imported from (`recorded_imports`); every
-command that reads the run imports them first (`import_recorded`), so that resuming, analysis,
-evaluation, prediction and export need nothing else. Free of JAX, and of the registries: they
-note each registration here.
+module that its config uses, with the folder it was imported from (`recorded_imports`); a command
+that reads the run imports them first (`import_recorded`) when its user allows it with
+`--import_run_modules`, since a run directory may come from anyone and importing runs code; the
+modules a command has imported already (its config file's) need no leave. Free of JAX, and of the
+registries: they note each registration here.
 """
 
 import importlib
@@ -17,8 +18,17 @@ import os
 import sys
 from typing import Any, Mapping, Sequence
 
+from absl import flags
+
 # The key of config.json that lists the modules to import before the config is read.
 IMPORTS = 'imports'
+ALLOW_IMPORTS_FLAG = 'import_run_modules'
+flags.DEFINE_bool(
+    ALLOW_IMPORTS_FLAG,
+    False,
+    "Import the modules of your own that a run's config.json records (its attention kinds, stems "
+    'and evaluators): importing runs their code, so give it only for runs you trust.',
+)
 _PACKAGE_DIR = os.path.dirname(os.path.realpath(__file__))
 
 
@@ -107,27 +117,56 @@ def _importable_from(name: str, path: str) -> bool:
   return os.path.abspath(origin).startswith(os.path.join(os.path.abspath(path), ''))
 
 
-def import_recorded(imports: Any, source: str) -> None:
+def _loaded_elsewhere(name: str, path: str) -> str | None:
+  """The file of the loaded module `name` when it is not the one in folder `path`."""
+  module = sys.modules.get(name)
+  if module is None or _loaded(name, path):
+    return None
+  return getattr(module, '__file__', None) or '<built-in>'
+
+
+def import_recorded(imports: Any, source: str, *, allowed: bool | None = None) -> None:
   """Imports each module of `imports` (what `source`, a run's config.json, records), from its
-  recorded folder where `import` would not find it there; ValueError naming the module, its
-  folder and what it registered when it cannot be imported."""
+  recorded folder where `import` would not find it there. Modules loaded already are kept; any
+  other is imported only when `allowed` (default: `--import_run_modules`). ValueError, one line,
+  naming the modules when not allowed, when a module of another file has the name, or when one
+  cannot be imported (it raises or exits)."""
   if not isinstance(imports, list) or not all(
-      isinstance(record, Mapping) and {'module', 'path'} <= set(record) for record in imports
+      isinstance(record, Mapping)
+      and {'module', 'path'} <= set(record)
+      and all(isinstance(record[key], str) for key in ('module', 'path'))
+      for record in imports
   ):
     raise ValueError(
         f'{source}: {IMPORTS}={imports!r} is damaged; expected a list of '
         "{'module': NAME, 'path': FOLDER}."
     )
   for record in imports:
+    other = _loaded_elsewhere(record['module'], record['path'])
+    if other is not None:
+      raise ValueError(
+          f'{source} records module {record["module"]!r} of {record["path"]}, but a module of '
+          f'that name is loaded from {other}: rename one of them (two runs read together, a '
+          'student and its teacher, cannot use two modules of one name).'
+      )
+  pending = [record for record in imports if not _loaded(record['module'], record['path'])]
+  if allowed is None:
+    allowed = flags.FLAGS[ALLOW_IMPORTS_FLAG].value  # Its default before flags are parsed.
+  if pending and not allowed:
+    names = ', '.join(f'{record["module"]!r} ({record["path"]})' for record in pending)
+    raise ValueError(
+        f'{source} records modules of your own that reading it would import, running their '
+        f'code: {names}; nothing was imported. If you trust this run, give '
+        f'--{ALLOW_IMPORTS_FLAG}.'
+    )
+  for record in pending:
     name, path = record['module'], record['path']
-    if _loaded(name, path):
-      continue
     if not _importable_from(name, path) and os.path.isdir(path):
       sys.path.insert(0, path)
       importlib.invalidate_caches()
     try:
       importlib.import_module(name)
-    except Exception as e:  # pylint: disable=broad-except
+    except (Exception, SystemExit) as e:  # pylint: disable=broad-except
       reason = (str(e).strip().splitlines() or [''])[0]
       raise ValueError(
           f'{source} records module {name!r} (imported from {path}), which registered '

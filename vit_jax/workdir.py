@@ -4,6 +4,9 @@
       run.lock                 the lock of the run writing here (`vit_jax.training.run_writer`)
       config.json              the resolved config (`RunWriter.start` writes, `config` reads;
                                `imports`: the modules of your own it uses, `vit_jax.extensions`)
+      dataset.json             what the run's data was (its classes by name, its split sizes) and
+                               eval_images.npz, its first eval images as the model sees them: side
+                               commands read these, not the data, which need not stay
       checkpoints/<step>/      orbax: `state` (the training state) and `meta` ({'model': name})
       unreadable_checkpoints/  checkpoints that resuming found unreadable, set aside with reason.txt
       results.json             final metrics of the run and of `vit_jax.evaluate` (`write_results`)
@@ -66,6 +69,9 @@ from vit_jax.models import layouts
 LOCK_FILE = 'run.lock'
 CONFIG_FILE = 'config.json'
 CHECKPOINT_DIR = 'checkpoints'
+DATASET_FILE = 'dataset.json'
+EVAL_IMAGES_FILE = 'eval_images.npz'
+RECORDED_EVAL_IMAGES = 64  # How many a run records: what analysis averages over by default.
 UNREADABLE_DIR = 'unreadable_checkpoints'  # Beside CHECKPOINT_DIR: checkpoints set aside.
 RESULTS_FILE = 'results.json'
 RESULTS_LOCK_FILE = 'results.lock'
@@ -437,6 +443,49 @@ class Workdir:
     saved['model'] = {k: tuple(v) if isinstance(v, list) else v for k, v in saved['model'].items()}
     return ml_collections.ConfigDict(saved)
 
+  def dataset(self) -> dict[str, Any] | None:
+    """What dataset.json records of the run's data ({'name', 'num_classes', 'class_names', ...},
+    as `write_dataset` wrote it); None for a run that did not record it (written before runs
+    did). ValueError naming the file where it is damaged."""
+    path = self.file(DATASET_FILE)
+    if not path.exists():
+      return None
+    try:
+      record = json.loads(path.read_text())
+      names = record['class_names'] if isinstance(record, dict) else None
+      if not (
+          isinstance(names, list)
+          and all(isinstance(name, str) for name in names)
+          and record.get('num_classes') == len(names)
+      ):
+        raise ValueError('expected {"num_classes": N, "class_names": [N names], ...}')
+    except (ValueError, UnicodeDecodeError, KeyError) as e:
+      raise ValueError(
+          f"{path} is damaged ({e}); restore it from a copy, or delete it to read the run's "
+          'classes from its dataset.'
+      ) from None
+    return record
+
+  def eval_images(self) -> np.ndarray | None:
+    """The eval images the run recorded ((N, S, S, 3) float32, as the model sees them); None
+    where it recorded none; ValueError naming the file where it is damaged."""
+    path = self.file(EVAL_IMAGES_FILE)
+    if not path.exists():
+      return None
+    try:
+      with path.open('rb') as f, np.load(f) as saved:
+        images = saved['images'].astype(np.float32)
+    except (
+        Exception
+    ) as e:  # zipfile, numpy, pickle refusal: many kinds. pylint: disable=broad-except
+      raise ValueError(
+          f'{path} is damaged ({type(e).__name__}: {str(e)[:200]}); delete it to read eval '
+          "images from the run's dataset."
+      ) from None
+    if images.ndim != 4 or images.shape[-1] != 3:
+      raise ValueError(f'{path} is damaged: images of shape {images.shape}, not (N, S, S, 3).')
+    return images
+
   def steps(self) -> list[int]:
     """The steps of the finished checkpoints, ascending."""
     if not self.file(CHECKPOINT_DIR).is_dir():
@@ -626,6 +675,21 @@ class Workdir:
         old = {}
       steps = {**old.get(RESULTS_STEPS, {}), **dict.fromkeys(metrics, step)}
       return self.write_json(RESULTS_FILE, {**old, **metrics, RESULTS_STEPS: steps})
+
+  def write_dataset(self, record: Mapping[str, Any], eval_images: np.ndarray | None) -> None:
+    """Writes dataset.json (`dataset`) and, given, eval_images.npz (float16): what side commands
+    read of the run's data (process 0 writes)."""
+    self.write_json(DATASET_FILE, record)
+    if eval_images is None or jax.process_index() != 0:
+      return
+    path = self.file(EVAL_IMAGES_FILE)
+    if '://' in self.path:
+      with path.open('wb') as f:
+        np.savez_compressed(f, images=eval_images.astype(np.float16))
+      return
+    with replaced_whole(str(path)) as partial:
+      with open(partial, 'wb') as f:
+        np.savez_compressed(f, images=eval_images.astype(np.float16))
 
   def write_json(self, name: str, data: Mapping[str, Any]) -> str:
     """Writes `data` as JSON to `name` inside the work directory (`write_whole`); its path."""

@@ -33,16 +33,16 @@ from vit_jax.weights import inference
 ANALYSES = ('collapse', 'maps', 'rollout', 'distance', 'centres', 'pruning')
 
 
-def eval_images(config: ml_collections.ConfigDict, count: int) -> np.ndarray:
-  """The first `count` real images of the eval split, (count, S, S, 3)."""
-  images = []
-  for batch in input_pipeline.eval_iterator(
-      data_settings.DataSettings.from_config(config), process_index=0, process_count=1
-  ):
-    images.append(batch['image'][batch['mask'] > 0])
-    if sum(len(x) for x in images) >= count:
-      break
-  return np.concatenate(images)[:count]
+def eval_images(run: inference.Run, count: int) -> np.ndarray:
+  """The first `count` real images of `run`'s eval split, (count, S, S, 3): those the run
+  recorded (`workdir.Workdir.eval_images`, its data need not stay) where they are enough."""
+  run_dir = workdir_lib.Workdir(run.source)
+  recorded = run_dir.eval_images()
+  if recorded is not None:
+    whole_split = (run_dir.dataset() or {}).get('num_eval_examples', count)
+    if len(recorded) >= min(count, whole_split):
+      return recorded[:count]
+  return input_pipeline.first_eval_images(data_settings.DataSettings.from_config(run.config), count)
 
 
 def accuracy(
@@ -147,7 +147,7 @@ def analyze(
     what: Sequence[str] | str = 'all',
     *,
     step: int | None = None,
-    num_images: int = 64,
+    num_images: int | None = None,
     batch_size: int = 16,
     window: int = 11,
     threshold: float = 0.9,
@@ -156,18 +156,22 @@ def analyze(
     finetune_steps: int = 0,
     finetune_lr_factor: float = 0.1,
     use_ema: bool = True,
+    data_dir: str | None = None,
 ) -> dict[str, Any]:
   """Runs the analyses on `workdir`'s checkpoint (its EMA weights where it kept an EMA, unless
-  `use_ema=False`), writes PNGs and analysis.json, returns it."""
+  `use_ema=False`), writes PNGs and analysis.json, returns it; over `num_images` eval images
+  (default: as many as a run records, `workdir.RECORDED_EVAL_IMAGES`), datasets read as
+  `inference.load_run` reads them (`data_dir`)."""
+  num_images = workdir_lib.RECORDED_EVAL_IMAGES if num_images is None else num_images
   if num_images < 1 or batch_size < 1 or window < 1:
     raise ValueError(
         f'num_images={num_images}, batch_size={batch_size} and window={window} ' 'must be >= 1.'
     )
-  run = inference.load_run(workdir, step, use_ema=use_ema, unroll=True)  # Per-block maps.
+  run = inference.load_run(workdir, step, use_ema=use_ema, unroll=True, data_dir=data_dir)
   what, explicit = _resolve(what, run.model)
   run_dir = workdir_lib.Workdir(workdir)
   out = _Outputs(run_dir.analysis_dir(), explicit)
-  images = eval_images(run.config, num_images)
+  images = eval_images(run, num_images)
   image_shape = images.shape[1:3]
   name = run.config.model.name
 

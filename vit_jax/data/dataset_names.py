@@ -6,9 +6,20 @@ when a config file is loaded; `unknown` asks TFDS, without TensorFlow, about any
 'folder:/path/to/images', `folder.py`).
 """
 
+import os
+
 DIGITS = "digits"
 FOLDER_PREFIX = "folder:"
 NONE_CHOSEN = ""  # A family config's published size given no dataset= (`chosen`).
+
+
+def absolute(name: str) -> str:
+  """`name` with an image folder's path made absolute (and `~` expanded): what a run records,
+  so that it names the same folder from wherever it is read."""
+  if not name.startswith(FOLDER_PREFIX) or "://" in name:
+    return name
+  path = name[len(FOLDER_PREFIX) :]
+  return FOLDER_PREFIX + os.path.abspath(os.path.expanduser(path))
 
 
 def chosen(name: str) -> bool:

@@ -43,6 +43,7 @@ import numpy as np
 import tensorflow as tf
 
 from vit_jax.data import augment
+from vit_jax.data import dataset_names
 from vit_jax.data import image_ops
 from vit_jax.data import normalization
 from vit_jax.data import reading
@@ -293,6 +294,24 @@ def train_iterator(
 
 
 # Evaluation.
+
+
+def first_eval_images(data: data_settings.DataSettings, count: int) -> np.ndarray:
+  """The first `count` real images of the eval split as the model sees them, (count, S, S, 3)."""
+  images = []
+  for batch in eval_iterator(data, process_index=0, process_count=1):
+    images.append(batch['image'][batch['mask'] > 0])
+    if sum(len(x) for x in images) >= count:
+      break
+  return np.concatenate(images)[:count]
+
+
+def eval_images_to_record(data: data_settings.DataSettings, count: int) -> np.ndarray | None:
+  """What a run records of its eval split for analysis (`first_eval_images`), so that its data
+  need not stay: None for the embedded digits, which stay."""
+  if data.dataset == dataset_names.DIGITS:
+    return None
+  return first_eval_images(data, count)
 
 
 def eval_iterator(

@@ -18,6 +18,17 @@ from tensorflow_datasets.core import file_adapters
 from vit_jax import workdir as workdir_lib
 
 TFDS_DATA_DIR = 'TFDS_DATA_DIR'
+DATA_DIR_FLAG = '--data_dir'  # How a command that reads a run names a data dir of the user's.
+# Data dirs this process reads and never prepares in -> who named them: a run's config.json is
+# data from anyone, and reading it writes nowhere it names (`read_only`).
+_READ_ONLY: dict[str, str] = {}
+
+
+def read_only(data_dir: str | None, named_by: str) -> None:
+  """Makes `data_dir` one this process reads datasets from and never prepares one in, since
+  `named_by` (a run's config.json), not the user, names it."""
+  if data_dir:
+    _READ_ONLY[os.path.abspath(os.path.expanduser(data_dir))] = named_by
 
 
 def check_location(data_dir: str | None) -> None:
@@ -42,7 +53,15 @@ def _needs(what: str) -> str:
 
 
 def check_writable(data_dir: str, what: str) -> None:
-  """`workdir.Unwritable`'s one line unless `what` can be prepared in `data_dir`."""
+  """`workdir.Unwritable`'s one line unless `what` can be prepared in `data_dir`; ValueError
+  where `data_dir` is `read_only`."""
+  named_by = _READ_ONLY.get(os.path.abspath(os.path.expanduser(str(data_dir))))
+  if named_by is not None:
+    raise ValueError(
+        f'{what} is not prepared in data_dir={data_dir}, which {named_by} names; reading a run '
+        f'prepares nothing where it points. Give {DATA_DIR_FLAG}=DIR, a folder of yours to '
+        'read and prepare datasets in.'
+    )
   workdir_lib.check_writable(str(data_dir), _needs(what), directory=True)
 
 

@@ -2,7 +2,7 @@
 (`vit_jax.config_checks.problems`, the batches over the devices included), then what the owners
 of the rest check: the mesh over the devices, the model's own fields (`models.section_problems`)
 and the evaluators' settings. One `ConfigError` lists every bad field with its value and what is
-valid.
+valid. A checked config's image folder is then named absolute (`with_absolute_paths`).
 
 It sits above the schema and its checks (`vit_jax.config`, `vit_jax.config_checks`, which import
 none of the modules checked here), so that reading and checking the fields alone needs neither JAX
@@ -16,6 +16,7 @@ from vit_jax import config as config_lib
 from vit_jax import config_checks
 from vit_jax import evaluators
 from vit_jax import models
+from vit_jax.data import dataset_names
 from vit_jax.parallel import sharding
 
 
@@ -28,6 +29,14 @@ def _evaluator_problems(config: ml_collections.ConfigDict) -> list[str]:
     except ValueError as e:
       problems.append(f'{config_lib.FLAG}evaluators.{name}: {e}')
   return problems
+
+
+def with_absolute_paths(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A copy of `config` whose image-folder dataset is named by its absolute path
+  (`dataset_names.absolute`): a run's config.json names its data from wherever it is read."""
+  config = config.copy_and_resolve_references()
+  config.dataset = dataset_names.absolute(config.dataset)
+  return config
 
 
 def validate(

@@ -119,6 +119,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
   """
   # Set-up: everything that can be wrong is found before anything compiles or is written.
   setup.validate(config)
+  config = setup.with_absolute_paths(config)
   run_writer.check_path(workdir)
   settings = Settings.from_config(config)
   run_dir = run_writer.RunWriter(workdir)  # Read-only until `start` takes the lock.
@@ -229,6 +230,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
     multihost_utils.sync_global_devices('vit_jax.training.train:checked_workdir')
   with contextlib.ExitStack() as run_scope:
     run_dir.start(config, run_scope)  # Locked, config.json written, checkpoints kept.
+    run_dir.write_dataset(
+        dataclasses.asdict(info),
+        input_pipeline.eval_images_to_record(settings.data, workdir_lib.RECORDED_EVAL_IMAGES),
+    )
     watcher = run_scope.enter_context(PreemptionWatcher())
     if watcher.requested:  # Came while this run set up, inside a sequence that watches.
       logging.debug(

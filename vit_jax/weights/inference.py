@@ -28,6 +28,7 @@ from vit_jax.data import folder
 from vit_jax.data import imagenet
 from vit_jax.data import input_pipeline
 from vit_jax.data import settings as data_settings
+from vit_jax.data import storage
 from vit_jax import models
 from vit_jax.weights import pretrained
 from vit_jax import workdir as workdir_lib
@@ -49,30 +50,47 @@ class Run:
 
 
 def load_run(
-    workdir: str, step: int | None = None, *, use_ema: bool = True, unroll: bool = False
+    workdir: str,
+    step: int | None = None,
+    *,
+    use_ema: bool = True,
+    unroll: bool = False,
+    data_dir: str | None = None,
 ) -> Run:
   """The config, model and variables of `workdir`'s checkpoint at `step` (default: newest): its
   EMA where the run kept one and `use_ema` (`workdir.Workdir.read_variables`).
 
-  With `unroll`, a run that stacked its blocks with `nn.scan` is restored unrolled (analysis reads
-  per-block attention maps); otherwise in the layout it trained in.
+  Its classes are those the run recorded (dataset.json): its data need not stay. Datasets are read
+  from `data_dir` where given (and prepared there), else from the run's own data_dir, which is
+  read and never written (`storage.read_only`). With `unroll`, a run that stacked its blocks with
+  `nn.scan` is restored unrolled (analysis reads per-block attention maps); otherwise in the
+  layout it trained in.
   """
   run = workdir_lib.Workdir.open(workdir)
   config = run.config()
+  if data_dir:
+    config.data_dir = data_dir
+  else:
+    storage.read_only(config.data_dir, str(run.file(workdir_lib.CONFIG_FILE)))
   if unroll:
     for field in ('scan_layers', 'remat'):
       if field in config.model:
         del config.model[field]  # Off by default.
   data = data_settings.DataSettings.from_config(config)
-  info = input_pipeline.get_dataset_info(data)
-  model = models.create_model(config, info.num_classes)
+  recorded = run.dataset()
+  class_names = (
+      tuple(recorded['class_names'])
+      if recorded is not None
+      else input_pipeline.get_dataset_info(data).class_names
+  )
+  model = models.create_model(config, len(class_names))
   saved = run.read_variables(step, use_ema=use_ema, unrolled=unroll)
   return Run(
       config,
       data.eval_transform,
       model,
       saved.variables,
-      info.class_names,
+      class_names,
       saved.step,
       workdir,
       saved.ema,
@@ -165,17 +183,19 @@ def load(
     image_size: int | None = None,
     eval_crop_ratio: float | None = None,
     normalization: str | None = None,
+    data_dir: str | None = None,
 ) -> Run:
-  """A run's checkpoint (`workdir`, at `step`) or published weights (`init_from`, with `model`
-  and the preprocessing arguments of `load_weights`): exactly one of the two."""
+  """A run's checkpoint (`workdir`, at `step`, reading datasets from `data_dir` where given) or
+  published weights (`init_from`, with `model` and the preprocessing arguments of
+  `load_weights`): exactly one of the two."""
   if (workdir is None) == (init_from is None):
     raise ValueError(
         'Give either --workdir=RUN or --init_from=WEIGHTS (hf-hub:ORG/NAME, or a '
         'file with --model=NAME).'
     )
   if workdir is not None:
-    return load_run(workdir, step, use_ema=use_ema)
-  return load_weights(
+    return load_run(workdir, step, use_ema=use_ema, data_dir=data_dir)
+  weights = load_weights(
       init_from,
       model,
       num_classes=num_classes,
@@ -183,6 +203,8 @@ def load(
       eval_crop_ratio=eval_crop_ratio,
       normalization=normalization,
   )
+  weights.config.data_dir = data_dir
+  return weights
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,8 +14,9 @@ if TYPE_CHECKING:
 
 
 def define() -> Callable[[], 'inference.Run']:
-  """Defines --workdir, --init_from, --model, --num_classes, --image_size, --eval_crop_ratio and
-  --normalization; returns the function that loads the run or weights they name."""
+  """Defines --workdir, --init_from, --model, --num_classes, --image_size, --eval_crop_ratio,
+  --normalization and --data_dir; returns the function that loads the run or weights they
+  name."""
   workdir = flags.DEFINE_string('workdir', None, 'Work directory of a run of vit_jax.main.')
   init_from = flags.DEFINE_string(
       'init_from',
@@ -53,6 +54,8 @@ def define() -> Callable[[], 'inference.Run']:
       'Normalisation for weights ' "('inception' for Google ViT weights)" + unset % 'imagenet',
   )
 
+  data_dir = define_data_dir()
+
   def load() -> 'inference.Run':
     # pylint: disable-next=g-import-not-at-top,redefined-outer-name
     from vit_jax.weights import inference
@@ -65,6 +68,17 @@ def define() -> Callable[[], 'inference.Run']:
         image_size=image_size.value,
         eval_crop_ratio=eval_crop_ratio.value,
         normalization=normalization.value,
+        data_dir=data_dir.value,
     )
 
   return load
+
+
+def define_data_dir() -> flags.FlagHolder[str | None]:
+  """Defines --data_dir: where a command that reads a run reads (and prepares) datasets."""
+  return flags.DEFINE_string(
+      'data_dir',
+      None,
+      "TFDS data directory to read and prepare datasets in (default: a run's own data_dir, "
+      "read only, else TFDS's default).",
+  )
