@@ -196,3 +196,34 @@ def test_one_class_is_refused_before_training(tmp_path):
   config = _config(str(root), data_dir, image_size=12)
   with pytest.raises(ValueError, match=r'has 1 class \(cat\): a classifier needs two or more'):
     input_pipeline.get_dataset_info(data_settings.DataSettings.from_config(config))
+
+
+def test_images_in_sub_folders_of_a_class_are_its_images(tmp_path):
+  """As torchvision's `ImageFolder`: a class directory's sub-folders at any depth (hidden ones,
+  `__MACOSX` and a link back up apart) hold images of the class."""
+  root = tmp_path / 'images'
+  _write_images(str(root))
+  before = {split: len(files) for split, files in folder.scan(str(root)).files}
+  nested = root / 'train' / CLASSES[0] / 'day_1' / 'morning'
+  nested.mkdir(parents=True)
+  Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(nested / 'extra.png')
+  (root / 'train' / CLASSES[0] / '.cache').mkdir()
+  Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(
+      root / 'train' / CLASSES[0] / '.cache' / 'x.png'
+  )
+  os.symlink(root / 'train' / CLASSES[0], nested / 'loop')
+  scanned = folder.scan(str(root))
+  files = dict(scanned.files)
+  assert len(files['train']) == before['train'] + 1
+  assert (CLASSES[0], str(nested / 'extra.png')) in files['train']
+
+
+def test_a_class_name_with_a_line_break_is_refused(tmp_path):
+  root = tmp_path / 'images'
+  _write_images(str(root))
+  for split in ('train', 'test'):
+    os.rename(root / split / CLASSES[0], root / split / 'two\nlines')
+  with pytest.raises(ValueError) as refusal:
+    folder.scan(str(root))
+  assert "class directories ['two\\nlines'] have names with line breaks" in str(refusal.value)
+  assert '\n' not in str(refusal.value)

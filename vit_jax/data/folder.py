@@ -5,6 +5,9 @@ The folder holds one directory per split and, inside each, one directory per cla
   /path/to/images/train/<class>/*.{jpg,jpeg,png}
   /path/to/images/test/<class>/*.{jpg,jpeg,png}
 
+A class directory's sub-folders at any depth hold images of its class too (as torchvision's
+`ImageFolder` reads them); hidden folders and `__MACOSX` are not data.
+
 Classes are the sorted class-directory names, which must be the same in every split. On first use
 the images are copied, still encoded, into a TFDS dataset under the TFDS data dir, keyed by a
 fingerprint of the folder's file names, sizes and modification times (so an edited folder is
@@ -86,6 +89,24 @@ def _list_dirs(path: str) -> list[str]:
   )
 
 
+def _files_under(class_dir: str) -> list[str]:
+  """The files in `class_dir` and, as torchvision's `ImageFolder` takes them, in its sub-folders
+  at any depth (hidden and `__MACOSX` ones apart), relative to it."""
+  found, seen = [], {os.path.realpath(class_dir)}
+  for folder, dirs, names in os.walk(class_dir, followlinks=True):
+    dirs[:] = sorted(
+        d
+        for d in dirs
+        if not d.startswith('.')
+        and d not in _NOT_DATA
+        and os.path.realpath(os.path.join(folder, d)) not in seen  # A link back up: once.
+    )
+    seen.update(os.path.realpath(os.path.join(folder, d)) for d in dirs)
+    relative = os.path.relpath(folder, class_dir)
+    found += [os.path.normpath(os.path.join(relative, name)) for name in names]
+  return found
+
+
 def scan(root: str, skip_unreadable: bool = False) -> FolderConfig:
   """Checks the folder layout and returns its description; ValueError on any problem.
 
@@ -107,6 +128,12 @@ def scan(root: str, skip_unreadable: bool = False) -> FolderConfig:
       )
   reference_split = splits[0]
   classes = classes_of[reference_split]
+  unprintable = [name for name in classes if not name.isprintable()]
+  if unprintable:
+    raise ValueError(
+        f'Image folder {root!r}: class directories {unprintable} have names with line breaks or '
+        'other control characters, which no output can show as one name; rename them.'
+    )
   for split in splits[1:]:
     if classes_of[split] != classes:
       only_here = sorted(set(classes_of[split]) - set(classes))
@@ -121,16 +148,14 @@ def scan(root: str, skip_unreadable: bool = False) -> FolderConfig:
     split_files = []
     for name in classes:
       class_dir = os.path.join(root, split, name)
-      names = os.listdir(class_dir)
+      names = _files_under(class_dir)
       paths = sorted(
           os.path.join(class_dir, f) for f in names if f.lower().endswith(IMAGE_EXTENSIONS)
       )
       other_formats.update(
-          os.path.splitext(f)[1].lower() or f
+          os.path.splitext(f)[1].lower() or os.path.basename(f)
           for f in names
-          if not f.lower().endswith(IMAGE_EXTENSIONS)
-          and not f.startswith('.')
-          and os.path.isfile(os.path.join(class_dir, f))
+          if not f.lower().endswith(IMAGE_EXTENSIONS) and not os.path.basename(f).startswith('.')
       )
       if not paths:
         raise ValueError(
