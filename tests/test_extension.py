@@ -366,6 +366,13 @@ def test_every_command_reads_a_run_of_the_users_module(data_dir, tmp_path):
   predicted = _command('predict', *read, '--json', str(image))
   assert len(json.loads(predicted.stdout)['predictions']) == 1
 
+  # timm has no layout for the user's attention and stem: export says so, and writes nothing.
   out = str(tmp_path / 'model.safetensors')
-  _command('export', *read, f'--out={out}')
-  assert os.path.getsize(out) > 1000
+  refused = tiny_runs.run_command('export', *read, f'--out={out}')
+  assert refused.returncode == 1 and 'Traceback' not in refused.stderr, refused.stderr[-3000:]
+  assert refused.stderr.strip().splitlines()[-1] == (
+      f"error: {workdir} uses parts of your own modules ({EXTENSION}: attention='cosine', "
+      "stem='pool', CosineSettings), which timm has no layout for: export writes timm's; read "
+      "the run's weights with vit_jax (vit_jax.workdir.Workdir.read_variables) instead."
+  )
+  assert not os.path.exists(out)

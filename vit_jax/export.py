@@ -27,6 +27,7 @@ flags.mark_flags_as_required(['workdir', 'out'])
 def main(argv) -> None:
   del argv
   # pylint: disable=g-import-not-at-top
+  from vit_jax import extensions
   from vit_jax import models
   from vit_jax import workdir
   from vit_jax.weights import pretrained
@@ -38,7 +39,15 @@ def main(argv) -> None:
     )
   workdir.check_writable(_OUT.value, pretrained.EXPORT_ROOM, directory=False)
   run = workdir.Workdir.open(_WORKDIR.value)  # No dataset needed: the family names the layout.
-  name = run.config().model.name
+  config = run.config()
+  name = config.model.name
+  yours = extensions.model_parts_of_yours(config)
+  if yours:
+    raise ValueError(
+        f'{_WORKDIR.value} uses parts of your own modules ({"; ".join(yours)}), which timm '
+        "has no layout for: export writes timm's; read the run's weights with vit_jax "
+        '(vit_jax.workdir.Workdir.read_variables) instead.'
+    )
   saved = run.read_variables(use_ema=_USE_EMA.value, unrolled=True)
   keys = pretrained.export_timm(saved.variables, models.create(name), _OUT.value)
   print(

@@ -68,13 +68,15 @@ def note(registry: str, name: str, module: str, label: str) -> None:
   _REGISTERED[(registry, name)] = (module, label)
 
 
-def _registrations(config: Any) -> dict[str, list[str]]:
+def _registrations(config: Any, *, evaluators: bool = True) -> dict[str, list[str]]:
   """Module name -> what of `config` it registered: the attention kind and stem its model
-  chooses, the kind settings whose fields its model section holds, its evaluators."""
+  chooses, the kind settings whose fields its model section holds and (with `evaluators`) its
+  evaluators."""
   model = config.model
   used = [('attention', model.get('attention')), ('stem', model.get('stem'))]
   used += [('setting', key) for key in model]  # Unset too: config.json holds every field.
-  used += [('evaluator', name) for name in config.get('evaluators', {})]
+  if evaluators:
+    used += [('evaluator', name) for name in config.get('evaluators', {})]
   registered: dict[str, list[str]] = {}
   for key in used:
     if key in _REGISTERED:
@@ -94,6 +96,16 @@ def recorded_imports(config: Any) -> list[dict[str, Any]]:
       key = (record['module'], record['path'])
       records.setdefault(key, {**record, 'registers': []})['registers'] += registers
   return list(records.values())
+
+
+def model_parts_of_yours(config: Any) -> list[str]:
+  """What of `config`'s model the modules outside vit_jax registered, per module
+  ("my_extension: attention='cosine', stem='pool'"): the parts no published layout has."""
+  return [
+      f'{module}: {", ".join(labels)}'
+      for module, labels in _registrations(config, evaluators=False).items()
+      if module_record(module) is not None
+  ]
 
 
 def _loaded(name: str, path: str) -> bool:
