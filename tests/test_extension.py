@@ -8,6 +8,7 @@ import importlib
 import importlib.util
 import json
 import os
+import random
 import subprocess
 import sys
 import textwrap
@@ -376,3 +377,27 @@ def test_every_command_reads_a_run_of_the_users_module(data_dir, tmp_path):
       "the run's weights with vit_jax (vit_jax.workdir.Workdir.read_variables) instead."
   )
   assert not os.path.exists(out)
+
+
+def test_a_module_beside_a_config_named_like_an_installed_one_is_named(
+    tmp_path, monkeypatch, capfd
+):
+  """A config file's `import random` finds the standard library's, never the user's `random.py`
+  beside it: said in one warning line, where the run would otherwise stop on a kind it lacks."""
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+
+  (tmp_path / 'random.py').write_text('')
+  (tmp_path / 'my_own_module.py').write_text('')
+  config_file = tmp_path / 'my_config.py'
+  config_file.write_text('import random\nimport my_own_module\nimport numpy\n')
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file('config', flag_values=values)
+  monkeypatch.setattr(sys, 'path', list(sys.path))
+  lines = []
+  monkeypatch.setattr(extensions.exits, 'write_line', lines.append)
+  extensions.make_config_folders_importable(['main', f'--config={config_file}'], values)
+  assert lines == [
+      f"warning: {config_file} imports 'random': the installed module {random.__file__}, not "
+      f'the random beside it in {tmp_path}, which a module named like an installed one never '
+      'is; rename yours to import it.'
+  ]

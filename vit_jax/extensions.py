@@ -12,6 +12,7 @@ modules a command has imported already (its config file's) need no leave. Free o
 registries: they note each registration here.
 """
 
+import ast
 import importlib
 import importlib.util
 import os
@@ -19,6 +20,8 @@ import sys
 from typing import Any, Mapping, Sequence
 
 from absl import flags
+
+from vit_jax import exits
 
 # The key of config.json that lists the modules to import before the config is read.
 IMPORTS = 'imports'
@@ -210,7 +213,48 @@ def make_config_folders_importable(argv: Sequence[str], flag_values: Any) -> Non
         elif arg == prefix and i + 1 < len(argv):
           values.append(argv[i + 1])
   for value in values:
-    folder = os.path.dirname(os.path.abspath(value.split(':', 1)[0]))
+    config_file = os.path.abspath(value.split(':', 1)[0])
+    folder = os.path.dirname(config_file)
     inside_package = os.path.realpath(folder).startswith(os.path.join(_PACKAGE_DIR, ''))
     if not inside_package and folder not in sys.path:
       sys.path.append(folder)
+      for name, installed in hidden_beside(config_file):
+        exits.write_line(
+            f'warning: {config_file} imports {name!r}: the installed {installed}, not the '
+            f'{name} beside it in {folder}, which a module named like an installed one never '
+            'is; rename yours to import it.'
+        )
+
+
+def hidden_beside(config_file: str) -> list[tuple[str, str]]:
+  """(name, where the import finds it) of each module that `config_file` imports by a name that
+  a module beside it also has but that an installed module (the standard library's `random`)
+  answers to: the user's file is never imported."""
+  folder = os.path.dirname(config_file)
+  try:
+    with open(config_file, encoding='utf-8') as f:
+      tree = ast.parse(f.read())
+  except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+    return []  # Loading it says what is wrong.
+  names = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      names.update(alias.name.split('.')[0] for alias in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+      names.add(node.module.split('.')[0])
+  hidden = []
+  for name in sorted(names):
+    beside = os.path.join(folder, name)
+    if not (os.path.isfile(beside + '.py') or os.path.isfile(os.path.join(beside, '__init__.py'))):
+      continue
+    if name in sys.builtin_module_names:
+      hidden.append((name, 'built-in module'))
+      continue
+    try:
+      spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+      continue
+    origin = os.path.abspath(getattr(spec, 'origin', None) or '')
+    if spec is not None and not origin.startswith(os.path.join(folder, '')):
+      hidden.append((name, f'module {origin}'))
+  return hidden
