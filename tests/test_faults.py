@@ -303,10 +303,56 @@ def test_sigterm_and_ctrl_c_save_and_exit_75(data_dir, tmp_path, signum):
   assert code == 75, log[-3000:]
   assert 'Traceback' not in log and 'KeyboardInterrupt' not in log
   assert f'{signal.Signals(signum).name}: saving a checkpoint after this step' in log
+  assert 'saved checkpoint' not in log  # A save in flight is "saving" until it has finished.
   assert 'Rerun the same command to resume.' in log
   (saved,) = os.listdir(os.path.join(workdir, 'checkpoints'))
   assert int(saved) >= 1
   assert open(os.path.join(workdir, workdir_lib.LOCK_FILE)).read() == ''
+
+
+def test_a_signal_in_the_final_evaluation_stops_it_with_the_last_step_saved(
+    checkpointed_run, data_dir, tmp_path, monkeypatch, caplog
+):
+  """The loop has saved its last step: SIGTERM then ends the evaluation at once, saying so, and a
+  rerun evaluates that step (nothing is trained again)."""
+  from vit_jax import evaluators  # pylint: disable=g-import-not-at-top
+
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(checkpointed_run, workdir)
+  os.remove(os.path.join(workdir, workdir_lib.RESULTS_FILE))
+  evaluate = evaluators.run
+
+  def signalled(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return evaluate(*args, **kwargs)
+
+  monkeypatch.setattr(evaluators, 'run', signalled)
+  with caplog.at_level(std_logging.WARNING):
+    result = train.train_and_evaluate(checkpointed_config(data_dir), workdir)
+  assert result.preempted and result.step == STEPS[-1] and not result.metrics
+  assert (
+      f'SIGTERM: step {STEPS[-1]} is saved; the final evaluation stops (rerun the same command '
+      'to evaluate it).'
+  ) in caplog.text
+  assert 'saving a checkpoint after this step' not in caplog.text
+  assert not os.path.exists(os.path.join(workdir, workdir_lib.RESULTS_FILE))
+  monkeypatch.setattr(evaluators, 'run', evaluate)
+  rerun = train.train_and_evaluate(checkpointed_config(data_dir), workdir)
+  assert rerun.step == STEPS[-1] and rerun.metrics['count'] > 0
+
+
+def test_resuming_past_the_steps_to_train_is_refused(checkpointed_run, data_dir, tmp_path):
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(checkpointed_run, workdir)
+  results = open(os.path.join(workdir, workdir_lib.RESULTS_FILE)).read()
+  with pytest.raises(ValueError) as refusal:
+    train.train_and_evaluate(checkpointed_config(data_dir, total_steps=4), workdir)
+  assert str(refusal.value) == (
+      f'{workdir!r} holds a checkpoint of step {STEPS[-1]}, past the 4 steps this config trains '
+      f'(total_steps, or num_epochs): give at least {STEPS[-1]} to resume it (exactly that to '
+      'evaluate it), or a new --workdir.'
+  )
+  assert open(os.path.join(workdir, workdir_lib.RESULTS_FILE)).read() == results
 
 
 # Misleading messages.

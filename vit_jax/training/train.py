@@ -199,6 +199,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
   # `plan` refuses, touching nothing and compiling nothing, a work directory in use or a
   # checkpoint this config cannot take.
   resuming = run_dir.has_checkpoint()
+  if resuming and run_dir.steps()[-1] > total_steps:
+    raise ValueError(
+        f'{workdir!r} holds a checkpoint of step {run_dir.steps()[-1]}, past the '
+        f'{total_steps} steps this config trains (total_steps, or num_epochs): give at least '
+        f'{run_dir.steps()[-1]} to resume it (exactly that to evaluate it), or a new --workdir.'
+    )
   abstract_for = lambda clip, ema: jax.eval_shape(
       _with_state(settings, clip, ema).start(info.num_classes, schedule).init
   )
@@ -295,7 +301,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
         with progress.timed('checkpoint', state):
           run_dir.save(step, state, model_name=settings.model_name)
         logging.info(
-            'step %d  saved checkpoint %s',
+            'step %d  saving checkpoint %s',
             step,
             run_dir.file(workdir_lib.CHECKPOINT_DIR) / str(step),
         )
@@ -314,11 +320,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
           scores = evaluators_lib.run(due, _subject(model, state, settings.data), step)
         writer.write_scalars(step, scores.summaries())
 
-    # The final evaluation: every evaluator.
+    # The final evaluation: every evaluator; a signal now stops it, the last step being saved.
     run_dir.wait_until_finished()
-    scores = evaluators_lib.run(
-        evaluators, _subject(model, state, settings.data), total_steps, final=True
-    )
+    try:
+      with _final_evaluation_stops_at_once(total_steps):
+        scores = evaluators_lib.run(
+            evaluators, _subject(model, state, settings.data), total_steps, final=True
+        )
+    except interruption.Stopped:
+      return RunResult(step=total_steps, metrics={}, preempted=True)
     writer.write_scalars(total_steps, scores.summaries())
     run_dir.write_results(scores.results(), step=total_steps)
     writer.flush()
@@ -389,6 +399,17 @@ class PreemptionWatcher:
   def should_stop(self, run_dir: run_writer.RunWriter, step: int) -> bool:
     # On several processes, orbax agrees on one step across all of them.
     return self.requested or run_dir.reached_preemption(step)
+
+
+def _final_evaluation_stops_at_once(step: int) -> contextlib.AbstractContextManager[None]:
+  """Where a signal during the final evaluation stops it at once (`interruption.Stopped`): step
+  `step` is saved and a rerun evaluates it. Not on several processes, whose evaluation one
+  process must not leave alone (their signals are orbax's, agreed at a step)."""
+  if jax.process_count() > 1:
+    return contextlib.nullcontext()
+  return interruption.stopping_at_once(
+      f'step {step} is saved; the final evaluation stops (rerun the same command to evaluate it)'
+  )
 
 
 def _subject(
