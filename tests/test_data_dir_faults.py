@@ -15,6 +15,7 @@ import types
 import numpy as np
 from PIL import Image
 import pytest
+import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from tests.test_output_paths import full  # pylint: disable=unused-import
@@ -24,6 +25,9 @@ from tests.tiny_runs import mounted_tmpfs
 from vit_jax.data import convert
 from vit_jax.data import digits
 from vit_jax.data import folder
+from vit_jax.data import input_pipeline
+from vit_jax.data import reading
+from vit_jax.data import settings as data_settings
 from vit_jax.data import sources
 from vit_jax.data import storage
 from vit_jax import workdir as workdir_lib
@@ -235,3 +239,81 @@ def test_the_commands_name_a_read_only_data_dir_in_one_line(tmp_path, read_only)
     subprocess.run(['mount', '-o', 'remount,ro', mounted], check=True)
     last = _run('convert', '--dataset=digits', f'--data_dir={mounted}')
     assert last.startswith(f'error: cannot write {mounted}/digits/1.0.0: ') and 'read-only' in last
+
+
+def _change(path: str, damage) -> str:
+  with open(path, 'rb') as f:
+    data = damage(f.read())
+  with open(path, 'wb') as f:
+    f.write(data)
+  return path
+
+
+def _flipped(data: bytes) -> bytes:
+  """`data` with one byte in every 5,000 inverted, from past the header to the middle."""
+  flipped = bytearray(data)
+  for i in range(1000, len(data) // 2, 5000):
+    flipped[i] ^= 0xFF
+  return bytes(flipped)
+
+
+@pytest.mark.e2e  # Training as a user runs it.
+def test_training_on_a_truncated_array_record_file_is_one_line_naming_it(data_dir, tmp_path):
+  copy = str(tmp_path / 'tfds')
+  shutil.copytree(data_dir, copy)
+  version_dir = digits.Digits(data_dir=copy).data_dir
+  shard = _change(
+      os.path.join(version_dir, 'digits-train.array_record-00000-of-00001'),
+      lambda data: data[: len(data) // 2],
+  )
+  last = _run(
+      'main',
+      f'--config={os.path.join(REPO, "tests", "digits_run_config.py")}',
+      f'--config.data_dir={copy}',
+      '--config.total_steps=2',
+      '--config.warmup_steps=0',
+      f'--workdir={tmp_path / "run"}',
+  )
+  assert last.startswith('error: ') and f'damaged file {shard} ' in last, last
+  assert f'remove {version_dir} and the next run prepares it again' in last, last
+
+
+def test_reading_flipped_bytes_of_an_array_record_file_is_one_line_naming_it(data_dir, tmp_path):
+  copy = str(tmp_path / 'tfds')
+  shutil.copytree(data_dir, copy)
+  version_dir = digits.Digits(data_dir=copy).data_dir
+  shard = _change(os.path.join(version_dir, 'digits-train.array_record-00000-of-00001'), _flipped)
+  source = sources.resolve(types.SimpleNamespace(data_dir=copy, dataset='digits'))  # Opens.
+  with pytest.raises(ValueError) as refused:
+    reading.in_memory_lookup(source, 'train')
+  message = _one_line(refused.value, f'damaged file {shard} (Corrupted Riegeli', version_dir)
+  access = reading.array_record_lookup(source, 'train')  # Read as training reads a large split.
+  with pytest.raises(tf.errors.OpError) as failed:
+    list(access.lookup(tf.data.Dataset.range(access.num)).as_numpy_iterator())
+  converted = reading.read_error(failed.value)
+  assert converted is not None and f'damaged file {shard} (' in str(converted)
+  assert reading.read_error(tf.errors.UnknownError(None, None, 'other')) is None
+
+
+@pytest.mark.parametrize(
+    'damage',
+    [lambda text: 'not json', lambda text: '[]', lambda text: text[: len(text) // 2]],
+    ids=['not JSON', 'a list', 'truncated'],
+)
+def test_a_damaged_dataset_info_json_is_one_line_naming_it(data_dir, tmp_path, damage):
+  copy = str(tmp_path / 'tfds')
+  shutil.copytree(data_dir, copy)
+  version_dir = digits.Digits(data_dir=copy).data_dir
+  info = os.path.join(version_dir, 'dataset_info.json')
+  with open(info) as f:
+    text = f.read()
+  with open(info, 'w') as f:
+    f.write(damage(text))
+  settings = data_settings.DataSettings.from_config(tiny_runs.tiny_config(copy))
+  with pytest.raises(ValueError) as refused:
+    input_pipeline.get_dataset_info(settings)
+  _one_line(
+      refused.value,
+      f'damaged file {info} (',
+      f'remove {version_dir} and the next run prepares it again',
+  )

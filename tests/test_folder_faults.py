@@ -110,11 +110,18 @@ def _apple_double(root):
   return path
 
 
+def _broken_link(root):
+  path = os.path.join(root, 'train', 'a', 'gone.png')
+  os.symlink(os.path.join(root, 'nowhere.png'), path)
+  return path
+
+
 @pytest.mark.parametrize(
     'make, reason',
     [
         (_gif_named_jpg, 'a GIF named .jpg, which training does not decode'),
         (_apple_double, 'an AppleDouble resource fork (macOS metadata), not an image'),
+        (_broken_link, 'not readable (No such file or directory)'),
     ],
 )
 def test_a_file_training_cannot_decode_is_named_at_preparation(tmp_path, make, reason):

@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+from typing import Any
 
 import jax
 import numpy as np
@@ -140,7 +141,7 @@ def test_metadata_picks_preprocessing():
       ([0.48145466, 0.4578275, 0.40821073], [0.5, 0.25, 0.125]),
   )
   config['pretrained_cfg']['std'] = [0.5, 0.0, 0.5]
-  with pytest.raises(ValueError, match=r"Unknown normalization '.*'; valid: one of \['imagenet'"):
+  with pytest.raises(ValueError, match=r'pretrained_cfg.std=\[0.5, 0.0, 0.5\], .*three positive'):
     hub.read_config('hf-hub:x/y', config)
 
 
@@ -372,8 +373,9 @@ def test_a_normalisation_given_as_numbers_is_accepted_and_applied():
   np.testing.assert_allclose(seen[numbers], (pixels - mean) / std, atol=1e-4)
 
 
-def _cache_config_only(repo_id: str, config: dict) -> None:
-  """Stores a Hub repository holding only `config` (its config.json) in the offline cache."""
+def _cache_config_only(repo_id: str, config: Any) -> pathlib.Path:
+  """Stores a Hub repository holding only `config` (its config.json) in the offline cache;
+  returns that file."""
   org, name = repo_id.split('/')
   repo = pathlib.Path(hub.cache_dir()) / f'models--{org}--{name}'
   snapshot = repo / 'snapshots' / ('0' * 40)
@@ -381,6 +383,7 @@ def _cache_config_only(repo_id: str, config: dict) -> None:
   (snapshot / 'config.json').write_text(json.dumps(config))
   (repo / 'refs').mkdir()
   (repo / 'refs' / 'main').write_text('0' * 40)
+  return snapshot / 'config.json'
 
 
 def test_an_unmapped_architecture_is_refused_before_its_weights_are_fetched(hub_cache, monkeypatch):
@@ -495,3 +498,66 @@ def test_a_headless_regnet_gives_timms_pooled_features(hub_cache, timm_model):
       atol=1e-5,
       rtol=0,
   )
+
+
+# A config.json that maps to a model here, and its damaged fields: (field, value, what is valid).
+_GOOD_CONFIG = {
+    'architecture': 'deit_tiny_patch16_224',
+    'num_classes': 10,
+    'pretrained_cfg': {'input_size': [3, 224, 224], 'crop_pct': 0.9},
+}
+_BAD_FIELDS = [
+    ('num_classes', 'ten', 'a whole number of classes'),
+    ('num_classes', -3, 'a whole number of classes'),
+    ('num_classes', 2.5, 'a whole number of classes'),
+    ('pretrained_cfg', 'big', 'a JSON object'),
+    ('pretrained_cfg.input_size', 'big', '[3, HEIGHT, WIDTH] of positive whole numbers'),
+    ('pretrained_cfg.input_size', [3, -5, -5], '[3, HEIGHT, WIDTH] of positive whole numbers'),
+    ('pretrained_cfg.input_size', [224, 224], '[3, HEIGHT, WIDTH] of positive whole numbers'),
+    ('pretrained_cfg.crop_pct', 'wide', 'a number in (0, 1]'),
+    ('pretrained_cfg.crop_pct', 1.5, 'a number in (0, 1]'),
+    ('pretrained_cfg.crop_pct', 0, 'a number in (0, 1]'),
+    ('pretrained_cfg.mean', [0.5, 0.5], 'three numbers (R, G, B)'),
+    ('pretrained_cfg.std', 'wide', 'three positive numbers (R, G, B)'),
+    ('pretrained_cfg.std', [0.5, -0.5, 0.5], 'three positive numbers (R, G, B)'),
+    ('label_names', 'abcdefghij', 'a list of class names (strings)'),
+    ('label_names', list(range(10)), 'a list of class names (strings)'),
+    ('model_args', [1], 'a JSON object'),
+    ('architecture', 7, 'the name of a timm architecture'),
+]
+
+
+@pytest.mark.parametrize(
+    'field, value, valid', _BAD_FIELDS, ids=[f'{f}={v!r}' for f, v, _ in _BAD_FIELDS]
+)
+def test_a_damaged_hub_config_field_is_one_line_before_the_weights_are_read(
+    hub_cache, field, value, valid
+):
+  """An absurd value in a Hub repository's config.json names the file, the field, its value and
+  what would be valid, in one line, and the weights are never asked for."""
+  del hub_cache  # Empty, offline: the weights are not there, so asking for them would fail.
+  config = json.loads(json.dumps(_GOOD_CONFIG))
+  *parents, leaf = field.split('.')
+  target = config
+  for parent in parents:
+    target = target[parent]
+  target[leaf] = value
+  path = _cache_config_only('timm/deit_tiny_patch16_224.broken', config)
+  name = 'hf-hub:timm/deit_tiny_patch16_224.broken'
+  with pytest.raises(ValueError) as raised:
+    hub.resolve(name)
+  message = str(raised.value)
+  assert '\n' not in message, message
+  assert message.startswith(f'{name}: {path} has {field}={value!r}, '), message
+  assert valid in message, message
+
+
+def test_a_hub_config_that_is_a_json_list_is_one_line(hub_cache):
+  del hub_cache
+  path = _cache_config_only('timm/deit_tiny_patch16_224.list', [])
+  name = 'hf-hub:timm/deit_tiny_patch16_224.list'
+  with pytest.raises(ValueError) as raised:
+    hub.describe(name)
+  message = str(raised.value)
+  assert '\n' not in message, message
+  assert message.startswith(f'{name}: {path} is a JSON list, not an object'), message

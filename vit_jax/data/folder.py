@@ -163,8 +163,12 @@ def scan(root: str, skip_unreadable: bool = False) -> FolderConfig:
             f'{IMAGE_EXTENSIONS}); every class needs at least one per split.'
         )
       for path in paths:
+        try:
+          stat = os.stat(path)
+        except OSError as error:  # A link to nothing, a file gone since the listing.
+          unreadable.append((path, f'not readable ({error.strerror})'))
+          continue
         size, reason = _image_size(path)
-        stat = os.stat(path)
         fingerprint.update(
             f'{os.path.relpath(path, root)}\0{stat.st_size}\0' f'{stat.st_mtime_ns}\n'.encode()
         )

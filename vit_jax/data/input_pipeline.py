@@ -290,7 +290,7 @@ def train_iterator(
   # one image's ops over threads would only add synchronisation.
   options = tf.data.Options()
   options.threading.max_intra_op_parallelism = 1
-  return batches.with_options(options).as_numpy_iterator()
+  return _damage_named(batches.with_options(options).as_numpy_iterator())
 
 
 # Evaluation.
@@ -377,4 +377,20 @@ def eval_iterator(
       tf.data.Dataset.from_tensors(padding).repeat()
   )
   batches = batches.take(num_batches * local_batch).batch(local_batch).prefetch(data.prefetch)
-  return batches.as_numpy_iterator()
+  return _damage_named(batches.as_numpy_iterator())
+
+
+def _damage_named(batches: Iterator[dict[str, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
+  """`batches`, where a read of a damaged file ends in the one line naming it
+  (`reading.read_error`) rather than TensorFlow's error and traceback."""
+  while True:
+    try:
+      batch = next(batches)
+    except StopIteration:
+      return
+    except tf.errors.OpError as e:
+      damaged = reading.read_error(e)
+      if damaged is None:
+        raise
+      raise damaged from None
+    yield batch

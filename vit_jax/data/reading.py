@@ -13,6 +13,7 @@ import tensorflow_datasets as tfds
 from vit_jax.data import convert
 from vit_jax.data import sources
 from vit_jax.data import settings as data_settings
+from vit_jax.data import storage
 
 
 # Records per `tf.numpy_function` read of an ArrayRecord source: enough that the Python call costs
@@ -23,6 +24,19 @@ _READ_CHUNK = 32
 # (and the example's labels, where the source has a `label_set_key`); an `encoded` lookup yields
 # the image's encoded bytes (a scalar string) instead, for `input_pipeline._train_image` to decode.
 Lookup = Callable[[tf.data.Dataset], tf.data.Dataset]
+
+
+# One line per damaged ArrayRecord file that a read found -> its ValueError (`read_error`).
+_DAMAGED: dict[str, ValueError] = {}
+
+
+def read_error(error: BaseException) -> ValueError | None:
+  """The one-line ValueError naming a damaged ArrayRecord file, where `error` is the
+  `tf.errors.OpError` that iterating a `tf.data` pipeline of `array_record_lookup` raised for it
+  (TensorFlow passes on its message with a traceback); None for any other error."""
+  if not isinstance(error, tf.errors.OpError):
+    return None
+  return next((e for line, e in _DAMAGED.items() if line in error.message), None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +73,13 @@ def array_record_lookup(source: sources.Source, split: Any, encoded: bool = Fals
   encoded = encoded and feature.tf_dtype == tf.uint8
 
   def read(indices: np.ndarray) -> np.ndarray:
-    return np.array(records.__getitems__(indices.tolist()), dtype=object)
+    keys = indices.tolist()
+    try:
+      return np.array(records.__getitems__(keys), dtype=object)
+    except RuntimeError:  # array_record's error for a corrupted file, naming no file.
+      damaged = storage.damaged_records(source.builder, split, keys)
+      _DAMAGED[str(damaged)] = damaged
+      raise damaged from None
 
   def parse(serialized: tf.Tensor) -> tuple[tf.Tensor, ...]:
     example = features.deserialize_example(
@@ -89,7 +109,13 @@ def in_memory_lookup(source: sources.Source, split: Any) -> Access:
     examples = source.builder.as_dataset(split=split).map(
         lambda record: (record[source.image_key], record[source.label_key])
     )
-  chunks = list(examples.batch(4096).as_numpy_iterator())
+  try:
+    chunks = list(examples.batch(4096).as_numpy_iterator())
+  except tf.errors.OpError as e:
+    damaged = read_error(e)
+    if damaged is None:
+      raise
+    raise damaged from None
   if not chunks:
     raise ValueError(f'Split {split} of {source.name!r} is empty.')
   # Variables are captured by reference; constants would be copied into the tf.data graph.

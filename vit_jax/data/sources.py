@@ -65,9 +65,16 @@ def resolve(
   """
   name = data.dataset if dataset is None else dataset
   storage.check_location(data.data_dir)
-  with runtime.quiet_preparation():  # No progress bars in a run's log.
-    builder = _prepared_builder(data, name)
+  try:
+    with runtime.quiet_preparation():  # No progress bars in a run's log.
+      builder = _prepared_builder(data, name)
+  except Exception as e:  # TFDS's JSON or proto error. pylint: disable=broad-except
+    damaged = storage.damaged_info(e)
+    if damaged is None:
+      raise
+    raise damaged from None
   storage.check_complete(builder, name)
+  storage.check_readable(builder)
   keys = builder.info.supervised_keys
   image_key, supervised_label = (
       keys

@@ -3,17 +3,26 @@
 Every fault of it is one line that names the data dir and the cause, found before anything
 compiles: a data dir (or `$TFDS_DATA_DIR`) that is a file, one that cannot be written where a
 dataset must be prepared, a disk that fills while one is (what was half written is removed), and a
-prepared dataset whose metadata lists files that are gone.
+prepared dataset whose metadata lists files that are gone, whose dataset_info.json is damaged or
+whose ArrayRecord files are truncated or corrupted (found when they are opened before training, or
+when a record is read).
 """
 
 import contextlib
+import json
 import os
+import re
 import shutil
-from typing import Callable, Iterator, Sequence
+import traceback
+from typing import Any, Callable, Iterator, Sequence
 
 from absl import logging
+from array_record.python import array_record_module
+from google.protobuf import json_format
+import numpy as np
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core import file_adapters
+from tensorflow_datasets.core.proto import dataset_info_pb2
 
 from vit_jax import workdir as workdir_lib
 
@@ -164,3 +173,125 @@ def check_complete(builder: tfds.core.DatasetBuilder, name: str) -> None:
         f'{builder.data_dir} and prepare it again (`tfds build {builder.name} '
         f'--data_dir={builder.data_dir_root} --file_format=array_record`).'
     )
+
+
+def _prepare_again(builder: tfds.core.DatasetBuilder) -> str:
+  """How to replace a damaged prepared `builder`: the digits and image folders prepare themselves
+  again once their directory is gone; a TFDS dataset is built again."""
+  if type(builder).__module__.startswith('vit_jax.'):
+    return f'remove {builder.data_dir} and the next run prepares it again'
+  return (
+      f'remove {builder.data_dir} and prepare it again (`tfds build {builder.name} '
+      f'--data_dir={builder.data_dir_root} --file_format=array_record`)'
+  )
+
+
+def _damaged(builder: tfds.core.DatasetBuilder, path: str, why: str) -> ValueError:
+  return ValueError(
+      f'Dataset {builder.name!r} prepared in {builder.data_dir} has a damaged file {path} '
+      f'({why}): {_prepare_again(builder)}.'
+  )
+
+
+def _corruption(error: Exception) -> str:
+  """The first clause of array_record's error, without its checksums (its byte offsets follow)."""
+  first = (str(error).strip().splitlines() or [type(error).__name__])[0].split(';')[0]
+  return re.sub(r' \(computed \w+, stored \w+\)', '', first)
+
+
+def _array_record_files(builder: tfds.core.DatasetBuilder) -> list[str]:
+  """The ArrayRecord files that a prepared `builder`'s metadata lists."""
+  fmt = file_adapters.FileFormat.ARRAY_RECORD
+  if fmt not in builder.info.available_file_formats():
+    return []
+  return [
+      str(path)
+      for split in builder.info.splits.values()
+      for path in split.filename_template.replace(
+          filetype_suffix=fmt.file_suffix
+      ).sharded_filepaths(len(split.shard_lengths))
+  ]
+
+
+def _open_error(path: str) -> str | None:
+  """Why array_record cannot open `path` (a truncated file: its footer does not check out), or
+  None where it can."""
+  try:
+    array_record_module.ArrayRecordReader(path, 'readahead_buffer_size:0').close()
+  except RuntimeError as e:
+    return _corruption(e)
+  return None
+
+
+_READABLE: set[str] = set()  # Version directories whose ArrayRecord files all opened.
+
+
+def check_readable(builder: tfds.core.DatasetBuilder) -> None:
+  """ValueError of one line naming an ArrayRecord file of a prepared `builder` that does not open
+  (truncated, or its footer corrupted): training would stop with a traceback at the first record
+  read from it. Opening reads a file's footer and index only; once per directory and process."""
+  version_dir = str(builder.data_dir)
+  if '://' in version_dir or version_dir in _READABLE or not builder.is_prepared():
+    return  # An object store: thousands of requests; a corrupted record is named when read.
+  for path in _array_record_files(builder):
+    why = _open_error(path)
+    if why is not None:
+      raise _damaged(builder, path, why)
+  _READABLE.add(version_dir)
+
+
+def damaged_records(
+    builder: tfds.core.DatasetBuilder, split: Any, keys: Sequence[int]
+) -> ValueError:
+  """The ValueError of one line for a read of records `keys` of `split` that array_record
+  refused: it names the file that holds a record that does not read (each file is read again
+  alone to find it)."""
+  instructions = builder.info.splits[split].file_instructions
+  starts = np.cumsum([0] + [i.take for i in instructions])
+  positions: dict[str, list[int]] = {}
+  for key in keys:
+    index = int(np.searchsorted(starts, key, side='right')) - 1
+    instruction = instructions[index]
+    positions.setdefault(instruction.filename, []).append(instruction.skip + key - starts[index])
+  for path, wanted in positions.items():
+    why = _open_error(path)
+    if why is None:
+      try:
+        reader = array_record_module.ArrayRecordReader(path, 'readahead_buffer_size:0')
+        reader.read(wanted)
+        reader.close()
+      except RuntimeError as e:
+        why = _corruption(e)
+    if why is not None:
+      return _damaged(builder, path, why)
+  return _damaged(builder, ', '.join(positions), 'a record does not read')
+
+
+def _info_error(path: str) -> str | None:
+  """Why TFDS cannot read the dataset_info.json `path` (not JSON, not an object, fields TFDS does
+  not know), or None where it can."""
+  try:
+    with open(path, encoding='utf-8') as f:
+      info = json.load(f)
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    return f'not JSON: {e}'
+  if not isinstance(info, dict):
+    return f'a JSON {type(info).__name__}, not an object'
+  try:
+    json_format.ParseDict(info, dataset_info_pb2.DatasetInfo())
+  except json_format.ParseError as e:
+    return f'not dataset metadata: {_corruption(e)}'
+  return None
+
+
+def damaged_info(error: BaseException) -> ValueError | None:
+  """The ValueError of one line for `error`, raised where TFDS read a prepared dataset's
+  dataset_info.json while creating its builder, where that file is damaged; None otherwise."""
+  for frame, _ in traceback.walk_tb(error.__traceback__):
+    builder = frame.f_locals.get('self')
+    if isinstance(builder, tfds.core.DatasetBuilder) and hasattr(builder, '_data_dir'):
+      path = os.path.join(str(builder.data_dir), 'dataset_info.json')
+      why = _info_error(path)
+      if why is not None:
+        return _damaged(builder, path, why)
+  return None

@@ -131,15 +131,35 @@ def _first_line(error: Exception) -> str:
   return lines[0] if lines else type(error).__name__
 
 
-def _normalization(name: str, mean: Any, std: Any) -> str:
+def _field_error(source: str, field: str, value: Any, valid: str) -> ValueError:
+  """One line naming the config.json `source`, its `field` and `value`, and what would be valid."""
+  return ValueError(
+      f'{source} has {field}={value!r}, which vit_jax cannot use: {valid}. Publish or cache '
+      'a config.json as timm writes it.'
+  )
+
+
+def _is_number(value: Any) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value)
+
+
+def _object(source: str, field: str, value: Any) -> dict[str, Any]:
+  if not isinstance(value, dict):
+    raise _field_error(source, field, value, 'a JSON object')
+  return value
+
+
+def _normalization(source: str, mean: Any, std: Any) -> str:
   """The normalisation of (mean, std): its name where one matches, else the numbers."""
-  if np.shape(mean) != (3,) or np.shape(std) != (3,):
-    raise ValueError(
-        f'{name} normalises with mean {mean} and std {std}; vit_jax takes three of each (RGB).'
-    )
-  spelled = normalization.normalization_name(mean, std)
-  normalization.mean_std(spelled)  # Positive, finite stds.
-  return spelled
+  for field, values, least in (('mean', mean, -np.inf), ('std', std, 0)):
+    if not (
+        isinstance(values, (list, tuple))
+        and len(values) == 3
+        and all(_is_number(v) and v > least for v in values)
+    ):
+      kind = 'positive numbers' if least == 0 else 'numbers'
+      raise _field_error(source, f'pretrained_cfg.{field}', values, f'three {kind} (R, G, B)')
+  return normalization.normalization_name(mean, std)
 
 
 def _model_fields(
@@ -167,25 +187,57 @@ def _model_fields(
   return fields
 
 
-def read_config(name: str, config: dict[str, Any]) -> dict[str, Any]:
-  """The `HubConfig` fields (all but name) that timm's config.json `config` gives."""
+def read_config(name: str, config: Any, path: str = CONFIG_FILE) -> dict[str, Any]:
+  """The `HubConfig` fields (all but name) that timm's config.json `config` (read from `path`)
+  gives; ValueError of one line naming `path`, the field and its value where one is unusable."""
+  source = f'{name}: {path}'
+  if not isinstance(config, dict):
+    raise ValueError(
+        f"{source} is a JSON {type(config).__name__}, not an object of timm's fields "
+        '(architecture, num_classes, pretrained_cfg...). Publish or cache a config.json as timm '
+        'writes it.'
+    )
   architecture = config.get('architecture')
   if not architecture:
     raise ValueError(
         f'{name}: its {CONFIG_FILE} names no timm "architecture"; vit_jax reads '
         'weights published by timm (push_to_hf_hub).'
     )
+  if not isinstance(architecture, str):
+    raise _field_error(source, 'architecture', architecture, 'the name of a timm architecture')
   try:
     model = models.timm_architecture(architecture)
   except ValueError as e:
     raise ValueError(f'{name}: {e}') from None
-  pretrained_cfg = config.get('pretrained_cfg', {})
-  num_classes = int(config.get('num_classes', pretrained_cfg.get('num_classes', 1000)))
+  pretrained_cfg = _object(source, 'pretrained_cfg', config.get('pretrained_cfg', {}))
+  field = 'num_classes' if 'num_classes' in config else 'pretrained_cfg.num_classes'
+  num_classes = config.get('num_classes', pretrained_cfg.get('num_classes', 1000))
+  if not (isinstance(num_classes, int) and not isinstance(num_classes, bool) and num_classes >= 0):
+    raise _field_error(
+        source, field, num_classes, 'a whole number of classes, or 0 for weights without a head'
+    )
   input_size = pretrained_cfg.get('input_size', (3, 224, 224))
+  if not (
+      isinstance(input_size, (list, tuple))
+      and len(input_size) == 3
+      and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in input_size)
+      and input_size[0] == 3
+  ):
+    raise _field_error(
+        source,
+        'pretrained_cfg.input_size',
+        input_size,
+        '[3, HEIGHT, WIDTH] of positive whole numbers, e.g. [3, 224, 224]',
+    )
   if input_size[1] != input_size[2]:
     raise ValueError(
         f'{name} takes {input_size[1]}x{input_size[2]} inputs; vit_jax models '
         'take square images.'
+    )
+  crop_pct = pretrained_cfg.get('crop_pct', 0.875)
+  if not (_is_number(crop_pct) and 0 < crop_pct <= 1):
+    raise _field_error(
+        source, 'pretrained_cfg.crop_pct', crop_pct, 'a number in (0, 1], e.g. 0.875'
     )
   interpolation = pretrained_cfg.get('interpolation', RESIZE_INTERPOLATION)
   if interpolation != RESIZE_INTERPOLATION:
@@ -196,21 +248,26 @@ def read_config(name: str, config: dict[str, Any]) -> dict[str, Any]:
         RESIZE_INTERPOLATION,
     )
   label_names = config.get('label_names')
+  if label_names is not None and not (
+      isinstance(label_names, list) and all(isinstance(n, str) for n in label_names)
+  ):
+    raise _field_error(source, 'label_names', label_names, 'a list of class names (strings)')
   if label_names is not None and len(label_names) != num_classes:
     raise ValueError(f'{name} names {len(label_names)} labels for {num_classes} classes.')
+  model_args = _object(source, 'model_args', config.get('model_args', {}))
   return dict(
       architecture=architecture,
       model=model,
-      model_fields=_model_fields(name, architecture, model, config.get('model_args', {})),
+      model_fields=_model_fields(name, architecture, model, model_args),
       num_classes=num_classes,
-      image_size=int(input_size[1]),
+      image_size=input_size[1],
       normalization=_normalization(
-          name,
+          source,
           pretrained_cfg.get('mean', (0.485, 0.456, 0.406)),
           pretrained_cfg.get('std', (0.229, 0.224, 0.225)),
       ),
-      crop_ratio=float(pretrained_cfg.get('crop_pct', 0.875)),
-      label_names=None if label_names is None else tuple(map(str, label_names)),
+      crop_ratio=float(crop_pct),
+      label_names=None if label_names is None else tuple(label_names),
   )
 
 
@@ -224,7 +281,7 @@ def describe(name: str) -> HubConfig:
       config = json.load(f)
   except (OSError, json.JSONDecodeError) as e:
     raise ValueError(f'{name}: {config_path} is not readable JSON ({e}).') from e
-  return HubConfig(name=name, **read_config(name, config))
+  return HubConfig(name=name, **read_config(name, config, config_path))
 
 
 def resolve(name: str) -> HubWeights:
