@@ -213,3 +213,31 @@ def test_an_empty_workdir_or_a_file_is_refused(data_dir, tmp_path, monkeypatch, 
   with pytest.raises(ValueError, match=message):
     train.train_and_evaluate(_config(data_dir, 2), workdir)
   assert sorted(os.listdir(tmp_path)) == (['notes.txt'] if workdir.endswith('notes.txt') else [])
+
+
+@pytest.mark.parametrize('name', workdir_lib.RUN_FILES)
+def test_a_directory_where_a_run_writes_a_file_is_one_line_before_training(tmp_path, name):
+  workdir = tmp_path / 'run'
+  (workdir / name).mkdir(parents=True)
+  with pytest.raises(ValueError) as refusal:
+    run_writer.check_path(str(workdir))
+  assert str(refusal.value) == (
+      f'cannot write {workdir / name}: it is a directory, not a file; it needs '
+      f'{workdir_lib.ROOM} (move it away).'
+  )
+
+
+def test_a_work_directory_on_a_store_that_cannot_be_reached_is_one_line(monkeypatch):
+  from etils import epath  # pylint: disable=g-import-not-at-top
+
+  def unreachable(self):
+    raise OSError('Error executing an HTTP request: Could not resolve host: www.googleapis.com\n…')
+
+  monkeypatch.setattr(epath.gpath.PosixGPath, 'exists', unreachable)
+  with pytest.raises(ValueError) as refusal:
+    run_writer.check_path('gs://bucket/run')
+  assert str(refusal.value) == (
+      '--workdir=gs://bucket/run cannot be reached (Error executing an HTTP request: Could not '
+      "resolve host: www.googleapis.com): check the network and the store's credentials, or name "
+      'a local directory.'
+  )

@@ -106,6 +106,7 @@ def main(argv) -> None:
     raise ValueError('--init_from needs --out_dir=DIR for results.json.')
   if not _OUT_DIR.value:  # The run's own directory, before evaluating.
     workdir_lib.check_writable(out_dir, RESULTS_ROOM, directory=True)
+  workdir_lib.check_files(out_dir, workdir_lib.RESULTS_FILES, RESULTS_ROOM)
   standalone.evaluate_weights(run, _EVAL_SETS.value, frozen, out_dir)
 
 

@@ -54,7 +54,7 @@ import re
 import shutil
 import tempfile
 import time
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from absl import logging
 from etils import epath
@@ -75,6 +75,8 @@ RECORDED_EVAL_IMAGES = 64  # How many a run records: what analysis averages over
 UNREADABLE_DIR = 'unreadable_checkpoints'  # Beside CHECKPOINT_DIR: checkpoints set aside.
 RESULTS_FILE = 'results.json'
 RESULTS_LOCK_FILE = 'results.lock'
+RESULTS_FILES = (RESULTS_FILE, RESULTS_LOCK_FILE)  # What a writer of results writes.
+RUN_FILES = (LOCK_FILE, CONFIG_FILE, DATASET_FILE, EVAL_IMAGES_FILE, *RESULTS_FILES)  # A run's.
 RESULTS_STEPS = 'steps'  # In results.json: the step each metric was measured at.
 PIN_PREFIX = '.pin-'  # Checkpoints of a live run pinned by a reader, beside CHECKPOINT_DIR.
 PIN_LOCK_FILE = 'pin.lock'  # In a pin, locked by its reader: a pin whose lock is free is abandoned.
@@ -209,6 +211,17 @@ def check_writable(path: str, needs: str, *, directory: bool) -> None:
     raise unwritable(e, path, needs) or Unwritable(
         f'cannot write {path}: {parent} refused a file ({e.strerror}); it needs {needs}.'
     ) from None
+
+
+def check_files(path: str, names: Sequence[str], needs: str) -> None:
+  """Raises `Unwritable`'s one line where a file `names` that the directory `path` holds (a run's
+  lock, config.json, results.json, ...) is a directory instead, before the work that writes it."""
+  for name in names:
+    full = os.path.join(path, name)
+    if '://' not in path and os.path.isdir(full):
+      raise Unwritable(
+          f'cannot write {full}: it is a directory, not a file; it needs {needs} (move it away).'
+      )
 
 
 # A live run beside a reader.

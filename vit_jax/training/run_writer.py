@@ -61,6 +61,16 @@ def check_path(workdir: str | None) -> None:
         f'--workdir={workdir} is a file, not a directory: name a directory for the '
         'run (it is created if missing).'
     )
+  if '://' in workdir:
+    try:
+      epath.Path(workdir).exists()
+    except Exception as e:  # The store's client: OSError, auth errors. pylint: disable=broad-except
+      reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+      raise ValueError(
+          f'--workdir={workdir} cannot be reached ({reason}): check the network and the '
+          "store's credentials, or name a local directory."
+      ) from None
+  workdir_lib.check_files(workdir, workdir_lib.RUN_FILES, workdir_lib.ROOM)
 
 
 def _holder() -> dict[str, Any]:
