@@ -115,3 +115,18 @@ def test_a_cnn_run_is_refused_with_the_families_that_have_attention():
   with pytest.raises(ValueError, match=r'RegNet has no attention layers.*vit.*sa_conv'):
     report_lib._resolve('all', cnn)  # pylint: disable=protected-access
   assert 'collapse' in report_lib.model_analyses(models.create('vit_ti4', num_classes=10))
+
+
+def test_a_run_whose_analysis_cannot_be_written_is_one_line_before_loading(
+    checkpointed_run, tmp_path
+):
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(checkpointed_run, workdir)
+  with open(os.path.join(workdir, workdir_lib.ANALYSIS_DIR), 'w') as f:
+    f.write('mine')
+  with pytest.raises(ValueError) as refusal:
+    report_lib.analyze(workdir, 'maps')
+  assert str(refusal.value) == (
+      f'cannot write {workdir}/{workdir_lib.ANALYSIS_DIR}: it is a file, not a directory; it '
+      f'needs {report_lib.ANALYSIS_ROOM}.'
+  )

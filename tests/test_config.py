@@ -596,3 +596,13 @@ def test_each_loss_name_of_the_schema_is_its_loss_of_the_step():
       'softmax_xent': steps.softmax_cross_entropy,
       'bce': steps.binary_cross_entropy,
   }
+
+
+@pytest.mark.parametrize('returned', [1, None, {'batch_size': 8}])
+def test_a_config_file_that_returns_no_config_is_one_line(returned):
+  with pytest.raises(ValueError) as refusal:
+    config_checks.validate_fields(returned)
+  assert str(refusal.value).startswith(
+      f"the config file's get_config() returned {returned!r} ({type(returned).__name__}), not an "
+      'ml_collections.ConfigDict'
+  )

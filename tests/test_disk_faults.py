@@ -241,3 +241,25 @@ def test_a_work_directory_on_a_store_that_cannot_be_reached_is_one_line(monkeypa
       "resolve host: www.googleapis.com): check the network and the store's credentials, or name "
       'a local directory.'
   )
+
+
+@pytest.mark.parametrize('name', [workdir_lib.CHECKPOINT_DIR, workdir_lib.UNREADABLE_DIR])
+def test_a_file_where_a_run_keeps_a_directory_is_one_line_before_training(tmp_path, name):
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  (workdir / name).write_text('mine')
+  with pytest.raises(ValueError) as refusal:
+    run_writer.check_path(str(workdir))
+  assert str(refusal.value) == (
+      f'cannot write {workdir / name}: it is a file, not a directory; it needs '
+      f'{workdir_lib.ROOM} (move it away).'
+  )
+
+
+def test_a_work_directory_where_no_file_can_be_made_is_one_line():
+  with pytest.raises(ValueError) as refusal:
+    run_writer.check_path('/proc/self/x')
+  assert str(refusal.value) == (
+      'cannot write /proc/self/x: /proc/self refused a file (No such file or directory); it '
+      f'needs {workdir_lib.ROOM}.'
+  )

@@ -216,3 +216,12 @@ def test_auto_attention_is_xla_on_cpu_with_the_same_logits(name):
   if hasattr(model, 'attention_implementation'):
     xla = dataclasses.replace(model, attention_implementation='xla').apply(variables, images)
     np.testing.assert_allclose(auto, xla, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    'field, value',
+    [('hidden_size', -8), ('patch_size', 0), ('mlp_dim', -1), ('depth', 0)],
+)
+def test_a_size_below_one_is_one_problem_before_anything_is_built(field, value):
+  (problem,) = models.section_problems({'name': 'vit_ti16', field: value}, '--config.')
+  assert problem == f'--config.model: {field}={value} must be >= 1.'

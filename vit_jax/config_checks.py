@@ -272,6 +272,12 @@ def validate_fields(config: ml_collections.ConfigDict) -> None:
   second; `vit_jax.training.setup.validate` checks the rest (the batch sizes over the devices,
   the mesh, the model, the evaluators).
   """
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise ValueError(
+        f"the config file's get_config() returned {config!r} ({type(config).__name__}), not an "
+        'ml_collections.ConfigDict; start it from a family config, e.g. '
+        '`config = vit.get_config()` (vit_jax.configs), and return that.'
+    )
   found = problems(config)
   if found:
     raise ConfigError(found)

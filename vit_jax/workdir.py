@@ -213,14 +213,21 @@ def check_writable(path: str, needs: str, *, directory: bool) -> None:
     ) from None
 
 
-def check_files(path: str, names: Sequence[str], needs: str) -> None:
+def check_files(
+    path: str, names: Sequence[str], needs: str, *, directories: Sequence[str] = ()
+) -> None:
   """Raises `Unwritable`'s one line where a file `names` that the directory `path` holds (a run's
-  lock, config.json, results.json, ...) is a directory instead, before the work that writes it."""
-  for name in names:
+  lock, config.json, results.json, ...) is a directory instead, or one of its `directories` a
+  file, before the work that writes there."""
+  if '://' in path:
+    return
+  for name, kind, wrong in [(n, 'file', 'directory') for n in names] + [
+      (n, 'directory', 'file') for n in directories
+  ]:
     full = os.path.join(path, name)
-    if '://' not in path and os.path.isdir(full):
+    if os.path.lexists(full) and os.path.isdir(full) == (kind == 'file'):
       raise Unwritable(
-          f'cannot write {full}: it is a directory, not a file; it needs {needs} (move it away).'
+          f'cannot write {full}: it is a {wrong}, not a {kind}; it needs {needs} (move it away).'
       )
 
 

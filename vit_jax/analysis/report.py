@@ -31,6 +31,7 @@ from vit_jax import workdir as workdir_lib
 from vit_jax.weights import inference
 
 ANALYSES = ('collapse', 'maps', 'rollout', 'distance', 'centres', 'pruning')
+ANALYSIS_ROOM = "write access and room for the analysis' figures and report (WORKDIR/analysis)"
 
 
 def eval_images(run: inference.Run, count: int) -> np.ndarray:
@@ -167,6 +168,9 @@ def analyze(
     raise ValueError(
         f'num_images={num_images}, batch_size={batch_size} and window={window} ' 'must be >= 1.'
     )
+  workdir_lib.check_writable(
+      os.path.join(workdir, workdir_lib.ANALYSIS_DIR), ANALYSIS_ROOM, directory=True
+  )
   run = inference.load_run(workdir, step, use_ema=use_ema, unroll=True, data_dir=data_dir)
   what, explicit = _resolve(what, run.model)
   run_dir = workdir_lib.Workdir(workdir)

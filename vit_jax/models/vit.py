@@ -219,8 +219,12 @@ class VisionTransformer(nn.Module, parts.Parts):
     """Raises ValueError for a bad field or parts that cannot work together."""
     if self.num_classes < 0:
       raise ValueError(f'num_classes={self.num_classes} must be >= 0 (0: no head).')
-    if self.depth < 1:
-      raise ValueError(f'depth={self.depth} must be >= 1.')
+    for name in ('depth', 'patch_size', 'hidden_size', 'mlp_dim', 'representation_size'):
+      value = getattr(self, name)
+      if value is not None and value < 1:
+        raise ValueError(f'{name}={value} must be >= 1.')
+    if self.mlp_ratio is not None and self.mlp_ratio <= 0:
+      raise ValueError(f'mlp_ratio={self.mlp_ratio} must be > 0.')
     attention_lib.check_heads(self.hidden_size, self.num_heads, 'hidden')
     for name in ('dropout_rate', 'attention_dropout_rate', 'drop_path_rate'):
       rate = getattr(self, name)

@@ -50,7 +50,8 @@ def _disk_bytes(path: epath.Path) -> int:
 
 
 def check_path(workdir: str | None) -> None:
-  """Raises ValueError for a --workdir that cannot be one: empty, or an existing file."""
+  """Raises ValueError for a --workdir that cannot be one: empty, an existing file, a store that
+  cannot be reached, a place that refuses files, or one whose files are of the wrong kind."""
   if not workdir or not str(workdir).strip():
     raise ValueError(
         '--workdir is empty: name a directory for the run (it is created if '
@@ -70,7 +71,13 @@ def check_path(workdir: str | None) -> None:
           f'--workdir={workdir} cannot be reached ({reason}): check the network and the '
           "store's credentials, or name a local directory."
       ) from None
-  workdir_lib.check_files(workdir, workdir_lib.RUN_FILES, workdir_lib.ROOM)
+  workdir_lib.check_writable(workdir, workdir_lib.ROOM, directory=True)
+  workdir_lib.check_files(
+      workdir,
+      workdir_lib.RUN_FILES,
+      workdir_lib.ROOM,
+      directories=(workdir_lib.CHECKPOINT_DIR, workdir_lib.UNREADABLE_DIR),
+  )
 
 
 def _holder() -> dict[str, Any]:
