@@ -263,3 +263,40 @@ def test_a_work_directory_where_no_file_can_be_made_is_one_line():
       'cannot write /proc/self/x: /proc/self refused a file (No such file or directory); it '
       f'needs {workdir_lib.ROOM}.'
   )
+
+
+def test_a_file_named_like_a_step_among_the_checkpoints_is_one_line(tmp_path):
+  workdir = tmp_path / 'run'
+  (workdir / workdir_lib.CHECKPOINT_DIR / '2').mkdir(parents=True)
+  (workdir / workdir_lib.CHECKPOINT_DIR / '4').write_text('mine')
+  with pytest.raises(ValueError) as refusal:
+    run_writer.check_path(str(workdir))
+  assert str(refusal.value).startswith(
+      f'cannot write {workdir / workdir_lib.CHECKPOINT_DIR / "4"}: it is a file, not a directory'
+  )
+  with pytest.raises(ValueError, match='is a file, not the directory of the run.s checkpoints'):
+    (workdir / workdir_lib.CHECKPOINT_DIR / '2').rmdir()
+    (workdir / workdir_lib.CHECKPOINT_DIR / '4').unlink()
+    (workdir / workdir_lib.CHECKPOINT_DIR).rmdir()
+    (workdir / workdir_lib.CHECKPOINT_DIR).write_text('mine')
+    workdir_lib.Workdir.open(str(workdir))
+
+
+def test_a_work_directory_under_a_literal_tilde_is_the_home_one(monkeypatch, tmp_path):
+  monkeypatch.setenv('HOME', str(tmp_path))
+  assert workdir_lib.Workdir('~/runs/a').path == str(tmp_path / 'runs' / 'a')
+
+
+@pytest.mark.parametrize(
+    'error',
+    [
+        OSError(errno.EFBIG, 'File too large'),
+        RuntimeError('OUT_OF_RANGE: Error writing "step/0" in OCDBT database: File too large'),
+    ],
+)
+def test_a_file_size_limit_is_named_as_a_refused_write(error, tmp_path):
+  refusal = workdir_lib.unwritable(error, str(tmp_path), 'room for a checkpoint')
+  assert str(refusal) == (
+      f"cannot write {tmp_path}: a file would pass this process's file size limit (`ulimit -f`); "
+      'it needs room for a checkpoint.'
+  )

@@ -70,8 +70,8 @@ def test_resume_after_preemption_equals_uninterrupted_run(data_dir, tmp_path, mo
   assert resumed.metrics == metrics
 
 
-@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT])
-def test_sigterm_and_ctrl_c_request_a_checkpoint_and_restore_the_handlers(signum):
+@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_sigterm_ctrl_c_and_sighup_request_a_checkpoint_and_restore_the_handlers(signum):
   previous = signal.getsignal(signum)
   with train.PreemptionWatcher() as watcher:
     os.kill(os.getpid(), signum)
@@ -80,6 +80,17 @@ def test_sigterm_and_ctrl_c_request_a_checkpoint_and_restore_the_handlers(signum
       with pytest.raises(KeyboardInterrupt):
         os.kill(os.getpid(), signum)
   assert signal.getsignal(signum) is previous
+
+
+def test_a_run_under_nohup_is_not_stopped_by_sighup():
+  previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # As `nohup` starts a process.
+  try:
+    with train.PreemptionWatcher() as watcher:
+      os.kill(os.getpid(), signal.SIGHUP)
+      assert not watcher.requested
+      assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+  finally:
+    signal.signal(signal.SIGHUP, previous)
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(checkpointed_run, data_dir, tmp_path):

@@ -15,7 +15,16 @@ from typing import Iterator
 EXIT_PREEMPTED = os.EX_TEMPFAIL  # 75: interrupted; rerunning the same command resumes.
 EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130: a side command stopped by Ctrl-C, as shells report.
 EXIT_PIPE_CLOSED = 128 + signal.SIGPIPE  # 141: the reader of the output stopped reading.
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# What stops a run: SIGTERM (a scheduler's preemption), Ctrl-C and SIGHUP (its terminal or ssh
+# session closed), unless the process ignores SIGHUP (`nohup`), which then keeps it running.
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def watched_signals() -> tuple[signal.Signals, ...]:
+  """`SIGNALS` but those this process ignores (SIGHUP under `nohup`)."""
+  return tuple(s for s in SIGNALS if signal.getsignal(s) is not signal.SIG_IGN)
+
+
 _STDERR = os.dup(2)  # Kept: the TensorFlow import points fd 2 at /dev/null for a while.
 
 
@@ -25,7 +34,7 @@ def write_line(line: str) -> None:
 
 
 def end_at_once_on_signals(what_then: str) -> None:
-  """Until a training loop watches them: SIGTERM or Ctrl-C end the process at once with
+  """Until a training loop watches them: SIGTERM, Ctrl-C or SIGHUP end the process at once with
   '<SIGNAL>: <what_then>' and EXIT_PREEMPTED, however deep in an import or a compilation it is,
   as nothing a checkpoint would keep has been trained."""
 
@@ -34,7 +43,7 @@ def end_at_once_on_signals(what_then: str) -> None:
     write_line(f'{signal.Signals(signum).name}: {what_then}')
     os._exit(EXIT_PREEMPTED)  # pylint: disable=protected-access
 
-  for signum in SIGNALS:
+  for signum in watched_signals():
     signal.signal(signum, end)
 
 

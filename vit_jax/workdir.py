@@ -109,6 +109,7 @@ _REFUSALS = {
     errno.EROFS: 'the file system is read-only',
     errno.EACCES: 'permission denied',
     errno.EPERM: 'permission denied',
+    errno.EFBIG: "a file would pass this process's file size limit (`ulimit -f`)",
 }
 _REFUSAL_TEXTS = {
     'No space left on device': errno.ENOSPC,
@@ -116,6 +117,7 @@ _REFUSAL_TEXTS = {
     'Disk quota exceeded': errno.EDQUOT,
     'Read-only file system': errno.EROFS,
     'Permission denied': errno.EACCES,
+    'File too large': errno.EFBIG,
 }
 
 
@@ -415,7 +417,7 @@ class Workdir:
   """A run's work directory, read (see the module docstring); reading changes nothing there."""
 
   def __init__(self, path: str):
-    self.path = path
+    self.path = os.path.expanduser(path)  # '--workdir=~/run': the shell leaves '~' after '='.
     self._keep: int | None = None  # Checkpoints kept: None reads only (a `RunWriter` keeps some).
     self._manager: ocp.CheckpointManager | None = None
 
@@ -423,6 +425,12 @@ class Workdir:
   def open(cls, path: str) -> 'Workdir':
     """The trained run in `path`; ValueError unless it has a config.json and a checkpoint."""
     run = cls(path)
+    checkpoints = run.file(CHECKPOINT_DIR)
+    if checkpoints.exists() and not checkpoints.is_dir():
+      raise ValueError(
+          f"{checkpoints} is a file, not the directory of the run's checkpoints: move it away "
+          '(a rerun of the training then trains afresh) or restore the directory.'
+      )
     if not run.file(CONFIG_FILE).exists():
       raise ValueError(
           f'{path!r} is not a work directory of a vit_jax.main run: expected '

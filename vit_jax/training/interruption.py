@@ -1,4 +1,4 @@
-"""SIGTERM and Ctrl-C, remembered for the whole of a command that watches for them.
+"""SIGTERM, Ctrl-C and SIGHUP (`exits.SIGNALS`), remembered for the whole of a command that watches for them.
 
 Watching scopes nest: `vit_jax.ablate` watches for its whole grid (`run_sequence.Stopper`), each
 training inside it for its loop (`train.PreemptionWatcher`). All of them read one flag, set by one
@@ -25,7 +25,8 @@ class Stopped(Exception):
 
 
 def requested() -> str | None:
-  """'SIGTERM' or 'SIGINT' if one came while a scope was open (and one still is), else None."""
+  """'SIGTERM', 'SIGINT' or 'SIGHUP' if one came while a scope was open (and one still is), else
+  None."""
   return _requested
 
 
@@ -39,7 +40,7 @@ def watching(notice: str, *, at_once: bool = False) -> Iterator[None]:
   previous = {}
   if not _notices:
     try:
-      for signum in exits.SIGNALS:
+      for signum in exits.watched_signals():
         previous[signum] = signal.signal(signum, _on_signal)
     except ValueError:  # Not the main thread.
       pass

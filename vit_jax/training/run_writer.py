@@ -78,6 +78,10 @@ def check_path(workdir: str | None) -> None:
       workdir_lib.ROOM,
       directories=(workdir_lib.CHECKPOINT_DIR, workdir_lib.UNREADABLE_DIR),
   )
+  checkpoints = os.path.join(workdir, workdir_lib.CHECKPOINT_DIR)
+  if '://' not in workdir and os.path.isdir(checkpoints):
+    steps = [name for name in os.listdir(checkpoints) if name.isdigit()]
+    workdir_lib.check_files(checkpoints, (), workdir_lib.ROOM, directories=steps)
 
 
 def _holder() -> dict[str, Any]:
@@ -251,6 +255,7 @@ class RunWriter(workdir_lib.Workdir):
     A write the file system refuses (full, read-only) raises `Unwritable` here or at the next
     save or wait, with the temporary checkpoint removed and every earlier checkpoint intact.
     """
+    self.wait_until_finished()  # A refusal of the save before names that save's step.
     self._saving = (step, sum(int(x.nbytes) for x in jax.tree.leaves(state)))
     with self._refusals_reported():
       self.manager.save(

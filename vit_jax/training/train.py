@@ -14,6 +14,7 @@ process feeds only its own share of the data. Process 0 alone logs and writes su
 import contextlib
 import dataclasses
 import math
+import os
 import time
 from typing import Any, Callable, Iterator, Mapping
 
@@ -120,6 +121,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
   # Set-up: everything that can be wrong is found before anything compiles or is written.
   setup.validate(config)
   config = setup.with_absolute_paths(config)
+  workdir = os.path.expanduser(workdir) if workdir else workdir  # The shell leaves '=~/run'.
   run_writer.check_path(workdir)
   settings = Settings.from_config(config)
   run_dir = run_writer.RunWriter(workdir)  # Read-only until `start` takes the lock.
@@ -370,7 +372,8 @@ class Programs:
 
 
 class PreemptionWatcher:
-  """Turns SIGTERM and Ctrl-C (SIGINT) into a request to checkpoint and exit at the next step.
+  """Turns SIGTERM, Ctrl-C (SIGINT) and SIGHUP into a request to checkpoint and exit at the next
+  step.
 
   The request is `interruption`'s process-wide flag, so one that came before the loop started but
   while an enclosing scope watched (an ablation grid's `run_sequence.Stopper`) counts too. A
