@@ -504,3 +504,35 @@ def test_a_truncated_jpeg_is_skipped_with_a_warning_when_asked(tmp_path, caplog)
   assert f'Leaving out {broken}, which cannot be decoded' in caplog.text
   assert builder.info.splits['train'].num_examples == 3
   assert builder.info.splits['test'].num_examples == 4
+
+
+def test_a_checkpoint_whose_bytes_changed_after_saving_is_never_read_as_good(
+    checkpointed_run, data_dir, tmp_path, caplog
+):
+  """A flipped bit in an array file reads without any error from orbax: the checksums its save
+  recorded catch it, and readers and resuming fall back to the checkpoint before."""
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(checkpointed_run, workdir)
+  step_dir = os.path.join(workdir, 'checkpoints', str(STEPS[-1]), 'state')
+  data_files = [
+      os.path.join(folder, name)
+      for folder, _, names in os.walk(step_dir)
+      if os.path.basename(folder) == 'd'
+      for name in names
+  ]
+  largest = max(data_files, key=os.path.getsize)
+  with open(largest, 'r+b') as f:
+    f.seek(os.path.getsize(largest) // 2)
+    byte = f.read(1)
+    f.seek(-1, os.SEEK_CUR)
+    f.write(bytes([byte[0] ^ 0x10]))
+  run = workdir_lib.Workdir(workdir)
+  with pytest.raises(ValueError, match=f'the arrays of step {STEPS[-1]} differ from what was'):
+    run.read_state(STEPS[-1])
+  with caplog.at_level(std_logging.WARNING):
+    assert run.read_variables().step == STEPS[-2]
+  assert 'changed or damaged since' in caplog.text
+  train.train_and_evaluate(checkpointed_config(data_dir, total_steps=STEPS[-1]), workdir)
+  assert os.listdir(os.path.join(workdir, workdir_lib.UNREADABLE_DIR))[0].startswith(
+      f'{STEPS[-1]}.'
+  )

@@ -7,7 +7,8 @@
       dataset.json             what the run's data was (its classes by name, its split sizes) and
                                eval_images.npz, its first eval images as the model sees them: side
                                commands read these, not the data, which need not stay
-      checkpoints/<step>/      orbax: `state` (the training state) and `meta` ({'model': name})
+      checkpoints/<step>/      orbax: `state` (the training state) and `meta` ({'model': name,
+                               'checksums': of the state's arrays, checked by every read})
       unreadable_checkpoints/  checkpoints that resuming found unreadable, set aside with reason.txt
       results.json             final metrics of the run and of `vit_jax.evaluate` (`write_results`)
       results.lock             the lock under which each writer merges its metrics into results.json
@@ -59,6 +60,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from absl import logging
 from etils import epath
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
@@ -95,6 +97,50 @@ class IncompatibleLayout(ValueError):
 
 class _Vanished(Exception):
   """A live run's retention deleted the checkpoint being pinned."""
+
+
+class DamagedCheckpoint(ValueError):
+  """A checkpoint reads, but its arrays are not the ones saved (`checksums` differ)."""
+
+
+CHECKSUMS = 'checksums'  # In a checkpoint's meta: `checksums` of its state as saved.
+
+
+def checksums(tree: Any) -> list[int]:
+  """Each array leaf's bits summed as unsigned words of up to 32 bits (wrapping at 2**32), in
+  leaf order: a changed bit changes its array's sum. Device arrays are summed on their devices,
+  host arrays on the host."""
+  leaves = jax.tree.leaves(tree)
+  on_device = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.Array)]
+  sums: dict[int, int] = {}
+  if on_device:
+    device_sums = _device_sums([_plain(leaves[i]) for i in on_device])
+    sums.update(zip(on_device, (int(x) for x in jax.device_get(device_sums))))
+  for i, leaf in enumerate(leaves):
+    if i not in sums:
+      array = np.ascontiguousarray(np.asarray(leaf))
+      if array.dtype == bool:
+        array = array.astype(np.uint8)
+      words = array.reshape(-1).view(f'uint{min(array.dtype.itemsize, 4) * 8}')
+      sums[i] = int(np.sum(words, dtype=np.uint64) % 2**32)
+  return [sums[i] for i in range(len(leaves))]
+
+
+def _plain(leaf: jax.Array) -> jax.Array:
+  """A device array as plain numbers: typed PRNG keys as their data, booleans as bytes."""
+  if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+    return jax.random.key_data(leaf)
+  return leaf.astype(jnp.uint8) if leaf.dtype == jnp.bool_ else leaf
+
+
+@jax.jit
+def _device_sums(leaves: list[jax.Array]) -> list[jax.Array]:
+  """`checksums` of device arrays, in one program (compiled once per state's layout)."""
+  sums = []
+  for leaf in leaves:
+    bits = jax.lax.bitcast_convert_type(leaf, f'uint{min(leaf.dtype.itemsize, 4) * 8}')
+    sums.append(jnp.sum(bits.astype(jnp.uint32), dtype=jnp.uint32))
+  return sums
 
 
 class Unwritable(ValueError):
@@ -791,8 +837,9 @@ class Workdir:
   def _restore(self, step: int, like: Any = None, *, state: bool = True) -> Any:
     """The one reader: step `step`'s items, {'meta'[, 'state']}.
 
-    The state onto `like`'s shardings, or without it as host arrays; the meta item always, as a
-    checkpoint whose metadata is lost cannot be checked.
+    The state onto `like`'s shardings, or without it as host arrays, checked against the
+    checksums the save recorded (`checksums`; DamagedCheckpoint where a bit changed since); the
+    meta item always, as a checkpoint whose metadata is lost cannot be checked.
     """
     items = {'meta': ocp.args.JsonRestore()}
     if state:
@@ -800,7 +847,14 @@ class Workdir:
         saved = self.manager.item_metadata(step)['state'].tree
         like = jax.tree.map(lambda leaf: np.empty(leaf.shape, leaf.dtype), saved)
       items['state'] = ocp.args.StandardRestore(like)
-    return self.manager.restore(step, args=ocp.args.Composite(**items))
+    restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+    recorded = restored['meta'].get(CHECKSUMS) if state else None
+    if recorded is not None and sorted(checksums(restored['state'])) != sorted(recorded):
+      raise DamagedCheckpoint(
+          f'the arrays of step {step} differ from what was saved (checksums): its files were '
+          'changed or damaged since'
+      )
+    return restored
 
   def _newest_readable(
       self,

@@ -250,7 +250,8 @@ class RunWriter(workdir_lib.Workdir):
     return found[1]
 
   def save(self, step: int, state: Any, *, model_name: str) -> None:
-    """Saves the training state at `step` (asynchronously), with the model name it belongs to.
+    """Saves the training state at `step` (asynchronously), with the model name it belongs to and
+    its `workdir.checksums`, which every read checks.
 
     A write the file system refuses (full, read-only) raises `Unwritable` here or at the next
     save or wait, with the temporary checkpoint removed and every earlier checkpoint intact.
@@ -261,7 +262,10 @@ class RunWriter(workdir_lib.Workdir):
       self.manager.save(
           step,
           args=ocp.args.Composite(
-              state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave({'model': model_name})
+              state=ocp.args.StandardSave(state),
+              meta=ocp.args.JsonSave(
+                  {'model': model_name, workdir_lib.CHECKSUMS: workdir_lib.checksums(state)}
+              ),
           ),
           force=True,
       )
