@@ -60,19 +60,21 @@ def _image(tmp_path) -> str:
   return path
 
 
-def test_a_data_dir_a_run_names_is_read_and_never_prepared_in(tmp_path, monkeypatch):
-  monkeypatch.setattr(storage, '_READ_ONLY', {})
+def test_a_data_dir_a_run_names_is_read_and_never_prepared_in(tmp_path):
+  """Within a command that reads runs; a process's later work (a notebook's training) may."""
   theirs, mine = str(tmp_path / 'theirs'), str(tmp_path / 'mine')
-  storage.read_only(theirs, 'RUN/config.json')
-  with pytest.raises(ValueError) as refusal:
-    storage.check_writable(theirs, "dataset 'digits'")
+  with storage.runs_read_only():
+    storage.read_only(theirs, 'RUN/config.json')
+    with pytest.raises(ValueError) as refusal:
+      storage.check_writable(theirs, "dataset 'digits'")
+    storage.check_writable(mine, "dataset 'digits'")
   assert str(refusal.value) == (
       f"dataset 'digits' is not prepared in data_dir={theirs}, which RUN/config.json names; "
       'reading a run prepares nothing where it points. Give --data_dir=DIR, a folder of yours '
       'to read and prepare datasets in.'
   )
-  storage.check_writable(mine, "dataset 'digits'")
   assert not os.path.exists(theirs)
+  storage.check_writable(theirs, "dataset 'digits'")
 
 
 def test_recorded_modules_are_imported_only_with_leave(tmp_path, monkeypatch):

@@ -81,23 +81,27 @@ flags.mark_flags_as_required(['workdir'])
 
 def main(argv) -> None:
   del argv
-  from vit_jax.analysis import report as report_lib  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from vit_jax.analysis import report as report_lib
+  from vit_jax.data import storage
+  # pylint: enable=g-import-not-at-top
 
-  report_lib.analyze(
-      _WORKDIR.value,
-      _WHAT.value,
-      step=_STEP.value,
-      num_images=_NUM_IMAGES.value,
-      batch_size=_BATCH_SIZE.value,
-      window=_WINDOW.value,
-      threshold=_THRESHOLD.value,
-      neighbours=_NEIGHBOURS.value,
-      pruning_rule=_PRUNING_RULE.value,
-      finetune_steps=_FINETUNE_STEPS.value,
-      finetune_lr_factor=_FINETUNE_LR_FACTOR.value,
-      use_ema=_USE_EMA.value,
-      data_dir=_DATA_DIR.value,
-  )
+  with storage.runs_read_only():  # The data dir the run names is read, never written.
+    report_lib.analyze(
+        _WORKDIR.value,
+        _WHAT.value,
+        step=_STEP.value,
+        num_images=_NUM_IMAGES.value,
+        batch_size=_BATCH_SIZE.value,
+        window=_WINDOW.value,
+        threshold=_THRESHOLD.value,
+        neighbours=_NEIGHBOURS.value,
+        pruning_rule=_PRUNING_RULE.value,
+        finetune_steps=_FINETUNE_STEPS.value,
+        finetune_lr_factor=_FINETUNE_LR_FACTOR.value,
+        use_ema=_USE_EMA.value,
+        data_dir=_DATA_DIR.value,
+    )
 
 
 if __name__ == '__main__':

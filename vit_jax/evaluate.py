@@ -87,6 +87,7 @@ def main(argv) -> None:
   # pylint: disable=g-import-not-at-top
   from vit_jax import evaluators
   from vit_jax import workdir as workdir_lib
+  from vit_jax.data import storage
   from vit_jax.evaluators import eval_sets
   from vit_jax.evaluators import standalone
   # pylint: enable=g-import-not-at-top
@@ -100,14 +101,15 @@ def main(argv) -> None:
   frozen = [evaluators.create(name, settings(name)) for name in names]
   if _OUT_DIR.value:  # Before reading any weights.
     workdir_lib.check_writable(_OUT_DIR.value, RESULTS_ROOM, directory=True)
-  run = _LOAD()
-  out_dir = _OUT_DIR.value or (run.source if run.step is not None else None)
-  if out_dir is None:
-    raise ValueError('--init_from needs --out_dir=DIR for results.json.')
-  if not _OUT_DIR.value:  # The run's own directory, before evaluating.
-    workdir_lib.check_writable(out_dir, RESULTS_ROOM, directory=True)
-  workdir_lib.check_files(out_dir, workdir_lib.RESULTS_FILES, RESULTS_ROOM)
-  standalone.evaluate_weights(run, _EVAL_SETS.value, frozen, out_dir)
+  with storage.runs_read_only():  # The data dir a run names is read, never written.
+    run = _LOAD()
+    out_dir = _OUT_DIR.value or (run.source if run.step is not None else None)
+    if out_dir is None:
+      raise ValueError('--init_from needs --out_dir=DIR for results.json.')
+    if not _OUT_DIR.value:  # The run's own directory, before evaluating.
+      workdir_lib.check_writable(out_dir, RESULTS_ROOM, directory=True)
+    workdir_lib.check_files(out_dir, workdir_lib.RESULTS_FILES, RESULTS_ROOM)
+    standalone.evaluate_weights(run, _EVAL_SETS.value, frozen, out_dir)
 
 
 if __name__ == '__main__':

@@ -838,17 +838,21 @@ class Workdir:
     """The one reader: step `step`'s items, {'meta'[, 'state']}.
 
     The state onto `like`'s shardings, or without it as host arrays, checked against the
-    checksums the save recorded (`checksums`; DamagedCheckpoint where a bit changed since); the
-    meta item always, as a checkpoint whose metadata is lost cannot be checked.
+    checksums the save recorded (`checksums`; DamagedCheckpoint where a bit changed since) unless
+    `like` casts it (a resume with another `mu_dtype`); the meta item always, as a checkpoint
+    whose metadata is lost cannot be checked.
     """
     items = {'meta': ocp.args.JsonRestore()}
+    as_saved = True  # Whether the state is read in the dtypes it was saved in (else: cast).
     if state:
+      saved = self.manager.item_metadata(step)['state'].tree
       if like is None:
-        saved = self.manager.item_metadata(step)['state'].tree
         like = jax.tree.map(lambda leaf: np.empty(leaf.shape, leaf.dtype), saved)
+      dtypes = lambda tree: sorted(str(leaf.dtype) for leaf in jax.tree.leaves(tree))
+      as_saved = dtypes(saved) == dtypes(like)
       items['state'] = ocp.args.StandardRestore(like)
     restored = self.manager.restore(step, args=ocp.args.Composite(**items))
-    recorded = restored['meta'].get(CHECKSUMS) if state else None
+    recorded = restored['meta'].get(CHECKSUMS) if state and as_saved else None
     if recorded is not None and sorted(checksums(restored['state'])) != sorted(recorded):
       raise DamagedCheckpoint(
           f'the arrays of step {step} differ from what was saved (checksums): its files were '

@@ -28,15 +28,26 @@ from vit_jax import workdir as workdir_lib
 
 TFDS_DATA_DIR = 'TFDS_DATA_DIR'
 DATA_DIR_FLAG = '--data_dir'  # How a command that reads a run names a data dir of the user's.
-# Data dirs this process reads and never prepares in -> who named them: a run's config.json is
-# data from anyone, and reading it writes nowhere it names (`read_only`).
-_READ_ONLY: dict[str, str] = {}
+# Inside `runs_read_only` (a command that reads runs): data dirs read and never prepared in ->
+# who named them. A run's config.json is data from anyone, and reading it writes nowhere it names.
+_READ_ONLY: dict[str, str] | None = None
+
+
+@contextlib.contextmanager
+def runs_read_only() -> Iterator[None]:
+  """The scope (a command's) in which the data dirs that runs name are read only (`read_only`)."""
+  global _READ_ONLY
+  _READ_ONLY = {}
+  try:
+    yield
+  finally:
+    _READ_ONLY = None
 
 
 def read_only(data_dir: str | None, named_by: str) -> None:
-  """Makes `data_dir` one this process reads datasets from and never prepares one in, since
-  `named_by` (a run's config.json), not the user, names it."""
-  if data_dir:
+  """Inside `runs_read_only`: makes `data_dir` one datasets are read from and never prepared in,
+  since `named_by` (a run's config.json), not the user, names it."""
+  if data_dir and _READ_ONLY is not None:
     _READ_ONLY[os.path.abspath(os.path.expanduser(data_dir))] = named_by
 
 
@@ -64,7 +75,7 @@ def _needs(what: str) -> str:
 def check_writable(data_dir: str, what: str) -> None:
   """`workdir.Unwritable`'s one line unless `what` can be prepared in `data_dir`; ValueError
   where `data_dir` is `read_only`."""
-  named_by = _READ_ONLY.get(os.path.abspath(os.path.expanduser(str(data_dir))))
+  named_by = (_READ_ONLY or {}).get(os.path.abspath(os.path.expanduser(str(data_dir))))
   if named_by is not None:
     raise ValueError(
         f'{what} is not prepared in data_dir={data_dir}, which {named_by} names; reading a run '
