@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from vit_jax import models
+from vit_jax.weights import checkpoint_formats
 from vit_jax.weights import pretrained
 
 # timm name, our registry name; tiny versions: 32x32 images, patch 8, two blocks, ten classes.
@@ -453,3 +454,32 @@ def test_mismatch_is_one_error_listing_missing_unexpected_and_shapes(timm_model,
       'wrong shape' in message
       and 'params/blocks_0/mlp/fc1/kernel (192, 768) vs (192, 384)' in message
   )
+
+
+def test_safetensors_is_recognised_by_content_whatever_its_name(tmp_path):
+  from safetensors import numpy as safetensors_numpy  # pylint: disable=g-import-not-at-top
+
+  key = next(  # A header of 128 bytes starts the file with 0x80, as a pickle starts.
+      'w' * n
+      for n in range(1, 200)
+      if safetensors_numpy.save({'w' * n: np.zeros(3, np.float32)})[0] == 0x80
+  )
+  for name in ('weights.txt', 'W.SAFETENSORS'):
+    path = str(tmp_path / name)
+    safetensors_numpy.save_file({key: np.arange(3, dtype=np.float32)}, path)
+    with open(path, 'rb') as f:
+      assert f.read(1) == b'\x80'
+    np.testing.assert_array_equal(checkpoint_formats.read_state_dict(path)[key], [0, 1, 2])
+
+
+def test_export_gets_the_mode_the_umask_gives_a_new_file(tmp_path):
+  ours = _ours('vit_ti16', **TINY)
+  variables = _random_variables(ours, 32)
+  path = str(tmp_path / 'w.safetensors')
+  umask = os.umask(0o027)
+  try:
+    pretrained.export_timm(variables, ours, path)
+  finally:
+    os.umask(umask)
+  assert os.stat(path).st_mode & 0o777 == 0o640
+  assert checkpoint_formats.safetensors_metadata(path) == {'format': 'pt'}

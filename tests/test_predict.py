@@ -11,9 +11,12 @@ from PIL import Image
 import pytest
 from sklearn import datasets as sk_datasets
 
-from vit_jax.weights import inference
+from vit_jax import models
+from vit_jax import workdir as workdir_lib
 from vit_jax.data import digits
 from vit_jax.data import imagenet
+from vit_jax.weights import inference
+from vit_jax.weights import pretrained
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -101,3 +104,105 @@ def test_bad_arguments_are_one_clear_error(tmp_path):
     inference.load_weights(str(tmp_path / 'w.safetensors'), 'deit_ti16', normalization='imagenets')
   paths, missing = inference.image_paths([str(tmp_path / 'nothing_here')])
   assert not paths and missing[0][1].startswith('no such file')
+
+
+@pytest.fixture(scope='module')
+def exported_run(checkpointed_run, tmp_path_factory) -> str:
+  """`checkpointed_run` (vit_ti4 with fields unlike the registry's) exported as export does."""
+  run = workdir_lib.Workdir.open(checkpointed_run)
+  saved = run.read_variables(unrolled=True)
+  path = str(tmp_path_factory.mktemp('export') / 'run.safetensors')
+  described = pretrained.describe_run(run, saved.variables)
+  pretrained.export_timm(saved.variables, models.create('vit_ti4'), path, described=described)
+  return path
+
+
+def test_an_export_loads_as_its_run_without_naming_the_model(
+    checkpointed_run, exported_run, tmp_path
+):
+  [image] = _write_test_digits(str(tmp_path), 1)
+  original = inference.load_run(checkpointed_run)
+  for weights in (
+      inference.load_weights(exported_run),
+      inference.load_weights(exported_run, 'vit_ti4'),
+  ):
+    assert weights.config.model.to_dict() == {
+        'name': 'vit_ti4',
+        **models.model_overrides(original.config.model),
+    }
+    assert weights.class_names == original.class_names
+    assert weights.eval_transform == original.eval_transform
+    logits = [
+        np.asarray(
+            r.model.apply(
+                r.variables, inference.decode_for_model(image, r.eval_transform)[None], train=False
+            )
+        )
+        for r in (original, weights)
+    ]
+    np.testing.assert_allclose(*logits, atol=1e-5)
+
+
+def test_a_class_count_unlike_the_weights_says_which_to_give(exported_run):
+  with pytest.raises(
+      ValueError,
+      match=r'The weights have 10 classes, not 5: give --num_classes=10 \(or leave it out\)\.',
+  ):
+    inference.load_weights(exported_run, num_classes=5)
+
+
+def test_files_that_are_no_images_are_skipped_without_reading_them(
+    exported_run, tmp_path, monkeypatch
+):
+  empty = tmp_path / 'empty'
+  empty.mkdir()
+  assert inference.image_paths([str(empty)]) == (
+      [],
+      [(str(empty), 'the folder holds no .jpg/.jpeg/.png images')],
+  )
+  images = tmp_path / 'images'
+  images.mkdir()
+  [digit] = _write_test_digits(str(images), 1)
+  with open(os.fsencode(images) + b'/\xff.png', 'wb') as f:  # A name that is not UTF-8.
+    f.write((images / os.path.basename(digit)).read_bytes())
+  os.mkfifo(images / 'pipe.png')  # Read, it would block until a writer came.
+  paths, missing = inference.image_paths([str(images)])
+  assert len(paths) == 3 and not missing
+
+  results = list(inference.predict(inference.load_weights(exported_run), paths))
+  assert [r for r in results if not isinstance(r, inference.Prediction)] == [
+      (str(images / 'pipe.png'), 'not a regular file')
+  ]
+  predicted = [r for r in results if isinstance(r, inference.Prediction)]
+  assert {json.loads(json.dumps(p.to_json()))['file'] for p in predicted} == {
+      digit,
+      f'{images}/\\xff.png',
+  }
+  monkeypatch.setattr(inference, 'MAX_IMAGE_BYTES', 64)
+  [(path, reason)] = inference.predict(inference.load_weights(exported_run), [digit])
+  assert path == digit and reason.startswith('larger than')
+
+
+@pytest.mark.e2e
+def test_predict_refuses_a_closed_standard_output_before_loading_anything(tmp_path):
+  command = [
+      sys.executable,
+      '-m',
+      'vit_jax.predict',
+      f'--workdir={tmp_path}/none',
+      '--json',
+      'x.png',
+  ]
+  result = subprocess.run(
+      ['sh', '-c', '"$@" >&-', 'sh', *command],  # Started with its standard output closed.
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=300,
+      env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL='2'),
+  )
+  assert result.returncode == 1
+  assert result.stderr.strip().splitlines()[-1] == (
+      'error: standard output is closed, so the predictions would go nowhere; give predict an '
+      'open output (e.g. > predictions.txt).'
+  )

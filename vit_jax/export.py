@@ -6,6 +6,8 @@ The run's EMA weights where it kept an EMA (`--nouse_ema`: the raw ones).
 
 In PyTorch: `model = timm.create_model(NAME, num_classes=..., img_size=...)` with the architecture
 of the run, then `model.load_state_dict(safetensors.torch.load_file('/tmp/deit.safetensors'))`.
+The file's metadata names the run's model, its fields, classes and evaluation preprocessing
+(`pretrained.Exported`), so that `vit_jax.predict --init_from=FILE` needs no --model.
 """
 
 import os
@@ -32,7 +34,8 @@ def main(argv) -> None:
   from vit_jax import workdir
   from vit_jax.weights import pretrained
   # pylint: enable=g-import-not-at-top
-  if not _OUT.value.endswith('.safetensors'):  # Readers go by the suffix (a .pth is a pickle).
+  # Readers go by the suffix (a .pth is a pickle), in any case.
+  if not _OUT.value.lower().endswith('.safetensors'):
     raise ValueError(
         f'--out={_OUT.value!r}: the export is a safetensors file; name it '
         f'{os.path.splitext(_OUT.value)[0]}.safetensors.'
@@ -49,10 +52,16 @@ def main(argv) -> None:
         '(vit_jax.workdir.Workdir.read_variables) instead.'
     )
   saved = run.read_variables(use_ema=_USE_EMA.value, unrolled=True)
-  keys = pretrained.export_timm(saved.variables, models.create(name), _OUT.value)
+  described = pretrained.describe_run(run, saved.variables)
+  keys = pretrained.export_timm(
+      saved.variables, models.create(name), _OUT.value, described=described
+  )
   print(
       f'Wrote {len(keys)} tensors of {name} (step {saved.step}, '
-      f'{"ema" if saved.ema else "raw"} weights) to {_OUT.value}.'
+      f'{"ema" if saved.ema else "raw"} weights) to {_OUT.value}; its metadata names the model, '
+      f'its fields {described.model_fields}, {described.num_classes} classes and '
+      f'{described.image_size} px input: vit_jax.predict --init_from={_OUT.value} needs no '
+      '--model.'
   )
 
 

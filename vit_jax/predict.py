@@ -31,23 +31,31 @@ _JSON = flags.DEFINE_bool('json', False, 'Print one JSON document, not text line
 
 
 def main(argv) -> None:
-  from vit_jax.weights import inference  # pylint: disable=g-import-not-at-top
-
   if not argv[1:]:
     raise ValueError('Name at least one image file, folder or glob.')
+  if sys.stdout is None:  # Python's when the process started with descriptor 1 closed.
+    raise ValueError(
+        'standard output is closed, so the predictions would go nowhere; give predict an open '
+        'output (e.g. > predictions.txt).'
+    )
+  from vit_jax.weights import inference  # pylint: disable=g-import-not-at-top
+
   run = _LOAD()
   paths, failures = inference.image_paths(argv[1:])
   for path, reason in failures:
-    print(f'skipped {path}: {reason}', file=sys.stderr)
+    print(f'skipped {inference.shown(path)}: {reason}', file=sys.stderr)
   predictions = []
   for result in inference.predict(run, paths, top_k=_TOP_K.value, batch_size=_BATCH_SIZE.value):
     if isinstance(result, inference.Prediction):
       predictions.append(result)
       if not _JSON.value:
-        print(f'{result.path}: ' + ', '.join(f'{name} {p:.3f}' for _, name, p in result.top_k))
+        print(
+            f'{inference.shown(result.path)}: '
+            + ', '.join(f'{name} {p:.3f}' for _, name, p in result.top_k)
+        )
     else:
       failures.append(result)
-      print(f'skipped {result[0]}: {result[1]}', file=sys.stderr)
+      print(f'skipped {inference.shown(result[0])}: {result[1]}', file=sys.stderr)
   if _JSON.value:
     print(
         json.dumps(
@@ -55,7 +63,7 @@ def main(argv) -> None:
                 'source': run.source,
                 'model': run.config.model.name,
                 'predictions': [p.to_json() for p in predictions],
-                'skipped': [{'file': f, 'reason': r} for f, r in failures],
+                'skipped': [{'file': inference.shown(f), 'reason': r} for f, r in failures],
             },
             indent=1,
         )

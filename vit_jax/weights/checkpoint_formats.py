@@ -20,6 +20,7 @@ from safetensors import numpy as safetensors_numpy
 _EMA_WRAPPERS = ('state_dict_ema', 'model_ema')
 _WRAPPERS = ('state_dict', 'model')
 _STRIPPED_PREFIX = 'module.'
+_SAFETENSORS_LENGTH = 8  # Bytes of the little-endian header length that starts the file.
 
 
 def check_finite(arrays: Mapping[str, Any], source: str) -> None:
@@ -41,6 +42,32 @@ def _corrupt(path: str, what: str, detail: str) -> ValueError:
       f'{path!r} is not a readable {what}: {detail}. The file may be truncated or '
       'corrupt; download or write it again.'
   )
+
+
+def is_safetensors(path: str) -> bool:
+  """Whether `path` is a safetensors file by its content, whatever its name: an 8-byte
+  little-endian header length, then a JSON object."""
+  if not os.path.isfile(path):
+    return False
+  try:
+    with open(path, 'rb') as f:
+      return _starts_safetensors(f.read(_SAFETENSORS_LENGTH + 1))
+  except OSError:
+    return False
+
+
+def _starts_safetensors(head: bytes) -> bool:
+  """Whether a file starting with `head` is safetensors (a zip's timestamp may hold a '{')."""
+  return not head.startswith(b'PK') and head[_SAFETENSORS_LENGTH : _SAFETENSORS_LENGTH + 1] == b'{'
+
+
+def safetensors_metadata(path: str) -> dict[str, str]:
+  """The string metadata in the header of the safetensors file `path` ({} when it has none)."""
+  try:
+    with safetensors.safe_open(path, framework='numpy') as f:
+      return dict(f.metadata() or {})
+  except safetensors.SafetensorError as e:
+    raise _corrupt(path, 'safetensors file', str(e)) from e
 
 
 def _read_safetensors(path: str) -> dict[str, np.ndarray]:
@@ -243,7 +270,7 @@ def read_state_dict(path: str, *, use_ema: bool = True) -> dict[str, np.ndarray]
   if not os.path.isfile(path):
     raise ValueError(f'No checkpoint file or work directory at {path!r}.')
   with open(path, 'rb') as f:
-    magic = f.read(9)
+    magic = f.read(_SAFETENSORS_LENGTH + 1)
   if magic.startswith(b'PK'):  # A zip archive: NumPy .npz or PyTorch's default .pth format.
     try:
       with zipfile.ZipFile(path) as archive:
@@ -261,10 +288,10 @@ def read_state_dict(path: str, *, use_ema: bool = True) -> dict[str, np.ndarray]
     if not any(name.endswith('data.pkl') for name in names):
       raise ValueError(f'{path!r} is a zip archive but neither a .npz nor a PyTorch checkpoint.')
     checkpoint = _read_torch(path)
+  elif _starts_safetensors(magic):  # Before pickles: its header length may start with 0x80.
+    checkpoint = _read_safetensors(path)
   elif magic[:1] == b'\x80':  # A bare pickle: PyTorch's legacy format.
     checkpoint = _read_torch(path)
-  elif len(magic) == 9 and magic[8:9] == b'{':
-    checkpoint = _read_safetensors(path)
   else:
     raise ValueError(
         f'{path!r} is not a recognised checkpoint; supported: .safetensors, PyTorch '

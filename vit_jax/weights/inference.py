@@ -13,6 +13,7 @@ import dataclasses
 import glob
 import os
 import re
+import stat
 from typing import Any, Iterator, Sequence
 
 import flax.linen as nn
@@ -32,6 +33,8 @@ from vit_jax.data import storage
 from vit_jax import models
 from vit_jax.weights import pretrained
 from vit_jax import workdir as workdir_lib
+
+MAX_IMAGE_BYTES = 256 << 20  # A larger file is refused, not read: no image file is that large.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,14 +113,16 @@ def load_weights(
 
   Hub weights (`hf-hub:ORG/NAME`) give every argument left None from their config.json (model and
   its fields, classes, input size, crop ratio, normalisation) and name their classes by its
-  `label_names`. For a file, `model_name` is needed and the rest defaults to the ImageNet
-  evaluation of timm/DeiT weights (1,000 classes, resize to 224 / 0.875 bicubic, centre crop,
-  ImageNet mean and std; Google ViT weights use `normalization='inception'`). 1,000 classes
-  without label names are named by `imagenet.class_names`, other counts by their index.
+  `label_names`; a `vit_jax.export` file from its metadata (`pretrained.exported`), alike. Their
+  model's fields apply where `model_name` is None or names their model. For another file,
+  `model_name` is needed and the rest defaults to the ImageNet evaluation of timm/DeiT weights
+  (1,000 classes, resize to 224 / 0.875 bicubic, centre crop, ImageNet mean and std; Google ViT
+  weights use `normalization='inception'`). 1,000 classes without label names are named by
+  `imagenet.class_names`, other counts by their index.
   Headless weights (`num_classes` 0, as Hub weights of DINO, MAE or in21k backbones say) load
   into a model without a head, which gives features and names no classes.
   """
-  weights = hub.describe(path) if hub.is_hub_name(path) else None
+  weights = hub.describe(path) if hub.is_hub_name(path) else pretrained.exported(path)
   fields, label_names = {}, None
   if weights is not None:
     if model_name in (None, weights.model):
@@ -162,7 +167,7 @@ def load_weights(
   )
   config.model = ml_collections.ConfigDict(section)
   model = models.create(model_name, num_classes=num_classes, **fields)
-  variables = pretrained.load(path, model, image_size=config.image_size)
+  variables = pretrained.load(path, model, image_size=config.image_size, frozen=True)
   names = label_names or (
       imagenet.class_names()
       if num_classes == imagenet.NUM_CLASSES
@@ -216,7 +221,7 @@ class Prediction:
 
   def to_json(self) -> dict:
     return {
-        'file': self.path,
+        'file': shown(self.path),
         'top_k': [{'class': i, 'name': name, 'probability': p} for i, name, p in self.top_k],
     }
 
@@ -238,15 +243,42 @@ def image_paths(arguments: Sequence[str]) -> tuple[list[str], list[tuple[str, st
       found = sorted(glob.glob(argument, recursive=True))
     if found:
       paths.extend(found)
+    elif os.path.isdir(argument):
+      kinds = '/'.join(folder.IMAGE_EXTENSIONS)
+      missing.append((argument, f'the folder holds no {kinds} images'))
     else:
       missing.append((argument, 'no such file, folder of images or matching glob'))
   return paths, missing
 
 
+def shown(path: str) -> str:
+  """`path` printable whatever its bytes: those that are not UTF-8 as backslash escapes."""
+  return os.fsencode(path).decode('utf-8', 'backslashreplace')
+
+
+def read_image_file(path: str) -> bytes:
+  """The bytes of the image file `path`; ValueError, without reading, for anything but a regular
+  file (a named pipe or a device would block or never end) or a file over `MAX_IMAGE_BYTES`."""
+  try:
+    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), 'rb') as f:
+      info = os.fstat(f.fileno())
+      if not stat.S_ISREG(info.st_mode):
+        raise ValueError('not a regular file')
+      data = b'' if info.st_size > MAX_IMAGE_BYTES else f.read(MAX_IMAGE_BYTES + 1)
+  except OSError as e:
+    raise ValueError(e.strerror or str(e)) from e
+  if info.st_size > MAX_IMAGE_BYTES or len(data) > MAX_IMAGE_BYTES:
+    raise ValueError(f'larger than {MAX_IMAGE_BYTES >> 20} MiB, more than an image file holds')
+  return data
+
+
 def decode_for_model(path: str, transform: data_settings.EvalTransform) -> np.ndarray:
   """The image file at `path` as the model sees it: (S, S, 3) float32, preprocessed by the
-  evaluation `transform`. Raises tf.errors.OpError for a file that is not a readable image."""
-  image = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
+  evaluation `transform`. Raises ValueError for a file that cannot be read (`read_image_file`),
+  tf.errors.OpError for one that is not an image."""
+  image = tf.io.decode_image(
+      tf.constant(read_image_file(path)), channels=3, expand_animations=False
+  )
   return input_pipeline.eval_image(image, transform).numpy()
 
 

@@ -15,9 +15,12 @@ Files are read by `checkpoint_formats`, recognised by their content, not their e
 PyTorch key layout is converted by the `from_torch` of the target model's family. The position
 embedding is resized when the resolution differs (`resize_pos_embed`), with `reset_head=True` a
 head whose class count differs is initialised afresh, and a model with `scan_layers` gets its
-blocks stacked. `export_timm` writes the inverse: a timm `.safetensors`.
+blocks stacked. `export_timm` writes the inverse: a timm `.safetensors`, whose metadata can name
+the model, its fields, classes and preprocessing (`Exported`), read back by `exported`.
 """
 
+import dataclasses
+import json
 import math
 import os
 from typing import Any, Mapping
@@ -32,6 +35,7 @@ import ml_dtypes  # Names bfloat16 for NumPy: safetensors.numpy (>= 0.8) reads B
 import numpy as np
 from safetensors import numpy as safetensors_numpy
 
+from vit_jax.data import settings as data_settings
 from vit_jax.weights import checkpoint_formats
 from vit_jax.weights import hub
 from vit_jax import models
@@ -221,18 +225,35 @@ def _reset_head(
 
 
 def _check_fit(
-    flat: dict, target: dict, source: str, model: nn.Module, image_size: int, hint: str
+    flat: dict,
+    target: dict,
+    source: str,
+    model: nn.Module,
+    image_size: int,
+    hint: str,
+    *,
+    frozen: bool,
+    classes_said: bool,
 ) -> None:
-  """One ValueError listing every missing, unexpected and wrongly shaped variable."""
+  """One ValueError listing every missing, unexpected and wrongly shaped variable. A class-count
+  mismatch of `frozen` weights says the count to give (or to give none where the weights say
+  their count: `classes_said`)."""
   diff = workdir_lib.ShapeDiff.between(
       {_path(k): v.shape for k, v in flat.items()}, {_path(k): v.shape for k, v in target.items()}
   )
   if not diff:
     return
-  classes_differ = any(
-      _is_head(k) and flat[k].shape[-1] != target[k].shape[-1] for k in set(flat) & set(target)
-  )
-  if classes_differ and not hint:
+  classes = {
+      flat[k].shape[-1]
+      for k in set(flat) & set(target)
+      if _is_head(k) and flat[k].shape[-1] != target[k].shape[-1]
+  }
+  if classes and not hint and frozen:
+    hint = (
+        f'The weights have {min(classes)} classes, not {model.num_classes}: give '
+        f'--num_classes={min(classes)}{" (or leave it out)" if classes_said else ""}. '
+    )
+  elif classes and not hint:
     hint = (
         f"The checkpoint's head has a different class count than the model "
         f'(num_classes={model.num_classes}); pass reset_head=True (init_from does) to '
@@ -282,6 +303,11 @@ def _from_file(path: str, model: nn.Module, use_ema: bool) -> tuple[dict, str, s
     path = weights.path
   else:
     source = f'Checkpoint {path!r}'
+    described = exported(path)
+    if described is not None:
+      source += f' (an export of {described.model!r} with fields {described.model_fields})'
+      if models.family(described.model).name != family:
+        hint = f'It holds a {models.family(described.model).name!r} model. '
   state_dict = checkpoint_formats.read_state_dict(path, use_ema=use_ema)
   hint = hint or _layout_hint(list(state_dict), family)
   if (
@@ -312,6 +338,7 @@ def load(
     reset_head: bool = False,
     rng: int | jax.Array = 0,
     use_ema: bool = True,
+    frozen: bool = False,
 ) -> dict[str, Any]:
   """Flax variables ({'params', maybe 'batch_stats'}) for `model` at `image_size` from `path`.
 
@@ -320,7 +347,8 @@ def load(
   Google layouts go through the `from_torch` of `model`'s family. A position embedding for another
   resolution is resized (`resize_pos_embed`, timm's method). With `reset_head`, heads
   whose class count differs from `model.num_classes` are initialised afresh from `rng` (and a
-  pre-logits layer the model lacks is dropped); without it a class-count mismatch is an error.
+  pre-logits layer the model lacks is dropped); without it a class-count mismatch is an error,
+  which for `frozen` weights (used as they are: predict, evaluate) says to give --num_classes.
   The variables come in `model`'s layout: stacked where it scans its layers (`scan_layers`).
   Raises ValueError for unreadable files, another family, or any variable that does not fit.
   """
@@ -336,7 +364,12 @@ def load(
   _resize_position_embeddings(flat, target, unrolled)
   if reset_head:
     _reset_head(flat, target, unrolled, image_size, rng)
-  _check_fit(flat, target, source, unrolled, image_size, hint)
+  classes_said = frozen and (
+      hub.is_hub_name(path) or (not os.path.isdir(path) and exported(path) is not None)
+  )
+  _check_fit(
+      flat, target, source, unrolled, image_size, hint, frozen=frozen, classes_said=classes_said
+  )
   cast = {key: np.asarray(value, dtype=target[key].dtype) for key, value in flat.items()}
   variables = flax.traverse_util.unflatten_dict(cast)
   if not scanned:
@@ -358,13 +391,83 @@ def load_for_run(
 EXPORT_ROOM = (
     'write access and room for the exported .safetensors file (--out)'  # What export needs.
 )
+EXPORT_METADATA_KEY = 'vit_jax'  # The metadata entry of an export that holds its `Exported`.
 
 
-def export_timm(variables: Mapping[str, Any], model: nn.Module, path: str) -> list[str]:
+@dataclasses.dataclass(frozen=True)
+class Exported:
+  """What an export says of its weights, so that they load without naming the model: the
+  registered model and the fields it overrides, the class count (0: headless), and the run's
+  evaluation preprocessing and class names (None: not said)."""
+
+  model: str
+  model_fields: dict[str, Any]
+  num_classes: int
+  image_size: int | None = None
+  crop_ratio: float | None = None
+  normalization: str | None = None
+  label_names: tuple[str, ...] | None = None
+
+
+def head_classes(variables: Mapping[str, Any]) -> int:
+  """The class count of the classifier head in `variables` (0: headless)."""
+  flat = flax.traverse_util.flatten_dict(dict(variables))
+  return next((v.shape[-1] for k, v in flat.items() if _is_head(k) and k[-1] == 'kernel'), 0)
+
+
+def describe_run(run: workdir_lib.Workdir, variables: Mapping[str, Any]) -> Exported:
+  """What an export of `run`'s `variables` says of them: its model, fields, classes (those
+  dataset.json records) and evaluation preprocessing."""
+  config = run.config()
+  transform = data_settings.EvalTransform.from_config(config)
+  num_classes = head_classes(variables)
+  recorded = run.dataset()
+  names = tuple(recorded['class_names']) if recorded else None
+  return Exported(
+      model=config.model.name,
+      model_fields=models.model_overrides(config.model),
+      num_classes=num_classes,
+      image_size=transform.image_size,
+      crop_ratio=transform.crop_ratio,
+      normalization=transform.normalization,
+      label_names=names if names and len(names) == num_classes else None,
+  )
+
+
+def exported(path: str) -> Exported | None:
+  """What the safetensors file `path` says of its weights where `export_timm` described them;
+  None for any other file. ValueError naming the file where the description is damaged."""
+  if not checkpoint_formats.is_safetensors(path):
+    return None
+  text = checkpoint_formats.safetensors_metadata(path).get(EXPORT_METADATA_KEY)
+  if text is None:
+    return None
+  try:
+    said = json.loads(text)
+    names = said.get('label_names')
+    described = Exported(**{**said, 'label_names': None if names is None else tuple(names)})
+    fields = models.model_overrides({'name': described.model, **described.model_fields})
+  except (ValueError, TypeError, AttributeError) as e:
+    raise ValueError(
+        f'{path!r}: its {EXPORT_METADATA_KEY!r} metadata, which names its model, is damaged '
+        f'({e}); export the run again.'
+    ) from e
+  return dataclasses.replace(described, model_fields=fields)
+
+
+def export_timm(
+    variables: Mapping[str, Any],
+    model: nn.Module,
+    path: str,
+    *,
+    described: Exported | None = None,
+) -> list[str]:
   """Writes `variables` as a timm-layout .safetensors file (inverse of `load`); returns its keys.
 
   `timm.create_model(<matching name>, num_classes=..., img_size=...)` accepts the file with
-  `model.load_state_dict(safetensors.torch.load_file(path))`.
+  `model.load_state_dict(safetensors.torch.load_file(path))`. With `described`, its metadata says
+  the model (`exported` reads it back), so that vit_jax loads the file without naming the model.
+  The file gets the mode a new file gets (0666 less the umask).
   """
   state_dict = converting_family(model).to_torch(jax.device_get(dict(variables)))
   tensors = {}
@@ -376,6 +479,12 @@ def export_timm(variables: Mapping[str, Any], model: nn.Module, path: str) -> li
   target = os.path.abspath(path)
   with workdir_lib.writing(path, EXPORT_ROOM):
     os.makedirs(os.path.dirname(target), exist_ok=True)
+    metadata = {'format': 'pt'}  # timm's loader wants it.
+    if described is not None:
+      metadata[EXPORT_METADATA_KEY] = json.dumps(dataclasses.asdict(described))
     with workdir_lib.replaced_whole(target) as partial:
-      safetensors_numpy.save_file(tensors, partial, metadata={'format': 'pt'})
+      with open(partial, 'wb'):
+        mode = os.stat(partial).st_mode  # safetensors writes 0600: give what `open` gives.
+      safetensors_numpy.save_file(tensors, partial, metadata=metadata)
+      os.chmod(partial, mode)
   return sorted(tensors)
