@@ -38,9 +38,13 @@ def main(argv) -> None:
         'standard output is closed, so the predictions would go nowhere; give predict an open '
         'output (e.g. > predictions.txt).'
     )
-  from vit_jax.weights import inference  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import storage
+  from vit_jax.weights import inference
+  # pylint: enable=g-import-not-at-top
 
-  run = _LOAD()
+  with storage.runs_read_only():  # The data dir a run names is read, never written.
+    run = _LOAD()
   paths, failures = inference.image_paths(argv[1:])
   for path, reason in failures:
     print(f'skipped {inference.shown(path)}: {reason}', file=sys.stderr)
