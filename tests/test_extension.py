@@ -340,6 +340,8 @@ def test_every_command_reads_a_run_of_the_users_module(data_dir, tmp_path):
   folder = tmp_path / 'experiments'
   folder.mkdir()
   config_file = write_extension(folder)
+  for name in ('statistics', 'flax'):  # A user's scripts named like installed modules: unseen.
+    (folder / f'{name}.py').write_text('raise ImportError("the user\'s own file")\n')
   workdir = str(tmp_path / 'run')
   train_flags = (f'--config={config_file}', f'--workdir={workdir}', f'--config.data_dir={data_dir}')
   _command('main', *train_flags)
