@@ -141,6 +141,23 @@ def test_each_bad_value_is_named_with_what_is_valid(field, value, valid):
   assert re.search(valid, problems[0]), problems[0]
 
 
+@pytest.mark.parametrize(
+    'value, reason',
+    [
+        ('0.5,0.5,0.5/0,0,0', 'has the std 0.0: each std must be > 0 (pixels are divided by it)'),
+        ('0.5,0.5,0.5/0.2,-1,0.2', 'has the std -1.0: each std must be > 0 (pixels are divided'),
+        ('0.5,nan,0.5/0.2,0.2,0.2', 'holds nan: its means and stds must be finite numbers, e.g.'),
+        ('0.5,0.5,0.5/0.2,inf,0.2', 'holds inf: its means and stds must be finite numbers, e.g.'),
+    ],
+)
+def test_normalization_numbers_out_of_range_are_named_with_why(value, reason):
+  problems = _problems(_config(normalization=value))
+  assert len(problems) == 1, problems
+  assert problems[0].startswith(
+      f'--config.normalization={value!r}: normalization {value!r} {reason}'
+  ), problems
+
+
 def test_every_bad_field_is_listed_in_one_error():
   bad = {
       'keep_checkpoints': 0,

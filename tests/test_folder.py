@@ -227,3 +227,37 @@ def test_a_class_name_with_a_line_break_is_refused(tmp_path):
     folder.scan(str(root))
   assert "class directories ['two\\nlines'] have names with line breaks" in str(refusal.value)
   assert '\n' not in str(refusal.value)
+
+
+@pytest.mark.parametrize(
+    'overrides, missing, advice',
+    [
+        ({}, 'test', "--config.eval_split='train[:10%]'"),
+        (
+            {'train_split': 'val', 'eval_split': 'train[:10%]'},
+            'val',
+            "--config.train_split='train'",
+        ),
+    ],
+)
+def test_a_split_without_its_directory_is_named_before_preparing(
+    tmp_path, overrides, missing, advice
+):
+  root, data_dir = str(tmp_path / 'images'), tmp_path / 'tfds'
+  _write_images(root)
+  for path in (tmp_path / 'images' / 'test').rglob('*.*'):
+    path.unlink()
+  for name in CLASSES:
+    (tmp_path / 'images' / 'test' / name).rmdir()
+  (tmp_path / 'images' / 'test').rmdir()
+  config = _config(root, str(data_dir), image_size=12, **overrides)
+  with pytest.raises(ValueError) as raised:
+    input_pipeline.get_dataset_info(data_settings.DataSettings.from_config(config))
+  assert str(raised.value).startswith(
+      f'Image folder {root!r} has no {missing}/ directory, which --config.'
+  ), raised.value
+  assert f"(its split directories: ['train']): add {missing}/ with the same class" in str(
+      raised.value
+  )
+  assert str(raised.value).endswith(f'to a split it has, e.g. {advice}.'), raised.value
+  assert not data_dir.exists()  # Refused before anything is prepared.

@@ -169,3 +169,20 @@ def test_files_of_unread_formats_are_counted_in_one_warning(tmp_path, caplog):
       f'Image folder {root}: left out 3 file(s) of formats the pipeline does not read '
       '(.gif: 1, .webp: 2)'
   ) in caplog.text
+
+
+def test_files_beside_the_class_directories_are_named_in_one_warning(tmp_path, caplog):
+  root = _images(str(tmp_path / 'images'))
+  for name in ('stray.png', 'labels.txt', '.DS_Store'):
+    open(os.path.join(root, 'train', name), 'wb').close()
+  for i in range(6):
+    open(os.path.join(root, 'test', f'{i}.jpg'), 'wb').close()
+  with caplog.at_level(std_logging.WARNING):
+    scanned = folder.scan(root)
+  assert scanned.classes == ('a', 'b')
+  assert caplog.text.count('directly in a split directory') == 1
+  assert (
+      f'Image folder {root}: left out 8 file(s) lying directly in a split directory, outside '
+      'every class directory (test/0.jpg, test/1.jpg, test/2.jpg, test/3.jpg, test/4.jpg and 3 '
+      'more); move images into their class directory to use them.'
+  ) in caplog.text

@@ -219,3 +219,83 @@ def test_the_unstarted_writes_of_a_refused_save_are_not_reported_at_exit():
       "coroutine 'test_the_unstarted_writes_of_a_refused_save_are_not_reported_at_exit.<locals>."
       "other' was never awaited"
   ]
+
+
+def _unknown_key(key: str) -> AttributeError:
+  """What ml_collections raises for an override of a field the config lacks."""
+  try:
+    try:
+      try:
+        raise KeyError(key)
+      except KeyError as e:
+        raise KeyError(repr(key)) from e
+    except KeyError as e:
+      raise AttributeError(e) from e
+  except AttributeError as e:
+    return e
+
+
+@pytest.mark.parametrize(
+    'flag, line',
+    [
+        (
+            '--config.model.num_classes=5',
+            '--config.model.num_classes is not a config field: the class count comes from the '
+            'dataset (--config.dataset).',
+        ),
+        (
+            '--config.model.dtype=int32',
+            '--config.model.dtype is not a config field; did you mean --config.dtype=int32?',
+        ),
+        (
+            '--config.model.foo=1',
+            '--config.model.foo is not a config field (python -m vit_jax.config lists the fields).',
+        ),
+    ],
+)
+def test_an_unknown_field_is_named_as_typed_with_where_it_belongs(flag, line):
+  key = flag.split('=')[0].rsplit('.', 1)[1]
+  argv = ['main.py', '--config=configs/vit.py', '--config.batch_size=8', flag]
+  assert runtime.flag_error(_unknown_key(key), argv) == line
+  assert runtime.flag_error(_unknown_key(key), ['main.py']) == f'{key!r} is not a config field.'
+
+
+class OpError(Exception):
+  """Stands for TensorFlow's `tf.errors.OpError`, which `runtime` knows by name only."""
+
+
+class UnknownError(OpError):
+  """Stands for `tf.errors.UnknownError`, which wraps a Python error raised in a tf.data thread."""
+
+
+def test_no_thread_can_start_is_one_line_naming_the_error_and_the_limits():
+  line = runtime.thread_failure(RuntimeError("can't start new thread"))
+  assert line.startswith(
+      "the process cannot start threads (RuntimeError: can't start new thread): a memory "
+      '(ulimit -v, now '
+  ), line
+  wrapped = UnknownError("RuntimeError: can't start new thread\nTraceback (most recent call last):")
+  assert runtime.thread_failure(wrapped).startswith(
+      "the process cannot start threads (UnknownError: RuntimeError: can't start new thread): "
+  )
+  assert 'or process (ulimit -u, now ' in line and '\n' not in line
+  assert runtime.thread_failure(RuntimeError('other')) is None
+  assert runtime.thread_failure(ValueError("can't start new thread")) is None
+
+
+def test_a_command_that_cannot_start_a_thread_ends_with_that_line(monkeypatch):
+  def main(argv):
+    del argv
+    try:
+      raise RuntimeError("can't start new thread")
+    except RuntimeError as e:
+      raise UnknownError("{{function_node x}} RuntimeError: can't start new thread") from e
+
+  monkeypatch.setattr(sys, 'argv', ['command'])
+  monkeypatch.setattr(runtime, 'tensorflow_installed', lambda: False)
+  with pytest.raises(SystemExit) as ended:
+    runtime.run(main)
+  assert ended.value.code.startswith(
+      "error: the process cannot start threads (UnknownError: RuntimeError: can't start new "
+      'thread): a memory (ulimit -v'
+  ), ended.value.code

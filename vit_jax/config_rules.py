@@ -106,11 +106,12 @@ NAMES = Rule(
 
 
 def _is_normalization(value: Any) -> bool:
-  try:
+  """Whether `value` is a normalisation; numbers in its form that are out of range raise the
+  ValueError that names them."""
+  if isinstance(value, str) and normalization.numbers(value) is not None:
     normalization.mean_std(value)
-  except ValueError:
-    return False
-  return True
+    return True
+  return value in normalization.NORMALIZATIONS
 
 
 def normalization_rule(*, unset: str = '') -> Rule:

@@ -35,7 +35,7 @@ import platform
 import re
 import sys
 import warnings
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from absl import app
 from absl import flags as absl_flags
@@ -272,9 +272,39 @@ def error_chain(error: BaseException) -> list[BaseException]:
   return chain
 
 
-def flag_error(error: Exception) -> str:
+def _override_naming(key: str, argv: Sequence[str]) -> tuple[str, str] | None:
+  """(flag, value) of the first field override in `argv` ('--config.model.x=1') whose dotted
+  name has the part `key`, as typed; None if none has."""
+  for arg in argv:
+    name, _, value = arg.partition('=')
+    override = re.fullmatch(r'--?(?:no)?\w+\.([\w.]+)', name)
+    if override and key in override.group(1).split('.'):
+      return name, value
+  return None
+
+
+def _unknown_field(key: str, argv: Sequence[str]) -> str:
+  """One line for an override of a field the config lacks: the flag as typed, and where the value
+  belongs instead if that is known."""
+  named = _override_naming(key, argv)
+  if named is None:
+    return f'{key!r} is not a config field.'
+  flag, value = named
+  prefix, last = flag[: flag.index('.') + 1], flag.rsplit('.', 1)[1]
+  from vit_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+
+  if last == 'num_classes':
+    return (
+        f'{flag} is not a config field: the class count comes from the dataset ({prefix}dataset).'
+    )
+  if flag != f'{prefix}{last}' and any(field.name == last for field in config_lib.FIELDS):
+    return f'{flag} is not a config field; did you mean {prefix}{last}={value or "VALUE"}?'
+  return f'{flag} is not a config field (python -m vit_jax.config lists the fields).'
+
+
+def flag_error(error: Exception, argv: Sequence[str] | None = None) -> str:
   """One line for flags that cannot be read: a missing config file, a misspelt field, a bad
-  value."""
+  value; `argv` (default `sys.argv`) names the override of a field the config lacks as typed."""
   chain = error_chain(error)
   root = chain[-1]
   lines = [line.strip() for line in str(root).splitlines() if line.strip()]
@@ -282,7 +312,7 @@ def flag_error(error: Exception) -> str:
   if misspelt:  # ml_collections' suggestion first.
     return f'Did you mean "{misspelt.group(1)}"? "{misspelt.group(2)}" is not a config field.'
   if isinstance(root, KeyError):
-    return f'{root.args[0]!r} is not a config field.'
+    return _unknown_field(str(root.args[0]), sys.argv if argv is None else argv)
   twice = re.match(r"The flag '(\w+)\.[\w.]+' is defined twice", str(root))
   if isinstance(root, absl_flags.DuplicateFlagError) and twice:  # Its fields' flags, redefined.
     name = twice.group(1)
@@ -313,6 +343,35 @@ def backend_failure(error: BaseException) -> str | None:
   return f'{text.splitlines()[0].rstrip(".")}. {hint}'
 
 
+def _ulimit(resource_id: int, unit: int = 1) -> str:
+  """A soft resource limit as `ulimit` shows it: 'unlimited', or the limit in `unit`s."""
+  import resource  # pylint: disable=g-import-not-at-top
+
+  soft = resource.getrlimit(resource_id)[0]
+  return 'unlimited' if soft == resource.RLIM_INFINITY else str(soft // unit)
+
+
+def thread_failure(error: BaseException) -> str | None:
+  """One line for a process that cannot start a thread (Python's RuntimeError, or TensorFlow's
+  error wrapping it, raised by the input pipeline); None for any other error."""
+  for cause in error_chain(error):
+    kinds = {kind.__name__ for kind in type(cause).__mro__}
+    found = re.search(r"(\w+: )?can't start new thread", str(cause))
+    if found and kinds & {'RuntimeError', 'OpError'}:
+      break
+  else:
+    return None
+  import resource  # pylint: disable=g-import-not-at-top
+
+  name = type(cause).__name__
+  what = found.group(0) if found.group(0).startswith(f'{name}: ') else f'{name}: {found.group(0)}'
+  return (
+      f'the process cannot start threads ({what}): a memory (ulimit -v, now '
+      f'{_ulimit(resource.RLIMIT_AS, 1024)}) or process (ulimit -u, now '
+      f'{_ulimit(resource.RLIMIT_NPROC)}) limit is too low; raise it, e.g. ulimit -v unlimited.'
+  )
+
+
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, where every unusable flag or config file is one line on stderr; a config
   file imports the modules beside it (`extensions.make_config_folders_importable`)."""
@@ -322,7 +381,7 @@ def parse_flags(argv: list[str]) -> list[str]:
     for name in absl_flags.FLAGS:  # A config file that failed to load raises when first read.
       getattr(absl_flags.FLAGS[name].value, 'keys', None)
   except Exception as e:  # pylint: disable=broad-except
-    sys.exit(f'error: {flag_error(e)}')
+    sys.exit(f'error: {flag_error(e, argv)}')
   return remaining
 
 
@@ -337,7 +396,8 @@ def run(
   Flags are parsed first (`--help` answers before any library loads); then `before_libraries`
   (what must precede TensorFlow and JAX, e.g. the CPUs to run on), quiet library logs and
   TensorFlow kept off the accelerators (tf.data only: they belong to JAX). A `ValueError` that
-  `main` raises (bad input, named) ends the process with one line, `error: ...`, exit status 1;
+  `main` raises (bad input, named) ends the process with one line, `error: ...`, exit status 1, as
+  do a platform that cannot start (`backend_failure`) and threads that cannot (`thread_failure`);
   Ctrl-C with one line and `exits.EXIT_INTERRUPTED`; a closed output quietly
   (`exits.closed_output_ends_quietly`).
   """
@@ -367,10 +427,11 @@ def run(
     except ValueError as e:
       absl_logging.debug('Stopped by an error.', exc_info=True)
       sys.exit(f'error: {e}')
-    except RuntimeError as e:
-      if backend_failure(e) is None:
+    except Exception as e:  # pylint: disable=broad-except
+      line = backend_failure(e) or thread_failure(e)
+      if line is None:
         raise
       absl_logging.debug('Stopped by an error.', exc_info=True)
-      sys.exit(f'error: {backend_failure(e)}')
+      sys.exit(f'error: {line}')
 
   app.run(prologue_then_main, flags_parser=parse_flags)

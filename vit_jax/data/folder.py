@@ -31,7 +31,7 @@ import hashlib
 import logging as std_logging
 import os
 import shutil
-from typing import Iterator
+from typing import Iterator, Mapping
 import warnings
 
 from absl import logging
@@ -44,6 +44,7 @@ from vit_jax.data import storage
 
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png')
 _LAYOUT = '<root>/<split>/<class>/*.jpg|*.jpeg|*.png, e.g. <root>/train/cat/1.jpg'
+_STRAY_NAMED = 5  # Files beside the class directories named in the warning; the rest counted.
 
 
 @dataclasses.dataclass(eq=False, repr=False)
@@ -107,6 +108,52 @@ def _files_under(class_dir: str) -> list[str]:
   return found
 
 
+def _warn_of_files_beside_classes(root: str, splits: list[str]) -> None:
+  """Logs one warning naming the files that lie directly in split directories, beside the class
+  directories, where no class claims them (hidden files apart)."""
+  stray = [
+      os.path.join(split, name)
+      for split in splits
+      for name in sorted(os.listdir(os.path.join(root, split)))
+      if not name.startswith('.') and not os.path.isdir(os.path.join(root, split, name))
+  ]
+  if not stray or root in _reported:
+    return
+  shown = ', '.join(stray[:_STRAY_NAMED]) + (
+      f' and {len(stray) - _STRAY_NAMED} more' if len(stray) > _STRAY_NAMED else ''
+  )
+  logging.warning(
+      'Image folder %s: left out %d file(s) lying directly in a split directory, outside every '
+      'class directory (%s); move images into their class directory to use them.',
+      root,
+      len(stray),
+      shown,
+  )
+
+
+def check_splits(root: str, splits: Mapping[str, str]) -> None:
+  """Raises ValueError, before the folder is scanned or prepared, where a split that `splits`
+  names ({flag: split spec}, e.g. {'--config.eval_split': 'test[:50%]'}) has no directory."""
+  root = os.path.abspath(os.path.expanduser(root))
+  known = _list_dirs(root) if os.path.isdir(root) else []
+  if not known:  # No folder or no splits at all: `scan` says so.
+    return
+  for flag, spec in splits.items():
+    for part in spec.split('+'):
+      base = part.split('[')[0].strip()
+      if base in known:
+        continue
+      if flag.endswith('train_split'):
+        example = known[0]
+      else:
+        example = f"{'train' if 'train' in known else known[0]}[:10%]"
+      raise ValueError(
+          f'Image folder {root!r} has no {base}/ directory, which {flag}={spec!r} names (its '
+          f'split directories: {known}): add {base}/ with the same class directories, or set '
+          f'{flag} to a split it has, e.g. {flag}={example!r}.'
+      )
+
+
 def scan(root: str, skip_unreadable: bool = False) -> FolderConfig:
   """Checks the folder layout and returns its description; ValueError on any problem.
 
@@ -126,6 +173,7 @@ def scan(root: str, skip_unreadable: bool = False) -> FolderConfig:
           f'Split directory {os.path.join(root, split)!r} has no class '
           f'directories; expected {_LAYOUT}.'
       )
+  _warn_of_files_beside_classes(root, splits)
   reference_split = splits[0]
   classes = classes_of[reference_split]
   unprintable = [name for name in classes if not name.isprintable()]
@@ -304,12 +352,18 @@ def _without_undecodable(config: FolderConfig, skip_unreadable: bool) -> FolderC
 
 
 def prepare(
-    root: str, data_dir: str | None = None, *, skip_unreadable: bool = False
+    root: str,
+    data_dir: str | None = None,
+    *,
+    skip_unreadable: bool = False,
+    splits: Mapping[str, str] | None = None,
 ) -> tfds.core.DatasetBuilder:
   """The builder for the image folder `root`, prepared under `data_dir` on first use.
 
   Preparing decodes every image once (see the module docstring for files that do not decode).
+  `splits` ({flag: split spec}) are checked to have their directories first (`check_splits`).
   """
+  check_splits(root, splits or {})
   config = scan(root, skip_unreadable)
   builder = Folder(config=config, data_dir=data_dir)
   if not builder.is_prepared() or storage.missing_files(builder):

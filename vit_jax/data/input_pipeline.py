@@ -84,7 +84,10 @@ def _process(process_index: int | None, process_count: int | None) -> tuple[int,
 
 def get_dataset_info(data: data_settings.DataSettings) -> DatasetInfo:
   """Sizes and class count of `data.dataset`; prepares digits on first use."""
-  source = sources.resolve(data)
+  source = sources.resolve(
+      data,
+      splits={'--config.train_split': data.train_split, '--config.eval_split': data.eval_split},
+  )
   sources.check_split(source, data.train_split)
   sources.check_split(source, data.eval_split)
   labels = source.builder.info.features[source.label_key]
@@ -252,7 +255,7 @@ def train_iterator(
   local_batch = _local_batch(data.batch_size, process_count, 'batch_size')
   if start_step < 0:
     raise ValueError(f'start_step must be >= 0, got {start_step}.')
-  source = sources.resolve(data)
+  source = sources.resolve(data, splits={'--config.train_split': data.train_split})
   sources.check_split(source, data.train_split)
   split = sources.process_split(data.train_split, process_index, process_count)
   start = start_step * local_batch
@@ -334,8 +337,9 @@ def eval_iterator(
   """
   process_index, process_count = _process(process_index, process_count)
   local_batch = _local_batch(data.eval_batch_size, process_count, 'eval_batch_size')
+  named = {'--config.eval_split': data.eval_split} if split is None and dataset is None else {}
   split = data.eval_split if split is None else split
-  source = sources.resolve(data, dataset, label_key, label_set_key)
+  source = sources.resolve(data, dataset, label_key, label_set_key, splits=named)
   sources.check_split(source, split)
   most = max(
       sources.num_examples(source, sources.process_split(split, p, process_count))

@@ -23,20 +23,39 @@ def _close(values: Sequence[float], known: Sequence[float]) -> bool:
   )
 
 
+def numbers(normalization: str) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+  """The (mean, std) of `normalization` written as numbers 'R,G,B/R,G,B', whatever their values;
+  None if it is not in that form."""
+  try:
+    mean, std = (tuple(float(v) for v in part.split(',')) for part in normalization.split('/'))
+  except (AttributeError, ValueError):
+    return None
+  return (mean, std) if len(mean) == 3 and len(std) == 3 else None
+
+
 def mean_std(normalization: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
   """The per-channel (mean, std) of a `NORMALIZATIONS` name or of numbers 'R,G,B/R,G,B' (mean,
   then std: what published weights give, e.g. '0.5,0.5,0.5/0.25,0.25,0.25')."""
   if normalization in NORMALIZATIONS:
     return NORMALIZATIONS[normalization]
-  try:
-    mean, std = (tuple(float(v) for v in part.split(',')) for part in normalization.split('/'))
-  except (AttributeError, ValueError):
-    mean = std = ()
-  if len(mean) != 3 or len(std) != 3 or not all(map(math.isfinite, mean + std)) or min(std) <= 0:
+  given = numbers(normalization)
+  if given is None:
     raise ValueError(
         f'Unknown normalization {normalization!r}; valid: one of {list(NORMALIZATIONS)}, or '
         "three means and three positive stds as 'R,G,B/R,G,B', e.g. "
         "'0.5,0.5,0.5/0.25,0.25,0.25'."
+    )
+  mean, std = given
+  not_finite = [v for v in mean + std if not math.isfinite(v)]
+  if not_finite:
+    raise ValueError(
+        f'normalization {normalization!r} holds {not_finite[0]!r}: its means and stds must be '
+        "finite numbers, e.g. '0.5,0.5,0.5/0.25,0.25,0.25'."
+    )
+  if min(std) <= 0:
+    raise ValueError(
+        f'normalization {normalization!r} has the std {min(std)!r}: each std must be > 0 (pixels '
+        "are divided by it), e.g. '0.5,0.5,0.5/0.25,0.25,0.25'."
     )
   return mean, std
 

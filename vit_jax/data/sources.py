@@ -5,7 +5,7 @@ import dataclasses
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, Mapping
 import urllib.parse
 import urllib.request
 
@@ -57,17 +57,20 @@ def resolve(
     dataset: str | None = None,
     label_key: str | None = None,
     label_set_key: str | None = None,
+    *,
+    splits: Mapping[str, str] | None = None,
 ) -> Source:
   """Finds (and prepares, if needed) the builder of `dataset` (default `data.dataset`).
 
   Its image and label are its supervised keys, or 'image' and `label_key` where given;
-  `label_set_key` names a feature holding several labels per example.
+  `label_set_key` names a feature holding several labels per example. An image folder lacking a
+  directory of one of `splits` ({flag: split spec}) is refused before it is prepared.
   """
   name = data.dataset if dataset is None else dataset
   storage.check_location(data.data_dir)
   try:
     with runtime.quiet_preparation():  # No progress bars in a run's log.
-      builder = _prepared_builder(data, name)
+      builder = _prepared_builder(data, name, splits)
   except Exception as e:  # TFDS's JSON or proto error. pylint: disable=broad-except
     damaged = storage.damaged_info(e)
     if damaged is None:
@@ -105,8 +108,11 @@ def resolve(
   return Source(builder, image_key, label_key, label_set_key)
 
 
-def _prepared_builder(data: data_settings.DataSettings, name: str) -> tfds.core.DatasetBuilder:
-  """The builder of dataset `name`, prepared on first use."""
+def _prepared_builder(
+    data: data_settings.DataSettings, name: str, splits: Mapping[str, str] | None = None
+) -> tfds.core.DatasetBuilder:
+  """The builder of dataset `name`, prepared on first use (an image folder with a directory for
+  each of `splits`)."""
   if name == dataset_names.DIGITS:
     return digits.prepare(data.data_dir)
   if name.startswith(dataset_names.FOLDER_PREFIX):
@@ -114,6 +120,7 @@ def _prepared_builder(data: data_settings.DataSettings, name: str) -> tfds.core.
         name[len(dataset_names.FOLDER_PREFIX) :],
         data.data_dir,
         skip_unreadable=data.skip_unreadable_images,
+        splits=splits,
     )
   try:
     builder = tfds.builder(name, data_dir=data.data_dir)
