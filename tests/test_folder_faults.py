@@ -186,3 +186,16 @@ def test_files_beside_the_class_directories_are_named_in_one_warning(tmp_path, c
       'every class directory (test/0.jpg, test/1.jpg, test/2.jpg, test/3.jpg, test/4.jpg and 3 '
       'more); move images into their class directory to use them.'
   ) in caplog.text
+
+
+def test_a_changed_folder_names_its_earlier_copies_when_prepared_afresh(tmp_path, caplog):
+  root, data_dir = _images(str(tmp_path / 'images')), str(tmp_path / 'tfds')
+  first = folder.prepare(root, data_dir)
+  Image.fromarray(np.zeros((12, 12, 3), np.uint8)).save(os.path.join(root, 'train', 'a', 'x.jpg'))
+  with caplog.at_level(std_logging.WARNING):
+    folder.prepare(root, data_dir)
+  earlier = os.path.dirname(str(first.data_dir))
+  assert (
+      f'Image folder {root} changed since it was prepared: its earlier copies, no longer read, '
+      f'remain at {earlier} ('
+  ) in caplog.text

@@ -28,6 +28,7 @@ import dataclasses
 import fcntl
 import functools
 import hashlib
+import json
 import logging as std_logging
 import os
 import shutil
@@ -39,6 +40,7 @@ from PIL import Image as pil_image
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from vit_jax import workdir as workdir_lib
 from vit_jax.data import convert
 from vit_jax.data import storage
 
@@ -78,6 +80,7 @@ _reported: set[str] = set()  # Folders whose description (and left-out formats) 
 
 # Folders that archivers add beside the data (macOS's zip keeps resource forks in one).
 _NOT_DATA = ('__MACOSX',)
+_DESCRIPTION = 'Images under {root}.'  # A prepared folder's description: names its root.
 
 
 def _list_dirs(path: str) -> list[str]:
@@ -241,7 +244,7 @@ def scan(root: str, skip_unreadable: bool = False) -> FolderConfig:
   fingerprint.update(root.encode() + (b'\0skip_unreadable' if skip_unreadable else b''))
   return FolderConfig(
       name=f'f{fingerprint.hexdigest()[:16]}',
-      description=f'Images under {root}.',
+      description=_DESCRIPTION.format(root=root),
       root=root,
       classes=tuple(classes),
       files=tuple(files),
@@ -379,6 +382,7 @@ def prepare(
         _remove_incomplete(builder)
         builder = Folder(config=_without_undecodable(config, skip_unreadable), data_dir=data_dir)
         builder.download_and_prepare(file_format=convert.ARRAY_RECORD)
+        _name_earlier_copies(builder, config.root)
       convert.add_array_record(builder)  # A folder prepared as TFRecord by an earlier version.
   if config.root not in _reported:
     _reported.add(config.root)
@@ -391,6 +395,38 @@ def prepare(
         builder.data_dir,
     )
   return builder
+
+
+def _name_earlier_copies(builder: tfds.core.DatasetBuilder, root: str) -> None:
+  """Warns of the copies prepared from `root` before it changed (other fingerprints beside the
+  one `builder` just prepared): they are no longer read, and take space until removed."""
+  folders = os.path.dirname(os.path.dirname(str(builder.data_dir)))
+  earlier = []
+  for name in sorted(os.listdir(folders)):
+    info = os.path.join(folders, name, str(builder.version), 'dataset_info.json')
+    if name == builder.builder_config.name or not os.path.isfile(info):
+      continue
+    try:
+      with open(info, encoding='utf-8') as f:
+        described = json.load(f).get('configDescription')
+    except (OSError, ValueError, AttributeError):
+      continue
+    if described == _DESCRIPTION.format(root=root):
+      earlier.append(os.path.join(folders, name))
+  if earlier:
+    size = sum(
+        os.path.getsize(os.path.join(folder, file))
+        for path in earlier
+        for folder, _, files in os.walk(path)
+        for file in files
+    )
+    logging.warning(
+        'Image folder %s changed since it was prepared: its earlier copies, no longer read, '
+        'remain at %s (%s); remove them to free the space.',
+        root,
+        ', '.join(earlier),
+        workdir_lib.size_words(size),
+    )
 
 
 @contextlib.contextmanager
