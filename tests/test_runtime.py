@@ -299,3 +299,16 @@ def test_a_command_that_cannot_start_a_thread_ends_with_that_line(monkeypatch):
       "error: the process cannot start threads (UnknownError: RuntimeError: can't start new "
       'thread): a memory (ulimit -v'
   ), ended.value.code
+
+
+def test_a_virtual_memory_limit_too_low_for_the_libraries_is_said_before_they_start(monkeypatch):
+  import resource  # pylint: disable=g-import-not-at-top
+
+  monkeypatch.setattr(resource, 'getrlimit', lambda _: (2_000_000 * 1024, resource.RLIM_INFINITY))
+  assert runtime.address_space_warning() == (
+      'warning: the virtual memory limit (ulimit -v 2000000) is below the 32 GiB of address space '
+      'JAX and TensorFlow reserve; they may fail or hang starting their threads. Raise it (ulimit '
+      '-v unlimited) and limit memory with ulimit -m or a cgroup instead.'
+  )
+  monkeypatch.setattr(resource, 'getrlimit', lambda _: (resource.RLIM_INFINITY,) * 2)
+  assert runtime.address_space_warning() is None

@@ -351,6 +351,27 @@ def _ulimit(resource_id: int, unit: int = 1) -> str:
   return 'unlimited' if soft == resource.RLIM_INFINITY else str(soft // unit)
 
 
+# Below this virtual memory limit (ulimit -v) JAX and TensorFlow, which reserve address space far
+# beyond what they use, fail or hang in their native thread pools.
+MIN_ADDRESS_SPACE = 32 * 2**30
+
+
+def address_space_warning() -> str | None:
+  """One line where a virtual memory limit (`ulimit -v`) is set below `MIN_ADDRESS_SPACE`, said
+  before the libraries start; None otherwise."""
+  import resource  # pylint: disable=g-import-not-at-top
+
+  soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+  if soft == resource.RLIM_INFINITY or soft >= MIN_ADDRESS_SPACE:
+    return None
+  return (
+      f'warning: the virtual memory limit (ulimit -v {soft // 1024}) is below the '
+      f'{MIN_ADDRESS_SPACE // 2**30} GiB of address space JAX and TensorFlow reserve; they may fail '
+      'or hang starting their threads. Raise it (ulimit -v unlimited) and limit memory with '
+      'ulimit -m or a cgroup instead.'
+  )
+
+
 def thread_failure(error: BaseException) -> str | None:
   """One line for a process that cannot start a thread (Python's RuntimeError, or TensorFlow's
   error wrapping it, raised by the input pipeline); None for any other error."""
@@ -409,6 +430,8 @@ def run(
           'is a flag (--helpfull lists them).'
       )
     try:
+      if address_space_warning():
+        exits.write_line(address_space_warning())
       if before_libraries is not None:
         before_libraries()
       quiet_library_logs()
