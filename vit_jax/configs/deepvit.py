@@ -4,8 +4,8 @@ Default — a small DeepViT (Re-attention in every block) on the embedded digits
 
   python -m vit_jax.main --config=configs/deepvit.py --workdir=/tmp/deepvit
 
-  Measured: test accuracy 0.958 after its 900 steps of 64, in 115 s on 2 CPU cores, from a fresh
-  clone.
+  Measured: test accuracy 0.964–0.975 over seeds 0, 1 and 2 (--config.seed), after its 1,200
+  steps of 64 at lr 1e-3, in 83 s on 2 CPU cores, from a fresh clone.
 
 Its plain-ViT twin (same blocks without Re-attention), to compare collapse with
 `python -m vit_jax.analyze --workdir=… --what=collapse`:
@@ -65,7 +65,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   else:
     common.quick_run(config, VARIANTS)
     common.quick_model(config.model, 'deepvit_vit_ti4' if args.baseline else 'deepvit_ti4')
-    config.total_steps = 1200  # Re-attention learns slower per step than self-attention.
+    config.total_steps = 1200  # Re-attention learns slower per step than self-attention,
     config.warmup_steps = 120
+    config.base_lr = 1e-3  # and steadier at half the ViT's learning rate.
     config.eval_every = config.checkpoint_every = 600
   return config

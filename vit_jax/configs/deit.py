@@ -5,8 +5,8 @@ when no teacher is given):
 
   python -m vit_jax.main --config=configs/deit.py --workdir=/tmp/deit
 
-  Measured: test accuracy 0.978 after its 1,000 steps of 64, in 101 s on 2 CPU cores, from a fresh
-  clone.
+  Measured: test accuracy 0.972–0.981 over seeds 0, 1 and 2 (--config.seed), after its 1,000
+  steps of 64, in 101 s on 2 CPU cores, from a fresh clone.
 
 Hard distillation (DeiT's "⚗" models) from a CNN teacher trained first on the digits
 (configs/regnet.py, a small RegNetY) or from any other run of vit_jax.main:

@@ -3,13 +3,13 @@ with 3-Augment, binary cross-entropy and LAMB.
 
 Default — a small DeiT III (4 blocks, 128 wide, LayerScale 1e-4) on the embedded digits with the
 recipe's pieces: 3-Augment (grayscale, solarization or Gaussian blur), colour jitter 0.3, the
-simple random crop (reflect padding), binary cross-entropy and LAMB at lr 2e-2, no drop path,
-1,200 steps of 64:
+simple random crop (reflect padding), binary cross-entropy and LAMB at lr 1e-2, no drop path,
+1,600 steps of 64:
 
   python -m vit_jax.main --config=configs/deit3.py --workdir=/tmp/deit3
 
-  Measured: test accuracy 0.953 after its 1,200 steps of 64, in 171 s on 2 CPU cores, from a fresh
-  clone.
+  Measured: test accuracy 0.958–0.969 over seeds 0, 1 and 2 (--config.seed), after its 1,600
+  steps of 64, in 157 s on 2 CPU cores, from a fresh clone.
 
 ImageNet-1k pre-training (`variant=S|B|L|H`), as deit/README_revenge.md's commands (per-GPU
 batch × GPUs; `--unscale-lr`, so lr does not scale with the batch): LAMB at lr 4e-3 (S) or 3e-3
@@ -92,10 +92,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     common.quick_model(config.model, 'deit3_s16')
     use_recipe(config)
     config.augment = 'simple_random_crop'
-    config.base_lr = 2e-2
-    config.total_steps = 1200  # 3-Augment and colour jitter: more steps than the ViT's.
-    config.warmup_steps = 120
-    config.eval_every = config.checkpoint_every = 600
+    config.base_lr = 1e-2
+    config.total_steps = 1600  # 3-Augment and colour jitter: more steps than the ViT's.
+    config.warmup_steps = 160
+    config.eval_every = config.checkpoint_every = 800
     return config
   if args.variant not in VARIANTS:
     raise ValueError(f'Unknown DeiT III variant {args.variant!r}; valid: {list(VARIANTS)}.')

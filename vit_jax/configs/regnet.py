@@ -6,8 +6,8 @@ teacher of the distillation example in configs/deit.py:
   python -m vit_jax.main --config=configs/regnet.py --workdir=/tmp/regnet
   python -m vit_jax.main --config=configs/deit.py:teacher=/tmp/regnet --workdir=/tmp/deit_kd
 
-  Measured: the teacher's test accuracy 0.981 after its 500 steps of 128, in 116 s on 2 CPU cores,
-  from a fresh clone.
+  Measured: the teacher's test accuracy 0.983 with each of seeds 0, 1 and 2 (--config.seed), after
+  its 500 steps of 128, in 116 s on 2 CPU cores, from a fresh clone.
 
 Any RegNetY size (`variant=` the timm suffix: 002, 004, 006, 008, 016, 032, 040, 064, 080, 120,
 160, 320; the digits are GFLOPs × 10) on ImageNet with the DeiT recipe of configs/common.py, or

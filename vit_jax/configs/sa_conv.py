@@ -4,8 +4,8 @@ Default — a small quadratic-encoding SA model (3 layers, 9 heads on an 8×8 gr
 
   python -m vit_jax.main --config=configs/sa_conv.py --workdir=/tmp/sa_conv
 
-  Measured: test accuracy 0.950 after its 600 steps of 64, in 96 s on 2 CPU cores, from a fresh
-  clone.
+  Measured: test accuracy 0.972–0.983 over seeds 0, 1 and 2 (--config.seed), after its 900
+  steps of 64, in 97 s on 2 CPU cores, from a fresh clone.
 
 The paper's CIFAR-10 runs (6 layers, 9 heads, hidden 400; SGD lr 0.1, momentum 0.9, wd 1e-4
 without decay on centres and spreads, batch 100, 300 epochs, 5 % linear warm-up, cosine; crop
@@ -40,9 +40,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.no_decay_names = tuple(config.no_decay_names) + ('attention_centers', 'attention_spreads')
   if args.dataset == 'digits':
     common.quick_run(config)
-    config.total_steps = 600  # Nine full-width heads cost more per step than a ViT's four.
-    config.warmup_steps = 60
-    config.eval_every = config.checkpoint_every = 300
+    config.total_steps = 900
+    config.warmup_steps = 90
+    config.eval_every = config.checkpoint_every = 450
     config.model.num_layers = 3
     config.model.hidden_size = 64
     config.model.intermediate_size = 128

@@ -4,7 +4,8 @@ Default — a small ViT on the embedded digits dataset (nothing to download):
 
   python -m vit_jax.main --config=configs/vit.py --workdir=/tmp/vit
 
-  Expected: test accuracy ≥ 0.95 (0.981 measured) in 99 s on 2 CPU cores, from a fresh clone.
+  Measured: test accuracy 0.972–0.992 over seeds 0, 1 and 2 (--config.seed), after its 1,000
+  steps of 64, in 99 s on 2 CPU cores, from a fresh clone.
 
 Any published size on any TFDS dataset, e.g. ViT-S/4 from scratch on CIFAR-10 or ViT-B/16 on
 ImageNet (data prepared in --config.data_dir beforehand):
