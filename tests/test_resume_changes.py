@@ -208,3 +208,25 @@ def test_a_damaged_config_json_is_named_with_what_is_wrong(runs, tmp_path):
       match=rf'^{path} is damaged \(Unterminated string|^{path} is ' r'damaged \(Expecting',
   ):
     workdir_lib.Workdir(workdir).config()
+
+
+def test_a_checkpoint_whose_metadata_names_another_model_than_its_run_is_called_damaged(
+    checkpointed_run, data_dir, tmp_path
+):
+  import json  # pylint: disable=g-import-not-at-top
+
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(checkpointed_run, workdir)
+  step_dir = os.path.join(workdir, 'checkpoints', str(STEPS))
+  path = os.path.join(step_dir, 'meta', 'metadata')
+  with open(path) as f:
+    meta = json.load(f)
+  with open(path, 'w') as f:
+    json.dump({**meta, 'model': 'cait_ti4'}, f)
+  with pytest.raises(ValueError) as refusal:
+    train.train_and_evaluate(checkpointed_config(data_dir), workdir)
+  assert str(refusal.value) == (
+      f"The checkpoint of step {STEPS} in {workdir!r} names the model 'cait_ti4' in its metadata, "
+      "but the run's config.json and this config name 'vit_ti4': its metadata is damaged. Move "
+      f'{step_dir} away to resume from the checkpoint before it.'
+  )

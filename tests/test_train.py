@@ -71,7 +71,10 @@ def test_resume_after_preemption_equals_uninterrupted_run(data_dir, tmp_path, mo
 
 
 @pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
-def test_sigterm_ctrl_c_and_sighup_request_a_checkpoint_and_restore_the_handlers(signum):
+def test_sigterm_ctrl_c_and_sighup_request_a_checkpoint_and_restore_the_handlers(signum, request):
+  if signum == signal.SIGHUP:  # As in a terminal's process (a test worker's may ignore it).
+    original = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    request.addfinalizer(lambda: signal.signal(signal.SIGHUP, original))
   previous = signal.getsignal(signum)
   with train.PreemptionWatcher() as watcher:
     os.kill(os.getpid(), signum)

@@ -21,8 +21,10 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def watched_signals() -> tuple[signal.Signals, ...]:
-  """`SIGNALS` but those this process ignores (SIGHUP under `nohup`)."""
-  return tuple(s for s in SIGNALS if signal.getsignal(s) is not signal.SIG_IGN)
+  """`SIGNALS`, but SIGHUP where this process ignores it (`nohup`)."""
+  return tuple(
+      s for s in SIGNALS if s != signal.SIGHUP or signal.getsignal(s) is not signal.SIG_IGN
+  )
 
 
 _STDERR = os.dup(2)  # Kept: the TensorFlow import points fd 2 at /dev/null for a while.

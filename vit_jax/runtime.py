@@ -291,13 +291,13 @@ def _unknown_field(key: str, argv: Sequence[str]) -> str:
     return f'{key!r} is not a config field.'
   flag, value = named
   prefix, last = flag[: flag.index('.') + 1], flag.rsplit('.', 1)[1]
-  from vit_jax import config as config_lib  # pylint: disable=g-import-not-at-top
-
   if last == 'num_classes':
     return (
         f'{flag} is not a config field: the class count comes from the dataset ({prefix}dataset).'
     )
-  if flag != f'{prefix}{last}' and any(field.name == last for field in config_lib.FIELDS):
+  schema = sys.modules.get('vit_jax.config')  # Loaded by the config file; above this layer.
+  fields = getattr(schema, 'FIELDS', ())
+  if flag != f'{prefix}{last}' and any(field.name == last for field in fields):
     return f'{flag} is not a config field; did you mean {prefix}{last}={value or "VALUE"}?'
   return f'{flag} is not a config field (python -m vit_jax.config lists the fields).'
 

@@ -154,6 +154,15 @@ def plan(
     logging.warning('%s', e)
     saved = None
   changed = changed_fields(None if saved is None else config_lib.json_fields(saved), fields)
+  recorded_model = None if saved is None else saved.model.get('name')
+  if saved_model != recorded_model == fields['model.name']:
+    raise IncompatibleCheckpoint(
+        f'The checkpoint of step {step} in {run.path!r} names the model {saved_model!r} in its '
+        f"metadata, but the run's {workdir_lib.CONFIG_FILE} and this config name "
+        f'{recorded_model!r}: its metadata is damaged. Move '
+        f'{run.file(workdir_lib.CHECKPOINT_DIR) / str(step)} away to resume from the checkpoint '
+        'before it.'
+    )
   if saved_model == fields['model.name']:
     layouts = [(bool(fields['grad_clip_norm']), bool(fields['ema_decay']))]
     layouts += [(c, e) for c in (False, True) for e in (False, True) if (c, e) not in layouts]

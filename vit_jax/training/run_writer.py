@@ -18,6 +18,7 @@ a warning that nothing stops a second run: start one run per directory.
 
 import contextlib
 import datetime
+import errno
 import fcntl
 import json
 import os
@@ -298,11 +299,15 @@ class RunWriter(workdir_lib.Workdir):
             f'*{ocp.path.atomicity.TMP_DIR_SUFFIX}*'
         ):
           shutil.rmtree(partial, ignore_errors=True)
+      remedy = (
+          'Raise the limit (ulimit -f unlimited)'
+          if workdir_lib.refused_write(e) == errno.EFBIG
+          else 'Make room (or --workdir elsewhere, copying this one)'
+      )
       raise workdir_lib.Unwritable(
           f'{refusal} Removed its partial checkpoint; '
           + (f'the earlier ones (steps {finished}) are intact. ' if finished else '')
-          + 'Make room (or --workdir elsewhere, copying this one), then rerun the '
-          'same command to resume.'
+          + f'{remedy}, then rerun the same command to resume.'
       ) from None
 
   def _finished_steps(self) -> list[int]:
