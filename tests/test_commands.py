@@ -15,8 +15,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMANDS = ('main', 'analyze', 'evaluate', 'predict', 'export', 'ablate', 'benchmark', 'convert')
 ABSL_MODULES = {'absl.app', 'absl.logging', 'absl.flags'}
 SHARED_FLAG_MODULES = {
-    'evaluate': {'vit_jax.weights.source_flags'},
-    'predict': {'vit_jax.weights.source_flags'},
+    'main': {'vit_jax.extensions'},
+    'evaluate': {'vit_jax.weights.source_flags', 'vit_jax.extensions'},
+    'predict': {'vit_jax.weights.source_flags', 'vit_jax.extensions'},
+    'export': {'vit_jax.extensions'},
+    'analyze': {'vit_jax.weights.source_flags', 'vit_jax.extensions'},
 }
 HEAVY = ('tensorflow', 'jax', 'torch')
 # Runs a command as `python -m` does, asks for --helpfull, then names the heavy libraries loaded.

@@ -251,6 +251,7 @@ def test_a_run_records_the_module_and_reads_it_back(extension, tmp_path, monkeyp
   run.mkdir()
   (run / workdir_lib.CONFIG_FILE).write_text(workdir_lib.config_json(config))
   fresh_process(monkeypatch, folder)
+  extensions.define_allow_imports_flag()
   monkeypatch.setattr(flags.FLAGS[extensions.ALLOW_IMPORTS_FLAG], 'value', True)
   saved = workdir_lib.Workdir(str(run)).config()
   assert EXTENSION in sys.modules and extensions.IMPORTS not in saved

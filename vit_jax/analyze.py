@@ -22,6 +22,7 @@ it kept an EMA (analysis.json says which); --nouse_ema analyses the raw ones.
 
 from absl import flags
 
+from vit_jax import extensions
 from vit_jax import runtime
 from vit_jax.weights import source_flags
 
@@ -76,6 +77,8 @@ _USE_EMA = flags.DEFINE_bool(
     True,
     "Analyse the run's EMA weights where it kept an " 'EMA; --nouse_ema analyses the raw ones.',
 )
+extensions.define_allow_imports_flag()  # Reading a run imports its modules only with it.
+flags.adopt_module_key_flags(extensions)
 flags.mark_flags_as_required(['workdir'])
 
 

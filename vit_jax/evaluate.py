@@ -23,6 +23,7 @@ Metrics are printed and merged into OUT_DIR/results.json and TensorBoard event f
 
 from absl import flags
 
+from vit_jax import extensions
 from vit_jax import runtime
 from vit_jax.weights import source_flags
 
@@ -66,6 +67,8 @@ _OUT_DIR = flags.DEFINE_string(
     'Where results.json and TensorBoard files go '
     '(default: --workdir; required with --init_from).',
 )
+extensions.define_allow_imports_flag()  # Reading a run imports its modules only with it.
+flags.adopt_module_key_flags(extensions)
 RESULTS_ROOM = 'write access and room for results.json and TensorBoard files (--out_dir)'
 
 

@@ -14,6 +14,7 @@ import os
 
 from absl import flags
 
+from vit_jax import extensions
 from vit_jax import runtime
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Work directory written by vit_jax.main.')
@@ -23,13 +24,14 @@ _USE_EMA = flags.DEFINE_bool(
     True,
     "Export the run's EMA weights where it kept an EMA; " '--nouse_ema exports the raw ones.',
 )
+extensions.define_allow_imports_flag()  # Reading a run imports its modules only with it.
+flags.adopt_module_key_flags(extensions)
 flags.mark_flags_as_required(['workdir', 'out'])
 
 
 def main(argv) -> None:
   del argv
   # pylint: disable=g-import-not-at-top
-  from vit_jax import extensions
   from vit_jax import models
   from vit_jax import workdir
   from vit_jax.weights import pretrained

@@ -26,12 +26,19 @@ from vit_jax import exits
 # The key of config.json that lists the modules to import before the config is read.
 IMPORTS = 'imports'
 ALLOW_IMPORTS_FLAG = 'import_run_modules'
-flags.DEFINE_bool(
-    ALLOW_IMPORTS_FLAG,
-    False,
-    "Import the modules of your own that a run's config.json records (its attention kinds, stems "
-    'and evaluators): importing runs their code, so give it only for runs you trust.',
-)
+
+
+def define_allow_imports_flag() -> None:
+  """Defines --import_run_modules (once), for the commands that read runs."""
+  if ALLOW_IMPORTS_FLAG not in flags.FLAGS:
+    flags.DEFINE_bool(
+        ALLOW_IMPORTS_FLAG,
+        False,
+        "Import the modules of your own that a run's config.json records (its attention kinds, "
+        'stems and evaluators): importing runs their code, so give it only for runs you trust.',
+    )
+
+
 _PACKAGE_DIR = os.path.dirname(os.path.realpath(__file__))
 
 
@@ -166,7 +173,8 @@ def import_recorded(imports: Any, source: str, *, allowed: bool | None = None) -
       )
   pending = [record for record in imports if not _loaded(record['module'], record['path'])]
   if allowed is None:
-    allowed = flags.FLAGS[ALLOW_IMPORTS_FLAG].value  # Its default before flags are parsed.
+    defined = ALLOW_IMPORTS_FLAG in flags.FLAGS  # By a command that reads runs.
+    allowed = defined and flags.FLAGS[ALLOW_IMPORTS_FLAG].value  # Its default before parsing.
   if pending and not allowed:
     names = ', '.join(f'{record["module"]!r} ({record["path"]})' for record in pending)
     raise ValueError(

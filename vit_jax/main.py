@@ -29,6 +29,7 @@ from ml_collections import config_flags  # pylint: disable=g-import-not-at-top,w
 from vit_jax import config_checks  # pylint: disable=g-import-not-at-top,wrong-import-position
 from vit_jax.parallel import distributed  # pylint: disable=g-import-not-at-top,wrong-import-position
 from vit_jax.parallel import peers  # pylint: disable=g-import-not-at-top,wrong-import-position
+from vit_jax import extensions  # pylint: disable=g-import-not-at-top,wrong-import-position
 from vit_jax import runtime  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -61,6 +62,8 @@ _PROCESS_ID = flags.DEFINE_integer(
     'This process, 0..num_processes-1, with --coordinator_address (default: ' '$JAX_PROCESS_ID).',
     lower_bound=0,
 )
+extensions.define_allow_imports_flag()  # Reading a run imports its modules only with it.
+flags.adopt_module_key_flags(extensions)
 flags.mark_flags_as_required(['config', 'workdir'])
 
 

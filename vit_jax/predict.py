@@ -20,6 +20,7 @@ import sys
 
 from absl import flags
 
+from vit_jax import extensions
 from vit_jax import runtime
 from vit_jax.weights import source_flags
 
@@ -28,6 +29,8 @@ flags.adopt_module_key_flags(source_flags)  # Listed by --help with the command'
 _TOP_K = flags.DEFINE_integer('top_k', 5, 'Classes printed per image.', lower_bound=1)
 _BATCH_SIZE = flags.DEFINE_integer('batch_size', 32, 'Images per forward pass.', lower_bound=1)
 _JSON = flags.DEFINE_bool('json', False, 'Print one JSON document, not text lines.')
+extensions.define_allow_imports_flag()  # Reading a run imports its modules only with it.
+flags.adopt_module_key_flags(extensions)
 
 
 def main(argv) -> None:
