@@ -184,11 +184,11 @@ def import_recorded(imports: Any, source: str, *, allowed: bool | None = None) -
     )
   for record in pending:
     name, path = record['module'], record['path']
-    if not _importable_from(name, path) and os.path.isdir(path):
-      sys.path.insert(0, path)
+    if not _importable_from(name, path) and os.path.isdir(path) and path not in sys.path:
+      sys.path.append(path)  # Last, as a config file's folder: it hides no installed module.
       importlib.invalidate_caches()
     try:
-      importlib.import_module(name)
+      module = importlib.import_module(name)
     except (Exception, SystemExit) as e:  # pylint: disable=broad-except
       reason = (str(e).strip().splitlines() or [''])[0]
       raise ValueError(
@@ -197,6 +197,12 @@ def import_recorded(imports: Any, source: str, *, allowed: bool | None = None) -
           f'imported ({type(e).__name__}: {reason}); put it back in {path} or make it '
           'importable (PYTHONPATH).'
       ) from None
+    if not _loaded(name, path):
+      raise ValueError(
+          f'{source} records module {name!r} of {path}, but that name imports '
+          f'{getattr(module, "__file__", None) or "a built-in module"}, an installed module: '
+          'rename the module of the run (and the imports of its config file).'
+      )
 
 
 def make_config_folders_importable(argv: Sequence[str], flag_values: Any) -> None:
