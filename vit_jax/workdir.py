@@ -48,6 +48,7 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
+import io
 import json
 import logging as std_logging
 import os
@@ -549,9 +550,7 @@ class Workdir:
     try:
       with path.open('rb') as f, np.load(f) as saved:
         images = saved['images'].astype(np.float32)
-    except (
-        Exception
-    ) as e:  # zipfile, numpy, pickle refusal: many kinds. pylint: disable=broad-except
+    except Exception as e:  # zipfile, numpy, a refused pickle. pylint: disable=broad-except
       raise ValueError(
           f'{path} is damaged ({type(e).__name__}: {str(e)[:200]}); delete it to read eval '
           "images from the run's dataset."
@@ -754,33 +753,28 @@ class Workdir:
     """Writes dataset.json (`dataset`) and, given, eval_images.npz (float16): what side commands
     read of the run's data (process 0 writes)."""
     self.write_json(DATASET_FILE, record)
-    if eval_images is None or jax.process_index() != 0:
-      return
-    path = self.file(EVAL_IMAGES_FILE)
-    if '://' in self.path:
-      with path.open('wb') as f:
-        np.savez_compressed(f, images=eval_images.astype(np.float16))
-      return
-    with replaced_whole(str(path)) as partial:
-      with open(partial, 'wb') as f:
-        np.savez_compressed(f, images=eval_images.astype(np.float16))
+    if eval_images is not None and jax.process_index() == 0:
+      packed = io.BytesIO()
+      np.savez_compressed(packed, images=eval_images.astype(np.float16))
+      self.write_whole(EVAL_IMAGES_FILE, packed.getvalue())
 
   def write_json(self, name: str, data: Mapping[str, Any]) -> str:
     """Writes `data` as JSON to `name` inside the work directory (`write_whole`); its path."""
     return self.write_whole(name, json.dumps(data, indent=1))
 
-  def write_whole(self, name: str, text: str) -> str:
-    """Writes `text` to `name` inside the work directory, whole or not at all (process 0 writes):
-    a reader, a kill or a full disk never leaves it in part; its path."""
+  def write_whole(self, name: str, data: str | bytes) -> str:
+    """Writes `data` (text as UTF-8) to `name` inside the work directory, whole or not at all
+    (process 0 writes): a reader, a kill or a full disk never leaves it in part; its path."""
     path = self.file(name)
+    content = data.encode('utf-8') if isinstance(data, str) else data
     if jax.process_index() == 0:
       path.parent.mkdir(parents=True, exist_ok=True)
       if '://' in self.path:  # An object store's write is whole.
-        path.write_text(text)
+        path.write_bytes(content)
       else:
         with replaced_whole(str(path)) as partial:
-          with open(partial, 'w', encoding='utf-8') as f:
-            f.write(text)
+          with open(partial, 'wb') as f:
+            f.write(content)
     return str(path)
 
   def analysis_dir(self) -> str:
