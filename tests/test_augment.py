@@ -321,14 +321,25 @@ def _batches(config, count, start_step=0):
   return list(itertools.islice(iterator, count))
 
 
-def test_recipe_pipeline_repeats_examples_and_resumes_exactly(data_dir):
+@pytest.mark.parametrize('on_device', [True, False])
+def test_recipe_pipeline_repeats_examples_and_resumes_exactly(data_dir, on_device):
   plain = _batches(_config(data_dir, repeated_aug=3, augment='none'), 2)
   config = _config(
-      data_dir, repeated_aug=3, randaugment='rand-m9-mstd0.5-inc1', random_erase_prob=0.25
+      data_dir,
+      repeated_aug=3,
+      randaugment='rand-m9-mstd0.5-inc1',
+      random_erase_prob=0.25,
+      augment_on_device=on_device,
   )
   augmented = _batches(config, 3)
   for plain_batch, batch in zip(plain, augmented):
     assert batch['image'].shape == (12, 16, 16, 3) and np.all(np.isfinite(batch['image']))
+    # On device: the host's uint8 crops and one key per image, every copy its own.
+    assert batch['image'].dtype == (np.uint8 if on_device else np.float32)
+    assert ('augment_key' in batch) == on_device
+    if on_device:
+      assert batch['augment_key'].shape == (12, 2) and batch['augment_key'].dtype == np.uint32
+      assert len({key.tobytes() for key in batch['augment_key']}) == 12
     for group in range(4):
       copies = slice(3 * group, 3 * group + 3)
       assert len(set(batch['label'][copies])) == 1
@@ -343,7 +354,8 @@ def test_recipe_pipeline_repeats_examples_and_resumes_exactly(data_dir):
   labels = collections.Counter(plain[0]['label'].tolist())
   assert sum(labels.values()) == 12 and all(count % 3 == 0 for count in labels.values())
   resumed = _batches(config, 1, start_step=2)
-  np.testing.assert_array_equal(augmented[2]['image'], resumed[0]['image'])
+  for key in augmented[2]:
+    np.testing.assert_array_equal(augmented[2][key], resumed[0][key])
 
 
 def test_copies_of_an_example_may_span_two_batches(data_dir):

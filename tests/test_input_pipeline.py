@@ -366,7 +366,9 @@ def test_train_image_from_encoded_bytes_is_the_decoded_images(augment):
       None, image_size=24, augment=augment, normalization='imagenet', random_erase_prob=0.5
   )
   transform = data_settings.TrainTransform.from_config(config)
-  train = tf.function(lambda image, seed: input_pipeline._train_image(image, seed, transform))
+  train = tf.function(
+      lambda image, seed: input_pipeline._train_image(image, seed, transform)['image']
+  )
   png, jpeg = tf.io.encode_png(pixels), tf.io.encode_jpeg(pixels, quality=95)
   decoded_jpeg = tf.io.decode_jpeg(jpeg)
   for i in range(6):

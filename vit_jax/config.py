@@ -166,7 +166,7 @@ FIELDS: tuple[Field, ...] = (
         config_rules.normalization_rule(),
         "Per-channel mean and std of the inputs ('inception': 0.5/0.5), by name or as numbers, "
         "e.g. '0.5,0.5,0.5/0.25,0.25,0.25'.",
-        into=('TrainTransform', 'EvalTransform', 'TeacherSettings'),
+        into=('TrainTransform', 'EvalTransform', 'TeacherSettings', 'BatchAugment'),
     ),
     Field(
         'shuffle_buffer',
@@ -200,7 +200,7 @@ FIELDS: tuple[Field, ...] = (
         '',
         config_rules.RANDAUGMENT,
         "timm RandAugment spec, e.g. 'rand-m9-mstd0.5-inc1'; '' = off.",
-        into=('TrainTransform',),
+        into=('TrainTransform', 'BatchAugment'),
         convert=_randaugment_spec,
     ),
     Field(
@@ -222,6 +222,15 @@ FIELDS: tuple[Field, ...] = (
         0.0,
         config_rules.PROBABILITY,
         'Random erasing (one box, per-pixel normal noise).',
+        into=('TrainTransform', 'BatchAugment'),
+    ),
+    Field(
+        'augment_on_device',
+        True,
+        config_rules.boolean(),
+        'RandAugment, normalisation and random erasing of each batch in the training step on the '
+        'accelerator, in float32 (True; the host sends uint8 crops), or per image in tf.data, '
+        "PIL's arithmetic to the bit (False). With 3-Augment or colour jitter the host does all.",
         into=('TrainTransform',),
     ),
     Field(

@@ -12,6 +12,7 @@ from typing import Any, Callable
 import ml_collections
 
 from vit_jax import config as config_lib
+from vit_jax.data import augment_spec
 
 
 # The settings types that are None, their settings off, for a config: no mixing, no distillation.
@@ -19,6 +20,9 @@ SETTINGS_OFF: dict[str, Callable[[Any], bool]] = {
     'MixSettings': lambda c: c.mixup_alpha == 0 and c.cutmix_alpha == 0,
     'DistillationLoss': lambda c: c.distillation.type == 'none',
     'TeacherSettings': lambda c: c.distillation.type == 'none',
+    'BatchAugment': lambda c: not augment_spec.augments_on_device(
+        c.augment_on_device, c.randaugment, c.random_erase_prob, c.three_augment, c.color_jitter
+    ),
 }
 # A settings field's metadata key: the `Field` it holds; a section field's: what turns the
 # section into it.

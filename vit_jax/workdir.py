@@ -516,6 +516,7 @@ class Workdir:
     # The modules of the user's own kinds, stems and evaluators, before the config is read.
     extensions.import_recorded(saved.pop(extensions.IMPORTS, []), str(path))
     saved['model'] = {k: tuple(v) if isinstance(v, list) else v for k, v in saved['model'].items()}
+    saved.setdefault('augment_on_device', False)  # Runs from before it augmented on the host.
     return ml_collections.ConfigDict(saved)
 
   def dataset(self) -> dict[str, Any] | None:

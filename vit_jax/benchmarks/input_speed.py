@@ -43,8 +43,10 @@ import statistics
 import time
 from typing import Any, Callable, Iterable, Sequence
 
+import jax
 import ml_collections
 
+from vit_jax.data import batch_augment
 from vit_jax.data import input_pipeline
 from vit_jax.data import settings as data_settings
 from vit_jax.data import image_ops
@@ -179,6 +181,26 @@ def _ours(config: ml_collections.ConfigDict) -> tuple[Pipeline, float]:
   first_batch_s = time.perf_counter() - start
   # Its prefetched batches, the batch being assembled and the parallel map's elements in flight.
   return tf_data_pipeline('ours (tf.data)', batches, config.prefetch + 2), first_batch_s
+
+
+def device_augment_seconds(config: ml_collections.ConfigDict, repeats: int) -> float:
+  """Seconds of the training step's share of the recipe (`batch_augment.augment`) on one batch of
+  the pipeline's, on JAX's default device: the median of `repeats`, after compiling."""
+  batch = next(
+      input_pipeline.train_iterator(
+          data_settings.DataSettings.from_config(config), process_index=0, process_count=1
+      )
+  )
+  settings = batch_augment.BatchAugment.from_config(config)
+  augment = jax.jit(lambda images, keys: batch_augment.augment(images, keys, settings))
+  images, keys = jax.device_put((batch['image'], batch['augment_key']))
+  augment(images, keys).block_until_ready()
+  seconds = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    augment(images, keys).block_until_ready()
+    seconds.append(time.perf_counter() - start)
+  return statistics.median(seconds)
 
 
 def _posterize_in_range(image, bits_to_keep, **kwargs):
@@ -425,7 +447,18 @@ def run(
   stopwatch.report(
       'dataset', f'{config.dataset} ({config.train_split}), data_dir {config.data_dir}'
   )
-  stopwatch.report('batch', f'{batch} x {config.image_size}x{config.image_size}x3 float32')
+  data = data_settings.DataSettings.from_config(config)
+  on_device = data.train_transform.on_device
+  stopwatch.report(
+      'batch',
+      f'{batch} x {config.image_size}x{config.image_size}x3 '
+      + (
+          'uint8 and a key per image: RandAugment, normalisation and erasing are the training '
+          "step's (batch_augment, timed below on JAX's device)"
+          if on_device
+          else 'float32'
+      ),
+  )
   stopwatch.report('recipe', _recipe(config))
   stopwatch.report(
       'workers',
@@ -447,6 +480,14 @@ def run(
     stopwatch.report('recipe no_repeat', _recipe(plain))
     results.update(_throughput(plain, _ours(plain)[0], suffix=' no_repeat', **timing))
   stopwatch.report('load average', f'{stopwatch.load_average()} (after throughput)')
+  if on_device:
+    device_s = device_augment_seconds(config, repeats)
+    results['device_augment_ms_per_batch'] = 1e3 * device_s
+    stopwatch.report(
+        'on device',
+        f'RandAugment, normalisation and erasing of a batch of {batch}: {1e3 * device_s:.1f} ms '
+        f'on {jax.devices()[0].device_kind} (median of {repeats}), in the training step',
+    )
   settle = functools.partial(wait_until_idle, time.process_time)
   firsts = {0: [], late_step: []}
   for _ in range(repeats):

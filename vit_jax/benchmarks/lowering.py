@@ -23,6 +23,7 @@ import ml_collections
 
 from vit_jax import models
 from vit_jax.evaluators import passes
+from vit_jax.training import memory as training_memory
 from vit_jax.training import optim
 from vit_jax.parallel import sharding
 from vit_jax.training import steps
@@ -117,17 +118,15 @@ class StepProgram:
   arguments: tuple[Any, ...]
 
 
-def _batch(mesh: Any, size: int, image_size: int, *, eval_mask: bool) -> dict[str, Any]:
+def _eval_batch(mesh: Any, size: int, image_size: int) -> dict[str, Any]:
   layout = sharding.batch_sharding(mesh)
-  batch = {
+  return {
       'image': jax.ShapeDtypeStruct(
           (size, image_size, image_size, 3), jnp.float32, sharding=layout
       ),
       'label': jax.ShapeDtypeStruct((size,), jnp.int32, sharding=layout),
+      'mask': jax.ShapeDtypeStruct((size,), jnp.float32, sharding=layout),
   }
-  if eval_mask:
-    batch['mask'] = jax.ShapeDtypeStruct((size,), jnp.float32, sharding=layout)
-  return batch
 
 
 def step_programs(
@@ -169,13 +168,15 @@ def step_programs(
   if teacher is not None:
     teacher_variables = sharding.abstract(teacher.variables, programs.teacher_sharding)
   state = sharding.abstract(abstract_state, programs.state_sharding)
-  train_batch = _batch(mesh, batch_size, config.image_size, eval_mask=False)
+  train_batch = training_memory.train_batch(
+      settings.data, sharding.batch_sharding(mesh), batch_size
+  )
   return [
       StepProgram('train', programs.train_step, (state, train_batch, teacher_variables, schedule)),
       StepProgram(
           'eval',
           passes.jitted_eval_step(model, num_classes, mesh),
-          (state, _batch(mesh, batch_size, config.image_size, eval_mask=True)),
+          (state, _eval_batch(mesh, batch_size, config.image_size)),
       ),
   ]
 

@@ -6,12 +6,12 @@ layouts (exact on every backend), the step's temporaries from XLA's account of t
 """
 
 import jax
-import jax.numpy as jnp
 
 from vit_jax import models
 from vit_jax.benchmarks import stopwatch
 from vit_jax.benchmarks import training_step
 from vit_jax.parallel import sharding
+from vit_jax.training import memory as training_memory
 from vit_jax.training import optim
 from vit_jax.training import steps
 from vit_jax.training import train
@@ -39,12 +39,7 @@ def memory_per_device(config, num_classes: int) -> dict[str, int]:
   mesh = sharding.make_mesh(config.mesh.fsdp)
   state = jax.eval_shape(start.init)
   layout = sharding.fsdp_shardings(state, mesh, config.mesh.fsdp_min_size)
-  size, batch_size = config.image_size, config.batch_size
-  spread = sharding.batch_sharding(mesh)
-  batch = {
-      'image': jax.ShapeDtypeStruct((batch_size, size, size, 3), jnp.float32, sharding=spread),
-      'label': jax.ShapeDtypeStruct((batch_size,), jnp.int32, sharding=spread),
-  }
+  batch = training_memory.train_batch(settings.data, sharding.batch_sharding(mesh))
   step = steps.sharded_train_step(start.model, start.tx, settings.step, num_classes, mesh, layout)
   memory = training_step.compiled_memory_bytes(
       step.lower(sharding.abstract(state, layout), batch, None, schedule).compile()

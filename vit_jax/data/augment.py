@@ -25,18 +25,6 @@ import tensorflow as tf
 from vit_jax.data import augment_spec
 
 INTERPOLATIONS = ('bicubic', 'bilinear', 'random')
-_TRANSLATE_PCT = 0.45
-_SIGNED_OPS = (
-    'Rotate',
-    'ShearX',
-    'ShearY',
-    'TranslateXRel',
-    'TranslateYRel',
-    'ColorIncreasing',
-    'ContrastIncreasing',
-    'BrightnessIncreasing',
-    'SharpnessIncreasing',
-)
 
 
 def level_to_arg(name: str, magnitude: tf.Tensor, negate: tf.Tensor) -> tf.Tensor:
@@ -44,27 +32,7 @@ def level_to_arg(name: str, magnitude: tf.Tensor, negate: tf.Tensor) -> tf.Tenso
   # Double, as timm's Python floats.
   level = tf.cast(magnitude, tf.float64) / augment_spec.LEVEL_DENOM
   sign = tf.where(negate, tf.constant(-1.0, tf.float64), tf.constant(1.0, tf.float64))
-  if name == 'Rotate':
-    return sign * level * 30.0
-  if name in ('ShearX', 'ShearY'):
-    return sign * level * 0.3
-  if name in ('TranslateXRel', 'TranslateYRel'):
-    return sign * level * _TRANSLATE_PCT
-  if name == 'Posterize':
-    return tf.floor(level * 4.0)
-  if name == 'PosterizeIncreasing':
-    return 4.0 - tf.floor(level * 4.0)
-  if name == 'Solarize':
-    return tf.minimum(tf.floor(level * 256.0), 256.0)
-  if name == 'SolarizeIncreasing':
-    return 256.0 - tf.minimum(tf.floor(level * 256.0), 256.0)
-  if name == 'SolarizeAdd':
-    return tf.minimum(tf.floor(level * 110.0), 128.0)
-  if name in ('Color', 'Contrast', 'Brightness', 'Sharpness'):
-    return level * 1.8 + 0.1
-  if name.endswith('Increasing'):  # Color/Contrast/Brightness/Sharpness, severity grows with level.
-    return tf.maximum(1.0 + sign * level * 0.9, 0.1)
-  return tf.constant(0.0, tf.float64)  # AutoContrast, Equalize, Invert take no argument.
+  return tf.convert_to_tensor(augment_spec.level_to_arg(name, level, sign, tf.experimental.numpy))
 
 
 # Pixel ops on uint8 (H, W, 3) images, as PIL computes them.

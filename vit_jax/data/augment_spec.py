@@ -5,6 +5,7 @@ pipeline (`input_pipeline`, `augment`) is imported."""
 import dataclasses
 import math
 import re
+from typing import Any
 
 # 'simple_random_crop': DeiT III's (deit `--src`): shorter side to image_size, reflect padding,
 # a random image_size crop.
@@ -48,6 +49,36 @@ RAND_INCREASING_OPS = (
 LEVEL_DENOM = 10.0  # timm's _LEVEL_DENOM: magnitudes are in [0, LEVEL_DENOM].
 
 
+_TRANSLATE_PCT = 0.45
+
+
+def level_to_arg(name: str, level: Any, sign: Any, xp: Any) -> Any:
+  """timm's LEVEL_TO_ARG[name] at `level` = magnitude / LEVEL_DENOM, `sign` (+1 or -1) applied
+  where timm negates at random; arrays of any shape, `xp` their array module (numpy's API:
+  `jax.numpy`, `tf.experimental.numpy`)."""
+  if name == 'Rotate':
+    return sign * level * 30.0
+  if name in ('ShearX', 'ShearY'):
+    return sign * level * 0.3
+  if name in ('TranslateXRel', 'TranslateYRel'):
+    return sign * level * _TRANSLATE_PCT
+  if name == 'Posterize':
+    return xp.floor(level * 4.0)
+  if name == 'PosterizeIncreasing':
+    return 4.0 - xp.floor(level * 4.0)
+  if name == 'Solarize':
+    return xp.minimum(xp.floor(level * 256.0), 256.0)
+  if name == 'SolarizeIncreasing':
+    return 256.0 - xp.minimum(xp.floor(level * 256.0), 256.0)
+  if name == 'SolarizeAdd':
+    return xp.minimum(xp.floor(level * 110.0), 128.0)
+  if name in ('Color', 'Contrast', 'Brightness', 'Sharpness'):
+    return level * 1.8 + 0.1
+  if name.endswith('Increasing'):  # Color/Contrast/Brightness/Sharpness, severity grows with level.
+    return xp.maximum(1.0 + sign * level * 0.9, 0.1)
+  return xp.zeros_like(level)  # AutoContrast, Equalize, Invert take no argument.
+
+
 @dataclasses.dataclass(frozen=True)
 class RandAugmentSpec:
   """A parsed timm RandAugment string such as 'rand-m9-mstd0.5-inc1'."""
@@ -89,3 +120,17 @@ def parse_randaugment(spec: str) -> RandAugmentSpec:
       magnitude_max=values.get('mmax', LEVEL_DENOM),
       increasing=bool(values.get('inc', 0)),
   )
+
+
+def augments_on_device(
+    augment_on_device: bool,
+    randaugment: object,
+    random_erase_prob: float,
+    three_augment: bool,
+    color_jitter: float,
+) -> bool:
+  """Whether a run's RandAugment, normalisation and erasing run in the training step
+  (`batch_augment`): asked for, something to do, and no host op that timm runs after RandAugment
+  (3-Augment, colour jitter)."""
+  wanted = bool(randaugment) or random_erase_prob > 0
+  return augment_on_device and wanted and not three_augment and not color_jitter

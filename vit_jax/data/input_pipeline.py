@@ -138,8 +138,10 @@ def eval_num_classes(
 
 def _train_image(
     image: tf.Tensor, seed: tf.Tensor, transform: data_settings.TrainTransform
-) -> tf.Tensor:
-  """Crop, resize, augment (stateless, keyed by `seed`) and normalise one training image.
+) -> dict[str, tf.Tensor]:
+  """Crop, resize, augment (stateless, keyed by `seed`) and normalise one training image: its
+  'image', and where the training step augments (`transform.on_device`) the uint8 crop and its
+  'augment_key', (2,) uint32.
 
   `image` is uint8 (H, W, C) or its encoded bytes (a scalar string: JPEG, PNG, ...); an
   inception crop of a JPEG decodes only the crop window.
@@ -162,18 +164,22 @@ def _train_image(
       image = tf.pad(image, [[pad, pad], [pad, pad], [0, 0]])
       image = tf.image.stateless_random_crop(image, [size, size, 3], crop_seed)
   image = tf.ensure_shape(image, [size, size, 3])
-  if pixel_ops and image.dtype != tf.uint8:  # Whole values; rounding commutes with the flip.
-    image = image_ops.whole_pixels(image)
+  if (pixel_ops or transform.on_device) and image.dtype != tf.uint8:
+    image = image_ops.whole_pixels(image)  # Whole values; rounding commutes with the flip.
   if transform.flip and transform.augment != 'none':
     image = tf.image.stateless_random_flip_left_right(image, flip_seed)
+  if transform.on_device:  # The rest is the training step's (`batch_augment`).
+    key = tf.random.stateless_uniform(
+        [2], randaugment_seed, minval=None, maxval=None, dtype=tf.uint32
+    )
+    return {'image': tf.cast(image, tf.uint8), 'augment_key': key}
   if pixel_ops:
     if transform.randaugment is not None:
-      mean = normalization.mean_std(transform.normalization)[0]
       image = augment.randaugment(
           image,
           randaugment_seed,
           transform.randaugment,
-          fill=tuple(min(255, round(255 * m)) for m in mean),
+          fill=normalization.fill_colour(transform.normalization),
       )
     three_seed, jitter_seed = tf.unstack(
         tf.random.experimental.stateless_split(
@@ -187,7 +193,7 @@ def _train_image(
   image = image_ops.normalize(image, *normalization.mean_std(transform.normalization))
   if transform.random_erase_prob > 0:
     image = augment.random_erase(image, erase_seed, transform.random_erase_prob)
-  return image
+  return {'image': image}
 
 
 def eval_image(image: tf.Tensor, transform: data_settings.EvalTransform) -> tf.Tensor:
@@ -265,7 +271,7 @@ def train_iterator(
   @tf.autograph.experimental.do_not_convert  # Graph code already: nothing to convert.
   def preprocess(image, label, position):
     seed = tf.random.experimental.stateless_fold_in(augment_seed, position)
-    return {'image': _train_image(image, seed, transform), 'label': tf.cast(label, tf.int32)}
+    return {**_train_image(image, seed, transform), 'label': tf.cast(label, tf.int32)}
 
   access = _random_access(
       data, source, split, encoded=reading.decodes_crop_window(transform, data.repeated_aug)

@@ -67,3 +67,10 @@ def normalization_name(mean: Sequence[float], std: Sequence[float]) -> str:
     if _close(mean, known_mean) and _close(std, known_std):
       return name
   return '/'.join(','.join(repr(float(v)) for v in values) for values in (mean, std))
+
+
+def fill_colour(normalization: str) -> tuple[int, int, int]:
+  """RandAugment's fill where a moved image leaves the frame: the mean colour in whole values
+  (timm's `img_mean`)."""
+  red, green, blue = (min(255, round(255 * m)) for m in mean_std(normalization)[0])
+  return red, green, blue

@@ -3,6 +3,7 @@ derived from `vit_jax.config.FIELDS`); free of TensorFlow, so that every data mo
 """
 
 from vit_jax import config_settings
+from vit_jax.data import augment_spec
 
 
 @config_settings.settings_type
@@ -11,6 +12,18 @@ class TrainTransform:
   `augment_spec.AUGMENTS`, `normalization` a key of `normalization.NORMALIZATIONS` or numbers
   (`normalization.mean_std`), `randaugment` parsed (None: off), `color_jitter` 0 for off (fields:
   `vit_jax.config.FIELDS`)."""
+
+  @property
+  def on_device(self) -> bool:
+    """Whether RandAugment, normalisation and erasing are the training step's
+    (`batch_augment`): the host then yields uint8 crops and a key per image."""
+    return augment_spec.augments_on_device(
+        self.augment_on_device,
+        self.randaugment,
+        self.random_erase_prob,
+        self.three_augment,
+        self.color_jitter,
+    )
 
 
 @config_settings.settings_type

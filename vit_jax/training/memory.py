@@ -87,13 +87,22 @@ def _size(count: int) -> str:
 
 
 def train_batch(
-    data: 'data_settings.DataSettings', data_sharding: NamedSharding
+    data: 'data_settings.DataSettings',
+    data_sharding: NamedSharding,
+    batch_size: int | None = None,
 ) -> dict[str, jax.ShapeDtypeStruct]:
-  """The global training batch's shapes, dtypes and layout, as `steps.global_batch` makes it."""
-  size, batch = data.image_size, data.batch_size
+  """The global training batch's shapes, dtypes and layout, as `input_pipeline.train_iterator`
+  yields it (of `data.batch_size` unless `batch_size` is given): where the training step augments
+  (`batch_augment`), uint8 images and a key per image."""
+  size = data.image_size
+  batch = data.batch_size if batch_size is None else batch_size
+  spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=data_sharding)
+  if not data.train_transform.on_device:
+    return {'image': spec((batch, size, size, 3), jnp.float32), 'label': spec((batch,), jnp.int32)}
   return {
-      'image': jax.ShapeDtypeStruct((batch, size, size, 3), jnp.float32, sharding=data_sharding),
-      'label': jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=data_sharding),
+      'image': spec((batch, size, size, 3), jnp.uint8),
+      'label': spec((batch,), jnp.int32),
+      'augment_key': spec((batch, 2), jnp.uint32),
   }
 
 

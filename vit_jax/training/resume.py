@@ -58,6 +58,7 @@ _NOT_SAVED = (
     'prefetch',
     'shuffle_buffer',
     'in_memory',
+    'augment_on_device',
     'evaluators',
     'data_dir',
     'profile_steps',

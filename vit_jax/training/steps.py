@@ -19,6 +19,7 @@ import optax
 
 from vit_jax import config as config_lib
 from vit_jax import config_settings
+from vit_jax.data import batch_augment
 from vit_jax.data import mixing
 from vit_jax.parallel import sharding
 
@@ -124,6 +125,7 @@ class StepSettings:
   """
 
   mix: mixing.MixSettings | None = None
+  augment: batch_augment.BatchAugment | None = None
   distillation: DistillationLoss | None = None
 
 
@@ -154,8 +156,12 @@ def training_batch(
     label_smoothing: float,
     num_classes: int,
     mix_groups: int = 1,
+    augment: batch_augment.BatchAugment | None = None,
 ) -> dict[str, jax.Array]:
   """The batch the model learns from: images, soft `targets` and the `label` scored by accuracy.
+
+  With `augment`, the batch's uint8 images are first augmented and normalised on device
+  (`batch_augment.augment`, each image by its 'augment_key').
 
   With mixup/CutMix on (`mixup_alpha` or `cutmix_alpha` > 0) the batch is split into
   `mix_groups` consecutive groups (one per device, like timm's per-GPU Mixup), each mixed with
@@ -164,6 +170,8 @@ def training_batch(
   labels.
   """
   onehot = jax.nn.one_hot(batch['label'], num_classes)
+  if augment is not None:  # The host sent uint8 crops and a key per image.
+    batch = {**batch, 'image': batch_augment.augment(batch['image'], batch['augment_key'], augment)}
   if mix is None:
     return {
         'image': batch['image'],
@@ -309,7 +317,13 @@ def make_train_step(
   ):
     dropout_rng, mix_rng = jax.random.split(jax.random.fold_in(state.rng, state.step))
     batch = training_batch(
-        mix_rng, batch, settings.mix, settings.label_smoothing, num_classes, mix_groups
+        mix_rng,
+        batch,
+        settings.mix,
+        settings.label_smoothing,
+        num_classes,
+        mix_groups,
+        settings.augment,
     )
     one_batch = functools.partial(micro_step, teacher_variables=teacher_variables)
     if accumulate == 1:
