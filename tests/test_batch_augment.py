@@ -150,6 +150,7 @@ def test_the_training_step_augments_the_hosts_batch(data_dir):
   from vit_jax.configs import common  # pylint: disable=g-import-not-at-top
   from vit_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
   from vit_jax.data import settings as data_settings  # pylint: disable=g-import-not-at-top
+  from vit_jax.training import setup  # pylint: disable=g-import-not-at-top
   from vit_jax.training import steps  # pylint: disable=g-import-not-at-top
 
   config = common.get_config()
@@ -161,6 +162,10 @@ def test_the_training_step_augments_the_hosts_batch(data_dir):
       randaugment='rand-m9-mstd0.5-inc1',
       random_erase_prob=0.25,
   )
+  # Unset, a run decides by its backend: the host's ops on a CPU.
+  assert setup.resolved(config).augment_on_device is (jax.default_backend() != 'cpu')
+  assert steps.StepSettings.from_config(config).augment is None
+  config.augment_on_device = True
   settings = steps.StepSettings.from_config(config)
   assert settings.augment == batch_augment.BatchAugment.from_config(config)
   data = data_settings.DataSettings.from_config(config)

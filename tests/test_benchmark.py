@@ -172,6 +172,9 @@ def test_input_pipeline_against_timm_on_a_jpeg_folder(timm, tmp_path):
   assert 'repeated augmentation x1' in out
   assert _number(r'ratio no_repeat: +([\d.]+)x timm', out) > 0
   assert re.search(r'decodes no_repeat: +ours 1 of the crop window', out)
+  # RandAugment, normalisation and erasing are the training step's, timed on JAX's device.
+  assert re.search(r'batch: +6 x 32x32x3 uint8 and a key per image', out)
+  assert _number(r'on device: +RandAugment, .* batch of 6: ([\d.]+) ms', out) > 0
   early = _number(r'first batch: +step 0: ([\d.]+) s', out)
   late = _number(r'step 4 \(24 examples consumed\): ([\d.]+) s', out)
   assert early > 0 and late > 0

@@ -226,11 +226,13 @@ FIELDS: tuple[Field, ...] = (
     ),
     Field(
         'augment_on_device',
-        True,
-        config_rules.boolean(),
+        None,
+        config_rules.boolean(optional=True),
         'RandAugment, normalisation and random erasing of each batch in the training step on the '
         'accelerator, in float32 (True; the host sends uint8 crops), or per image in tf.data, '
-        "PIL's arithmetic to the bit (False). With 3-Augment or colour jitter the host does all.",
+        "PIL's arithmetic to the bit (False); None: True where JAX's default backend is a GPU or "
+        'TPU. With 3-Augment or colour jitter the host does all.',
+        field_type=bool,
         into=('TrainTransform',),
     ),
     Field(

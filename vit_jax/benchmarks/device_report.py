@@ -402,6 +402,7 @@ def input_pipeline_row(*, reduced: bool, needed_images_per_s: float, num_batches
     )
   from vit_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
   from vit_jax.data import settings as data_settings
+  from vit_jax.training import setup
 
   if reduced:
     config = family_config('vit')
@@ -410,6 +411,7 @@ def input_pipeline_row(*, reduced: bool, needed_images_per_s: float, num_batches
     config = family_config('deit', 'variant=B')
     config.dataset = 'digits'
     config.batch_size = 128 * jax.local_device_count()
+  config = setup.resolved(config)  # As a run on this backend augments.
   batches = input_pipeline.train_iterator(
       data_settings.DataSettings.from_config(config), process_index=0, process_count=1
   )

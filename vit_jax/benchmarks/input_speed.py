@@ -447,6 +447,9 @@ def run(
   stopwatch.report(
       'dataset', f'{config.dataset} ({config.train_split}), data_dir {config.data_dir}'
   )
+  if config.augment_on_device is None:  # As a run on an accelerator resolves it.
+    config = config.copy_and_resolve_references()
+    config.augment_on_device = True
   data = data_settings.DataSettings.from_config(config)
   on_device = data.train_transform.on_device
   stopwatch.report(

@@ -142,6 +142,9 @@ def step_programs(
   `teacher_model` (a registered name) distils from that model, in the run's dtype, with
   abstract variables laid out by the same rule as the student's.
   """
+  if config.augment_on_device is None:  # As a run on an accelerator resolves it.
+    config = config.copy_and_resolve_references()
+    config.augment_on_device = True
   settings = train.Settings.from_config(config)
   schedule = optim.learning_rate_schedule(settings.schedule, max(config.total_steps, 2), 1)
   start = settings.start(num_classes, schedule)

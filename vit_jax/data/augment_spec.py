@@ -123,7 +123,7 @@ def parse_randaugment(spec: str) -> RandAugmentSpec:
 
 
 def augments_on_device(
-    augment_on_device: bool,
+    augment_on_device: bool | None,
     randaugment: object,
     random_erase_prob: float,
     three_augment: bool,
@@ -131,6 +131,7 @@ def augments_on_device(
 ) -> bool:
   """Whether a run's RandAugment, normalisation and erasing run in the training step
   (`batch_augment`): asked for, something to do, and no host op that timm runs after RandAugment
-  (3-Augment, colour jitter)."""
+  (3-Augment, colour jitter). None, not yet resolved for a backend (`training.setup.resolved`),
+  is the host."""
   wanted = bool(randaugment) or random_erase_prob > 0
-  return augment_on_device and wanted and not three_augment and not color_jitter
+  return bool(augment_on_device) and wanted and not three_augment and not color_jitter

@@ -2,7 +2,7 @@
 (`vit_jax.config_checks.problems`, the batches over the devices included), then what the owners
 of the rest check: the mesh over the devices, the model's own fields (`models.section_problems`)
 and the evaluators' settings. One `ConfigError` lists every bad field with its value and what is
-valid. A checked config's image folder is then named absolute (`with_absolute_paths`).
+valid. A checked config is then resolved for where it runs (`resolved`).
 
 It sits above the schema and its checks (`vit_jax.config`, `vit_jax.config_checks`, which import
 none of the modules checked here), so that reading and checking the fields alone needs neither JAX
@@ -31,11 +31,16 @@ def _evaluator_problems(config: ml_collections.ConfigDict) -> list[str]:
   return problems
 
 
-def with_absolute_paths(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """A copy of `config` whose image-folder dataset is named by its absolute path
-  (`dataset_names.absolute`): a run's config.json names its data from wherever it is read."""
+def resolved(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A copy of `config` with what depends on where it runs decided, as its config.json records
+  it: the image-folder dataset named by its absolute path (`dataset_names.absolute`), so that a
+  run names its data from wherever it is read, and `augment_on_device` None made True where
+  JAX's default backend is an accelerator (its idle time between steps augments the batch) and
+  False on a CPU (where the host's per-image ops cost less than the batch program)."""
   config = config.copy_and_resolve_references()
   config.dataset = dataset_names.absolute(config.dataset)
+  if config.augment_on_device is None:
+    config.augment_on_device = jax.default_backend() != 'cpu'
   return config
 
 

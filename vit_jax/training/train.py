@@ -120,7 +120,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
   """
   # Set-up: everything that can be wrong is found before anything compiles or is written.
   setup.validate(config)
-  config = setup.with_absolute_paths(config)
+  config = setup.resolved(config)
   workdir = os.path.expanduser(workdir) if workdir else workdir  # The shell leaves '=~/run'.
   run_writer.check_path(workdir)
   settings = Settings.from_config(config)
