@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 from vit_jax.benchmarks import input_speed
+from vit_jax.benchmarks import photo_folder
 
 _SLEEP_S = 0.02  # Per item, in every worker.
 _WORKERS = 2
@@ -83,3 +84,21 @@ def test_timm_reads_an_array_record_dataset_from_its_records(tmp_path):
   assert len(images) == info.num_train_examples  # The whole split, read by index.
   image, label = images[5]
   assert image.mode == 'RGB' and image.size == (8, 8) and 0 <= label < 10
+
+
+@pytest.mark.parametrize('source', photo_folder.SOURCES)
+def test_photo_folders_hold_imagenet_sized_jpeg_photographs(tmp_path, source):
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+
+  root = photo_folder.write(str(tmp_path / source), source, classes=2, per_class=6)
+  train = sorted((tmp_path / source / 'train').glob('*/*.jpg'))
+  assert len(train) == 12 and len(list((tmp_path / source / 'test').glob('*/*.jpg'))) == 10
+  sizes = set()
+  for path in train:
+    with Image.open(path) as image:
+      assert image.format == 'JPEG' and image.mode == 'RGB'
+      sizes.add(image.size)
+      assert np.asarray(image).std() > 10  # A photograph, not a flat colour.
+  assert sizes <= {photo_folder.SIZE, photo_folder.SIZE[::-1]}
+  with pytest.raises(ValueError, match='not empty'):
+    photo_folder.write(root, source)

@@ -32,8 +32,8 @@ def source_photographs(source: str) -> list[Image.Image]:
   if source == 'matplotlib':
     from matplotlib import cbook  # pylint: disable=g-import-not-at-top
 
-    with cbook.get_sample_data('grace_hopper.jpg') as f:
-      return [Image.open(f).convert('RGB')]
+    path = cbook.get_sample_data('grace_hopper.jpg', asfileobj=False)
+    return [Image.open(str(path)).convert('RGB')]
   raise ValueError(f'Unknown photograph source {source!r}; valid: {SOURCES}.')
 
 
@@ -55,11 +55,11 @@ def write(root: str, source: str, classes: int = 10, per_class: int = 300, seed:
       scale = rng.uniform(0.35, 1.0)
       crop_w = int(min(photograph.width, photograph.height * width / height) * scale)
       crop_h = int(min(photograph.height, photograph.width * height / width) * scale)
-      left = rng.integers(0, photograph.width - crop_w + 1)
-      top = rng.integers(0, photograph.height - crop_h + 1)
+      left = int(rng.integers(0, photograph.width - crop_w + 1))
+      top = int(rng.integers(0, photograph.height - crop_h + 1))
       crop = photograph.crop((left, top, left + crop_w, top + crop_h))
-      pixels = np.asarray(crop.resize((width, height), Image.BICUBIC), np.float32)
-      pixels = pixels * rng.uniform(0.7, 1.2, 3) + rng.uniform(-20, 20, 3)
+      resized = np.asarray(crop.resize((width, height), Image.Resampling.BICUBIC), np.float64)
+      pixels = resized * rng.uniform(0.7, 1.2, 3) + rng.uniform(-20, 20, 3)
       if rng.random() < 0.5:
         pixels = pixels[:, ::-1]
       image = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))

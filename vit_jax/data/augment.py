@@ -460,19 +460,16 @@ def color_jitter(image: tf.Tensor, seed: tf.Tensor, strength: float) -> tf.Tenso
 
 # Random erasing, on one normalised float image.
 
-ERASE_AREA = (0.02, 1 / 3)
-ERASE_ASPECT = (0.3, 1 / 0.3)
-_ERASE_ATTEMPTS = 10
-
 
 def erase_box(seed: tf.Tensor, height: int, width: int) -> tuple[tf.Tensor, ...]:
   """timm's RandomErasing box (top, left, h, w); h = w = 0 if none of the 10 attempts fits."""
   area_seed, aspect_seed, top_seed, left_seed = tf.unstack(
       tf.random.experimental.stateless_split(seed, 4)
   )
-  n = _ERASE_ATTEMPTS
-  area = tf.random.stateless_uniform([n], area_seed, *ERASE_AREA) * float(height * width)
-  log_lo, log_hi = math.log(ERASE_ASPECT[0]), math.log(ERASE_ASPECT[1])
+  n = augment_spec.ERASE_ATTEMPTS
+  area = tf.random.stateless_uniform([n], area_seed, *augment_spec.ERASE_AREA)
+  area = area * float(height * width)
+  log_lo, log_hi = (math.log(a) for a in augment_spec.ERASE_ASPECT)
   aspect = tf.exp(tf.random.stateless_uniform([n], aspect_seed, log_lo, log_hi))
   box_h = tf.round(tf.sqrt(area * aspect))
   box_w = tf.round(tf.sqrt(area / aspect))

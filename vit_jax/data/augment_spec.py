@@ -50,6 +50,10 @@ LEVEL_DENOM = 10.0  # timm's _LEVEL_DENOM: magnitudes are in [0, LEVEL_DENOM].
 
 
 _TRANSLATE_PCT = 0.45
+# timm RandomErasing's defaults: a box of 2-33 % of the image, log-uniform aspect, 10 attempts.
+ERASE_AREA = (0.02, 1 / 3)
+ERASE_ASPECT = (0.3, 1 / 0.3)
+ERASE_ATTEMPTS = 10
 
 
 def level_to_arg(name: str, level: Any, sign: Any, xp: Any) -> Any:

@@ -153,12 +153,17 @@ def _transpose_pixels(image: tf.Tensor) -> tf.Tensor:
   return tf.transpose(image, [1, 0, 2])
 
 
-def _transpose_whole_pixels(image: tf.Tensor) -> tf.Tensor:
-  return _round_pixels(_transpose_pixels(image))
+def _mirrored(image: tf.Tensor, flip: tf.Tensor) -> tf.Tensor:
+  """`image` mirrored left-right where the scalar `flip` is true."""
+  return tf.where(flip, tf.reverse(image, [1]), image)
 
 
-def _transpose_clipped(image: tf.Tensor) -> tf.Tensor:
-  return tf.clip_by_value(_transpose_pixels(image), 0.0, 255.0)
+def _transpose_whole_pixels(image: tf.Tensor, flip: tf.Tensor) -> tf.Tensor:
+  return _mirrored(_round_pixels(_transpose_pixels(image)), flip)
+
+
+def _transpose_clipped(image: tf.Tensor, flip: tf.Tensor) -> tf.Tensor:
+  return _mirrored(tf.clip_by_value(_transpose_pixels(image), 0.0, 255.0), flip)
 
 
 # Transpositions of (H, W, 3) float images: XLA's loops beat TensorFlow's generic transpose kernel.
@@ -194,23 +199,27 @@ def _resize_rows(image: tf.Tensor, size: int) -> tf.Tensor:
   return tf.reshape(resized, [size, shape[1], shape[2]])
 
 
-def resize_crop(image: tf.Tensor, size: int, whole: bool) -> tf.Tensor:
+def resize_crop(
+    image: tf.Tensor, size: int, whole: bool, flip: tf.Tensor | None = None
+) -> tf.Tensor:
   """`resize` of a crop to size x size, bit for bit, clipped to [0, 255]; `whole` rounds it to
-  uint8 as `whole_pixels` does.
+  uint8 as `whole_pixels` does; mirrored left-right where the scalar bool `flip` is true.
 
   TensorFlow's antialiased resize runs its vertical pass over contiguous rows and its horizontal
   pass one pixel at a time. Here both passes are vertical ones, the image transposed in between
-  and after, with the same weights summed in the same order.
+  and after (rounding and mirroring in the same program), with the same weights summed in the
+  same order.
   """
+  flip = tf.constant(False) if flip is None else flip
   if image.shape[:2].is_fully_defined() or size * size < _COMPILED_MIN_PIXELS:
     resized = tf.ensure_shape(resize(image, size, size, clip=not whole), [size, size, None])
-    return whole_pixels(resized) if whole else resized
+    return _mirrored(whole_pixels(resized) if whole else resized, flip)
   augment.ignore_jax_xla_flags()
   width = tf.shape(image)[1]
   padded = tf.pad(image, [[0, 0], [0, _transpose_width(width) - width], [0, 0]])
   columns = _COMPILED_TRANSPOSE(_resize_rows(padded, size))[:width]
   transposed = tf.ensure_shape(_resize_rows(columns, size), [size, size, None])
-  return (_COMPILED_TRANSPOSE_WHOLE if whole else _COMPILED_TRANSPOSE_CLIPPED)(transposed)
+  return (_COMPILED_TRANSPOSE_WHOLE if whole else _COMPILED_TRANSPOSE_CLIPPED)(transposed, flip)
 
 
 def normalize(image: tf.Tensor, mean: Sequence[float], std: Sequence[float]) -> tf.Tensor:

@@ -151,8 +151,17 @@ def _train_image(
       tf.random.experimental.stateless_split(seed, 4)
   )
   pixel_ops = transform.randaugment is not None or transform.three_augment or transform.color_jitter
+  flip = transform.flip and transform.augment != 'none'
   if transform.augment == 'inception_crop':
-    image = image_ops.resize_crop(image_ops.inception_crop(image, crop_seed), size, whole=pixel_ops)
+    # tf.image.stateless_random_flip_left_right's draw, mirrored in the resize's last program.
+    mirror = tf.random.stateless_uniform([], flip_seed) < 0.5 if flip else None
+    flip = False
+    image = image_ops.resize_crop(
+        image_ops.inception_crop(image, crop_seed),
+        size,
+        whole=pixel_ops or transform.on_device,
+        flip=mirror,
+    )
   elif transform.augment == 'simple_random_crop':
     image = image_ops.simple_random_crop(
         image_ops.decode(image), crop_seed, size, transform.crop_padding
@@ -166,7 +175,7 @@ def _train_image(
   image = tf.ensure_shape(image, [size, size, 3])
   if (pixel_ops or transform.on_device) and image.dtype != tf.uint8:
     image = image_ops.whole_pixels(image)  # Whole values; rounding commutes with the flip.
-  if transform.flip and transform.augment != 'none':
+  if flip:
     image = tf.image.stateless_random_flip_left_right(image, flip_seed)
   if transform.on_device:  # The rest is the training step's (`batch_augment`).
     key = tf.random.stateless_uniform(
