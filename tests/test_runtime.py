@@ -66,15 +66,20 @@ def test_configure_keeps_freed_memory_and_jax_and_tensorflow_still_run():
   result = _python(code, without=runtime.TF_BFC_ENV)
   assert result.returncode == 0, result.stderr
   assert "'keep_freed_host_memory': True" in result.stdout
+  assert f"'{runtime.TF_INTRA_OP_ENV}': '1'" in result.stdout
   assert int(result.stdout.split('peak ')[1]) >= 512 * 512 * 4
 
 
-def test_tensorflow_allocator_setting_never_overrides_the_user(monkeypatch):
-  monkeypatch.setenv(runtime.TF_BFC_ENV, 'false')
-  assert runtime.tensorflow_reuses_freed_memory() == 'false'
-  monkeypatch.delenv(runtime.TF_BFC_ENV)
-  assert runtime.tensorflow_reuses_freed_memory() == 'true'
-  assert os.environ[runtime.TF_BFC_ENV] == 'true'
+def test_tensorflow_settings_never_override_the_user(monkeypatch):
+  for name, setting, default in (
+      (runtime.TF_BFC_ENV, runtime.tensorflow_reuses_freed_memory, 'true'),
+      (runtime.TF_INTRA_OP_ENV, runtime.tensorflow_ops_on_one_thread, '1'),
+  ):
+    monkeypatch.setenv(name, '4')
+    assert setting() == '4'
+    monkeypatch.delenv(name)
+    assert setting() == default
+    assert os.environ[name] == default
 
 
 def _record(pathname: str, level: int) -> std_logging.LogRecord:

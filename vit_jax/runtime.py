@@ -52,6 +52,8 @@ CPU_XLA_FLAGS = {'--xla_cpu_experimental_ynn_fusion_type=': (0, 10, 0)}
 
 # Read by TensorFlow when it creates its CPU allocator, at its first tensor.
 TF_BFC_ENV = 'TF_CPU_ALLOCATOR_USE_BFC'
+# Read by TensorFlow when it creates its thread pools: the threads one op may split its work over.
+TF_INTRA_OP_ENV = 'TF_NUM_INTRAOP_THREADS'
 
 # mallopt(3) parameters of glibc.
 _M_TRIM_THRESHOLD = -1
@@ -99,11 +101,20 @@ def tensorflow_reuses_freed_memory() -> str:
   return os.environ.setdefault(TF_BFC_ENV, 'true')
 
 
+def tensorflow_ops_on_one_thread() -> str:
+  """Makes each TensorFlow op run on one thread, unless the environment says otherwise; returns
+  the setting. TensorFlow runs vit_jax's input pipelines, whose `tf.data` maps work on as many
+  images at once as there are cores: an op that splits one image over threads as well (a resize,
+  a compiled pixel program) costs more CPU time than it saves."""
+  return os.environ.setdefault(TF_INTRA_OP_ENV, '1')
+
+
 def configure() -> dict[str, object]:
-  """Applies the three settings; returns what was applied, for logs and benchmark reports."""
+  """Applies the four settings; returns what was applied, for logs and benchmark reports."""
   return {
       'keep_freed_host_memory': keep_freed_host_memory(),
       TF_BFC_ENV: tensorflow_reuses_freed_memory(),
+      TF_INTRA_OP_ENV: tensorflow_ops_on_one_thread(),
       'XLA_FLAGS': add_xla_flags(),
   }
 
