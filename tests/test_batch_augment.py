@@ -180,3 +180,31 @@ def test_the_training_step_augments_the_hosts_batch(data_dir):
     changed.update(off)
     assert steps.StepSettings.from_config(changed).augment is None
     assert not data_settings.DataSettings.from_config(changed).train_transform.on_device
+
+
+def test_a_run_augmenting_on_device_resumes_exactly(data_dir, tmp_path, monkeypatch):
+  """The DeiT recipe's augmentations in the training step: preempted and resumed, the run ends
+  with the parameters of an uninterrupted one, and its config.json records the choice."""
+  from tests.tiny_runs import assert_trees_close  # pylint: disable=g-import-not-at-top
+  from tests.tiny_runs import tiny_config  # pylint: disable=g-import-not-at-top
+  from tests.tiny_runs import train_with_preemption  # pylint: disable=g-import-not-at-top
+  from vit_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from vit_jax.training import train  # pylint: disable=g-import-not-at-top
+
+  config = tiny_config(
+      data_dir,
+      augment='inception_crop',
+      randaugment='rand-m9-mstd0.5-inc1',
+      random_erase_prob=0.25,
+      repeated_aug=2,
+      augment_on_device=True,
+  )
+  straight = str(tmp_path / 'straight')
+  metrics = train.train_and_evaluate(config, straight).metrics
+  assert np.isfinite(metrics['loss'])
+  assert workdir_lib.Workdir(straight).config().augment_on_device is True
+  interrupted = str(tmp_path / 'interrupted')
+  resumed = train_with_preemption(config, interrupted, monkeypatch)
+  a, b = workdir_lib.Workdir(straight).read_state(), workdir_lib.Workdir(interrupted).read_state()
+  assert_trees_close(a['params'], b['params'], atol=0)
+  assert resumed.metrics == metrics
