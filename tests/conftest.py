@@ -1,6 +1,7 @@
 """Shared pytest fixtures, and one XLA compilation cache for the session."""
 
 import functools
+import gc
 import inspect
 import os
 import pathlib
@@ -11,6 +12,12 @@ import tempfile
 import pytest
 
 from vit_jax import runtime
+
+# Tracing JAX programs allocates objects by the million: at Python's default threshold (700) the
+# garbage collector runs thousands of times a test module, each time walking every object that the
+# imports (TensorFlow, JAX, torch) and the tracing made. A collection every 10,000 allocations
+# frees the same garbage (a test that needs it freed at once calls gc.collect()) far less often.
+gc.set_threshold(10_000, *gc.get_threshold()[1:])
 
 # Many tests compile the same small programs (in this process, in subprocesses and in notebook
 # kernels, which inherit the environment): a session-wide persistent cache compiles each once.

@@ -506,6 +506,30 @@ def test_a_truncated_jpeg_is_skipped_with_a_warning_when_asked(tmp_path, caplog)
   assert builder.info.splits['test'].num_examples == 4
 
 
+def test_checksums_are_the_same_on_the_host_and_on_devices():
+  """A checkpoint saved from an accelerator is checked by a reader on the host, and CPU runs sum
+  their state on the host (compiling nothing): both ways give each dtype's leaf the same sum."""
+  rng = np.random.default_rng(0)
+  leaves = [
+      rng.normal(size=(5, 7)).astype(np.float32),
+      rng.normal(size=(3, 4)).astype(jax.numpy.bfloat16),
+      rng.normal(size=(9,)).astype(np.float16),
+      rng.integers(0, 256, (11,), dtype=np.uint8),
+      rng.integers(-(2**31), 2**31 - 1, (1000,), dtype=np.int32),
+      rng.integers(0, 2, (13,)).astype(bool),
+      np.full((2**20,), -1.0, np.float32),  # Its sum wraps at 2**32.
+  ]
+  keys = jax.random.split(jax.random.key(4), 3)
+  on_cpu = [jax.numpy.asarray(leaf) for leaf in leaves] + [keys]
+  with compiled_programs() as compiled:
+    summed = workdir_lib.checksums(on_cpu)
+  assert not [name for name in compiled if 'device_sums' in name], compiled
+  on_devices = workdir_lib._device_sums([workdir_lib._plain(leaf) for leaf in on_cpu])
+  assert summed == [int(x) for x in jax.device_get(on_devices)]
+  assert summed == workdir_lib.checksums(leaves + [np.asarray(jax.random.key_data(keys))])
+  assert len(set(summed)) == len(summed)  # No two leaves alike: each sum is of its own leaf.
+
+
 def test_a_checkpoint_whose_bytes_changed_after_saving_is_never_read_as_good(
     checkpointed_run, data_dir, tmp_path, caplog
 ):
