@@ -15,9 +15,10 @@ import pytest
 from tests.tiny_runs import CHECKPOINTED_STEPS
 from tests.tiny_runs import tiny_config
 from vit_jax import models
-from vit_jax import workdir as workdir_lib
 from vit_jax.analysis import pruning
 from vit_jax.analysis import report as report_lib
+from vit_jax.workdir import reader
+from vit_jax.workdir import run_files
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -103,7 +104,7 @@ def test_sa_conv_run_gets_centres_and_a_pruned_run_that_fine_tunes(data_dir, tmp
 
   pruned_dir = result['pruned_workdir']
   assert os.path.exists(os.path.join(pruned_dir, 'results.json'))  # Fine-tuned by train.py.
-  assert workdir_lib.Workdir(pruned_dir).steps()[-1] == 2
+  assert reader.Workdir(pruned_dir).steps()[-1] == 2
   pruned_report = report_lib.analyze(pruned_dir, 'centres', num_images=4, batch_size=4)
   assert [len(pruned_report['centres'][f'layer {i}']) for i in range(2)] == [4, 3]
   assert models.create('sa_conv_gaussian', layer_heads=(4, 3)).layer_heads == (4, 3)
@@ -122,11 +123,11 @@ def test_a_run_whose_analysis_cannot_be_written_is_one_line_before_loading(
 ):
   workdir = str(tmp_path / 'run')
   shutil.copytree(checkpointed_run, workdir)
-  with open(os.path.join(workdir, workdir_lib.ANALYSIS_DIR), 'w') as f:
+  with open(os.path.join(workdir, run_files.ANALYSIS_DIR), 'w') as f:
     f.write('mine')
   with pytest.raises(ValueError) as refusal:
     report_lib.analyze(workdir, 'maps')
   assert str(refusal.value) == (
-      f'cannot write {workdir}/{workdir_lib.ANALYSIS_DIR}: it is a file, not a directory; it '
+      f'cannot write {workdir}/{run_files.ANALYSIS_DIR}: it is a file, not a directory; it '
       f'needs {report_lib.ANALYSIS_ROOM}.'
   )

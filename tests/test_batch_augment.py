@@ -188,8 +188,8 @@ def test_a_run_augmenting_on_device_resumes_exactly(data_dir, tmp_path, monkeypa
   from tests.tiny_runs import assert_trees_close  # pylint: disable=g-import-not-at-top
   from tests.tiny_runs import tiny_config  # pylint: disable=g-import-not-at-top
   from tests.tiny_runs import train_with_preemption  # pylint: disable=g-import-not-at-top
-  from vit_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   from vit_jax.training import train  # pylint: disable=g-import-not-at-top
+  from vit_jax.workdir import reader  # pylint: disable=g-import-not-at-top
 
   config = tiny_config(
       data_dir,
@@ -202,9 +202,9 @@ def test_a_run_augmenting_on_device_resumes_exactly(data_dir, tmp_path, monkeypa
   straight = str(tmp_path / 'straight')
   metrics = train.train_and_evaluate(config, straight).metrics
   assert np.isfinite(metrics['loss'])
-  assert workdir_lib.Workdir(straight).config().augment_on_device is True
+  assert reader.Workdir(straight).config().augment_on_device is True
   interrupted = str(tmp_path / 'interrupted')
   resumed = train_with_preemption(config, interrupted, monkeypatch)
-  a, b = workdir_lib.Workdir(straight).read_state(), workdir_lib.Workdir(interrupted).read_state()
+  a, b = reader.Workdir(straight).read_state(), reader.Workdir(interrupted).read_state()
   assert_trees_close(a['params'], b['params'], atol=0)
   assert resumed.metrics == metrics

@@ -30,7 +30,7 @@ from vit_jax.data import reading
 from vit_jax.data import settings as data_settings
 from vit_jax.data import sources
 from vit_jax.data import storage
-from vit_jax import workdir as workdir_lib
+from vit_jax.workdir import disk_writes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -65,14 +65,14 @@ def _read_only_cause() -> str:
 
 def test_a_folder_to_prepare_in_a_read_only_data_dir_names_the_data_dir(tmp_path, read_only):
   root = _images(str(tmp_path / 'images'))
-  with pytest.raises(workdir_lib.Unwritable) as refused:
+  with pytest.raises(disk_writes.Unwritable) as refused:
     folder.prepare(root, read_only)
   _one_line(refused.value, f'cannot write {read_only}:', _read_only_cause(), 'data_dir', root)
   assert not os.listdir(read_only)
 
 
 def test_digits_to_prepare_in_a_read_only_data_dir_names_the_data_dir(read_only):
-  with pytest.raises(workdir_lib.Unwritable) as refused:
+  with pytest.raises(disk_writes.Unwritable) as refused:
     digits.prepare(read_only)
   _one_line(refused.value, f'cannot write {read_only}:', _read_only_cause(), 'data_dir')
 
@@ -85,7 +85,7 @@ def test_a_tfds_dataset_to_prepare_in_a_read_only_data_dir_is_refused_before_its
 
   monkeypatch.setattr(tfds.core.DatasetBuilder, 'download_and_prepare', download_and_prepare)
   data = types.SimpleNamespace(data_dir=read_only)
-  with pytest.raises(workdir_lib.Unwritable) as refused:
+  with pytest.raises(disk_writes.Unwritable) as refused:
     sources._prepared_builder(data, 'mnist')  # pylint: disable=protected-access
   _one_line(refused.value, f'cannot write {read_only}:', _read_only_cause(), "'mnist'")
 
@@ -127,7 +127,7 @@ def test_a_disk_that_fills_while_a_folder_is_prepared_leaves_nothing_behind(tmp_
       pytest.skip('mounting a tmpfs is not allowed here')
     with contextlib.suppress(OSError), open(os.path.join(mounted, 'filler'), 'wb') as f:
       f.write(b'\0' * (shutil.disk_usage(mounted).free - 300_000))  # Room for a third.
-    with pytest.raises(workdir_lib.Unwritable) as refused:
+    with pytest.raises(disk_writes.Unwritable) as refused:
       folder.prepare(root, mounted)
     _one_line(refused.value, f'cannot write {mounted}:', 'no space left', 'Removed')
     assert _files(mounted) == ['filler']  # No lock, no incomplete.*, no version directory.
@@ -150,7 +150,7 @@ def test_converting_into_a_full_disk_is_one_line_and_leaves_no_partial_copy(tmp_
     before = _files(mounted)
     with contextlib.suppress(OSError), open(os.path.join(mounted, 'filler'), 'wb') as f:
       f.write(b'\0' * (shutil.disk_usage(mounted).free - 100_000))  # Less than a copy.
-    with pytest.raises(workdir_lib.Unwritable) as refused:
+    with pytest.raises(disk_writes.Unwritable) as refused:
       convert.add_array_record(builder)
     _one_line(refused.value, str(builder.data_dir), 'no space left', 'ArrayRecord')
     assert _files(mounted) == sorted(before + ['filler'])
@@ -163,7 +163,7 @@ def test_converting_into_a_read_only_data_dir_is_refused_before_copying(tmp_path
       pytest.skip('mounting a tmpfs is not allowed here')
     _tfrecord_digits(mounted)
     subprocess.run(['mount', '-o', 'remount,ro', mounted], check=True)
-    with pytest.raises(workdir_lib.Unwritable) as refused:
+    with pytest.raises(disk_writes.Unwritable) as refused:
       convert.add_array_record(digits.Digits(data_dir=mounted))
     _one_line(refused.value, 'read-only', 'ArrayRecord')
 

@@ -18,8 +18,10 @@ import pytest
 from tests.tiny_runs import tiny_config
 from tests.tiny_runs import mounted_tmpfs
 from vit_jax.training import train
-from vit_jax import workdir as workdir_lib
 from vit_jax.training import run_writer
+from vit_jax.workdir import disk_writes
+from vit_jax.workdir import reader
+from vit_jax.workdir import run_files
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -118,7 +120,7 @@ def test_disk_full_while_saving_is_one_line_keeps_earlier_checkpoints_and_resume
 
       with monkeypatch.context() as patch:
         patch.setattr(ocp.CheckpointManager, 'save', full)
-        with pytest.raises(workdir_lib.Unwritable) as raised:
+        with pytest.raises(disk_writes.Unwritable) as raised:
           train.train_and_evaluate(_config(data_dir, 4), workdir)
       message = f'error: {raised.value}'
     assert message.startswith(
@@ -133,8 +135,8 @@ def test_disk_full_while_saving_is_one_line_keeps_earlier_checkpoints_and_resume
     assert _files(os.path.join(workdir, 'checkpoints', '2')) == checkpoint_2
     train.train_and_evaluate(_config(data_dir, 4), workdir)  # With room again.
     _assert_params_equal(
-        workdir_lib.Workdir(workdir).read_state()['params'],
-        workdir_lib.Workdir(straight).read_state()['params'],
+        reader.Workdir(workdir).read_state()['params'],
+        reader.Workdir(straight).read_state()['params'],
     )
 
 
@@ -151,7 +153,7 @@ def test_disk_full_at_start_is_one_error_naming_the_directory(data_dir, tmp_path
       workdir = os.path.join(small, 'run')
       _fill(small, leave=0)
     with pytest.raises(
-        workdir_lib.Unwritable,
+        disk_writes.Unwritable,
         match=(
             rf'^cannot write {workdir}: no space left on the device \(.*\); it needs write access '
             'and room for its config, logs and checkpoints.$'
@@ -165,8 +167,8 @@ def test_a_file_of_the_work_directory_rewritten_on_a_full_disk_is_left_as_it_was
 ):
   """config.json, rewritten by every start of a run, and results.json: whole or not at all."""
   with mounted_tmpfs(tmp_path / 'small') as small:
-    run = workdir_lib.Workdir(small or str(tmp_path))
-    run.write_whole(workdir_lib.CONFIG_FILE, 'a' * 3000)
+    run = reader.Workdir(small or str(tmp_path))
+    run.write_whole(run_files.CONFIG_FILE, 'a' * 3000)
     if small is not None:
       _fill(small, leave=0)
     else:
@@ -176,10 +178,10 @@ def test_a_file_of_the_work_directory_rewritten_on_a_full_disk_is_left_as_it_was
 
       monkeypatch.setattr(os, 'replace', full)
     with pytest.raises(OSError):
-      run.write_whole(workdir_lib.CONFIG_FILE, 'b' * 9000)
-    assert run.file(workdir_lib.CONFIG_FILE).read_text() == 'a' * 3000
+      run.write_whole(run_files.CONFIG_FILE, 'b' * 9000)
+    assert run.file(run_files.CONFIG_FILE).read_text() == 'a' * 3000
     assert sorted(os.listdir(run.path)) == sorted(
-        [workdir_lib.CONFIG_FILE] + (['filler'] if small else [])
+        [run_files.CONFIG_FILE] + (['filler'] if small else [])
     )
 
 
@@ -189,7 +191,7 @@ def test_a_read_only_work_directory_is_one_error_and_left_as_it_was(data_dir, tm
       pytest.skip('cannot mount a read-only file system here')
     workdir = os.path.join(read_only, 'run')
     with pytest.raises(
-        workdir_lib.Unwritable,
+        disk_writes.Unwritable,
         match=(rf'^cannot write {workdir}: the file system is read-only; it needs write access'),
     ):
       train.train_and_evaluate(_config(data_dir, 2), workdir)
@@ -215,7 +217,7 @@ def test_an_empty_workdir_or_a_file_is_refused(data_dir, tmp_path, monkeypatch, 
   assert sorted(os.listdir(tmp_path)) == (['notes.txt'] if workdir.endswith('notes.txt') else [])
 
 
-@pytest.mark.parametrize('name', workdir_lib.RUN_FILES)
+@pytest.mark.parametrize('name', run_files.RUN_FILES)
 def test_a_directory_where_a_run_writes_a_file_is_one_line_before_training(tmp_path, name):
   workdir = tmp_path / 'run'
   (workdir / name).mkdir(parents=True)
@@ -223,7 +225,7 @@ def test_a_directory_where_a_run_writes_a_file_is_one_line_before_training(tmp_p
     run_writer.check_path(str(workdir))
   assert str(refusal.value) == (
       f'cannot write {workdir / name}: it is a directory, not a file; it needs '
-      f'{workdir_lib.ROOM} (move it away).'
+      f'{run_files.ROOM} (move it away).'
   )
 
 
@@ -243,7 +245,7 @@ def test_a_work_directory_on_a_store_that_cannot_be_reached_is_one_line(monkeypa
   )
 
 
-@pytest.mark.parametrize('name', [workdir_lib.CHECKPOINT_DIR, workdir_lib.UNREADABLE_DIR])
+@pytest.mark.parametrize('name', [run_files.CHECKPOINT_DIR, run_files.UNREADABLE_DIR])
 def test_a_file_where_a_run_keeps_a_directory_is_one_line_before_training(tmp_path, name):
   workdir = tmp_path / 'run'
   workdir.mkdir()
@@ -252,7 +254,7 @@ def test_a_file_where_a_run_keeps_a_directory_is_one_line_before_training(tmp_pa
     run_writer.check_path(str(workdir))
   assert str(refusal.value) == (
       f'cannot write {workdir / name}: it is a file, not a directory; it needs '
-      f'{workdir_lib.ROOM} (move it away).'
+      f'{run_files.ROOM} (move it away).'
   )
 
 
@@ -261,30 +263,30 @@ def test_a_work_directory_where_no_file_can_be_made_is_one_line():
     run_writer.check_path('/proc/self/x')
   assert str(refusal.value) == (
       'cannot write /proc/self/x: /proc/self refused a file (No such file or directory); it '
-      f'needs {workdir_lib.ROOM}.'
+      f'needs {run_files.ROOM}.'
   )
 
 
 def test_a_file_named_like_a_step_among_the_checkpoints_is_one_line(tmp_path):
   workdir = tmp_path / 'run'
-  (workdir / workdir_lib.CHECKPOINT_DIR / '2').mkdir(parents=True)
-  (workdir / workdir_lib.CHECKPOINT_DIR / '4').write_text('mine')
+  (workdir / run_files.CHECKPOINT_DIR / '2').mkdir(parents=True)
+  (workdir / run_files.CHECKPOINT_DIR / '4').write_text('mine')
   with pytest.raises(ValueError) as refusal:
     run_writer.check_path(str(workdir))
   assert str(refusal.value).startswith(
-      f'cannot write {workdir / workdir_lib.CHECKPOINT_DIR / "4"}: it is a file, not a directory'
+      f'cannot write {workdir / run_files.CHECKPOINT_DIR / "4"}: it is a file, not a directory'
   )
   with pytest.raises(ValueError, match='is a file, not the directory of the run.s checkpoints'):
-    (workdir / workdir_lib.CHECKPOINT_DIR / '2').rmdir()
-    (workdir / workdir_lib.CHECKPOINT_DIR / '4').unlink()
-    (workdir / workdir_lib.CHECKPOINT_DIR).rmdir()
-    (workdir / workdir_lib.CHECKPOINT_DIR).write_text('mine')
-    workdir_lib.Workdir.open(str(workdir))
+    (workdir / run_files.CHECKPOINT_DIR / '2').rmdir()
+    (workdir / run_files.CHECKPOINT_DIR / '4').unlink()
+    (workdir / run_files.CHECKPOINT_DIR).rmdir()
+    (workdir / run_files.CHECKPOINT_DIR).write_text('mine')
+    reader.Workdir.open(str(workdir))
 
 
 def test_a_work_directory_under_a_literal_tilde_is_the_home_one(monkeypatch, tmp_path):
   monkeypatch.setenv('HOME', str(tmp_path))
-  assert workdir_lib.Workdir('~/runs/a').path == str(tmp_path / 'runs' / 'a')
+  assert reader.Workdir('~/runs/a').path == str(tmp_path / 'runs' / 'a')
 
 
 @pytest.mark.parametrize(
@@ -295,7 +297,7 @@ def test_a_work_directory_under_a_literal_tilde_is_the_home_one(monkeypatch, tmp
     ],
 )
 def test_a_file_size_limit_is_named_as_a_refused_write(error, tmp_path):
-  refusal = workdir_lib.unwritable(error, str(tmp_path), 'room for a checkpoint')
+  refusal = disk_writes.unwritable(error, str(tmp_path), 'room for a checkpoint')
   assert str(refusal) == (
       f"cannot write {tmp_path}: a file would pass this process's file size limit (`ulimit -f`); "
       'it needs room for a checkpoint.'

@@ -13,7 +13,7 @@ from vit_jax.weights import pretrained as pretrained_lib
 from vit_jax.training import steps
 from vit_jax.training import teacher
 from vit_jax.training import train
-from vit_jax import workdir as workdir_lib
+from vit_jax.workdir import reader
 
 
 @pytest.fixture(scope='module')
@@ -23,12 +23,12 @@ def run(tmp_path_factory):
   config = tiny_config(str(root / 'tfds'), ema_decay=0.9)
   workdir = str(root / 'run')
   metrics = train.train_and_evaluate(config, workdir).metrics
-  return config, workdir, metrics, workdir_lib.Workdir(workdir).read_state()
+  return config, workdir, metrics, reader.Workdir(workdir).read_state()
 
 
 def test_restore_variables_reads_the_ema_unless_told_otherwise(run):
   _, workdir, _, state = run
-  run = workdir_lib.Workdir.open(workdir)
+  run = reader.Workdir.open(workdir)
   saved = run.read_variables()
   assert saved.ema and saved.step == state['step']
   assert_trees_close(saved.variables['params'], state['ema']['params'], atol=0)

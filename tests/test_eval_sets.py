@@ -23,7 +23,7 @@ from vit_jax.evaluators import eval_sets
 from vit_jax.evaluators import passes
 from vit_jax.data import settings as data_settings
 from vit_jax.training import train
-from vit_jax import workdir as workdir_lib
+from vit_jax.workdir import reader
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -239,7 +239,7 @@ def test_a_run_on_mocked_imagenet_reports_every_set_by_name(tmp_path):
         )[:24]
         for s in scored_sets
     }
-  results = workdir_lib.Workdir(workdir).results()
+  results = reader.Workdir(workdir).results()
   for name in config.eval_sets:
     for key in ('accuracy', 'count', 'ema_accuracy'):
       assert results[f'{name}/{key}'] == result.metrics[f'{name}/{key}']
@@ -247,7 +247,7 @@ def test_a_run_on_mocked_imagenet_reports_every_set_by_name(tmp_path):
   assert results['imagenet2012:validation/accuracy'] == results['test_accuracy']
   assert results['imagenet2012:validation/count'] == 24
   apply = jax.jit(models.create_model(config, 1000).apply, static_argnames='train')
-  saved = workdir_lib.Workdir(workdir).read_state()
+  saved = reader.Workdir(workdir).read_state()
   for weights, prefix in ((saved['params'], ''), (saved['ema']['params'], 'ema_')):
     for eval_set in scored_sets:
       name = eval_set.dataset

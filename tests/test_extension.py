@@ -22,7 +22,6 @@ from vit_jax import config as config_lib
 from vit_jax import evaluators
 from vit_jax import extensions
 from vit_jax import models
-from vit_jax import workdir as workdir_lib
 from vit_jax.analysis import maps
 from vit_jax.analysis import rollout
 from vit_jax.models import attention
@@ -30,6 +29,8 @@ from vit_jax.models import parts
 from vit_jax.models import stems
 from vit_jax.training import optim
 from vit_jax.training import train
+from vit_jax.workdir import reader
+from vit_jax.workdir import run_files
 
 from tests import tiny_runs
 
@@ -249,20 +250,20 @@ def test_a_run_records_the_module_and_reads_it_back(extension, tmp_path, monkeyp
   }
   run = tmp_path / 'run'
   run.mkdir()
-  (run / workdir_lib.CONFIG_FILE).write_text(workdir_lib.config_json(config))
+  (run / run_files.CONFIG_FILE).write_text(run_files.config_json(config))
   fresh_process(monkeypatch, folder)
   extensions.define_allow_imports_flag()
   monkeypatch.setattr(flags.FLAGS[extensions.ALLOW_IMPORTS_FLAG], 'value', True)
-  saved = workdir_lib.Workdir(str(run)).config()
+  saved = reader.Workdir(str(run)).config()
   assert EXTENSION in sys.modules and extensions.IMPORTS not in saved
   assert saved.model.attention == 'cosine'
   # Moved away: one line naming the module, its folder and what it registered.
   fresh_process(monkeypatch, folder)
   os.rename(folder, str(tmp_path / 'moved'))
   with pytest.raises(ValueError) as refusal:
-    workdir_lib.Workdir(str(run)).config()
+    reader.Workdir(str(run)).config()
   assert str(refusal.value).startswith(
-      f"{run / workdir_lib.CONFIG_FILE} records module '{EXTENSION}' (imported from {folder}), "
+      f"{run / run_files.CONFIG_FILE} records module '{EXTENSION}' (imported from {folder}), "
       "which registered attention='cosine', stem='pool', CosineSettings, "
       'evaluators.feature_norm, but it cannot be imported (ModuleNotFoundError'
   )
@@ -313,7 +314,7 @@ def test_a_new_attention_kind_trains_and_is_analysed(extension, data_dir, tmp_pa
   assert result.step == 2 and result.metrics['count'] > 0
 
   model = models.create_model(config, num_classes=10)
-  variables = workdir_lib.Workdir(workdir).read_variables(use_ema=False).variables
+  variables = reader.Workdir(workdir).read_variables(use_ema=False).variables
   block = variables['params']['blocks_0']['attn']
   assert set(block) == {'qkv', 'temperature', 'proj'}
   assert not np.allclose(block['temperature'], 10.0)  # Trained.
@@ -347,12 +348,12 @@ def test_every_command_reads_a_run_of_the_users_module(data_dir, tmp_path):
   train_flags = (f'--config={config_file}', f'--workdir={workdir}', f'--config.data_dir={data_dir}')
   _command('main', *train_flags)
   _command('main', *train_flags, '--config.total_steps=2')  # Resumed from step 1.
-  with open(os.path.join(workdir, workdir_lib.CONFIG_FILE)) as f:
+  with open(os.path.join(workdir, run_files.CONFIG_FILE)) as f:
     saved = json.load(f)
   assert saved[extensions.IMPORTS][0]['module'] == EXTENSION
   assert saved[extensions.IMPORTS][0]['path'] == str(folder)
   assert saved['model']['initial_temperature'] == 5.0
-  assert workdir_lib.Workdir(workdir).steps()[-1] == 2
+  assert reader.Workdir(workdir).steps()[-1] == 2
 
   # Reading the run imports the user's module by the user's leave (`--import_run_modules`).
   read = (f'--workdir={workdir}', '--import_run_modules')
@@ -377,7 +378,7 @@ def test_every_command_reads_a_run_of_the_users_module(data_dir, tmp_path):
   assert refused.stderr.strip().splitlines()[-1] == (
       f"error: {workdir} uses parts of your own modules ({EXTENSION}: attention='cosine', "
       "stem='pool', CosineSettings), which timm has no layout for: export writes timm's; read "
-      "the run's weights with vit_jax (vit_jax.workdir.Workdir.read_variables) instead."
+      "the run's weights with vit_jax (vit_jax.workdir.reader.Workdir.read_variables) instead."
   )
   assert not os.path.exists(out)
 

@@ -29,9 +29,11 @@ from vit_jax.data import input_pipeline
 from vit_jax.data import settings as data_settings
 from vit_jax.data import sources
 from vit_jax.training import train
-from vit_jax import workdir as workdir_lib
 from vit_jax.training import run_writer
 from vit_jax.data import folder
+from vit_jax.workdir import checksums
+from vit_jax.workdir import reader
+from vit_jax.workdir import run_files
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -120,7 +122,7 @@ def test_resume_falls_back_past_an_unreadable_checkpoint(
       in caplog.text
   )
   # Set aside, byte for byte, where orbax neither restores nor deletes it; the others untouched.
-  aside_root = os.path.join(workdir, workdir_lib.UNREADABLE_DIR)
+  aside_root = os.path.join(workdir, run_files.UNREADABLE_DIR)
   (aside,) = os.listdir(aside_root)
   assert aside.startswith(f'{STEPS[-1]}.')
   assert f'Moved the unreadable checkpoint of step {STEPS[-1]} to {aside_root}/{aside}' in (
@@ -148,7 +150,7 @@ def test_training_resumes_and_retention_keeps_intact_checkpoints(
   config = checkpointed_config(data_dir, total_steps=10, keep_checkpoints=3)
   train.train_and_evaluate(config, workdir)
   assert sorted(int(s) for s in os.listdir(os.path.join(workdir, 'checkpoints'))) == [6, 8, 10]
-  assert len(os.listdir(os.path.join(workdir, workdir_lib.UNREADABLE_DIR))) == 1
+  assert len(os.listdir(os.path.join(workdir, run_files.UNREADABLE_DIR))) == 1
   steps = json.loads(open(os.path.join(workdir, 'results.json')).read())['steps']
   assert set(steps.values()) == {10}
 
@@ -161,7 +163,7 @@ def test_readers_of_a_run_skip_an_unreadable_checkpoint_and_move_nothing(
   _truncate(os.path.join(workdir, 'checkpoints', str(STEPS[-1])))
   before = _files(workdir)
   step = (
-      workdir_lib.Workdir(workdir).read_variables().step
+      reader.Workdir(workdir).read_variables().step
   )  # What analysis, teachers, init_from read.
   assert step == STEPS[-2]
   assert _files(workdir) == before
@@ -203,7 +205,7 @@ def test_no_readable_checkpoint_is_an_error_not_a_silent_restart(
   run = run_writer.RunWriter(workdir, keep_checkpoints=config.keep_checkpoints)
   with pytest.raises(ValueError, match=r'None of the 3 checkpoints .* could be read'):
     run.resume(_abstract_state(config))
-  assert len(os.listdir(os.path.join(workdir, workdir_lib.UNREADABLE_DIR))) == 3
+  assert len(os.listdir(os.path.join(workdir, run_files.UNREADABLE_DIR))) == 3
 
 
 # Two runs on one work directory.
@@ -214,7 +216,7 @@ def test_a_second_run_is_refused_naming_the_holder(checkpointed_run, data_dir, t
   shutil.copytree(checkpointed_run, workdir)
   before = _files(workdir)
   with run_writer.lock(workdir):
-    holder = json.loads(open(os.path.join(workdir, workdir_lib.LOCK_FILE)).read())
+    holder = json.loads(open(os.path.join(workdir, run_files.LOCK_FILE)).read())
     assert holder['pid'] == os.getpid() and holder['host'] and holder['started']
     with (
         compiled_programs() as compiled,
@@ -226,8 +228,8 @@ def test_a_second_run_is_refused_naming_the_holder(checkpointed_run, data_dir, t
       train.train_and_evaluate(checkpointed_config(data_dir, total_steps=8), workdir)
     assert 'jit(train_step)' not in compiled  # Refused before the memory check compiles the step.
     after = _files(workdir)
-    after.pop(workdir_lib.LOCK_FILE)
-    before.pop(workdir_lib.LOCK_FILE, None)
+    after.pop(run_files.LOCK_FILE)
+    before.pop(run_files.LOCK_FILE, None)
     assert after == before  # Not a file of the first run touched.
 
 
@@ -256,7 +258,7 @@ def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path, caplog):
     with run_writer.lock(workdir):
       pass
   assert f'Taking over the lock of pid {holder.pid} on ' in caplog.text
-  assert open(os.path.join(workdir, workdir_lib.LOCK_FILE)).read() == ''  # Released cleanly.
+  assert open(os.path.join(workdir, run_files.LOCK_FILE)).read() == ''  # Released cleanly.
 
 
 # Signals: SIGTERM and Ctrl-C save and exit 75; the rerun finishes and exits 0.
@@ -307,7 +309,7 @@ def test_sigterm_and_ctrl_c_save_and_exit_75(data_dir, tmp_path, signum):
   assert 'Rerun the same command to resume.' in log
   (saved,) = os.listdir(os.path.join(workdir, 'checkpoints'))
   assert int(saved) >= 1
-  assert open(os.path.join(workdir, workdir_lib.LOCK_FILE)).read() == ''
+  assert open(os.path.join(workdir, run_files.LOCK_FILE)).read() == ''
 
 
 def test_a_signal_in_the_final_evaluation_stops_it_with_the_last_step_saved(
@@ -319,7 +321,7 @@ def test_a_signal_in_the_final_evaluation_stops_it_with_the_last_step_saved(
 
   workdir = str(tmp_path / 'run')
   shutil.copytree(checkpointed_run, workdir)
-  os.remove(os.path.join(workdir, workdir_lib.RESULTS_FILE))
+  os.remove(os.path.join(workdir, run_files.RESULTS_FILE))
   evaluate = evaluators.run
 
   def signalled(*args, **kwargs):
@@ -335,7 +337,7 @@ def test_a_signal_in_the_final_evaluation_stops_it_with_the_last_step_saved(
       'to evaluate it).'
   ) in caplog.text
   assert 'saving a checkpoint after this step' not in caplog.text
-  assert not os.path.exists(os.path.join(workdir, workdir_lib.RESULTS_FILE))
+  assert not os.path.exists(os.path.join(workdir, run_files.RESULTS_FILE))
   monkeypatch.setattr(evaluators, 'run', evaluate)
   rerun = train.train_and_evaluate(checkpointed_config(data_dir), workdir)
   assert rerun.step == STEPS[-1] and rerun.metrics['count'] > 0
@@ -344,7 +346,7 @@ def test_a_signal_in_the_final_evaluation_stops_it_with_the_last_step_saved(
 def test_resuming_past_the_steps_to_train_is_refused(checkpointed_run, data_dir, tmp_path):
   workdir = str(tmp_path / 'run')
   shutil.copytree(checkpointed_run, workdir)
-  results = open(os.path.join(workdir, workdir_lib.RESULTS_FILE)).read()
+  results = open(os.path.join(workdir, run_files.RESULTS_FILE)).read()
   with pytest.raises(ValueError) as refusal:
     train.train_and_evaluate(checkpointed_config(data_dir, total_steps=4), workdir)
   assert str(refusal.value) == (
@@ -352,7 +354,7 @@ def test_resuming_past_the_steps_to_train_is_refused(checkpointed_run, data_dir,
       f'(total_steps, or num_epochs): give at least {STEPS[-1]} to resume it (exactly that to '
       'evaluate it), or a new --workdir.'
   )
-  assert open(os.path.join(workdir, workdir_lib.RESULTS_FILE)).read() == results
+  assert open(os.path.join(workdir, run_files.RESULTS_FILE)).read() == results
 
 
 # Misleading messages.
@@ -522,11 +524,11 @@ def test_checksums_are_the_same_on_the_host_and_on_devices():
   keys = jax.random.split(jax.random.key(4), 3)
   on_cpu = [jax.numpy.asarray(leaf) for leaf in leaves] + [keys]
   with compiled_programs() as compiled:
-    summed = workdir_lib.checksums(on_cpu)
+    summed = checksums.checksums(on_cpu)
   assert not [name for name in compiled if 'device_sums' in name], compiled
-  on_devices = workdir_lib._device_sums([workdir_lib._plain(leaf) for leaf in on_cpu])
+  on_devices = checksums._device_sums([checksums._plain(leaf) for leaf in on_cpu])
   assert summed == [int(x) for x in jax.device_get(on_devices)]
-  assert summed == workdir_lib.checksums(leaves + [np.asarray(jax.random.key_data(keys))])
+  assert summed == checksums.checksums(leaves + [np.asarray(jax.random.key_data(keys))])
   assert len(set(summed)) == len(summed)  # No two leaves alike: each sum is of its own leaf.
 
 
@@ -550,13 +552,13 @@ def test_a_checkpoint_whose_bytes_changed_after_saving_is_never_read_as_good(
     byte = f.read(1)
     f.seek(-1, os.SEEK_CUR)
     f.write(bytes([byte[0] ^ 0x10]))
-  run = workdir_lib.Workdir(workdir)
+  run = reader.Workdir(workdir)
   with pytest.raises(ValueError, match=f'the arrays of step {STEPS[-1]} differ from what was'):
     run.read_state(STEPS[-1])
   with caplog.at_level(std_logging.WARNING):
     assert run.read_variables().step == STEPS[-2]
   assert 'changed or damaged since' in caplog.text
   train.train_and_evaluate(checkpointed_config(data_dir, total_steps=STEPS[-1]), workdir)
-  assert os.listdir(os.path.join(workdir, workdir_lib.UNREADABLE_DIR))[0].startswith(
+  assert os.listdir(os.path.join(workdir, run_files.UNREADABLE_DIR))[0].startswith(
       f'{STEPS[-1]}.'
   )

@@ -22,7 +22,7 @@ from vit_jax import models
 from vit_jax.weights import pretrained
 from vit_jax.parallel import sharding
 from vit_jax.training import train
-from vit_jax import workdir as workdir_lib
+from vit_jax.workdir import reader
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 6
@@ -231,7 +231,7 @@ def max_difference(a, b) -> float:
 def saved_layout(workdir: str) -> tuple[dict[str, tuple], dict[str, tuple]]:
   """The shape and the partition spec with which every parameter of the newest checkpoint of
   `workdir` was written, by path."""
-  run = workdir_lib.Workdir(workdir)
+  run = reader.Workdir(workdir)
   tree = run.manager.item_metadata(run.steps()[-1])['state'].tree
   flat = jax.tree_util.tree_flatten_with_path(tree['params'])[0]
   paths = [jax.tree_util.keystr(path) for path, _ in flat]
@@ -254,14 +254,14 @@ def test_fsdp_8_trains_like_fsdp_1(trained, name):
   ]
   assert kernels and all('fsdp' in specs[path] for path in kernels), specs
   assert all('fsdp' not in spec for spec in saved_layout(replicated)[1].values())
-  state_1, state_8 = (workdir_lib.Workdir(w).read_state() for w in (replicated, sharded))
+  state_1, state_8 = (reader.Workdir(w).read_state() for w in (replicated, sharded))
   assert int(state_1['step']) == int(state_8['step']) == STEPS
   for part in ('params', 'opt_state', 'ema', 'batch_stats'):
     assert max_difference(state_1[part], state_8[part]) <= TOLERANCE, part
   # Training moved the parameters, so the agreement is not that of two idle models.
   assert (
       max_difference(
-          state_1['params'], workdir_lib.Workdir(replicated).read_state(MIDDLE)['params']
+          state_1['params'], reader.Workdir(replicated).read_state(MIDDLE)['params']
       )
       > 1e-3
   )
@@ -279,7 +279,7 @@ def test_one_train_step_on_8_devices_equals_1_device(eight_devices):
 @pytest.mark.e2e
 def test_saved_at_fsdp_8_resumed_at_fsdp_2_equals_an_uninterrupted_run(trained):
   workdir = trained['resumed']
-  assert workdir_lib.Workdir(workdir).steps() == [MIDDLE, STEPS]
+  assert reader.Workdir(workdir).steps() == [MIDDLE, STEPS]
   assert 'fsdp' in saved_layout(workdir)[1]["['head']['kernel']"]  # Written at fsdp=2.
   assert max_difference(final_params(workdir), final_params(trained['vit_fsdp8'])) <= TOLERANCE
 

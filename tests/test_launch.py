@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from vit_jax import workdir as workdir_lib
+from vit_jax.workdir import reader
+from vit_jax.workdir import run_files
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TPU = os.path.join(REPO, 'launch', 'tpu_vm.sh')
@@ -287,9 +288,9 @@ def test_prepare_data_prepares_the_config_dataset(tmp_path):
 def test_workdir_uris_stay_uris():
   """gs:// work directories (TPU VMs) are not turned into local paths; local ones are absolute."""
   assert (
-      str(workdir_lib.Workdir('gs://bucket/run').file(workdir_lib.CHECKPOINT_DIR))
+      str(reader.Workdir('gs://bucket/run').file(run_files.CHECKPOINT_DIR))
       == 'gs://bucket/run/checkpoints'
   )
-  assert str(workdir_lib.Workdir('run').file(workdir_lib.CHECKPOINT_DIR)) == os.path.join(
+  assert str(reader.Workdir('run').file(run_files.CHECKPOINT_DIR)) == os.path.join(
       os.getcwd(), 'run', 'checkpoints'
   )

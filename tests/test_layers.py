@@ -164,5 +164,5 @@ def test_the_checks_find_an_upward_import_and_a_cycle():
   assert _cycles(made_up) == ['vit_jax.models.vit -> vit_jax.training.train -> vit_jax.models.vit']
   assert _upward({'vit_jax.training.train': {'vit_jax.models.vit'}}) == []
   graph = _imports()
-  assert 'vit_jax.workdir' in graph['vit_jax.training.run_writer']
+  assert 'vit_jax.workdir.reader' in graph['vit_jax.training.run_writer']
   assert 'vit_jax.training.train' in graph['vit_jax.main']  # Imported inside `main`.

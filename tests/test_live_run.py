@@ -22,10 +22,12 @@ import pytest
 
 from tests import tiny_runs
 from tests.tiny_runs import CHECKPOINTED_STEPS as STEPS
-from vit_jax import workdir as workdir_lib
 from vit_jax.evaluators import eval_sets
 from vit_jax.training import run_writer
 from vit_jax.training import train
+from vit_jax.workdir import pins
+from vit_jax.workdir import reader
+from vit_jax.workdir import run_files
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -37,7 +39,7 @@ def _copy(checkpointed_run: str, tmp_path) -> str:
 
 
 def _pins(workdir: str) -> list[str]:
-  return [name for name in os.listdir(workdir) if name.startswith(workdir_lib.PIN_PREFIX)]
+  return [name for name in os.listdir(workdir) if name.startswith(pins.PIN_PREFIX)]
 
 
 def _assert_same_tree(a, b) -> None:
@@ -51,7 +53,7 @@ def _assert_same_tree(a, b) -> None:
 
 def test_a_step_deleted_after_pinning_is_still_read_from_the_pin(checkpointed_run, tmp_path):
   workdir = _copy(checkpointed_run, tmp_path)
-  run = workdir_lib.Workdir(workdir)
+  run = reader.Workdir(workdir)
   expected = run.read_state(STEPS[-1])
   with run.pin(STEPS[-1]) as pinned:
     shutil.rmtree(os.path.join(workdir, 'checkpoints', str(STEPS[-1])))  # Retention, meanwhile.
@@ -61,7 +63,7 @@ def test_a_step_deleted_after_pinning_is_still_read_from_the_pin(checkpointed_ru
 
 def test_where_links_are_refused_the_pin_is_a_copy(checkpointed_run, tmp_path, monkeypatch):
   workdir = _copy(checkpointed_run, tmp_path)
-  run = workdir_lib.Workdir(workdir)
+  run = reader.Workdir(workdir)
   expected = run.read_state(STEPS[-1])
 
   def refused(source, target):
@@ -77,7 +79,7 @@ def test_where_links_are_refused_the_pin_is_a_copy(checkpointed_run, tmp_path, m
 def test_a_live_run_is_named_in_one_line_and_read_from_a_pin(checkpointed_run, tmp_path, caplog):
   workdir = _copy(checkpointed_run, tmp_path)
   with run_writer.lock(workdir), caplog.at_level(std_logging.WARNING):
-    saved = workdir_lib.Workdir.open(workdir).read_variables()
+    saved = reader.Workdir.open(workdir).read_variables()
   assert saved.step == STEPS[-1]
   lines = [r.getMessage() for r in caplog.records if 'is being trained' in r.getMessage()]
   assert lines == [
@@ -93,10 +95,10 @@ def test_a_step_deleted_while_being_pinned_gives_way_to_the_newest(
   """The run saves step 8 and its retention deletes step 6 while the reader pins step 6: the
   reader pins step 8 instead."""
   workdir = _copy(checkpointed_run, tmp_path)
-  run = workdir_lib.Workdir(workdir)
+  run = reader.Workdir(workdir)
   expected = run.read_state(STEPS[-1])
   checkpoints = os.path.join(workdir, 'checkpoints')
-  link_tree = workdir_lib._link_tree  # pylint: disable=protected-access
+  link_tree = pins._link_tree  # pylint: disable=protected-access
   pinned_steps = []
 
   def retention_meanwhile(source, target):
@@ -105,9 +107,9 @@ def test_a_step_deleted_while_being_pinned_gives_way_to_the_newest(
       os.rename(source, os.path.join(checkpoints, '8'))  # Saved as 8; 6 deleted.
     link_tree(source, target)
 
-  monkeypatch.setattr(workdir_lib, '_link_tree', retention_meanwhile)
+  monkeypatch.setattr(pins, '_link_tree', retention_meanwhile)
   with run_writer.lock(workdir), caplog.at_level(std_logging.WARNING):
-    state = workdir_lib.Workdir(workdir).read_state()
+    state = reader.Workdir(workdir).read_state()
   assert pinned_steps == [STEPS[-1], 8]
   _assert_same_tree(state, expected)  # Step 8 holds step 6's state, renamed.
   assert 'reading its checkpoint at step 8, pinned against retention' in caplog.text
@@ -132,9 +134,9 @@ def test_a_step_deleted_while_orbax_lists_the_steps_is_listed_again(
 
   monkeypatch.setattr(os, 'stat', retention_meanwhile)
   with run_writer.lock(workdir), caplog.at_level(std_logging.INFO):
-    run = workdir_lib.Workdir.open(workdir)
+    run = reader.Workdir.open(workdir)
     assert deleted and run.steps() == list(STEPS[1:])
-    _assert_same_tree(run.read_state(), workdir_lib.Workdir(checkpointed_run).read_state())
+    _assert_same_tree(run.read_state(), reader.Workdir(checkpointed_run).read_state())
   assert 'Metadata file' not in caplog.text  # Orbax's notice of the deleted step: not news.
 
 
@@ -148,10 +150,10 @@ def test_checkpoints_changing_under_every_listing_are_one_clear_error(
     listings.append(directory)
     raise FileNotFoundError(2, 'No such file or directory', f'{directory}/{len(listings)}')
 
-  monkeypatch.setattr(workdir_lib.ocp, 'CheckpointManager', retention_meanwhile)
+  monkeypatch.setattr(reader.ocp, 'CheckpointManager', retention_meanwhile)
   with pytest.raises(ValueError, match='changed under each of 5 listings'):
-    workdir_lib.Workdir(workdir).steps()
-  assert len(listings) == workdir_lib.PIN_ATTEMPTS
+    reader.Workdir(workdir).steps()
+  assert len(listings) == pins.PIN_ATTEMPTS
 
 
 def test_the_commands_reader_of_a_run_reads_a_live_one_from_a_pin(
@@ -170,17 +172,17 @@ def test_the_commands_reader_of_a_run_reads_a_live_one_from_a_pin(
 
 def test_a_reader_beside_no_live_run_pins_nothing(checkpointed_run, tmp_path, monkeypatch):
   workdir = _copy(checkpointed_run, tmp_path)
-  monkeypatch.setattr(workdir_lib.Workdir, 'pin', None)  # Would fail if called.
+  monkeypatch.setattr(reader.Workdir, 'pin', None)  # Would fail if called.
   with run_writer.lock(workdir):
     pass  # A finished run's lock: released.
-  assert workdir_lib.Workdir(workdir).read_variables().step == STEPS[-1]
+  assert reader.Workdir(workdir).read_variables().step == STEPS[-1]
 
 
 def _abandoned_pin(workdir: str, name: str) -> str:
   """A pin as a killed reader leaves it: its files, its lock file, the lock free."""
-  pin_dir = os.path.join(workdir, workdir_lib.PIN_PREFIX + name)
+  pin_dir = os.path.join(workdir, pins.PIN_PREFIX + name)
   shutil.copytree(os.path.join(workdir, 'checkpoints'), os.path.join(pin_dir, 'checkpoints'))
-  open(os.path.join(pin_dir, workdir_lib.PIN_LOCK_FILE), 'w').close()
+  open(os.path.join(pin_dir, pins.PIN_LOCK_FILE), 'w').close()
   return pin_dir
 
 
@@ -190,11 +192,11 @@ def test_a_readers_pin_removes_the_pins_of_killed_readers_and_keeps_those_in_use
   workdir = _copy(checkpointed_run, tmp_path)
   _abandoned_pin(workdir, 'killed')
   in_use = _abandoned_pin(workdir, 'reading')
-  made_now = os.path.join(workdir, workdir_lib.PIN_PREFIX + 'no-lock-yet')
+  made_now = os.path.join(workdir, pins.PIN_PREFIX + 'no-lock-yet')
   os.makedirs(made_now)
-  with open(os.path.join(in_use, workdir_lib.PIN_LOCK_FILE)) as held:
+  with open(os.path.join(in_use, pins.PIN_LOCK_FILE)) as held:
     fcntl.flock(held, fcntl.LOCK_EX)  # Another reader's, as flock sees it.
-    run = workdir_lib.Workdir(workdir)
+    run = reader.Workdir(workdir)
     with run.pin(STEPS[-1]) as pinned:
       assert sorted(_pins(workdir)) == sorted(
           [os.path.basename(in_use), os.path.basename(made_now), os.path.basename(pinned.path)]
@@ -205,7 +207,7 @@ def test_a_readers_pin_removes_the_pins_of_killed_readers_and_keeps_those_in_use
 def test_a_run_starting_removes_the_pins_of_killed_readers(checkpointed_run, tmp_path):
   workdir = _copy(checkpointed_run, tmp_path)
   _abandoned_pin(workdir, 'killed')
-  config = workdir_lib.Workdir(workdir).config()
+  config = reader.Workdir(workdir).config()
   with contextlib.ExitStack() as run_scope:
     run_writer.RunWriter(workdir).start(config, run_scope)
     assert not _pins(workdir)
@@ -216,13 +218,13 @@ def test_a_reader_killed_mid_read_leaves_a_pin_that_the_next_reader_removes(
     checkpointed_run, tmp_path
 ):
   workdir = _copy(checkpointed_run, tmp_path)
-  reader = subprocess.Popen(
+  reading = subprocess.Popen(
       [
           sys.executable,
           '-c',
           'import time\n'
-          'from vit_jax import workdir\n'
-          f'with workdir.Workdir({workdir!r}).pin({STEPS[-1]}):\n'
+          'from vit_jax.workdir import reader\n'
+          f'with reader.Workdir({workdir!r}).pin({STEPS[-1]}):\n'
           '  print("pinned", flush=True)\n'
           '  time.sleep(600)\n',
       ],
@@ -231,14 +233,14 @@ def test_a_reader_killed_mid_read_leaves_a_pin_that_the_next_reader_removes(
       text=True,
   )
   try:
-    assert reader.stdout.readline() == 'pinned\n'
+    assert reading.stdout.readline() == 'pinned\n'
     assert len(_pins(workdir)) == 1
   finally:
-    reader.kill()
-    reader.communicate()
+    reading.kill()
+    reading.communicate()
   assert len(_pins(workdir)) == 1  # SIGKILL: nothing of the reader's removed it.
   with run_writer.lock(workdir):
-    workdir_lib.Workdir(workdir).read_state()
+    reader.Workdir(workdir).read_state()
   assert not _pins(workdir)
 
 
@@ -252,13 +254,13 @@ EVALUATION = {'digits/accuracy': 0.8, 'digits/count': 100, 'imagenet_v2/accuracy
 @pytest.mark.parametrize('run_first', [True, False])
 def test_the_runs_results_and_an_evaluations_are_both_kept_each_with_its_step(tmp_path, run_first):
   """The run's final write at step 400; an evaluation of its checkpoint at step 105."""
-  out = workdir_lib.Workdir(str(tmp_path))
+  out = reader.Workdir(str(tmp_path))
   writes = [(RUN_RESULTS, 400), (EVALUATION, 105)]
   for metrics, step in writes if run_first else writes[::-1]:
     out.write_results(metrics, step=step)
   later = EVALUATION if run_first else RUN_RESULTS
-  results = workdir_lib.Workdir(str(tmp_path)).results()
-  steps = results.pop(workdir_lib.RESULTS_STEPS)
+  results = reader.Workdir(str(tmp_path)).results()
+  steps = results.pop(run_files.RESULTS_STEPS)
   assert results == {**RUN_RESULTS, **EVALUATION, **later}
   assert steps == {
       'test_accuracy': 400,
@@ -272,7 +274,7 @@ def test_the_runs_results_and_an_evaluations_are_both_kept_each_with_its_step(tm
 def test_concurrent_writers_of_results_lose_nothing(tmp_path):
   writers = [
       threading.Thread(
-          target=lambda i=i: workdir_lib.Workdir(str(tmp_path)).write_results({f'w{i}': i}, step=i)
+          target=lambda i=i: reader.Workdir(str(tmp_path)).write_results({f'w{i}': i}, step=i)
       )
       for i in range(16)
   ]
@@ -280,7 +282,7 @@ def test_concurrent_writers_of_results_lose_nothing(tmp_path):
     writer.start()
   for writer in writers:
     writer.join()
-  results = workdir_lib.Workdir(str(tmp_path)).results()
+  results = reader.Workdir(str(tmp_path)).results()
   assert results == {**{f'w{i}': i for i in range(16)}, 'steps': {f'w{i}': i for i in range(16)}}
 
 
@@ -411,7 +413,7 @@ def test_evaluate_during_a_run_keeps_its_results_beside_the_runs(data_dir, tmp_p
   assert evaluation.returncode == 0, evaluation.stderr[-3000:]
   live = [line for line in evaluation.stderr.splitlines() if 'is being trained' in line]
   assert len(live) == 1 and 'pinned against retention' in live[0], evaluation.stderr[-3000:]
-  results = workdir_lib.Workdir(workdir).results()
+  results = reader.Workdir(workdir).results()
   assert 0 <= results['test_accuracy'] <= 1  # The run's final write.
   assert 0 <= results['digits:test[:64]/accuracy'] <= 1  # The evaluation's, kept.
   assert results['digits:test[:64]/count'] == 64
@@ -450,19 +452,19 @@ def test_a_run_before_its_first_checkpoint_is_named_so(tmp_path):
   """A side command on a live run that has written config.json but no checkpoint yet is told so,
   not that the folder is no work directory."""
   with pytest.raises(ValueError, match='is not a work directory of a vit_jax.main run'):
-    workdir_lib.Workdir.open(str(tmp_path))
-  (tmp_path / workdir_lib.CONFIG_FILE).write_text('{}')
+    reader.Workdir.open(str(tmp_path))
+  (tmp_path / run_files.CONFIG_FILE).write_text('{}')
   with pytest.raises(ValueError, match='is a vit_jax.main run with no checkpoint yet: a run in'):
-    workdir_lib.Workdir.open(str(tmp_path))
+    reader.Workdir.open(str(tmp_path))
 
 
 @pytest.mark.parametrize(
     'damaged', ['{"test/accuracy": 0.9, "steps": {"te', '[]', '{"steps": [1, 2]}', '\xff\xfe']
 )
 def test_a_damaged_results_json_is_set_aside_and_the_new_metrics_kept(tmp_path, damaged):
-  path = tmp_path / workdir_lib.RESULTS_FILE
+  path = tmp_path / run_files.RESULTS_FILE
   path.write_bytes(damaged.encode('latin-1'))
-  run = workdir_lib.Workdir(str(tmp_path))
+  run = reader.Workdir(str(tmp_path))
   with pytest.raises(ValueError, match=f'{path} is damaged'):
     run.results()
   run.write_results({'test/accuracy': 0.95}, step=7)

@@ -29,8 +29,8 @@ from vit_jax.parallel import distributed
 from vit_jax.training import optim
 from vit_jax.training import steps
 from vit_jax.training import train
-from vit_jax import workdir as workdir_lib
 from vit_jax.data import digits
+from vit_jax.workdir import reader
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(REPO, 'tests')
@@ -175,7 +175,7 @@ def one_device_state(config) -> steps.TrainState:
 
 
 def saved_state(workdir: str, config, step: int | None = None) -> steps.TrainState:
-  return workdir_lib.Workdir(workdir).read_state(step, like=one_device_state(config))
+  return reader.Workdir(workdir).read_state(step, like=one_device_state(config))
 
 
 @pytest.fixture(scope='module')
@@ -275,7 +275,7 @@ def test_two_process_checkpoint_restores_and_resumes_in_one_process(runs, tmp_pa
   config.total_steps = STEPS + 2
   metrics = train.train_and_evaluate(config, workdir).metrics
   assert metrics['count'] == digits.NUM_TEST_EXAMPLES
-  assert workdir_lib.Workdir(workdir).steps()[-1] == STEPS + 2
+  assert reader.Workdir(workdir).steps()[-1] == STEPS + 2
   resumed = saved_state(workdir, config)
   assert int(resumed.step) == STEPS + 2
   assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(resumed.params))

@@ -20,8 +20,8 @@ from tests import tiny_runs
 from tests.tiny_runs import mounted_tmpfs
 from vit_jax import models
 from vit_jax.benchmarks import device_report
-from vit_jax import workdir as workdir_lib
 from vit_jax.weights import pretrained
+from vit_jax.workdir import disk_writes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NEEDS = 'write access and room for the test'
@@ -89,8 +89,8 @@ def _assert_one_line_naming(error: Exception, path: str, cause: str) -> None:
 def test_a_path_that_cannot_be_written_is_one_line_naming_it_and_why(tmp_path, kind, directory):
   path, cause = _bad_path(kind, tmp_path)
   before = sorted(os.listdir(tmp_path))
-  with pytest.raises(workdir_lib.Unwritable) as refused:
-    workdir_lib.check_writable(path, NEEDS, directory=directory)
+  with pytest.raises(disk_writes.Unwritable) as refused:
+    disk_writes.check_writable(path, NEEDS, directory=directory)
   _assert_one_line_naming(refused.value, path, cause)
   assert str(refused.value).endswith(f'it needs {NEEDS}.')
   assert sorted(os.listdir(tmp_path)) == before
@@ -99,24 +99,24 @@ def test_a_path_that_cannot_be_written_is_one_line_naming_it_and_why(tmp_path, k
 @pytest.mark.parametrize('directory', [False, True])
 def test_a_read_only_place_is_one_line_naming_the_path(read_only, directory):
   path = os.path.join(read_only, 'sub', 'out')
-  with pytest.raises(workdir_lib.Unwritable) as refused:
-    workdir_lib.check_writable(path, NEEDS, directory=directory)
+  with pytest.raises(disk_writes.Unwritable) as refused:
+    disk_writes.check_writable(path, NEEDS, directory=directory)
   cause = 'read-only' if os.geteuid() == 0 else 'permission denied'
   _assert_one_line_naming(refused.value, path, cause)
 
 
 def test_a_full_disk_is_one_line_naming_the_path(full):
   path = os.path.join(full, 'out.json')
-  with pytest.raises(workdir_lib.Unwritable) as refused:
-    workdir_lib.check_writable(path, NEEDS, directory=False)
+  with pytest.raises(disk_writes.Unwritable) as refused:
+    disk_writes.check_writable(path, NEEDS, directory=False)
   _assert_one_line_naming(refused.value, path, 'no space left on the device')
   assert os.listdir(full) == ['filler']
 
 
 @pytest.mark.parametrize('directory', [False, True])
 def test_a_writable_path_passes_and_nothing_is_left_behind(tmp_path, directory):
-  workdir_lib.check_writable(str(tmp_path / 'new' / 'deeper' / 'out'), NEEDS, directory=directory)
-  workdir_lib.check_writable(str(tmp_path), NEEDS, directory=True)
+  disk_writes.check_writable(str(tmp_path / 'new' / 'deeper' / 'out'), NEEDS, directory=directory)
+  disk_writes.check_writable(str(tmp_path), NEEDS, directory=True)
   assert not os.listdir(tmp_path)
 
 
@@ -133,7 +133,7 @@ def test_device_report_refuses_its_report_path_before_measuring_a_row(
     raise AssertionError(f'measured {check} before checking --report_json')
 
   monkeypatch.setattr(device_report, '_measured', measured)
-  with pytest.raises(workdir_lib.Unwritable) as refused:
+  with pytest.raises(disk_writes.Unwritable) as refused:
     device_report.run(reduced=True, json_path=path)
   _assert_one_line_naming(refused.value, path, cause)
   assert '--report_json' in str(refused.value)
@@ -166,7 +166,7 @@ def test_an_export_the_disk_cannot_hold_is_one_line_and_leaves_no_partial_file(
     path = os.path.join(small, 'deit.safetensors')
     with open(path, 'wb') as f:
       f.write(b'an earlier export')
-    with pytest.raises(workdir_lib.Unwritable) as refused:
+    with pytest.raises(disk_writes.Unwritable) as refused:
       pretrained.export_timm(variables, model, path)
     _assert_one_line_naming(refused.value, path, 'no space left on the device')
     assert os.listdir(small) == ['deit.safetensors']  # No partial file beside it.

@@ -12,11 +12,11 @@ import pytest
 from sklearn import datasets as sk_datasets
 
 from vit_jax import models
-from vit_jax import workdir as workdir_lib
 from vit_jax.data import digits
 from vit_jax.data import imagenet
 from vit_jax.weights import inference
 from vit_jax.weights import pretrained
+from vit_jax.workdir import reader
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -109,7 +109,7 @@ def test_bad_arguments_are_one_clear_error(tmp_path):
 @pytest.fixture(scope='module')
 def exported_run(checkpointed_run, tmp_path_factory) -> str:
   """`checkpointed_run` (vit_ti4 with fields unlike the registry's) exported as export does."""
-  run = workdir_lib.Workdir.open(checkpointed_run)
+  run = reader.Workdir.open(checkpointed_run)
   saved = run.read_variables(unrolled=True)
   path = str(tmp_path_factory.mktemp('export') / 'run.safetensors')
   described = pretrained.describe_run(run, saved.variables)

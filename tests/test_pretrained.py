@@ -15,8 +15,8 @@ from sklearn import datasets as sk_datasets
 from vit_jax.configs import common
 from vit_jax import models
 from vit_jax.training import train
-from vit_jax import workdir as workdir_lib
 from vit_jax.data import digits
+from vit_jax.workdir import reader
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -134,7 +134,7 @@ def test_image_folder_fine_tunes_at_a_new_resolution_and_evaluates(pretrained, t
   run = str(tmp_path / 'fine_tuned')
   metrics = train.train_and_evaluate(config, run).metrics
   assert metrics['count'] == 9
-  params = workdir_lib.Workdir.open(run).read_variables(unrolled=True).variables['params']
+  params = reader.Workdir.open(run).read_variables(unrolled=True).variables['params']
   assert params['pos_embed'].shape == (1, 1 + 16, 64)
   assert params['head']['kernel'].shape == (64, 3)
 
@@ -184,7 +184,7 @@ def test_export_cli_writes_what_timm_runs(pretrained, timm, tmp_path):
       img_size=8, patch_size=4, embed_dim=64, depth=2, num_heads=4, mlp_ratio=2.0, num_classes=10
   ).eval()
   model.load_state_dict(safetensors_torch.load_file(out), strict=True)
-  variables = workdir_lib.Workdir.open(workdir).read_variables(unrolled=True).variables
+  variables = reader.Workdir.open(workdir).read_variables(unrolled=True).variables
   ours = models.create(
       'vit_ti4', num_classes=10, patch_size=4, hidden_size=64, depth=2, num_heads=4, mlp_dim=128
   )

@@ -12,8 +12,8 @@ from vit_jax import models
 from vit_jax.weights import pretrained
 from vit_jax.training import teacher
 from vit_jax.training import train
-from vit_jax import workdir as workdir_lib
 from vit_jax.models import regnet
+from vit_jax.workdir import reader
 
 REGNETY = [name for name in models.names() if name.startswith('regnety_')]
 
@@ -104,7 +104,7 @@ def test_training_loop_updates_checkpoints_and_averages_batch_stats(data_dir, tm
   )
   metrics = train.train_and_evaluate(config, str(tmp_path / 'run')).metrics
   assert 'ema_accuracy' in metrics
-  state = workdir_lib.Workdir(str(tmp_path / 'run')).read_state()
+  state = reader.Workdir(str(tmp_path / 'run')).read_state()
   raw = state['batch_stats']['stem']['bn']['var']
   ema = state['ema']['batch_stats']['stem']['bn']['var']
   assert not np.allclose(raw, 1.0) and not np.allclose(ema, 1.0) and not np.allclose(raw, ema)

@@ -18,7 +18,8 @@ from tests.tiny_runs import CHECKPOINTED_STEPS
 from tests.tiny_runs import checkpointed_config
 from tests.tiny_runs import tiny_config
 from vit_jax.training import train
-from vit_jax import workdir as workdir_lib
+from vit_jax.workdir import reader
+from vit_jax.workdir import run_files
 
 STEPS = CHECKPOINTED_STEPS[-1]
 
@@ -42,7 +43,7 @@ def _files(root):
 
 
 def _checkpoints(workdir):
-  return _files(os.path.join(workdir, workdir_lib.CHECKPOINT_DIR))
+  return _files(os.path.join(workdir, run_files.CHECKPOINT_DIR))
 
 
 def _assert_same(a, b):
@@ -100,7 +101,7 @@ def test_a_change_that_adds_or_drops_state_resumes_with_everything_else_carried(
 ):
   base, changes, note = CARRIED[case]
   workdir, overrides = _copy(runs, base, tmp_path)
-  saved = workdir_lib.Workdir(workdir).read_state()
+  saved = reader.Workdir(workdir).read_state()
   checkpoints = _checkpoints(workdir)
   config = checkpointed_config(data_dir, **{**overrides, **changes})
   with caplog.at_level(std_logging.INFO):
@@ -121,14 +122,14 @@ def test_a_change_that_adds_or_drops_state_resumes_with_everything_else_carried(
     assert f'with {field} changed from {old} to {new}: ' in caplog.text
   assert note in caplog.text
   assert _checkpoints(workdir) == checkpoints  # Nothing moved, nothing rewritten.
-  assert not os.path.exists(os.path.join(workdir, workdir_lib.UNREADABLE_DIR))
+  assert not os.path.exists(os.path.join(workdir, run_files.UNREADABLE_DIR))
 
 
 def test_a_changed_mu_dtype_names_both_values_and_casts_the_moments(
     runs, data_dir, tmp_path, caplog, monkeypatch
 ):
   workdir, _ = _copy(runs, 'plain', tmp_path)
-  saved = workdir_lib.Workdir(workdir).read_state()
+  saved = reader.Workdir(workdir).read_state()
   with caplog.at_level(std_logging.INFO):
     state = _starting_state(
         checkpointed_config(data_dir, mu_dtype='bfloat16'), workdir, monkeypatch
@@ -147,7 +148,7 @@ def test_a_resumed_run_with_clipping_and_an_ema_added_trains_to_the_new_end(
   config = checkpointed_config(data_dir, total_steps=STEPS + 2, grad_clip_norm=1.0, ema_decay=0.9)
   result = train.train_and_evaluate(config, workdir)
   assert result.step == STEPS + 2 and 'ema_accuracy' in result.metrics
-  assert workdir_lib.Workdir(workdir).steps() == [*CHECKPOINTED_STEPS, STEPS + 2]
+  assert reader.Workdir(workdir).steps() == [*CHECKPOINTED_STEPS, STEPS + 2]
 
 
 REFUSED = {
@@ -191,8 +192,8 @@ def test_a_change_the_state_cannot_take_is_refused_leaving_every_file_as_it_was(
 
 def test_without_config_json_the_saved_arrays_decide(runs, data_dir, tmp_path, monkeypatch):
   workdir, _ = _copy(runs, 'clipped_ema', tmp_path)
-  os.remove(os.path.join(workdir, workdir_lib.CONFIG_FILE))
-  saved = workdir_lib.Workdir(workdir).read_state()
+  os.remove(os.path.join(workdir, run_files.CONFIG_FILE))
+  saved = reader.Workdir(workdir).read_state()
   state = _starting_state(checkpointed_config(data_dir), workdir, monkeypatch)
   _assert_same(state.params, saved['params'])
   assert state.ema == {}
@@ -200,14 +201,14 @@ def test_without_config_json_the_saved_arrays_decide(runs, data_dir, tmp_path, m
 
 def test_a_damaged_config_json_is_named_with_what_is_wrong(runs, tmp_path):
   workdir, _ = _copy(runs, 'plain', tmp_path)
-  path = os.path.join(workdir, workdir_lib.CONFIG_FILE)
+  path = os.path.join(workdir, run_files.CONFIG_FILE)
   with open(path, 'r+b') as f:
     f.truncate(os.path.getsize(path) // 2)
   with pytest.raises(
       ValueError,
       match=rf'^{path} is damaged \(Unterminated string|^{path} is ' r'damaged \(Expecting',
   ):
-    workdir_lib.Workdir(workdir).config()
+    reader.Workdir(workdir).config()
 
 
 def test_a_checkpoint_whose_metadata_names_another_model_than_its_run_is_called_damaged(

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from vit_jax import workdir as workdir_lib
+from vit_jax.workdir import reader
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOTAL_STEPS = 10
@@ -74,8 +74,8 @@ def test_sigkill_at_a_random_step_then_rerun_equals_uninterrupted(jpeg_folder, t
   assert process.returncode == -signal.SIGKILL, f'finished before the kill at step {kill_after}'
   _run(_command(jpeg_folder, killed))
 
-  expected = jax.tree.leaves(workdir_lib.Workdir(str(straight)).read_state()['params'])
-  actual = jax.tree.leaves(workdir_lib.Workdir(str(killed)).read_state()['params'])
+  expected = jax.tree.leaves(reader.Workdir(str(straight)).read_state()['params'])
+  actual = jax.tree.leaves(reader.Workdir(str(killed)).read_state()['params'])
   assert len(expected) == len(actual)
   for x, y in zip(expected, actual):
     np.testing.assert_array_equal(

@@ -14,10 +14,10 @@ from vit_jax.weights import pretrained
 from vit_jax.training import optim
 from vit_jax.training import steps
 from vit_jax.training import train
-from vit_jax import workdir as workdir_lib
 from vit_jax.models import deepvit
 from vit_jax.models import layouts
 from vit_jax.models import sa_conv
+from vit_jax.workdir import reader
 
 SWITCHES = [dict(scan_layers=True), dict(remat=True), dict(scan_layers=True, remat=True)]
 
@@ -287,9 +287,9 @@ def test_scanned_run_checkpoint_loads_into_either_layout(data_dir, tmp_path):
   )
   workdir = str(tmp_path / 'run')
   train.train_and_evaluate(config, workdir)
-  saved = workdir_lib.Workdir(workdir).read_state()['params']
+  saved = reader.Workdir(workdir).read_state()['params']
   assert 'blocks_0_to_2' in saved
-  variables = workdir_lib.Workdir.open(workdir).read_variables(unrolled=True).variables
+  variables = reader.Workdir.open(workdir).read_variables(unrolled=True).variables
   assert 'blocks_2' in variables['params'] and 'blocks_0_to_2' not in variables['params']
 
   images = jax.random.normal(jax.random.key(1), (2, 16, 16, 3))

@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 
 from vit_jax import extensions
-from vit_jax import workdir as workdir_lib
 from vit_jax.data import storage
 from vit_jax.training import train
+from vit_jax.workdir import reader
+from vit_jax.workdir import run_files
 
 from tests import tiny_runs
 
@@ -32,7 +33,7 @@ def _hostile(run: str, tmp_path) -> tuple[str, str]:
   folder.mkdir()
   marker = str(tmp_path / 'marker')
   (folder / f'{MARKER_MODULE}.py').write_text(f'open({marker!r}, "w").close()\n')
-  path = os.path.join(run, workdir_lib.CONFIG_FILE)
+  path = os.path.join(run, run_files.CONFIG_FILE)
   with open(path) as f:
     config = json.load(f)
   other_data_dir = str(tmp_path / 'elsewhere' / 'tfds')
@@ -213,9 +214,9 @@ def test_a_run_needs_nothing_but_itself_once_its_image_folder_is_gone(
       str(tmp_path / 'tfds'), dataset='folder:ok', total_steps=2, eval_batch_size=8
   )
   train.train_and_evaluate(config, workdir)
-  with open(os.path.join(workdir, workdir_lib.CONFIG_FILE)) as f:
+  with open(os.path.join(workdir, run_files.CONFIG_FILE)) as f:
     assert json.load(f)['dataset'] == f'folder:{trained_in / "ok"}'  # Absolute, as read anywhere.
-  recorded = workdir_lib.Workdir(workdir)
+  recorded = reader.Workdir(workdir)
   assert recorded.dataset()['class_names'] == ['class0', 'class1', 'class2']
   assert recorded.eval_images().shape == (6, 16, 16, 3)  # The whole (small) eval split.
 

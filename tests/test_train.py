@@ -22,7 +22,7 @@ from tests.tiny_runs import final_params
 from tests.tiny_runs import tiny_config
 from tests.tiny_runs import train_with_preemption
 from vit_jax.training import train
-from vit_jax import workdir as workdir_lib
+from vit_jax.workdir import reader
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -64,7 +64,7 @@ def test_resume_after_preemption_equals_uninterrupted_run(data_dir, tmp_path, mo
   interrupted = str(tmp_path / 'interrupted')
   resumed = train_with_preemption(config, interrupted, monkeypatch)
 
-  a, b = workdir_lib.Workdir(straight).read_state(), workdir_lib.Workdir(interrupted).read_state()
+  a, b = reader.Workdir(straight).read_state(), reader.Workdir(interrupted).read_state()
   assert_trees_close(a['ema'], b['ema'], atol=0)
   assert_trees_close(a['params'], b['params'], atol=0)
   assert resumed.metrics == metrics
@@ -125,7 +125,7 @@ def test_diverging_run_names_only_the_checkpoint_a_rerun_resumes_from(
   with pytest.raises(FloatingPointError) as stop:
     train.train_and_evaluate(config, workdir)
   named = re.search(r'checkpoint \(step (\d+)\) is kept', str(stop.value))
-  on_disk = workdir_lib.Workdir(workdir).steps()
+  on_disk = reader.Workdir(workdir).steps()
   if named:
     assert on_disk and on_disk[-1] == int(named[1]), on_disk
     assert str(tmp_path / 'run' / 'checkpoints' / named[1]) in str(stop.value)

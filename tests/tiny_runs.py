@@ -18,7 +18,7 @@ import numpy as np
 
 from vit_jax.configs import common
 from vit_jax.training import train
-from vit_jax import workdir as workdir_lib
+from vit_jax.workdir import reader
 
 
 def tiny_config(data_dir: str, **overrides):
@@ -215,7 +215,7 @@ def train_digits_runs_in_one_process(data_dir: str, runs: dict[str, dict]) -> di
 
 
 def final_params(workdir: str) -> dict:
-  return workdir_lib.Workdir(workdir).read_state()['params']
+  return reader.Workdir(workdir).read_state()['params']
 
 
 def assert_trees_close(a, b, atol):

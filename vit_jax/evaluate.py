@@ -89,29 +89,31 @@ def main(argv) -> None:
   del argv
   # pylint: disable=g-import-not-at-top
   from vit_jax import evaluators
-  from vit_jax import workdir as workdir_lib
   from vit_jax.data import storage
   from vit_jax.evaluators import eval_sets
   from vit_jax.evaluators import standalone
+  from vit_jax.workdir import disk_writes
+  from vit_jax.workdir import reader
+  from vit_jax.workdir import run_files
   # pylint: enable=g-import-not-at-top
   try:
     eval_sets.parse_all(_EVAL_SETS.value)  # The names, before reading any weights.
   except ValueError as e:
     raise ValueError(f'--eval_sets: {e}.') from None
   if flags.FLAGS.workdir:  # The run's evaluators of your own (its config.json `imports`) first.
-    workdir_lib.import_recorded_modules(flags.FLAGS.workdir)
+    reader.import_recorded_modules(flags.FLAGS.workdir)
   names = _EVALUATORS.value or ([] if _EVAL_SETS.value else list(evaluators.EVALUATORS))
   frozen = [evaluators.create(name, settings(name)) for name in names]
   if _OUT_DIR.value:  # Before reading any weights.
-    workdir_lib.check_writable(_OUT_DIR.value, RESULTS_ROOM, directory=True)
+    disk_writes.check_writable(_OUT_DIR.value, RESULTS_ROOM, directory=True)
   with storage.runs_read_only():  # The data dir a run names is read, never written.
     run = _LOAD()
     out_dir = _OUT_DIR.value or (run.source if run.step is not None else None)
     if out_dir is None:
       raise ValueError('--init_from needs --out_dir=DIR for results.json.')
     if not _OUT_DIR.value:  # The run's own directory, before evaluating.
-      workdir_lib.check_writable(out_dir, RESULTS_ROOM, directory=True)
-    workdir_lib.check_files(out_dir, workdir_lib.RESULTS_FILES, RESULTS_ROOM)
+      disk_writes.check_writable(out_dir, RESULTS_ROOM, directory=True)
+    disk_writes.check_files(out_dir, run_files.RESULTS_FILES, RESULTS_ROOM)
     standalone.evaluate_weights(run, _EVAL_SETS.value, frozen, out_dir)
 
 

@@ -33,8 +33,9 @@ def main(argv) -> None:
   del argv
   # pylint: disable=g-import-not-at-top
   from vit_jax import models
-  from vit_jax import workdir
   from vit_jax.weights import pretrained
+  from vit_jax.workdir import disk_writes
+  from vit_jax.workdir import reader
   # pylint: enable=g-import-not-at-top
   # Readers go by the suffix (a .pth is a pickle), in any case.
   if not _OUT.value.lower().endswith('.safetensors'):
@@ -42,8 +43,8 @@ def main(argv) -> None:
         f'--out={_OUT.value!r}: the export is a safetensors file; name it '
         f'{os.path.splitext(_OUT.value)[0]}.safetensors.'
     )
-  workdir.check_writable(_OUT.value, pretrained.EXPORT_ROOM, directory=False)
-  run = workdir.Workdir.open(_WORKDIR.value)  # No dataset needed: the family names the layout.
+  disk_writes.check_writable(_OUT.value, pretrained.EXPORT_ROOM, directory=False)
+  run = reader.Workdir.open(_WORKDIR.value)  # No dataset needed: the family names the layout.
   config = run.config()
   name = config.model.name
   yours = extensions.model_parts_of_yours(config)
@@ -51,7 +52,7 @@ def main(argv) -> None:
     raise ValueError(
         f'{_WORKDIR.value} uses parts of your own modules ({"; ".join(yours)}), which timm '
         "has no layout for: export writes timm's; read the run's weights with vit_jax "
-        '(vit_jax.workdir.Workdir.read_variables) instead.'
+        '(vit_jax.workdir.reader.Workdir.read_variables) instead.'
     )
   saved = run.read_variables(use_ema=_USE_EMA.value, unrolled=True)
   described = pretrained.describe_run(run, saved.variables)

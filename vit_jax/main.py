@@ -69,10 +69,10 @@ flags.mark_flags_as_required(['config', 'workdir'])
 
 def _first_refusal(error: BaseException) -> Exception | None:
   """The first write the work directory refused, where cleaning up after it failed again."""
-  from vit_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from vit_jax.workdir import disk_writes  # pylint: disable=g-import-not-at-top
 
   return next(
-      (x for x in reversed(runtime.error_chain(error)) if isinstance(x, workdir_lib.Unwritable)),
+      (x for x in reversed(runtime.error_chain(error)) if isinstance(x, disk_writes.Unwritable)),
       None,
   )
 
@@ -94,7 +94,8 @@ def main(argv) -> None:
   )
   import jax  # pylint: disable=g-import-not-at-top
   from vit_jax.training import train  # pylint: disable=g-import-not-at-top
-  from vit_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from vit_jax.workdir import disk_writes  # pylint: disable=g-import-not-at-top
+  from vit_jax.workdir import run_files  # pylint: disable=g-import-not-at-top
 
   if jax.process_index() != 0:  # Process 0 speaks for all; the others report only problems.
     logging.set_verbosity(logging.WARNING)
@@ -114,7 +115,7 @@ def main(argv) -> None:
     sys.exit(f'error: {_first_refusal(e) or e}')
   except Exception as e:  # A write refused late (summaries, results): one line, else raise.
     peers.end_run(e, _WORKDIR.value)  # A dead process of a multi-process run: one line, exit 75.
-    refusal = _first_refusal(e) or workdir_lib.unwritable(e, _WORKDIR.value, workdir_lib.ROOM)
+    refusal = _first_refusal(e) or disk_writes.unwritable(e, _WORKDIR.value, run_files.ROOM)
     if refusal is None:
       raise
     logging.debug('Stopped by an error.', exc_info=True)

@@ -16,10 +16,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vit_jax import workdir as workdir_lib
 from vit_jax.training import optim
 from vit_jax.training import run_writer
 from vit_jax.training import train
+from vit_jax.workdir import reader
 
 PRUNING_RULES = {'official': 1e3, 'paper': 1e5}
 MIN_EIGENVALUE = 1e-5
@@ -132,7 +132,7 @@ def write_run(
 ) -> None:
   """Writes a work directory with config.json and a step-0 checkpoint of `params` (e.g. a pruned
   model), from which `train.train_and_evaluate(config, workdir)` trains on."""
-  if workdir_lib.Workdir(workdir).has_checkpoint():
+  if reader.Workdir(workdir).has_checkpoint():
     raise ValueError(
         f'{workdir!r} already holds a checkpoint; remove it or use another ' 'directory.'
     )

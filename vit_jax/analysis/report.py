@@ -27,8 +27,10 @@ from vit_jax.models import attention
 from vit_jax.models import sa_conv
 from vit_jax.models import vit
 from vit_jax.training import train
-from vit_jax import workdir as workdir_lib
 from vit_jax.weights import inference
+from vit_jax.workdir import disk_writes
+from vit_jax.workdir import reader
+from vit_jax.workdir import run_files
 
 ANALYSES = ('collapse', 'maps', 'rollout', 'distance', 'centres', 'pruning')
 ANALYSIS_ROOM = "write access and room for the analysis' figures and report (WORKDIR/analysis)"
@@ -36,8 +38,8 @@ ANALYSIS_ROOM = "write access and room for the analysis' figures and report (WOR
 
 def eval_images(run: inference.Run, count: int) -> np.ndarray:
   """The first `count` real images of `run`'s eval split, (count, S, S, 3): those the run
-  recorded (`workdir.Workdir.eval_images`, its data need not stay) where they are enough."""
-  run_dir = workdir_lib.Workdir(run.source)
+  recorded (`reader.Workdir.eval_images`, its data need not stay) where they are enough."""
+  run_dir = reader.Workdir(run.source)
   recorded = run_dir.eval_images()
   if recorded is not None:
     whole_split = (run_dir.dataset() or {}).get('num_eval_examples', count)
@@ -161,19 +163,19 @@ def analyze(
 ) -> dict[str, Any]:
   """Runs the analyses on `workdir`'s checkpoint (its EMA weights where it kept an EMA, unless
   `use_ema=False`), writes PNGs and analysis.json, returns it; over `num_images` eval images
-  (default: as many as a run records, `workdir.RECORDED_EVAL_IMAGES`), datasets read as
+  (default: as many as a run records, `run_files.RECORDED_EVAL_IMAGES`), datasets read as
   `inference.load_run` reads them (`data_dir`)."""
-  num_images = workdir_lib.RECORDED_EVAL_IMAGES if num_images is None else num_images
+  num_images = run_files.RECORDED_EVAL_IMAGES if num_images is None else num_images
   if num_images < 1 or batch_size < 1 or window < 1:
     raise ValueError(
         f'num_images={num_images}, batch_size={batch_size} and window={window} ' 'must be >= 1.'
     )
-  workdir_lib.check_writable(
-      os.path.join(workdir, workdir_lib.ANALYSIS_DIR), ANALYSIS_ROOM, directory=True
+  disk_writes.check_writable(
+      os.path.join(workdir, run_files.ANALYSIS_DIR), ANALYSIS_ROOM, directory=True
   )
   run = inference.load_run(workdir, step, use_ema=use_ema, unroll=True, data_dir=data_dir)
   what, explicit = _resolve(what, run.model)
-  run_dir = workdir_lib.Workdir(workdir)
+  run_dir = reader.Workdir(workdir)
   out = _Outputs(run_dir.analysis_dir(), explicit)
   images = eval_images(run, num_images)
   image_shape = images.shape[1:3]
@@ -242,7 +244,7 @@ def analyze(
         run, out.directory, pruning_rule, finetune_steps, finetune_lr_factor
     )
   report['files'] = out.files
-  run_dir.write_json(os.path.join(workdir_lib.ANALYSIS_DIR, 'analysis.json'), report)
+  run_dir.write_json(os.path.join(run_files.ANALYSIS_DIR, 'analysis.json'), report)
   logging.info('Wrote %s to %s.', ', '.join(out.files + ['analysis.json']), out.directory)
   return report
 
@@ -367,7 +369,7 @@ def _pruning(
       ],
   }
   run_dir = os.path.join(out_dir, f'pruned_{rule}')
-  pruned = workdir_lib.Workdir(run_dir)
+  pruned = reader.Workdir(run_dir)
   if pruned.has_checkpoint():  # Pruned before: fine-tune on from where it stands.
     saved = pruned.config().model.get('layer_heads')
     if list(saved or ()) != list(layer_heads):

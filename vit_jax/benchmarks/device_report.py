@@ -36,7 +36,7 @@ from vit_jax.models import numerics
 from vit_jax.training import optim
 from vit_jax.training import start as start_lib
 from vit_jax.training import steps
-from vit_jax import workdir as workdir_lib
+from vit_jax.workdir import disk_writes
 
 FAMILIES = ('vit', 'deit', 'cait', 'deepvit', 't2t', 'sa_conv', 'regnet')
 
@@ -485,7 +485,7 @@ def run(
   if unknown:
     raise ValueError(f'Unknown device report rows {unknown}; choose from {list(GROUPS)}.')
   if json_path:
-    workdir_lib.check_writable(json_path, REPORT_ROOM, directory=False)
+    disk_writes.check_writable(json_path, REPORT_ROOM, directory=False)
   if not jax.config.jax_compilation_cache_dir:
     jax.config.update('jax_compilation_cache_dir', DEFAULT_COMPILATION_CACHE)
   device = jax.devices()[0]
@@ -531,7 +531,7 @@ def run(
         ),
     )
   if json_path:
-    with workdir_lib.writing(json_path, REPORT_ROOM), open(json_path, 'w') as f:
+    with disk_writes.writing(json_path, REPORT_ROOM), open(json_path, 'w') as f:
       json.dump(
           {
               'device': device.device_kind,

@@ -40,9 +40,9 @@ from PIL import Image as pil_image
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from vit_jax import workdir as workdir_lib
 from vit_jax.data import convert
 from vit_jax.data import storage
+from vit_jax.workdir import disk_writes
 
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png')
 _LAYOUT = '<root>/<split>/<class>/*.jpg|*.jpeg|*.png, e.g. <root>/train/cat/1.jpg'
@@ -425,7 +425,7 @@ def _name_earlier_copies(builder: tfds.core.DatasetBuilder, root: str) -> None:
         'remain at %s (%s); remove them to free the space.',
         root,
         ', '.join(earlier),
-        workdir_lib.size_words(size),
+        disk_writes.size_words(size),
     )
 
 

@@ -24,7 +24,7 @@ import tensorflow_datasets as tfds
 from tensorflow_datasets.core import file_adapters
 from tensorflow_datasets.core.proto import dataset_info_pb2
 
-from vit_jax import workdir as workdir_lib
+from vit_jax.workdir import disk_writes
 
 TFDS_DATA_DIR = 'TFDS_DATA_DIR'
 DATA_DIR_FLAG = '--data_dir'  # How a command that reads a run names a data dir of the user's.
@@ -59,7 +59,7 @@ def check_location(data_dir: str | None) -> None:
     return
   named = f'data_dir={given}' if data_dir else f'{TFDS_DATA_DIR}={given}'
   path = os.path.abspath(os.path.expanduser(given))
-  existing = workdir_lib.existing_parent(path)
+  existing = disk_writes.existing_parent(path)
   if os.path.isdir(existing):
     return
   why = 'is a file, not a directory' if existing == path else f'lies under the file {existing}'
@@ -82,7 +82,7 @@ def check_writable(data_dir: str, what: str) -> None:
         f'prepares nothing where it points. Give {DATA_DIR_FLAG}=DIR, a folder of yours to '
         'read and prepare datasets in.'
     )
-  workdir_lib.check_writable(str(data_dir), _needs(what), directory=True)
+  disk_writes.check_writable(str(data_dir), _needs(what), directory=True)
 
 
 def check_preparable(builder: tfds.core.DatasetBuilder, name: str) -> None:
@@ -98,17 +98,17 @@ def writing(data_dir: str, what: str, partial: Callable[[], Sequence[str]]) -> I
   try:
     yield
   except Exception as e:  # OSError, or a library's own error type. pylint: disable=broad-except
-    if isinstance(e, workdir_lib.Unwritable):  # A nested write's, said already.
+    if isinstance(e, disk_writes.Unwritable):  # A nested write's, said already.
       refusal = e
     elif isinstance(e, ValueError):  # Bad input (an image that does not decode), named already.
       raise
     else:
-      refusal = workdir_lib.unwritable(e, str(data_dir), _needs(what))
+      refusal = disk_writes.unwritable(e, str(data_dir), _needs(what))
     if refusal is None:
       raise
     removed = [path for path in partial() if _remove(path)]
     note = f' Removed what was half written: {", ".join(removed)}.' if removed else ''
-    raise workdir_lib.Unwritable(f'{refusal}{note}') from None
+    raise disk_writes.Unwritable(f'{refusal}{note}') from None
 
 
 def _remove(path: str) -> bool:

@@ -13,7 +13,6 @@ import jax
 from jax.sharding import Mesh
 
 from vit_jax import evaluators as evaluators_lib
-from vit_jax import workdir as workdir_lib
 from vit_jax.data import settings as data_settings
 from vit_jax.evaluators import eval_sets as eval_sets_lib
 from vit_jax.evaluators import evaluator
@@ -21,6 +20,7 @@ from vit_jax.evaluators import frozen
 from vit_jax.parallel import sharding
 from vit_jax.weights import inference
 from vit_jax.weights import pretrained
+from vit_jax.workdir import reader
 
 
 def evaluate_only(
@@ -32,7 +32,7 @@ def evaluate_only(
     use_ema: bool,
     model_name: str,
     fsdp_min_size: int,
-    out: workdir_lib.Workdir,
+    out: reader.Workdir,
 ) -> dict[str, float]:
   """`test_sets`' metrics of the weights in `source` (a run or a weights file), written to
   `out`'s eval_report.json and printed.
@@ -107,7 +107,7 @@ def evaluate_weights(
   metrics = evaluators_lib.run(evaluators, subject).metrics
   for key, value in metrics.items():
     print(f'{key:40s} {value:.4g}')
-  out = workdir_lib.Workdir(out_dir)
+  out = reader.Workdir(out_dir)
   results_file = out.write_results(metrics, step=run.step)  # Merged: the run's own are kept.
   writer = metric_writers.SummaryWriter(out_dir)  # TensorBoard; the lines above are printed.
   writer.write_scalars(run.step or 0, metrics)

@@ -10,7 +10,7 @@ device holds 1/fsdp of the training state. `fsdp=1` replicates everything: data 
 
 The rule reads shapes only (element counts, not bytes), so a parameter, its gradient and its
 moments (whatever `mu_dtype`) always share one layout, and a checkpoint written on one mesh
-restores onto another (`workdir.Workdir.resume` with this module's shardings of the new mesh).
+restores onto another (`run_writer.RunWriter.resume` with this module's shardings of the new mesh).
 """
 
 from typing import Any, Sequence

@@ -21,9 +21,11 @@ from absl import logging
 import jax
 
 from vit_jax import config as config_lib
-from vit_jax import workdir as workdir_lib
 from vit_jax.training import run_writer
 from vit_jax.training import steps
+from vit_jax.workdir import reader
+from vit_jax.workdir import run_files
+from vit_jax.workdir import shape_diff
 
 # Fields whose change only adds or drops state, with what resuming does about it.
 _ADDS_OR_DROPS = {
@@ -130,7 +132,7 @@ def _note(field: str, old: Any, new: Any) -> str:
 
 
 def plan(
-    run: workdir_lib.Workdir,
+    run: reader.Workdir,
     fields: Mapping[str, Any],
     abstract_state: Any,
     abstract_for: Callable[[bool, bool], Any],
@@ -159,9 +161,9 @@ def plan(
   if saved_model != recorded_model == fields['model.name']:
     raise IncompatibleCheckpoint(
         f'The checkpoint of step {step} in {run.path!r} names the model {saved_model!r} in its '
-        f"metadata, but the run's {workdir_lib.CONFIG_FILE} and this config name "
+        f"metadata, but the run's {run_files.CONFIG_FILE} and this config name "
         f'{recorded_model!r}: its metadata is damaged. Move '
-        f'{run.file(workdir_lib.CHECKPOINT_DIR) / str(step)} away to resume from the checkpoint '
+        f'{run.file(run_files.CHECKPOINT_DIR) / str(step)} away to resume from the checkpoint '
         'before it.'
     )
   if saved_model == fields['model.name']:
@@ -169,7 +171,7 @@ def plan(
     layouts += [(c, e) for c in (False, True) for e in (False, True) if (c, e) not in layouts]
     for clip, ema in layouts:
       abstract = abstract_state if (clip, ema) == layouts[0] else abstract_for(clip, ema)
-      if workdir_lib.flat_shapes(abstract) == saved_shapes:
+      if shape_diff.flat_shapes(abstract) == saved_shapes:
         for field, (old, new) in changed.items():
           note = _note(field, old, new)
           log = logging.info if note == _HARMLESS else logging.warning
@@ -190,18 +192,18 @@ def plan(
           saved_model,
           fields,
           changed,
-          workdir_lib.ShapeDiff.between(saved_shapes, workdir_lib.flat_shapes(abstract_state)),
+          shape_diff.ShapeDiff.between(saved_shapes, shape_diff.flat_shapes(abstract_state)),
       )
   )
 
 
 def _refusal(
-    run: workdir_lib.Workdir,
+    run: reader.Workdir,
     step: int,
     saved_model: str,
     fields: Mapping[str, Any],
     changed: dict[str, tuple[Any, Any]],
-    diff: workdir_lib.ShapeDiff,
+    diff: shape_diff.ShapeDiff,
 ) -> str:
   """One error: what differs, and both ways forward."""
   named = {k: v for k, v in changed.items() if not k.startswith(_NOT_SAVED)}
@@ -216,7 +218,7 @@ def _refusal(
     )
   else:  # No config.json to compare with: the saved arrays say what differs.
     what = "its saved arrays differ from this config's" + diff.listing(limit=5)
-    revert = f'the config in its {workdir_lib.CONFIG_FILE}'
+    revert = f'the config in its {run_files.CONFIG_FILE}'
   return (
       f'The work directory {run.path!r} holds a checkpoint (step {step}) that this config '
       f'cannot resume: {what}. Nothing was changed. Either revert ({revert}) to resume it, '

@@ -4,7 +4,7 @@
 (or is written, as a pruned model is) here; `save` writes checkpoints, keeping the newest
 `config.keep_checkpoints`; `resume` reads the newest readable one onto a training state's shardings,
 moving unreadable newer ones to `unreadable_checkpoints/` (never deleting them). Everything else
-reads a run through `vit_jax.workdir.Workdir`, which this extends.
+reads a run through `vit_jax.workdir.reader.Workdir`, which this extends.
 
 The lock: `lock(workdir)` is held by a run's process 0 from its first write to its end. It is an
 exclusive `fcntl.flock` on `WORKDIR/run.lock`, which also records the holder (host, pid, start
@@ -36,7 +36,12 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from vit_jax import workdir as workdir_lib
+from vit_jax.workdir import checksums
+from vit_jax.workdir import disk_writes
+from vit_jax.workdir import pins
+from vit_jax.workdir import reader
+from vit_jax.workdir import run_files
+from vit_jax.workdir import shape_diff
 
 
 class WorkdirInUse(ValueError):
@@ -72,17 +77,17 @@ def check_path(workdir: str | None) -> None:
           f'--workdir={workdir} cannot be reached ({reason}): check the network and the '
           "store's credentials, or name a local directory."
       ) from None
-  workdir_lib.check_writable(workdir, workdir_lib.ROOM, directory=True)
-  workdir_lib.check_files(
+  disk_writes.check_writable(workdir, run_files.ROOM, directory=True)
+  disk_writes.check_files(
       workdir,
-      workdir_lib.RUN_FILES,
-      workdir_lib.ROOM,
-      directories=(workdir_lib.CHECKPOINT_DIR, workdir_lib.UNREADABLE_DIR),
+      run_files.RUN_FILES,
+      run_files.ROOM,
+      directories=(run_files.CHECKPOINT_DIR, run_files.UNREADABLE_DIR),
   )
-  checkpoints = os.path.join(workdir, workdir_lib.CHECKPOINT_DIR)
+  checkpoints = os.path.join(workdir, run_files.CHECKPOINT_DIR)
   if '://' not in workdir and os.path.isdir(checkpoints):
     steps = [name for name in os.listdir(checkpoints) if name.isdigit()]
-    workdir_lib.check_files(checkpoints, (), workdir_lib.ROOM, directories=steps)
+    disk_writes.check_files(checkpoints, (), run_files.ROOM, directories=steps)
 
 
 def _holder() -> dict[str, Any]:
@@ -118,10 +123,10 @@ def lock(workdir: str) -> Iterator[None]:
         'run from writing to it at the same time; start only one.',
         workdir,
     )
-    (path / workdir_lib.LOCK_FILE).write_text(json.dumps(_holder()))
+    (path / run_files.LOCK_FILE).write_text(json.dumps(_holder()))
     yield
     return
-  lock_path = os.path.join(workdir, workdir_lib.LOCK_FILE)
+  lock_path = os.path.join(workdir, run_files.LOCK_FILE)
   with open(lock_path, 'a+', encoding='utf-8') as f:
     try:
       fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -154,7 +159,7 @@ def lock(workdir: str) -> Iterator[None]:
 def refuse_if_in_use(workdir: str) -> None:
   """Raises WorkdirInUse where another run holds `workdir`'s lock; takes nothing and creates
   nothing, so a run can say so before it reads (and reports on) the work directory's contents."""
-  holder = workdir_lib.live_holder(workdir)  # None where unreadable: `hold` decides then.
+  holder = pins.live_holder(workdir)  # None where unreadable: `hold` decides then.
   if holder is not None:
     raise WorkdirInUse(
         f'The work directory {workdir!r} is in use by another run: {_describe(holder)}. '
@@ -182,7 +187,7 @@ def hold(workdir: str, run_scope: contextlib.ExitStack) -> None:
     raise error
 
 
-class RunWriter(workdir_lib.Workdir):
+class RunWriter(reader.Workdir):
   """The work directory of the run that trains (or writes a run) here: `Workdir`'s reads, and the
   lock, the saves and their retention (`keep_checkpoints`: the newest that many are kept; None
   keeps it read-only until `start`)."""
@@ -198,14 +203,14 @@ class RunWriter(workdir_lib.Workdir):
     """Makes this the run that trains here with `config`: locked until `run_scope` closes
     (`hold`), its saves finished by then, its config.json written, its checkpoints kept by
     `config.keep_checkpoints`; the pins that killed readers left are removed."""
-    with workdir_lib.writing(self.path, workdir_lib.ROOM):
+    with disk_writes.writing(self.path, run_files.ROOM):
       hold(self.path, run_scope)
       # However the run ends, its save in flight is finished (or, refused, removed) while the lock
       # is held, so that what a stop message names as kept is what the next run resumes from.
       run_scope.callback(self.wait_until_finished)
       if jax.process_index() == 0:
-        self.write_whole(workdir_lib.CONFIG_FILE, workdir_lib.config_json(config))
-        workdir_lib.remove_abandoned_pins(self.path)
+        self.write_whole(run_files.CONFIG_FILE, run_files.config_json(config))
+        pins.remove_abandoned_pins(self.path)
     if self._manager is not None:  # Read-only until now.
       self._manager.close()
       self._manager = None
@@ -227,15 +232,15 @@ class RunWriter(workdir_lib.Workdir):
     steps = self.steps()
     if not steps:
       return None
-    wanted = workdir_lib.flat_shapes(like)
+    wanted = shape_diff.flat_shapes(like)
 
     def read(step):
       try:
         return self._restore(step, like)['state']
       except Exception:  # pylint: disable=broad-except
         if self._layout_or_none(step) not in (None, wanted):  # Reads, but another layout.
-          raise workdir_lib.IncompatibleLayout(
-              f'The checkpoint of step {step} in {self.file(workdir_lib.CHECKPOINT_DIR)} holds '
+          raise reader.IncompatibleLayout(
+              f'The checkpoint of step {step} in {self.file(run_files.CHECKPOINT_DIR)} holds '
               'another layout of the training state than the newer ones; it was not moved. Move '
               'it out of the way by hand to resume from an older one, or start a new run.'
           ) from None
@@ -244,8 +249,8 @@ class RunWriter(workdir_lib.Workdir):
     found = self._newest_readable(read, on_unreadable=self._set_aside)
     if found is None:
       raise ValueError(
-          f'None of the {len(steps)} checkpoints in {self.file(workdir_lib.CHECKPOINT_DIR)} could '
-          f'be read (steps {steps}); each was moved to {workdir_lib.UNREADABLE_DIR}/ beside it, '
+          f'None of the {len(steps)} checkpoints in {self.file(run_files.CHECKPOINT_DIR)} could '
+          f'be read (steps {steps}); each was moved to {run_files.UNREADABLE_DIR}/ beside it, '
           'see the warnings above. Rerun to train afresh from step 0, or move a repaired one back.'
       )
     return found[1]
@@ -265,7 +270,7 @@ class RunWriter(workdir_lib.Workdir):
           args=ocp.args.Composite(
               state=ocp.args.StandardSave(state),
               meta=ocp.args.JsonSave(
-                  {'model': model_name, workdir_lib.CHECKSUMS: workdir_lib.checksums(state)}
+                  {'model': model_name, checksums.CHECKSUMS: checksums.checksums(state)}
               ),
           ),
           force=True,
@@ -286,25 +291,25 @@ class RunWriter(workdir_lib.Workdir):
       step, size = self._saving
       finished = [s for s in self._finished_steps() if s != step]
       if finished:  # Its newest checkpoint on disk, metadata included, says best.
-        size = max(size, _disk_bytes(self.file(workdir_lib.CHECKPOINT_DIR) / str(finished[-1])))
-      refusal = workdir_lib.unwritable(
+        size = max(size, _disk_bytes(self.file(run_files.CHECKPOINT_DIR) / str(finished[-1])))
+      refusal = disk_writes.unwritable(
           e,
-          str(self.file(workdir_lib.CHECKPOINT_DIR)),
-          f'about {workdir_lib.size_words(size)} for the checkpoint of step {step}',
+          str(self.file(run_files.CHECKPOINT_DIR)),
+          f'about {disk_writes.size_words(size)} for the checkpoint of step {step}',
       )
       if refusal is None:
         raise
       if jax.process_index() == 0:
-        for partial in self.file(workdir_lib.CHECKPOINT_DIR).glob(
+        for partial in self.file(run_files.CHECKPOINT_DIR).glob(
             f'*{ocp.path.atomicity.TMP_DIR_SUFFIX}*'
         ):
           shutil.rmtree(partial, ignore_errors=True)
       remedy = (
           'Raise the limit (ulimit -f unlimited)'
-          if workdir_lib.refused_write(e) == errno.EFBIG
+          if disk_writes.refused_write(e) == errno.EFBIG
           else 'Make room (or --workdir elsewhere, copying this one)'
       )
-      raise workdir_lib.Unwritable(
+      raise disk_writes.Unwritable(
           f'{refusal} Removed its partial checkpoint; '
           + (f'the earlier ones (steps {finished}) are intact. ' if finished else '')
           + f'{remedy}, then rerun the same command to resume.'
@@ -312,7 +317,7 @@ class RunWriter(workdir_lib.Workdir):
 
   def _finished_steps(self) -> list[int]:
     """Finished checkpoints by their directory names (orbax's manager may be mid-failure)."""
-    root = self.file(workdir_lib.CHECKPOINT_DIR)
+    root = self.file(run_files.CHECKPOINT_DIR)
     return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit()) if root.exists() else []
 
   def reached_preemption(self, step: int) -> bool:
@@ -326,7 +331,7 @@ class RunWriter(workdir_lib.Workdir):
     and a later save of the same step number writes a fresh checkpoint. A `reason.txt` beside it
     says why it was moved; delete the folder when done with it.
     """
-    target = self.file(workdir_lib.UNREADABLE_DIR) / f'{step}.{time.strftime("%Y%m%d-%H%M%S")}'
+    target = self.file(run_files.UNREADABLE_DIR) / f'{step}.{time.strftime("%Y%m%d-%H%M%S")}'
     if jax.process_index() == 0:
       target.parent.mkdir(parents=True, exist_ok=True)
       (self.manager.directory / str(step)).rename(target)

@@ -12,7 +12,7 @@ from vit_jax.data import normalization
 from vit_jax import models
 from vit_jax.weights import pretrained
 from vit_jax.training import steps
-from vit_jax import workdir as workdir_lib
+from vit_jax.workdir import reader
 
 
 def source(teacher: str) -> tuple[str | None, str]:
@@ -62,7 +62,7 @@ def load(settings: TeacherSettings, num_classes: int) -> steps.Teacher:
     normalization = settings.teacher_normalization or weights.normalization
   elif model_name is None:
     try:
-      saved = workdir_lib.Workdir.open(path).config()
+      saved = reader.Workdir.open(path).config()
     except ValueError as e:
       raise ValueError(
           f'distillation.teacher={settings.teacher!r} must be a work directory written by '

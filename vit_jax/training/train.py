@@ -32,7 +32,6 @@ from jax.sharding import Mesh, NamedSharding
 from vit_jax import config as config_lib
 from vit_jax import config_settings
 from vit_jax import evaluators as evaluators_lib
-from vit_jax import workdir as workdir_lib
 from vit_jax.data import input_pipeline
 from vit_jax.data import settings as data_settings
 from vit_jax.evaluators import eval_sets as eval_sets_lib
@@ -50,6 +49,9 @@ from vit_jax.training import start as start_lib
 from vit_jax.training import steps
 from vit_jax.training import teacher as teacher_lib
 from vit_jax.weights import pretrained as pretrained_lib
+from vit_jax.workdir import disk_writes
+from vit_jax.workdir import run_files
+from vit_jax.workdir import shape_diff
 
 
 @config_settings.settings_type
@@ -240,7 +242,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
     run_dir.start(config, run_scope)  # Locked, config.json written, checkpoints kept.
     run_dir.write_dataset(
         dataclasses.asdict(info),
-        input_pipeline.eval_images_to_record(settings.data, workdir_lib.RECORDED_EVAL_IMAGES),
+        input_pipeline.eval_images_to_record(settings.data, run_files.RECORDED_EVAL_IMAGES),
     )
     watcher = run_scope.enter_context(PreemptionWatcher())
     if watcher.requested:  # Came while this run set up, inside a sequence that watches.
@@ -251,7 +253,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
           workdir,
       )
       return RunResult(step=None, metrics={}, preempted=True)
-    with workdir_lib.writing(workdir, workdir_lib.ROOM):
+    with disk_writes.writing(workdir, run_files.ROOM):
       writer = metric_writers.create_default_writer(workdir, just_logging=jax.process_index() > 0)
     run_scope.callback(writer.close)
     run_scope.callback(_stop_profiling)
@@ -305,7 +307,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
         logging.info(
             'step %d  saving checkpoint %s',
             step,
-            run_dir.file(workdir_lib.CHECKPOINT_DIR) / str(step),
+            run_dir.file(run_files.CHECKPOINT_DIR) / str(step),
         )
       if stop:
         run_dir.wait_until_finished()
@@ -446,7 +448,7 @@ def _restore_or_init(
   fine-tuning."""
   if saved is not None:
     state = run_dir.resume(saved)
-    if workdir_lib.flat_shapes(saved) != workdir_lib.flat_shapes(abstract_state):
+    if shape_diff.flat_shapes(saved) != shape_diff.flat_shapes(abstract_state):
       state = resume_lib.carry_over(
           state, ema, sharding.abstract(abstract_state, state_sharding), state_sharding
       )
@@ -534,7 +536,7 @@ def _finite(
         'stopping without saving. '
         + (
             f'The last good checkpoint (step {kept[-1]}) is kept in '
-            f'{run_dir.file(workdir_lib.CHECKPOINT_DIR) / str(kept[-1])}; a rerun resumes '
+            f'{run_dir.file(run_files.CHECKPOINT_DIR) / str(kept[-1])}; a rerun resumes '
             'from it. '
             if kept
             else 'No checkpoint had been saved yet; a rerun starts from step 0. '

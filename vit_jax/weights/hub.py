@@ -25,8 +25,8 @@ import flax.linen as nn
 import numpy as np
 
 from vit_jax import models
-from vit_jax import workdir
 from vit_jax.data import normalization
+from vit_jax.workdir import disk_writes
 
 PREFIX = 'hf-hub:'
 CONFIG_FILE = 'config.json'
@@ -114,7 +114,7 @@ def _download(name: str, repo_id: str, filenames: tuple[str, ...]) -> str:
     ) as e:
       reasons.append(f'{filename}: {_first_line(e)}')
   offline = huggingface_hub.constants.HF_HUB_OFFLINE
-  in_the_way = workdir.existing_parent(cache_dir())
+  in_the_way = disk_writes.existing_parent(cache_dir())
   if os.path.isfile(in_the_way):
     reasons.insert(0, f'{in_the_way} is a file, where the cache needs a folder')
   raise ValueError(

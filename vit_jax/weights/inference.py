@@ -32,7 +32,8 @@ from vit_jax.data import settings as data_settings
 from vit_jax.data import storage
 from vit_jax import models
 from vit_jax.weights import pretrained
-from vit_jax import workdir as workdir_lib
+from vit_jax.workdir import reader
+from vit_jax.workdir import run_files
 
 MAX_IMAGE_BYTES = 256 << 20  # A larger file is refused, not read: no image file is that large.
 
@@ -61,7 +62,7 @@ def load_run(
     data_dir: str | None = None,
 ) -> Run:
   """The config, model and variables of `workdir`'s checkpoint at `step` (default: newest): its
-  EMA where the run kept one and `use_ema` (`workdir.Workdir.read_variables`).
+  EMA where the run kept one and `use_ema` (`reader.Workdir.read_variables`).
 
   Its classes are those the run recorded (dataset.json): its data need not stay. Datasets are read
   from `data_dir` where given (and prepared there), else from the run's own data_dir, which is
@@ -69,12 +70,12 @@ def load_run(
   `nn.scan` is restored unrolled (analysis reads per-block attention maps); otherwise in the
   layout it trained in.
   """
-  run = workdir_lib.Workdir.open(workdir)
+  run = reader.Workdir.open(workdir)
   config = run.config()
   if data_dir:
     config.data_dir = data_dir
   else:
-    storage.read_only(config.data_dir, str(run.file(workdir_lib.CONFIG_FILE)))
+    storage.read_only(config.data_dir, str(run.file(run_files.CONFIG_FILE)))
   if unroll:
     for field in ('scan_layers', 'remat'):
       if field in config.model:

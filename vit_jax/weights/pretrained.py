@@ -7,7 +7,7 @@
     `state_dict_ema` / `model_ema` / `state_dict` / `model`, with `module.` prefixes stripped;
   - a Google ViT `.npz`: google-research/vision_transformer's or big_vision's layout
     (`checkpoint_formats.google_to_timm`);
-  - a work directory written by `vit_jax.main` (`vit_jax.workdir.Workdir.read_variables`);
+  - a work directory written by `vit_jax.main` (`vit_jax.workdir.reader.Workdir.read_variables`);
   - Hub weights by name, `hf-hub:ORG/NAME` (`vit_jax.weights.hub`: fetched once into the Hugging Face
     cache, then read as the file they are).
 EMA weights are read first where a file or run has them; `use_ema=False` reads the raw ones.
@@ -39,8 +39,10 @@ from vit_jax.data import settings as data_settings
 from vit_jax.weights import checkpoint_formats
 from vit_jax.weights import hub
 from vit_jax import models
-from vit_jax import workdir as workdir_lib
 from vit_jax.models import layouts
+from vit_jax.workdir import disk_writes
+from vit_jax.workdir import reader
+from vit_jax.workdir import shape_diff
 
 HEAD_NAMES = ('head', 'head_dist')
 POS_EMBED_RESIZE_METHODS = ('timm', 'pytorch')
@@ -238,7 +240,7 @@ def _check_fit(
   """One ValueError listing every missing, unexpected and wrongly shaped variable. A class-count
   mismatch of `frozen` weights says the count to give (or to give none where the weights say
   their count: `classes_said`)."""
-  diff = workdir_lib.ShapeDiff.between(
+  diff = shape_diff.ShapeDiff.between(
       {_path(k): v.shape for k, v in flat.items()}, {_path(k): v.shape for k, v in target.items()}
   )
   if not diff:
@@ -267,7 +269,7 @@ def _check_fit(
 
 def _from_workdir(path: str, model: nn.Module, use_ema: bool) -> tuple[dict, str, str]:
   """(unrolled variables, a description of the source, a hint if another family saved them)."""
-  run = workdir_lib.Workdir.open(path)
+  run = reader.Workdir.open(path)
   saved = run.read_variables(use_ema=use_ema, unrolled=True)
   flat = flax.traverse_util.flatten_dict(saved.variables)
   checkpoint_formats.check_finite(
@@ -415,7 +417,7 @@ def head_classes(variables: Mapping[str, Any]) -> int:
   return next((v.shape[-1] for k, v in flat.items() if _is_head(k) and k[-1] == 'kernel'), 0)
 
 
-def describe_run(run: workdir_lib.Workdir, variables: Mapping[str, Any]) -> Exported:
+def describe_run(run: reader.Workdir, variables: Mapping[str, Any]) -> Exported:
   """What an export of `run`'s `variables` says of them: its model, fields, classes (those
   dataset.json records) and evaluation preprocessing."""
   config = run.config()
@@ -477,12 +479,12 @@ def export_timm(
       value = value.astype(np.float32)
     tensors[key] = np.ascontiguousarray(value)
   target = os.path.abspath(path)
-  with workdir_lib.writing(path, EXPORT_ROOM):
+  with disk_writes.writing(path, EXPORT_ROOM):
     os.makedirs(os.path.dirname(target), exist_ok=True)
     metadata = {'format': 'pt'}  # timm's loader wants it.
     if described is not None:
       metadata[EXPORT_METADATA_KEY] = json.dumps(dataclasses.asdict(described))
-    with workdir_lib.replaced_whole(target) as partial:
+    with disk_writes.replaced_whole(target) as partial:
       with open(partial, 'wb'):
         mode = os.stat(partial).st_mode  # safetensors writes 0600: give what `open` gives.
       safetensors_numpy.save_file(tensors, partial, metadata=metadata)
