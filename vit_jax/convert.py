@@ -15,9 +15,10 @@ from absl import flags
 
 from vit_jax import runtime
 
-_DATASET = flags.DEFINE_string('dataset', None, 'TFDS name of a prepared dataset, e.g. cifar10.')
+_DATASET = flags.DEFINE_string(
+    'dataset', None, 'TFDS name of a prepared dataset, e.g. cifar10.', required=True
+)
 _DATA_DIR = flags.DEFINE_string('data_dir', None, "TFDS data dir (default: TFDS's own).")
-flags.mark_flags_as_required(['dataset'])
 
 
 def main(argv) -> None:

@@ -250,7 +250,7 @@ def hidden_beside(config_file: str) -> list[tuple[str, str]]:
       tree = ast.parse(f.read())
   except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
     return []  # Loading it says what is wrong.
-  names = set()
+  names: set[str] = set()
   for node in ast.walk(tree):
     if isinstance(node, ast.Import):
       names.update(alias.name.split('.')[0] for alias in node.names)

@@ -238,7 +238,7 @@ def _silence_closed_event_loops() -> None:
     ):
       unraisablehook(unraisable)
 
-  quiet_unraisablehook.drops_closed_event_loops = True
+  setattr(quiet_unraisablehook, 'drops_closed_event_loops', True)
   sys.excepthook, sys.unraisablehook = quiet_excepthook, quiet_unraisablehook
 
 
@@ -278,8 +278,8 @@ def tensorflow_installed() -> bool:
 def error_chain(error: BaseException) -> list[BaseException]:
   """`error` and the exceptions it was raised from, outermost first."""
   chain = [error]
-  while (chain[-1].__cause__ or chain[-1].__context__) is not None:
-    chain.append(chain[-1].__cause__ or chain[-1].__context__)
+  while (raised_from := chain[-1].__cause__ or chain[-1].__context__) is not None:
+    chain.append(raised_from)
   return chain
 
 
@@ -441,8 +441,8 @@ def run(
           'is a flag (--helpfull lists them).'
       )
     try:
-      if address_space_warning():
-        exits.write_line(address_space_warning())
+      if warning := address_space_warning():
+        exits.write_line(warning)
       if before_libraries is not None:
         before_libraries()
       quiet_library_logs()

@@ -8,7 +8,7 @@ the smallest probability inside and the largest outside the smallest set of cell
 """
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import contourpy
 from matplotlib import figure
@@ -60,12 +60,15 @@ def head_contours(
   probs = np.asarray(probs, np.float64)
   rows, cols = probs.shape
   generator = contourpy.contour_generator(
-      np.arange(cols) - query[1], np.arange(rows) - query[0], probs
+      np.arange(cols) - query[1], np.arange(rows) - query[0], probs, line_type='Separate'
   )
-  levels, lines = {}, {}
+  levels: dict[float, float] = {}
+  lines: dict[float, list[np.ndarray]] = {}
   for mass in masses:
     levels[mass] = mass_level(probs, mass)
-    lines[mass] = [line[:, ::-1] for line in generator.lines(levels[mass])]
+    # `lines` returns the layout of the generator's line_type, which its signature cannot say.
+    separate = cast(list[np.ndarray], generator.lines(levels[mass]))
+    lines[mass] = [line[:, ::-1] for line in separate]
   return HeadContours(probs, query, levels, lines)
 
 
@@ -96,13 +99,14 @@ def plot(
   half = window // 2
   for index, (name, heads) in enumerate(layers):
     ax = axes.ravel()[index]
+    layer_centres = centres[index] if centres is not None else None
     for head, contours in enumerate(heads):
       colour = f'C{head % NUM_COLOURS}'
       for mass, lines in contours.lines.items():
         for line in lines:
           ax.plot(line[:, 1], line[:, 0], color=colour, ls=LINE_STYLES.get(mass, '--'), lw=1.3)
-      if centres is not None and centres[index] is not None:
-        mu = centres[index][head]
+      if layer_centres is not None:
+        mu = layer_centres[head]
         ax.plot(mu[1], mu[0], marker='x', ms=4, color=colour)
     ax.add_patch(patches.Rectangle((-0.5, -0.5), 1, 1, color='black', zorder=3))
     # The window around the query, cut to the key grid.

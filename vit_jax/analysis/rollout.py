@@ -27,13 +27,15 @@ def _row_distributions(a: np.ndarray) -> np.ndarray:
 
 def rollout(stage: Sequence[np.ndarray], residual: float = 0.5) -> np.ndarray:
   """(images, tokens, tokens) rollout of square maps (images, heads, tokens, tokens), in order."""
-  result = None
+  result: np.ndarray | None = None
   for probs in stage:
     if probs.shape[-1] != probs.shape[-2]:
       raise ValueError(f'Rollout needs square maps; got (queries, keys) = {probs.shape[-2:]}.')
     mixed = _row_distributions(_row_distributions(probs).mean(1))
     mixed = residual * np.eye(mixed.shape[-1]) + (1 - residual) * mixed
     result = mixed if result is None else mixed @ result
+  if result is None:
+    raise ValueError('Rollout needs the maps of at least one layer.')
   return result
 
 

@@ -27,6 +27,7 @@ first D_out output channels are the convolution. Stride s is the stride-1 result
 
 import dataclasses
 import math
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -54,7 +55,8 @@ class AttentionConv:
     width = self.module_width
     m = self.margin
     padded = jnp.pad(x, ((0, 0), (m, m), (m, m), (0, width - self.in_features)))
-    y = self.module.apply({'params': self.params}, padded)
+    # `apply` returns the output alone where no collection is mutable.
+    y = cast(jax.Array, self.module.apply({'params': self.params}, padded))
     return y[:, m : m + x.shape[1], m : m + x.shape[2], : self.out_features]
 
   @property

@@ -57,8 +57,8 @@ def time_blocks(
   `cpu_clocks[i]` (default: this process's CPU time).
   """
   cpu_clocks = cpu_clocks or [time.process_time] * len(runs)
-  wall = [[] for _ in runs]
-  cpu = [[] for _ in runs]
+  wall: list[list[float]] = [[] for _ in runs]
+  cpu: list[list[float]] = [[] for _ in runs]
   for _ in range(repeats):
     for i, run in enumerate(runs):
       settle()

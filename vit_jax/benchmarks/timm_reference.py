@@ -5,7 +5,8 @@ where PyPI's CUDA torch brings Triton into a process that has loaded TensorFlow.
 import sys
 import types
 
-_TORCHVISION_SCHEMAS = []  # Keeps the declared torchvision operators alive for the process.
+# Keeps the declared torchvision operators alive for the process.
+_TORCHVISION_SCHEMAS: list[object] = []
 
 
 def import_timm() -> types.ModuleType:

@@ -6,7 +6,7 @@ declares for it; `python -m vit_jax.config` lists them), then sets its model and
 field can be overridden on the command line with `--config.FIELD=VALUE`.
 """
 
-from typing import Sequence
+from typing import Iterable
 
 import ml_collections
 
@@ -76,7 +76,7 @@ def dataset(arg: str | None, args: ml_collections.ConfigDict) -> str:
 
 
 def quick_run(
-    config: ml_collections.ConfigDict, variants: Sequence[str] = ()
+    config: ml_collections.ConfigDict, variants: Iterable[str] = ()
 ) -> ml_collections.ConfigDict:
   """The quick default of every family config: digits upsampled to 16×16, 1,000 steps of 64.
 
@@ -98,7 +98,7 @@ def quick_run(
   config.log_every = 100
   config.eval_every = 500
   config.checkpoint_every = 500
-  config_checks.require_fit(config, variants)
+  config_checks.require_fit(config, list(variants))
   return config
 
 

@@ -65,7 +65,7 @@ def add_array_record(builder: tfds.core.DatasetBuilder) -> None:
   what = f'the ArrayRecord copy of {builder.name!r}'
   storage.check_writable(str(builder.data_dir), what)
   adapter = file_adapters.ADAPTER_FOR_FORMAT[ARRAY_RECORD]
-  written = []
+  written: list[str] = []
   with storage.writing(str(builder.data_dir), what, lambda: written):
     for split in builder.info.splits.values():
       template = split.filename_template.replace(filetype_suffix=ARRAY_RECORD.file_suffix)

@@ -75,6 +75,14 @@ def centre_crop_window(
   return resized_h, resized_w, offset(resized_h), offset(resized_w)
 
 
+def _height_width(image: tf.Tensor) -> tuple[Any, Any]:
+  """The image's height and width: Python ints where its shape says them, int32 tensors if not."""
+  if image.shape[0] is not None and image.shape[1] is not None:
+    return image.shape[0], image.shape[1]
+  height, width = tf.unstack(tf.shape(image)[:2])
+  return height, width
+
+
 def resize_centre_crop(image: tf.Tensor, size: int, crop_ratio: float) -> tf.Tensor:
   """timm's eval transform: shorter side to floor(size / crop_ratio), then the central size x size.
 
@@ -82,9 +90,7 @@ def resize_centre_crop(image: tf.Tensor, size: int, crop_ratio: float) -> tf.Ten
   bicubic resize that timm's `interpolation='bicubic'` runs. Training with augment='crop_flip' or
   'none' resizes by the same rule (crop_ratio 1).
   """
-  static = image.shape[0] is not None and image.shape[1] is not None
-  shape = (image.shape[0], image.shape[1]) if static else tf.unstack(tf.shape(image)[:2])
-  height, width, top, left = centre_crop_window(*shape, size, crop_ratio)
+  height, width, top, left = centre_crop_window(*_height_width(image), size, crop_ratio)
   image = resize(image, height, width)
   return image[top : top + size, left : left + size]
 
@@ -224,8 +230,8 @@ def resize_crop(
 
 def normalize(image: tf.Tensor, mean: Sequence[float], std: Sequence[float]) -> tf.Tensor:
   """(image / 255 - mean) / std of a uint8 or float image, as one multiply-add per value."""
-  mean, std = (np.array(v, np.float64) for v in (mean, std))
-  scale, offset = (tf.constant(v, tf.float32) for v in (1.0 / (255.0 * std), -mean / std))
+  mean64, std64 = (np.array(v, np.float64) for v in (mean, std))
+  scale, offset = (tf.constant(v, tf.float32) for v in (1.0 / (255.0 * std64), -mean64 / std64))
   if not _compiled(image):
     return _normalize_pixels(image, scale, offset)
   augment.ignore_jax_xla_flags()
@@ -264,9 +270,7 @@ def inception_crop(image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
 def simple_random_crop(image: tf.Tensor, seed: tf.Tensor, size: int, padding: int) -> tf.Tensor:
   """DeiT III's simple random crop (deit augment.py, `--src`): torchvision's `Resize(size)` of the
   shorter side, then `RandomCrop(size, padding, padding_mode='reflect')`."""
-  static = image.shape[0] is not None and image.shape[1] is not None
-  shape = (image.shape[0], image.shape[1]) if static else tf.unstack(tf.shape(image)[:2])
-  height, width, _, _ = centre_crop_window(*shape, size, 1.0)
+  height, width, _, _ = centre_crop_window(*_height_width(image), size, 1.0)
   image = resize(image, height, width)
   if padding:
     image = tf.pad(image, [[padding, padding], [padding, padding], [0, 0]], mode='REFLECT')

@@ -158,7 +158,7 @@ def content_attention(
       fast = numerics.softmax_attention
   planned = _PLANNED.get()
   if planned is not None:
-    planned.append(PlannedAttention(q.shape[1], k.shape[1], *q.shape[2:], *choice))
+    planned.append(PlannedAttention(q.shape[1], k.shape[1], q.shape[2], q.shape[3], *choice))
   if fast is not None:
     return fast(q, k, v)
   scores = numerics.einsum_float32('bqhd,bkhd->bhqk', q, k)

@@ -40,11 +40,11 @@ class DeiT3(vit.VisionTransformer):
   def embed(self, images: jax.Array, *, train: bool) -> tuple[jax.Array, tuple[int, int]]:
     """Patch tokens plus `pos_embed` (1, patches, width), then the prefix tokens prepended."""
     x = self.patch_tokens(images, train=train)
-    batch, grid, width = x.shape[0], x.shape[1:3], x.shape[-1]
+    batch, rows, cols, width = x.shape
     x = x.reshape(batch, -1, width)
-    x = x + self.checked_position_embedding(x.shape[1:], images.shape[1:3]).astype(x.dtype)
+    x = x + self.checked_position_embedding((x.shape[1], width), images.shape[1:3]).astype(x.dtype)
     x = self.with_prefix_tokens(x)
-    return nn.Dropout(rate=self.dropout_rate, deterministic=not train)(x), grid
+    return nn.Dropout(rate=self.dropout_rate, deterministic=not train)(x), (rows, cols)
 
 
 _TIMM_LAYER_SCALE = re.compile(r'(blocks\.\d+)\.ls([12])\.gamma')
@@ -54,11 +54,12 @@ _GAMMA = re.compile(r'(blocks\.\d+)\.gamma_([12])')
 def from_timm(state_dict: models.StateDict) -> dict[str, dict]:
   """Official deit (`gamma_1`) or timm (`ls1.gamma`) DeiT III state dict -> Flax variables."""
   renamed = {_TIMM_LAYER_SCALE.sub(r'\1.gamma_\2', key): value for key, value in state_dict.items()}
-  gammas = {key: value for key, value in renamed.items() if _GAMMA.fullmatch(key)}
-  others = {key: value for key, value in renamed.items() if key not in gammas}
+  gammas = {
+      found.groups(): value for key, value in renamed.items() if (found := _GAMMA.fullmatch(key))
+  }
+  others = {key: value for key, value in renamed.items() if not _GAMMA.fullmatch(key)}
   variables = vit.from_timm(others)
-  for key, value in gammas.items():
-    block, index = _GAMMA.fullmatch(key).groups()
+  for (block, index), value in gammas.items():
     variables['params'][block.replace('.', '_')][f'gamma_{index}'] = np.asarray(value)
   return variables
 

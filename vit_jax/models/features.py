@@ -54,8 +54,8 @@ class Features:
 
 def block_names(sown: dict[str, Any]) -> list[str]:
   """The main stage's block names in the `features` collection (unrolled layout), in order."""
-  names = [name for name in sown if _BLOCK.fullmatch(name)]
-  return sorted(names, key=lambda name: int(_BLOCK.fullmatch(name).group(2)))
+  blocks = [found for found in map(_BLOCK.fullmatch, sown) if found]
+  return [found.string for found in sorted(blocks, key=lambda found: int(found.group(2)))]
 
 
 def _chosen(names: list[str], blocks: int | Sequence[int] | None) -> list[str]:
@@ -104,16 +104,17 @@ def extract(
   sown = layouts.unstack_layers(flax.core.unfreeze(state[layers.FEATURES]))
   names = block_names(sown)
   num_prefix = len(getattr(model, 'prefix_tokens', ()))
+  image_shape = (images.shape[1], images.shape[2])
   prefix, grid = {}, {}
   for name in _chosen(names, blocks):
-    prefix[name], grid[name] = _split(sown[name]['tokens'][0], num_prefix, images.shape[1:3])
+    prefix[name], grid[name] = _split(sown[name]['tokens'][0], num_prefix, image_shape)
   # CaiT's class token joins only after its blocks: the final tokens' prefix is what the last
   # block lacks.
   encoded = sown[ENCODED][0]
   last = sown[names[-1]]['tokens'][0]
   patches = math.prod(last.shape[1:3]) if last.ndim == 4 else last.shape[1] - num_prefix
   encoded_prefix = 0 if encoded.ndim == 4 else encoded.shape[1] - patches
-  prefix[ENCODED], grid[ENCODED] = _split(encoded, encoded_prefix, images.shape[1:3])
+  prefix[ENCODED], grid[ENCODED] = _split(encoded, encoded_prefix, image_shape)
   head_inputs = tuple(sown['head_input'])
   return Features(
       pre_logits=jnp.mean(jnp.stack(head_inputs), axis=0),

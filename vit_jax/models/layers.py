@@ -106,7 +106,10 @@ def gelu(x: jax.Array) -> jax.Array:
 
 # timm's `act_layer` names: exact GELU (PyTorch, timm) and its tanh approximation (flax's
 # `nn.gelu` default, which big_vision's and google-research/vision_transformer's models use).
-ACTIVATIONS = {'gelu': gelu, 'gelu_tanh': functools.partial(nn.gelu, approximate=True)}
+ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    'gelu': gelu,
+    'gelu_tanh': functools.partial(nn.gelu, approximate=True),
+}
 
 
 class Mlp(nn.Module):
@@ -144,8 +147,8 @@ def paper_layer_scale_init(depth: int) -> float:
   return 1e-5 if depth <= 24 else 1e-6
 
 
-class EncoderBlock(nn.Module):
-  """Pre-norm Transformer block: x + DropPath(Attn(LN(x))), then x + DropPath(MLP(LN(x))).
+class PreNormBlock(nn.Module):
+  """The fields and branches of the pre-norm blocks (`EncoderBlock`, `ClassAttentionBlock`).
 
   `attention` builds the attention module (called with name='attn'); any module mapping tokens
   (batch, tokens, width) to (batch, tokens, width) and taking `train=` fits. `layer_scale_init`
@@ -199,6 +202,10 @@ class EncoderBlock(nn.Module):
         name='mlp',
     )(self.norm(x, 'norm2'), train=train)
 
+
+class EncoderBlock(PreNormBlock):
+  """Pre-norm Transformer block: x + DropPath(Attn(LN(x))), then x + DropPath(MLP(LN(x)))."""
+
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
     drop_path = DropPath(self.drop_path_rate)
@@ -209,7 +216,7 @@ class EncoderBlock(nn.Module):
     return x
 
 
-class ClassAttentionBlock(EncoderBlock):
+class ClassAttentionBlock(PreNormBlock):
   """CaiT's `LayerScale_Block_CA`: cls + gamma_1 CA(LN([cls; x])), cls + gamma_2 MLP(LN(cls)).
 
   Called as block(x, cls): only the class token is updated (CaiT Eq. 5); the patches are frozen.

@@ -251,7 +251,7 @@ class RegNet(nn.Module):
       return np.array([0])
     stage = re.fullmatch(r's(\d+)', path[0])
     block = re.fullmatch(r'b(\d+)', path[1]) if stage and len(path) > 1 else None
-    if block:
+    if stage and block:
       before = sum(blocks for _, blocks, _ in self.stages[: int(stage.group(1)) - 1])
       return np.array([before + int(block.group(1))])
     return np.array([self.top_layer])

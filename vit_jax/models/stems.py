@@ -11,7 +11,7 @@ width), so positional attention and the analysis know where each token sits. Eac
 import dataclasses
 import functools
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import flax.linen as nn
 import jax
@@ -196,7 +196,7 @@ def soft_split(
 
 
 def check_soft_splits(
-    soft_splits: tuple[tuple[int, int, int], ...], image_size: tuple[int, int] | None = None
+    soft_splits: tuple[tuple[int, int, int], ...], image_size: Sequence[int] | None = None
 ) -> None:
   """Raises unless `soft_splits` are (kernel, stride, padding) triples that leave a non-empty
   grid of an image of `image_size` (when given)."""
@@ -205,8 +205,10 @@ def check_soft_splits(
         f'soft_splits={soft_splits} must be a non-empty tuple of '
         '(kernel >= 1, stride >= 1, padding >= 0) triples.'
     )
-  size = image_size
-  for kernel, stride, padding in soft_splits if size else ():
+  if not image_size:
+    return
+  size = tuple(image_size)
+  for kernel, stride, padding in soft_splits:
     size = tuple((s + 2 * padding - kernel) // stride + 1 for s in size)
     if min(size) < 1:
       raise ValueError(

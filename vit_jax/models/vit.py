@@ -20,7 +20,7 @@ renames (`layouts.variables_from_torch`, `layouts.variables_to_torch`).
 import functools
 import itertools
 import re
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, TypeVar
 
 import flax.linen as nn
 import jax
@@ -41,6 +41,7 @@ from vit_jax.models import stems
 # blocks take the class token after the patch blocks (CaiT Section 3).
 CLASS_STAGES = ('token', 'class_attention')
 INFERENCE_MODES = ('average_logits', 'sum_softmax')
+KindSettingsT = TypeVar('KindSettingsT', bound=parts.KindSettings)
 
 
 GLOBAL_POOLS = ('token', 'avg', 'map')
@@ -180,7 +181,7 @@ class VisionTransformer(nn.Module, parts.Parts):
   @property
   def layer_scale(self) -> float | None:
     """The LayerScale init in use: `layer_scale_init`, or CaiT's depth rule for 'paper'."""
-    if self.layer_scale_init == 'paper':
+    if isinstance(self.layer_scale_init, str):  # 'paper': `check_fields` refuses other words.
       return layers.paper_layer_scale_init(self.depth)
     return self.layer_scale_init
 
@@ -200,7 +201,7 @@ class VisionTransformer(nn.Module, parts.Parts):
       return self.mlp_dim
     return int((self.mlp_ratio or self.default_mlp_ratio) * self.hidden_size)
 
-  def kind_settings(self, settings: type) -> Any:
+  def kind_settings(self, settings: type[KindSettingsT]) -> KindSettingsT:
     """The own settings of type `settings` (a registered kind settings dataclass) of the chosen kind
     of `settings.part`: the model's `{part}_settings`, or the dataclass' defaults when unset."""
     field = parts.settings_field(settings.part)
@@ -251,8 +252,9 @@ class VisionTransformer(nn.Module, parts.Parts):
           f'mlp_dim={self.mlp_dim} and mlp_ratio={self.mlp_ratio} both give the MLP '
           'width; set one of them (the other None).'
       )
-    if stems.stem(self.stem).check is not None:
-      stems.stem(self.stem).check(self)
+    check_stem = stems.stem(self.stem).check
+    if check_stem is not None:
+      check_stem(self)
     if self.attention == 're_attention':
       attention_lib.check_choice(
           self.kind_settings(parts.ReAttentionSettings).re_attention_norm,
@@ -444,10 +446,10 @@ class VisionTransformer(nn.Module, parts.Parts):
     """Stem tokens with the prefix tokens prepended, plus position embedding and dropout; and
     the grid (rows, cols) of the patch tokens."""
     x = self.patch_tokens(images, train=train)
-    batch, grid, width = x.shape[0], x.shape[1:3], x.shape[-1]
+    batch, rows, cols, width = x.shape
     x = self.with_prefix_tokens(x.reshape(batch, -1, width))
-    x = x + self.checked_position_embedding(x.shape[1:], images.shape[1:3]).astype(x.dtype)
-    return nn.Dropout(rate=self.dropout_rate, deterministic=not train)(x), grid
+    x = x + self.checked_position_embedding((x.shape[1], width), images.shape[1:3]).astype(x.dtype)
+    return nn.Dropout(rate=self.dropout_rate, deterministic=not train)(x), (rows, cols)
 
   def with_prefix_tokens(self, x: jax.Array) -> jax.Array:
     """(batch, tokens, width) tokens with the `prefix_tokens` prepended, in their order."""
@@ -464,11 +466,11 @@ class VisionTransformer(nn.Module, parts.Parts):
     return jnp.concatenate(prefix + [x], axis=1)
 
   def checked_position_embedding(
-      self, tokens: tuple[int, int], image_shape: tuple[int, int]
+      self, tokens: tuple[int, int], image_shape: Sequence[int]
   ) -> jax.Array:
     """`position_embedding(tokens)`, after checking that stored weights have that shape."""
     if self.has_variable('params', 'pos_embed'):
-      stored = self.get_variable('params', 'pos_embed').shape
+      stored: tuple[int, ...] = self.get_variable('params', 'pos_embed').shape
       if stored != (1,) + tuple(tokens):
         raise ValueError(
             f'pos_embed has shape {stored} but images of size {tuple(image_shape)} give '
@@ -478,7 +480,7 @@ class VisionTransformer(nn.Module, parts.Parts):
 
   def encode(self, x: jax.Array, *, train: bool, grid: tuple[int, int]) -> jax.Array:
     """The main blocks (runs of one attention kind), the class stage if any, the final LN."""
-    rates = self.drop_path_rates()
+    rates = self.drop_path_rates().tolist()
     first = 0
     for kind, run in itertools.groupby(self.block_attention(i) for i in range(self.depth)):
       count = len(list(run))

@@ -67,6 +67,8 @@ def initialize(arguments: dict[str, Any]) -> None:
     from jax._src import distributed  # pylint: disable=g-import-not-at-top
 
     address = distributed.global_state.coordinator_address
+    if address is None:
+      raise RuntimeError('jax.distributed.initialize started without a coordinator address.')
   watch(address, jax.process_index(), jax.process_count())
 
 
@@ -79,8 +81,11 @@ def quiet_fatal_errors(verbosity: int) -> None:
 
 def _chain(error: BaseException) -> list[BaseException]:
   chain = [error]
-  while (chain[-1].__cause__ or chain[-1].__context__) is not None and len(chain) < 20:
-    chain.append(chain[-1].__cause__ or chain[-1].__context__)
+  while len(chain) < 20:
+    raised_from = chain[-1].__cause__ or chain[-1].__context__
+    if raised_from is None:
+      break
+    chain.append(raised_from)
   return chain
 
 
@@ -100,10 +105,7 @@ def dead_processes() -> list[int]:
   import jax  # pylint: disable=g-import-not-at-top
 
   try:
-    from jax._src import distributed  # pylint: disable=g-import-not-at-top
-
-    client = distributed.global_state.client
-    alive = client.get_live_nodes(list(range(jax.process_count())))
+    alive = _coordination_client().get_live_nodes(list(range(jax.process_count())))
   except Exception:  # pylint: disable=broad-except
     return []
   return sorted(set(range(jax.process_count())) - set(alive))
@@ -198,13 +200,22 @@ def _follow(link: socket.socket, process: int | None) -> None:
     _peer_left(process, code)
 
 
+def _coordination_client() -> Any:
+  """The client of JAX's coordination service (its key-value store, its list of live processes),
+  which `jax.distributed.initialize` starts."""
+  from jax._src import distributed  # pylint: disable=g-import-not-at-top
+
+  client = distributed.global_state.client
+  if client is None:
+    raise RuntimeError('jax.distributed.initialize has not started a coordination client.')
+  return client
+
+
 def watch(coordinator_address: str, process: int, count: int) -> None:
   """Opens the links between process 0 and every worker (the port through JAX's key-value store)
   and follows each in a daemon thread: a peer that dies ends this process with one line."""
-  from jax._src import distributed  # pylint: disable=g-import-not-at-top
-
   _run.update(process=process, count=count)
-  client = distributed.global_state.client
+  client = _coordination_client()
   atexit.register(_say_leaving, 0)  # Runs before JAX's own shutdown, registered earlier.
   if process == 0:
     dual = socket.has_dualstack_ipv6()

@@ -184,7 +184,7 @@ _GOOGLE_RULES = (
     (_MAP + r'MultiHeadDotProductAttention_0/out/bias', 'attn_pool.proj.bias', 'copy'),
 )
 # Projections packed into one Linear: (pattern, timm name, parts in order).
-_GOOGLE_PACKED = (
+_GOOGLE_PACKED: tuple[tuple[re.Pattern[str], str, tuple[str, ...]], ...] = (
     (
         re.compile(_BLOCK + r'MultiHeadDotProductAttention_[01]/(query|key|value)/(kernel|bias)'),
         'blocks.{0}.attn.qkv',
@@ -206,7 +206,7 @@ def google_to_timm(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
   kernel (H, hd, D) gives proj.weight = kernel.reshape(D, D).T.
   """
   state_dict: dict[str, np.ndarray] = {}
-  packed: dict[tuple[str, str], dict[str, np.ndarray]] = {}
+  packed: dict[tuple[str, str, tuple[str, ...]], dict[str, np.ndarray]] = {}
   unknown = []
   for key, value in arrays.items():
     key = next((key[len(p) :] for p in _GOOGLE_PREFIXES if key.startswith(p)), key)
@@ -218,8 +218,8 @@ def google_to_timm(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         packed.setdefault((target.format(index), leaf, parts), {})[part] = value
         break
     else:
-      for pattern, target, rule in _GOOGLE_RULES:
-        found = re.fullmatch(pattern, key)
+      for key_pattern, target, rule in _GOOGLE_RULES:
+        found = re.fullmatch(key_pattern, key)
         if not found:
           continue
         groups = [
@@ -239,16 +239,16 @@ def google_to_timm(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         break
       else:
         unknown.append(key)
-  for (target, leaf, parts), found in sorted(packed.items()):
-    if set(found) != set(parts):
-      unknown += [f'{target} {p}/{leaf}' for p in found]
+  for (target, leaf, parts), by_part in sorted(packed.items()):
+    if set(by_part) != set(parts):
+      unknown += [f'{target} {p}/{leaf}' for p in by_part]
       continue
     if leaf == 'kernel':
       state_dict[f'{target}.weight'] = np.concatenate(
-          [found[p].reshape(found[p].shape[0], -1).T for p in parts], axis=0
+          [by_part[p].reshape(by_part[p].shape[0], -1).T for p in parts], axis=0
       )
     else:
-      state_dict[f'{target}.bias'] = np.concatenate([found[p].reshape(-1) for p in parts])
+      state_dict[f'{target}.bias'] = np.concatenate([by_part[p].reshape(-1) for p in parts])
   if unknown:
     raise ValueError(
         'Arrays outside the Google ViT layouts (google-research/vision_transformer, '
