@@ -18,6 +18,7 @@ from typing import Any
 import ml_collections
 
 from vit_jax.training import interruption
+from vit_jax.workdir import disk_writes
 
 RECORD_FILE = 'measured.json'
 
@@ -81,8 +82,6 @@ def recorded(run_dir: str, config: ml_collections.ConfigDict) -> dict[str, Any] 
 
 def record(run_dir: str, config: ml_collections.ConfigDict, measured: dict[str, Any]) -> None:
   """Records `measured` for `run_dir` and `config` (written whole or not at all)."""
-  path = os.path.join(run_dir, RECORD_FILE)
-  # Not `workdir.replaced_whole`: importing orbax would add its flags to `ablate --help`.
-  with open(path + '.tmp', 'w', encoding='utf-8') as f:
-    json.dump({'config': _config_text(config), 'measured': measured}, f)
-  os.replace(path + '.tmp', path)
+  with disk_writes.replaced_whole(os.path.join(run_dir, RECORD_FILE)) as partial:
+    with open(partial, 'w', encoding='utf-8') as f:
+      json.dump({'config': _config_text(config), 'measured': measured}, f)
