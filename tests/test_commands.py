@@ -1,7 +1,7 @@
-"""Every command: `--help` answers before any library loads and lists the command's own flags
-only, and every command line the README, the configs and the launchers show names flags that its
-command defines. (The main command training its default config, as the README shows it, is
-`test_train.test_default_config_reaches_95_percent`.)"""
+"""Every command (`command_modules`): `--help` answers before any library loads and lists the
+command's own flags only, the README shows it, and every command line the README, the configs and
+the launchers show names flags that its command defines. (The main command training its default
+config, as the README shows it, is `test_train.test_default_config_reaches_95_percent`.)"""
 
 import glob
 import os
@@ -9,10 +9,11 @@ import re
 
 import pytest
 
+from tests import command_modules
 from tests import tiny_runs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-COMMANDS = ('main', 'analyze', 'evaluate', 'predict', 'export', 'ablate', 'benchmark', 'convert')
+COMMANDS = command_modules.names()
 ABSL_MODULES = {'absl.app', 'absl.logging', 'absl.flags'}
 SHARED_FLAG_MODULES = {
     'main': {'vit_jax.extensions'},
@@ -92,6 +93,12 @@ def _shown_command_lines() -> list[tuple[str, str, str]]:
       if match.group(1) != 'config':  # The schema's field list, not a command with flags.
         lines.append((name, match.group(1), match.group(2)))
   return lines
+
+
+def test_the_readme_shows_every_command():
+  shown = {command for name, command, _ in _shown_command_lines() if name == 'README.md'}
+  missing = sorted(set(COMMANDS) - shown)
+  assert not missing, f'README.md shows no `python -m vit_jax.{{{",".join(missing)}}}`'
 
 
 def test_every_command_line_shown_names_its_commands_flags(helps):

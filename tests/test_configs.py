@@ -7,13 +7,14 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from vit_jax import configs
 from vit_jax import models
 from vit_jax.training import setup
 from vit_jax import runtime
 from vit_jax.training import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIGS = ('vit', 'deit', 'deit3', 'cait', 'deepvit', 't2t', 'sa_conv', 'regnet')
+CONFIGS = configs.family_configs()
 
 
 def load(name: str):

@@ -1,128 +1,101 @@
-"""Features of every family: shapes, the model's own forward, timm's `forward_intermediates`,
-and scanned runs read exactly as unrolled ones."""
+"""Features of every family (its config's quick model, `configs.family_configs`): shapes, the
+model's own forward, timm's `forward_intermediates`, and scanned runs read exactly as unrolled
+ones."""
+
+import importlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from vit_jax import configs
 from vit_jax import models
 from vit_jax.models import features
 from vit_jax.models import layouts
 
-# (registry name, tiny fields, prefix tokens, blocks) of every family, at 16x16 inputs.
-FAMILIES = {
-    'vit': (
-        'vit_ti4',
-        dict(
-            hidden_size=24,
-            depth=3,
-            num_heads=3,
-            mlp_dim=48,
-            init_scheme='timm',
-            representation_size=20,
-        ),
-        1,
-        3,
-    ),
-    'deit_distilled': (
-        'deit_ti16_distilled',
-        dict(patch_size=4, hidden_size=24, depth=2, num_heads=3, mlp_dim=48),
-        2,
-        2,
-    ),
-    'cait': ('cait_ti4', dict(hidden_size=24, depth=2, num_heads=3, layer_scale_init=0.5), 0, 2),
-    'deepvit': (
-        'deepvit_ti4',
-        dict(hidden_size=24, depth=3, num_heads=3, re_attention_blocks=2),
-        1,
-        3,
-    ),
-    't2t': (
-        't2t_vit_ti4',
-        dict(hidden_size=24, depth=2, num_heads=3, mlp_dim=48, token_dim=8),
-        1,
-        2,
-    ),
-    'sa_conv': (
-        'sa_conv_gaussian',
-        dict(num_layers=2, hidden_size=12, intermediate_size=16, num_heads=4),
-        0,
-        2,
-    ),
-    'regnet': (
-        'regnety_002',
-        dict(w0=8, wa=8.0, wm=2.0, depth=2, group_width=8, stem_width=8),
-        0,
-        None,
-    ),
-}
-IMAGES = jax.random.normal(jax.random.key(1), (2, 16, 16, 3))
+FAMILIES = configs.family_configs()
+IMAGES = jax.random.normal(jax.random.key(1), (2, 16, 16, 3))  # The quick models' input size.
+HEADS = ('head', 'head_dist')  # The class head, then a distilled DeiT's distillation head.
 
 
 def _model(family: str, **overrides):
-  name, fields, _, _ = FAMILIES[family]
-  return models.create(name, num_classes=5, **fields, **overrides)
+  """The family config's quick model, two blocks deep where its blocks are a stack of like ones
+  (those that scan)."""
+  config = importlib.import_module(f'vit_jax.configs.{family}').get_config()
+  fields = models.fields(config.model.name)
+  if 'scan_layers' in fields:
+    overrides = {field: 2 for field in ('depth', 'num_layers') if field in fields} | overrides
+  return models.create(
+      config.model.name,
+      num_classes=5,
+      **(models.model_overrides(config.model.to_dict()) | overrides),
+  )
 
 
 def _head(params, name: str, x):
   return x @ params[name]['kernel'] + params[name]['bias']
 
 
-@pytest.mark.parametrize('family', sorted(FAMILIES))
-def test_shapes_and_the_head_of_the_pre_logits_gives_the_logits(family):
+@pytest.mark.parametrize('family', FAMILIES)
+def test_shapes_and_the_heads_of_the_head_inputs_give_the_logits(family):
   model = _model(family)
-  _, _, prefix, depth = FAMILIES[family]
   variables = jax.jit(model.init)(jax.random.key(0), IMAGES)
   assert set(variables) <= {'params', 'batch_stats'}  # Nothing is sown at init.
   logits, out = jax.jit(
       lambda v, x: (model.apply(v, x), features.extract(model, v, x, blocks=None))
   )(variables, IMAGES)
-  if family == 'regnet':  # Stages s1, s2, ... halve the resolution: 16 -> 8 (stem) -> 4 -> 2.
-    stages = [f's{i + 1}' for i in range(len(model.stages))]
-    assert sorted(out.patch_grid) == sorted(stages + [features.ENCODED])
-    assert [out.patch_grid[s].shape[1] for s in stages] == [4, 2][: len(stages)]
-    np.testing.assert_allclose(
-        out.pre_logits, out.patch_grid[features.ENCODED].mean(axis=(1, 2)), atol=1e-5
-    )
-    np.testing.assert_allclose(
-        _head(variables['params'], 'head', out.pre_logits), logits, atol=1e-5
-    )
-    return
-  names = [f'{"layers" if family == "sa_conv" else "blocks"}_{i}' for i in range(depth)]
-  assert sorted(out.patch_grid) == sorted(names + [features.ENCODED])
-  rows = 8 if family == 'sa_conv' else 4  # SA-conv: a 2x2 space-to-depth grid; others: stride 4.
-  width = out.patch_grid[features.ENCODED].shape[-1]
-  for name in names:
-    assert out.patch_grid[name].shape == (2, rows, rows, width)
-    assert out.prefix_tokens[name].shape == (2, prefix, width)
+  blocks = [name for name in out.patch_grid if name != features.ENCODED]
+  assert blocks == features.block_names(out.patch_grid)
+  prefix = len(getattr(model, 'prefix_tokens', None) or ())
+  for name in blocks:
+    grid = out.patch_grid[name]
+    assert grid.ndim == 4 and grid.shape[0] == 2
+    assert out.prefix_tokens[name].shape == (2, prefix, grid.shape[-1])
+  rows = [out.patch_grid[name].shape[1] for name in blocks]
+  if hasattr(model, 'stages'):  # RegNet's stages each halve the resolution: 16 -> 8 (stem) -> 4.
+    assert rows == [max(1, 8 // 2 ** (i + 1)) for i in range(len(blocks))]
+  else:  # A transformer's two blocks, each on the same grid of patch tokens.
+    assert len(blocks) == 2 and len({out.patch_grid[name].shape for name in blocks}) == 1
   # CaiT's class token joins in its class-attention stage, before the final norm.
-  encoded_prefix = 1 if family == 'cait' else prefix
-  assert out.prefix_tokens[features.ENCODED].shape == (2, encoded_prefix, width)
-
+  joins = getattr(model, 'class_stage', None) == 'class_attention'
+  encoded = out.prefix_tokens[features.ENCODED]
+  assert encoded.shape[1] == (1 if joins and not prefix else prefix)
+  # Without a representation layer, what the heads read is the final prefix tokens' mean (class
+  # and distillation tokens) or, where there are none, the final grid's.
+  pooled = (
+      encoded.mean(axis=1) if encoded.shape[1] else out.patch_grid[features.ENCODED].mean((1, 2))
+  )
+  np.testing.assert_allclose(out.pre_logits, pooled, atol=1e-5)
   params = variables['params']
-  heads = [_head(params, 'head', out.head_inputs[0])]
-  if family == 'deit_distilled':
-    heads.append(_head(params, 'head_dist', out.head_inputs[1]))
-    np.testing.assert_allclose(
-        out.pre_logits, (out.head_inputs[0] + out.head_inputs[1]) / 2, atol=1e-6
-    )
+  heads = [_head(params, name, x) for name, x in zip(HEADS, out.head_inputs)]
   np.testing.assert_allclose(sum(heads) / len(heads), logits, atol=1e-5)
-  if family == 'vit':  # The representation layer sits between the class token and the head.
-    assert out.pre_logits.shape == (2, 20)
-    cls = out.prefix_tokens[features.ENCODED][:, 0]
-    expected = jnp.tanh(_head(params, 'pre_logits', cls))
-    np.testing.assert_allclose(out.pre_logits, expected, atol=1e-5)
-  elif family in ('cait', 'deepvit', 't2t'):
-    np.testing.assert_allclose(out.pre_logits, out.prefix_tokens[features.ENCODED][:, 0], atol=1e-6)
-  elif family == 'sa_conv':
-    np.testing.assert_allclose(
-        out.pre_logits, out.patch_grid[features.ENCODED].mean(axis=(1, 2)), atol=1e-5
-    )
+
+
+def test_the_representation_layer_sits_between_the_class_token_and_the_head():
+  model = models.create(
+      'vit_ti4',
+      num_classes=5,
+      hidden_size=24,
+      depth=1,
+      num_heads=3,
+      mlp_dim=48,
+      init_scheme='timm',
+      representation_size=20,
+  )
+  variables = jax.jit(model.init)(jax.random.key(0), IMAGES)
+  logits, out = jax.jit(
+      lambda v, x: (model.apply(v, x), features.extract(model, v, x, blocks=None))
+  )(variables, IMAGES)
+  params = variables['params']
+  assert out.pre_logits.shape == (2, 20)
+  cls = out.prefix_tokens[features.ENCODED][:, 0]
+  np.testing.assert_allclose(out.pre_logits, jnp.tanh(_head(params, 'pre_logits', cls)), atol=1e-5)
+  np.testing.assert_allclose(_head(params, 'head', out.pre_logits), logits, atol=1e-5)
 
 
 def test_block_selection_follows_timm_indices_and_rejects_bad_ones():
-  model = _model('vit')
+  model = _model('vit', depth=3)
   variables = model.init(jax.random.key(0), IMAGES)
   chosen = lambda blocks: sorted(
       features.extract(model, variables, IMAGES, blocks=blocks).patch_grid
@@ -136,7 +109,7 @@ def test_block_selection_follows_timm_indices_and_rejects_bad_ones():
     features.extract(model, variables, IMAGES, blocks=4)
 
 
-@pytest.mark.parametrize('family', ['vit', 'cait', 'deepvit', 't2t'])
+@pytest.mark.parametrize('family', [f for f in FAMILIES if hasattr(_model(f), 'scan_layers')])
 def test_scanned_and_unrolled_models_give_the_same_features(family):
   plain, scanned = _model(family), _model(family, scan_layers=True)
   variables = jax.jit(plain.init)(jax.random.key(0), IMAGES)

@@ -12,6 +12,7 @@ import numpy as np
 import optax
 import pytest
 
+from vit_jax import configs
 from vit_jax.configs import common
 from tests.tiny_runs import tiny_config
 from vit_jax import config as config_lib
@@ -200,7 +201,7 @@ def test_layer_decay_outside_zero_to_one_is_refused(value):
     setup.validate(config, devices=1, processes=1)
 
 
-@pytest.mark.parametrize('family', models.FAMILY_MODULES)
+@pytest.mark.parametrize('family', configs.family_configs())
 def test_every_family_trains_two_steps_with_layer_decay(family):
   """Each family config's quick model, two blocks deep, with layer_decay=0.75: every layer of the
   model holds parameters, and two steps of its optimizer train it."""

@@ -6,6 +6,8 @@ import ast
 import functools
 import pathlib
 
+from tests import command_modules
+
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / 'vit_jax'
 
 # Bottom to top: a module may import its own layer and those below. A module's layer is that of
@@ -33,19 +35,7 @@ LAYERS = (
     ('evaluation', ('vit_jax.evaluators',)),
     ('the loop', ('vit_jax.training.train', 'vit_jax.training.setup')),
     ('above the loop', ('vit_jax.analysis', 'vit_jax.benchmarks')),
-    (
-        'commands',
-        (
-            'vit_jax.main',
-            'vit_jax.evaluate',
-            'vit_jax.analyze',
-            'vit_jax.predict',
-            'vit_jax.export',
-            'vit_jax.convert',
-            'vit_jax.benchmark',
-            'vit_jax.ablate',
-        ),
-    ),
+    ('commands', tuple(f'vit_jax.{name}' for name in command_modules.names())),
 )
 
 

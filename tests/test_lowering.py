@@ -1,10 +1,10 @@
 """The run's steps on the target hardware, checked without it.
 
-The cross-lowering matrix: for every family (its config's quick model) and every recipe feature
-that changes the step, the project's jitted train and eval steps export for TPU and CUDA, in
-float32 and bfloat16, over an 8-device mesh (fsdp=8, and data parallel). Features are on/off
-factors covered pairwise: every family meets every feature both on and off, each dtype and each
-mesh, and every two features meet in all four combinations.
+The cross-lowering matrix: for every family (its config's quick model, `configs.family_configs`)
+and every recipe feature that changes the step, the project's jitted train and eval steps export
+for TPU and CUDA, in float32 and bfloat16, over an 8-device mesh (fsdp=8, and data parallel).
+Features are on/off factors covered pairwise: every family meets every feature both on and off,
+each dtype and each mesh, and every two features meet in all four combinations.
 
 And bfloat16 where it counts: in a bfloat16 train step every dot and convolution multiplies
 bfloat16 operands (accumulating in float32 where asked), forward and backward.
@@ -19,28 +19,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from vit_jax import configs
+from vit_jax import models
 from vit_jax.benchmarks import lowering
 from vit_jax.training import steps
 from vit_jax.training import train
 from vit_jax.models import attention
 from vit_jax.models import numerics
 
-FAMILIES = ('vit', 'deit', 'cait', 'deepvit', 't2t', 'sa_conv', 'regnet')
+FAMILIES = configs.family_configs()
 FEATURES = ('teacher', 'mixing', 'ema', 'micro_batches', 'scan_remat', 'positional')
-# Features a family's quick model cannot have: RegNetY stages are not scanned and have no
-# attention; DeiT's distillation token needs the class stage that positional attention excludes.
-NOT_APPLICABLE = {'regnet': {'scan_remat', 'positional'}, 'deit': {'positional'}}
-# Each family's row A: the features on in it; row B turns on exactly the others. Row A is float32
-# on fsdp=8 for the first, third, ... family and float32 on data parallelism for the others.
-ROW_A = {
-    'vit': {'teacher', 'mixing', 'ema', 'scan_remat'},
-    'deit': {'teacher', 'micro_batches', 'scan_remat'},
-    'cait': {'mixing', 'micro_batches', 'positional'},
-    'deepvit': {'ema', 'scan_remat', 'positional'},
-    't2t': {'teacher', 'ema', 'positional', 'mixing'},
-    'sa_conv': {'scan_remat', 'teacher'},
-    'regnet': {'micro_batches'},
-}
 TEACHER = 'vit_ti4'
 
 
@@ -54,40 +42,6 @@ class Case:
   def __str__(self) -> str:
     mesh = 'fsdp=8' if self.fsdp == 8 else 'data=8'
     return f"{self.family}[{'+'.join(sorted(self.features)) or 'plain'}|{self.dtype}|{mesh}]"
-
-
-def _cases() -> list[Case]:
-  cases = []
-  for i, family in enumerate(FAMILIES):
-    applicable = set(FEATURES) - NOT_APPLICABLE.get(family, set())
-    on = ROW_A[family] & applicable
-    first_fsdp, second_fsdp = (8, 1) if i % 2 == 0 else (1, 8)
-    cases.append(Case(family, frozenset(on), 'float32', first_fsdp))
-    cases.append(Case(family, frozenset(applicable - on), 'bfloat16', second_fsdp))
-  return cases
-
-
-CASES = _cases()
-
-
-def test_cases_cover_every_pair_of_factors():
-  """Every family x (feature on/off, dtype, mesh), and every two features in all 4 combinations."""
-  for family in FAMILIES:
-    rows = [c for c in CASES if c.family == family]
-    applicable = set(FEATURES) - NOT_APPLICABLE.get(family, set())
-    assert {(f in c.features) for c in rows for f in applicable} == {True, False}
-    assert {c.dtype for c in rows} == {'float32', 'bfloat16'}
-    assert {c.fsdp for c in rows} == {1, 8}
-  for f, g in itertools.combinations(FEATURES, 2):
-    seen = {
-        (f in c.features, g in c.features)
-        for c in CASES
-        if not {f, g} & NOT_APPLICABLE.get(c.family, set())
-    }
-    assert seen == set(itertools.product((True, False), repeat=2)), (f, g, seen)
-  for feature, dtype, fsdp in itertools.product(FEATURES, ('float32', 'bfloat16'), (1, 8)):
-    assert any(feature in c.features and c.dtype == dtype for c in CASES), (feature, dtype)
-    assert any(feature in c.features and c.fsdp == fsdp for c in CASES), (feature, fsdp)
 
 
 def family_config(
@@ -110,9 +64,97 @@ def family_config(
     config.model.scan_layers = config.model.remat = True
   if 'positional' in features:
     config.model.attention = 'learned_content'
-    if family != 'sa_conv':  # Positional attention takes the patch tokens only.
+    if 'class_stage' in models.fields(config.model.name):  # It takes the patch tokens only.
       config.model.class_stage = 'class_attention'
   return config
+
+
+def not_applicable(family: str) -> frozenset[str]:
+  """The features the family's quick model cannot have: scanned blocks and positional attention
+  where it has no such fields (RegNetY), positional attention where a distillation token needs
+  the class stage that positional attention excludes (DeiT)."""
+  config = family_config(family)
+  fields = models.fields(config.model.name)
+  distilled = getattr(models.create_model(config, 10), 'distilled', False)
+  return frozenset(
+      feature
+      for feature, applies in (
+          ('scan_remat', 'scan_layers' in fields),
+          ('positional', 'attention' in fields and not distilled),
+      )
+      if not applies
+  )
+
+
+def _rows(family: str, index: int, on: tuple[str, ...]) -> tuple[Case, Case]:
+  """A family's two cases: row A, float32, with the features `on`, and row B, bfloat16, with
+  exactly the other applicable ones; row A is on fsdp=8 for the first, third, ... family and on
+  data parallelism for the others, row B on the other mesh."""
+  first_fsdp, second_fsdp = (8, 1) if index % 2 == 0 else (1, 8)
+  others = set(FEATURES) - NOT_APPLICABLE[family] - set(on)
+  return (
+      Case(family, frozenset(on), 'float32', first_fsdp),
+      Case(family, frozenset(others), 'bfloat16', second_fsdp),
+  )
+
+
+def _covered(cases: tuple[Case, ...]) -> set[tuple]:
+  """What cases cover: every two applicable features' on/off, each feature on in a dtype and a
+  mesh."""
+  covered: set[tuple] = set()
+  for case in cases:
+    applicable = sorted(set(FEATURES) - NOT_APPLICABLE[case.family])
+    on = case.features
+    covered |= {(f, f in on, g, g in on) for f, g in itertools.combinations(applicable, 2)}
+    covered |= {(f, case.dtype) for f in on} | {(f, case.fsdp) for f in on}
+  return covered
+
+
+def _cases() -> list[Case]:
+  """Each family's two rows (`_rows`), row A's features chosen to cover the most that the families
+  before it left uncovered; of the rows that tie, those nearest half the features, the family's
+  index picking among them (so that later families vary)."""
+  cases: list[Case] = []
+  covered: set[tuple] = set()
+  for index, family in enumerate(FAMILIES):
+    applicable = sorted(set(FEATURES) - NOT_APPLICABLE[family])
+    score = lambda rows: (
+        len(_covered(rows) - covered),
+        -abs(2 * len(rows[0].features) - len(applicable)),
+    )
+    choices = [
+        _rows(family, index, on)
+        for size in range(len(applicable) + 1)
+        for on in itertools.combinations(applicable, size)
+    ]
+    top = max(map(score, choices))
+    tied = [rows for rows in choices if score(rows) == top]
+    best = tied[index % len(tied)]
+    covered |= _covered(best)
+    cases.extend(best)
+  return cases
+
+
+NOT_APPLICABLE = {family: not_applicable(family) for family in FAMILIES}
+CASES = _cases()
+
+
+def test_cases_cover_every_pair_of_factors():
+  """Every family x (feature on/off, dtype, mesh), and every two features in all 4 combinations."""
+  for family in FAMILIES:
+    rows = [c for c in CASES if c.family == family]
+    applicable = set(FEATURES) - NOT_APPLICABLE[family]
+    assert {(f in c.features) for c in rows for f in applicable} == {True, False}
+    assert {c.dtype for c in rows} == {'float32', 'bfloat16'}
+    assert {c.fsdp for c in rows} == {1, 8}
+  for f, g in itertools.combinations(FEATURES, 2):
+    seen = {
+        (f in c.features, g in c.features) for c in CASES if not {f, g} & NOT_APPLICABLE[c.family]
+    }
+    assert seen == set(itertools.product((True, False), repeat=2)), (f, g, seen)
+  for feature, dtype, fsdp in itertools.product(FEATURES, ('float32', 'bfloat16'), (1, 8)):
+    assert any(feature in c.features and c.dtype == dtype for c in CASES), (feature, dtype)
+    assert any(feature in c.features and c.fsdp == fsdp for c in CASES), (feature, fsdp)
 
 
 @pytest.mark.parametrize('case', CASES, ids=str)

@@ -2,8 +2,8 @@ r"""What the accelerator at hand runs, in one table:
 `python -m vit_jax.benchmark --mode=device_report`.
 
 For the day a GPU or TPU is lent, one command checks and measures what matters there:
-- every family's quick model (`configs/FAMILY.py`) trains a few bfloat16 steps on one repeated
-  batch: the loss is finite and falls;
+- every family's quick model (its config, `configs.family_configs()`) trains a few bfloat16
+  steps on one repeated batch: the loss is finite and falls;
 - attention at every family's token counts (`ATTENTION_SHAPES`), bfloat16: cuDNN against XLA,
   outputs and gradients under rows of very large negative logits, NaNs, and the forward and
   backward time of XLA and of each cuDNN padding; the row fails where what the models choose
@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from vit_jax import configs as configs_lib
 from vit_jax import models
 from vit_jax import runtime
 from vit_jax.models import attention as attention_lib
@@ -38,7 +39,7 @@ from vit_jax.training import start as start_lib
 from vit_jax.training import steps
 from vit_jax.workdir import disk_writes
 
-FAMILIES = ('vit', 'deit', 'cait', 'deepvit', 't2t', 'sa_conv', 'regnet')
+FAMILIES = configs_lib.family_configs()
 
 # Dense peak bfloat16 TFLOP/s per chip, by the start of `device_kind` (vendor data sheets).
 PEAK_TFLOPS = {
@@ -143,7 +144,8 @@ def _reduced_config(family: str) -> ml_collections.ConfigDict:
   config = family_config(family)
   config.dtype = 'bfloat16'
   config.batch_size = 8
-  if family != 'regnet':  # RegNetY's depth counts its stages' blocks.
+  # A stack of like blocks (those that scan) keeps one; RegNetY's depth counts its stages' blocks.
+  if 'scan_layers' in models.fields(config.model.name):
     for field in ('depth', 'num_layers'):
       if field in config.model:
         config.model[field] = 1

@@ -25,6 +25,8 @@ import ml_collections
 
 from vit_jax.configs import common
 
+FAMILY = 'cait'
+
 # Variant -> (registry name, released resolution).
 VARIANTS = {
     'XXS24': ('cait_xxs24', 224),

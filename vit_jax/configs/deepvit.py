@@ -30,6 +30,8 @@ import ml_collections
 
 from vit_jax.configs import common
 
+FAMILY = 'deepvit'
+
 VARIANTS = {
     '16B': 'deepvit_16b',
     '24B': 'deepvit_24b',

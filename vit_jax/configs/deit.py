@@ -50,6 +50,8 @@ import ml_collections
 
 from vit_jax.configs import common
 
+FAMILY = 'deit'
+
 VARIANTS = {'Ti': 'ti', 'S': 's', 'B': 'b'}
 
 

@@ -45,6 +45,8 @@ import ml_collections
 
 from vit_jax.configs import common
 
+FAMILY = 'deit3'
+
 # Variant -> (registry name, pre-training resolution, LAMB lr, drop path) of README_revenge.md.
 VARIANTS = {
     'S': ('deit3_s16', 224, 4e-3, 0.05),

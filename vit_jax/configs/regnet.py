@@ -26,6 +26,8 @@ import ml_collections
 
 from vit_jax.configs import common
 
+FAMILY = 'regnet'
+
 VARIANTS = ('002', '004', '006', '008', '016', '032', '040', '064', '080', '120', '160', '320')
 
 

@@ -24,6 +24,8 @@ import ml_collections
 
 from vit_jax.configs import common
 
+FAMILY = 'sa_conv'
+
 KINDS = ('quadratic', 'gaussian', 'learned', 'learned_content')
 
 

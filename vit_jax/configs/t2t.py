@@ -38,6 +38,8 @@ import ml_collections
 
 from vit_jax.configs import common
 
+FAMILY = 't2t'
+
 VARIANTS = {
     '7': 't2t_vit_7',
     '10': 't2t_vit_10',

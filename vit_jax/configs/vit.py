@@ -30,6 +30,8 @@ import ml_collections
 
 from vit_jax.configs import common
 
+FAMILY = 'vit'
+
 VARIANTS = (
     'Ti/16',
     'S/16',

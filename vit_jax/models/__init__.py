@@ -1,9 +1,10 @@
 """The model registry: `create(name, **overrides)`, `names()`, `fields(name)` and `family(...)`.
 
-Each family module (`FAMILY_MODULES`) declares one `Family`: its model class, its registered
-models (registry name -> `functools.partial` of the class with that model's fields) and the
-converters of its PyTorch checkpoint layout. A new model is added in its family's table only; a
-new family is a module with a `FAMILY` named here. Importing this package (or `parts`) does not
+Each family module declares one `Family` as its `FAMILY`: its model class, its registered models
+(registry name -> `functools.partial` of the class with that model's fields) and the converters of
+its PyTorch checkpoint layout. A new model is added in its family's table only; a new family is a
+module of this package that declares a `FAMILY` (`family_modules`), named after it, and a config
+that trains it (`vit_jax.configs.family_configs`). Importing this package (or `parts`) does not
 import JAX: a config file reads the backbone's part fields from `parts` alone.
 
 `create` also takes the fields of a part kind's own settings (`parts.register_settings`) by name, e.g.
@@ -11,10 +12,12 @@ import JAX: a config file reads the backbone's part fields from `parts` alone.
 `{part}_settings`.
 """
 
+import ast
 import dataclasses
 import functools
 import importlib
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+import pathlib
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from vit_jax.models import parts
 
@@ -30,7 +33,6 @@ Dtype = Any
 StateDict = Mapping[str, Any]
 Variables = Mapping[str, Any]
 
-FAMILY_MODULES = ('vit', 'deit', 'deit3', 'cait', 'deepvit', 't2t', 'sa_conv', 'regnet')
 _NOT_FIELDS = ('parent', 'name')
 _DTYPE_FIELDS = ('dtype', 'param_dtype')
 
@@ -58,10 +60,51 @@ class Family:
   timm_arguments: Mapping[str, str | None] = dataclasses.field(default_factory=dict)
 
 
+def _declares_family(source: str) -> bool:
+  """Whether a module's source assigns `FAMILY` at its top level."""
+  return 'FAMILY' in source and any(
+      isinstance(node, (ast.Assign, ast.AnnAssign))
+      and any(
+          isinstance(target, ast.Name) and target.id == 'FAMILY'
+          for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+      )
+      for node in ast.parse(source).body
+  )
+
+
+def modules_declaring_family(search_path: Iterable[str]) -> tuple[str, ...]:
+  """The modules of a package (its `__path__`) that declare a `FAMILY`, sorted, read from their
+  source without importing them: this package's family modules, `vit_jax.configs`' family
+  configs."""
+  return tuple(
+      sorted(
+          path.stem
+          for directory in search_path
+          for path in pathlib.Path(directory).glob('*.py')
+          if path.stem != '__init__' and _declares_family(path.read_text())
+      )
+  )
+
+
+def family_modules() -> tuple[str, ...]:
+  """The modules of this package that declare a `FAMILY`, each named after its family, sorted."""
+  return modules_declaring_family(__path__)
+
+
 @functools.cache
 def families() -> tuple[Family, ...]:
-  """Every family, in `FAMILY_MODULES` order."""
-  return tuple(importlib.import_module(f'{__name__}.{module}').FAMILY for module in FAMILY_MODULES)
+  """Every family, in `family_modules` order; ValueError where a module's family is named
+  otherwise."""
+  found = []
+  for module in family_modules():
+    family_ = importlib.import_module(f'{__name__}.{module}').FAMILY
+    if family_.name != module:
+      raise ValueError(
+          f'{__name__}.{module} declares the family {family_.name!r}; a family module is named '
+          f'after its family ({module}.py -> {family_.name}.py).'
+      )
+    found.append(family_)
+  return tuple(found)
 
 
 @functools.cache
