@@ -28,7 +28,10 @@ _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'A grid config: configs/ablations.py ' 'with its grid=NAME.', lock_config=True
 )
 _WORKDIR = flags.DEFINE_string(
-    'workdir', None, 'Directory of the runs, one per variant (and ' 'seed), and ablation.json.'
+    'workdir',
+    None,
+    'Directory of the runs, one per variant (and seed), and ablation.json.',
+    required=True,
 )
 _TIMING_STEPS = flags.DEFINE_integer(
     'timing_steps',
@@ -42,7 +45,7 @@ _COLLAPSE_IMAGES = flags.DEFINE_integer(
 _SEEDS = flags.DEFINE_integer(
     'seeds', 1, 'Trainings per variant, each with its own seed.', lower_bound=1
 )
-flags.mark_flags_as_required(['config', 'workdir'])
+flags.mark_flag_as_required('config')
 
 
 def main(argv) -> None:

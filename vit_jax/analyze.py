@@ -26,7 +26,7 @@ from vit_jax import extensions
 from vit_jax import runtime
 from vit_jax.weights import source_flags
 
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Work directory of a training run.')
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Work directory of a training run.', required=True)
 _WHAT = flags.DEFINE_list(
     'what',
     ['all'],
@@ -79,7 +79,6 @@ _USE_EMA = flags.DEFINE_bool(
 )
 extensions.define_allow_imports_flag()  # Reading a run imports its modules only with it.
 flags.adopt_module_key_flags(extensions)
-flags.mark_flags_as_required(['workdir'])
 
 
 def main(argv) -> None:

@@ -17,8 +17,10 @@ from absl import flags
 from vit_jax import extensions
 from vit_jax import runtime
 
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Work directory written by vit_jax.main.')
-_OUT = flags.DEFINE_string('out', None, 'The .safetensors file to write.')
+_WORKDIR = flags.DEFINE_string(
+    'workdir', None, 'Work directory written by vit_jax.main.', required=True
+)
+_OUT = flags.DEFINE_string('out', None, 'The .safetensors file to write.', required=True)
 _USE_EMA = flags.DEFINE_bool(
     'use_ema',
     True,
@@ -26,7 +28,6 @@ _USE_EMA = flags.DEFINE_bool(
 )
 extensions.define_allow_imports_flag()  # Reading a run imports its modules only with it.
 flags.adopt_module_key_flags(extensions)
-flags.mark_flags_as_required(['workdir', 'out'])
 
 
 def main(argv) -> None:
@@ -45,7 +46,7 @@ def main(argv) -> None:
     )
   disk_writes.check_writable(_OUT.value, pretrained.EXPORT_ROOM, directory=False)
   run = reader.Workdir.open(_WORKDIR.value)  # No dataset needed: the family names the layout.
-  config = run.config()
+  config = run.required_config()
   name = config.model.name
   yours = extensions.model_parts_of_yours(config)
   if yours:

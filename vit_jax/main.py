@@ -35,7 +35,9 @@ from vit_jax import runtime  # pylint: disable=g-import-not-at-top,wrong-import-
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Training configuration file.', lock_config=True
 )
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints, logs and results.')
+_WORKDIR = flags.DEFINE_string(
+    'workdir', None, 'Directory for checkpoints, logs and results.', required=True
+)
 _DISTRIBUTED = flags.DEFINE_enum(
     'distributed',
     'auto',
@@ -64,7 +66,7 @@ _PROCESS_ID = flags.DEFINE_integer(
 )
 extensions.define_allow_imports_flag()  # Reading a run imports its modules only with it.
 flags.adopt_module_key_flags(extensions)
-flags.mark_flags_as_required(['config', 'workdir'])
+flags.mark_flag_as_required('config')
 
 
 def _first_refusal(error: BaseException) -> Exception | None:

@@ -70,7 +70,9 @@ def _not_tfds_folder_config_line(record: std_logging.LogRecord) -> bool:
   the folder's name, image count and fingerprint once instead)."""
   return not (
       record.msg == 'Using custom data configuration: %s'
-      and isinstance(record.args and record.args[0], FolderConfig)
+      and isinstance(record.args, tuple)
+      and len(record.args) == 1
+      and isinstance(record.args[0], FolderConfig)
   )
 
 
@@ -194,7 +196,8 @@ def scan(root: str, skip_unreadable: bool = False) -> FolderConfig:
           f'classes (only in {split!r}: {only_here}; only in {reference_split!r}: {only_there}).'
       )
   files, sizes, fingerprint = [], set(), hashlib.sha256()
-  unreadable, other_formats = [], collections.Counter()
+  unreadable: list[tuple[str, str]] = []
+  other_formats: collections.Counter[str] = collections.Counter()
   for split in splits:
     split_files = []
     for name in classes:
@@ -219,12 +222,12 @@ def scan(root: str, skip_unreadable: bool = False) -> FolderConfig:
         except OSError as error:  # A link to nothing, a file gone since the listing.
           unreadable.append((path, f'not readable ({error.strerror})'))
           continue
-        size, reason = _image_size(path)
+        size = _image_size(path)
         fingerprint.update(
             f'{os.path.relpath(path, root)}\0{stat.st_size}\0' f'{stat.st_mtime_ns}\n'.encode()
         )
-        if reason is not None:
-          unreadable.append((path, reason))
+        if isinstance(size, str):
+          unreadable.append((path, size))
           continue
         sizes.add(size)
         split_files.append((name, path))
@@ -253,31 +256,32 @@ def scan(root: str, skip_unreadable: bool = False) -> FolderConfig:
   )
 
 
-def _image_size(path: str) -> tuple[tuple[int, int] | None, str | None]:
-  """((width, height), None) of an image training can read, else (None, why it cannot).
+def _image_size(path: str) -> tuple[int, int] | str:
+  """(width, height) of an image training can read, else why it cannot.
 
   From the header only (PIL): a resource fork, another format under a JPEG/PNG name, an image
   so large that decoding it is a decompression bomb, or no image at all.
   """
   if os.path.basename(path).startswith('._'):
-    return None, 'an AppleDouble resource fork (macOS metadata), not an image'
+    return 'an AppleDouble resource fork (macOS metadata), not an image'
   try:
     with warnings.catch_warnings():
       warnings.simplefilter('ignore', pil_image.DecompressionBombWarning)  # Said below instead.
       with pil_image.open(path) as image:
         kind, size = image.format, image.size
   except pil_image.DecompressionBombError as error:
-    return None, f'a decompression bomb: {error}'
+    return f'a decompression bomb: {error}'
   except OSError as error:
-    return None, f'not a readable image ({error})'
+    return f'not a readable image ({error})'
   if kind not in ('JPEG', 'PNG'):
-    return None, f'a {kind} named {os.path.splitext(path)[1]}, which training does not decode'
-  if size[0] * size[1] > pil_image.MAX_IMAGE_PIXELS:
-    return None, (
-        f'{size[0]}x{size[1]} pixels, more than the {pil_image.MAX_IMAGE_PIXELS:,} '
+    return f'a {kind} named {os.path.splitext(path)[1]}, which training does not decode'
+  limit = pil_image.MAX_IMAGE_PIXELS  # None: PIL's check turned off.
+  if limit is not None and size[0] * size[1] > limit:
+    return (
+        f'{size[0]}x{size[1]} pixels, more than the {limit:,} '
         'beyond which decoding is treated as a decompression bomb'
     )
-  return size, None
+  return size
 
 
 def _cannot_train_on(root: str, failures: list[tuple[str, str]]) -> ValueError:

@@ -98,6 +98,7 @@ def writing(data_dir: str, what: str, partial: Callable[[], Sequence[str]]) -> I
   try:
     yield
   except Exception as e:  # OSError, or a library's own error type. pylint: disable=broad-except
+    refusal: disk_writes.Unwritable | None
     if isinstance(e, disk_writes.Unwritable):  # A nested write's, said already.
       refusal = e
     elif isinstance(e, ValueError):  # Bad input (an image that does not decode), named already.

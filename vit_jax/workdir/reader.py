@@ -134,6 +134,16 @@ class Workdir:
     saved.setdefault('augment_on_device', False)  # Runs from before it augmented on the host.
     return ml_collections.ConfigDict(saved)
 
+  def required_config(self) -> ml_collections.ConfigDict:
+    """`config()` of a run that must have one (as `open` checks); ValueError where it has none."""
+    config = self.config()
+    if config is None:
+      raise ValueError(
+          f'{self.path!r} is not a work directory of a vit_jax.main run: it has no '
+          f'{run_files.CONFIG_FILE}.'
+      )
+    return config
+
   def dataset(self) -> dict[str, Any] | None:
     """What dataset.json records of the run's data ({'name', 'num_classes', 'class_names', ...},
     as `write_dataset` wrote it); None for a run that did not record it (written before runs
