@@ -257,7 +257,7 @@ class RunWriter(reader.Workdir):
 
   def save(self, step: int, state: Any, *, model_name: str) -> None:
     """Saves the training state at `step` (asynchronously), with the model name it belongs to and
-    its `workdir.checksums`, which every read checks.
+    its `checksums.checksums`, which every read checks.
 
     A write the file system refuses (full, read-only) raises `Unwritable` here or at the next
     save or wait, with the temporary checkpoint removed and every earlier checkpoint intact.
