@@ -344,3 +344,18 @@ def hub_cache(tmp_path, monkeypatch):
     return snapshot
 
   return publish
+
+
+@pytest.fixture
+def evaluator_registry(monkeypatch):
+  """The evaluators registered during the test are gone after it, from the config's section too."""
+  from vit_jax import evaluators  # pylint: disable=g-import-not-at-top
+  from vit_jax.schema import evaluators as evaluator_settings  # pylint: disable=g-import-not-at-top
+
+  monkeypatch.setattr(evaluators, 'EVALUATORS', dict(evaluators.EVALUATORS))
+  registries = (evaluator_settings.SECTION, evaluator_settings.RUN_FIELDS)
+  saved = [dict(registry) for registry in registries]
+  yield evaluators
+  for registry, entries in zip(registries, saved):
+    registry.clear()
+    registry.update(entries)

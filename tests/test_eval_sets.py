@@ -21,8 +21,9 @@ from vit_jax import models
 from vit_jax.training import setup
 from vit_jax.evaluators import eval_sets
 from vit_jax.evaluators import passes
-from vit_jax.data import settings as data_settings
+from vit_jax.schema import data as data_settings
 from vit_jax.training import train
+from vit_jax.schema import setting
 from vit_jax.workdir import reader
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -164,7 +165,7 @@ def test_real_label_sets_are_read_from_the_mocked_dataset():
   (real,) = eval_sets.parse_all(['imagenet2012_real'])
   with tfds.testing.mock_data(num_examples=12):
     raw = list(tfds.load('imagenet2012_real', split='validation').as_numpy_iterator())
-    batches = list(real.batches(data_settings.DataSettings.from_config(config)))
+    batches = list(real.batches(setting.build(data_settings.DataSettings, config)))
   assert len(batches) == 2
   label_set = np.concatenate([b['label_set'] for b in batches])
   mask = np.concatenate([b['mask'] for b in batches])
@@ -235,7 +236,7 @@ def test_a_run_on_mocked_imagenet_reports_every_set_by_name(tmp_path):
     }
     images = {
         s.dataset: np.concatenate(
-            [b['image'] for b in s.batches(data_settings.DataSettings.from_config(config))]
+            [b['image'] for b in s.batches(setting.build(data_settings.DataSettings, config))]
         )[:24]
         for s in scored_sets
     }
@@ -290,15 +291,16 @@ def test_an_empty_set_is_refused_before_anything_compiles(data_dir, tmp_path, mo
 
 @pytest.mark.e2e
 def test_evaluate_command_scores_a_finished_runs_ema_on_the_listed_sets(tmp_path):
-  """`python -m vit_jax.evaluate --eval_sets` on a digits run: its EMA weights' top-1 on each set,
-  the run's own test split equal to the run's EMA accuracy; `eval_only` reports the same."""
+  """`python -m vit_jax.evaluate --config.eval_sets` on a digits run: its EMA weights' top-1 on
+  each set, the run's own test split equal to the run's EMA accuracy; `eval_only` reports the
+  same."""
   workdir = tmp_path / 'run'
   config = _tiny_config(normalization='digits', data_dir=str(tmp_path / 'tfds'), total_steps=3)
   run = train.train_and_evaluate(config, str(workdir))
   command = [sys.executable, '-m', 'vit_jax.evaluate', f'--workdir={workdir}']
   env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL='2')
   good = subprocess.run(
-      command + ['--eval_sets=digits,digits:train[:100],digits:train[-50:]'],
+      command + ["--config.eval_sets=('digits', 'digits:train[:100]', 'digits:train[-50:]')"],
       cwd=REPO,
       env=env,
       capture_output=True,

@@ -1,7 +1,8 @@
 """The README's worked extension, "Add your own attention (or stem, or evaluator)": one module of
-the user's, outside vit_jax, registers an attention kind with settings of its own, a stem and an
-evaluator; a config file imports it, and every command then trains, resumes, analyses,
-evaluates, predicts and exports the run without any change to the project."""
+the user's, outside vit_jax, registers an attention kind with settings of its own, a stem, an
+evaluator of frozen features and one of the model's predictions (expected calibration error); a
+config file imports it, and every command then trains, resumes, analyses, evaluates, predicts and
+exports the run without any change to the project."""
 
 import dataclasses
 import importlib
@@ -27,6 +28,7 @@ from vit_jax.analysis import rollout
 from vit_jax.models import attention
 from vit_jax.models import parts
 from vit_jax.models import stems
+from vit_jax.schema import evaluators as evaluator_settings
 from vit_jax.training import optim
 from vit_jax.training import train
 from vit_jax.workdir import reader
@@ -39,7 +41,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The user's module: what the README shows, written outside vit_jax by each test.
 EXTENSION = 'my_extension'
 EXTENSION_SOURCE = '''
-"""Cosine attention with a settings field, an average-pooling stem, a feature-norm evaluator."""
+"""Cosine attention with a settings field, an average-pooling stem, a feature-norm evaluator and an
+expected-calibration-error evaluator."""
 import dataclasses
 import functools
 from typing import ClassVar
@@ -47,9 +50,11 @@ from typing import ClassVar
 import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
+from scipy import special
 
 from vit_jax import evaluators
 from vit_jax.evaluators import frozen
+from vit_jax.evaluators import predictions
 from vit_jax.models import attention
 from vit_jax.models import stems
 
@@ -120,13 +125,30 @@ class FeatureNorm(frozen.Evaluator):
 
 
 evaluators.register('feature_norm', FeatureNorm)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpectedCalibrationError(predictions.Evaluator):
+  """How far the top-1 confidence is from the accuracy, over `bins` equal-width bins."""
+
+  bins: int = 15
+
+  def evaluate(self, predictions):
+    probabilities = special.softmax(predictions.logits, axis=-1)
+    confidence = probabilities.max(-1)
+    correct = probabilities.argmax(-1) == predictions.labels
+    bin_of = np.minimum((confidence * self.bins).astype(int), self.bins - 1)
+    gaps = np.bincount(bin_of, weights=confidence - correct, minlength=self.bins)
+    return {'ece': float(np.abs(gaps).sum() / len(confidence))}
+
+
+evaluators.register('ece', ExpectedCalibrationError)
 '''
 
-# The user's config file: imports the module, chooses its kind, stem and evaluator.
+# The user's config file: imports the module, chooses its kind and stem, sets its evaluators.
 CONFIG_SOURCE = f"""
-import {EXTENSION}  # Registers 'cosine', 'pool' and 'feature_norm'.
+import {EXTENSION}  # Registers 'cosine', 'pool', 'feature_norm' and 'ece'.
 
-import ml_collections
 from tests import tiny_runs
 
 
@@ -136,7 +158,8 @@ def get_config():
   config.model.initial_temperature = 5.0
   config.model.stem = 'pool'
   config.layer_decay = 0.75
-  config.evaluators.feature_norm = ml_collections.ConfigDict({{'every': 0}})
+  config.evaluators.ece.bins = 10
+  config.evaluators.ece.every = 1
   return config
 """
 
@@ -149,13 +172,13 @@ def write_extension(folder) -> str:
 
 
 @pytest.fixture
-def extension(tmp_path, monkeypatch):
+def extension(tmp_path, monkeypatch, evaluator_registry):
   """The user's module imported from `tmp_path/ext`, its registrations undone after the test."""
+  del evaluator_registry  # Undoes the evaluators'.
   # pylint: disable=protected-access
   monkeypatch.setattr(attention, '_KINDS', dict(attention._KINDS))
   monkeypatch.setattr(stems, '_STEMS', dict(stems._STEMS))
   monkeypatch.setattr(parts, '_SETTINGS', list(parts._SETTINGS))
-  monkeypatch.setattr(evaluators, 'EVALUATORS', dict(evaluators.EVALUATORS))
   # pylint: enable=protected-access
   folder = tmp_path / 'ext'
   folder.mkdir()
@@ -170,6 +193,8 @@ def extension(tmp_path, monkeypatch):
 def test_a_kind_with_settings_a_stem_and_an_evaluator_register_from_one_module(extension):
   assert 'cosine' in attention.kinds() and 'pool' in stems.names()
   assert evaluators.EVALUATORS['feature_norm'] is extension.FeatureNorm
+  assert evaluators.EVALUATORS['ece'] is extension.ExpectedCalibrationError
+  assert config_lib.defaults().evaluators.ece.to_dict() == {'every': None, 'bins': None}
   assert attention.kind('cosine').module == stems.stem('pool').module == EXTENSION
   # The kind's settings field is a model field of every config and an override of `create`.
   assert config_lib.model_part_fields()['initial_temperature'] is float
@@ -225,17 +250,17 @@ def fresh_process(monkeypatch, folder: str) -> None:
       stems, '_STEMS', {k: v for k, v in stems._STEMS.items() if v.module != EXTENSION}
   )
   monkeypatch.setattr(parts, '_SETTINGS', [s for s in parts._SETTINGS if s.__module__ != EXTENSION])
+  own = [k for k, v in evaluators.EVALUATORS.items() if v.__module__ == EXTENSION]
   monkeypatch.setattr(
-      evaluators,
-      'EVALUATORS',
-      {k: v for k, v in evaluators.EVALUATORS.items() if v.__module__ != EXTENSION},
+      evaluators, 'EVALUATORS', {k: v for k, v in evaluators.EVALUATORS.items() if k not in own}
   )
+  for name in own:  # `evaluator_registry` puts them back after the test.
+    evaluator_settings.SECTION.pop(name)
 
 
 def test_a_run_records_the_module_and_reads_it_back(extension, tmp_path, monkeypatch):
-  config = config_lib.defaults()
+  config = config_lib.defaults()  # Its evaluators' fields among them, unset.
   config.model.attention, config.model.stem = 'cosine', 'pool'
-  config.evaluators.feature_norm = {'every': 0}
   folder = str(tmp_path / 'ext')
   (record,) = extensions.recorded_imports(config)
   assert record == {
@@ -245,6 +270,7 @@ def test_a_run_records_the_module_and_reads_it_back(extension, tmp_path, monkeyp
           "attention='cosine'",
           "stem='pool'",
           'CosineSettings',
+          'evaluators.ece',
           'evaluators.feature_norm',
       ],
   }
@@ -265,7 +291,7 @@ def test_a_run_records_the_module_and_reads_it_back(extension, tmp_path, monkeyp
   assert str(refusal.value).startswith(
       f"{run / run_files.CONFIG_FILE} records module '{EXTENSION}' (imported from {folder}), "
       "which registered attention='cosine', stem='pool', CosineSettings, "
-      'evaluators.feature_norm, but it cannot be imported (ModuleNotFoundError'
+      'evaluators.ece, evaluators.feature_norm, but it cannot be imported (ModuleNotFoundError'
   )
   assert '\n' not in str(refusal.value)
 
@@ -354,6 +380,9 @@ def test_every_command_reads_a_run_of_the_users_module(data_dir, tmp_path):
   assert saved[extensions.IMPORTS][0]['path'] == str(folder)
   assert saved['model']['initial_temperature'] == 5.0
   assert reader.Workdir(workdir).steps()[-1] == 2
+  with open(os.path.join(workdir, 'results.json')) as f:
+    trained = json.load(f)
+  assert 0 <= trained['ece'] <= 1 and trained['steps']['ece'] == 2  # Its final evaluation's.
 
   # Reading the run imports the user's module by the user's leave (`--import_run_modules`).
   read = (f'--workdir={workdir}', '--import_run_modules')
@@ -361,10 +390,12 @@ def test_every_command_reads_a_run_of_the_users_module(data_dir, tmp_path):
   with open(os.path.join(workdir, 'analysis', 'analysis.json')) as f:
     assert [layer['name'] for layer in json.load(f)['layers']] == ['blocks_0/attn', 'blocks_1/attn']
 
-  evaluated = _command('evaluate', *read, '--evaluators=feature_norm')
-  assert 'digits/feature_norm' in evaluated.stdout
+  evaluated = _command('evaluate', *read, '--evaluators=feature_norm,ece')
+  assert 'digits/feature_norm' in evaluated.stdout and 'ece' in evaluated.stdout
   with open(os.path.join(workdir, 'results.json')) as f:
-    assert json.load(f)['digits/feature_norm'] > 0
+    results = json.load(f)
+  assert results['digits/feature_norm'] > 0
+  assert results['ece'] == pytest.approx(trained['ece'], abs=1e-6)  # The run's bins and weights.
 
   image = tmp_path / 'seven.png'
   Image.fromarray(np.full((16, 16, 3), 128, np.uint8)).save(image)

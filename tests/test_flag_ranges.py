@@ -57,14 +57,7 @@ CASES = {
     ),
     'evaluate': (
         ['--workdir=/nonexistent'],
-        {
-            '--seeds=0': 'positive integer',
-            '--shots=0,5': 'integers >= 1',
-            '--shots=five': 'integers >= 1',
-            '--shots=': 'integers >= 1',
-            '--evaluators=': 'at least one of fewshot',
-            '--datasets=': 'at least one dataset',
-        },
+        {'--evaluators=': 'at least one of fewshot'},
     ),
     'ablate': (
         [f'--config={CONFIG}', '--workdir=/nonexistent'],

@@ -29,6 +29,7 @@ from vit_jax import exits
 from vit_jax.data import augment_spec
 from vit_jax.data import dataset_names as datasets
 from vit_jax.models import parts
+from vit_jax.schema import evaluators as evaluator_settings
 
 DTYPES = ('float32', 'bfloat16', 'float16')
 OPTIMIZERS = ('adamw', 'sgd', 'lamb')
@@ -542,15 +543,13 @@ FIELDS: tuple[Field, ...] = (
 SECTIONS: tuple[Section, ...] = (
     Section(
         'evaluators',
-        {
-            'fewshot': {'every': int, 'datasets': tuple, 'shots': tuple, 'seeds': int},
-            'linear_probe': {'every': int, 'datasets': tuple},
-        },
+        evaluator_settings.SECTION,
         'vit_jax.evaluators',
-        'Evaluators of frozen pre-logits, run every `every` steps and at the end when '
-        "`every` > 0. Unset (None) fields take the evaluator's own defaults "
-        '(vit_jax/evaluators), under which it is off; e.g. '
-        '--config.evaluators.fewshot.every=400.',
+        'The settings of every registered evaluator (vit_jax.schema.evaluators: the fields of '
+        'its dataclass), run every `every` steps and at the end when `every` > 0. Unset (None) '
+        "fields take the evaluator's own defaults, under which fewshot and linear_probe are "
+        "off; e.g. --config.evaluators.fewshot.every=400. The test sets' are eval_sets and "
+        'eval_every.',
     ),
     Section(
         'model',

@@ -1,66 +1,90 @@
-r"""Test sets, and few-shot and linear-probe evaluation of frozen features, for any run or weights.
+r"""Any evaluator on a finished run or on published weights: test sets, few-shot and linear
+probes of frozen features, or an evaluator of your own.
 
-  python -m vit_jax.evaluate --workdir=/tmp/vit          # both evaluators, on the embedded digits
-  python -m vit_jax.evaluate --workdir=/tmp/vit --evaluators=fewshot --datasets=digits,cifar10
+  python -m vit_jax.evaluate --workdir=/tmp/vit          # fewshot and linear_probe, on the digits
+  python -m vit_jax.evaluate --workdir=/tmp/vit --evaluators=fewshot \
+      --config.evaluators.fewshot.datasets="('digits', 'cifar10')" \
+      --config.evaluators.fewshot.shots=5,10
   python -m vit_jax.evaluate --init_from=deit_small_patch16_224-cd65a155.pth --model=deit_s16 \
-      --datasets=folder:/data/flowers --out_dir=/tmp/deit_s_probe
-  python -m vit_jax.evaluate --init_from=hf-hub:timm/deit_small_patch16_224.fb_in1k \
-      --datasets=cifar10 --out_dir=/tmp/deit_s_probe
+      --config.evaluators.fewshot.datasets=folder:/data/flowers \
+      --config.evaluators.linear_probe.datasets=folder:/data/flowers --out_dir=/tmp/deit_s_probe
   python -m vit_jax.evaluate --init_from=deit_small_patch16_224-cd65a155.pth --model=deit_s16 \
-      --eval_sets=imagenet2012:validation,imagenet2012_real,imagenet_v2,imagenet_a,imagenet_r \
+      --config.eval_sets="('imagenet2012:validation', 'imagenet2012_real', 'imagenet_v2')" \
       --out_dir=/tmp/deit_s_test_sets
 
-`--eval_sets` scores the model's own predictions on test sets named as `config.eval_sets` names
-them (`vit_jax.evaluators.eval_sets`: ReaL multi-label, ImageNet-A/-R on their 200 classes);
-given alone it runs only those, with `--evaluators` both. A run's EMA weights are read where it kept them.
-
-The evaluators are those of `vit_jax.evaluators` (the ones training runs periodically through
-`config.evaluators`), on the pre-logits of images preprocessed as the run or weights evaluate.
+Each evaluator takes a run's own settings (its config.json: `evaluators` and `eval_sets`), else
+its defaults, and `--config.evaluators.NAME.FIELD=VALUE` (any field of its dataclass, spelled as
+in training; `vit_jax.schema.evaluators`) and `--config.eval_sets` override them. `--evaluators`
+names those to run: by default fewshot and linear_probe, or test_sets where `--config.eval_sets`
+is given. `test_sets` scores the model's own predictions on those sets
+(`vit_jax.evaluators.eval_sets`: ReaL multi-label, ImageNet-A/-R on their 200 classes), not the
+run's eval split, which the run scored. A run's EMA weights are read where it kept them; the
+evaluators of your own that its config.json imports are there with `--import_run_modules`.
 TFDS datasets are read from the run's `data_dir` (weights: TFDS's default data directory).
 Metrics are printed and merged into OUT_DIR/results.json and TensorBoard event files in OUT_DIR
 (default: the run's --workdir) at the checkpoint's step.
 """
 
-from absl import flags
+import re
+import sys
+import types
+from typing import Any, Mapping, Sequence
 
+from absl import flags
+import ml_collections
+from ml_collections import config_flags
+
+from vit_jax import config as config_lib
 from vit_jax import extensions
 from vit_jax import runtime
+from vit_jax.schema import evaluators as evaluator_settings
 from vit_jax.weights import source_flags
+
+_EVALUATORS_SECTION = 'evaluators'
+_DEFAULT_EVALUATORS = ('fewshot', 'linear_probe')
+_TEST_SETS = 'test_sets'
+
+
+def overridable(argv: Sequence[str]) -> ml_collections.ConfigDict:
+  """What `--config.FIELD` sets here: the `evaluators` section of every registered evaluator and
+  the run's fields they read (`eval_sets`, `eval_every`), with an empty section for each other
+  evaluator that `argv` names (one of a run's own modules, registered once imported: its fields
+  are checked then)."""
+  defaults = config_lib.defaults()
+  config = ml_collections.ConfigDict(
+      {
+          _EVALUATORS_SECTION: defaults[_EVALUATORS_SECTION],
+          **{flag: defaults[flag] for flag in evaluator_settings.RUN_FIELDS},
+      }
+  )
+  for arg in argv:
+    named = re.match(rf'--?config\.{_EVALUATORS_SECTION}\.(\w+)\.', arg)
+    if named and named.group(1) not in config[_EVALUATORS_SECTION]:
+      config[_EVALUATORS_SECTION][named.group(1)] = ml_collections.ConfigDict()
+  return config
+
 
 _LOAD = source_flags.define()
 flags.adopt_module_key_flags(source_flags)  # Listed by --help with the command's own.
 _EVALUATORS = flags.DEFINE_list(
     'evaluators',
     None,
-    "Any of fewshot, linear_probe, or an evaluator of your own that the run's config.json "
-    'imports (default: all of them, unless --eval_sets is given).',
+    "Evaluators to run: test_sets, fewshot, linear_probe, or one of your own that the run's "
+    'config.json imports (default: fewshot,linear_probe; test_sets with --config.eval_sets).',
 )
 flags.register_validator(
     'evaluators',
     lambda names: names is None or len(names) > 0,
-    'must name at least one of fewshot, linear_probe (or be left out for both).',
+    'must name at least one of fewshot, linear_probe, test_sets (or be left out).',
 )
-_EVAL_SETS = flags.DEFINE_list(
-    'eval_sets',
-    [],
-    "Test sets 'DATASET[:SPLIT]' to score the model's predictions on, e.g. "
-    'imagenet2012_real,imagenet_v2,imagenet_a (vit_jax/evaluators/eval_sets.py).',
+_CONFIG = config_flags.DEFINE_config_dict(
+    'config',
+    overridable(sys.argv),
+    'Evaluator settings, spelled as in training: --config.evaluators.NAME.FIELD=VALUE (any field '
+    "of the evaluator's dataclass) and --config.eval_sets (the test sets' sets).",
+    lock_config=False,
+    accept_new_attributes=True,  # The fields of a run's own evaluators, checked once imported.
 )
-_DATASETS = flags.DEFINE_list(
-    'datasets', ['digits'], "Datasets: 'digits', TFDS names, 'folder:/path/to/images'."
-)
-flags.register_validator(
-    'datasets', lambda names: len(names) > 0, "must name at least one dataset, e.g. 'digits'."
-)
-_TRAIN_SPLIT = flags.DEFINE_string('train_split', 'train', 'Split the classifiers are fitted on.')
-_TEST_SPLIT = flags.DEFINE_string('test_split', 'test', 'Split they are scored on.')
-_SHOTS = flags.DEFINE_list('shots', ['1', '5', '10', '25'], 'Few-shot: examples per class.')
-flags.register_validator(
-    'shots',
-    lambda shots: bool(shots) and all(k.isdigit() and int(k) >= 1 for k in shots),
-    'must be one or more integers >= 1, e.g. 1,5,10,25.',
-)
-_SEEDS = flags.DEFINE_integer('seeds', 3, 'Few-shot: draws of the shots, averaged.', lower_bound=1)
 _OUT_DIR = flags.DEFINE_string(
     'out_dir',
     None,
@@ -72,17 +96,42 @@ flags.adopt_module_key_flags(extensions)
 RESULTS_ROOM = 'write access and room for results.json and TensorBoard files (--out_dir)'
 
 
-def settings(name: str) -> dict:
-  """The flags' settings of evaluator `name`."""
-  common = {
-      'datasets': tuple(_DATASETS.value),
-      'train_split': _TRAIN_SPLIT.value,
-      'test_split': _TEST_SPLIT.value,
+def given_settings(
+    overrides: Mapping[str, Any],
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+  """The `--config.` overrides given as ({evaluator: {field: value}}, {run field: value});
+  ValueError naming one that sets neither."""
+  sections: dict[str, dict[str, Any]] = {}
+  run_fields = {}
+  for path, value in overrides.items():
+    section, _, rest = path.partition('.')
+    name, _, field = rest.partition('.')
+    if path in evaluator_settings.RUN_FIELDS:
+      run_fields[path] = value
+    elif section == _EVALUATORS_SECTION and name and field and '.' not in field:
+      sections.setdefault(name, {})[field] = value
+    else:
+      raise ValueError(
+          f'--config.{path}: evaluate reads --config.{_EVALUATORS_SECTION}.NAME.FIELD and '
+          f'{", ".join(f"--config.{flag}" for flag in evaluator_settings.RUN_FIELDS)} only.'
+      )
+  return sections, run_fields
+
+
+def settings(
+    run_config: ml_collections.ConfigDict | None,
+    given: Mapping[str, Mapping[str, Any]],
+    given_run_fields: Mapping[str, Any],
+) -> tuple[dict[str, dict[str, Any]], types.SimpleNamespace]:
+  """Each evaluator's settings and the run fields they read: the run's own (`run_config`; None:
+  the defaults), with those given on the command line (`given_settings`) over them."""
+  config = config_lib.defaults() if run_config is None else run_config
+  sections = {
+      name: {**dict(config.get(_EVALUATORS_SECTION, {}).get(name) or {}), **given.get(name, {})}
+      for name in {*config.get(_EVALUATORS_SECTION, {}), *given}
   }
-  if name != 'fewshot':
-    return common
-  shots = tuple(int(k) for k in _SHOTS.value)  # Integers >= 1: checked with the flags.
-  return {**common, 'shots': shots, 'seeds': _SEEDS.value}
+  run_fields = {flag: config.get(flag) for flag in evaluator_settings.RUN_FIELDS}
+  return sections, types.SimpleNamespace(**{**run_fields, **given_run_fields})
 
 
 def main(argv) -> None:
@@ -90,20 +139,31 @@ def main(argv) -> None:
   # pylint: disable=g-import-not-at-top
   from vit_jax import evaluators
   from vit_jax.data import storage
-  from vit_jax.evaluators import eval_sets
   from vit_jax.evaluators import standalone
   from vit_jax.workdir import disk_writes
   from vit_jax.workdir import reader
   from vit_jax.workdir import run_files
   # pylint: enable=g-import-not-at-top
-  try:
-    eval_sets.parse_all(_EVAL_SETS.value)  # The names, before reading any weights.
-  except ValueError as e:
-    raise ValueError(f'--eval_sets: {e}.') from None
-  if flags.FLAGS.workdir:  # The run's evaluators of your own (its config.json `imports`) first.
-    reader.import_recorded_modules(flags.FLAGS.workdir)
-  names = _EVALUATORS.value or ([] if _EVAL_SETS.value else list(evaluators.EVALUATORS))
-  frozen = [evaluators.create(name, settings(name)) for name in names]
+  overrides = config_flags.get_override_values(flags.FLAGS['config'])
+  given, given_run_fields = given_settings(overrides)
+  names = _EVALUATORS.value or (
+      [_TEST_SETS] if 'eval_sets' in given_run_fields else list(_DEFAULT_EVALUATORS)
+  )
+  unused = [name for name in given if name not in names]
+  if unused:
+    raise ValueError(
+        f'--config.{_EVALUATORS_SECTION}.{unused[0]} sets an evaluator that is not run: '
+        f'--evaluators={",".join(names + unused)} runs it.'
+    )
+  # The run's settings, and its evaluators of your own (its config.json `imports`), first.
+  run_config = reader.Workdir(flags.FLAGS.workdir).config() if flags.FLAGS.workdir else None
+  sections, run_fields = settings(run_config, given, given_run_fields)
+  chosen = []
+  for name in names:
+    section = sections.get(name, {})
+    if name == _TEST_SETS:  # The run scored its own eval split; the weights read may differ.
+      section = {**section, 'own_split': False}
+    chosen.append(evaluators.create(name, section, run=run_fields))
   if _OUT_DIR.value:  # Before reading any weights.
     disk_writes.check_writable(_OUT_DIR.value, RESULTS_ROOM, directory=True)
   with storage.runs_read_only():  # The data dir a run names is read, never written.
@@ -114,7 +174,7 @@ def main(argv) -> None:
     if not _OUT_DIR.value:  # The run's own directory, before evaluating.
       disk_writes.check_writable(out_dir, RESULTS_ROOM, directory=True)
     disk_writes.check_files(out_dir, run_files.RESULTS_FILES, RESULTS_ROOM)
-    standalone.evaluate_weights(run, _EVAL_SETS.value, frozen, out_dir)
+    standalone.evaluate_weights(run, chosen, out_dir)
 
 
 if __name__ == '__main__':

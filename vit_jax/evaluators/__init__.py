@@ -1,63 +1,118 @@
-"""Evaluation: every kind is an evaluator, run by one mechanism in training and outside it.
+"""Evaluation: every evaluator is registered by name and run by one mechanism, in training and
+outside it.
 
-An evaluator (`evaluator.Evaluator`) has `every` (training steps between its runs; 0: none) and
-`run(subject) -> {metric: value}`, where the `evaluator.Subject` is a model with its state on the
-mesh or its variables as host arrays, and `data` (`data_settings.DataSettings`) giving the
-evaluation preprocessing of its images; it also names its log lines and its metrics' TensorBoard
-and results.json names. Two kinds:
-* `eval_sets.TestSets`: the model's own predictions, top-1 and loss on the run's eval split (and
-  of its EMA) and on the test sets of `config.eval_sets` (ReaL, ImageNet-A/-R, …);
-* the frozen-feature evaluators of `EVALUATORS` (`frozen.Evaluator`: few-shot and linear
-  probes fitted on pre-logits), set under `config.evaluators.NAME`.
-The loop runs `due` ones every `every` steps and all of them at the end (`run`), writing their
-metrics to TensorBoard and results.json; `eval_only` and `python -m vit_jax.evaluate` run them
-once on a run's or published weights (`standalone`).
+An evaluator (`evaluator.Evaluator`) is a frozen dataclass of its settings (fields with
+defaults) with `every` (training steps between its runs; 0: none), `check` (what it scores is
+readable, before anything compiles) and `run(subject) -> {metric: value}`, where the
+`evaluator.Subject` is a model with its state on the mesh, its variables as host arrays or its
+logits over the eval split, and `data` giving the evaluation preprocessing of its images; it also
+names its log lines and its metrics' TensorBoard and results.json names. Registered
+(`EVALUATORS`, `register`):
+* 'test_sets' (`eval_sets.TestSets`): the model's own predictions, top-1 and loss on the run's
+  eval split (and of its EMA) and on the test sets of `config.eval_sets` (ReaL, ImageNet-A/-R,
+  …), every `config.eval_every` steps;
+* 'fewshot', 'linear_probe' (`frozen.Evaluator`): classifiers fitted on frozen pre-logits;
+* your own: a `predictions.Evaluator` (scores the model's logits), a `frozen.Evaluator`, or any
+  dataclass with the interface.
+Each one's fields are `--config.evaluators.NAME.FIELD` (`vit_jax.schema.evaluators`; the test
+sets' are the run's `eval_sets` and `eval_every`). The loop runs `due` ones every `every` steps and
+all of them at the end (`run`), writing their metrics to TensorBoard and results.json; `eval_only`
+and `python -m vit_jax.evaluate` run them once on a run's or published weights (`standalone`).
 """
 
 import dataclasses
+import inspect
 from typing import Any, Mapping, Sequence
 
 from vit_jax import extensions
+from vit_jax.evaluators import eval_sets
 from vit_jax.evaluators import evaluator
 from vit_jax.evaluators import fewshot
-from vit_jax.evaluators import frozen
 from vit_jax.evaluators import linear_probe
+from vit_jax.schema import data as data_settings
+from vit_jax.schema import evaluators as evaluator_settings
 
-EVALUATORS = {cls.name: cls for cls in (fewshot.FewShot, linear_probe.LinearProbe)}
+# Name -> the evaluator's class, in the order they run and log.
+EVALUATORS: dict[str, type] = {
+    'fewshot': fewshot.FewShot,
+    'linear_probe': linear_probe.LinearProbe,
+    'test_sets': eval_sets.TestSets,
+}
+_METHODS = ('check', 'run', 'log', 'summaries', 'results')
 
 
-def register(name: str, evaluator: type[frozen.Evaluator]) -> None:
-  """Makes `evaluator`, a `frozen.Evaluator` subclass, the evaluator `name`: set under
-  `--config.evaluators.NAME`, run by `python -m vit_jax.evaluate --evaluators=NAME`."""
+def register(name: str, evaluator_class: type) -> None:
+  """Makes `evaluator_class` the evaluator `name`, shown by its log line: a frozen dataclass of its
+  settings (fields with defaults, `every` among them) with the methods of `evaluator.Evaluator`
+  (`predictions.Evaluator` and `frozen.Evaluator` give them). Its fields are
+  `--config.evaluators.NAME.FIELD` of every config made afterwards; training runs it every
+  `every` steps and at the end, `python -m vit_jax.evaluate --evaluators=NAME` on a finished run."""
   if name in EVALUATORS:
     raise ValueError(f'Evaluator {name!r} is registered already; registered: {list(EVALUATORS)}.')
-  if not (isinstance(evaluator, type) and issubclass(evaluator, frozen.Evaluator)):
-    raise ValueError(f'Evaluator {name!r}: {evaluator!r} is not a frozen.Evaluator subclass.')
-  EVALUATORS[name] = evaluator
-  extensions.note('evaluator', name, evaluator.__module__, f'evaluators.{name}')
+  if not (isinstance(evaluator_class, type) and dataclasses.is_dataclass(evaluator_class)):
+    raise ValueError(
+        f'Evaluator {name!r}: {evaluator_class!r} is not a dataclass of its settings; subclass '
+        'vit_jax.evaluators.predictions.Evaluator or frozen.Evaluator with @dataclasses.dataclass.'
+    )
+  fields = {field.name for field in dataclasses.fields(evaluator_class)}
+  missing = [field for field in ('every',) if field not in fields]
+  missing += [method for method in _METHODS if not callable(getattr(evaluator_class, method, None))]
+  if missing or inspect.isabstract(evaluator_class):
+    abstract = sorted(getattr(evaluator_class, '__abstractmethods__', ()))
+    raise ValueError(
+        f'Evaluator {name!r}: {evaluator_class.__name__} lacks {missing + abstract}; an '
+        'evaluator has an `every` field and defines check, run, log, summaries and results '
+        '(predictions.Evaluator and frozen.Evaluator define all but `evaluate`).'
+    )
+  if not getattr(evaluator_class, 'name', ''):
+    setattr(evaluator_class, 'name', name)  # What its log line shows.
+  EVALUATORS[name] = evaluator_class
+  evaluator_settings.add(name, evaluator_class)
+  extensions.note('evaluator', name, evaluator_class.__module__, f'evaluators.{name}')
 
 
-def create(name: str, settings: Mapping[str, Any] | None = None) -> frozen.Evaluator:
-  """The evaluator `name` with `settings` (its fields; None: the field's default); ValueError for
-  unknown names or fields."""
+def create(
+    name: str, settings: Mapping[str, Any] | None = None, *, run: Any = None
+) -> evaluator.Evaluator:
+  """The evaluator `name` with `settings` (its fields; None: the field's default) and, given
+  `run` (a run's config or settings), the fields that are the run's own (`run_field`: the test
+  sets' `eval_sets` and `eval_every`) from it; ValueError for unknown names or fields, naming the
+  valid ones."""
   if name not in EVALUATORS:
     raise ValueError(f'Unknown evaluator {name!r}; valid: {list(EVALUATORS)}.')
-  settings = {key: value for key, value in dict(settings or {}).items() if value is not None}
   cls = EVALUATORS[name]
-  valid = list(cls.__dataclass_fields__)
-  unknown = [key for key in settings if key not in valid]
+  values = {key: value for key, value in dict(settings or {}).items() if value is not None}
+  valid = [field.name for field in dataclasses.fields(cls) if field.init]
+  unknown = [key for key in values if key not in valid]
   if unknown:
     raise ValueError(f'Unknown settings {unknown} of evaluator {name!r}; valid: {valid}.')
-  settings = {
-      key: tuple(value) if isinstance(value, list) else value for key, value in settings.items()
-  }
-  return cls(**settings)
+  if run is not None:
+    for field, flag in evaluator_settings.run_fields(cls).items():
+      values.setdefault(field, getattr(run, flag))
+  return cls(**{key: tuple(v) if isinstance(v, list) else v for key, v in values.items()})
 
 
-def periodic(sections: Mapping[str, Mapping[str, Any]]) -> dict[str, frozen.Evaluator]:
-  """The evaluators of a run's `evaluators` sections that training runs (`every` > 0)."""
-  evaluators = {name: create(name, settings) for name, settings in sections.items()}
+def periodic(
+    sections: Mapping[str, Mapping[str, Any]], run: Any = None
+) -> dict[str, evaluator.Evaluator]:
+  """The evaluators that training runs (`every` > 0), in order: every registered one with its
+  section of the run's `evaluators` and the run's own fields from `run` (its settings)."""
+  names = [*EVALUATORS, *(name for name in sections if name not in EVALUATORS)]
+  evaluators = {name: create(name, sections.get(name), run=run) for name in names}
   return {name: e for name, e in evaluators.items() if e.every > 0}
+
+
+def check(
+    evaluators: Sequence[evaluator.Evaluator],
+    data: data_settings.DataSettings,
+    *,
+    num_classes: int,
+    class_names: Sequence[str] | None,
+) -> None:
+  """Each evaluator's `check` beside the run reading `data` with a model of `num_classes` classes
+  (named `class_names`; None: names not to compare), before anything compiles."""
+  for e in evaluators:
+    e.check(data, num_classes=num_classes, class_names=class_names)
 
 
 def due(evaluators: Sequence[evaluator.Evaluator], step: int) -> list[evaluator.Evaluator]:

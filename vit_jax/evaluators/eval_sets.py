@@ -1,4 +1,4 @@
-"""Test sets a model is scored on, by name: `config.eval_sets` and `vit_jax.evaluate --eval_sets`.
+"""Test sets a model is scored on, by name: `--config.eval_sets` (training, `vit_jax.evaluate`).
 
 A set is named `DATASET[:SPLIT]`: any TFDS image-classification dataset ('imagenet_v2',
 'imagenet_v2/topimages', 'cifar10:test', 'imagenet2012:validation'), the embedded 'digits', or an
@@ -18,7 +18,7 @@ evaluator of a model's predictions, scores them and the run's own eval split.
 
 import dataclasses
 import functools
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
 
 from absl import logging
 import flax.linen as nn
@@ -31,10 +31,11 @@ from vit_jax.data import dataset_names as datasets
 from vit_jax.data import eval_set_names
 from vit_jax.data import imagenet
 from vit_jax.data import input_pipeline
-from vit_jax.data import settings as data_settings
+from vit_jax.schema import data as data_settings
 from vit_jax.evaluators import evaluator
 from vit_jax.evaluators import passes
 from vit_jax.parallel import sharding
+from vit_jax.schema import evaluators as evaluator_settings
 from vit_jax.training import steps
 
 # The 200 ImageNet classes (WordNet ids) of ImageNet-A (Hendrycks et al. 2021, "Natural Adversarial
@@ -120,11 +121,11 @@ def subset_sums(
 ) -> dict[str, jax.Array]:
   """Top-1 and cross-entropy over the logits of `classes` only (labels index all the logits);
   examples labelled outside `classes` are not counted."""
-  classes = jnp.asarray(classes)
-  position = jnp.full(logits.shape[-1], -1).at[classes].set(jnp.arange(len(classes)))
+  indices = jnp.asarray(classes)
+  position = jnp.full(logits.shape[-1], -1).at[indices].set(jnp.arange(len(indices)))
   target = position[batch['label']]
   scored = (target >= 0) & (batch['mask'] > 0)
-  restricted = logits[:, classes]
+  restricted = logits[:, indices]
   loss = optax.softmax_cross_entropy_with_integer_labels(restricted, jnp.maximum(target, 0))
   return {
       'correct': jnp.sum((jnp.argmax(restricted, -1) == target) & scored),
@@ -250,22 +251,30 @@ def checked(
   return eval_sets
 
 
+@functools.cache
+def _jitted_step(
+    model: nn.Module, num_classes: int, mesh: jax.sharding.Mesh, scoring: str
+) -> Callable[..., dict[str, jax.Array]]:
+  """The eval step of `scoring` jitted for `mesh`: one per model, mesh and scoring."""
+  if scoring == 'top1':
+    return passes.jitted_eval_step(model, num_classes, mesh)
+  return jax.jit(
+      passes.make_eval_step(model, num_classes, score(scoring)),
+      out_shardings=sharding.replicated(mesh),
+  )
+
+
 def compile_steps(
     eval_sets: Sequence[EvalSet],
     model: nn.Module,
     num_classes: int,
     mesh: jax.sharding.Mesh,
-    top1_step: Callable | None = None,
+    own_split: bool = False,
 ) -> dict[str, Callable]:
-  """The jitted eval step (`passes.make_eval_step`) of each scoring the sets use, by scoring;
-  `top1_step`: the run's own, where it has one."""
-  eval_steps = {} if top1_step is None else {'top1': top1_step}
-  for scoring in sorted({s.scoring for s in eval_sets} - set(eval_steps)):
-    eval_steps[scoring] = jax.jit(
-        passes.make_eval_step(model, num_classes, score(scoring)),
-        out_shardings=sharding.replicated(mesh),
-    )
-  return eval_steps
+  """The jitted eval step (`passes.make_eval_step`) of each scoring the sets use (and top-1 for
+  the run's `own_split`), by scoring, each compiled once for the model and mesh."""
+  scorings = {s.scoring for s in eval_sets} | ({'top1'} if own_split else set())
+  return {scoring: _jitted_step(model, num_classes, mesh, scoring) for scoring in sorted(scorings)}
 
 
 def evaluate(
@@ -283,64 +292,59 @@ def evaluate(
     result = (known or {}).get(eval_set.reads)
     if result is None:
       result = passes.evaluate_with_ema(
-          eval_steps[eval_set.scoring], state, lambda s=eval_set: s.batches(data), data_sharding
+          eval_steps[eval_set.scoring],
+          state,
+          functools.partial(eval_set.batches, data),
+          data_sharding,
       )
     metrics.update({f'{eval_set.name}/{k}': v for k, v in result.items()})
   return metrics
 
 
 @dataclasses.dataclass(frozen=True)
-class TestSets:
+class TestSets(evaluator_settings.TestSetsSettings):
   """The model's own predictions scored (an `evaluator.Evaluator`): top-1 and loss on the run's
   eval split where `own_split` ('accuracy', 'loss', 'count'; 'ema_accuracy', 'ema_loss' with an
-  EMA) and on each of `sets` ('NAME/…'), each scoring's step compiled once for the mesh."""
+  EMA) and on each of `sets` ('NAME/…'), each scoring's step compiled once for the model and mesh.
+  `vit_jax.evaluate` leaves out the run's own split, which the run scored."""
 
-  data: data_settings.DataSettings
-  sets: tuple[EvalSet, ...]
-  own_split: bool
-  eval_steps: dict[str, Callable[..., dict[str, jax.Array]]]  # By scoring.
-  data_sharding: jax.sharding.NamedSharding
-  every: int = 0  # Training steps between runs (`config.eval_every`); 0: none.
+  name: ClassVar[str] = 'test_sets'
+  own_split: bool = True
 
-  @classmethod
-  def build(
-      cls,
-      model: nn.Module,
-      num_classes: int,
-      mesh: jax.sharding.Mesh,
+  def check(
+      self,
       data: data_settings.DataSettings,
-      sets: Sequence[EvalSet],
       *,
-      own_split: bool = True,
-      every: int = 0,
-  ) -> 'TestSets':
-    top1_step = passes.jitted_eval_step(model, num_classes, mesh) if own_split else None
-    return cls(
-        data,
-        tuple(sets),
-        own_split,
-        compile_steps(sets, model, num_classes, mesh, top1_step),
-        sharding.batch_sharding(mesh),
-        every,
-    )
+      num_classes: int,
+      class_names: Sequence[str] | None,
+  ) -> None:
+    """The sets' names, data, class count and class names (`checked`), before anything
+    compiles."""
+    if not num_classes:
+      raise ValueError(
+          'test_sets scores predictions, and the model has no classifier head (headless '
+          'weights); fewshot and linear_probe read its features.'
+      )
+    if not (self.sets or self.own_split):
+      raise ValueError('test_sets has no test set to score: name them in --config.eval_sets.')
+    checked(self.sets, data, num_classes=num_classes, class_names=class_names)
 
   def run(self, subject: evaluator.Subject) -> dict[str, float]:
-    state = subject.state
+    state, data = subject.state, subject.data
+    sets = parse_all(self.sets, dataset=data.dataset, eval_split=data.eval_split)
+    eval_steps = compile_steps(
+        sets, subject.model, subject.num_classes, subject.mesh, own_split=self.own_split
+    )
+    data_sharding = sharding.batch_sharding(subject.mesh)
     metrics, known = {}, {}
     if self.own_split:
       metrics = passes.evaluate_with_ema(
-          self.eval_steps['top1'],
-          state,
-          lambda: input_pipeline.eval_iterator(self.data),
-          self.data_sharding,
+          eval_steps['top1'], state, lambda: input_pipeline.eval_iterator(data), data_sharding
       )
       # The run's own eval split as a test set: a listed set that reads it is not read again.
-      own = EvalSet(self.data.eval_split, self.data.dataset, self.data.eval_split)
+      own = EvalSet(data.eval_split, data.dataset, data.eval_split)
       known = {own.reads: metrics}
-    return {
-        **metrics,
-        **evaluate(self.sets, self.eval_steps, state, self.data, self.data_sharding, known=known),
-    }
+    return {**metrics, **evaluate(sets, eval_steps, state, data, data_sharding, known=known)}
 
   def log(self, step: int, metrics: Mapping[str, float], *, final: bool) -> None:
     ema_note = lambda prefix='': (
@@ -364,12 +368,12 @@ class TestSets:
           metrics['loss'],
           ema_note(),
       )
-    for eval_set in self.sets:
-      prefix = f'{eval_set.name}/'
+    for name in self.sets:  # Each set's metrics are under its name as written.
+      prefix = f'{name}/'
       logging.info(
           'step %d  %s accuracy %.4f (%d examples scored)%s',
           step,
-          eval_set.name,
+          name,
           metrics[prefix + 'accuracy'],
           metrics[prefix + 'count'],
           ema_note(prefix),

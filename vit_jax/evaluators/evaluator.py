@@ -1,21 +1,24 @@
 """What every evaluator is (`Evaluator`) and what it scores (`Subject`): the one interface of the
-test sets (`eval_sets.TestSets`) and the frozen-feature evaluators (`frozen.Evaluator`)."""
+test sets (`eval_sets.TestSets`), the frozen-feature evaluators (`frozen.Evaluator`), the
+prediction-scoring ones (`predictions.Evaluator`) and any evaluator of your own."""
 
-from typing import Any, Mapping, Protocol
+from typing import Any, ClassVar, Mapping, Protocol, Sequence
 
+from absl import logging
 import flax.linen as nn
 from jax.sharding import Mesh
 
-from vit_jax.data import settings as data_settings
 from vit_jax.evaluators import passes
+from vit_jax.schema import data as data_settings
 from vit_jax.training import steps
 
 
 class Subject:
   """A model to score, as each evaluator reads it: its state on the mesh (the test sets read it,
-  and its EMA) or its raw variables as host arrays (the frozen-feature evaluators read those),
-  each made from the other when first asked for; `data`: how its images are preprocessed for
-  evaluation (the run's or the weights')."""
+  and its EMA), its raw variables as host arrays (the frozen-feature evaluators read those) or its
+  logits over a split with the labels (`predictions`), each made from the others when first asked
+  for; `data`: how its images are preprocessed for evaluation (the run's or the weights');
+  `num_classes`: the classes it predicts (default: the model's)."""
 
   def __init__(
       self,
@@ -26,39 +29,66 @@ class Subject:
       variables: dict[str, Any] | None = None,
       mesh: Mesh | None = None,
       fsdp_min_size: int = 0,
+      num_classes: int | None = None,
   ):
     if (state is None) == (variables is None):
       raise ValueError('A Subject takes either a state or variables.')
     self.model = model
     self.data = data
+    self.num_classes: int = model.num_classes if num_classes is None else num_classes
     self._state = state
     self._variables = variables
     self._mesh = mesh
     self._fsdp_min_size = fsdp_min_size
+    self._predictions: dict[str | None, passes.Predictions] = {}
+
+  @property
+  def mesh(self) -> Mesh:
+    """The mesh the state lies on, where the model's predictions are computed."""
+    if self._mesh is None:
+      raise ValueError('Scoring predictions needs a mesh: Subject(..., mesh=...).')
+    return self._mesh
 
   @property
   def state(self) -> steps.TrainState:
     """The state on the mesh: given, or the variables placed on `mesh` (a frozen state)."""
     if self._state is None:
-      if self._mesh is None:
-        raise ValueError('Scoring predictions needs a mesh: Subject(..., mesh=...).')
-      self._state = passes.frozen_state(self._variables, self._mesh, self._fsdp_min_size)
+      self._state = passes.frozen_state(self.variables, self.mesh, self._fsdp_min_size)
     return self._state
 
   @property
   def variables(self) -> dict[str, Any]:
     """The raw variables as host arrays: given, or gathered from the state."""
     if self._variables is None:
-      self._variables = passes.host_variables(self._state)
+      self._variables = passes.host_variables(self.state)
     return self._variables
+
+  def predictions(self, split: str | None = None) -> passes.Predictions:
+    """The model's logits over every example of `split` (default: the run's eval split), with
+    the labels: one pass, shared by every evaluator that asks."""
+    if split not in self._predictions:
+      self._predictions[split] = passes.predictions(
+          self.model, self.state, self.data, self.mesh, split
+      )
+    return self._predictions[split]
 
 
 class Evaluator(Protocol):
-  """An evaluation: `every` training steps between its runs during training (0: none), the
-  metrics of a `Subject`, its log lines, and its metrics as TensorBoard and results.json name
-  them."""
+  """An evaluation: `every` training steps between its runs during training (0: none), what it
+  checks before anything compiles, the metrics of a `Subject`, its log lines, and its metrics as
+  TensorBoard and results.json name them."""
 
   every: int
+
+  def check(
+      self,
+      data: data_settings.DataSettings,
+      *,
+      num_classes: int,
+      class_names: Sequence[str] | None,
+  ) -> None:
+    """Raises ValueError, at set-up, where what it scores cannot be read beside the run reading
+    `data` with a model of `num_classes` classes (named `class_names`, None: unnamed)."""
 
   def run(self, subject: Subject) -> dict[str, float]:
     """The metrics of `subject`."""
@@ -71,3 +101,35 @@ class Evaluator(Protocol):
 
   def results(self, metrics: Mapping[str, float]) -> dict[str, float]:
     """`metrics` under their results.json names."""
+
+
+class Named:
+  """The parts of an `Evaluator` most evaluators share: nothing to check at set-up, one log line
+  under its `name` (the one it is registered under), its metrics under their own names in
+  TensorBoard and results.json."""
+
+  name: ClassVar[str] = ''
+
+  def check(
+      self,
+      data: data_settings.DataSettings,
+      *,
+      num_classes: int,
+      class_names: Sequence[str] | None,
+  ) -> None:
+    del data, num_classes, class_names
+
+  def log(self, step: int, metrics: Mapping[str, float], *, final: bool) -> None:
+    del final
+    logging.info(
+        'step %d  %s: %s',
+        step,
+        self.name or type(self).__name__,
+        ', '.join(f'{k} {v:.4g}' for k, v in metrics.items()),
+    )
+
+  def summaries(self, metrics: Mapping[str, float]) -> dict[str, float]:
+    return dict(metrics)
+
+  def results(self, metrics: Mapping[str, float]) -> dict[str, float]:
+    return dict(metrics)

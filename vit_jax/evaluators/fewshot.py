@@ -19,10 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax.evaluators import frozen
+from vit_jax.schema import evaluators as evaluator_settings
 
 BIAS_FEATURE = 100.0
-DEFAULT_SHOTS = (1, 5, 10, 25)
-DEFAULT_L2_REGS = tuple(2.0**k for k in range(-10, 21, 2))
 
 
 @jax.jit
@@ -93,27 +92,10 @@ def fewshot_accuracy(
 
 
 @dataclasses.dataclass(frozen=True)
-class FewShot(frozen.Evaluator):
+class FewShot(evaluator_settings.FewShotSettings, frozen.Evaluator):
   """Few-shot ridge regression on frozen pre-logits, over `datasets` and `shots`."""
 
   name = 'fewshot'
-
-  shots: tuple[int, ...] = DEFAULT_SHOTS
-  seeds: int = 3
-  l2_regs: tuple[float, ...] = DEFAULT_L2_REGS
-  validation_per_class: int = 10
-
-  def __post_init__(self):
-    super().__post_init__()
-    if not self.shots or min(self.shots) < 1:
-      raise ValueError(f'fewshot needs shots >= 1; got shots={self.shots}.')
-    if self.seeds < 1 or self.validation_per_class < 1:
-      raise ValueError(
-          f'fewshot seeds={self.seeds} and validation_per_class='
-          f'{self.validation_per_class} must be >= 1.'
-      )
-    if not self.l2_regs or min(self.l2_regs) <= 0:
-      raise ValueError(f'fewshot l2_regs={self.l2_regs} must be positive numbers.')
 
   def evaluate(self, data: frozen.Dataset) -> dict[str, float]:
     """Test accuracy (mean over seeds) and chosen l2 (median) for every shot count."""

@@ -5,18 +5,18 @@ import abc
 import dataclasses
 import functools
 import os
-from typing import Any, Callable, ClassVar, Mapping
+from typing import Any, Callable
 
-from absl import logging
 import flax.linen as nn
 import jax
 import numpy as np
 
 from vit_jax.data import dataset_names
 from vit_jax.data import input_pipeline
-from vit_jax.data import settings as data_settings
+from vit_jax.schema import data as data_settings
 from vit_jax.evaluators import evaluator
 from vit_jax.models import features
+from vit_jax.schema import evaluators as evaluator_settings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +45,7 @@ def metric_name(dataset: str) -> str:
 
 
 @functools.cache
-def _pre_logits_fn(model: nn.Module) -> Callable[[Any, jax.Array], jax.Array]:
+def _pre_logits_fn(model: nn.Module) -> Callable[[Any, np.ndarray], jax.Array]:
   return jax.jit(
       lambda variables, images: features.extract(model, variables, images, blocks=0).pre_logits
   )
@@ -83,25 +83,12 @@ def dataset(
 
 
 @dataclasses.dataclass(frozen=True)
-class Evaluator(abc.ABC):
-  """What every frozen-feature evaluator shares (`evaluator.Evaluator`): its datasets and splits,
-  how often training runs it, its name (the prefix of its metrics) and its log line.
+class Evaluator(evaluator_settings.FrozenFeaturesSettings, evaluator.Named, abc.ABC):
+  """What every frozen-feature evaluator shares (an `evaluator.Evaluator`): its datasets and
+  splits and how often training runs it (`FrozenFeaturesSettings`), its log line.
 
   A subclass defines `evaluate(data: Dataset) -> {metric: value}`; `run` feeds it every dataset.
   """
-
-  name: ClassVar[str]
-  datasets: tuple[str, ...] = ('digits',)
-  train_split: str = 'train'
-  test_split: str = 'test'
-  every: int = 0  # Training steps between runs; 0: only when asked for.
-
-  def __post_init__(self):
-    if not self.datasets or self.every < 0:
-      raise ValueError(
-          f'{type(self).__name__} needs datasets and every >= 0; got datasets='
-          f'{self.datasets}, every={self.every}.'
-      )
 
   @abc.abstractmethod
   def evaluate(self, data: Dataset) -> dict[str, float]:
@@ -125,18 +112,3 @@ class Evaluator(abc.ABC):
           )
       )
     return metrics
-
-  def log(self, step: int, metrics: Mapping[str, float], *, final: bool) -> None:
-    del final
-    logging.info(
-        'step %d  %s: %s',
-        step,
-        self.name,
-        ', '.join(f'{k} {v:.4g}' for k, v in metrics.items() if k.startswith(self.name)),
-    )
-
-  def summaries(self, metrics: Mapping[str, float]) -> dict[str, float]:
-    return dict(metrics)
-
-  def results(self, metrics: Mapping[str, float]) -> dict[str, float]:
-    return dict(metrics)

@@ -17,6 +17,7 @@ from sklearn import pipeline
 from sklearn import preprocessing
 
 from vit_jax.evaluators import frozen
+from vit_jax.schema import evaluators as evaluator_settings
 
 
 def fit(
@@ -31,24 +32,10 @@ def fit(
 
 
 @dataclasses.dataclass(frozen=True)
-class LinearProbe(frozen.Evaluator):
+class LinearProbe(evaluator_settings.LinearProbeSettings, frozen.Evaluator):
   """Logistic regression on frozen pre-logits of `datasets`."""
 
   name = 'linear_probe'
-
-  inverse_l2s: tuple[float, ...] = (0.01, 0.1, 1.0, 10.0)
-  validation_fraction: float = 0.1
-  max_iter: int = 1000
-
-  def __post_init__(self):
-    super().__post_init__()
-    if not self.inverse_l2s or min(self.inverse_l2s) <= 0:
-      raise ValueError(f'linear_probe inverse_l2s={self.inverse_l2s} must be positive numbers.')
-    if not 0 < self.validation_fraction < 1 or self.max_iter < 1:
-      raise ValueError(
-          f'linear_probe validation_fraction={self.validation_fraction} must be in '
-          f'(0, 1) and max_iter={self.max_iter} >= 1.'
-      )
 
   def choose_inverse_l2(self, data: frozen.Dataset) -> float:
     """The C of `inverse_l2s` with the best accuracy on the held-out part of the train split."""

@@ -1,7 +1,11 @@
 """The eval steps and their passes: a scoring's sums of the model's logits, traced
-(`make_eval_step`); on the host, batches in, summed step outputs, metrics out.
+(`make_eval_step`); on the host, batches in, summed step outputs, metrics out. `predictions`: the
+model's logits over a split, with the labels, for the evaluators that score them.
 """
 
+import dataclasses
+import functools
+import typing
 from typing import Any, Callable, Iterator
 
 import flax.linen as nn
@@ -12,7 +16,9 @@ from jax.sharding import Mesh, NamedSharding
 import numpy as np
 import optax
 
+from vit_jax.data import input_pipeline
 from vit_jax.parallel import sharding
+from vit_jax.schema import data as data_settings
 from vit_jax.training import steps
 
 # An evaluation set's scoring: (logits (B, classes) float32, batch) -> sums over the batch's real
@@ -31,16 +37,23 @@ def top1_sums(logits: jax.Array, batch: dict[str, jax.Array]) -> dict[str, jax.A
   }
 
 
+def _logits(model: nn.Module, state: steps.TrainState, images: jax.Array) -> jax.Array:
+  """The model's float32 logits of `images` with the state's parameters (and batch statistics)."""
+  variables = {'params': state.params}
+  if state.batch_stats:
+    variables['batch_stats'] = state.batch_stats
+  return jnp.asarray(
+      typing.cast(jax.Array, model.apply(variables, images, train=False)), jnp.float32
+  )
+
+
 def make_eval_step(
     model: nn.Module, num_classes: int, score: Score = top1_sums
 ) -> Callable[[steps.TrainState, dict[str, jax.Array]], dict[str, jax.Array]]:
   """The (unjitted) eval step: `score`'s sums (default: top-1 and loss) of the model's logits."""
 
   def eval_step(state: steps.TrainState, batch: dict[str, jax.Array]):
-    variables = {'params': state.params}
-    if state.batch_stats:
-      variables['batch_stats'] = state.batch_stats
-    logits = model.apply(variables, batch['image'], train=False).astype(jnp.float32)
+    logits = _logits(model, state, batch['image'])
     if logits.shape[-1] != num_classes:
       raise ValueError(f'The model predicts {logits.shape[-1]} classes, not {num_classes}.')
     return score(logits, batch)
@@ -48,11 +61,52 @@ def make_eval_step(
   return eval_step
 
 
+@functools.cache
 def jitted_eval_step(
     model: nn.Module, num_classes: int, mesh: Mesh
 ) -> Callable[..., dict[str, jax.Array]]:
-  """The top-1 eval step (`make_eval_step`) jitted for `mesh`, its sums replicated."""
+  """The top-1 eval step (`make_eval_step`) jitted for `mesh`, its sums replicated: one per model
+  and mesh, compiled once."""
   return jax.jit(make_eval_step(model, num_classes), out_shardings=sharding.replicated(mesh))
+
+
+@dataclasses.dataclass(frozen=True)
+class Predictions:
+  """The model's logits (examples, classes) float32 over a split, and the labels (examples,)."""
+
+  logits: np.ndarray
+  labels: np.ndarray
+
+
+@functools.cache
+def _logits_step(model: nn.Module, mesh: Mesh) -> Callable[..., dict[str, jax.Array]]:
+  """The model's float32 logits of a batch, with its labels and mask, replicated on `mesh`."""
+
+  def logits_step(state: steps.TrainState, batch: dict[str, jax.Array]):
+    logits = _logits(model, state, batch['image'])
+    return {'logits': logits, 'label': batch['label'], 'mask': batch['mask']}
+
+  return jax.jit(logits_step, out_shardings=sharding.replicated(mesh))
+
+
+def predictions(
+    model: nn.Module,
+    state: steps.TrainState,
+    data: data_settings.DataSettings,
+    mesh: Mesh,
+    split: str | None = None,
+) -> Predictions:
+  """The logits of `state`'s parameters over every example of `split` (default: the run's
+  `eval_split`), preprocessed as the run `data` evaluates; every process gets all of them."""
+  step = _logits_step(model, mesh)
+  data_sharding = sharding.batch_sharding(mesh)
+  logits, labels = [], []
+  for batch in input_pipeline.eval_iterator(data, split=split):
+    out = jax.device_get(step(state, sharding.global_batch(batch, data_sharding)))
+    real = out['mask'] > 0
+    logits.append(np.asarray(out['logits'])[real])
+    labels.append(np.asarray(out['label'])[real])
+  return Predictions(np.concatenate(logits), np.concatenate(labels))
 
 
 def frozen_state(variables: dict[str, Any], mesh: Mesh, fsdp_min_size: int) -> steps.TrainState:
@@ -63,7 +117,7 @@ def frozen_state(variables: dict[str, Any], mesh: Mesh, fsdp_min_size: int) -> s
       params=variables['params'],
       opt_state=None,
       batch_stats=variables.get('batch_stats', {}),
-      rng=None,
+      rng=None,  # type: ignore[arg-type]  # A frozen state takes no step: it needs no key.
   )
 
 
@@ -92,11 +146,11 @@ def _evaluate_states(
     data_sharding: NamedSharding,
 ) -> dict[str, dict[str, float]]:
   """`_metrics` of each of `states` over one pass of `batches`."""
-  totals = {name: {} for name in states}
+  totals: dict[str, dict[str, float]] = {name: {} for name in states}
   for batch in batches:
-    batch = sharding.global_batch(batch, data_sharding)
+    placed = sharding.global_batch(batch, data_sharding)
     for name, state in states.items():
-      for k, v in jax.device_get(eval_step(state, batch)).items():
+      for k, v in jax.device_get(eval_step(state, placed)).items():
         totals[name][k] = totals[name].get(k, 0.0) + float(v)
   return {name: _metrics(sums) for name, sums in totals.items()}
 
