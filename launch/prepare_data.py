@@ -13,6 +13,7 @@ import sys
 from absl import app
 from absl import flags
 from ml_collections import config_flags
+from vit_jax.schema import setting
 
 # This checkout's vit_jax (config files import vit_jax.configs), installed or not.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -33,12 +34,12 @@ def main(argv) -> None:
 
   tf.config.set_visible_devices([], 'GPU')
   from vit_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
-  from vit_jax.data import settings as data_settings  # pylint: disable=g-import-not-at-top
+  from vit_jax.schema import data as data_settings  # pylint: disable=g-import-not-at-top
 
   config = _CONFIG.value
   if _DATA_DIR.value:
     config.data_dir = _DATA_DIR.value
-  info = input_pipeline.get_dataset_info(data_settings.DataSettings.from_config(config))
+  info = input_pipeline.get_dataset_info(setting.build(data_settings.DataSettings, config))
   print(
       f'Prepared {info.name} in {config.data_dir or "the TFDS default data dir"}: '
       f'{info.num_train_examples} train / {info.num_eval_examples} eval examples, '

@@ -17,8 +17,9 @@ from vit_jax.configs import common
 from vit_jax.data import augment
 from vit_jax.data import mixing
 from vit_jax.data import input_pipeline
-from vit_jax.data import settings as data_settings
+from vit_jax.schema import data as data_settings
 from vit_jax.data import digits
+from vit_jax.schema import setting
 
 FILL = (124, 116, 104)  # timm's img_mean for ImageNet normalisation.
 ALL_OPS = sorted(set(augment_spec.RAND_OPS + augment_spec.RAND_INCREASING_OPS))
@@ -276,10 +277,10 @@ def test_mix_switch_probability_smoothing_and_mix_prob():
 
 def test_mix_settings_from_config():
   config = common.get_config()
-  assert mixing.MixSettings.from_config(config) is None
+  assert setting.build_unless_off(data_settings.MixSettings, config) is None
   config.mixup_alpha, config.cutmix_alpha, config.label_smoothing = 0.8, 1.0, 0.1
-  settings = mixing.MixSettings.from_config(config)
-  assert settings == mixing.MixSettings(
+  settings = setting.build_unless_off(data_settings.MixSettings, config)
+  assert settings == data_settings.MixSettings(
       mixup_alpha=0.8, cutmix_alpha=1.0, switch_prob=0.5, mix_prob=1.0, label_smoothing=0.1
   )
   images = jnp.arange(4 * 8 * 8 * 3, dtype=jnp.float32).reshape(4, 8, 8, 3)
@@ -313,7 +314,7 @@ def _config(data_dir, **overrides):
 
 def _batches(config, count, start_step=0):
   iterator = input_pipeline.train_iterator(
-      data_settings.DataSettings.from_config(config),
+      setting.build(data_settings.DataSettings, config),
       start_step=start_step,
       process_index=0,
       process_count=1,

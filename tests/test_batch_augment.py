@@ -10,6 +10,8 @@ import pytest
 from vit_jax.data import augment_spec
 from vit_jax.data import batch_augment
 from vit_jax.data import normalization
+from vit_jax.schema import setting
+from vit_jax.schema import step as step_settings
 
 FILL = (124, 116, 104)  # timm's img_mean for ImageNet normalisation.
 ALL_OPS = tuple(sorted(set(augment_spec.RAND_OPS + augment_spec.RAND_INCREASING_OPS)))
@@ -149,7 +151,7 @@ def test_normalisation_is_the_hosts():
 def test_the_training_step_augments_the_hosts_batch(data_dir):
   from vit_jax.configs import common  # pylint: disable=g-import-not-at-top
   from vit_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
-  from vit_jax.data import settings as data_settings  # pylint: disable=g-import-not-at-top
+  from vit_jax.schema import data as data_settings  # pylint: disable=g-import-not-at-top
   from vit_jax.training import setup  # pylint: disable=g-import-not-at-top
   from vit_jax.training import steps  # pylint: disable=g-import-not-at-top
 
@@ -164,11 +166,11 @@ def test_the_training_step_augments_the_hosts_batch(data_dir):
   )
   # Unset, a run decides by its backend: the host's ops on a CPU.
   assert setup.resolved(config).augment_on_device is (jax.default_backend() != 'cpu')
-  assert steps.StepSettings.from_config(config).augment is None
+  assert setting.build(step_settings.StepSettings, config).augment is None
   config.augment_on_device = True
-  settings = steps.StepSettings.from_config(config)
-  assert settings.augment == batch_augment.BatchAugment.from_config(config)
-  data = data_settings.DataSettings.from_config(config)
+  settings = setting.build(step_settings.StepSettings, config)
+  assert settings.augment == setting.build_unless_off(data_settings.BatchAugment, config)
+  data = setting.build(data_settings.DataSettings, config)
   batch = next(input_pipeline.train_iterator(data, process_index=0, process_count=1))
   learned = steps.training_batch(jax.random.key(0), batch, None, 0.0, 10, augment=settings.augment)
   expected = batch_augment.augment(batch['image'], batch['augment_key'], settings.augment)
@@ -178,8 +180,8 @@ def test_the_training_step_augments_the_hosts_batch(data_dir):
   for off in (dict(augment_on_device=False), dict(color_jitter=0.3), dict(three_augment=True)):
     changed = config.copy_and_resolve_references()
     changed.update(off)
-    assert steps.StepSettings.from_config(changed).augment is None
-    assert not data_settings.DataSettings.from_config(changed).train_transform.on_device
+    assert setting.build(step_settings.StepSettings, changed).augment is None
+    assert not setting.build(data_settings.DataSettings, changed).train_transform.on_device
 
 
 def test_a_run_augmenting_on_device_resumes_exactly(data_dir, tmp_path, monkeypatch):

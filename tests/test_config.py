@@ -3,6 +3,7 @@
 Nothing here compiles or reads data: validation runs before either.
 """
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -18,10 +19,11 @@ from vit_jax.data import mixing
 from vit_jax import config as config_lib
 from vit_jax import config_checks
 from vit_jax import config_rules
-from vit_jax import config_settings
 from vit_jax import models
 from vit_jax.training import setup
-from vit_jax.data import settings as data_settings
+from vit_jax.schema import data as data_settings
+from vit_jax.schema import setting
+from vit_jax.schema import run as run_settings
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -407,7 +409,7 @@ def test_typed_settings_read_the_config_once():
       eval_crop_ratio=0.875,
       mixup_alpha=0.8,
   )
-  train = data_settings.TrainTransform.from_config(config)
+  train = setting.build(data_settings.TrainTransform, config)
   assert train.randaugment == augment_spec.parse_randaugment('rand-m9-mstd0.5-inc1')
   assert (
       train.image_size,
@@ -417,11 +419,11 @@ def test_typed_settings_read_the_config_once():
       train.normalization,
       train.random_erase_prob,
   ) == (16, 'crop_flip', 2, False, 'digits', 0.25)
-  assert data_settings.TrainTransform.from_config(_config()).randaugment is None
-  assert data_settings.EvalTransform.from_config(config) == data_settings.EvalTransform(
+  assert setting.build(data_settings.TrainTransform, _config()).randaugment is None
+  assert setting.build(data_settings.EvalTransform, config) == data_settings.EvalTransform(
       image_size=16, crop_ratio=0.875, normalization='digits'
   )
-  assert mixing.MixSettings.from_config(config) == mixing.MixSettings(
+  assert setting.build_unless_off(data_settings.MixSettings, config) == data_settings.MixSettings(
       mixup_alpha=0.8, cutmix_alpha=0.0, switch_prob=0.5, mix_prob=1.0, label_smoothing=0.0
   )
 
@@ -459,9 +461,9 @@ def test_unset_evaluator_fields_take_the_evaluators_own_defaults():
   for name, settings in config.evaluators.items():
     assert set(settings.values()) == {None}
     assert evaluators.create(name, settings) == evaluators.create(name), name
-  assert train.Settings.from_config(config).evaluators == {}
+  assert evaluators.periodic(setting.build(run_settings.Settings, config).evaluators) == {}
   config.evaluators.fewshot.update(every=400, shots=(10,))
-  periodic = train.Settings.from_config(config).evaluators
+  periodic = evaluators.periodic(setting.build(run_settings.Settings, config).evaluators)
   assert list(periodic) == ['fewshot']
   assert (periodic['fewshot'].every, periodic['fewshot'].shots) == (400, (10,))
   assert periodic['fewshot'].seeds == evaluators.create('fewshot').seeds
@@ -577,24 +579,31 @@ def test_layer_scale_and_mlp_width_are_each_said_once():
   assert models.create_model(config, 10).mlp_width == 2 * config.model.hidden_size
 
 
+@dataclasses.dataclass(frozen=True)
+class _Probe:
+  """A reader of one new field, `width`."""
+
+  width: int = setting.setting(3, config_rules.integer(1), 'A width.', flag='probe_width')
+
+
+@dataclasses.dataclass(frozen=True)
+class _ProbedRun(run_settings.Settings):
+  """The run's settings with the probe among them."""
+
+  probe: _Probe = dataclasses.field(kw_only=True)
+
+
 def test_a_new_field_is_one_declaration(monkeypatch):
-  """One `Field` entry gives the schema's listing, the defaults, the rule, the command line and
-  the settings type that reads it."""
+  """One `setting` in its reader's dataclass gives the schema's listing, the defaults, the rule,
+  the command line and the value its reader receives."""
   from absl import flags  # pylint: disable=g-import-not-at-top
   from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
 
-  field = config_lib.Field(
-      'probe_width', 3, config_rules.integer(1), 'A width.', into=('Probe.width',)
-  )
-  monkeypatch.setattr(config_lib, 'FIELDS', config_lib.FIELDS + (field,))
-
-  @config_settings.settings_type
-  class Probe:
-    """Reads the new field as `width`."""
-
+  assert config_lib.FIELDS == setting.config_fields(run_settings.Settings)
+  monkeypatch.setattr(config_lib, 'FIELDS', setting.config_fields(_ProbedRun))
   assert '--config.probe_width=3\n    an integer >= 1. A width.' in config_lib.describe()
   assert config_lib.defaults().probe_width == 3
-  assert Probe.from_config(config_lib.defaults()) == Probe(width=3) == Probe()
+  assert setting.build(_Probe, config_lib.defaults()) == _Probe(width=3) == _Probe()
   config = _config(probe_width=0)
   with pytest.raises(config_checks.ConfigError, match=r'probe_width=0: must be an integer >= 1'):
     config_checks.validate_fields(config)
@@ -603,7 +612,32 @@ def test_a_new_field_is_one_declaration(monkeypatch):
   config_flags.DEFINE_config_file('config', flag_values=flag_values, sys_argv=argv)
   flag_values(argv)
   config_checks.validate_fields(flag_values.config)
-  assert Probe.from_config(flag_values.config).width == 5
+  assert setting.build(_ProbedRun, flag_values.config).probe.width == 5
+
+
+@pytest.mark.parametrize(
+    'declaration, error',
+    [
+        (setting.passed('image_sise'), r"passed\('image_sise'\) names no field"),
+        (setting.setting(1, config_rules.integer(), 'Twice.', flag='seed'), 'owned twice'),
+        (dataclasses.field(default=1), r'declare it with setting\(\), passed\(\)'),
+    ],
+    ids=['misspelt', 'owned twice', 'undeclared'],
+)
+def test_a_misspelt_or_unowned_field_is_an_error_when_the_schema_is_read(declaration, error):
+  """`vit_jax.config` reads the schema when it is imported: a wrong field stops every command
+  there, not when a run reaches it."""
+  probe = dataclasses.make_dataclass(
+      'Probe', [('width', int, declaration)], frozen=True, kw_only=True
+  )
+  root = dataclasses.make_dataclass(
+      'Root',
+      [('probe', probe, dataclasses.field(kw_only=True))],
+      bases=(run_settings.Settings,),
+      frozen=True,
+  )
+  with pytest.raises(TypeError, match=error):
+    setting.config_fields(root)
 
 
 def test_each_loss_name_of_the_schema_is_its_loss_of_the_step():

@@ -27,9 +27,10 @@ from vit_jax.data import digits
 from vit_jax.data import folder
 from vit_jax.data import input_pipeline
 from vit_jax.data import reading
-from vit_jax.data import settings as data_settings
+from vit_jax.schema import data as data_settings
 from vit_jax.data import sources
 from vit_jax.data import storage
+from vit_jax.schema import setting
 from vit_jax.workdir import disk_writes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -309,7 +310,7 @@ def test_a_damaged_dataset_info_json_is_one_line_naming_it(data_dir, tmp_path, d
     text = f.read()
   with open(info, 'w') as f:
     f.write(damage(text))
-  settings = data_settings.DataSettings.from_config(tiny_runs.tiny_config(copy))
+  settings = setting.build(data_settings.DataSettings, tiny_runs.tiny_config(copy))
   with pytest.raises(ValueError) as refused:
     input_pipeline.get_dataset_info(settings)
   _one_line(

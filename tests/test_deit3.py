@@ -19,12 +19,14 @@ from vit_jax import config as config_lib
 from vit_jax import config_checks
 from vit_jax.training import setup
 from vit_jax.data import input_pipeline
-from vit_jax.data import settings as data_settings
+from vit_jax.schema import data as data_settings
 from vit_jax.data import image_ops
 from vit_jax import models
 from vit_jax.training import optim
 from vit_jax.training import steps
 from vit_jax.models import deit3
+from vit_jax.schema import setting
+from vit_jax.schema import optim as optim_settings
 
 SAMPLES = 600
 
@@ -293,7 +295,7 @@ def test_lamb_matches_timm(timm):
   config = config_lib.defaults()
   config.optimizer, config.weight_decay, config.eps = 'lamb', 0.05, 1e-8
   tx = optim.create_optimizer(
-      optim.OptimizerSettings.from_config(config),
+      setting.build(optim_settings.OptimizerSettings, config),
       lambda _: 2e-2,
       models.create('vit_ti4', num_classes=10),
   )
@@ -346,9 +348,9 @@ def test_pipeline_applies_three_augment_and_jitter(tmp_path):
   config.data_dir = str(tmp_path)
   config.batch_size, config.image_size, config.normalization = 16, 16, 'digits'
   config.augment, config.crop_padding, config.flip = 'simple_random_crop', 2, False
-  plain = next(input_pipeline.train_iterator(data_settings.DataSettings.from_config(config)))
+  plain = next(input_pipeline.train_iterator(setting.build(data_settings.DataSettings, config)))
   config.three_augment, config.color_jitter = True, 0.3
-  recipe = next(input_pipeline.train_iterator(data_settings.DataSettings.from_config(config)))
+  recipe = next(input_pipeline.train_iterator(setting.build(data_settings.DataSettings, config)))
   np.testing.assert_array_equal(plain['label'], recipe['label'])
   assert not np.allclose(plain['image'], recipe['image'])
   assert recipe['image'].shape == (16, 16, 16, 3)

@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from vit_jax.data import normalization
 from vit_jax.data import input_pipeline
-from vit_jax.data import settings as data_settings
+from vit_jax.schema import data as data_settings
 from vit_jax.data import image_ops
 from vit_jax.benchmarks import timm_reference
 

@@ -26,11 +26,14 @@ from tests.tiny_runs import CHECKPOINTED_STEPS as STEPS
 from tests.tiny_runs import checkpointed_config
 from tests.tiny_runs import tiny_config
 from vit_jax.data import input_pipeline
-from vit_jax.data import settings as data_settings
+from vit_jax.schema import data as data_settings
 from vit_jax.data import sources
 from vit_jax.training import train
 from vit_jax.training import run_writer
 from vit_jax.data import folder
+from vit_jax.schema import setting
+from vit_jax.schema import run as run_settings
+from vit_jax.training import start as start_lib
 from vit_jax.workdir import checksums
 from vit_jax.workdir import reader
 from vit_jax.workdir import run_files
@@ -98,7 +101,7 @@ CORRUPTIONS = {
 
 
 def _abstract_state(config):
-  return jax.eval_shape(train.Settings.from_config(config).start(10, lambda _: 1e-3).init)
+  return jax.eval_shape(start_lib.for_run(setting.build(run_settings.Settings, config), 10, lambda _: 1e-3).init)
 
 
 @pytest.mark.parametrize('kind', CORRUPTIONS)
@@ -373,7 +376,7 @@ def test_nan_without_any_checkpoint_says_so(data_dir, tmp_path):
 def test_unprepared_manual_dataset_says_where_the_archives_go(tmp_path):
   config = tiny_config(str(tmp_path), dataset='imagenet2012')
   with pytest.raises(ValueError) as raised:
-    input_pipeline.get_dataset_info(data_settings.DataSettings.from_config(config))
+    input_pipeline.get_dataset_info(setting.build(data_settings.DataSettings, config))
   message = str(raised.value)
   assert message.startswith(
       f"Dataset 'imagenet2012' is not prepared in data_dir={tmp_path}, "
@@ -392,7 +395,7 @@ def test_unprepared_dataset_without_network_names_the_command(tmp_path, monkeypa
   monkeypatch.setattr(tfds.core.DatasetBuilder, 'download_and_prepare', offline)
   with pytest.raises(ValueError) as raised:
     input_pipeline.get_dataset_info(
-        data_settings.DataSettings.from_config(tiny_config(str(tmp_path), dataset='cifar10'))
+        setting.build(data_settings.DataSettings, tiny_config(str(tmp_path), dataset='cifar10'))
     )
   assert str(raised.value) == (
       f"Dataset 'cifar10' is not prepared in data_dir={tmp_path}, and preparing it failed "
@@ -405,7 +408,7 @@ def test_unprepared_dataset_without_network_names_the_command(tmp_path, monkeypa
 
 def _cifar10_info(data_dir):
   return input_pipeline.get_dataset_info(
-      data_settings.DataSettings.from_config(tiny_config(str(data_dir), dataset='cifar10'))
+      setting.build(data_settings.DataSettings, tiny_config(str(data_dir), dataset='cifar10'))
   )
 
 

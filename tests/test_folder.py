@@ -10,8 +10,9 @@ import pytest
 
 from vit_jax.configs import common
 from vit_jax.data import input_pipeline
-from vit_jax.data import settings as data_settings
+from vit_jax.schema import data as data_settings
 from vit_jax.data import folder
+from vit_jax.schema import setting
 
 CLASSES = ('cat', 'dog', 'emu')  # Written out of order below, so sorting is exercised.
 
@@ -62,11 +63,11 @@ def test_info_batches_and_eval_through_the_shared_pipeline(tmp_path):
   root, data_dir = str(tmp_path / 'images'), str(tmp_path / 'tfds')
   written = _write_images(root)
   config = _config(root, data_dir, image_size=12, augment='none', batch_size=21, eval_batch_size=4)
-  info = input_pipeline.get_dataset_info(data_settings.DataSettings.from_config(config))
+  info = input_pipeline.get_dataset_info(setting.build(data_settings.DataSettings, config))
   assert (info.num_classes, info.num_train_examples, info.num_eval_examples) == (3, 21, 9)
   batch = next(
       input_pipeline.train_iterator(
-          data_settings.DataSettings.from_config(config), process_index=0, process_count=1
+          setting.build(data_settings.DataSettings, config), process_index=0, process_count=1
       )
   )
   assert batch['image'].shape == (21, 12, 12, 3) and batch['image'].dtype == np.float32
@@ -82,7 +83,7 @@ def test_info_batches_and_eval_through_the_shared_pipeline(tmp_path):
   assert expected <= seen
   batches = list(
       input_pipeline.eval_iterator(
-          data_settings.DataSettings.from_config(config), process_index=0, process_count=1
+          setting.build(data_settings.DataSettings, config), process_index=0, process_count=1
       )
   )
   assert len(batches) == 3
@@ -106,7 +107,7 @@ def test_mixed_sizes_stream_and_resize(tmp_path):
   batches = list(
       itertools.islice(
           input_pipeline.train_iterator(
-              data_settings.DataSettings.from_config(config), process_index=0, process_count=1
+              setting.build(data_settings.DataSettings, config), process_index=0, process_count=1
           ),
           2,
       )
@@ -114,7 +115,7 @@ def test_mixed_sizes_stream_and_resize(tmp_path):
   assert all(b['image'].shape == (8, 16, 16, 3) for b in batches)
   again = next(
       input_pipeline.train_iterator(
-          data_settings.DataSettings.from_config(config),
+          setting.build(data_settings.DataSettings, config),
           start_step=1,
           process_index=0,
           process_count=1,
@@ -123,7 +124,7 @@ def test_mixed_sizes_stream_and_resize(tmp_path):
   np.testing.assert_array_equal(again['image'], batches[1]['image'])
   evaluated = list(
       input_pipeline.eval_iterator(
-          data_settings.DataSettings.from_config(config), process_index=1, process_count=2
+          setting.build(data_settings.DataSettings, config), process_index=1, process_count=2
       )
   )
   assert all(b['image'].shape == (4, 16, 16, 3) for b in evaluated)
@@ -132,7 +133,7 @@ def test_mixed_sizes_stream_and_resize(tmp_path):
 def test_missing_folder(tmp_path):
   with pytest.raises(ValueError, match='does not exist.*<split>/<class>'):
     input_pipeline.get_dataset_info(
-        data_settings.DataSettings.from_config(_config(str(tmp_path / 'nowhere'), str(tmp_path)))
+        setting.build(data_settings.DataSettings, _config(str(tmp_path / 'nowhere'), str(tmp_path)))
     )
 
 
@@ -195,7 +196,7 @@ def test_one_class_is_refused_before_training(tmp_path):
       (root / split / name).rmdir()
   config = _config(str(root), data_dir, image_size=12)
   with pytest.raises(ValueError, match=r'has 1 class \(cat\): a classifier needs two or more'):
-    input_pipeline.get_dataset_info(data_settings.DataSettings.from_config(config))
+    input_pipeline.get_dataset_info(setting.build(data_settings.DataSettings, config))
 
 
 def test_images_in_sub_folders_of_a_class_are_its_images(tmp_path):
@@ -252,7 +253,7 @@ def test_a_split_without_its_directory_is_named_before_preparing(
   (tmp_path / 'images' / 'test').rmdir()
   config = _config(root, str(data_dir), image_size=12, **overrides)
   with pytest.raises(ValueError) as raised:
-    input_pipeline.get_dataset_info(data_settings.DataSettings.from_config(config))
+    input_pipeline.get_dataset_info(setting.build(data_settings.DataSettings, config))
   assert str(raised.value).startswith(
       f'Image folder {root!r} has no {missing}/ directory, which --config.'
   ), raised.value

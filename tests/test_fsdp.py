@@ -154,10 +154,14 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from vit_jax.training import optim
 from vit_jax.training import steps
+from vit_jax.schema import setting
+from vit_jax.schema import run as run_settings
+from vit_jax.schema import step as step_settings
+from vit_jax.training import start as start_lib
 config = tiny_config({data_dir!r}, **{{'model.dropout_rate': 0.1, 'model.drop_path_rate': 0.2}})
-settings = train.Settings.from_config(config)
+settings = setting.build(run_settings.Settings, config)
 schedule = optim.learning_rate_schedule(settings.schedule, 10, 0)
-start = settings.start(10, schedule)
+start = start_lib.for_run(settings, 10, schedule)
 rng = np.random.default_rng(0)
 batch = {{'image': rng.normal(size=(32, 16, 16, 3)).astype(np.float32),
          'label': rng.integers(0, 10, size=(32,)).astype(np.int32)}}
@@ -167,7 +171,7 @@ for devices in (jax.devices()[:1], jax.devices()):
   replicated, sharded = NamedSharding(mesh, P()), NamedSharding(mesh, P('data'))
   state = jax.device_put(start.init(), replicated)
   step = jax.jit(
-      steps.make_train_step(start.model, start.tx, steps.StepSettings.from_config(config), 10))
+      steps.make_train_step(start.model, start.tx, setting.build(step_settings.StepSettings, config), 10))
   state, _ = step(state, {{k: jax.device_put(v, sharded) for k, v in batch.items()}})
   params.append(jax.device_get(state.params))
 difference = max(float(np.max(np.abs(a - b)))

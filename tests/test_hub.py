@@ -18,7 +18,7 @@ from PIL import Image
 
 from vit_jax.data import normalization
 from vit_jax.data import input_pipeline
-from vit_jax.data import settings as data_settings
+from vit_jax.schema import data as data_settings
 from vit_jax.weights import hub
 from vit_jax.weights import inference
 from vit_jax import config_checks
@@ -30,6 +30,8 @@ from vit_jax.training import train
 from vit_jax.models import vit
 from vit_jax.configs import common
 from vit_jax.configs import finetune
+from vit_jax.schema import setting
+from vit_jax.schema import step as step_settings
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Hub name -> (timm's architecture and the arguments of a small version, the model we register,
@@ -332,7 +334,7 @@ def test_a_teacher_by_hub_name_brings_its_model_and_normalisation(hub_cache, tim
   config.normalization = 'digits'  # The student's; the teacher's is ImageNet's.
   config.distillation.type = 'hard'
   config.distillation.teacher = 'hf-hub:timm/regnety_002.pycls_in1k'
-  teacher = teacher_lib.load(teacher_lib.TeacherSettings.from_config(config), 10)
+  teacher = teacher_lib.load(setting.build_unless_off(step_settings.TeacherSettings, config), 10)
   assert (type(teacher.model).__name__, teacher.model.depth, teacher.model.num_classes) == (
       'RegNet',
       13,
@@ -364,7 +366,12 @@ def test_a_normalisation_given_as_numbers_is_accepted_and_applied():
   image = np.random.default_rng(0).integers(0, 256, (20, 24, 3), np.uint8)
   seen = {
       normalization: np.asarray(
-          input_pipeline.eval_image(image, data_settings.EvalTransform(16, 0.9, normalization))
+          input_pipeline.eval_image(
+              image,
+              data_settings.EvalTransform(
+                  crop_ratio=0.9, image_size=16, normalization=normalization
+              ),
+          )
       )
       for normalization in (numbers, 'inception')
   }
@@ -443,7 +450,7 @@ def test_headless_weights_fine_tune_with_a_fresh_head_and_give_features(
       np.asarray(extracted.pre_logits), _timm_logits(reference, images), atol=1e-5, rtol=0
   )
   run.config.data_dir = data_dir
-  data = data_settings.DataSettings.from_config(run.config)
+  data = setting.build(data_settings.DataSettings, run.config)
   probe = evaluators.create('fewshot', {'datasets': ('digits',), 'shots': (1,), 'seeds': 1})
   metrics = probe.run(evaluator.Subject(run.model, data, variables=run.variables))
   assert 0 <= metrics['fewshot/digits_1shot'] <= 1
@@ -480,7 +487,7 @@ def test_the_papers_evaluation_crop_is_one_flag_away(hub_cache, timm_model):
     flag_values = flags.FlagValues()
     config_flags.DEFINE_config_file('config', None, flag_values=flag_values, sys_argv=argv)
     flag_values(argv)
-    transform = data_settings.EvalTransform.from_config(flag_values.config)
+    transform = setting.build(data_settings.EvalTransform, flag_values.config)
     crops.append(transform.crop_ratio)
   assert crops == [0.9, 0.875]
 

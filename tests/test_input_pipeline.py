@@ -12,11 +12,12 @@ import tensorflow_datasets as tfds
 from vit_jax.data import normalization
 from vit_jax.configs import common
 from vit_jax.data import input_pipeline
-from vit_jax.data import settings as data_settings
+from vit_jax.schema import data as data_settings
 from vit_jax.data import image_ops
 from vit_jax.data import reading
 from vit_jax.data import sources
 from vit_jax.data import digits
+from vit_jax.schema import setting
 
 
 def _config(data_dir, **overrides):
@@ -48,7 +49,7 @@ def _multiset(images, labels):
 
 def test_dataset_info(data_dir):
   info = input_pipeline.get_dataset_info(
-      data_settings.DataSettings.from_config(_config(data_dir, image_size=16))
+      setting.build(data_settings.DataSettings, _config(data_dir, image_size=16))
   )
   assert info == input_pipeline.DatasetInfo(
       name='digits',
@@ -73,7 +74,7 @@ def test_one_digits_epoch_is_standardised(data_dir):
   config = _config(data_dir, batch_size=1437, image_size=8, augment='none')
   batch = next(
       input_pipeline.train_iterator(
-          data_settings.DataSettings.from_config(config), process_index=0, process_count=1
+          setting.build(data_settings.DataSettings, config), process_index=0, process_count=1
       )
   )
   assert batch['image'].shape == (1437, 8, 8, 3) and batch['image'].dtype == np.float32
@@ -149,7 +150,7 @@ def test_mock_cifar10_train_batches(augment):
     batches = list(
         itertools.islice(
             input_pipeline.train_iterator(
-                data_settings.DataSettings.from_config(config), process_index=0, process_count=1
+                setting.build(data_settings.DataSettings, config), process_index=0, process_count=1
             ),
             4,
         )
@@ -176,12 +177,12 @@ def test_mock_cifar10_unaugmented_batches_are_normalised_dataset_images():
     batches = list(
         itertools.islice(
             input_pipeline.train_iterator(
-                data_settings.DataSettings.from_config(config), process_index=0, process_count=1
+                setting.build(data_settings.DataSettings, config), process_index=0, process_count=1
             ),
             2,
         )
     )
-    info = input_pipeline.get_dataset_info(data_settings.DataSettings.from_config(config))
+    info = input_pipeline.get_dataset_info(setting.build(data_settings.DataSettings, config))
   assert (info.num_classes, info.num_train_examples, info.num_eval_examples) == (10, 20, 20)
   pixels = _unnormalize(np.concatenate([b['image'] for b in batches]), 'cifar10')
   labels = np.concatenate([b['label'] for b in batches])
@@ -200,7 +201,7 @@ def test_mock_cifar10_eval_batches():
   with tfds.testing.mock_data(num_examples=20):
     batches = list(
         input_pipeline.eval_iterator(
-            data_settings.DataSettings.from_config(config), process_index=0, process_count=1
+            setting.build(data_settings.DataSettings, config), process_index=0, process_count=1
         )
     )
   assert len(batches) == 2
@@ -227,7 +228,7 @@ def test_train_epoch_of_each_process_is_its_own_split(data_dir):
   for process in range(3):
     batch = next(
         input_pipeline.train_iterator(
-            data_settings.DataSettings.from_config(config), process_index=process, process_count=3
+            setting.build(data_settings.DataSettings, config), process_index=process, process_count=3
         )
     )
     assert batch['image'].shape == (479, 8, 8, 3)
@@ -246,7 +247,7 @@ def test_eval_counts_every_example_once(data_dir, process_count, local_batch):
   per_process = [
       list(
           input_pipeline.eval_iterator(
-              data_settings.DataSettings.from_config(config),
+              setting.build(data_settings.DataSettings, config),
               process_index=p,
               process_count=process_count,
           )
@@ -272,7 +273,7 @@ def test_eval_counts_every_example_once(data_dir, process_count, local_batch):
 
 def _batches(config, start_step, count):
   iterator = input_pipeline.train_iterator(
-      data_settings.DataSettings.from_config(config),
+      setting.build(data_settings.DataSettings, config),
       start_step=start_step,
       process_index=1,
       process_count=2,
@@ -365,7 +366,7 @@ def test_train_image_from_encoded_bytes_is_the_decoded_images(augment):
   config = _config(
       None, image_size=24, augment=augment, normalization='imagenet', random_erase_prob=0.5
   )
-  transform = data_settings.TrainTransform.from_config(config)
+  transform = setting.build(data_settings.TrainTransform, config)
   train = tf.function(
       lambda image, seed: input_pipeline._train_image(image, seed, transform)['image']
   )
@@ -395,19 +396,19 @@ def test_inception_crop_of_a_jpeg_decodes_the_same_window():
 def test_bad_dataset_name_raises():
   with pytest.raises(ValueError, match=r"'no_such_dataset'.*'digits'.*'cifar10'"):
     input_pipeline.get_dataset_info(
-        data_settings.DataSettings.from_config(_config(None, dataset='no_such_dataset'))
+        setting.build(data_settings.DataSettings, _config(None, dataset='no_such_dataset'))
     )
 
 
 def test_bad_split_raises(data_dir):
   with pytest.raises(ValueError, match=r"no split 'validation'.*'train', 'test'"):
     input_pipeline.get_dataset_info(
-        data_settings.DataSettings.from_config(_config(data_dir, eval_split='validation'))
+        setting.build(data_settings.DataSettings, _config(data_dir, eval_split='validation'))
     )
   with pytest.raises(ValueError, match="no split 'tset'"):
     next(
         input_pipeline.eval_iterator(
-            data_settings.DataSettings.from_config(_config(data_dir)), split='train[:10]+tset'
+            setting.build(data_settings.DataSettings, _config(data_dir)), split='train[:10]+tset'
         )
     )
 
@@ -420,7 +421,7 @@ def test_an_empty_or_reversed_slice_is_refused_before_training(data_dir, field, 
   evaluation, or in TFDS's reader)."""
   with pytest.raises(ValueError, match=rf"--config.{field}='{re.escape(split)}' holds no exa"):
     input_pipeline.get_dataset_info(
-        data_settings.DataSettings.from_config(_config(data_dir, **{field: split}))
+        setting.build(data_settings.DataSettings, _config(data_dir, **{field: split}))
     )
 
 
@@ -428,11 +429,11 @@ def test_indivisible_batch_raises_before_touching_the_dataset():
   config = _config('/nonexistent', dataset='no_such_dataset', batch_size=128)
   with pytest.raises(ValueError, match='batch_size=128.*process count 3'):
     input_pipeline.train_iterator(
-        data_settings.DataSettings.from_config(config), process_index=0, process_count=3
+        setting.build(data_settings.DataSettings, config), process_index=0, process_count=3
     )
   with pytest.raises(ValueError, match='eval_batch_size=64.*process count 3'):
     input_pipeline.eval_iterator(
-        data_settings.DataSettings.from_config(config), process_index=0, process_count=3
+        setting.build(data_settings.DataSettings, config), process_index=0, process_count=3
     )
 
 
@@ -459,7 +460,7 @@ def _deit_recipe(jpeg_folder, **overrides):
 
 def _islice(config, start_step, count, process_index=0, process_count=1):
   iterator = input_pipeline.train_iterator(
-      data_settings.DataSettings.from_config(config),
+      setting.build(data_settings.DataSettings, config),
       start_step=start_step,
       process_index=process_index,
       process_count=process_count,
@@ -473,7 +474,7 @@ def test_folder_is_read_by_index(jpeg_folder):
   assert source.image_feature().shape == (None, None, 3)
   with pytest.raises(ValueError, match='in_memory=False.*ArrayRecord only.*unset'):
     input_pipeline.train_iterator(
-        data_settings.DataSettings.from_config(_folder_config(jpeg_folder, in_memory=False))
+        setting.build(data_settings.DataSettings, _folder_config(jpeg_folder, in_memory=False))
     )
 
 
@@ -499,7 +500,7 @@ def test_two_processes_read_every_example_once_per_epoch(jpeg_folder):
   config = _folder_config(jpeg_folder, augment='none', batch_size=30, eval_batch_size=30)
   everything = next(
       input_pipeline.eval_iterator(
-          data_settings.DataSettings.from_config(config),
+          setting.build(data_settings.DataSettings, config),
           split='train',
           process_index=0,
           process_count=1,
@@ -536,7 +537,7 @@ def test_records_read_for_the_first_batch_do_not_depend_on_the_step(jpeg_folder,
     reads.clear()
     batch = next(
         input_pipeline.train_iterator(
-            data_settings.DataSettings.from_config(config),
+            setting.build(data_settings.DataSettings, config),
             start_step=start_step,
             process_index=0,
             process_count=1,
@@ -584,7 +585,7 @@ def test_train_iterator_decodes_what_the_recipe_needs(tmp_path, image_format, re
       repeated_aug=repeated_aug,
       batch_size=6,
   )
-  data = data_settings.DataSettings.from_config(config)
+  data = setting.build(data_settings.DataSettings, config)
   assert reading.decodes_crop_window(data.train_transform, repeated_aug) == (repeated_aug == 1)
   batches = list(
       itertools.islice(input_pipeline.train_iterator(data, process_index=0, process_count=1), 2)

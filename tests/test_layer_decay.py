@@ -22,6 +22,9 @@ from vit_jax import models
 from vit_jax.training import optim
 from vit_jax.training import steps
 from vit_jax.training import train
+from vit_jax.schema import setting
+from vit_jax.schema import step as step_settings
+from vit_jax.schema import optim as optim_settings
 
 DECAY = 0.6
 # timm name, our registry name, the fields both take (three main blocks, ten classes).
@@ -175,7 +178,7 @@ def test_each_update_is_scaled_by_its_layers_factor(optimizer):
 
   def first_update(decay):
     config.layer_decay = decay
-    tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), lambda _: 1e-2, model)
+    tx = optim.create_optimizer(setting.build(optim_settings.OptimizerSettings, config), lambda _: 1e-2, model)
     updates, _ = jax.jit(tx.update)(grads, tx.init(params), params)
     return updates
 
@@ -210,13 +213,13 @@ def test_every_family_trains_two_steps_with_layer_decay(family):
   depth = 'num_layers' if family == 'sa_conv' else 'depth'
   config.model[depth] = 2
   model = models.create_model(config, 10)
-  tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), lambda _: 1e-3, model)
+  tx = optim.create_optimizer(setting.build(optim_settings.OptimizerSettings, config), lambda _: 1e-3, model)
   state = steps.init_state(model, tx, steps.init_rngs(0), image_size=config.image_size, ema=False)
   factors = jax.tree.leaves(optim.layer_decay_scales(model, state.params, 0.75))
   assert {float(f) for f in np.concatenate([np.ravel(f) for f in factors])} == {
       float(np.float32(0.75**k)) for k in range(model.top_layer + 1)
   }
-  step = jax.jit(steps.make_train_step(model, tx, steps.StepSettings(), 10))
+  step = jax.jit(steps.make_train_step(model, tx, step_settings.StepSettings(), 10))
   rng = np.random.default_rng(0)
   size = config.image_size
   batch = {

@@ -27,7 +27,7 @@ LAYERS = (
         ),
     ),
     ('config rules', ('vit_jax.config_rules',)),
-    ('config', ('vit_jax.config', 'vit_jax.config_checks', 'vit_jax.config_settings')),
+    ('config', ('vit_jax.config', 'vit_jax.config_checks', 'vit_jax.schema')),
     ('library', ('vit_jax.data', 'vit_jax.models', 'vit_jax.parallel', 'vit_jax.workdir')),
     ('weights', ('vit_jax.weights',)),
     ('configs', ('vit_jax.configs',)),

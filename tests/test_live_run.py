@@ -25,6 +25,8 @@ from tests.tiny_runs import CHECKPOINTED_STEPS as STEPS
 from vit_jax.evaluators import eval_sets
 from vit_jax.training import run_writer
 from vit_jax.training import train
+from vit_jax.schema import setting
+from vit_jax.schema import run as run_settings
 from vit_jax.workdir import pins
 from vit_jax.workdir import reader
 from vit_jax.workdir import run_files
@@ -333,7 +335,7 @@ def test_an_eval_set_with_other_class_names_is_refused_before_anything_compiles(
 
 def test_an_eval_set_with_the_models_class_names_is_accepted(data_dir, tmp_path):
   images = _digit_folder(tmp_path / 'images', [str(i) for i in range(10)])
-  settings = train.Settings.from_config(
+  settings = setting.build(run_settings.Settings, 
       tiny_runs.tiny_config(data_dir, eval_sets=(f'folder:{images}:test',))
   )
   names = tuple(str(i) for i in range(10))
@@ -346,7 +348,7 @@ def test_an_eval_set_with_the_models_class_names_is_accepted(data_dir, tmp_path)
 def test_weights_names_for_classes_are_not_compared(data_dir, tmp_path):
   """Weights name their classes in their own words (Hub label names), not as datasets do."""
   images = _digit_folder(tmp_path / 'images', [f'digit {i}' for i in range(10)])
-  settings = train.Settings.from_config(
+  settings = setting.build(run_settings.Settings, 
       tiny_runs.tiny_config(data_dir, eval_sets=(f'folder:{images}:test',))
   )
   assert eval_sets.checked(settings.eval_sets, settings.data, num_classes=10)

@@ -26,6 +26,10 @@ from vit_jax.training import steps
 from vit_jax.training import train
 from vit_jax.models import attention
 from vit_jax.models import numerics
+from vit_jax.schema import setting
+from vit_jax.schema import run as run_settings
+from vit_jax.training import start as start_lib
+from vit_jax.schema import step as step_settings
 
 FAMILIES = configs.family_configs()
 FEATURES = ('teacher', 'mixing', 'ema', 'micro_batches', 'scan_remat', 'positional')
@@ -308,7 +312,7 @@ def test_bfloat16_step_stays_within_bfloat16_tolerance_of_float32(name):
   for dtype in ('float32', 'bfloat16'):
     config = family_config(family, dtype=dtype)
     config.model.update(depth=1, **fields)
-    start = train.Settings.from_config(config).start(10, lambda _: 1e-3)
+    start = start_lib.for_run(setting.build(run_settings.Settings, config), 10, lambda _: 1e-3)
     model, tx = start.model, start.tx
     state = jax.jit(start.init)()
     rng = np.random.default_rng(0)
@@ -323,7 +327,7 @@ def test_bfloat16_step_stays_within_bfloat16_tolerance_of_float32(name):
     }
     logits = jax.jit(model.apply)(variables, batch['image'])
     new_state, metrics = jax.jit(
-        steps.make_train_step(model, tx, steps.StepSettings.from_config(config), 10)
+        steps.make_train_step(model, tx, setting.build(step_settings.StepSettings, config), 10)
     )(state, batch)
     update = jax.tree.map(lambda new, old: new - old, new_state.params, state.params)
     results[dtype] = (

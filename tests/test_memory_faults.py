@@ -17,6 +17,8 @@ from vit_jax import config_checks
 from vit_jax.training import setup
 from vit_jax.training import memory
 from vit_jax.training import train
+from vit_jax.schema import setting
+from vit_jax.schema import run as run_settings
 
 
 def tiny_config(data_dir: str, **overrides):
@@ -70,7 +72,7 @@ def _step():
 
 
 def test_a_step_larger_than_the_free_memory_is_refused_with_both_numbers_and_the_knobs():
-  settings = train.Settings.from_config(tiny_config('/unused'))
+  settings = setting.build(run_settings.Settings, tiny_config('/unused'))
   step, state, rows = _step()
   need = memory.check_fits(step, state, settings, rows)  # This host holds it.
   assert need['arguments'] >= 16 * 16 * 3 * 512 * 4 and need['total'] >= need['arguments']

@@ -15,6 +15,10 @@ from vit_jax import models
 from vit_jax.training import setup
 from vit_jax.training import steps
 from vit_jax.training import train
+from vit_jax.schema import setting
+from vit_jax.schema import run as run_settings
+from vit_jax.training import start as start_lib
+from vit_jax.schema import step as step_settings
 
 
 def _batch(size: int = 32):
@@ -57,11 +61,11 @@ def test_bfloat16_compute_float32_parameters_probabilities_and_logits():
 
 def test_train_step_keeps_float32_state_and_bfloat16_first_moment():
   config = tiny_config('unused', dtype='bfloat16', mu_dtype='bfloat16', ema_decay=0.9)
-  start = train.Settings.from_config(config).start(10, lambda _: 1e-3)
+  start = start_lib.for_run(setting.build(run_settings.Settings, config), 10, lambda _: 1e-3)
   model, tx = start.model, start.tx
   state = start.init()
   state, metrics = jax.jit(
-      steps.make_train_step(model, tx, steps.StepSettings.from_config(config), 10)
+      steps.make_train_step(model, tx, setting.build(step_settings.StepSettings, config), 10)
   )(state, _batch())
   assert metrics['loss'].dtype == jnp.float32 and np.isfinite(float(metrics['loss']))
   for tree in (state.params, state.ema):

@@ -28,6 +28,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from vit_jax.parallel import distributed
 from vit_jax.training import optim
 from vit_jax.training import steps
+from vit_jax.training import start as start_lib
 from vit_jax.training import train
 from vit_jax.data import digits
 from vit_jax.workdir import reader
@@ -61,6 +62,8 @@ import importlib.util
 import jax, numpy as np
 from vit_jax.data import input_pipeline
 from vit_jax.training import train
+from vit_jax.schema import setting
+from vit_jax.schema import run as run_settings
 assert jax.device_count() == 2 and jax.process_count() == 1
 
 def concatenated(iterator):
@@ -164,9 +167,9 @@ def load_config(config_file: str):
 
 def one_device_state(config) -> steps.TrainState:
   """The abstract training state, replicated on this process's one-device mesh."""
-  settings = train.Settings.from_config(config)
+  settings = setting.build(run_settings.Settings, config)
   schedule = optim.learning_rate_schedule(settings.schedule, STEPS, 2)
-  start = settings.start(digits.NUM_CLASSES, schedule)
+  start = start_lib.for_run(settings, digits.NUM_CLASSES, schedule)
   sharding = NamedSharding(Mesh(np.array(jax.devices()[:1]), ('data',)), P())
   return jax.tree.map(
       lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),

@@ -22,6 +22,12 @@ from vit_jax.training import steps
 from vit_jax.training import teacher
 from vit_jax.training import train
 from vit_jax.models import layers
+from vit_jax.schema import setting
+from vit_jax.schema import run as run_settings
+from vit_jax.training import start as start_lib
+from vit_jax.schema import step as step_settings
+from vit_jax.schema import optim as optim_settings
+from vit_jax.schema import data as data_settings
 
 IMAGENET_TRAIN = 1_281_167
 
@@ -53,7 +59,7 @@ def test_mixed_targets_follow_the_pixels_within_each_group(kind):
   batch, groups = _batch(16), 2
   out = jax.device_get(
       steps.training_batch(
-          jax.random.key(3), batch, mixing.MixSettings.from_config(config), 0.1, 10, groups
+          jax.random.key(3), batch, setting.build_unless_off(data_settings.MixSettings, config), 0.1, 10, groups
       )
   )
   images, labels = np.asarray(batch['image']), np.asarray(batch['label'])
@@ -101,7 +107,7 @@ def test_train_step_learns_from_the_mixed_batch(monkeypatch):
       cutmix_alpha=1.0,
       **{'model.init_scheme': 'timm'},
   )
-  start = train.Settings.from_config(config).start(10, lambda _: 1e-3)
+  start = start_lib.for_run(setting.build(run_settings.Settings, config), 10, lambda _: 1e-3)
   model, tx = start.model, start.tx
   state = start.init()
   # The step's own mixing rng is replaced by a fixed one so that the test can redo the mixing.
@@ -110,10 +116,10 @@ def test_train_step_learns_from_the_mixed_batch(monkeypatch):
   monkeypatch.setattr(steps, 'training_batch', fixed)
   batch = _batch(32)
   step = jax.jit(
-      steps.make_train_step(model, tx, steps.StepSettings.from_config(config), 10, mix_groups=2)
+      steps.make_train_step(model, tx, setting.build(step_settings.StepSettings, config), 10, mix_groups=2)
   )
   _, metrics = step(state, batch)
-  used = jax.device_get(fixed(None, batch, mixing.MixSettings.from_config(config), 0.1, 10, 2))
+  used = jax.device_get(fixed(None, batch, setting.build_unless_off(data_settings.MixSettings, config), 0.1, 10, 2))
   assert not np.allclose(used['targets'].max(-1), 0.91)  # Soft targets, not smoothed one-hots.
   # Some mixed images are dominated by their partner's class: the label scored is that class.
   assert np.any(used['label'] != np.asarray(batch['label']))
@@ -140,10 +146,10 @@ def test_four_micro_batches_equal_one_big_batch(mixing):
   results = []
   for accumulate in (1, 4):
     config = tiny_config('unused', grad_accum_steps=accumulate, **overrides)
-    start = train.Settings.from_config(config).start(10, lambda _: 1e-3)
+    start = start_lib.for_run(setting.build(run_settings.Settings, config), 10, lambda _: 1e-3)
     model, tx = start.model, start.tx
     state = start.init()
-    step = jax.jit(steps.make_train_step(model, tx, steps.StepSettings.from_config(config), 10))
+    step = jax.jit(steps.make_train_step(model, tx, setting.build(step_settings.StepSettings, config), 10))
     for seed in range(2):
       state, metrics = step(state, _batch(32, seed))
     results.append((jax.device_get(state.params), float(metrics['loss'])))
@@ -180,11 +186,11 @@ def test_bad_recipe_settings_fail_before_touching_the_workdir(tmp_path, override
 
 def test_ema_follows_the_parameters():
   config = tiny_config('unused', ema_decay=0.75)
-  start = train.Settings.from_config(config).start(10, lambda _: 1e-2)
+  start = start_lib.for_run(setting.build(run_settings.Settings, config), 10, lambda _: 1e-2)
   model, tx = start.model, start.tx
   state = start.init()
   assert_trees_close(state.ema['params'], state.params, atol=0)
-  step = jax.jit(steps.make_train_step(model, tx, steps.StepSettings.from_config(config), 10))
+  step = jax.jit(steps.make_train_step(model, tx, setting.build(step_settings.StepSettings, config), 10))
   expected = state.params
   for seed in range(3):
     state, _ = step(state, _batch(32, seed))
@@ -310,7 +316,7 @@ def test_deit_recipe(variant, distilled, tmp_path):
           image_size=224,
       ),
   )
-  assert optim.peak_learning_rate(optim.ScheduleSettings.from_config(config)) == pytest.approx(
+  assert optim.peak_learning_rate(setting.build(optim_settings.ScheduleSettings, config)) == pytest.approx(
       1e-3
   )  # 5e-4 × 1024 / 512.
   assert config.model.drop_path_rate == 0.1
@@ -319,7 +325,7 @@ def test_deit_recipe(variant, distilled, tmp_path):
   assert config.model.name == f'deit_{variant.lower()}16' + ('_distilled' if distilled else '')
   assert config.distillation.type == ('hard' if distilled else 'none')
   # An epoch is the dataset once, however many repeats a batch holds.
-  total, warmup = optim.training_steps(optim.ScheduleSettings.from_config(config), IMAGENET_TRAIN)
+  total, warmup = optim.training_steps(setting.build(optim_settings.ScheduleSettings, config), IMAGENET_TRAIN)
   assert (total, warmup) == (
       math.ceil(300 * IMAGENET_TRAIN / 1024),
       math.ceil(5 * IMAGENET_TRAIN / 1024),
@@ -369,7 +375,7 @@ def test_deepvit_recipe(variant, baseline):
   )
   _check_fields(config, dict(repeated_aug=1, num_epochs=300, warmup_epochs=5))
   assert (
-      optim.peak_learning_rate(optim.ScheduleSettings.from_config(config)) == 5e-4
+      optim.peak_learning_rate(setting.build(optim_settings.ScheduleSettings, config)) == 5e-4
   )  # Not scaled with the batch.
   assert config.model.drop_path_rate == 0.2
   model = models.create(config.model.name, num_classes=1000)
@@ -380,7 +386,7 @@ def test_t2t_vit_14_recipe():
   config = t2t_config.get_config('variant=14,dataset=imagenet2012')
   _check_fields(config, DEIT_RECIPE)
   _check_fields(config, dict(batch_size=512, repeated_aug=1, num_epochs=300, warmup_epochs=10))
-  assert optim.peak_learning_rate(optim.ScheduleSettings.from_config(config)) == pytest.approx(5e-4)
+  assert optim.peak_learning_rate(setting.build(optim_settings.ScheduleSettings, config)) == pytest.approx(5e-4)
   assert config.model.name == 't2t_vit_14' and config.model.drop_path_rate == 0.1
 
 
@@ -390,7 +396,7 @@ def test_t2t_vit_14_recipe():
 )
 def test_t2t_vit_sizes_follow_the_official_commands(variant, lr, weight_decay):
   config = t2t_config.get_config(f'variant={variant},dataset=imagenet2012')
-  assert optim.peak_learning_rate(optim.ScheduleSettings.from_config(config)) == pytest.approx(lr)
+  assert optim.peak_learning_rate(setting.build(optim_settings.ScheduleSettings, config)) == pytest.approx(lr)
   _check_fields(config, dict(weight_decay=weight_decay, eval_crop_ratio=0.9, batch_size=512))
 
 
@@ -421,7 +427,7 @@ def test_sa_conv_cifar10_recipe(attention):
           dtype='float32',
       ),
   )
-  total, warmup = optim.training_steps(optim.ScheduleSettings.from_config(config), 50_000)
+  total, warmup = optim.training_steps(setting.build(optim_settings.ScheduleSettings, config), 50_000)
   assert (total, warmup) == (150_000, 7_500)  # 5 % linear warm-up.
   model = models.create(config.model.name, num_classes=10)
   params = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 32, 32, 3)))['params']

@@ -12,10 +12,14 @@ from vit_jax.parallel import sharding
 from vit_jax.training import optim
 from vit_jax.training import steps
 from vit_jax.training import train
+from vit_jax.schema import setting
+from vit_jax.schema import run as run_settings
+from vit_jax.training import start as start_lib
+from vit_jax.schema import optim as optim_settings
 
 
 def _settings(**overrides):
-  return train.Settings.from_config(tiny_config('/unused', **overrides))
+  return setting.build(run_settings.Settings, tiny_config('/unused', **overrides))
 
 
 @pytest.mark.parametrize('total, warmup', [(100, 10), (12, 2), (4, 0), (2, 2), (800, 30)])
@@ -71,9 +75,9 @@ def test_runs_of_any_length_share_one_compiled_train_step():
   lowered = []
   for total, warmup, base_lr in ((4, 1, 1e-3), (100, 10, 3e-3)):
     schedule = optim.learning_rate_schedule(
-        optim.ScheduleSettings(**{**vars(settings.schedule), 'base_lr': base_lr}), total, warmup
+        optim_settings.ScheduleSettings(**{**vars(settings.schedule), 'base_lr': base_lr}), total, warmup
     )
-    start = settings.start(10, schedule)
+    start = start_lib.for_run(settings, 10, schedule)
     state = jax.eval_shape(start.init)
     layout = sharding.fsdp_shardings(state, mesh, 0)
     step = steps.sharded_train_step(start.model, start.tx, settings.step, 10, mesh, layout)

@@ -15,10 +15,12 @@ from vit_jax.data import normalization
 
 @dataclasses.dataclass(frozen=True)
 class Rule:
-  """What one field accepts: a predicate, and the words that tell a user what is valid."""
+  """What one field accepts: a predicate, and the words that tell a user what is valid;
+  `unset`: what '' stands for where it stands for a value."""
 
   accepts: Callable[[Any], bool]
   describe: Callable[[], str]
+  unset: str = ''
 
   @property
   def valid(self) -> str:
@@ -78,7 +80,7 @@ def choice(values: Iterable[Any], *, unset: str = '') -> Rule:
   words = f'one of {list(values)}'
   if not unset:
     return Rule(lambda v: v in values, lambda: words)
-  return Rule(lambda v: v == '' or v in values, lambda: f"'' ({unset}) or {words}")
+  return Rule(lambda v: v == '' or v in values, lambda: f"'' ({unset}) or {words}", unset)
 
 
 def text(*, empty: bool = False, optional: bool = False) -> Rule:
@@ -121,6 +123,7 @@ def normalization_rule(*, unset: str = '') -> Rule:
   return Rule(
       lambda v: (bool(unset) and v == '') or _is_normalization(v),
       lambda: f"'' ({unset}) or {words}" if unset else words,
+      unset,
   )
 
 

@@ -17,9 +17,10 @@ import ml_collections
 from vit_jax.analysis import report as report_lib
 from vit_jax.benchmarks import training_step
 from vit_jax.data import input_pipeline
-from vit_jax.data import settings as data_settings
+from vit_jax.schema import data as data_settings
 from vit_jax.training import run_sequence
 from vit_jax.training import train
+from vit_jax.schema import setting
 
 COLUMNS = ('variant', 'accuracy', 'params', 'GFLOPs/step', 'step ms', 'similar blocks')
 
@@ -117,7 +118,7 @@ def run_grid(
   """Trains and measures every variant of `config.variants` (`seeds` times each), skipping the
   trainings an earlier, interrupted run finished; returns one row per variant."""
   num_classes = input_pipeline.get_dataset_info(
-      data_settings.DataSettings.from_config(config)
+      setting.build(data_settings.DataSettings, config)
   ).num_classes
   names = list(config.variants)
   configs = [variant_config(config, dict(config.variants[name])) for name in names]

@@ -19,6 +19,9 @@ import numpy as np
 from vit_jax.training import optim
 from vit_jax.training import run_writer
 from vit_jax.training import train
+from vit_jax.schema import setting
+from vit_jax.schema import run as run_settings
+from vit_jax.training import start as start_lib
 from vit_jax.workdir import reader
 
 PRUNING_RULES = {'official': 1e3, 'paper': 1e5}
@@ -101,6 +104,8 @@ def forward_cost(model: Any, params: Any, image_size: int) -> dict[str, float]:
   compiled = jax.jit(lambda p, x: model.apply({'params': p}, x)).lower(shapes, images).compile()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  if cost is None:
+    raise ValueError(f'XLA gives no cost analysis on {jax.default_backend()}.')
   return {
       'parameters': int(sum(np.prod(np.shape(x)) for x in jax.tree.leaves(params))),
       'flops': float(cost['flops']),
@@ -136,10 +141,10 @@ def write_run(
     raise ValueError(
         f'{workdir!r} already holds a checkpoint; remove it or use another ' 'directory.'
     )
-  settings = train.Settings.from_config(config)
+  settings = setting.build(run_settings.Settings, config)
   total, warmup = config.total_steps, config.warmup_steps
   schedule = optim.learning_rate_schedule(settings.schedule, total, warmup)
-  start = settings.start(num_classes, schedule)
+  start = start_lib.for_run(settings, num_classes, schedule)
   abstract = jax.eval_shape(start.init)
   params = jax.tree.map(lambda x, s: jnp.asarray(x, s.dtype), params, abstract.params)
   state = abstract.replace(

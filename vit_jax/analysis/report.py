@@ -22,12 +22,14 @@ from vit_jax.analysis import maps
 from vit_jax.analysis import pruning
 from vit_jax.analysis import rollout
 from vit_jax.data import input_pipeline
-from vit_jax.data import settings as data_settings
+from vit_jax.schema import data as data_settings
 from vit_jax.models import attention
 from vit_jax.models import sa_conv
 from vit_jax.models import vit
+from vit_jax.training import steps
 from vit_jax.training import train
 from vit_jax.weights import inference
+from vit_jax.schema import setting
 from vit_jax.workdir import disk_writes
 from vit_jax.workdir import reader
 from vit_jax.workdir import run_files
@@ -45,17 +47,21 @@ def eval_images(run: inference.Run, count: int) -> np.ndarray:
     whole_split = (run_dir.dataset() or {}).get('num_eval_examples', count)
     if len(recorded) >= min(count, whole_split):
       return recorded[:count]
-  return input_pipeline.first_eval_images(data_settings.DataSettings.from_config(run.config), count)
+  return input_pipeline.first_eval_images(
+      setting.build(data_settings.DataSettings, run.config), count
+  )
 
 
 def accuracy(
     model: nn.Module, variables: dict[str, Any], config: ml_collections.ConfigDict
 ) -> float:
   """Top-1 accuracy over the whole eval split."""
-  predict = jax.jit(lambda v, x: jax.numpy.argmax(model.apply(v, x, train=False), -1))
+  predict = jax.jit(
+      lambda v, x: jax.numpy.argmax(steps.classifier_logits(model.apply(v, x, train=False)), -1)
+  )
   correct = total = 0.0
   for batch in input_pipeline.eval_iterator(
-      data_settings.DataSettings.from_config(config), process_index=0, process_count=1
+      setting.build(data_settings.DataSettings, config), process_index=0, process_count=1
   ):
     hits = np.asarray(predict(variables, batch['image'])) == batch['label']
     correct += float((hits * batch['mask']).sum())
@@ -104,7 +110,7 @@ def _resolve(what: Sequence[str] | str, model: nn.Module) -> tuple[list[str], bo
 
 def _batch_means(layers, what: Sequence[str], image_shape, window: int) -> dict[str, Any]:
   """Every per-image average of one batch that the requested analyses need."""
-  means = {}
+  means: dict[str, Any] = {}
   if 'collapse' in what:
     for index, stage in enumerate(maps.stages(layers)):
       if len(stage) > 1 and maps.is_square(layers[stage[0]]):
@@ -307,9 +313,10 @@ def _distance(layers, means, image_shape, out) -> dict[str, Any]:
     out.skip('distance', 'no square attention layer has tokens on an image grid.')
     return {}
   uniform = {
-      layer.name: rollout.uniform_distance(maps.key_grid(layer.shape[2], image_shape))
+      layer.name: rollout.uniform_distance(grid)
       for layer in layers
       if layer.name in distances
+      and (grid := maps.key_grid(layer.shape[2], image_shape)) is not None
   }
   rollout.plot_distances(distances, uniform, out.path('distance.png'), image_shape[0])
   return {
@@ -332,9 +339,11 @@ def _centres(variables, layers, means, image_shape, window, out) -> dict[str, An
     mus.append(None if mu is None else np.asarray(mu))
   centres.plot(panels, out.path('centres.png'), window, mus)
   report = centres.contours_json(panels)
-  for (name, _), mu in zip(panels, mus):
-    if mu is not None:
-      report[name] = [dict(entry, mu=np.round(m, 4).tolist()) for entry, m in zip(report[name], mu)]
+  for (name, _), layer_mus in zip(panels, mus):
+    if layer_mus is not None:
+      report[name] = [
+          dict(entry, mu=np.round(m, 4).tolist()) for entry, m in zip(report[name], layer_mus)
+      ]
   return report
 
 
@@ -371,7 +380,7 @@ def _pruning(
   run_dir = os.path.join(out_dir, f'pruned_{rule}')
   pruned = reader.Workdir(run_dir)
   if pruned.has_checkpoint():  # Pruned before: fine-tune on from where it stands.
-    saved = pruned.config().model.get('layer_heads')
+    saved = pruned.required_config().model.get('layer_heads')
     if list(saved or ()) != list(layer_heads):
       raise ValueError(
           f'{run_dir!r} holds a model pruned to {saved} heads per layer, not '

@@ -37,6 +37,9 @@ from vit_jax.models import numerics
 from vit_jax.training import optim
 from vit_jax.training import start as start_lib
 from vit_jax.training import steps
+from vit_jax.schema import setting
+from vit_jax.schema import step as step_settings
+from vit_jax.schema import optim as optim_settings
 from vit_jax.workdir import disk_writes
 
 FAMILIES = configs_lib.family_configs()
@@ -112,13 +115,13 @@ def _train_step(
       num_classes,
       lambda _: config.base_lr,
       dtype=config.dtype,
-      optimizer=optim.OptimizerSettings.from_config(config),
+      optimizer=setting.build(optim_settings.OptimizerSettings, config),
       seed=config.seed,
       image_size=config.image_size,
       ema=bool(config.ema_decay),
   )
   step = steps.make_train_step(
-      start.model, start.tx, steps.StepSettings.from_config(config), num_classes
+      start.model, start.tx, setting.build(step_settings.StepSettings, config), num_classes
   )
   return step, start.init
 
@@ -403,7 +406,7 @@ def input_pipeline_row(*, reduced: bool, needed_images_per_s: float, num_batches
         'input pipeline', 'not measured: TensorFlow is not installed (pip install -e .)', None
     )
   from vit_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
-  from vit_jax.data import settings as data_settings
+  from vit_jax.schema import data as data_settings
   from vit_jax.training import setup
 
   if reduced:
@@ -415,7 +418,7 @@ def input_pipeline_row(*, reduced: bool, needed_images_per_s: float, num_batches
     config.batch_size = 128 * jax.local_device_count()
   config = setup.resolved(config)  # As a run on this backend augments.
   batches = input_pipeline.train_iterator(
-      data_settings.DataSettings.from_config(config), process_index=0, process_count=1
+      setting.build(data_settings.DataSettings, config), process_index=0, process_count=1
   )
   next(batches)
   for _ in range(2):  # What the prefetch buffer held.
@@ -434,7 +437,7 @@ def input_pipeline_row(*, reduced: bool, needed_images_per_s: float, num_batches
       'step_needs': needed_images_per_s,
   }
   text = f'{images_per_s:.0f} images/s, {per_core:.0f} per host core'
-  if data_settings.DataSettings.from_config(config).train_transform.on_device:
+  if setting.build(data_settings.DataSettings, config).train_transform.on_device:
     from vit_jax.benchmarks import input_speed  # pylint: disable=g-import-not-at-top
 
     device_s = input_speed.device_augment_seconds(config, 5)

@@ -4,7 +4,7 @@ r"""Images/s of the training input pipeline alone, and its time to a first batch
   python -m vit_jax.benchmark --mode=input_pipeline --batch=96 --vs_timm \
       --config=configs/deit.py:variant=S,dataset=folder:/path/to/images
 
-Ours is `input_pipeline.train_iterator(data_settings.DataSettings.from_config(config))`, which parallelises over as many threads as this
+Ours is `input_pipeline.train_iterator(setting.build(data_settings.DataSettings, config))`, which parallelises over as many threads as this
 process may use CPUs. timm's is `timm.data.create_transform(image_size, is_training=True, ...)`
 with the config's recipe (inception crop with our scale and ratio ranges, flip, the RandAugment
 string, pixel-mode random erasing, bicubic resizing, the config's normalisation, no colour jitter)
@@ -48,7 +48,7 @@ import ml_collections
 
 from vit_jax.data import batch_augment
 from vit_jax.data import input_pipeline
-from vit_jax.data import settings as data_settings
+from vit_jax.schema import data as data_settings
 from vit_jax.data import image_ops
 from vit_jax.data import reading
 from vit_jax.benchmarks import stopwatch
@@ -56,6 +56,7 @@ from vit_jax.data import convert
 from vit_jax.data import folder
 from vit_jax.data import dataset_names
 from vit_jax.data import normalization
+from vit_jax.schema import setting
 
 LATE_EXAMPLES = 100_000  # Examples consumed before the default --late_step.
 TIMM_RECORDS = 4096  # Encoded images timm's side holds when the dataset is not a folder.
@@ -175,7 +176,7 @@ def _ours(config: ml_collections.ConfigDict) -> tuple[Pipeline, float]:
   """`train_iterator` from step 0, and the seconds to its first batch (compiling included)."""
   start = time.perf_counter()
   batches = input_pipeline.train_iterator(
-      data_settings.DataSettings.from_config(config), process_index=0, process_count=1
+      setting.build(data_settings.DataSettings, config), process_index=0, process_count=1
   )
   next(batches)
   first_batch_s = time.perf_counter() - start
@@ -188,10 +189,10 @@ def device_augment_seconds(config: ml_collections.ConfigDict, repeats: int) -> f
   the pipeline's, on JAX's default device: the median of `repeats`, after compiling."""
   batch = next(
       input_pipeline.train_iterator(
-          data_settings.DataSettings.from_config(config), process_index=0, process_count=1
+          setting.build(data_settings.DataSettings, config), process_index=0, process_count=1
       )
   )
-  settings = batch_augment.BatchAugment.from_config(config)
+  settings = setting.build(data_settings.BatchAugment, config)
   augment = jax.jit(lambda images, keys: batch_augment.augment(images, keys, settings))
   images, keys = jax.device_put((batch['image'], batch['augment_key']))
   augment(images, keys).block_until_ready()
@@ -290,7 +291,9 @@ def _timm(config: ml_collections.ConfigDict, workers: int) -> Pipeline:
       scale=image_ops.INCEPTION_CROP_AREA,
       ratio=image_ops.INCEPTION_CROP_RATIO,
       hflip=0.5 if config.flip else 0.0,
-      color_jitter=None,
+      # None turns colour jitter off (timm tests `color_jitter is not None`); its annotation
+      # leaves None out.
+      color_jitter=None,  # type: ignore[arg-type]
       auto_augment=config.randaugment or None,
       interpolation='bicubic',
       re_prob=config.random_erase_prob,
@@ -336,7 +339,7 @@ def time_to_first_batch(config: ml_collections.ConfigDict, start_step: int) -> f
   start = time.perf_counter()
   next(
       input_pipeline.train_iterator(
-          data_settings.DataSettings.from_config(config),
+          setting.build(data_settings.DataSettings, config),
           start_step=start_step,
           process_index=0,
           process_count=1,
@@ -359,7 +362,7 @@ def _recipe(config: ml_collections.ConfigDict) -> str:
 def _decodes_per_image(config: ml_collections.ConfigDict) -> str:
   """How many JPEG decodes each training image costs ours (`reading.decodes_crop_window`)."""
   repeats = config.repeated_aug
-  if reading.decodes_crop_window(data_settings.TrainTransform.from_config(config), repeats):
+  if reading.decodes_crop_window(setting.build(data_settings.TrainTransform, config), repeats):
     return '1 of the crop window'
   if repeats > 1:
     return f'1/{repeats} of the whole image (decoded once for its {repeats} copies)'
@@ -450,7 +453,7 @@ def run(
   if config.augment_on_device is None:  # As a run on an accelerator resolves it.
     config = config.copy_and_resolve_references()
     config.augment_on_device = True
-  data = data_settings.DataSettings.from_config(config)
+  data = setting.build(data_settings.DataSettings, config)
   on_device = data.train_transform.on_device
   stopwatch.report(
       'batch',
@@ -474,14 +477,16 @@ def run(
       'first batch',
       f"{cold_s:.1f} s (the process's first pipeline, compiling the " 'augmentation ops)',
   )
-  timing = dict(workers=workers, steps=steps, warmup=warmup, repeats=repeats, vs_timm=vs_timm)
-  results = _throughput(config, ours, **timing)
+  throughput = functools.partial(
+      _throughput, workers=workers, steps=steps, warmup=warmup, repeats=repeats, vs_timm=vs_timm
+  )
+  results = throughput(config, ours)
   del ours  # Stops its threads before the next contenders run.
   if vs_timm and config.repeated_aug > 1:
     plain = config.copy_and_resolve_references()
     plain.repeated_aug = 1
     stopwatch.report('recipe no_repeat', _recipe(plain))
-    results.update(_throughput(plain, _ours(plain)[0], suffix=' no_repeat', **timing))
+    results.update(throughput(plain, _ours(plain)[0], suffix=' no_repeat'))
   stopwatch.report('load average', f'{stopwatch.load_average()} (after throughput)')
   if on_device:
     device_s = device_augment_seconds(config, repeats)
@@ -492,7 +497,7 @@ def run(
         f'on {jax.devices()[0].device_kind} (median of {repeats}), in the training step',
     )
   settle = functools.partial(wait_until_idle, time.process_time)
-  firsts = {0: [], late_step: []}
+  firsts: dict[int, list[float]] = {0: [], late_step: []}
   for _ in range(repeats):
     for step, seconds in firsts.items():
       settle()

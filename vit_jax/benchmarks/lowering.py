@@ -28,6 +28,9 @@ from vit_jax.training import optim
 from vit_jax.parallel import sharding
 from vit_jax.training import steps
 from vit_jax.training import train
+from vit_jax.schema import setting
+from vit_jax.schema import run as run_settings
+from vit_jax.training import start as start_lib
 
 PLATFORMS = ('tpu', 'cuda')
 
@@ -77,6 +80,12 @@ def _location_names(text: str) -> dict[str, str]:
   return {alias: resolve(alias) for alias in {**direct, **refers}}
 
 
+def _element_type(tensor_type: str) -> str:
+  """The element type of a StableHLO tensor type ('tensor<8x16xbf16>': 'bf16'), else the type."""
+  found = _ELEMENT.search(tensor_type.strip())
+  return found.group(1) if found else tensor_type.strip()
+
+
 def matrix_products(text: str) -> list[MatrixProduct]:
   """The dot_general and convolution ops of a StableHLO module (`as_text(debug_info=True)` for
   their names)."""
@@ -87,7 +96,7 @@ def matrix_products(text: str) -> list[MatrixProduct]:
     if not match:
       continue
     op, operands, location = match.groups()
-    types = tuple(_ELEMENT.search(t.strip()).group(1) for t in operands.split(', tensor'))
+    types = tuple(_element_type(t) for t in operands.split(', tensor'))
     products.append(
         MatrixProduct(
             op=op,
@@ -145,9 +154,9 @@ def step_programs(
   if config.augment_on_device is None:  # As a run on an accelerator resolves it.
     config = config.copy_and_resolve_references()
     config.augment_on_device = True
-  settings = train.Settings.from_config(config)
+  settings = setting.build(run_settings.Settings, config)
   schedule = optim.learning_rate_schedule(settings.schedule, max(config.total_steps, 2), 1)
-  start = settings.start(num_classes, schedule)
+  start = start_lib.for_run(settings, num_classes, schedule)
   model, tx = start.model, start.tx
   abstract_state = jax.eval_shape(start.init)
   teacher = teacher_variables = None

@@ -15,6 +15,9 @@ from vit_jax.training import memory as training_memory
 from vit_jax.training import optim
 from vit_jax.training import steps
 from vit_jax.training import train
+from vit_jax.schema import setting
+from vit_jax.schema import run as run_settings
+from vit_jax.training import start as start_lib
 
 
 def byte_size(count: int) -> str:
@@ -33,9 +36,9 @@ def memory_per_device(config, num_classes: int) -> dict[str, int]:
   is live at once (the state is donated, so outputs reuse it). Abstract evaluation and
   compilation only: no array is allocated, so any model can be sized on any machine.
   """
-  settings = train.Settings.from_config(config)
+  settings = setting.build(run_settings.Settings, config)
   schedule = optim.learning_rate_schedule(settings.schedule, 2, 1)
-  start = settings.start(num_classes, schedule)
+  start = start_lib.for_run(settings, num_classes, schedule)
   mesh = sharding.make_mesh(config.mesh.fsdp)
   state = jax.eval_shape(start.init)
   layout = sharding.fsdp_shardings(state, mesh, config.mesh.fsdp_min_size)

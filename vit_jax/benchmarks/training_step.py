@@ -25,6 +25,9 @@ from vit_jax.models import vit
 from vit_jax.training import optim
 from vit_jax.training import steps
 from vit_jax.training import train
+from vit_jax.schema import setting
+from vit_jax.schema import run as run_settings
+from vit_jax.training import start as start_lib
 
 
 def peak_host_memory_mib() -> float:
@@ -91,9 +94,9 @@ def jax_contender(
     config, num_classes: int, name: str | None = None, inference: bool = True
 ) -> Contender:
   """Our model under `vit_jax.training.steps`'s training step, jitted with the state donated."""
-  settings = train.Settings.from_config(config)
+  settings = setting.build(run_settings.Settings, config)
   schedule = optim.learning_rate_schedule(settings.schedule, max(int(config.total_steps), 2), 1)
-  setup = settings.start(num_classes, schedule)
+  setup = start_lib.for_run(settings, num_classes, schedule)
   model = setup.model
   rng = np.random.default_rng(0)
   size, batch_size = config.image_size, config.batch_size
@@ -130,6 +133,8 @@ def jax_contender(
       jax.block_until_ready((holder['state'], metrics))
 
   def infer_steps(n: int) -> None:
+    if infer is None:
+      raise ValueError('This contender was built without its inference step (inference=False).')
     for _ in range(n):
       state = holder['state']
       jax.block_until_ready(infer(state.params, state.batch_stats, batch['image']))

@@ -23,18 +23,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax import config_settings
 from vit_jax.data import augment_spec
 from vit_jax.data import normalization as normalization_lib
+from vit_jax.schema import data as data_settings
 
 _LUT_OPS = ('AutoContrast', 'Equalize', 'Invert', 'Posterize', 'Solarize', 'Contrast', 'Brightness')
 _GEOMETRIC_OPS = ('Rotate', 'ShearX', 'ShearY', 'TranslateXRel', 'TranslateYRel')
-
-
-@config_settings.settings_type
-class BatchAugment:
-  """`augment`'s settings: `randaugment` parsed (None: off), `random_erase_prob` and the
-  `normalization` (fields: `vit_jax.config.FIELDS`); None where the host augments."""
 
 
 def _kind(name: str) -> str:
@@ -341,7 +335,9 @@ def normalize(images: jax.Array, normalization: str) -> jax.Array:
   return images.astype(jnp.float32) * scale + offset
 
 
-def augment(images: jax.Array, key_data: jax.Array, settings: BatchAugment) -> jax.Array:
+def augment(
+    images: jax.Array, key_data: jax.Array, settings: data_settings.BatchAugment
+) -> jax.Array:
   """The training batch the model sees from the host's uint8 (B, H, W, 3) crops and their
   (B, 2) uint32 keys: RandAugment, normalisation and random erasing, in timm's order."""
   keys = jax.random.wrap_key_data(key_data, impl='threefry2x32')

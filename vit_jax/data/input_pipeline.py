@@ -47,7 +47,7 @@ from vit_jax.data import dataset_names
 from vit_jax.data import image_ops
 from vit_jax.data import normalization
 from vit_jax.data import reading
-from vit_jax.data import settings as data_settings
+from vit_jax.schema import data as data_settings
 from vit_jax.data import sources
 
 IN_MEMORY_MAX_BYTES = 1024**3
@@ -150,7 +150,9 @@ def _train_image(
   crop_seed, flip_seed, randaugment_seed, erase_seed = tf.unstack(
       tf.random.experimental.stateless_split(seed, 4)
   )
-  pixel_ops = transform.randaugment is not None or transform.three_augment or transform.color_jitter
+  pixel_ops = bool(
+      transform.randaugment is not None or transform.three_augment or transform.color_jitter
+  )
   flip = transform.flip and transform.augment != 'none'
   if transform.augment == 'inception_crop':
     # tf.image.stateless_random_flip_left_right's draw, mirrored in the resize's last program.

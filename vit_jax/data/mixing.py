@@ -7,7 +7,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from vit_jax import config_settings
+from vit_jax.schema import data as data_settings
 
 
 def mix_batch(
@@ -72,13 +72,11 @@ def mix_batch(
   return images, lam * targets + (1.0 - lam) * targets[::-1]
 
 
-@config_settings.settings_type
-class MixSettings:
-  """`mix_batch`'s settings (timm's Mixup arguments); `from_config` gives None when neither is on
-  (both alphas 0)."""
-
-  def mix(
-      self, rng: jax.Array, images: jax.Array, labels_onehot: jax.Array
-  ) -> tuple[jax.Array, jax.Array]:
-    """`mix_batch` with these settings."""
-    return mix_batch(rng, images, labels_onehot, **dataclasses.asdict(self))
+def mix(
+    settings: data_settings.MixSettings,
+    rng: jax.Array,
+    images: jax.Array,
+    labels_onehot: jax.Array,
+) -> tuple[jax.Array, jax.Array]:
+  """`mix_batch` with `settings`."""
+  return mix_batch(rng, images, labels_onehot, **dataclasses.asdict(settings))

@@ -12,7 +12,7 @@ import tensorflow_datasets as tfds
 
 from vit_jax.data import convert
 from vit_jax.data import sources
-from vit_jax.data import settings as data_settings
+from vit_jax.schema import data as data_settings
 from vit_jax.data import storage
 
 

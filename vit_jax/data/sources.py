@@ -16,7 +16,7 @@ from vit_jax.data import convert
 from vit_jax.data import dataset_names
 from vit_jax.data import digits
 from vit_jax.data import folder
-from vit_jax.data import settings as data_settings
+from vit_jax.schema import data as data_settings
 from vit_jax.data import storage
 
 
@@ -199,7 +199,7 @@ def _unreachable_host(builder: tfds.core.DatasetBuilder) -> str | None:
       if not parts.hostname:
         continue
     hosts.add((parts.hostname, parts.port or ports.get(parts.scheme, 80)))
-  refusals = {}  # (host, port): None where it answered, else why not.
+  refusals: dict[tuple[str, int], str | None] = {}  # None where it answered, else why not.
 
   def connect(host: str, port: int) -> None:
     try:

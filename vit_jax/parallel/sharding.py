@@ -19,7 +19,8 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from vit_jax import config_settings
+from vit_jax.schema import mesh as mesh_settings
+
 
 MESH_AXES = ('data', 'fsdp')
 
@@ -106,12 +107,6 @@ def bytes_per_device(tree: Any, shardings: Any) -> int:
       int(np.prod(s.shard_shape(np.shape(x)), dtype=np.int64)) * np.dtype(x.dtype).itemsize
       for x, s in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings))
   )
-
-
-@config_settings.settings_type
-class MeshSettings:
-  """The mesh of a run: `fsdp` devices split the state; arrays under `fsdp_min_size` elements
-  stay replicated (fields: `vit_jax.config.FIELDS`)."""
 
 
 def global_batch(

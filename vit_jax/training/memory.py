@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
-from vit_jax.data import settings as data_settings
+from vit_jax.schema import data as data_settings
+from vit_jax.schema import run as run_settings
 
 
 def compiled_bytes(compiled: Any) -> dict[str, int]:
@@ -107,7 +108,7 @@ def train_batch(
 
 
 def too_big_message(need: dict[str, int], free: int, where: str, settings: Any) -> str:
-  """The refusal: both numbers and the settings (`train.Settings`) that shrink the step."""
+  """The refusal: both numbers and the settings (`run_settings.Settings`) that shrink the step."""
   knobs = [
       f'a smaller batch_size (now {settings.data.batch_size})',
       f'grad_accum_steps above {settings.step.grad_accum_steps} (the same batch in '
@@ -127,7 +128,7 @@ def too_big_message(need: dict[str, int], free: int, where: str, settings: Any) 
 
 
 def check_fits(
-    train_step: Callable[..., Any],
+    train_step: jax.stages.Wrapped,
     abstract_state: Any,
     settings: Any,
     data_sharding: NamedSharding,
@@ -138,7 +139,7 @@ def check_fits(
   """Compiles the jitted `train_step` for the run's arguments (ShapeDtypeStructs with their
   shardings, and the learning-rate `schedule`) and raises ValueError if XLA's account of it
   exceeds the free memory of this process's devices; returns the account (empty where the
-  backend gives none). `settings`: the run's `train.Settings` (its batch and the fields that
+  backend gives none). `settings`: the run's `run_settings.Settings` (its batch and the fields that
   shrink the step)."""
   compiled = train_step.lower(
       abstract_state, train_batch(settings.data, data_sharding), teacher_variables, schedule

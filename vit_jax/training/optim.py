@@ -19,22 +19,13 @@ import numpy as np
 import optax
 
 from vit_jax import config as config_lib
-from vit_jax import config_settings
 from vit_jax.models import layouts
+from vit_jax.schema import optim as optim_settings
 
 
-@config_settings.settings_type
-class ScheduleSettings:
-  """How long a run trains (`num_epochs`, `warmup_epochs` when set override the steps) and its
-  learning rate per step; `batch_size` is global (fields: `vit_jax.config.FIELDS`)."""
-
-
-@config_settings.settings_type
-class OptimizerSettings:
-  """The optimizer of a run (fields: `vit_jax.config.FIELDS`)."""
-
-
-def training_steps(schedule: ScheduleSettings, num_train_examples: int) -> tuple[int, int]:
+def training_steps(
+    schedule: optim_settings.ScheduleSettings, num_train_examples: int
+) -> tuple[int, int]:
   """Total and warm-up steps, from epochs when the settings give epochs; epochs that make less
   than one step are refused (one step would train at the warm-up's first learning rate)."""
   steps_per_epoch = num_train_examples / schedule.batch_size
@@ -53,7 +44,7 @@ def training_steps(schedule: ScheduleSettings, num_train_examples: int) -> tuple
   return int(total), int(min(warmup, total))
 
 
-def peak_learning_rate(schedule: ScheduleSettings) -> float:
+def peak_learning_rate(schedule: optim_settings.ScheduleSettings) -> float:
   """base_lr, scaled linearly with the global batch when `lr_scaling_batch` is set (DeiT rule)."""
   if schedule.lr_scaling_batch:
     return schedule.base_lr * schedule.batch_size / schedule.lr_scaling_batch
@@ -66,13 +57,13 @@ class Schedule:
   `warmup_cosine_decay_schedule` (to float rounding), with its numbers held as arrays so that the
   train step takes them as an argument and one compiled step serves every schedule."""
 
-  warmup_lr: jax.Array
-  warmup_rise: jax.Array  # warmup_lr - peak.
-  warmup_steps: jax.Array
-  peak: jax.Array
-  decay_steps: jax.Array  # After the warm-up.
-  alpha: jax.Array  # min_lr / peak.
-  one_minus_alpha: jax.Array
+  warmup_lr: jax.typing.ArrayLike
+  warmup_rise: jax.typing.ArrayLike  # warmup_lr - peak.
+  warmup_steps: jax.typing.ArrayLike
+  peak: jax.typing.ArrayLike
+  decay_steps: jax.typing.ArrayLike  # After the warm-up.
+  alpha: jax.typing.ArrayLike  # min_lr / peak.
+  one_minus_alpha: jax.typing.ArrayLike
 
   def __call__(self, count: jax.Array) -> jax.Array:
     rising = jnp.clip(count, 0, self.warmup_steps)
@@ -84,7 +75,7 @@ class Schedule:
 
 
 def learning_rate_schedule(
-    schedule: ScheduleSettings, total_steps: int, warmup_steps: int
+    schedule: optim_settings.ScheduleSettings, total_steps: int, warmup_steps: int
 ) -> Schedule:
   """Linear warm-up from `warmup_lr` to the peak, then cosine decay to `min_lr`, per step."""
   peak = peak_learning_rate(schedule)
@@ -236,7 +227,7 @@ def lamb(
 
 
 def create_optimizer(
-    settings: OptimizerSettings, schedule: optax.ScalarOrSchedule, model: nn.Module
+    settings: optim_settings.OptimizerSettings, schedule: optax.ScalarOrSchedule, model: nn.Module
 ) -> optax.GradientTransformation:
   """AdamW, SGD with momentum and L2 weight decay, or LAMB, under the mask; optional clipping;
   with `layer_decay` < 1 each update scaled per layer of `model` (`scale_by_layer_decay`).

@@ -27,46 +27,6 @@ from vit_jax.workdir import reader
 from vit_jax.workdir import run_files
 from vit_jax.workdir import shape_diff
 
-# Fields whose change only adds or drops state, with what resuming does about it.
-_ADDS_OR_DROPS = {
-    'grad_clip_norm': ('gradient clipping starts now', 'gradient clipping stops now'),
-    'ema_decay': ('the EMA starts from the current weights', 'the EMA is dropped'),
-}
-# Fields that shape no saved array but matter to the run's course: said so when they change.
-_SCHEDULE = (
-    'total_steps',
-    'num_epochs',
-    'warmup_steps',
-    'warmup_epochs',
-    'base_lr',
-    'min_lr',
-    'warmup_lr',
-    'lr_scaling_batch',
-)
-# Fields a refusal does not name: they change nothing saved.
-_NOT_SAVED = (
-    *_SCHEDULE,
-    *_ADDS_OR_DROPS,
-    'seed',
-    'log_every',
-    'eval_every',
-    'checkpoint_every',
-    'keep_checkpoints',
-    'eval_batch_size',
-    'eval_split',
-    'init_from',
-    'eval_only',
-    'use_ema',
-    'prefetch',
-    'shuffle_buffer',
-    'in_memory',
-    'augment_on_device',
-    'evaluators',
-    'data_dir',
-    'profile_steps',
-)
-
-
 _HARMLESS = 'nothing saved depends on it'
 
 
@@ -99,7 +59,16 @@ def changed_fields(
   }
 
 
-_EMPTY_MEANS = {'mu_dtype': "the parameters' dtype"}  # Fields whose '' stands for a value.
+_FIELDS = {field.name: field for field in config_lib.FIELDS}
+_SECTIONS = {section.name: section for section in config_lib.SECTIONS}
+
+
+def _saved(name: str) -> bool:
+  """Whether a saved array depends on config field `name` (a section's field: on its section)."""
+  if name in _FIELDS:
+    return _FIELDS[name].resume.saved
+  section = _SECTIONS.get(name.split('.')[0])
+  return section is None or section.saved
 
 
 def _flag(value: Any) -> str:
@@ -112,23 +81,21 @@ def _shown(field: str, value: Any) -> str:
   """`value` of `field` as a message names it: an empty one with what it stands for."""
   if value is None:
     return 'unset'
-  if value == '' and field in _EMPTY_MEANS:
-    return f"'' ({_EMPTY_MEANS[field]})"
-  return _flag(value)
+  unset = _FIELDS[field].rule.unset if field in _FIELDS else ''
+  return f"'' ({unset})" if value == '' and unset else _flag(value)
 
 
 def _note(field: str, old: Any, new: Any) -> str:
   """What resuming does about one changed field."""
-  if field in _ADDS_OR_DROPS:
-    started, stopped = _ADDS_OR_DROPS[field]
+  declared = _FIELDS.get(field)
+  if declared is None:
+    return _HARMLESS
+  resume = declared.resume
+  if resume.started:
     if bool(old) != bool(new):
-      return started if new else stopped
+      return resume.started if new else resume.stopped
     return 'the saved state carries over as it is'
-  if field == 'mu_dtype':
-    return "the optimizer's first moment is cast to " + (new or _EMPTY_MEANS[field])
-  if field in _SCHEDULE:
-    return 'the learning-rate schedule is recomputed for the new settings from the saved step'
-  return _HARMLESS
+  return resume.note.format(new=new or declared.rule.unset) if resume.note else _HARMLESS
 
 
 def plan(
@@ -206,7 +173,7 @@ def _refusal(
     diff: shape_diff.ShapeDiff,
 ) -> str:
   """One error: what differs, and both ways forward."""
-  named = {k: v for k, v in changed.items() if not k.startswith(_NOT_SAVED)}
+  named = {k: v for k, v in changed.items() if _saved(k)}
   if saved_model != fields['model.name']:
     named.setdefault('model.name', (saved_model, fields['model.name']))
   if named:

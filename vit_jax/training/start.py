@@ -12,6 +12,8 @@ import optax
 from vit_jax import models
 from vit_jax.training import optim
 from vit_jax.training import steps
+from vit_jax.schema import optim as optim_settings
+from vit_jax.schema import run as run_settings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +35,7 @@ class Start:
       schedule: optax.ScalarOrSchedule,
       *,
       dtype: str,
-      optimizer: optim.OptimizerSettings,
+      optimizer: optim_settings.OptimizerSettings,
       seed: int,
       image_size: int,
       ema: bool,
@@ -45,3 +47,19 @@ class Start:
     rngs = steps.init_rngs(seed)
     init = lambda: steps.init_state(model, tx, rngs, image_size=image_size, ema=ema)
     return cls(model, tx, rngs, init)
+
+
+def for_run(
+    settings: run_settings.Settings, num_classes: int, schedule: optax.ScalarOrSchedule
+) -> Start:
+  """The model, optimizer, random keys and fresh state that `settings` train."""
+  return Start.build(
+      settings.model,
+      num_classes,
+      schedule,
+      dtype=settings.dtype,
+      optimizer=settings.optimizer,
+      seed=settings.seed,
+      image_size=settings.data.image_size,
+      ema=bool(settings.step.ema_decay),
+  )

@@ -2,7 +2,7 @@
 
 The functions here are traced under `jax.jit` (the eval steps and their passes are in
 `vit_jax.evaluators.passes`); `vit_jax.training.train` builds the step once, from a
-`StepSettings`, and runs it in its loop.
+`step_settings.StepSettings`, and runs it in its loop.
 """
 
 import dataclasses
@@ -18,14 +18,14 @@ import numpy as np
 import optax
 
 from vit_jax import config as config_lib
-from vit_jax import config_settings
 from vit_jax.data import batch_augment
 from vit_jax.data import mixing
 from vit_jax.parallel import sharding
+from vit_jax.schema import data as data_settings
+from vit_jax.schema import step as step_settings
 
 
-@flax.struct.dataclass
-class TrainState:
+class TrainState(flax.struct.PyTreeNode):
   """Everything that determines the rest of a run: resuming from it equals never stopping.
 
   `ema` holds the exponential moving average of the variables ({'params', 'batch_stats'}) when
@@ -65,8 +65,8 @@ def softmax_cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
 
 
 # Per-example loss of logits against (batch, classes) targets, by the config's `loss`: the names
-# `config.LOSSES` declares, in its order.
-LOSSES = dict(zip(config_lib.LOSSES, (softmax_cross_entropy, binary_cross_entropy), strict=True))
+# `step_settings.LOSSES` declares, in its order.
+LOSSES = dict(zip(step_settings.LOSSES, (softmax_cross_entropy, binary_cross_entropy), strict=True))
 
 
 def classification_loss(outputs: Any, targets: jax.Array, kind: str = 'softmax_xent') -> jax.Array:
@@ -110,25 +110,6 @@ def distillation_loss(
   return (1 - alpha) * base + alpha * kd
 
 
-@config_settings.settings_type
-class DistillationLoss:
-  """`distillation_loss`'s settings: 'hard' or 'soft' (`kind`), the weight `alpha` and
-  temperature `tau`."""
-
-
-@config_settings.settings_type
-class StepSettings:
-  """What the train step reads of a run: its loss (a key of `LOSSES`), mixing (None: no
-  mixup/CutMix), micro-batches and EMA (0: none).
-
-  `distillation` is None unless the run distils (then the step takes a `Teacher`).
-  """
-
-  mix: mixing.MixSettings | None = None
-  augment: batch_augment.BatchAugment | None = None
-  distillation: DistillationLoss | None = None
-
-
 @dataclasses.dataclass(frozen=True)
 class Teacher:
   """A frozen model whose predictions a student learns from (DeiT distillation).
@@ -144,7 +125,7 @@ class Teacher:
 
   def logits(self, variables: Any, images: jax.Array) -> jax.Array:
     """The teacher's logits in inference mode (BatchNorm on running statistics, no dropout)."""
-    if self.input_scale is not None:
+    if self.input_scale is not None and self.input_shift is not None:
       images = (images * self.input_scale + self.input_shift).astype(images.dtype)
     return classifier_logits(self.model.apply(variables, images, train=False))
 
@@ -152,11 +133,11 @@ class Teacher:
 def training_batch(
     rng: jax.Array,
     batch: dict[str, jax.Array],
-    mix: mixing.MixSettings | None,
+    mix: data_settings.MixSettings | None,
     label_smoothing: float,
     num_classes: int,
     mix_groups: int = 1,
-    augment: batch_augment.BatchAugment | None = None,
+    augment: data_settings.BatchAugment | None = None,
 ) -> dict[str, jax.Array]:
   """The batch the model learns from: images, soft `targets` and the `label` scored by accuracy.
 
@@ -179,7 +160,7 @@ def training_batch(
         'targets': optax.smooth_labels(onehot, label_smoothing),
     }
   group = lambda x: x.reshape((mix_groups, x.shape[0] // mix_groups) + x.shape[1:])
-  images, targets = jax.vmap(mix.mix)(
+  images, targets = jax.vmap(functools.partial(mixing.mix, mix))(
       jax.random.split(rng, mix_groups), group(batch['image']), group(onehot)
   )
   targets = targets.reshape((-1, num_classes))
@@ -242,7 +223,7 @@ def accumulated(
 def make_train_step(
     model: nn.Module,
     tx: optax.GradientTransformation,
-    settings: StepSettings,
+    settings: step_settings.StepSettings,
     num_classes: int,
     teacher: Teacher | None = None,
     mix_groups: int = 1,
@@ -290,7 +271,7 @@ def make_train_step(
       outputs, updates = model.apply(
           variables, batch['image'], train=True, rngs={'dropout': dropout_rng}, mutable=mutable
       )
-      if teacher is None:
+      if distillation is None:
         loss = classification_loss(outputs, batch['targets'], settings.loss)
       else:
         loss = distillation_loss(
@@ -353,13 +334,13 @@ def make_train_step(
 def sharded_train_step(
     model: nn.Module,
     tx: optax.GradientTransformation,
-    settings: StepSettings,
+    settings: step_settings.StepSettings,
     num_classes: int,
     mesh: Mesh,
     state_sharding: Any,
     teacher: Teacher | None = None,
     teacher_sharding: Any = None,
-) -> Callable[..., tuple[TrainState, dict]]:
+) -> jax.stages.Wrapped:
   """`make_train_step` jitted for `mesh`: the state (donated) and the teacher's variables in
   their layouts, the batch over every device, the schedule and metrics replicated.
 

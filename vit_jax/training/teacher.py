@@ -6,12 +6,12 @@ import os
 from absl import logging
 import numpy as np
 
-from vit_jax import config_settings
 from vit_jax.weights import hub
 from vit_jax.data import normalization
 from vit_jax import models
 from vit_jax.weights import pretrained
 from vit_jax.training import steps
+from vit_jax.schema import step as step_settings
 from vit_jax.workdir import reader
 
 
@@ -33,14 +33,7 @@ def normalization_change(student: str, teacher: str) -> tuple[np.ndarray, np.nda
   return std_s / std_t, (mean_s - mean_t) / std_t
 
 
-@config_settings.settings_type
-class TeacherSettings:
-  """Which teacher a distilling run learns from (`teacher`: a work directory, 'hf-hub:ORG/NAME'
-  or 'MODEL:FILE') and how it reads it (`teacher_normalization` '': the student's, a work
-  directory's or Hub weights' own); `from_config` gives None for a run that does not distil."""
-
-
-def load(settings: TeacherSettings, num_classes: int) -> steps.Teacher:
+def load(settings: step_settings.TeacherSettings, num_classes: int) -> steps.Teacher:
   """The teacher `settings.teacher`.
 
   It is a work directory of vit_jax.main (its model, fields and normalisation are read from its
@@ -62,7 +55,7 @@ def load(settings: TeacherSettings, num_classes: int) -> steps.Teacher:
     normalization = settings.teacher_normalization or weights.normalization
   elif model_name is None:
     try:
-      saved = reader.Workdir.open(path).config()
+      saved = reader.Workdir.open(path).required_config()
     except ValueError as e:
       raise ValueError(
           f'distillation.teacher={settings.teacher!r} must be a work directory written by '

@@ -1,7 +1,7 @@
 """The training loop: from a config to a trained, checkpointed and evaluated model.
 
 `train_and_evaluate` reads top to bottom: set-up (the validated config resolved once into the
-typed settings of the modules that read them, `Settings`), data, model and optimizer, sharding,
+typed settings of the modules that read them, `schema.run.Settings`), data, model and optimizer, sharding,
 the state (resumed, fine-tuned from pretrained weights, or initialised), the loop, and the final
 evaluation. `eval_only` takes the same set-up, data, model and sharding, then evaluates.
 
@@ -30,11 +30,9 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 
 from vit_jax import config as config_lib
-from vit_jax import config_settings
 from vit_jax import evaluators as evaluators_lib
 from vit_jax.data import input_pipeline
-from vit_jax.data import settings as data_settings
-from vit_jax.evaluators import eval_sets as eval_sets_lib
+from vit_jax.schema import data as data_settings
 from vit_jax.evaluators import evaluator
 from vit_jax.evaluators import standalone
 from vit_jax.models import attention as attention_lib
@@ -49,46 +47,17 @@ from vit_jax.training import start as start_lib
 from vit_jax.training import steps
 from vit_jax.training import teacher as teacher_lib
 from vit_jax.weights import pretrained as pretrained_lib
+from vit_jax.schema import setting
+from vit_jax.schema import mesh as mesh_settings
+from vit_jax.schema import step as step_settings
+from vit_jax.schema import optim as optim_settings
+from vit_jax.schema import run as run_settings
 from vit_jax.workdir import disk_writes
 from vit_jax.workdir import run_files
 from vit_jax.workdir import shape_diff
 
 
-@config_settings.settings_type
-class Settings:
-  """A validated config resolved once into the settings each module reads; the code below the
-  set-up receives the piece it reads. `model` is the `model` section (`name` and the fields it
-  sets), `dtype` the model's compute dtype unless its section sets one, `evaluators` the periodic
-  ones (`evaluators_lib.periodic`), `teacher` None without distillation."""
-
-  model: Mapping[str, Any] = config_settings.section(dict)
-  evaluators: Mapping[str, Any] = config_settings.section(evaluators_lib.periodic)
-  data: data_settings.DataSettings
-  schedule: optim.ScheduleSettings
-  optimizer: optim.OptimizerSettings
-  step: steps.StepSettings
-  teacher: teacher_lib.TeacherSettings | None
-  mesh: sharding.MeshSettings
-
-  @property
-  def model_name(self) -> str:
-    return self.model['name']
-
-  def start(self, num_classes: int, schedule: optax.ScalarOrSchedule) -> start_lib.Start:
-    """The model, optimizer, random keys and fresh state these settings train."""
-    return start_lib.Start.build(
-        self.model,
-        num_classes,
-        schedule,
-        dtype=self.dtype,
-        optimizer=self.optimizer,
-        seed=self.seed,
-        image_size=self.data.image_size,
-        ema=bool(self.step.ema_decay),
-    )
-
-
-def _with_state(settings: Settings, clip: bool, ema: bool) -> Settings:
+def _with_state(settings: run_settings.Settings, clip: bool, ema: bool) -> run_settings.Settings:
   """`settings` with gradient clipping and the EMA on or off (a saved run's layout, `resume`)."""
   optimizer, step = settings.optimizer, settings.step
   if bool(optimizer.grad_clip_norm) != clip:
@@ -125,7 +94,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
   config = setup.resolved(config)
   workdir = os.path.expanduser(workdir) if workdir else workdir  # The shell leaves '=~/run'.
   run_writer.check_path(workdir)
-  settings = Settings.from_config(config)
+  settings = setting.build(run_settings.Settings, config)
   run_dir = run_writer.RunWriter(workdir)  # Read-only until `start` takes the lock.
   mesh = sharding.make_mesh(settings.mesh.fsdp)
   if settings.eval_only and not settings.init_from and not run_dir.has_checkpoint():
@@ -136,23 +105,24 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
 
   # Data.
   info = input_pipeline.get_dataset_info(settings.data)
-  eval_sets = eval_sets_lib.checked(
-      settings.eval_sets, settings.data, num_classes=info.num_classes, class_names=info.class_names
+  # The evaluators the run's evaluations run, in the order they log; what they read is checked
+  # now, before anything compiles.
+  evaluators = tuple(evaluators_lib.periodic(settings.evaluators, settings).values())
+  evaluators_lib.check(
+      evaluators, settings.data, num_classes=info.num_classes, class_names=info.class_names
   )
 
   # Model and optimizer.
   total_steps, warmup_steps = optim.training_steps(settings.schedule, info.num_train_examples)
   schedule = optim.learning_rate_schedule(settings.schedule, total_steps, warmup_steps)
-  start = settings.start(info.num_classes, schedule)
+  start = start_lib.for_run(settings, info.num_classes, schedule)
   model, tx = start.model, start.tx
-  test_sets = eval_sets_lib.TestSets.build(
-      model, info.num_classes, mesh, settings.data, eval_sets, every=settings.eval_every
-  )
   if settings.eval_only:
     metrics = standalone.evaluate_only(
-        test_sets,
+        evaluators,
         model,
         mesh,
+        settings.data,
         source=settings.init_from or run_dir.path,
         use_ema=settings.use_ema,
         model_name=settings.model_name,
@@ -160,7 +130,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
         out=run_dir,
     )
     return RunResult(step=None, metrics=metrics)
-  evaluators = (*settings.evaluators.values(), test_sets)  # In the order they log.
   abstract_state = jax.eval_shape(start.init)
   planned_attention = attention_lib.plan(model, settings.data.image_size)
   if planned_attention:
@@ -210,7 +179,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
         f'{run_dir.steps()[-1]} to resume it (exactly that to evaluate it), or a new --workdir.'
     )
   abstract_for = lambda clip, ema: jax.eval_shape(
-      _with_state(settings, clip, ema).start(info.num_classes, schedule).init
+      start_lib.for_run(_with_state(settings, clip, ema), info.num_classes, schedule).init
   )
   plan = resume_lib.plan(run_dir, config_lib.json_fields(config), abstract_state, abstract_for)
   pretrained = None
@@ -321,7 +290,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
       due = evaluators_lib.due(evaluators, step)
       if due and step != total_steps:
         with progress.timed('eval', state):
-          scores = evaluators_lib.run(due, _subject(model, state, settings.data), step)
+          scores = evaluators_lib.run(due, _subject(model, state, settings.data, mesh), step)
         writer.write_scalars(step, scores.summaries())
 
     # The final evaluation: every evaluator; a signal now stops it, the last step being saved.
@@ -329,7 +298,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
     try:
       with _final_evaluation_stops_at_once(total_steps):
         scores = evaluators_lib.run(
-            evaluators, _subject(model, state, settings.data), total_steps, final=True
+            evaluators, _subject(model, state, settings.data, mesh), total_steps, final=True
         )
     except interruption.Stopped:
       return RunResult(step=total_steps, metrics={}, preempted=True)
@@ -347,7 +316,7 @@ class Programs:
   """A run's train step jitted for its mesh, with the layouts it takes: the training state's and
   the teacher's (one rule places both), and the batch's."""
 
-  train_step: Callable[..., tuple[steps.TrainState, dict[str, jax.Array]]]
+  train_step: jax.stages.Wrapped
   state_sharding: Any
   teacher_sharding: Any  # None without a teacher.
   data_sharding: NamedSharding
@@ -357,7 +326,7 @@ class Programs:
       cls,
       model: nn.Module,
       tx: optax.GradientTransformation,
-      step_settings: steps.StepSettings,
+      step_settings: step_settings.StepSettings,
       num_classes: int,
       mesh: Mesh,
       abstract_state: steps.TrainState,
@@ -418,10 +387,10 @@ def _final_evaluation_stops_at_once(step: int) -> contextlib.AbstractContextMana
 
 
 def _subject(
-    model: nn.Module, state: steps.TrainState, data: data_settings.DataSettings
+    model: nn.Module, state: steps.TrainState, data: data_settings.DataSettings, mesh: Mesh
 ) -> evaluator.Subject:
-  """The model and its training state as the evaluators score them."""
-  return evaluator.Subject(model, data, state=state)
+  """The model and its training state on `mesh` as the evaluators score them."""
+  return evaluator.Subject(model, data, state=state, mesh=mesh)
 
 
 def _stop_profiling() -> None:
@@ -446,8 +415,8 @@ def _restore_or_init(
   read as the abstract state `saved` (its run's layout) and carried over to this run's, when
   resuming (`saved` given); else a fresh state (`init`), with `pretrained`'s variables when
   fine-tuning."""
-  if saved is not None:
-    state = run_dir.resume(saved)
+  state = None if saved is None else run_dir.resume(saved)
+  if state is not None:
     if shape_diff.flat_shapes(saved) != shape_diff.flat_shapes(abstract_state):
       state = resume_lib.carry_over(
           state, ema, sharding.abstract(abstract_state, state_sharding), state_sharding

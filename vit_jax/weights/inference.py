@@ -14,7 +14,7 @@ import glob
 import os
 import re
 import stat
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence, cast
 
 import flax.linen as nn
 import jax
@@ -28,10 +28,11 @@ from vit_jax.weights import hub
 from vit_jax.data import folder
 from vit_jax.data import imagenet
 from vit_jax.data import input_pipeline
-from vit_jax.data import settings as data_settings
+from vit_jax.schema import data as data_settings
 from vit_jax.data import storage
 from vit_jax import models
 from vit_jax.weights import pretrained
+from vit_jax.schema import setting
 from vit_jax.workdir import reader
 from vit_jax.workdir import run_files
 
@@ -71,7 +72,7 @@ def load_run(
   layout it trained in.
   """
   run = reader.Workdir.open(workdir)
-  config = run.config()
+  config = run.required_config()
   if data_dir:
     config.data_dir = data_dir
   else:
@@ -80,7 +81,7 @@ def load_run(
     for field in ('scan_layers', 'remat'):
       if field in config.model:
         del config.model[field]  # Off by default.
-  data = data_settings.DataSettings.from_config(config)
+  data = setting.build(data_settings.DataSettings, config)
   recorded = run.dataset()
   class_names = (
       tuple(recorded['class_names'])
@@ -146,7 +147,7 @@ def load_weights(
     )
   # The weights' evaluation on ImageNet, for evaluators on any dataset; its fields and the model
   # are checked by the schema's rules, whose field names are these flags' names.
-  preprocessing = dict(
+  preprocessing: dict[str, Any] = dict(
       image_size=image_size or 224,
       eval_crop_ratio=eval_crop_ratio or 0.875,
       normalization=normalization or 'imagenet',
@@ -174,7 +175,11 @@ def load_weights(
       if num_classes == imagenet.NUM_CLASSES
       else tuple(str(i) for i in range(num_classes))
   )
-  transform = data_settings.EvalTransform.from_config(config)
+  transform = data_settings.EvalTransform(
+      crop_ratio=preprocessing['eval_crop_ratio'],
+      image_size=preprocessing['image_size'],
+      normalization=preprocessing['normalization'],
+  )
   return Run(config, transform, model, variables, names, None, path)
 
 
@@ -194,13 +199,13 @@ def load(
   """A run's checkpoint (`workdir`, at `step`, reading datasets from `data_dir` where given) or
   published weights (`init_from`, with `model` and the preprocessing arguments of
   `load_weights`): exactly one of the two."""
-  if (workdir is None) == (init_from is None):
+  if workdir is not None and init_from is None:
+    return load_run(workdir, step, use_ema=use_ema, data_dir=data_dir)
+  if workdir is not None or init_from is None:
     raise ValueError(
         'Give either --workdir=RUN or --init_from=WEIGHTS (hf-hub:ORG/NAME, or a '
         'file with --model=NAME).'
     )
-  if workdir is not None:
-    return load_run(workdir, step, use_ema=use_ema, data_dir=data_dir)
   weights = load_weights(
       init_from,
       model,
@@ -300,7 +305,10 @@ def predict(
         '(vit_jax.evaluate) or is fine-tuned (configs/finetune.py), but predicts no classes.'
     )
   top_k = min(top_k, len(run.class_names))
-  probabilities = jax.jit(lambda v, x: jax.nn.softmax(run.model.apply(v, x, train=False)))
+  # `apply` returns the output alone where no collection is mutable.
+  probabilities = jax.jit(
+      lambda v, x: jax.nn.softmax(cast(jax.Array, run.model.apply(v, x, train=False)))
+  )
 
   def classify(batch_paths, images):
     padded = np.zeros((batch_size,) + images[0].shape, np.float32)

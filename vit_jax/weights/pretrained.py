@@ -23,7 +23,7 @@ import dataclasses
 import json
 import math
 import os
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from absl import logging
 import flax
@@ -35,11 +35,12 @@ import ml_dtypes  # Names bfloat16 for NumPy: safetensors.numpy (>= 0.8) reads B
 import numpy as np
 from safetensors import numpy as safetensors_numpy
 
-from vit_jax.data import settings as data_settings
+from vit_jax.schema import data as data_settings
 from vit_jax.weights import checkpoint_formats
 from vit_jax.weights import hub
 from vit_jax import models
 from vit_jax.models import layouts
+from vit_jax.schema import setting
 from vit_jax.workdir import disk_writes
 from vit_jax.workdir import reader
 from vit_jax.workdir import shape_diff
@@ -72,15 +73,23 @@ _FOREIGN_LAYOUTS = (
 )
 
 
-def converting_family(model: nn.Module) -> models.Family:
-  """`model`'s registered family, which converts the PyTorch layout."""
+@dataclasses.dataclass(frozen=True)
+class TorchConverters:
+  """A family's `from_torch` and `to_torch` (`models.Family`), where it has both."""
+
+  from_torch: Callable[[models.StateDict], dict[str, dict]]
+  to_torch: Callable[[models.Variables], dict[str, np.ndarray]]
+
+
+def converting_family(model: nn.Module) -> TorchConverters:
+  """The converters of the PyTorch layout of `model`'s registered family."""
   family = models.family(model)
   if family.from_torch is None or family.to_torch is None:
     raise ValueError(
         f'{type(model).__name__} ({family.name}) has no from_torch/to_torch, so '
         'PyTorch-layout weights cannot be converted for it.'
     )
-  return family
+  return TorchConverters(family.from_torch, family.to_torch)
 
 
 def _family_name(model: nn.Module) -> str:
@@ -275,8 +284,9 @@ def _from_workdir(path: str, model: nn.Module, use_ema: bool) -> tuple[dict, str
   checkpoint_formats.check_finite(
       {'/'.join(k): v for k, v in flat.items()}, f'The checkpoint of step {saved.step} in {path!r}'
   )
-  name = run.config().model.name
-  fields = models.model_overrides(run.config().model)
+  model_section = run.required_config().model
+  name = model_section.name
+  fields = models.model_overrides(model_section)
   source = (
       f'Work directory {path!r} (model {name!r} with fields {fields}, step {saved.step}, '
       f'{"ema" if saved.ema else "raw"} weights)'
@@ -420,8 +430,8 @@ def head_classes(variables: Mapping[str, Any]) -> int:
 def describe_run(run: reader.Workdir, variables: Mapping[str, Any]) -> Exported:
   """What an export of `run`'s `variables` says of them: its model, fields, classes (those
   dataset.json records) and evaluation preprocessing."""
-  config = run.config()
-  transform = data_settings.EvalTransform.from_config(config)
+  config = run.required_config()
+  transform = setting.build(data_settings.EvalTransform, config)
   num_classes = head_classes(variables)
   recorded = run.dataset()
   names = tuple(recorded['class_names']) if recorded else None
