@@ -287,7 +287,7 @@ def test_mix_settings_from_config():
   labels = jax.nn.one_hot(jnp.arange(4), 10)
   rng = jax.random.PRNGKey(3)
   for ours, theirs in zip(
-      settings.mix(rng, images, labels),
+      mixing.mix(settings, rng, images, labels),
       mixing.mix_batch(
           rng,
           images,

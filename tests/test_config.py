@@ -4,6 +4,7 @@ Nothing here compiles or reads data: validation runs before either.
 """
 
 import dataclasses
+import importlib
 import os
 import re
 import subprocess
@@ -13,6 +14,7 @@ import jax
 import pytest
 
 from vit_jax.data import augment_spec
+from vit_jax import configs
 from vit_jax.configs import cait, common, deepvit, deit, regnet, sa_conv, t2t, vit
 from tests.tiny_runs import tiny_config
 from vit_jax.data import mixing
@@ -45,22 +47,18 @@ def _problems(config, devices=1, processes=1) -> list[str]:
   return raised.value.problems
 
 
+# Every family's quick default, then published sizes and recipes.
 FAMILY_CONFIGS = [
-    (vit, ''),
+    (importlib.import_module(f'vit_jax.configs.{name}'), '') for name in configs.family_configs()
+] + [
     (vit, 'variant=S/4,dataset=cifar10'),
     (vit, 'variant=B/16,dataset=imagenet2012'),
-    (deit, ''),
     (deit, 'distilled=false'),
-    (cait, ''),
-    (deepvit, ''),
     (deepvit, 'variant=32B,dataset=imagenet2012'),
     (deepvit, 'baseline=true'),
-    (t2t, ''),
     (t2t, 'variant=14,dataset=imagenet2012'),
-    (sa_conv, ''),
     (sa_conv, 'dataset=cifar10'),
     (sa_conv, 'attention=gaussian,heads=16,dataset=cifar10'),
-    (regnet, ''),
     (deit, 'teacher=regnety_160:/weights.pth'),
     # The DeiT recipe: repeated_aug=3 at batch 1024 (the copies of an example may span batches).
     (deit, 'variant=S,dataset=imagenet2012'),

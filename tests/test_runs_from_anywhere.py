@@ -11,6 +11,7 @@ import sys
 
 from conftest import copy_of_project
 import pytest
+from vit_jax import configs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_CAIT = [
@@ -93,5 +94,5 @@ def test_installed_project_trains_a_checkout_config_and_reports_from_another_dir
   table = json.loads((elsewhere / 'device_report.json').read_text())
   assert table['reduced']
   rows = {row['check'].split(' (')[0]: row for row in table['rows']}
-  for family in ('vit', 'deit', 'cait', 'deepvit', 't2t', 'sa_conv', 'regnet'):
+  for family in configs.family_configs():
     assert rows[f'{family} training']['ok'], rows[f'{family} training']

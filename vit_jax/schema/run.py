@@ -66,7 +66,8 @@ class Settings:
   eval_only: bool = setting(
       False,
       config_rules.boolean(),
-      "Only evaluate init_from (else --workdir's newest checkpoint) on eval_split.",
+      "Only evaluate init_from (else --workdir's newest checkpoint), as a run's final evaluation "
+      'does: the eval split, the test sets and the evaluators that are on.',
       resume=NOT_SAVED,
   )
   use_ema: bool = setting(
