@@ -250,7 +250,7 @@ def cudnn_candidates(queries: int, keys: int) -> dict[str, int | None]:
   candidates: dict[str, int | None] = {'unpadded': None}
   seen = {(queries, keys)}
   for multiple in (numerics.CUDNN_MASKED_MULTIPLE, numerics.CUDNN_UNMASKED_MULTIPLE):
-    padded = tuple(numerics.round_up(n, multiple) for n in (queries, keys))
+    padded = (numerics.round_up(queries, multiple), numerics.round_up(keys, multiple))
     if padded not in seen:
       seen.add(padded)
       candidates[f'x{multiple}'] = multiple

@@ -14,7 +14,7 @@ refusing clearly, and its XLA counterpart by equality with the default path.
 import dataclasses
 import re
 import traceback
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import jax
 from jax.sharding import AbstractMesh, AxisType
@@ -123,7 +123,7 @@ class StepProgram:
   """A jitted step and abstract (shape, dtype, sharding) arguments to lower it with."""
 
   name: str
-  function: Callable[..., Any]
+  function: jax.stages.Wrapped
   arguments: tuple[Any, ...]
 
 

@@ -62,9 +62,7 @@ def make_eval_step(
 
 
 @functools.cache
-def jitted_eval_step(
-    model: nn.Module, num_classes: int, mesh: Mesh
-) -> Callable[..., dict[str, jax.Array]]:
+def jitted_eval_step(model: nn.Module, num_classes: int, mesh: Mesh) -> jax.stages.Wrapped:
   """The top-1 eval step (`make_eval_step`) jitted for `mesh`, its sums replicated: one per model
   and mesh, compiled once."""
   return jax.jit(make_eval_step(model, num_classes), out_shardings=sharding.replicated(mesh))

@@ -164,7 +164,8 @@ def timm_architecture(architecture: str) -> str:
 def fields(name: str) -> list[str]:
   """The fields of model `name` that `create` accepts as overrides: its own, then those of the
   registered kind settings (`parts.register_settings`) that its `{part}_settings` fields hold."""
-  own = [f.name for f in dataclasses.fields(_entry(name)[1].func) if f.name not in _NOT_FIELDS]
+  model_class = _entry(name)[0].model_class
+  own = [f.name for f in dataclasses.fields(model_class) if f.name not in _NOT_FIELDS]
   return own + [
       field
       for field, settings in parts.kind_settings_fields().items()
@@ -172,10 +173,13 @@ def fields(name: str) -> list[str]:
   ]
 
 
-def _with_kind_settings(factory: functools.partial, overrides: dict[str, Any]) -> dict[str, Any]:
+def _with_kind_settings(
+    family_: Family, factory: functools.partial, overrides: dict[str, Any]
+) -> dict[str, Any]:
   """`overrides` with the fields of kind settings given by name put into their dataclass, over
-  the `{part}_settings` that the overrides or the registered model give (else its defaults)."""
-  own = {f.name for f in dataclasses.fields(factory.func)}
+  the `{part}_settings` that the overrides or the registered model (`factory`) give (else its
+  defaults)."""
+  own = {f.name for f in dataclasses.fields(family_.model_class)}
   by_settings: dict[type, dict[str, Any]] = {}
   for field, settings in parts.kind_settings_fields().items():
     if field in overrides and field not in own:
@@ -196,7 +200,7 @@ def create(name: str, **overrides: Any) -> 'nn.Module':
   """
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-  _, factory = _entry(name)
+  family_, factory = _entry(name)
   valid = fields(name)
   for key, value in overrides.items():
     if key not in valid:
@@ -206,7 +210,7 @@ def create(name: str, **overrides: Any) -> 'nn.Module':
       )
     if key in _DTYPE_FIELDS and isinstance(value, str):
       overrides[key] = jnp.dtype(value)
-  return factory(**_with_kind_settings(factory, overrides))
+  return factory(**_with_kind_settings(family_, factory, overrides))
 
 
 def _hashable(value: Any) -> Any:
@@ -253,7 +257,7 @@ def section_problems(model: Mapping[str, Any], prefix: str) -> list[str]:
   """What is wrong with a config's `model` section, as one problem naming the field (`prefix`
   before it, e.g. '--config.'): an unknown name or override, or a field its model refuses
   (`check_fields`); [] when nothing is."""
-  name = model.get('name')
+  name: Any = model.get('name')  # A config's value, whatever was typed: create refuses a non-name.
   try:
     create(name, num_classes=1, **model_overrides(model)).check_fields()
   except (ValueError, TypeError) as e:

@@ -32,7 +32,7 @@ from the model, free of JAX, so that reading a config file imports neither.
 """
 
 import dataclasses
-from typing import Any, Callable, ClassVar, Protocol
+from typing import Any, Callable, ClassVar, Protocol, TypeVar
 
 from vit_jax import extensions
 
@@ -109,12 +109,16 @@ class KindSettings(Protocol):
   """A part kind's own settings: a frozen dataclass whose `part` names the part it belongs to."""
 
   part: ClassVar[str]
+  __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
 
-_SETTINGS: list[type] = []
+KindSettingsT = TypeVar('KindSettingsT', bound=KindSettings)
+_SETTINGS: list[type[KindSettings]] = []
 
 
-def register_settings(settings: type, *, part: str | None = None) -> type:
+def register_settings(
+    settings: type[KindSettingsT], *, part: str | None = None
+) -> type[KindSettingsT]:
   """Makes the fields of `settings`, a kind's frozen dataclass, `--config.model.FIELD=` of every
   config and `models.create(..., FIELD=...)` overrides; ValueError for a dataclass that is not
   frozen, names no part with settings (or not `part`, the part of the kind it comes with), or
@@ -145,7 +149,7 @@ def register_settings(settings: type, *, part: str | None = None) -> type:
   return settings
 
 
-def kind_settings() -> tuple[type, ...]:
+def kind_settings() -> tuple[type[KindSettings], ...]:
   """Every registered kind settings dataclass (`register_settings`), in registration order."""
   return tuple(_SETTINGS)
 
@@ -155,7 +159,7 @@ def settings_field(part: str) -> str:
   return f'{part}_settings'
 
 
-def kind_settings_fields() -> dict[str, type]:
+def kind_settings_fields() -> dict[str, type[KindSettings]]:
   """Each field of a registered kind's settings -> the dataclass that declares it."""
   return {field.name: settings for settings in _SETTINGS for field in dataclasses.fields(settings)}
 

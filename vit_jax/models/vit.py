@@ -20,7 +20,7 @@ renames (`layouts.variables_from_torch`, `layouts.variables_to_torch`).
 import functools
 import itertools
 import re
-from typing import Any, Mapping, Sequence, TypeVar
+from typing import Any, Mapping, Sequence
 
 import flax.linen as nn
 import jax
@@ -41,7 +41,6 @@ from vit_jax.models import stems
 # blocks take the class token after the patch blocks (CaiT Section 3).
 CLASS_STAGES = ('token', 'class_attention')
 INFERENCE_MODES = ('average_logits', 'sum_softmax')
-KindSettingsT = TypeVar('KindSettingsT', bound=parts.KindSettings)
 
 
 GLOBAL_POOLS = ('token', 'avg', 'map')
@@ -201,7 +200,7 @@ class VisionTransformer(nn.Module, parts.Parts):
       return self.mlp_dim
     return int((self.mlp_ratio or self.default_mlp_ratio) * self.hidden_size)
 
-  def kind_settings(self, settings: type[KindSettingsT]) -> KindSettingsT:
+  def kind_settings(self, settings: type[parts.KindSettingsT]) -> parts.KindSettingsT:
     """The own settings of type `settings` (a registered kind settings dataclass) of the chosen kind
     of `settings.part`: the model's `{part}_settings`, or the dataclass' defaults when unset."""
     field = parts.settings_field(settings.part)

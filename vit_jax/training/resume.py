@@ -205,8 +205,8 @@ def carry_over(
   state in order. The EMA is kept, started from the current variables, or dropped.
   """
   opt_leaves = jax.tree.leaves(state.opt_state)
-  opt_structure = jax.tree.structure(abstract_state.opt_state)
-  if opt_structure.num_leaves != len(opt_leaves):  # plan() compared every shape: cannot happen.
+  abstract_leaves, opt_structure = jax.tree.flatten(abstract_state.opt_state)
+  if len(abstract_leaves) != len(opt_leaves):  # plan() compared every shape: cannot happen.
     raise IncompatibleCheckpoint('The saved optimizer state does not fit this optimizer.')
   state = state.replace(opt_state=jax.tree.unflatten(opt_structure, opt_leaves))
   if not ema:
