@@ -67,7 +67,9 @@ def test_init_from_teacher_and_analysis_read_the_ema(run, tmp_path):
       rng=steps.init_rngs(config.seed)[0],
   )  # As fine-tuning reads it.
   assert_trees_close(pretrained['params'], state['ema']['params'], atol=1e-7)
-  read = lambda c: teacher.load(setting.build_unless_off(step_settings.TeacherSettings, c), 10).variables['params']
+  read = lambda c: teacher.load(
+      setting.build_unless_off(step_settings.TeacherSettings, c), 10
+  ).variables['params']
   config.distillation.type, config.distillation.teacher = 'hard', workdir
   assert_trees_close(read(config), state['ema']['params'], atol=0)
   config.use_ema = False

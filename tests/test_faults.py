@@ -101,7 +101,9 @@ CORRUPTIONS = {
 
 
 def _abstract_state(config):
-  return jax.eval_shape(start_lib.for_run(setting.build(run_settings.Settings, config), 10, lambda _: 1e-3).init)
+  return jax.eval_shape(
+      start_lib.for_run(setting.build(run_settings.Settings, config), 10, lambda _: 1e-3).init
+  )
 
 
 @pytest.mark.parametrize('kind', CORRUPTIONS)
@@ -165,9 +167,7 @@ def test_readers_of_a_run_skip_an_unreadable_checkpoint_and_move_nothing(
   shutil.copytree(checkpointed_run, workdir)
   _truncate(os.path.join(workdir, 'checkpoints', str(STEPS[-1])))
   before = _files(workdir)
-  step = (
-      reader.Workdir(workdir).read_variables().step
-  )  # What analysis, teachers, init_from read.
+  step = reader.Workdir(workdir).read_variables().step  # What analysis, teachers, init_from read.
   assert step == STEPS[-2]
   assert _files(workdir) == before
 
@@ -562,6 +562,4 @@ def test_a_checkpoint_whose_bytes_changed_after_saving_is_never_read_as_good(
     assert run.read_variables().step == STEPS[-2]
   assert 'changed or damaged since' in caplog.text
   train.train_and_evaluate(checkpointed_config(data_dir, total_steps=STEPS[-1]), workdir)
-  assert os.listdir(os.path.join(workdir, run_files.UNREADABLE_DIR))[0].startswith(
-      f'{STEPS[-1]}.'
-  )
+  assert os.listdir(os.path.join(workdir, run_files.UNREADABLE_DIR))[0].startswith(f'{STEPS[-1]}.')

@@ -264,9 +264,7 @@ def test_fsdp_8_trains_like_fsdp_1(trained, name):
     assert max_difference(state_1[part], state_8[part]) <= TOLERANCE, part
   # Training moved the parameters, so the agreement is not that of two idle models.
   assert (
-      max_difference(
-          state_1['params'], reader.Workdir(replicated).read_state(MIDDLE)['params']
-      )
+      max_difference(state_1['params'], reader.Workdir(replicated).read_state(MIDDLE)['params'])
       > 1e-3
   )
 

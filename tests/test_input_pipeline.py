@@ -228,7 +228,9 @@ def test_train_epoch_of_each_process_is_its_own_split(data_dir):
   for process in range(3):
     batch = next(
         input_pipeline.train_iterator(
-            setting.build(data_settings.DataSettings, config), process_index=process, process_count=3
+            setting.build(data_settings.DataSettings, config),
+            process_index=process,
+            process_count=3,
         )
     )
     assert batch['image'].shape == (479, 8, 8, 3)

@@ -178,7 +178,9 @@ def test_each_update_is_scaled_by_its_layers_factor(optimizer):
 
   def first_update(decay):
     config.layer_decay = decay
-    tx = optim.create_optimizer(setting.build(optim_settings.OptimizerSettings, config), lambda _: 1e-2, model)
+    tx = optim.create_optimizer(
+        setting.build(optim_settings.OptimizerSettings, config), lambda _: 1e-2, model
+    )
     updates, _ = jax.jit(tx.update)(grads, tx.init(params), params)
     return updates
 
@@ -213,7 +215,9 @@ def test_every_family_trains_two_steps_with_layer_decay(family):
   depth = 'num_layers' if family == 'sa_conv' else 'depth'
   config.model[depth] = 2
   model = models.create_model(config, 10)
-  tx = optim.create_optimizer(setting.build(optim_settings.OptimizerSettings, config), lambda _: 1e-3, model)
+  tx = optim.create_optimizer(
+      setting.build(optim_settings.OptimizerSettings, config), lambda _: 1e-3, model
+  )
   state = steps.init_state(model, tx, steps.init_rngs(0), image_size=config.image_size, ema=False)
   factors = jax.tree.leaves(optim.layer_decay_scales(model, state.params, 0.75))
   assert {float(f) for f in np.concatenate([np.ravel(f) for f in factors])} == {

@@ -335,8 +335,8 @@ def test_an_eval_set_with_other_class_names_is_refused_before_anything_compiles(
 
 def test_an_eval_set_with_the_models_class_names_is_accepted(data_dir, tmp_path):
   images = _digit_folder(tmp_path / 'images', [str(i) for i in range(10)])
-  settings = setting.build(run_settings.Settings, 
-      tiny_runs.tiny_config(data_dir, eval_sets=(f'folder:{images}:test',))
+  settings = setting.build(
+      run_settings.Settings, tiny_runs.tiny_config(data_dir, eval_sets=(f'folder:{images}:test',))
   )
   names = tuple(str(i) for i in range(10))
   (checked,) = eval_sets.checked(
@@ -348,8 +348,8 @@ def test_an_eval_set_with_the_models_class_names_is_accepted(data_dir, tmp_path)
 def test_weights_names_for_classes_are_not_compared(data_dir, tmp_path):
   """Weights name their classes in their own words (Hub label names), not as datasets do."""
   images = _digit_folder(tmp_path / 'images', [f'digit {i}' for i in range(10)])
-  settings = setting.build(run_settings.Settings, 
-      tiny_runs.tiny_config(data_dir, eval_sets=(f'folder:{images}:test',))
+  settings = setting.build(
+      run_settings.Settings, tiny_runs.tiny_config(data_dir, eval_sets=(f'folder:{images}:test',))
   )
   assert eval_sets.checked(settings.eval_sets, settings.data, num_classes=10)
 

@@ -59,7 +59,12 @@ def test_mixed_targets_follow_the_pixels_within_each_group(kind):
   batch, groups = _batch(16), 2
   out = jax.device_get(
       steps.training_batch(
-          jax.random.key(3), batch, setting.build_unless_off(data_settings.MixSettings, config), 0.1, 10, groups
+          jax.random.key(3),
+          batch,
+          setting.build_unless_off(data_settings.MixSettings, config),
+          0.1,
+          10,
+          groups,
       )
   )
   images, labels = np.asarray(batch['image']), np.asarray(batch['label'])
@@ -116,10 +121,14 @@ def test_train_step_learns_from_the_mixed_batch(monkeypatch):
   monkeypatch.setattr(steps, 'training_batch', fixed)
   batch = _batch(32)
   step = jax.jit(
-      steps.make_train_step(model, tx, setting.build(step_settings.StepSettings, config), 10, mix_groups=2)
+      steps.make_train_step(
+          model, tx, setting.build(step_settings.StepSettings, config), 10, mix_groups=2
+      )
   )
   _, metrics = step(state, batch)
-  used = jax.device_get(fixed(None, batch, setting.build_unless_off(data_settings.MixSettings, config), 0.1, 10, 2))
+  used = jax.device_get(
+      fixed(None, batch, setting.build_unless_off(data_settings.MixSettings, config), 0.1, 10, 2)
+  )
   assert not np.allclose(used['targets'].max(-1), 0.91)  # Soft targets, not smoothed one-hots.
   # Some mixed images are dominated by their partner's class: the label scored is that class.
   assert np.any(used['label'] != np.asarray(batch['label']))
@@ -149,7 +158,9 @@ def test_four_micro_batches_equal_one_big_batch(mixing):
     start = start_lib.for_run(setting.build(run_settings.Settings, config), 10, lambda _: 1e-3)
     model, tx = start.model, start.tx
     state = start.init()
-    step = jax.jit(steps.make_train_step(model, tx, setting.build(step_settings.StepSettings, config), 10))
+    step = jax.jit(
+        steps.make_train_step(model, tx, setting.build(step_settings.StepSettings, config), 10)
+    )
     for seed in range(2):
       state, metrics = step(state, _batch(32, seed))
     results.append((jax.device_get(state.params), float(metrics['loss'])))
@@ -190,7 +201,9 @@ def test_ema_follows_the_parameters():
   model, tx = start.model, start.tx
   state = start.init()
   assert_trees_close(state.ema['params'], state.params, atol=0)
-  step = jax.jit(steps.make_train_step(model, tx, setting.build(step_settings.StepSettings, config), 10))
+  step = jax.jit(
+      steps.make_train_step(model, tx, setting.build(step_settings.StepSettings, config), 10)
+  )
   expected = state.params
   for seed in range(3):
     state, _ = step(state, _batch(32, seed))
@@ -316,7 +329,9 @@ def test_deit_recipe(variant, distilled, tmp_path):
           image_size=224,
       ),
   )
-  assert optim.peak_learning_rate(setting.build(optim_settings.ScheduleSettings, config)) == pytest.approx(
+  assert optim.peak_learning_rate(
+      setting.build(optim_settings.ScheduleSettings, config)
+  ) == pytest.approx(
       1e-3
   )  # 5e-4 × 1024 / 512.
   assert config.model.drop_path_rate == 0.1
@@ -325,7 +340,9 @@ def test_deit_recipe(variant, distilled, tmp_path):
   assert config.model.name == f'deit_{variant.lower()}16' + ('_distilled' if distilled else '')
   assert config.distillation.type == ('hard' if distilled else 'none')
   # An epoch is the dataset once, however many repeats a batch holds.
-  total, warmup = optim.training_steps(setting.build(optim_settings.ScheduleSettings, config), IMAGENET_TRAIN)
+  total, warmup = optim.training_steps(
+      setting.build(optim_settings.ScheduleSettings, config), IMAGENET_TRAIN
+  )
   assert (total, warmup) == (
       math.ceil(300 * IMAGENET_TRAIN / 1024),
       math.ceil(5 * IMAGENET_TRAIN / 1024),
@@ -386,7 +403,9 @@ def test_t2t_vit_14_recipe():
   config = t2t_config.get_config('variant=14,dataset=imagenet2012')
   _check_fields(config, DEIT_RECIPE)
   _check_fields(config, dict(batch_size=512, repeated_aug=1, num_epochs=300, warmup_epochs=10))
-  assert optim.peak_learning_rate(setting.build(optim_settings.ScheduleSettings, config)) == pytest.approx(5e-4)
+  assert optim.peak_learning_rate(
+      setting.build(optim_settings.ScheduleSettings, config)
+  ) == pytest.approx(5e-4)
   assert config.model.name == 't2t_vit_14' and config.model.drop_path_rate == 0.1
 
 
@@ -396,7 +415,9 @@ def test_t2t_vit_14_recipe():
 )
 def test_t2t_vit_sizes_follow_the_official_commands(variant, lr, weight_decay):
   config = t2t_config.get_config(f'variant={variant},dataset=imagenet2012')
-  assert optim.peak_learning_rate(setting.build(optim_settings.ScheduleSettings, config)) == pytest.approx(lr)
+  assert optim.peak_learning_rate(
+      setting.build(optim_settings.ScheduleSettings, config)
+  ) == pytest.approx(lr)
   _check_fields(config, dict(weight_decay=weight_decay, eval_crop_ratio=0.9, batch_size=512))
 
 
@@ -427,7 +448,9 @@ def test_sa_conv_cifar10_recipe(attention):
           dtype='float32',
       ),
   )
-  total, warmup = optim.training_steps(setting.build(optim_settings.ScheduleSettings, config), 50_000)
+  total, warmup = optim.training_steps(
+      setting.build(optim_settings.ScheduleSettings, config), 50_000
+  )
   assert (total, warmup) == (150_000, 7_500)  # 5 % linear warm-up.
   model = models.create(config.model.name, num_classes=10)
   params = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 32, 32, 3)))['params']

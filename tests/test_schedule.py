@@ -75,7 +75,9 @@ def test_runs_of_any_length_share_one_compiled_train_step():
   lowered = []
   for total, warmup, base_lr in ((4, 1, 1e-3), (100, 10, 3e-3)):
     schedule = optim.learning_rate_schedule(
-        optim_settings.ScheduleSettings(**{**vars(settings.schedule), 'base_lr': base_lr}), total, warmup
+        optim_settings.ScheduleSettings(**{**vars(settings.schedule), 'base_lr': base_lr}),
+        total,
+        warmup,
     )
     start = start_lib.for_run(settings, 10, schedule)
     state = jax.eval_shape(start.init)
