@@ -122,7 +122,7 @@ export TF_CPP_MIN_LOG_LEVEL=2
 # One task per GPU; every task sees the node's GPUs and JAX keeps the one of its SLURM_LOCALID.
 status=0
 srun --kill-on-bad-exit=1 $(quote "${train[@]}") || status=\$?
-# 75: interrupted after saving a checkpoint (vit_jax.exits.EXIT_PREEMPTED): run again.
+# 75: interrupted after saving a checkpoint (vit_jax.process.exits.EXIT_PREEMPTED): run again.
 if [[ \$status -eq 75 ]]; then scontrol requeue "\$SLURM_JOB_ID"; fi
 exit \$status
 EOF

@@ -11,7 +11,7 @@ import tempfile
 
 import pytest
 
-from vit_jax import runtime
+from vit_jax.process import runtime
 
 # Tracing JAX programs allocates objects by the million: at Python's default threshold (700) the
 # garbage collector runs thousands of times a test module, each time walking every object that the
@@ -295,7 +295,7 @@ def checkpointed_run(data_dir, tmp_path_factory) -> str:
   `tiny_runs.CHECKPOINTED_STEPS`. Shared by the session: a test that writes to it (resumes,
   corrupts, analyses) works on a copy (`shutil.copytree`)."""
   from tests import tiny_runs  # pylint: disable=g-import-not-at-top
-  from vit_jax.training import train  # pylint: disable=g-import-not-at-top
+  from vit_jax.loop import train  # pylint: disable=g-import-not-at-top
 
   workdir = str(tmp_path_factory.mktemp('checkpointed_run') / 'run')
   train.train_and_evaluate(tiny_runs.checkpointed_config(data_dir), workdir)

@@ -12,7 +12,7 @@ import pytest
 from vit_jax.configs import ablations
 from vit_jax.analysis import ablation
 from vit_jax.training import run_sequence
-from vit_jax.training import train
+from vit_jax.loop import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

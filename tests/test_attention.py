@@ -8,7 +8,7 @@ import pytest
 from vit_jax import models
 from vit_jax.models import attention
 from vit_jax.models import numerics
-from vit_jax.models import parts
+from vit_jax.schema import parts
 
 B, N, D, H = 2, 6, 12, 3
 HD = D // H

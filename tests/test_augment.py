@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from vit_jax.data import augment_spec
+from vit_jax.schema import augment_spec
 from vit_jax.configs import common
 from vit_jax.data import augment
 from vit_jax.data import mixing

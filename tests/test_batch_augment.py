@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax.data import augment_spec
+from vit_jax.schema import augment_spec
 from vit_jax.data import batch_augment
-from vit_jax.data import normalization
+from vit_jax.schema import normalization
 from vit_jax.schema import setting
 from vit_jax.schema import step as step_settings
 
@@ -152,7 +152,7 @@ def test_the_training_step_augments_the_hosts_batch(data_dir):
   from vit_jax.configs import common  # pylint: disable=g-import-not-at-top
   from vit_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
   from vit_jax.schema import data as data_settings  # pylint: disable=g-import-not-at-top
-  from vit_jax.training import setup  # pylint: disable=g-import-not-at-top
+  from vit_jax.loop import setup  # pylint: disable=g-import-not-at-top
   from vit_jax.training import steps  # pylint: disable=g-import-not-at-top
 
   config = common.get_config()
@@ -190,7 +190,7 @@ def test_a_run_augmenting_on_device_resumes_exactly(data_dir, tmp_path, monkeypa
   from tests.tiny_runs import assert_trees_close  # pylint: disable=g-import-not-at-top
   from tests.tiny_runs import tiny_config  # pylint: disable=g-import-not-at-top
   from tests.tiny_runs import train_with_preemption  # pylint: disable=g-import-not-at-top
-  from vit_jax.training import train  # pylint: disable=g-import-not-at-top
+  from vit_jax.loop import train  # pylint: disable=g-import-not-at-top
   from vit_jax.workdir import reader  # pylint: disable=g-import-not-at-top
 
   config = tiny_config(

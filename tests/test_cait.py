@@ -9,7 +9,7 @@ import pytest
 
 from vit_jax import models
 from vit_jax.models import cait
-from vit_jax.models import parts
+from vit_jax.schema import parts
 
 TINY = dict(num_classes=5, patch_size=4, hidden_size=24, depth=2, num_heads=4)
 

@@ -4,9 +4,9 @@ reader that stops reading its output (`| head`) ends it quietly with 141, never 
 import subprocess
 import sys
 
-from vit_jax import exits
+from vit_jax.process import exits
 
-_RUN = 'import sys; from vit_jax import runtime; runtime.run({main})'
+_RUN = 'import sys; from vit_jax.process import runtime; runtime.run({main})'
 
 
 def _command(code: str, *, read_output: bool = True) -> tuple[int, str]:

@@ -16,11 +16,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMANDS = command_modules.names()
 ABSL_MODULES = {'absl.app', 'absl.logging', 'absl.flags'}
 SHARED_FLAG_MODULES = {
-    'main': {'vit_jax.extensions'},
-    'evaluate': {'vit_jax.weights.source_flags', 'vit_jax.extensions'},
-    'predict': {'vit_jax.weights.source_flags', 'vit_jax.extensions'},
-    'export': {'vit_jax.extensions'},
-    'analyze': {'vit_jax.weights.source_flags', 'vit_jax.extensions'},
+    'main': {'vit_jax.process.extensions'},
+    'evaluate': {'vit_jax.weights.source_flags', 'vit_jax.process.extensions'},
+    'predict': {'vit_jax.weights.source_flags', 'vit_jax.process.extensions'},
+    'export': {'vit_jax.process.extensions'},
+    'analyze': {'vit_jax.weights.source_flags', 'vit_jax.process.extensions'},
 }
 HEAVY = ('tensorflow', 'jax', 'torch')
 # Runs a command as `python -m` does, asks for --helpfull, then names the heavy libraries loaded.

@@ -1,4 +1,4 @@
-"""The one validation pass (vit_jax.config_checks): every field range-checked, every bad one listed.
+"""The one validation pass (vit_jax.schema.checks): every field range-checked, every bad one listed.
 
 Nothing here compiles or reads data: validation runs before either.
 """
@@ -13,16 +13,16 @@ import sys
 import jax
 import pytest
 
-from vit_jax.data import augment_spec
+from vit_jax.schema import augment_spec
 from vit_jax import configs
 from vit_jax.configs import cait, common, deepvit, deit, regnet, sa_conv, t2t, vit
 from tests.tiny_runs import tiny_config
 from vit_jax.data import mixing
-from vit_jax import config as config_lib
-from vit_jax import config_checks
-from vit_jax import config_rules
+from vit_jax.schema import config as config_lib
+from vit_jax.schema import checks as config_checks
+from vit_jax.schema import rules as config_rules
 from vit_jax import models
-from vit_jax.training import setup
+from vit_jax.loop import setup
 from vit_jax.schema import data as data_settings
 from vit_jax.schema import setting
 from vit_jax.schema import run as run_settings
@@ -397,7 +397,10 @@ def test_unknown_and_missing_fields_are_named():
     config.mixprob = 0.5
   problems = _problems(config)
   assert problems[0].startswith("--config.mixprob=0.5: not a known field; valid fields: ['augment'")
-  assert problems[1] == '--config.mix_prob: missing; every config needs it (see vit_jax/config.py).'
+  assert (
+      problems[1]
+      == '--config.mix_prob: missing; every config needs it (python -m vit_jax.config lists them).'
+  )
 
 
 def test_typed_settings_read_the_config_once():
@@ -453,7 +456,7 @@ def test_unset_evaluator_fields_take_the_evaluators_own_defaults():
   """The schema lists which evaluator fields the command line sets; their values stay the
   evaluators' own until set, and the loop runs no evaluator unless asked."""
   from vit_jax import evaluators  # pylint: disable=g-import-not-at-top
-  from vit_jax.training import train  # pylint: disable=g-import-not-at-top
+  from vit_jax.loop import train  # pylint: disable=g-import-not-at-top
 
   config = _config()
   for name, settings in config.evaluators.items():
@@ -494,7 +497,7 @@ def test_a_part_kinds_own_settings_are_set_by_name_and_reach_its_module():
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from vit_jax.models import attention  # pylint: disable=g-import-not-at-top
-  from vit_jax.models import parts  # pylint: disable=g-import-not-at-top
+  from vit_jax.schema import parts  # pylint: disable=g-import-not-at-top
 
   plain = models.create_model(vit.get_config(), 10)
   assert (plain.stem_settings, plain.attention_settings) == (None, None)

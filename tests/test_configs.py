@@ -9,9 +9,9 @@ import pytest
 
 from vit_jax import configs
 from vit_jax import models
-from vit_jax.training import setup
-from vit_jax import runtime
-from vit_jax.training import train
+from vit_jax.loop import setup
+from vit_jax.process import runtime
+from vit_jax.loop import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = configs.family_configs()

@@ -11,7 +11,7 @@ from scipy import special
 
 from vit_jax import models
 from vit_jax.models import deepvit
-from vit_jax.models import parts
+from vit_jax.schema import parts
 
 D, H, CLASSES = 24, 4, 5
 # Block 0 plain attention, blocks 1-2 Re-attention; CNN stem; 16x16 images -> 4x4 tokens.

@@ -15,9 +15,9 @@ import tensorflow as tf
 
 from vit_jax.data import augment
 from vit_jax.data import mixing
-from vit_jax import config as config_lib
-from vit_jax import config_checks
-from vit_jax.training import setup
+from vit_jax.schema import config as config_lib
+from vit_jax.schema import checks as config_checks
+from vit_jax.loop import setup
 from vit_jax.data import input_pipeline
 from vit_jax.schema import data as data_settings
 from vit_jax.data import image_ops

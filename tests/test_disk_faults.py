@@ -17,7 +17,7 @@ import pytest
 
 from tests.tiny_runs import tiny_config
 from tests.tiny_runs import mounted_tmpfs
-from vit_jax.training import train
+from vit_jax.loop import train
 from vit_jax.training import run_writer
 from vit_jax.workdir import disk_writes
 from vit_jax.workdir import reader

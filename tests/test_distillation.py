@@ -7,7 +7,7 @@ import pytest
 
 from tests.tiny_runs import tiny_config
 from vit_jax.training import steps
-from vit_jax.training import train
+from vit_jax.loop import train
 
 
 def reference_loss(cls_logits, dist_logits, targets, teacher_logits, kind, alpha, tau):

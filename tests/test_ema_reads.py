@@ -12,7 +12,7 @@ from vit_jax.weights import inference
 from vit_jax.weights import pretrained as pretrained_lib
 from vit_jax.training import steps
 from vit_jax.training import teacher
-from vit_jax.training import train
+from vit_jax.loop import train
 from vit_jax.schema import setting
 from vit_jax.schema import step as step_settings
 from vit_jax.workdir import reader

@@ -16,13 +16,13 @@ import tensorflow_datasets as tfds
 
 from tests import tiny_runs
 from vit_jax.configs import common
-from vit_jax import config_checks
+from vit_jax.schema import checks as config_checks
 from vit_jax import models
-from vit_jax.training import setup
+from vit_jax.loop import setup
 from vit_jax.evaluators import eval_sets
 from vit_jax.evaluators import passes
 from vit_jax.schema import data as data_settings
-from vit_jax.training import train
+from vit_jax.loop import train
 from vit_jax.schema import setting
 from vit_jax.workdir import reader
 

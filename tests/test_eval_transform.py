@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from vit_jax.data import normalization
+from vit_jax.schema import normalization
 from vit_jax.data import input_pipeline
 from vit_jax.schema import data as data_settings
 from vit_jax.data import image_ops

@@ -15,7 +15,7 @@ import pytest
 from scipy import special
 import tensorflow as tf
 
-from vit_jax import config as config_lib
+from vit_jax.schema import config as config_lib
 from vit_jax import evaluators
 from vit_jax import models
 from vit_jax.data import input_pipeline

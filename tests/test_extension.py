@@ -19,18 +19,18 @@ import jax
 import numpy as np
 import pytest
 
-from vit_jax import config as config_lib
+from vit_jax.schema import config as config_lib
 from vit_jax import evaluators
-from vit_jax import extensions
+from vit_jax.process import extensions
 from vit_jax import models
 from vit_jax.analysis import maps
 from vit_jax.analysis import rollout
 from vit_jax.models import attention
-from vit_jax.models import parts
+from vit_jax.schema import parts
 from vit_jax.models import stems
 from vit_jax.schema import evaluators as evaluator_settings
 from vit_jax.training import optim
-from vit_jax.training import train
+from vit_jax.loop import train
 from vit_jax.workdir import reader
 from vit_jax.workdir import run_files
 

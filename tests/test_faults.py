@@ -28,7 +28,7 @@ from tests.tiny_runs import tiny_config
 from vit_jax.data import input_pipeline
 from vit_jax.schema import data as data_settings
 from vit_jax.data import sources
-from vit_jax.training import train
+from vit_jax.loop import train
 from vit_jax.training import run_writer
 from vit_jax.data import folder
 from vit_jax.schema import setting

@@ -78,7 +78,7 @@ CASES = {
 _PARSE = """
 import json, runpy, sys
 from absl import flags
-from vit_jax import runtime
+from vit_jax.process import runtime
 command, required, cases = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
 runpy.run_module(f'vit_jax.{command}', run_name='command')
 modules = flags.FLAGS.flags_by_module_dict()

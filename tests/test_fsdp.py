@@ -21,7 +21,7 @@ from tests.tiny_runs import final_params, tiny_config
 from vit_jax import models
 from vit_jax.weights import pretrained
 from vit_jax.parallel import sharding
-from vit_jax.training import train
+from vit_jax.loop import train
 from vit_jax.workdir import reader
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -135,7 +135,7 @@ os.environ['TF_CPP_MIN_LOG_LEVEL'] = '2'
 sys.path.insert(0, {repo!r})
 import jax
 from tests.tiny_runs import tiny_config
-from vit_jax.training import train
+from vit_jax.loop import train
 assert jax.device_count() == 8
 workdirs = {{}}
 for run in json.loads({runs!r}):

@@ -16,17 +16,17 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vit_jax.data import normalization
+from vit_jax.schema import normalization
 from vit_jax.data import input_pipeline
 from vit_jax.schema import data as data_settings
 from vit_jax.weights import hub
 from vit_jax.weights import inference
-from vit_jax import config_checks
-from vit_jax.training import setup
+from vit_jax.schema import checks as config_checks
+from vit_jax.loop import setup
 from vit_jax import models
 from vit_jax.weights import pretrained
 from vit_jax.training import teacher as teacher_lib
-from vit_jax.training import train
+from vit_jax.loop import train
 from vit_jax.models import vit
 from vit_jax.configs import common
 from vit_jax.configs import finetune

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from vit_jax.data import normalization
+from vit_jax.schema import normalization
 from vit_jax.configs import common
 from vit_jax.data import input_pipeline
 from vit_jax.schema import data as data_settings

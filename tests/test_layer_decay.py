@@ -15,13 +15,13 @@ import pytest
 from vit_jax import configs
 from vit_jax.configs import common
 from tests.tiny_runs import tiny_config
-from vit_jax import config as config_lib
-from vit_jax import config_checks
-from vit_jax.training import setup
+from vit_jax.schema import config as config_lib
+from vit_jax.schema import checks as config_checks
+from vit_jax.loop import setup
 from vit_jax import models
 from vit_jax.training import optim
 from vit_jax.training import steps
-from vit_jax.training import train
+from vit_jax.loop import train
 from vit_jax.schema import setting
 from vit_jax.schema import step as step_settings
 from vit_jax.schema import optim as optim_settings

@@ -6,37 +6,17 @@ import ast
 import functools
 import pathlib
 
+import vit_jax
+
 from tests import command_modules
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / 'vit_jax'
 
-# Bottom to top: a module may import its own layer and those below. A module's layer is that of
-# the longest name here that is it or a package holding it.
-LAYERS = (
-    (
-        'foundations',
-        (
-            'vit_jax.runtime',
-            'vit_jax.exits',
-            'vit_jax.extensions',
-            'vit_jax.data.dataset_names',
-            'vit_jax.data.normalization',
-            'vit_jax.data.augment_spec',
-            'vit_jax.data.eval_set_names',
-            'vit_jax.models.parts',
-        ),
-    ),
-    ('config rules', ('vit_jax.config_rules',)),
-    ('config', ('vit_jax.config', 'vit_jax.config_checks', 'vit_jax.schema')),
-    ('library', ('vit_jax.data', 'vit_jax.models', 'vit_jax.parallel', 'vit_jax.workdir')),
-    ('weights', ('vit_jax.weights',)),
-    ('configs', ('vit_jax.configs',)),
-    ('training pieces', ('vit_jax.training',)),
-    ('evaluation', ('vit_jax.evaluators',)),
-    ('the loop', ('vit_jax.training.train', 'vit_jax.training.setup')),
-    ('above the loop', ('vit_jax.analysis', 'vit_jax.benchmarks')),
-    ('commands', tuple(f'vit_jax.{name}' for name in command_modules.names())),
+# The layers as the package declares them, bottom to top, then the commands at its top.
+LAYERS = tuple(
+    ('/'.join(packages), tuple(f'vit_jax.{p}' for p in packages)) for packages in vit_jax.LAYERS
 )
+COMMANDS = len(LAYERS)
 
 
 @functools.cache
@@ -79,15 +59,19 @@ def _imports() -> dict[str, frozenset[str]]:
 
 
 def _layer(module: str) -> int | None:
-  """The index in LAYERS of `module`'s layer; None where none names it."""
-  best = None
-  for index, (_, names) in enumerate(LAYERS):
-    for name in names:
-      if (module == name or module.startswith(name + '.')) and (
-          best is None or len(name) > len(best[1])
-      ):
-        best = (index, name)
-  return None if best is None else best[0]
+  """The index in LAYERS of `module`'s package (COMMANDS for a module at the top of vit_jax/);
+  None for a package LAYERS does not name."""
+  parts = module.split('.')
+  if len(parts) == 2 and (PACKAGE / f'{parts[1]}.py').is_file():
+    return COMMANDS
+  for index, (_, packages) in enumerate(LAYERS):
+    if '.'.join(parts[:2]) in packages:
+      return index
+  return None
+
+
+def _name(layer: int) -> str:
+  return 'commands' if layer == COMMANDS else LAYERS[layer][0]
 
 
 def _graph() -> dict[str, frozenset[str]]:
@@ -97,13 +81,13 @@ def _graph() -> dict[str, frozenset[str]]:
 
 def test_every_module_has_a_layer():
   unplaced = sorted(m for m in _modules() if m != 'vit_jax' and _layer(m) is None)
-  assert not unplaced, f'add these modules to a layer of LAYERS: {unplaced}'
+  assert not unplaced, f'add their packages to vit_jax.LAYERS: {unplaced}'
 
 
 def _upward(graph: dict[str, frozenset[str]]) -> list[str]:
   """Each import of a module of a higher layer, in words."""
   return sorted(
-      f'{m} ({LAYERS[_layer(m)][0]}) imports {i} ({LAYERS[_layer(i)][0]})'
+      f'{m} ({_name(_layer(m))}) imports {i} ({_name(_layer(i))})'
       for m, imported in graph.items()
       if _layer(m) is not None
       for i in imported
@@ -145,14 +129,21 @@ def test_the_imports_have_no_cycle():
 def test_the_checks_find_an_upward_import_and_a_cycle():
   """The checks on made-up graphs, and the reader on imports inside functions."""
   made_up = {
-      'vit_jax.models.vit': {'vit_jax.training.train'},
-      'vit_jax.training.train': {'vit_jax.models.vit'},
+      'vit_jax.models.vit': {'vit_jax.loop.train'},
+      'vit_jax.loop.train': {'vit_jax.models.vit'},
   }
   assert _upward(made_up) == [
-      'vit_jax.models.vit (library) imports vit_jax.training.train (the loop)'
+      'vit_jax.models.vit (data/models/parallel/workdir) imports vit_jax.loop.train (loop)'
   ]
-  assert _cycles(made_up) == ['vit_jax.models.vit -> vit_jax.training.train -> vit_jax.models.vit']
-  assert _upward({'vit_jax.training.train': {'vit_jax.models.vit'}}) == []
+  assert _cycles(made_up) == ['vit_jax.loop.train -> vit_jax.models.vit -> vit_jax.loop.train']
+  assert _upward({'vit_jax.loop.train': {'vit_jax.models.vit'}}) == []
   graph = _imports()
   assert 'vit_jax.workdir.reader' in graph['vit_jax.training.run_writer']
-  assert 'vit_jax.training.train' in graph['vit_jax.main']  # Imported inside `main`.
+  assert 'vit_jax.loop.train' in graph['vit_jax.main']  # Imported inside `main`.
+
+
+def test_the_top_of_the_package_holds_the_commands_alone():
+  """Every module at the top of vit_jax/ is a command (`command_modules`, and the schema's
+  listing, `python -m vit_jax.config`): the library lives in the layer packages."""
+  top = {path.stem for path in PACKAGE.glob('*.py')} - {'__init__'}
+  assert top == {*command_modules.names(), 'config'}

@@ -24,7 +24,7 @@ from tests import tiny_runs
 from tests.tiny_runs import CHECKPOINTED_STEPS as STEPS
 from vit_jax.evaluators import eval_sets
 from vit_jax.training import run_writer
-from vit_jax.training import train
+from vit_jax.loop import train
 from vit_jax.schema import setting
 from vit_jax.schema import run as run_settings
 from vit_jax.workdir import pins

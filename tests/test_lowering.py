@@ -23,7 +23,7 @@ from vit_jax import configs
 from vit_jax import models
 from vit_jax.benchmarks import lowering
 from vit_jax.training import steps
-from vit_jax.training import train
+from vit_jax.loop import train
 from vit_jax.models import attention
 from vit_jax.models import numerics
 from vit_jax.schema import setting

@@ -13,10 +13,10 @@ from vit_jax.configs import common
 from vit_jax.configs import deit
 from vit_jax.configs import vit
 from tests.tiny_runs import compiled_programs
-from vit_jax import config_checks
-from vit_jax.training import setup
+from vit_jax.schema import checks as config_checks
+from vit_jax.loop import setup
 from vit_jax.training import memory
-from vit_jax.training import train
+from vit_jax.loop import train
 from vit_jax.schema import setting
 from vit_jax.schema import run as run_settings
 

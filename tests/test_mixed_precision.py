@@ -12,9 +12,9 @@ import pytest
 from tests import tiny_runs
 from tests.tiny_runs import tiny_config
 from vit_jax import models
-from vit_jax.training import setup
+from vit_jax.loop import setup
 from vit_jax.training import steps
-from vit_jax.training import train
+from vit_jax.loop import train
 from vit_jax.schema import setting
 from vit_jax.schema import run as run_settings
 from vit_jax.training import start as start_lib

@@ -17,7 +17,7 @@ import pytest
 from vit_jax import models
 from vit_jax.models import attention
 from vit_jax.models import layers
-from vit_jax.models import parts
+from vit_jax.schema import parts
 from vit_jax.models import stems
 from vit_jax.models import vit
 

@@ -29,7 +29,7 @@ from vit_jax.parallel import distributed
 from vit_jax.training import optim
 from vit_jax.training import steps
 from vit_jax.training import start as start_lib
-from vit_jax.training import train
+from vit_jax.loop import train
 from vit_jax.data import digits
 from vit_jax.workdir import reader
 
@@ -56,12 +56,12 @@ import os, sys
 os.environ['XLA_FLAGS'] += ' --xla_force_host_platform_device_count=2'  # After conftest's.
 os.environ['TF_CPP_MIN_LOG_LEVEL'] = '2'
 sys.path.insert(0, {repo!r})
-from vit_jax import runtime
+from vit_jax.process import runtime
 runtime.configure()  # As vit_jax.main does: the same XLA flags, so the same kernels.
 import importlib.util
 import jax, numpy as np
 from vit_jax.data import input_pipeline
-from vit_jax.training import train
+from vit_jax.loop import train
 from vit_jax.schema import setting
 from vit_jax.schema import run as run_settings
 assert jax.device_count() == 2 and jax.process_count() == 1

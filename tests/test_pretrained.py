@@ -14,7 +14,7 @@ from sklearn import datasets as sk_datasets
 
 from vit_jax.configs import common
 from vit_jax import models
-from vit_jax.training import train
+from vit_jax.loop import train
 from vit_jax.data import digits
 from vit_jax.workdir import reader
 

@@ -20,7 +20,7 @@ from vit_jax import models
 from vit_jax.training import optim
 from vit_jax.training import steps
 from vit_jax.training import teacher
-from vit_jax.training import train
+from vit_jax.loop import train
 from vit_jax.models import layers
 from vit_jax.schema import setting
 from vit_jax.schema import run as run_settings

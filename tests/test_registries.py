@@ -123,7 +123,7 @@ def test_the_commands_are_the_modules_whose_main_starts_through_runtime_run(tmp_
   assert 'main' in command_modules.names()
   assert not {'config', 'runtime'} & set(command_modules.names())  # No `runtime.run` in them.
   (tmp_path / 'tool.py').write_text(
-      "from vit_jax import runtime\n\nif __name__ == '__main__':\n  runtime.run(print)\n"
+      "from vit_jax.process import runtime\n\nif __name__ == '__main__':\n  runtime.run(print)\n"
   )
   (tmp_path / 'listing.py').write_text("if __name__ == '__main__':\n  print('fields')\n")
   monkeypatch.setattr(command_modules, 'PACKAGE', tmp_path)

@@ -17,7 +17,7 @@ from tests.tiny_runs import compiled_programs
 from tests.tiny_runs import CHECKPOINTED_STEPS
 from tests.tiny_runs import checkpointed_config
 from tests.tiny_runs import tiny_config
-from vit_jax.training import train
+from vit_jax.loop import train
 from vit_jax.workdir import reader
 from vit_jax.workdir import run_files
 

@@ -14,8 +14,8 @@ from absl import logging as absl_logging
 import orbax.checkpoint
 import pytest
 
-from vit_jax import runtime
-from vit_jax.training import train
+from vit_jax.process import runtime
+from vit_jax.loop import train
 
 
 def _python(code: str, without: str) -> subprocess.CompletedProcess:
@@ -58,7 +58,7 @@ def test_configure_keeps_freed_memory_and_jax_and_tensorflow_still_run():
   """In a fresh process: malloc keeps freed memory, JAX computes, and TensorFlow's CPU tensors
   come from its BFC allocator (the stock allocator keeps no statistics)."""
   code = (
-      'from vit_jax import runtime; applied = runtime.configure(); '
+      'from vit_jax.process import runtime; applied = runtime.configure(); '
       'import jax.numpy as jnp; assert float(jnp.ones(3).sum()) == 3.0; print(applied); '
       'import tensorflow as tf; assert float(tf.reduce_sum(tf.ones([512, 512]))) == 512 ** 2; '
       "print('peak', tf.config.experimental.get_memory_info('CPU:0')['peak'])"
@@ -168,7 +168,7 @@ def test_orbax_read_only_notice_is_dropped_for_work_directories_opened_to_be_rea
 
 def test_tensorflow_loads_without_start_up_notices():
   code = (
-      'import sys; from vit_jax import runtime; runtime.quiet_library_logs(); '
+      'import sys; from vit_jax.process import runtime; runtime.quiet_library_logs(); '
       'import tensorflow as tf; tf.constant(1); print("after", file=sys.stderr)'
   )
   result = _python(code, without='TF_CPP_MIN_LOG_LEVEL')

@@ -15,9 +15,9 @@ import sys
 import numpy as np
 import pytest
 
-from vit_jax import extensions
+from vit_jax.process import extensions
 from vit_jax.data import storage
-from vit_jax.training import train
+from vit_jax.loop import train
 from vit_jax.workdir import reader
 from vit_jax.workdir import run_files
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from vit_jax import config_checks
+from vit_jax.schema import checks as config_checks
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

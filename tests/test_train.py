@@ -21,7 +21,7 @@ from tests.tiny_runs import checkpointed_config
 from tests.tiny_runs import final_params
 from tests.tiny_runs import tiny_config
 from tests.tiny_runs import train_with_preemption
-from vit_jax.training import train
+from vit_jax.loop import train
 from vit_jax.workdir import reader
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

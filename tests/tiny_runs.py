@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from vit_jax.configs import common
-from vit_jax.training import train
+from vit_jax.loop import train
 from vit_jax.workdir import reader
 
 
@@ -183,10 +183,10 @@ def compiled_programs() -> Iterator[list[str]]:
 _DIGITS_RUNS = """
 import json, sys
 sys.path.insert(0, {repo!r})
-from vit_jax import runtime
+from vit_jax.process import runtime
 runtime.configure()  # As vit_jax.main does, before JAX starts.
 from tests import tiny_runs
-from vit_jax.training import train
+from vit_jax.loop import train
 for workdir, overrides in json.loads({runs!r}).items():
   train.train_and_evaluate(tiny_runs.digits_run_config({data_dir!r}, **overrides), workdir)
 """

@@ -20,8 +20,8 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
-from vit_jax import exits
-from vit_jax import runtime
+from vit_jax.process import exits
+from vit_jax.process import runtime
 from vit_jax.training import run_sequence
 
 _CONFIG = config_flags.DEFINE_config_file(

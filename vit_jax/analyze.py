@@ -22,8 +22,8 @@ it kept an EMA (analysis.json says which); --nouse_ema analyses the raw ones.
 
 from absl import flags
 
-from vit_jax import extensions
-from vit_jax import runtime
+from vit_jax.process import extensions
+from vit_jax.process import runtime
 from vit_jax.weights import source_flags
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Work directory of a training run.', required=True)

@@ -38,7 +38,7 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
-from vit_jax import runtime
+from vit_jax.process import runtime
 
 MODES = ('step', 'family_table', 'layers_table', 'memory', 'input_pipeline', 'device_report')
 
@@ -86,7 +86,7 @@ _THREADS = flags.DEFINE_integer(
 _CPU_TUNING = flags.DEFINE_bool(
     'cpu_tuning',
     True,
-    'Apply vit_jax.runtime.configure() as the '
+    'Apply vit_jax.process.runtime.configure() as the '
     'training command does; --nocpu_tuning measures stock settings.',
 )
 _VS_TIMM = flags.DEFINE_bool(

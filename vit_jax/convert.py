@@ -13,7 +13,7 @@ both `tfds.load` and `tfds.data_source` work afterwards. Nothing is downloaded o
 
 from absl import flags
 
-from vit_jax import runtime
+from vit_jax.process import runtime
 
 _DATASET = flags.DEFINE_string(
     'dataset', None, 'TFDS name of a prepared dataset, e.g. cifar10.', required=True

@@ -34,9 +34,9 @@ from absl import flags
 import ml_collections
 from ml_collections import config_flags
 
-from vit_jax import config as config_lib
-from vit_jax import extensions
-from vit_jax import runtime
+from vit_jax.schema import config as config_lib
+from vit_jax.process import extensions
+from vit_jax.process import runtime
 from vit_jax.schema import evaluators as evaluator_settings
 from vit_jax.weights import source_flags
 

@@ -14,8 +14,8 @@ import os
 
 from absl import flags
 
-from vit_jax import extensions
-from vit_jax import runtime
+from vit_jax.process import extensions
+from vit_jax.process import runtime
 
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Work directory written by vit_jax.main.', required=True

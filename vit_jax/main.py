@@ -14,7 +14,7 @@ checkpoint: rerun the same command to resume.
 
 import sys
 
-from vit_jax import exits  # Standard library only: watching the signals comes first.
+from vit_jax.process import exits  # Standard library only: watching the signals comes first.
 
 if __name__ == '__main__':  # Before the imports that take seconds.
   exits.end_at_once_on_signals(
@@ -26,11 +26,11 @@ from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-posit
 from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 from ml_collections import config_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from vit_jax import config_checks  # pylint: disable=g-import-not-at-top,wrong-import-position
+from vit_jax.schema import checks as config_checks  # pylint: disable=g-import-not-at-top,wrong-import-position
 from vit_jax.parallel import distributed  # pylint: disable=g-import-not-at-top,wrong-import-position
 from vit_jax.parallel import peers  # pylint: disable=g-import-not-at-top,wrong-import-position
-from vit_jax import extensions  # pylint: disable=g-import-not-at-top,wrong-import-position
-from vit_jax import runtime  # pylint: disable=g-import-not-at-top,wrong-import-position
+from vit_jax.process import extensions  # pylint: disable=g-import-not-at-top,wrong-import-position
+from vit_jax.process import runtime  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Training configuration file.', lock_config=True
@@ -95,7 +95,7 @@ def main(argv) -> None:
       process_id=_PROCESS_ID.value,
   )
   import jax  # pylint: disable=g-import-not-at-top
-  from vit_jax.training import train  # pylint: disable=g-import-not-at-top
+  from vit_jax.loop import train  # pylint: disable=g-import-not-at-top
   from vit_jax.workdir import disk_writes  # pylint: disable=g-import-not-at-top
   from vit_jax.workdir import run_files  # pylint: disable=g-import-not-at-top
 

@@ -20,8 +20,8 @@ import sys
 
 from absl import flags
 
-from vit_jax import extensions
-from vit_jax import runtime
+from vit_jax.process import extensions
+from vit_jax.process import runtime
 from vit_jax.weights import source_flags
 
 _LOAD = source_flags.define()

@@ -19,7 +19,7 @@ from vit_jax.benchmarks import training_step
 from vit_jax.data import input_pipeline
 from vit_jax.schema import data as data_settings
 from vit_jax.training import run_sequence
-from vit_jax.training import train
+from vit_jax.loop import train
 from vit_jax.schema import setting
 
 COLUMNS = ('variant', 'accuracy', 'params', 'GFLOPs/step', 'step ms', 'similar blocks')

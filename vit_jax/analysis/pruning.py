@@ -18,7 +18,7 @@ import numpy as np
 
 from vit_jax.training import optim
 from vit_jax.training import run_writer
-from vit_jax.training import train
+from vit_jax.loop import train
 from vit_jax.schema import setting
 from vit_jax.schema import run as run_settings
 from vit_jax.training import start as start_lib

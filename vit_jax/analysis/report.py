@@ -27,7 +27,7 @@ from vit_jax.models import attention
 from vit_jax.models import sa_conv
 from vit_jax.models import vit
 from vit_jax.training import steps
-from vit_jax.training import train
+from vit_jax.loop import train
 from vit_jax.weights import inference
 from vit_jax.schema import setting
 from vit_jax.workdir import disk_writes

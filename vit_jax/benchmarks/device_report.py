@@ -31,7 +31,7 @@ import numpy as np
 
 from vit_jax import configs as configs_lib
 from vit_jax import models
-from vit_jax import runtime
+from vit_jax.process import runtime
 from vit_jax.models import attention as attention_lib
 from vit_jax.models import numerics
 from vit_jax.training import optim
@@ -407,7 +407,7 @@ def input_pipeline_row(*, reduced: bool, needed_images_per_s: float, num_batches
     )
   from vit_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
   from vit_jax.schema import data as data_settings
-  from vit_jax.training import setup
+  from vit_jax.loop import setup
 
   if reduced:
     config = family_config('vit')

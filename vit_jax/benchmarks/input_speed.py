@@ -54,8 +54,8 @@ from vit_jax.data import reading
 from vit_jax.benchmarks import stopwatch
 from vit_jax.data import convert
 from vit_jax.data import folder
-from vit_jax.data import dataset_names
-from vit_jax.data import normalization
+from vit_jax.schema import dataset_names
+from vit_jax.schema import normalization
 from vit_jax.schema import setting
 
 LATE_EXAMPLES = 100_000  # Examples consumed before the default --late_step.

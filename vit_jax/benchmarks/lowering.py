@@ -27,7 +27,7 @@ from vit_jax.training import memory as training_memory
 from vit_jax.training import optim
 from vit_jax.parallel import sharding
 from vit_jax.training import steps
-from vit_jax.training import train
+from vit_jax.loop import train
 from vit_jax.schema import setting
 from vit_jax.schema import run as run_settings
 from vit_jax.training import start as start_lib
@@ -146,7 +146,7 @@ def step_programs(
     batch_size: int,
     teacher_model: str | None = None,
 ) -> list[StepProgram]:
-  """The train and eval steps of a run of `config` on `mesh`, as `vit_jax.training.train` jits them.
+  """The train and eval steps of a run of `config` on `mesh`, as `vit_jax.loop.train` jits them.
 
   `teacher_model` (a registered name) distils from that model, in the run's dtype, with
   abstract variables laid out by the same rule as the student's.

@@ -14,7 +14,7 @@ from vit_jax.parallel import sharding
 from vit_jax.training import memory as training_memory
 from vit_jax.training import optim
 from vit_jax.training import steps
-from vit_jax.training import train
+from vit_jax.loop import train
 from vit_jax.schema import setting
 from vit_jax.schema import run as run_settings
 from vit_jax.training import start as start_lib

@@ -1,8 +1,8 @@
 """What every family config shares: the defaults, its `key=value` arguments, the quick digits run
 and the ImageNet recipe.
 
-A family config calls `get_config()` here (every field at the default that vit_jax/config.py
-declares for it; `python -m vit_jax.config` lists them), then sets its model and recipe. Every
+A family config calls `get_config()` here (every field at the default that vit_jax/schema/ declares
+for it; `python -m vit_jax.config` lists them), then sets its model and recipe. Every
 field can be overridden on the command line with `--config.FIELD=VALUE`.
 """
 
@@ -10,13 +10,13 @@ from typing import Iterable
 
 import ml_collections
 
-from vit_jax import config as config_lib
-from vit_jax import config_checks
-from vit_jax.data import dataset_names
+from vit_jax.schema import config as config_lib
+from vit_jax.schema import checks as config_checks
+from vit_jax.schema import dataset_names
 
 
 def get_config() -> ml_collections.ConfigDict:
-  """Every field at its default (vit_jax/config.py declares them): the embedded digits dataset,
+  """Every field at its default (vit_jax/schema/ declares them): the embedded digits dataset,
   AdamW, warm-up + cosine, a 4×4-patch ViT."""
   return config_lib.defaults()
 

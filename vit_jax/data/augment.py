@@ -22,7 +22,7 @@ import os
 
 import tensorflow as tf
 
-from vit_jax.data import augment_spec
+from vit_jax.schema import augment_spec
 
 INTERPOLATIONS = ('bicubic', 'bilinear', 'random')
 

@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax.data import augment_spec
-from vit_jax.data import normalization as normalization_lib
+from vit_jax.schema import augment_spec
+from vit_jax.schema import normalization as normalization_lib
 from vit_jax.schema import data as data_settings
 
 _LUT_OPS = ('AutoContrast', 'Equalize', 'Invert', 'Posterize', 'Solarize', 'Contrast', 'Brightness')

@@ -15,7 +15,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core import file_adapters
 
-from vit_jax.data import dataset_names
+from vit_jax.schema import dataset_names
 from vit_jax.data import storage
 
 ARRAY_RECORD = file_adapters.FileFormat.ARRAY_RECORD

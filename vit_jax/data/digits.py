@@ -24,7 +24,7 @@ from sklearn import datasets as sk_datasets
 from sklearn import model_selection
 import tensorflow_datasets as tfds
 
-from vit_jax.data import dataset_names as datasets
+from vit_jax.schema import dataset_names as datasets
 from vit_jax.data import convert
 from vit_jax.data import folder
 from vit_jax.data import storage

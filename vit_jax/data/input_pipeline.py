@@ -43,9 +43,9 @@ import numpy as np
 import tensorflow as tf
 
 from vit_jax.data import augment
-from vit_jax.data import dataset_names
+from vit_jax.schema import dataset_names
 from vit_jax.data import image_ops
-from vit_jax.data import normalization
+from vit_jax.schema import normalization
 from vit_jax.data import reading
 from vit_jax.schema import data as data_settings
 from vit_jax.data import sources

@@ -11,9 +11,9 @@ import urllib.request
 
 import tensorflow_datasets as tfds
 
-from vit_jax import runtime
+from vit_jax.process import runtime
 from vit_jax.data import convert
-from vit_jax.data import dataset_names
+from vit_jax.schema import dataset_names
 from vit_jax.data import digits
 from vit_jax.data import folder
 from vit_jax.schema import data as data_settings

@@ -24,7 +24,7 @@ import dataclasses
 import inspect
 from typing import Any, Mapping, Sequence
 
-from vit_jax import extensions
+from vit_jax.process import extensions
 from vit_jax.evaluators import eval_sets
 from vit_jax.evaluators import evaluator
 from vit_jax.evaluators import fewshot

@@ -27,8 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from vit_jax.data import dataset_names as datasets
-from vit_jax.data import eval_set_names
+from vit_jax.schema import dataset_names as datasets
+from vit_jax.schema import eval_set_names
 from vit_jax.data import imagenet
 from vit_jax.data import input_pipeline
 from vit_jax.schema import data as data_settings

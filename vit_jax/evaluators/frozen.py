@@ -11,7 +11,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from vit_jax.data import dataset_names
+from vit_jax.schema import dataset_names
 from vit_jax.data import input_pipeline
 from vit_jax.schema import data as data_settings
 from vit_jax.evaluators import evaluator

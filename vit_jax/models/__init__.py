@@ -19,7 +19,7 @@ import importlib
 import pathlib
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
-from vit_jax.models import parts
+from vit_jax.schema import parts
 
 if TYPE_CHECKING:
   import flax.linen as nn

@@ -22,11 +22,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from vit_jax import extensions
+from vit_jax.process import extensions
 from vit_jax.models import Dtype, Initializer
 from vit_jax.models import initializers
 from vit_jax.models import numerics
-from vit_jax.models import parts
+from vit_jax.schema import parts
 
 HEAD_MIXINGS = ('none', 'talking_heads', 're_attention')
 RE_ATTENTION_NORMS = ('batch', 'layer')
@@ -660,7 +660,7 @@ class Kind:
   in the main blocks).
   settings: the kind's own settings dataclass, None if it has none.
   module: the module that registered the kind, which a run that uses it records
-  (`vit_jax.extensions`).
+  (`vit_jax.process.extensions`).
   """
 
   build: Callable[[Any, tuple[int, int]], Callable[..., nn.Module]]

@@ -30,7 +30,7 @@ from vit_jax.models import Dtype
 from vit_jax.models import attention as attention_lib
 from vit_jax.models import layers
 from vit_jax.models import layouts
-from vit_jax.models import parts
+from vit_jax.schema import parts
 from vit_jax.models import stems
 
 

@@ -17,12 +17,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from vit_jax import extensions
+from vit_jax.process import extensions
 from vit_jax.models import Dtype, Initializer, ModuleDef
 from vit_jax.models import attention as attention_lib
 from vit_jax.models import initializers
 from vit_jax.models import numerics
-from vit_jax.models import parts
+from vit_jax.schema import parts
 
 TOKENS_TYPES = ('performer', 'transformer')
 
@@ -347,7 +347,7 @@ class Stem:
   check(model): raises ValueError for fields of `model` the stem cannot work with (None: none).
   settings: the stem's own settings dataclass, None if it has none.
   module: the module that registered the stem, which a run that uses it records
-  (`vit_jax.extensions`).
+  (`vit_jax.process.extensions`).
   """
 
   build: Callable[[Any], ModuleDef]

@@ -26,7 +26,7 @@ import numpy as np
 
 from vit_jax import models
 from vit_jax.models import layouts
-from vit_jax.models import parts
+from vit_jax.schema import parts
 from vit_jax.models import vit
 
 FIXED_PARAMS = ('pos_embed', 'random_features')

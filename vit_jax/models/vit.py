@@ -34,7 +34,7 @@ from vit_jax.models import initializers
 from vit_jax.models import layers
 from vit_jax.models import layouts
 from vit_jax.models import numerics
-from vit_jax.models import parts
+from vit_jax.schema import parts
 from vit_jax.models import stems
 
 # 'token': a class token from the first block (ViT); 'class_attention': CaiT's class-attention

@@ -30,7 +30,7 @@ import sys
 import threading
 from typing import Any, NoReturn
 
-from vit_jax import exits
+from vit_jax.process import exits
 
 # JAX's default is 100 s; a machine that vanished stops the run this long after its last heartbeat.
 HEARTBEAT_TIMEOUT_S = 10

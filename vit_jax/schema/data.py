@@ -5,9 +5,9 @@ augmented on the host (`TrainTransform`, `EvalTransform`) and in the training st
 import dataclasses
 from typing import Any
 
-from vit_jax import config_rules
-from vit_jax.data import augment_spec
-from vit_jax.data import dataset_names
+from vit_jax.schema import rules as config_rules
+from vit_jax.schema import augment_spec
+from vit_jax.schema import dataset_names
 from vit_jax.schema.setting import NOT_SAVED, passed, setting
 
 

@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from vit_jax import config_rules
+from vit_jax.schema import rules as config_rules
 from vit_jax.schema.setting import SCHEDULE, Resume, passed, setting
 
 DTYPES = ('float32', 'bfloat16', 'float16')

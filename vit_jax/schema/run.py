@@ -1,11 +1,11 @@
 """A run's settings: the root of the settings tree, whose fields are the whole config
-(`vit_jax.config.FIELDS`); the set-up resolves a validated config into it once
+(`vit_jax.schema.config.FIELDS`); the set-up resolves a validated config into it once
 (`setting.build`) and the code below receives the piece it reads."""
 
 import dataclasses
 from typing import Any, Mapping
 
-from vit_jax import config_rules
+from vit_jax.schema import rules as config_rules
 from vit_jax.schema import data as data_settings
 from vit_jax.schema import mesh as mesh_settings
 from vit_jax.schema import optim as optim_settings

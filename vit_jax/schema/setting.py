@@ -3,10 +3,10 @@
 A settings type is a frozen dataclass. Each of its fields is one of:
 * `setting(default, rule, doc, ...)`: a config field it owns, named `--config.NAME` after the
   attribute unless `flag` names it otherwise, with its default, its rule
-  (`vit_jax.config_rules`), its meaning and what changing it means to a saved run (`Resume`);
+  (`vit_jax.schema.rules`), its meaning and what changing it means to a saved run (`Resume`);
 * `passed('flag')`: a field another settings type owns, whose value it receives;
 * another settings type (or one `| None`: a type whose `off(config)` can say it is off);
-* `section('name')`: a whole sub-config (`vit_jax.config.SECTIONS`), as a dict.
+* `section('name')`: a whole sub-config (`vit_jax.schema.config.SECTIONS`), as a dict.
 `config_fields(root)` lists the fields a settings tree owns (the config's schema, `config.FIELDS`);
 `build(cls, config)` makes settings of a validated config. Free of JAX: a config file reads these.
 """
@@ -18,7 +18,7 @@ import types
 import typing
 from typing import Any, Callable, Iterator, TypeVar
 
-from vit_jax import config_rules
+from vit_jax.schema import rules as config_rules
 
 _KEY = 'vit_jax.schema'
 # The settings type whose tree is the whole config (`build` resolves `passed` fields against it).

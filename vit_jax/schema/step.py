@@ -4,7 +4,7 @@ DeiT distillation from a teacher."""
 import dataclasses
 from typing import Any
 
-from vit_jax import config_rules
+from vit_jax.schema import rules as config_rules
 from vit_jax.schema import data as data_settings
 from vit_jax.schema.setting import NOT_SAVED, Resume, passed, setting
 

@@ -13,7 +13,7 @@ from typing import Iterator
 
 from absl import logging
 
-from vit_jax import exits
+from vit_jax.process import exits
 
 _requested: str | None = None  # The first signal's name while watching.
 _notices: list[str] = []  # What each open scope does on a signal, the innermost last.

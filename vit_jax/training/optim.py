@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from vit_jax import config as config_lib
+from vit_jax.schema import config as config_lib
 from vit_jax.models import layouts
 from vit_jax.schema import optim as optim_settings
 

@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping
 from absl import logging
 import jax
 
-from vit_jax import config as config_lib
+from vit_jax.schema import config as config_lib
 from vit_jax.training import run_writer
 from vit_jax.training import steps
 from vit_jax.workdir import reader

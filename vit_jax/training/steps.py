@@ -1,7 +1,7 @@
 """The training step: state, losses, on-device mixing, micro-batching and EMA.
 
 The functions here are traced under `jax.jit` (the eval steps and their passes are in
-`vit_jax.evaluators.passes`); `vit_jax.training.train` builds the step once, from a
+`vit_jax.evaluators.passes`); `vit_jax.loop.train` builds the step once, from a
 `step_settings.StepSettings`, and runs it in its loop.
 """
 
@@ -17,7 +17,7 @@ from jax.sharding import Mesh
 import numpy as np
 import optax
 
-from vit_jax import config as config_lib
+from vit_jax.schema import config as config_lib
 from vit_jax.data import batch_augment
 from vit_jax.data import mixing
 from vit_jax.parallel import sharding

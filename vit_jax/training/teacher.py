@@ -7,7 +7,7 @@ from absl import logging
 import numpy as np
 
 from vit_jax.weights import hub
-from vit_jax.data import normalization
+from vit_jax.schema import normalization
 from vit_jax import models
 from vit_jax.weights import pretrained
 from vit_jax.training import steps

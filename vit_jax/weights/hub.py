@@ -25,7 +25,7 @@ import flax.linen as nn
 import numpy as np
 
 from vit_jax import models
-from vit_jax.data import normalization
+from vit_jax.schema import normalization
 from vit_jax.workdir import disk_writes
 
 PREFIX = 'hf-hub:'

@@ -22,8 +22,8 @@ import ml_collections
 import numpy as np
 import tensorflow as tf
 
-from vit_jax import config as config_lib
-from vit_jax import config_checks
+from vit_jax.schema import config as config_lib
+from vit_jax.schema import checks as config_checks
 from vit_jax.weights import hub
 from vit_jax.data import folder
 from vit_jax.data import imagenet

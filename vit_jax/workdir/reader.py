@@ -35,7 +35,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from vit_jax import extensions
+from vit_jax.process import extensions
 from vit_jax.models import layouts
 from vit_jax.workdir import checksums
 from vit_jax.workdir import disk_writes

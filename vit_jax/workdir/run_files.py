@@ -4,7 +4,7 @@ WORKDIR/
   run.lock                 the lock of the run writing here (`vit_jax.training.run_writer`)
   config.json              the resolved config (`RunWriter.start` writes `config_json`,
                            `Workdir.config` reads; `imports`: the modules of your own it
-                           uses, `vit_jax.extensions`)
+                           uses, `vit_jax.process.extensions`)
   dataset.json             what the run's data was (its classes by name, its split sizes) and
                            eval_images.npz, its first eval images as the model sees them: side
                            commands read these, not the data, which need not stay
@@ -23,7 +23,7 @@ import json
 
 import ml_collections
 
-from vit_jax import extensions
+from vit_jax.process import extensions
 
 LOCK_FILE = 'run.lock'
 CONFIG_FILE = 'config.json'

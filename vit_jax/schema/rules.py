@@ -1,5 +1,5 @@
 """The rules a config field is checked against: each a predicate and the words that say what is
-valid (`vit_jax.config.FIELDS` gives every field one). Free of JAX and TensorFlow: it reads only
+valid (`vit_jax.schema.config.FIELDS` gives every field one). Free of JAX and TensorFlow: it reads only
 the light modules that name what a field may hold.
 """
 
@@ -7,10 +7,10 @@ import dataclasses
 import math
 from typing import Any, Callable, Iterable
 
-from vit_jax.data import augment_spec
-from vit_jax.data import dataset_names as datasets
-from vit_jax.data import eval_set_names
-from vit_jax.data import normalization
+from vit_jax.schema import augment_spec
+from vit_jax.schema import dataset_names as datasets
+from vit_jax.schema import eval_set_names
+from vit_jax.schema import normalization
 
 
 @dataclasses.dataclass(frozen=True)

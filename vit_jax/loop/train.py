@@ -29,7 +29,7 @@ import optax
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 
-from vit_jax import config as config_lib
+from vit_jax.schema import config as config_lib
 from vit_jax import evaluators as evaluators_lib
 from vit_jax.data import input_pipeline
 from vit_jax.schema import data as data_settings
@@ -42,7 +42,7 @@ from vit_jax.training import memory
 from vit_jax.training import optim
 from vit_jax.training import resume as resume_lib
 from vit_jax.training import run_writer
-from vit_jax.training import setup
+from vit_jax.loop import setup
 from vit_jax.training import start as start_lib
 from vit_jax.training import steps
 from vit_jax.training import teacher as teacher_lib
@@ -206,7 +206,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
       schedule,
   )
   if jax.process_count() > 1:  # Every process reads the work directory before any writes to it.
-    multihost_utils.sync_global_devices('vit_jax.training.train:checked_workdir')
+    multihost_utils.sync_global_devices('vit_jax.loop.train:checked_workdir')
   with contextlib.ExitStack() as run_scope:
     run_dir.start(config, run_scope)  # Locked, config.json written, checkpoints kept.
     run_dir.write_dataset(

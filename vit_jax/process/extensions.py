@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 
 from absl import flags
 
-from vit_jax import exits
+from vit_jax.process import exits
 
 # The key of config.json that lists the modules to import before the config is read.
 IMPORTS = 'imports'
@@ -39,7 +39,7 @@ def define_allow_imports_flag() -> None:
     )
 
 
-_PACKAGE_DIR = os.path.dirname(os.path.realpath(__file__))
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # vit_jax/
 
 
 def caller_module() -> str:

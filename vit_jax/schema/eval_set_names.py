@@ -5,7 +5,7 @@ is imported (`vit_jax.evaluators.eval_sets` reads and scores them)."""
 import dataclasses
 from typing import Any, Sequence
 
-from vit_jax.data import dataset_names as datasets
+from vit_jax.schema import dataset_names as datasets
 
 SCORINGS = ('top1', 'real', 'imagenet_a', 'imagenet_r')
 

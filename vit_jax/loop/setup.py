@@ -1,10 +1,10 @@
 """The full check of a run config, before anything reads data or compiles: the fields
-(`vit_jax.config_checks.problems`, the batches over the devices included), then what the owners
+(`vit_jax.schema.checks.problems`, the batches over the devices included), then what the owners
 of the rest check: the mesh over the devices, the model's own fields (`models.section_problems`)
 and the evaluators' settings. One `ConfigError` lists every bad field with its value and what is
 valid. A checked config is then resolved for where it runs (`resolved`).
 
-It sits above the schema and its checks (`vit_jax.config`, `vit_jax.config_checks`, which import
+It sits above the schema and its checks (`vit_jax.config`, `vit_jax.schema.checks`, which import
 none of the modules checked here), so that reading and checking the fields alone needs neither JAX
 nor a model.
 """
@@ -12,11 +12,11 @@ nor a model.
 import jax
 import ml_collections
 
-from vit_jax import config as config_lib
-from vit_jax import config_checks
+from vit_jax.schema import config as config_lib
+from vit_jax.schema import checks as config_checks
 from vit_jax import evaluators
 from vit_jax import models
-from vit_jax.data import dataset_names
+from vit_jax.schema import dataset_names
 from vit_jax.parallel import sharding
 
 

@@ -1,10 +1,10 @@
 """The checks of a config's fields, without JAX, TensorFlow or a model: each field against its
-rule (`vit_jax.config.FIELDS`; the dataset's name and the test sets' names included), the fields
+rule (`vit_jax.schema.config.FIELDS`; the dataset's name and the test sets' names included), the fields
 every config needs, the batch sizes over devices, processes, micro-batches and repeated
 augmentation (given the devices), and the settings that only make sense together (warm-up within
 training; a teacher for distillation; the quick digits model on another dataset).
 `validate_fields(config)` raises them as one `ConfigError`, so that a command answers a mistyped
-field at once; `vit_jax.training.setup.validate` adds what the owners above check (the mesh, the
+field at once; `vit_jax.loop.setup.validate` adds what the owners above check (the mesh, the
 model's fields, the evaluators' settings).
 """
 
@@ -13,8 +13,8 @@ from typing import Any, Sequence
 
 import ml_collections
 
-from vit_jax import config as config_lib
-from vit_jax.data import dataset_names as datasets
+from vit_jax.schema import config as config_lib
+from vit_jax.schema import dataset_names as datasets
 
 
 class ConfigError(ValueError):
@@ -36,7 +36,7 @@ def _flatten(config: ml_collections.ConfigDict, prefix: str = '') -> dict[str, A
   sections = {section.name for section in config_lib.SECTIONS}
   for key, value in config.items():
     path = f'{prefix}{key}'
-    if path in sections:  # Checked by their owners (`vit_jax.training.setup.validate`).
+    if path in sections:  # Checked by their owners (`vit_jax.loop.setup.validate`).
       continue
     if isinstance(value, ml_collections.ConfigDict):
       flat.update(_flatten(value, f'{path}.'))
@@ -224,11 +224,11 @@ def _problems_alone(config: ml_collections.ConfigDict, fields: dict[str, Any]) -
   """Each field against its rule and the fields every config needs (`field_problems`)."""
   problems = field_problems(fields)
   problems += [
-      f'{config_lib.FLAG}{path}: missing; every config needs it (see vit_jax/config.py).'
+      f'{config_lib.FLAG}{path}: missing; every config needs it (python -m vit_jax.config lists them).'
       for path in sorted({field.name for field in config_lib.FIELDS} - set(fields))
   ]
   problems += [
-      f'{config_lib.FLAG}{section.name}: missing; every config needs it (see vit_jax/config.py).'
+      f'{config_lib.FLAG}{section.name}: missing; every config needs it (python -m vit_jax.config lists them).'
       for section in config_lib.SECTIONS
       if section.name not in config
   ]
@@ -254,7 +254,7 @@ def problems(
   `devices` is given) and the settings that only make sense together.
 
   Each joint check runs only when the fields it reads are valid on their own. The model, the
-  evaluators and the mesh are checked above this module (`vit_jax.training.setup.validate`).
+  evaluators and the mesh are checked above this module (`vit_jax.loop.setup.validate`).
   """
   fields = _flatten(config)
   found = _problems_alone(config, fields)
@@ -269,7 +269,7 @@ def validate_fields(config: ml_collections.ConfigDict) -> None:
   TensorFlow or a model.
 
   A command calls it before importing them, to answer a mistyped field in a fraction of a
-  second; `vit_jax.training.setup.validate` checks the rest (the batch sizes over the devices,
+  second; `vit_jax.loop.setup.validate` checks the rest (the batch sizes over the devices,
   the mesh, the model, the evaluators).
   """
   if not isinstance(config, ml_collections.ConfigDict):

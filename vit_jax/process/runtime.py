@@ -41,10 +41,10 @@ from absl import app
 from absl import flags as absl_flags
 from absl import logging as absl_logging
 
-from vit_jax import exits
-from vit_jax import extensions
+from vit_jax.process import exits
+from vit_jax.process import extensions
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # vit_jax/
 
 # Each flag is added unless XLA_FLAGS already names it, with the first jaxlib that knows it (XLA
 # aborts on flags it does not know).
@@ -306,7 +306,7 @@ def _unknown_field(key: str, argv: Sequence[str]) -> str:
     return (
         f'{flag} is not a config field: the class count comes from the dataset ({prefix}dataset).'
     )
-  schema = sys.modules.get('vit_jax.config')  # Loaded by the config file; above this layer.
+  schema = sys.modules.get('vit_jax.schema.config')  # Loaded by the config file; above this layer.
   fields = getattr(schema, 'FIELDS', ())
   if flag != f'{prefix}{last}' and any(field.name == last for field in fields):
     return f'{flag} is not a config field; did you mean {prefix}{last}={value or "VALUE"}?'

@@ -34,7 +34,7 @@ from the model, free of JAX, so that reading a config file imports neither.
 import dataclasses
 from typing import Any, Callable, ClassVar, Protocol, TypeVar
 
-from vit_jax import extensions
+from vit_jax.process import extensions
 
 
 @dataclasses.dataclass(kw_only=True)
