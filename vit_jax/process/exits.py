@@ -1,10 +1,6 @@
-"""How a command ends: its exit status when interrupted, its last line when it must end at once,
-and its quiet end when the reader of its output stops reading (`| head`).
-
-Free of everything but the standard library, so that `vit_jax.main` and `vit_jax.ablate` watch
-for SIGTERM and Ctrl-C before the imports that take seconds, and a process of a multi-process run
-can say why it ends while TensorFlow's import has fd 2 pointed elsewhere.
-"""
+"""How a command ends: exit statuses, its last line when it must end at once, and a quiet end when
+its reader stops reading (`| head`). Standard library only, so signals are watched before the slow
+imports."""
 
 import contextlib
 import os
@@ -51,9 +47,8 @@ def end_at_once_on_signals(what_then: str) -> None:
 
 @contextlib.contextmanager
 def closed_output_ends_quietly() -> Iterator[None]:
-  """A reader that stops reading the output (`| head`) ends the command with EXIT_PIPE_CLOSED and
-  no traceback, as command-line tools end; standard output goes to /dev/null first, so that
-  Python's flush at exit does not fail on the closed pipe again."""
+  """A reader that stops reading (`| head`) ends the command with EXIT_PIPE_CLOSED, no traceback;
+  stdout goes to /dev/null so that Python's flush at exit does not fail again."""
   try:
     yield
   except BrokenPipeError:

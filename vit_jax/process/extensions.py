@@ -1,15 +1,9 @@
 """Modules of your own: the modules outside vit_jax that register attention kinds, stems, kind
 settings or evaluators, recorded with a run so that every command that reads the run has them.
 
-A module of yours registers what it adds (`attention.register`, `stems.register`,
-`parts.register_settings`, `evaluators.register`) when it is imported, e.g. by a config file that
-starts with `import my_attention` (the config file's own folder is importable, as a script's is:
-`make_config_folders_importable`). A run writes to its config.json, under `imports`, each such
-module that its config uses, with the folder it was imported from (`recorded_imports`); a command
-that reads the run imports them first (`import_recorded`) when its user allows it with
-`--import_run_modules`, since a run directory may come from anyone and importing runs code; the
-modules a command has imported already (its config file's) need no leave. Free of JAX, and of the
-registries: they note each registration here.
+A run's config.json lists them under `imports` with their folders (`recorded_imports`); a command
+reading the run imports them (`import_recorded`) only with `--import_run_modules`, since importing
+runs code. Free of JAX and of the registries: they `note` each registration here.
 """
 
 import ast
@@ -43,17 +37,14 @@ _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # v
 
 
 def caller_module() -> str:
-  """The name of the module that called the function calling this one: the module whose import
-  makes a registration."""
+  """The module that called the function calling this one (whose import makes a registration)."""
   return sys._getframe(2).f_globals.get('__name__', '__main__')  # pylint: disable=protected-access
 
 
 def module_record(name: str) -> dict[str, str] | None:
-  """{'module': the name to import, 'path': the folder to import it from} of the loaded module
-  `name`; None for vit_jax's own modules and for modules without a file (an interactive
-  session's). A module loaded under a name its file does not spell (a config file, which
-  ml_collections loads as 'config_config'; a script run as __main__) is recorded by its file's
-  name and folder."""
+  """{'module': the name to import, 'path': its folder} of the loaded module `name`, by its file's
+  name where it was loaded under another ('config_config', __main__); None for vit_jax's own
+  modules and modules without a file."""
   module = sys.modules.get(name)
   file = getattr(module, '__file__', None)
   if name == 'vit_jax' or name.startswith('vit_jax.') or not file:
@@ -148,11 +139,8 @@ def _loaded_elsewhere(name: str, path: str) -> str | None:
 
 
 def import_recorded(imports: Any, source: str, *, allowed: bool | None = None) -> None:
-  """Imports each module of `imports` (what `source`, a run's config.json, records), from its
-  recorded folder where `import` would not find it there. Modules loaded already are kept; any
-  other is imported only when `allowed` (default: `--import_run_modules`). ValueError, one line,
-  naming the modules when not allowed, when a module of another file has the name, or when one
-  cannot be imported (it raises or exits)."""
+  """Imports each module that `source` (a run's config.json) records in `imports` and is not loaded
+  yet, only when `allowed` (default: `--import_run_modules`); ValueError, one line, otherwise."""
   if not isinstance(imports, list) or not all(
       isinstance(record, Mapping)
       and {'module', 'path'} <= set(record)
@@ -206,10 +194,8 @@ def import_recorded(imports: Any, source: str, *, allowed: bool | None = None) -
 
 
 def make_config_folders_importable(argv: Sequence[str], flag_values: Any) -> None:
-  """Puts the folder of each config file that `argv` names (`--config=PATH[:ARGS]`, a config file
-  flag of `flag_values`) last on sys.path, so that the config file imports the modules beside it
-  and a file there named like an installed module (`statistics.py`, `flax.py`) hides nothing;
-  vit_jax's own config folder is left out."""
+  """Puts the folder of each config file that `argv` names (`--config=PATH[:ARGS]`) last on
+  sys.path, so that it imports the modules beside it and they hide no installed module."""
   config_flags = sys.modules.get('ml_collections.config_flags.config_flags')
   if config_flags is None:
     return
@@ -241,9 +227,8 @@ def make_config_folders_importable(argv: Sequence[str], flag_values: Any) -> Non
 
 
 def hidden_beside(config_file: str) -> list[tuple[str, str]]:
-  """(name, where the import finds it) of each module that `config_file` imports by a name that
-  a module beside it also has but that an installed module (the standard library's `random`)
-  answers to: the user's file is never imported."""
+  """(name, where the import finds it) of each module `config_file` imports whose name a module
+  beside it shares but an installed module (`random`) answers to."""
   folder = os.path.dirname(config_file)
   try:
     with open(config_file, encoding='utf-8') as f:

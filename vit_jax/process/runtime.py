@@ -1,28 +1,10 @@
-"""Process-wide settings: XLA's on CPU hosts, which libraries' log lines are shown, and the
-prologue every command runs under (`run`).
+"""Process-wide settings every command runs under (`run`): malloc's, TensorFlow's and XLA's on CPU
+hosts (`configure`, before JAX starts its backend), and which libraries' log lines are shown.
 
-`configure()` must run before JAX starts its backend (before the first computation or device
-query), so entry points call it first thing:
-
-- glibc malloc keeps freed memory: no mmap for large blocks, no trimming, one arena. XLA allocates
-  the temporary buffer of every execution afresh (about 1 GiB for a ViT-Ti/4 training step at
-  batch 64); served by mmap, each step would fault those pages in again and the kernel zero
-  them.
-- TensorFlow's CPU tensors (the input pipeline's images and batches) come from its BFC allocator,
-  which keeps freed blocks for the next image instead of returning each to malloc
-  (`TF_CPU_ALLOCATOR_USE_BFC`); it must be set before TensorFlow allocates its first tensor.
-- XLA's CPU compiler leaves matmuls to Eigen rather than YNNPACK fusions, which run ViT's
-  matmul shapes more slowly (`CPU_XLA_FLAGS`).
-
-Options already given in `XLA_FLAGS` or `TF_CPU_ALLOCATOR_USE_BFC` are kept; on other platforms
-and C libraries the malloc settings are skipped, and the CPU flags do nothing on accelerators.
-
-`quiet_library_logs()` keeps the libraries' INFO lines (orbax's a dozen per checkpoint, clu's
-copy of every summary, TensorFlow's start-up notices) out of a run's log.
-
-`run(main)` is how every command starts: flags parsed (a bad flag or config file is one line),
-then quiet logs, TensorFlow off the accelerators, and a `ValueError` from `main` one line on stderr.
-Commands import the library inside `main`, so `--help` is read before anything heavy loads.
+glibc malloc keeps freed memory (XLA allocates every execution's temporary buffer afresh, about
+1 GiB for a ViT-Ti/4 step at batch 64, and mmap would fault and zero those pages each step);
+TensorFlow's CPU tensors come from its BFC allocator; XLA's CPU compiler leaves matmuls to Eigen,
+faster than YNNPACK fusions on ViT's shapes. Settings already in the environment are kept.
 """
 
 import contextlib
@@ -102,10 +84,8 @@ def tensorflow_reuses_freed_memory() -> str:
 
 
 def tensorflow_ops_on_one_thread() -> str:
-  """Makes each TensorFlow op run on one thread, unless the environment says otherwise; returns
-  the setting. TensorFlow runs vit_jax's input pipelines, whose `tf.data` maps work on as many
-  images at once as there are cores: an op that splits one image over threads as well (a resize,
-  a compiled pixel program) costs more CPU time than it saves."""
+  """Makes each TensorFlow op run on one thread unless the environment says otherwise (`tf.data`
+  maps already work on one image per core); returns the setting."""
   return os.environ.setdefault(TF_INTRA_OP_ENV, '1')
 
 
@@ -167,14 +147,8 @@ def quiet_preparation() -> Iterator[None]:
 
 
 def _own_or_important(record: logging.LogRecord) -> bool:
-  """vit_jax's records, every library's warnings and errors, and everything at --verbosity ≥ 1.
-
-  Three expected library reports are left out too. orbax's tracebacks of a failed save, which
-  the caller re-raises and reports in one line. asyncio's "exception was never retrieved": after
-  an unreadable checkpoint, which the work directory reports in one line and skips, the reads orbax
-  had in flight finish with nobody waiting for them, and each would print a traceback. And orbax's
-  warning that a work directory opened only to be read is read only.
-  """
+  """vit_jax's records, every library's warnings and errors but the expected ones above, and
+  everything at --verbosity ≥ 1."""
   if absl_logging.get_verbosity() >= 1:
     return True
   if (
@@ -216,13 +190,8 @@ def _is_abandoned_read(unraisable: Any) -> bool:
 
 
 def _silence_closed_event_loops() -> None:
-  """Drops tensorstore's 'Event loop is closed' tracebacks from the process's error output.
-
-  After a failed orbax read (an unreadable checkpoint, which is reported and skipped),
-  tensorstore completes the reads still in flight on an event loop that orbax has closed, and
-  the reads never completed raise as they are collected; each prints one traceback, hundreds in
-  all. Every other error is printed as before.
-  """
+  """Drops the 'Event loop is closed' tracebacks (hundreds) of the reads tensorstore completes
+  after a failed orbax read (an unreadable checkpoint, reported and skipped)."""
   excepthook, unraisablehook = sys.excepthook, sys.unraisablehook
   if getattr(unraisablehook, 'drops_closed_event_loops', False):
     return  # Installed already.
@@ -243,17 +212,9 @@ def _silence_closed_event_loops() -> None:
 
 
 def quiet_library_logs() -> None:
-  """Shows below WARNING only vit_jax's own lines, unless --verbosity is 1 or more.
-
-  Libraries that log through absl (orbax, clu, TFDS) share its logger with vit_jax, so the
-  filter sits on absl's handler and tells them apart by the file that logged. TensorFlow writes
-  its C++ start-up notices (oneDNN, CPU features) while it loads, before absl's C++ logging is
-  set up and whatever `TF_CPP_MIN_LOG_LEVEL` says, so it is imported here with them discarded;
-  call this before anything imports TensorFlow. `TF_CPP_MIN_LOG_LEVEL=0` keeps them. The
-  tracebacks of reads abandoned on a closed event loop go too (`_silence_closed_event_loops`), and
-  so does Python's exit notice of the writes a refused save left unstarted (a full disk is one
-  error line).
-  """
+  """Shows below WARNING only vit_jax's own lines (told apart on absl's shared handler by the file
+  that logged), unless --verbosity is 1 or more. TensorFlow is imported here with its C++ start-up
+  notices discarded (they ignore `TF_CPP_MIN_LOG_LEVEL` unless it is 0): call this first."""
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   if os.environ['TF_CPP_MIN_LOG_LEVEL'] != '0' and tensorflow_installed():
     with _native_stderr_discarded():
@@ -423,16 +384,9 @@ def run(
     takes_arguments: bool = False,
     before_libraries: Callable[[], None] | None = None,
 ) -> None:
-  """Runs a command's `main(argv)` under absl, after the prologue every command shares.
-
-  Flags are parsed first (`--help` answers before any library loads); then `before_libraries`
-  (what must precede TensorFlow and JAX, e.g. the CPUs to run on), quiet library logs and
-  TensorFlow kept off the accelerators (tf.data only: they belong to JAX). A `ValueError` that
-  `main` raises (bad input, named) ends the process with one line, `error: ...`, exit status 1, as
-  do a platform that cannot start (`backend_failure`) and threads that cannot (`thread_failure`);
-  Ctrl-C with one line and `exits.EXIT_INTERRUPTED`; a closed output quietly
-  (`exits.closed_output_ends_quietly`).
-  """
+  """Runs a command's `main(argv)` under absl after flags (`--help` loads no library),
+  `before_libraries`, quiet logs and TensorFlow kept off the accelerators; a `ValueError`, a
+  platform or threads that cannot start end it in one line, `error: ...`, status 1."""
 
   def prologue_then_main(argv: list[str]) -> None:
     if argv[1:] and not takes_arguments:  # One line, not absl's whole usage text.
