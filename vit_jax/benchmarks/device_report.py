@@ -1,20 +1,10 @@
 r"""What the accelerator at hand runs, in one table:
 `python -m vit_jax.benchmark --mode=device_report`.
 
-For the day a GPU or TPU is lent, one command checks and measures what matters there:
-- every family's quick model (its config, `configs.family_configs()`) trains a few bfloat16
-  steps on one repeated batch: the loss is finite and falls;
-- attention at every family's token counts (`ATTENTION_SHAPES`), bfloat16: cuDNN against XLA,
-  outputs and gradients under rows of very large negative logits, NaNs, and the forward and
-  backward time of XLA and of each cuDNN padding; the row fails where what the models choose
-  (`numerics.choose_attention`, `numerics.cudnn_sequence_length`) is wrong;
-- ViT-B/16's bfloat16 training step with the default attention ('auto', named in the row) at 256
-  and 512 images per device, and with XLA's: images/s, XLA's FLOP count and, for a device kind of
-  `PEAK_TFLOPS`, the model FLOPs utilisation;
-- the training input pipeline (DeiT's ImageNet recipe on the embedded digits) on every host core,
-  beside the images/s that the ViT-B/16 step needs on every local device.
-It prints the table and writes it as JSON. `reduced=True` (the default on CPU) shrinks every
-measurement to tiny sizes: the test suite runs it.
+Each family's quick model trains a few bfloat16 steps (the loss falls); cuDNN attention is checked
+against XLA at every family's token counts (`ATTENTION_SHAPES`); ViT-B/16's training step is timed
+(images/s, MFU); the input pipeline is timed against what that step consumes. `reduced=True` (the
+default on CPU) shrinks every measurement to tiny sizes: the test suite runs it.
 """
 
 import dataclasses
@@ -64,10 +54,8 @@ def peak_tflops(device_kind: str) -> float | None:
 
 
 def step_flops(function: Callable, *args: Any) -> float | None:
-  """XLA's FLOP count of `function(*args)` lowered for the host CPU, before any backend compiles
-  it: the same whichever device runs it (a GPU plugin counts nothing before compiling, and a
-  compiled GPU program's count leaves out the cuBLAS calls its matrix products become). None
-  where no CPU backend is at hand or the function does not lower for it."""
+  """XLA's FLOP count of `function(*args)` lowered for the host CPU, whichever device runs it (a GPU
+  program's count leaves out its cuBLAS calls); None where it does not lower for a CPU."""
   try:
     cpu = jax.sharding.SingleDeviceSharding(jax.devices('cpu')[0])
     shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=cpu), args)
@@ -417,11 +405,9 @@ def input_pipeline_row(*, reduced: bool, needed_images_per_s: float, num_batches
     config.dataset = 'digits'
     config.batch_size = 128 * jax.local_device_count()
   config = setup.resolved(config)  # As a run on this backend augments.
-  batches = input_pipeline.train_iterator(
-      setting.build(data_settings.DataSettings, config), process_index=0, process_count=1
-  )
-  next(batches)
-  for _ in range(2):  # What the prefetch buffer held.
+  data = setting.build(data_settings.DataSettings, config)
+  batches = input_pipeline.train_iterator(data, process_index=0, process_count=1)
+  for _ in range(3):  # The first batch and what the prefetch buffer held.
     next(batches)
   start = time.perf_counter()
   for _ in range(num_batches):
@@ -437,7 +423,7 @@ def input_pipeline_row(*, reduced: bool, needed_images_per_s: float, num_batches
       'step_needs': needed_images_per_s,
   }
   text = f'{images_per_s:.0f} images/s, {per_core:.0f} per host core'
-  if setting.build(data_settings.DataSettings, config).train_transform.on_device:
+  if data.train_transform.on_device:
     from vit_jax.benchmarks import input_speed  # pylint: disable=g-import-not-at-top
 
     device_s = input_speed.device_augment_seconds(config, 5)

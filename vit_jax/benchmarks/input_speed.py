@@ -4,33 +4,15 @@ r"""Images/s of the training input pipeline alone, and its time to a first batch
   python -m vit_jax.benchmark --mode=input_pipeline --batch=96 --vs_timm \
       --config=configs/deit.py:variant=S,dataset=folder:/path/to/images
 
-Ours is `input_pipeline.train_iterator(setting.build(data_settings.DataSettings, config))`, which parallelises over as many threads as this
-process may use CPUs. timm's is `timm.data.create_transform(image_size, is_training=True, ...)`
-with the config's recipe (inception crop with our scale and ratio ranges, flip, the RandAugment
-string, pixel-mode random erasing, bicubic resizing, the config's normalisation, no colour jitter)
-in a `DataLoader` with one worker process per such CPU, repeated augmentation by timm's
-`RepeatAugSampler`. It reads the same images from the same storage: `ImageFolder` on the split's
-directory of a folder dataset, the split's ArrayRecord records of a dataset stored so (read by
-index, as ours reads them); only a TFRecord-only dataset gives it the split's first
-`TIMM_RECORDS` encoded images, held in memory.
-
-The protocol times each side in steady state. Blocks alternate between the pipelines (`--repeats`
-each; the median block counts, and the range is reported). Before every block both pipelines are
-left to fill their buffers and fall idle; the timed one then runs a warm-up of `--warmup` batches
-plus twice what it can hold ready (its prefetched batches, and for timm each worker's
-`prefetch_factor` batches), so that every batch it buffered before the block is gone, and then a
-timed window of at least `TIMED_PER_BUFFERED` times that buffer (or `--steps` batches, if more).
-With `--vs_timm` and repeated augmentation the same comparison runs again without it. JPEG decodes
-per training image are reported for each side: ours decodes each drawn image once for its
-repeated copies (or, without repetition, only its crop window:
-`reading.decodes_crop_window`), timm's `RepeatAugSampler` hands each copy to its dataset,
-which decodes the file whole every time. Images/s per core divide by the number of CPUs; CPU time
-per image counts every thread of this process and, for timm, its worker processes.
-
-Time to the first batch is `train_iterator(config, start_step=k)` until its first batch arrives,
-at k = 0 and k = `--late_step` (default: the first step after `LATE_EXAMPLES` consumed examples),
-alternating, after the process's first pipeline has compiled the augmentation ops (XLA), whose
-time to its first batch is reported on its own.
+timm's side is `timm.data.create_transform` with the config's recipe (no colour jitter) in a
+`DataLoader` with one worker process per CPU ours may use, repeated augmentation by
+`RepeatAugSampler`, reading the same storage (a TFRecord-only dataset: its first `TIMM_RECORDS`
+images, in memory). Blocks alternate between the pipelines (median of `--repeats`, range
+reported); before each both fill their buffers and fall idle, and the timed one drains `--warmup`
+plus twice what it buffers before a window of at least `TIMED_PER_BUFFERED` times that buffer. CPU
+time per image counts every thread and, for timm, its workers. Time to the first batch is measured
+at step 0 and at `--late_step` (default: after `LATE_EXAMPLES` examples), alternating, after the
+first pipeline compiled the augmentation ops.
 """
 
 import dataclasses
@@ -172,12 +154,20 @@ def check_vs_timm(config: ml_collections.ConfigDict) -> None:
     )
 
 
+def _train_batches(config: ml_collections.ConfigDict, start_step: int = 0) -> Any:
+  """`train_iterator` of the config as one process reads it."""
+  return input_pipeline.train_iterator(
+      setting.build(data_settings.DataSettings, config),
+      start_step=start_step,
+      process_index=0,
+      process_count=1,
+  )
+
+
 def _ours(config: ml_collections.ConfigDict) -> tuple[Pipeline, float]:
   """`train_iterator` from step 0, and the seconds to its first batch (compiling included)."""
   start = time.perf_counter()
-  batches = input_pipeline.train_iterator(
-      setting.build(data_settings.DataSettings, config), process_index=0, process_count=1
-  )
+  batches = _train_batches(config)
   next(batches)
   first_batch_s = time.perf_counter() - start
   # Its prefetched batches, the batch being assembled and the parallel map's elements in flight.
@@ -187,11 +177,7 @@ def _ours(config: ml_collections.ConfigDict) -> tuple[Pipeline, float]:
 def device_augment_seconds(config: ml_collections.ConfigDict, repeats: int) -> float:
   """Seconds of the training step's share of the recipe (`batch_augment.augment`) on one batch of
   the pipeline's, on JAX's default device: the median of `repeats`, after compiling."""
-  batch = next(
-      input_pipeline.train_iterator(
-          setting.build(data_settings.DataSettings, config), process_index=0, process_count=1
-      )
-  )
+  batch = next(_train_batches(config))
   settings = setting.build(data_settings.BatchAugment, config)
   augment = jax.jit(lambda images, keys: batch_augment.augment(images, keys, settings))
   images, keys = jax.device_put((batch['image'], batch['augment_key']))
@@ -212,10 +198,7 @@ def _posterize_in_range(image, bits_to_keep, **kwargs):
 
 
 class _EncodedImages:
-  """A map-style dataset of (encoded image, label) pairs, decoded by PIL as `ImageFolder` does.
-
-  `records[i]` is a dict holding the encoded image at `image_key` and the label at `label_key`.
-  """
+  """A map-style dataset of `records`' (encoded image, label), decoded by PIL as `ImageFolder` does."""
 
   def __init__(self, records: Any, image_key: str, label_key: str, transform: Callable[[Any], Any]):
     self.records, self.transform = records, transform
@@ -337,14 +320,7 @@ def wait_until_idle(
 def time_to_first_batch(config: ml_collections.ConfigDict, start_step: int) -> float:
   """Seconds from `train_iterator(config, start_step=...)` to its first batch."""
   start = time.perf_counter()
-  next(
-      input_pipeline.train_iterator(
-          setting.build(data_settings.DataSettings, config),
-          start_step=start_step,
-          process_index=0,
-          process_count=1,
-      )
-  )
+  next(_train_batches(config, start_step))
   return time.perf_counter() - start
 
 
@@ -437,11 +413,8 @@ def run(
     vs_timm: bool,
     late_step: int | None,
 ) -> dict[str, float]:
-  """Benchmarks the training input pipeline (and timm's); prints and returns the numbers.
-
-  With `vs_timm` and repeated augmentation, the recipe without it is compared too (keys and report
-  lines suffixed ' no_repeat').
-  """
+  """Benchmarks the training input pipeline (and timm's, with and without repeated augmentation,
+  the latter suffixed ' no_repeat'); prints and returns the numbers."""
   if vs_timm:
     check_vs_timm(config)
   late_step = late_step or default_late_step(config.batch_size)
