@@ -1,19 +1,9 @@
 """The work directory as the run that trains there writes it: its lock, config.json, checkpoints.
 
-`RunWriter(path).start(config, scope)` takes the lock and writes the config of a run that trains
-(or is written, as a pruned model is) here; `save` writes checkpoints, keeping the newest
-`config.keep_checkpoints`; `resume` reads the newest readable one onto a training state's shardings,
-moving unreadable newer ones to `unreadable_checkpoints/` (never deleting them). Everything else
-reads a run through `vit_jax.workdir.reader.Workdir`, which this extends.
-
-The lock: `lock(workdir)` is held by a run's process 0 from its first write to its end. It is an
-exclusive `fcntl.flock` on `WORKDIR/run.lock`, which also records the holder (host, pid, start
-time, command) so that a second run is refused with a message naming it. The kernel releases a
-flock when its process ends, however it ends: a lock left by a killed run (kill -9, a crash, a lost
-node) is free, and the next run takes it over, saying whose it was. Over NFS, Linux emulates flock
-with POSIX byte-range locks, which the NFS lock manager keeps across machines. Object stores
-(gs://, s3://) have no locks: there the holder is still recorded in `run.lock` for the record, with
-a warning that nothing stops a second run: start one run per directory.
+The lock is an exclusive `fcntl.flock` on WORKDIR/run.lock, held by process 0 and recording its
+holder so that a second run is refused naming it. The kernel releases a flock however its process
+ends, so the next run takes over a killed run's lock; over NFS, Linux emulates flock with POSIX
+locks, which the NFS lock manager keeps across machines. Object stores have no locks.
 """
 
 import contextlib
@@ -101,7 +91,7 @@ def _holder() -> dict[str, Any]:
 
 def _describe(text: str | dict[str, Any]) -> str:
   """'pid 123 on host, started 2026-…, command: python -m …' from a lock file's content (or its
-  record, `workdir.live_holder`)."""
+  record, `pins.live_holder`)."""
   try:
     holder = json.loads(text) if isinstance(text, str) else text
     return (
@@ -132,11 +122,7 @@ def lock(workdir: str) -> Iterator[None]:
       fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
       f.seek(0)
-      raise WorkdirInUse(
-          f'The work directory {workdir!r} is in use by another run: {_describe(f.read())}. Wait '
-          'for it to finish or stop it (SIGTERM saves a checkpoint), or choose another '
-          '--workdir.'
-      ) from None
+      raise _in_use(workdir, f.read()) from None
     f.seek(0)
     previous = f.read()
     if previous.strip():  # Released by the kernel, not by its run: that run ended abruptly.
@@ -156,16 +142,19 @@ def lock(workdir: str) -> Iterator[None]:
       fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def _in_use(workdir: str, holder: str | dict[str, Any]) -> WorkdirInUse:
+  return WorkdirInUse(
+      f'The work directory {workdir!r} is in use by another run: {_describe(holder)}. Wait '
+      'for it to finish or stop it (SIGTERM saves a checkpoint), or choose another --workdir.'
+  )
+
+
 def refuse_if_in_use(workdir: str) -> None:
-  """Raises WorkdirInUse where another run holds `workdir`'s lock; takes nothing and creates
-  nothing, so a run can say so before it reads (and reports on) the work directory's contents."""
+  """Raises WorkdirInUse where another run holds `workdir`'s lock, taking and creating nothing:
+  before a run reads (and reports on) the work directory's contents."""
   holder = pins.live_holder(workdir)  # None where unreadable: `hold` decides then.
   if holder is not None:
-    raise WorkdirInUse(
-        f'The work directory {workdir!r} is in use by another run: {_describe(holder)}. '
-        'Wait for it to finish or stop it (SIGTERM saves a checkpoint), or choose another '
-        '--workdir.'
-    )
+    raise _in_use(workdir, holder)
 
 
 def hold(workdir: str, run_scope: contextlib.ExitStack) -> None:
@@ -201,8 +190,7 @@ class RunWriter(reader.Workdir):
       self, config: ml_collections.ConfigDict, run_scope: contextlib.ExitStack
   ) -> 'RunWriter':
     """Makes this the run that trains here with `config`: locked until `run_scope` closes
-    (`hold`), its saves finished by then, its config.json written, its checkpoints kept by
-    `config.keep_checkpoints`; the pins that killed readers left are removed."""
+    (`hold`), its saves finished by then, its config.json written, abandoned pins removed."""
     with disk_writes.writing(self.path, run_files.ROOM):
       hold(self.path, run_scope)
       # However the run ends, its save in flight is finished (or, refused, removed) while the lock
@@ -225,10 +213,7 @@ class RunWriter(reader.Workdir):
 
   def resume(self, like: Any) -> Any | None:
     """The newest readable training state, on the shardings of `like`; None without checkpoints.
-
-    Unreadable newer checkpoints (truncated or garbage files, lost metadata, an empty step
-    directory) are skipped and set aside (`_set_aside`); if none is readable, ValueError.
-    """
+    Unreadable newer checkpoints are set aside (`_set_aside`); if none is readable, ValueError."""
     steps = self.steps()
     if not steps:
       return None
@@ -256,12 +241,8 @@ class RunWriter(reader.Workdir):
     return found[1]
 
   def save(self, step: int, state: Any, *, model_name: str) -> None:
-    """Saves the training state at `step` (asynchronously), with the model name it belongs to and
-    its `checksums.checksums`, which every read checks.
-
-    A write the file system refuses (full, read-only) raises `Unwritable` here or at the next
-    save or wait, with the temporary checkpoint removed and every earlier checkpoint intact.
-    """
+    """Saves the training state at `step` (asynchronously) with its model's name and `checksums`;
+    a refused write raises `Unwritable` here or at the next save or wait (`_refusals_reported`)."""
     self.wait_until_finished()  # A refusal of the save before names that save's step.
     self._saving = (step, sum(int(x.nbytes) for x in jax.tree.leaves(state)))
     with self._refusals_reported():
@@ -325,12 +306,8 @@ class RunWriter(reader.Workdir):
     return self.manager.reached_preemption(step)
 
   def _set_aside(self, step: int, reason: str) -> None:
-    """Moves step `step`'s unreadable checkpoint to WORKDIR/unreadable_checkpoints/<step>.<time>.
-
-    Out of orbax's directory it is never restored, counted or deleted by the retention policy,
-    and a later save of the same step number writes a fresh checkpoint. A `reason.txt` beside it
-    says why it was moved; delete the folder when done with it.
-    """
+    """Moves step `step`'s unreadable checkpoint, with a reason.txt, to
+    WORKDIR/unreadable_checkpoints/<step>.<time>: out of orbax's sight and retention."""
     target = self.file(run_files.UNREADABLE_DIR) / f'{step}.{time.strftime("%Y%m%d-%H%M%S")}'
     if jax.process_index() == 0:
       target.parent.mkdir(parents=True, exist_ok=True)

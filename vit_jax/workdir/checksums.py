@@ -11,19 +11,15 @@ CHECKSUMS = 'checksums'  # In a checkpoint's meta: `checksums` of its state as s
 
 def checksums(tree: Any) -> list[int]:
   """Each array leaf's bits summed as unsigned words of up to 32 bits (wrapping at 2**32), in
-  leaf order: a changed bit changes its array's sum. Arrays on accelerators, or not all held by
-  this process, are summed on their devices (one program, compiled once per state's layout);
-  host arrays and CPU arrays this process holds whole, on the host (nothing to compile)."""
+  leaf order: a changed bit changes its array's sum. Device arrays (`_summed_on_device`) are summed
+  in one program, compiled once per state's layout; the others on the host."""
   leaves = jax.tree.leaves(tree)
   on_device = [i for i, leaf in enumerate(leaves) if _summed_on_device(leaf)]
-  sums: dict[int, int] = {}
+  sums = {}
   if on_device:
-    device_sums = _device_sums([_plain(leaves[i]) for i in on_device])
-    sums.update(zip(on_device, (int(x) for x in jax.device_get(device_sums))))
-  for i, leaf in enumerate(leaves):
-    if i not in sums:
-      sums[i] = _host_sum(leaf)
-  return [sums[i] for i in range(len(leaves))]
+    device_sums = jax.device_get(_device_sums([_plain(leaves[i]) for i in on_device]))
+    sums = dict(zip(on_device, map(int, device_sums)))
+  return [sums[i] if i in sums else _host_sum(leaf) for i, leaf in enumerate(leaves)]
 
 
 def _summed_on_device(leaf: Any) -> bool:

@@ -1,10 +1,7 @@
 """Writes to the disk: a write the file system refuses, worded in one line, and files written whole.
 
-A write the file system refuses (a full or read-only device, no permission), to a work directory
-or to any other output of a command (exported weights, reports), is one line: `writing(path,
-needs)` turns it into `Unwritable`, naming the path, why and what the write needs;
-`check_writable` asks before the work that ends in the write. `replaced_whole` writes a file
-whole or not at all.
+`writing(path, needs)` turns a refused write into `Unwritable`, naming the path, why and what the
+write needs; `check_writable` asks before the work that ends in the write.
 """
 
 import contextlib
@@ -137,9 +134,8 @@ def check_writable(path: str, needs: str, *, directory: bool) -> None:
 def check_files(
     path: str, names: Sequence[str], needs: str, *, directories: Sequence[str] = ()
 ) -> None:
-  """Raises `Unwritable`'s one line where a file `names` that the directory `path` holds (a run's
-  lock, config.json, results.json, ...) is a directory instead, or one of its `directories` a
-  file, before the work that writes there."""
+  """Raises `Unwritable`'s one line where one of the files `names` in directory `path` is a
+  directory, or one of its `directories` a file, before the work that writes there."""
   if '://' in path:
     return
   for name, kind, wrong in [(n, 'file', 'directory') for n in names] + [

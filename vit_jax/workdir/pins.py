@@ -1,12 +1,7 @@
-"""Live-run pins: a reader beside a live run reads a pinned copy of a checkpoint.
+"""Beside a live run, a reader reads a pinned copy of a checkpoint, which retention cannot delete.
 
-Beside a live run (`live_holder`: a process holds its lock), a reader says so in one line and reads
-a pinned checkpoint (`pinned_checkpoint`): the step's files hard-linked (copied where links are
-refused) into a temporary directory, so that the run's retention cannot delete them mid-read; a
-step deleted while it is being pinned gives way to the newest one, and one deleted while orbax
-lists the steps is listed again. A pin holds a lock while it is read; the next reader or run
-removes a pin whose lock is free (its reader was killed), so that it does not keep deleted
-checkpoints on the disk.
+A pin holds a lock while it is read; the next reader or run removes a pin whose lock is free (its
+reader was killed), so that it does not keep deleted checkpoints on the disk.
 """
 
 import contextlib
@@ -70,8 +65,7 @@ def not_of_a_deleted_step(record: std_logging.LogRecord) -> bool:
 
 
 def remove_abandoned_pins(path: str) -> list[str]:
-  """Removes the pins in work directory `path` whose reader ended without removing them (killed:
-  its pin's lock is free), which would otherwise keep deleted checkpoints' files on the disk;
+  """Removes the pins in work directory `path` whose lock is free (their reader was killed);
   returns their paths. A pin still being read, or made before it holds its lock, stays."""
   if '://' in path or not os.path.isdir(path):
     return []
@@ -122,11 +116,9 @@ def _link_tree(source: str, target: str) -> None:
 
 @contextlib.contextmanager
 def pinned_checkpoint(path: str, step: int) -> Iterator[str]:
-  """A directory holding checkpoint `step` of work directory `path` as hard links to its files
-  (copies where links are refused), in PATH/.pin-*/ (or, where the work directory refuses it, the
-  system's temporary directory), removed when the block ends: the run's retention cannot delete
-  what it reads. Vanished when the step is deleted while it is being pinned. The pins of readers
-  that were killed are removed first (`remove_abandoned_pins`)."""
+  """A directory holding checkpoint `step` of work directory `path` hard-linked (`_link_tree`), in
+  PATH/.pin-*/ (else the system's temporary directory), removed when the block ends; Vanished when
+  the step is deleted while it is being pinned."""
   remove_abandoned_pins(path)
   try:
     root = tempfile.mkdtemp(prefix=PIN_PREFIX, dir=path)

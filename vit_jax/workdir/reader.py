@@ -1,20 +1,8 @@
-"""The work directory of a run as everything that reads it sees it: `Workdir`.
+"""`Workdir`: a run's work directory as every command reads it, and the small results they write.
 
-`Workdir(path)` reads a run without changing it; `Workdir.open(path)` does so after checking that
-it is a trained run (its files: `run_files`). The run that trains here writes it through
-`training.run_writer.RunWriter`, which extends this class with the lock, the saves and resuming.
-Reads go through one orbax reader: onto a training state's shardings to resume, or whole into host
-memory (whatever mesh, device or process count wrote them) for evaluation, analysis, export,
-teachers and fine-tuning, with the run's EMA of the variables first where it kept one. Without a
-step, the newest checkpoint that can be read is used: readers skip unreadable newer ones with a
-warning. Beside a live run, a reader reads a pinned copy of the checkpoint (`pins`). Saved shapes
-(`newest_layout`, for `vit_jax.training.resume`) come from orbax's own metadata. The small results
-a side command writes here (`write_results`, `write_json`, `analysis_dir`) are written through
-this class too.
-
-Every writer of results.json merges its metrics into it under a file lock, so that the run's final
-metrics and an evaluation's are both kept, in either order, each with the step it was measured at
-(`steps`: an evaluation beside a live run scores an earlier step than the run's final one).
+All reads go through one orbax reader (`_restore`); without a step, the newest readable checkpoint
+is read, newer unreadable ones skipped with a warning; beside a live run, a pinned copy (`pins`).
+`training.run_writer.RunWriter` extends it with the lock, the saves and resuming.
 """
 
 import contextlib
@@ -69,14 +57,8 @@ def _reason(error: Exception) -> str:
   return f'{type(error).__name__}: {text[:300]}'
 
 
-def import_recorded_modules(path: str) -> None:
-  """Imports the modules that the run in `path` records in its config.json (`imports`), as
-  reading its config does: for a command that names the run's evaluators before loading it."""
-  Workdir(path).config()
-
-
 class Workdir:
-  """A run's work directory, read (see the module docstring); reading changes nothing there."""
+  """A run's work directory, read: reading changes nothing there."""
 
   def __init__(self, path: str):
     self.path = os.path.expanduser(path)  # '--workdir=~/run': the shell leaves '~' after '='.
@@ -145,9 +127,8 @@ class Workdir:
     return config
 
   def dataset(self) -> dict[str, Any] | None:
-    """What dataset.json records of the run's data ({'name', 'num_classes', 'class_names', ...},
-    as `write_dataset` wrote it); None for a run that did not record it (written before runs
-    did). ValueError naming the file where it is damaged."""
+    """dataset.json's record of the run's data ({'name', 'num_classes', 'class_names', ...});
+    None for a run from before runs recorded it; ValueError naming the file where it is damaged."""
     path = self.file(run_files.DATASET_FILE)
     if not path.exists():
       return None
@@ -215,16 +196,9 @@ class Workdir:
     return results
 
   def read_state(self, step: int | None = None, *, like: Any = None) -> Any:
-    """The training state at `step` (default: the newest readable; unreadable newer ones are
-    skipped with a warning and left in place).
-
-    Onto the shardings of the abstract state `like`, or, without it, as a tree of host arrays
-    read whole, whatever mesh, device count or process count wrote them, never passing through a
-    device (for teachers, fine-tuning, evaluation and analysis, which need no optimizer).
-    """
-    holder = (
-        pins.live_holder(self.path) if self._keep is None else None
-    )  # A RunWriter reads its own.
+    """The training state at `step` (default: the newest readable), onto the shardings of the
+    abstract state `like`, or without it as host arrays, whatever mesh or process count wrote it."""
+    holder = pins.live_holder(self.path) if self._keep is None else None  # A RunWriter's own.
     read = lambda s: self._restore(s, like)['state']
     if holder is not None:
       read = lambda s: self._read_pinned(s, like)
@@ -271,8 +245,8 @@ class Workdir:
     return found
 
   def _read_pinned(self, step: int, like: Any = None) -> Any:
-    """The training state at `step`, read from a pin of its files (`pin`); `pins.Vanished` when
-    the live run's retention deletes the step while it is being pinned."""
+    """The training state at `step`, read from a pin of its files (`pin`); `pins.Vanished`
+    when the live run's retention deletes the step while it is being pinned."""
     source = str(self.file(run_files.CHECKPOINT_DIR) / str(step))
     with self.pin(step) as pinned:
       try:
@@ -290,8 +264,7 @@ class Workdir:
 
   @contextlib.contextmanager
   def pin(self, step: int) -> Iterator['Workdir']:
-    """A read-only `Workdir` of checkpoint `step` pinned (`pins.pinned_checkpoint`): the run's
-    retention cannot delete what it reads; `pins.Vanished` when the step is deleted meanwhile."""
+    """A read-only `Workdir` of checkpoint `step` pinned (`pins.pinned_checkpoint`)."""
     with pins.pinned_checkpoint(str(self.file('')), step) as root:
       yield Workdir(root)
 
@@ -299,9 +272,8 @@ class Workdir:
       self, step: int | None = None, *, use_ema: bool = True, unrolled: bool = False
   ) -> SavedVariables:
     """The model variables at `step` (default: newest readable) as host arrays: the run's EMA
-    when it kept one (`ema_decay` > 0) and `use_ema`, as the published DeiT/CaiT/T2T numbers are
-    the EMA model's, else the trained variables; in the layout the run trained in, or with
-    `unrolled` the blocks of a `scan_layers` run one by one (`blocks_i`)."""
+    where it kept one and `use_ema` (published DeiT/CaiT/T2T numbers are the EMA model's); with
+    `unrolled`, a `scan_layers` run's blocks one by one (`blocks_i`)."""
     state = self.read_state(step)
     ema = bool(use_ema and state.get('ema'))
     source = state['ema'] if ema else state
@@ -310,13 +282,9 @@ class Workdir:
       variables['batch_stats'] = source['batch_stats']
     if unrolled:
       variables = layouts.unstack_layers(variables)
-    logging.info(
-        'Read the %s weights of %s (step %d).',
-        'EMA' if ema else 'raw',
-        self.path,
-        int(state['step']),
-    )
-    return SavedVariables(variables, int(state['step']), ema)
+    step = int(state['step'])
+    logging.info('Read the %s weights of %s (step %d).', 'EMA' if ema else 'raw', self.path, step)
+    return SavedVariables(variables, step, ema)
 
   def newest_layout(self) -> tuple[int, str, dict[str, tuple[int, ...]]] | None:
     """(step, model name, every saved array's shape by path) of the newest checkpoint whose
@@ -336,11 +304,8 @@ class Workdir:
   # Small results beside the run.
 
   def write_results(self, metrics: Mapping[str, float], *, step: int | None) -> str:
-    """Merges `metrics`, measured at `step` (None: weights of no run), into results.json: each
-    under its name, its step under 'steps' (process 0 writes; read it with `results`); its path.
-
-    Under an exclusive lock of WORKDIR/results.lock, read, merged and atomically replaced: the
-    run's final metrics and those of `vit_jax.evaluate` beside it are both kept, in either order.
+    """Merges `metrics`, measured at `step` (None: weights of no run), into results.json under
+    results.lock (process 0 writes), so the run's and `vit_jax.evaluate`'s are both kept; its path.
     """
     if jax.process_index() != 0:
       return str(self.file(run_files.RESULTS_FILE))
@@ -448,13 +413,9 @@ class Workdir:
     )
 
   def _restore(self, step: int, like: Any = None, *, state: bool = True) -> Any:
-    """The one reader: step `step`'s items, {'meta'[, 'state']}.
-
-    The state onto `like`'s shardings, or without it as host arrays, checked against the
-    checksums the save recorded (`checksums`; DamagedCheckpoint where a bit changed since) unless
-    `like` casts it (a resume with another `mu_dtype`); the meta item always, as a checkpoint
-    whose metadata is lost cannot be checked.
-    """
+    """The one reader: step `step`'s items, {'meta'[, 'state']}; the state onto `like`'s
+    shardings (or host arrays), DamagedCheckpoint where it differs from the saved `checksums`
+    (unless `like` casts it: a resume with another `mu_dtype`)."""
     items = {'meta': ocp.args.JsonRestore()}
     as_saved = True  # Whether the state is read in the dtypes it was saved in (else: cast).
     if state:
@@ -480,11 +441,8 @@ class Workdir:
       on_unreadable: Callable[[int, str], None] | None = None,
       quiet: bool = False,
   ) -> tuple[int, Any] | None:
-    """(step, read(step)) of the newest checkpoint that `read` can read, or None if none can.
-
-    Each newer checkpoint that fails to read is logged (unless `quiet`) with its path and the
-    reason, then passed to `on_unreadable(step, reason)` when given.
-    """
+    """(step, read(step)) of the newest checkpoint that `read` can read, or None; each newer one
+    that fails is logged (unless `quiet`) and passed to `on_unreadable(step, reason)`."""
     for step in reversed(self.steps()):
       try:
         return step, read(step)
