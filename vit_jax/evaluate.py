@@ -46,10 +46,8 @@ _TEST_SETS = 'test_sets'
 
 
 def overridable(argv: Sequence[str]) -> ml_collections.ConfigDict:
-  """What `--config.FIELD` sets here: the `evaluators` section of every registered evaluator and
-  the run's fields they read (`eval_sets`, `eval_every`), with an empty section for each other
-  evaluator that `argv` names (one of a run's own modules, registered once imported: its fields
-  are checked then)."""
+  """What `--config.FIELD` sets here: every registered evaluator's section and the run's fields
+  they read, with an empty section for each other evaluator `argv` names (checked once imported)."""
   defaults = config_lib.defaults()
   config = ml_collections.ConfigDict(
       {
@@ -158,12 +156,12 @@ def main(argv) -> None:
   # The run's settings, and its evaluators of your own (its config.json `imports`), first.
   run_config = reader.Workdir(flags.FLAGS.workdir).config() if flags.FLAGS.workdir else None
   sections, run_fields = settings(run_config, given, given_run_fields)
-  chosen = []
-  for name in names:
-    section = sections.get(name, {})
-    if name == _TEST_SETS:  # The run scored its own eval split; the weights read may differ.
-      section = {**section, 'own_split': False}
-    chosen.append(evaluators.create(name, section, run=run_fields))
+  # The run scored its own eval split; the weights read may differ.
+  own_split = {_TEST_SETS: {'own_split': False}}
+  chosen = [
+      evaluators.create(name, {**sections.get(name, {}), **own_split.get(name, {})}, run=run_fields)
+      for name in names
+  ]
   if _OUT_DIR.value:  # Before reading any weights.
     disk_writes.check_writable(_OUT_DIR.value, RESULTS_ROOM, directory=True)
   with storage.runs_read_only():  # The data dir a run names is read, never written.

@@ -1,23 +1,12 @@
-"""Evaluation: every evaluator is registered by name and run by one mechanism, in training and
-outside it.
+"""Evaluation: every evaluator is registered by name (`EVALUATORS`, `register`) and run by one
+mechanism, in training and outside it.
 
-An evaluator (`evaluator.Evaluator`) is a frozen dataclass of its settings (fields with
-defaults) with `every` (training steps between its runs; 0: none), `check` (what it scores is
-readable, before anything compiles) and `run(subject) -> {metric: value}`, where the
-`evaluator.Subject` is a model with its state on the mesh, its variables as host arrays or its
-logits over the eval split, and `data` giving the evaluation preprocessing of its images; it also
-names its log lines and its metrics' TensorBoard and results.json names. Registered
-(`EVALUATORS`, `register`):
-* 'test_sets' (`eval_sets.TestSets`): the model's own predictions, top-1 and loss on the run's
-  eval split (and of its EMA) and on the test sets of `config.eval_sets` (ReaL, ImageNet-A/-R,
-  …), every `config.eval_every` steps;
-* 'fewshot', 'linear_probe' (`frozen.Evaluator`): classifiers fitted on frozen pre-logits;
-* your own: a `predictions.Evaluator` (scores the model's logits), a `frozen.Evaluator`, or any
-  dataclass with the interface.
-Each one's fields are `--config.evaluators.NAME.FIELD` (`vit_jax.schema.evaluators`; the test
-sets' are the run's `eval_sets` and `eval_every`). The loop runs `due` ones every `every` steps and
-all of them at the end (`run`), writing their metrics to TensorBoard and results.json; `eval_only`
-and `python -m vit_jax.evaluate` run them once on a run's or published weights (`standalone`).
+An evaluator (`evaluator.Evaluator`) is a frozen dataclass of its settings, its fields
+`--config.evaluators.NAME.FIELD` (`vit_jax.schema.evaluators`): 'test_sets' (`eval_sets`: the
+model's predictions on the eval split and `config.eval_sets`), 'fewshot' and 'linear_probe'
+(`frozen`: classifiers fitted on frozen pre-logits), or your own (`predictions.Evaluator`,
+`frozen.Evaluator`). The loop runs `due` ones every `every` steps and all at the end (`run`);
+`eval_only` and `python -m vit_jax.evaluate` run them once (`standalone`).
 """
 
 import dataclasses
@@ -42,11 +31,8 @@ _METHODS = ('check', 'run', 'log', 'summaries', 'results')
 
 
 def register(name: str, evaluator_class: type) -> None:
-  """Makes `evaluator_class` the evaluator `name`, shown by its log line: a frozen dataclass of its
-  settings (fields with defaults, `every` among them) with the methods of `evaluator.Evaluator`
-  (`predictions.Evaluator` and `frozen.Evaluator` give them). Its fields are
-  `--config.evaluators.NAME.FIELD` of every config made afterwards; training runs it every
-  `every` steps and at the end, `python -m vit_jax.evaluate --evaluators=NAME` on a finished run."""
+  """Makes `evaluator_class`, a frozen dataclass of its settings with the methods of
+  `evaluator.Evaluator`, the evaluator `name`, its fields in every config made afterwards."""
   if name in EVALUATORS:
     raise ValueError(f'Evaluator {name!r} is registered already; registered: {list(EVALUATORS)}.')
   if not (isinstance(evaluator_class, type) and dataclasses.is_dataclass(evaluator_class)):
@@ -74,10 +60,8 @@ def register(name: str, evaluator_class: type) -> None:
 def create(
     name: str, settings: Mapping[str, Any] | None = None, *, run: Any = None
 ) -> evaluator.Evaluator:
-  """The evaluator `name` with `settings` (its fields; None: the field's default) and, given
-  `run` (a run's config or settings), the fields that are the run's own (`run_field`: the test
-  sets' `eval_sets` and `eval_every`) from it; ValueError for unknown names or fields, naming the
-  valid ones."""
+  """The evaluator `name` with `settings` (None: the field's default) and its `run_field`s from
+  `run` (a run's config or settings); ValueError for unknown names or fields."""
   if name not in EVALUATORS:
     raise ValueError(f'Unknown evaluator {name!r}; valid: {list(EVALUATORS)}.')
   cls = EVALUATORS[name]
@@ -95,8 +79,8 @@ def create(
 def periodic(
     sections: Mapping[str, Mapping[str, Any]], run: Any = None
 ) -> dict[str, evaluator.Evaluator]:
-  """The evaluators that training runs (`every` > 0), in order: every registered one with its
-  section of the run's `evaluators` and the run's own fields from `run` (its settings)."""
+  """The evaluators that training runs (`every` > 0), in order, with the run's `evaluators`
+  `sections` and its own fields from `run`."""
   names = [*EVALUATORS, *(name for name in sections if name not in EVALUATORS)]
   evaluators = {name: create(name, sections.get(name), run=run) for name in names}
   return {name: e for name, e in evaluators.items() if e.every > 0}
@@ -109,8 +93,7 @@ def check(
     num_classes: int,
     class_names: Sequence[str] | None,
 ) -> None:
-  """Each evaluator's `check` beside the run reading `data` with a model of `num_classes` classes
-  (named `class_names`; None: names not to compare), before anything compiles."""
+  """Each evaluator's `check`, before anything compiles."""
   for e in evaluators:
     e.check(data, num_classes=num_classes, class_names=class_names)
 

@@ -18,7 +18,7 @@ evaluator of a model's predictions, scores them and the run's own eval split.
 
 import dataclasses
 import functools
-from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
+from typing import Callable, ClassVar, Iterator, Mapping, Sequence
 
 from absl import logging
 import flax.linen as nn
@@ -36,7 +36,6 @@ from vit_jax.evaluators import evaluator
 from vit_jax.evaluators import passes
 from vit_jax.parallel import sharding
 from vit_jax.schema import evaluators as evaluator_settings
-from vit_jax.training import steps
 
 # The 200 ImageNet classes (WordNet ids) of ImageNet-A (Hendrycks et al. 2021, "Natural Adversarial
 # Examples", github.com/hendrycks/natural-adv-examples) and ImageNet-R (Hendrycks et al. 2021, "The
@@ -157,12 +156,6 @@ def score(scoring: str) -> passes.Score:
   return passes.top1_sums
 
 
-def parse(spec: str, *, dataset: str = '', eval_split: str = 'test') -> EvalSet:
-  """The set `spec` names (`eval_set_names.parse`)."""
-  name = eval_set_names.parse(spec, dataset=dataset, eval_split=eval_split)
-  return EvalSet(**dataclasses.asdict(name))
-
-
 def parse_all(
     specs: Sequence[str], *, dataset: str = '', eval_split: str = 'test'
 ) -> tuple[EvalSet, ...]:
@@ -210,10 +203,9 @@ def checked(
     num_classes: int,
     class_names: Sequence[str] | None = None,
 ) -> tuple[EvalSet, ...]:
-  """The sets of `specs` (a run's `eval_sets`) beside the run reading `data`, each checked
-  against its data before anything compiles: the dataset and split exist, its labels are
-  `num_classes` classes and, given the `class_names` of the run's dataset, where both sides name
-  their classes, the same names in the same order (a set is scored by label index)."""
+  """The sets of `specs` beside the run reading `data`, checked before anything compiles: the
+  dataset and split exist, `num_classes` classes and, where both sides name their classes
+  (`class_names`: the run's), the same names in the same order (sets are scored by label index)."""
   try:
     eval_sets = parse_all(specs, dataset=data.dataset, eval_split=data.eval_split)
   except ValueError as e:
@@ -239,9 +231,8 @@ def checked(
             data, dataset=eval_set.dataset, train_split=eval_set.split, eval_split=eval_set.split
         )
     ).class_names
-    difference = None
-    if _named(eval_set.dataset, names) and _named(data.dataset, class_names):
-      difference = class_difference(class_names, names)
+    named = _named(eval_set.dataset, names) and _named(data.dataset, class_names)
+    difference = class_difference(class_names, names) if named else None
     if difference is not None:
       raise ValueError(
           f'eval_sets: {eval_set.name!r} names its classes differently from the model (of '
@@ -277,30 +268,6 @@ def compile_steps(
   return {scoring: _jitted_step(model, num_classes, mesh, scoring) for scoring in sorted(scorings)}
 
 
-def evaluate(
-    eval_sets: Sequence[EvalSet],
-    eval_steps: dict[str, Callable],
-    state: steps.TrainState,
-    data: data_settings.DataSettings,
-    data_sharding: jax.sharding.NamedSharding,
-    known: dict[tuple[Any, ...], dict[str, float]] | None = None,
-) -> dict[str, float]:
-  """Every set's metrics of `state` (and of its EMA), as 'NAME/accuracy', ...; a set whose
-  `reads` is a key of `known` takes those metrics instead of being read again."""
-  metrics = {}
-  for eval_set in eval_sets:
-    result = (known or {}).get(eval_set.reads)
-    if result is None:
-      result = passes.evaluate_with_ema(
-          eval_steps[eval_set.scoring],
-          state,
-          functools.partial(eval_set.batches, data),
-          data_sharding,
-      )
-    metrics.update({f'{eval_set.name}/{k}': v for k, v in result.items()})
-  return metrics
-
-
 @dataclasses.dataclass(frozen=True)
 class TestSets(evaluator_settings.TestSetsSettings):
   """The model's own predictions scored (an `evaluator.Evaluator`): top-1 and loss on the run's
@@ -318,33 +285,31 @@ class TestSets(evaluator_settings.TestSetsSettings):
       num_classes: int,
       class_names: Sequence[str] | None,
   ) -> None:
-    """The sets' names, data, class count and class names (`checked`), before anything
-    compiles."""
-    if not num_classes:
-      raise ValueError(
-          'test_sets scores predictions, and the model has no classifier head (headless '
-          'weights); fewshot and linear_probe read its features.'
-      )
+    evaluator.check_head(self.name, num_classes)
     if not (self.sets or self.own_split):
       raise ValueError('test_sets has no test set to score: name them in --config.eval_sets.')
     checked(self.sets, data, num_classes=num_classes, class_names=class_names)
 
   def run(self, subject: evaluator.Subject) -> dict[str, float]:
-    state, data = subject.state, subject.data
+    data = subject.data
     sets = parse_all(self.sets, dataset=data.dataset, eval_split=data.eval_split)
     eval_steps = compile_steps(
         sets, subject.model, subject.num_classes, subject.mesh, own_split=self.own_split
     )
-    data_sharding = sharding.batch_sharding(subject.mesh)
+    evaluate = lambda scoring, batches: passes.evaluate_with_ema(
+        eval_steps[scoring], subject.state, batches, sharding.batch_sharding(subject.mesh)
+    )
     metrics, known = {}, {}
     if self.own_split:
-      metrics = passes.evaluate_with_ema(
-          eval_steps['top1'], state, lambda: input_pipeline.eval_iterator(data), data_sharding
-      )
+      metrics = evaluate('top1', functools.partial(input_pipeline.eval_iterator, data))
       # The run's own eval split as a test set: a listed set that reads it is not read again.
-      own = EvalSet(data.eval_split, data.dataset, data.eval_split)
-      known = {own.reads: metrics}
-    return {**metrics, **evaluate(sets, eval_steps, state, data, data_sharding, known=known)}
+      known = {EvalSet(data.eval_split, data.dataset, data.eval_split).reads: dict(metrics)}
+    for eval_set in sets:
+      result = known.get(eval_set.reads) or evaluate(
+          eval_set.scoring, functools.partial(eval_set.batches, data)
+      )
+      metrics.update({f'{eval_set.name}/{k}': v for k, v in result.items()})
+    return metrics
 
   def log(self, step: int, metrics: Mapping[str, float], *, final: bool) -> None:
     ema_note = lambda prefix='': (

@@ -14,11 +14,9 @@ from vit_jax.training import steps
 
 
 class Subject:
-  """A model to score, as each evaluator reads it: its state on the mesh (the test sets read it,
-  and its EMA), its raw variables as host arrays (the frozen-feature evaluators read those) or its
-  logits over a split with the labels (`predictions`), each made from the others when first asked
-  for; `data`: how its images are preprocessed for evaluation (the run's or the weights');
-  `num_classes`: the classes it predicts (default: the model's)."""
+  """A model to score: its state on the mesh, its raw variables as host arrays or its logits over
+  a split, each made from the others when first asked for; `data`: its images' evaluation
+  preprocessing; `num_classes`: the classes it predicts (default: the model's)."""
 
   def __init__(
       self,
@@ -74,9 +72,7 @@ class Subject:
 
 
 class Evaluator(Protocol):
-  """An evaluation: `every` training steps between its runs during training (0: none), what it
-  checks before anything compiles, the metrics of a `Subject`, its log lines, and its metrics as
-  TensorBoard and results.json name them."""
+  """An evaluation, run every `every` training steps (0: none)."""
 
   every: int
 
@@ -87,8 +83,8 @@ class Evaluator(Protocol):
       num_classes: int,
       class_names: Sequence[str] | None,
   ) -> None:
-    """Raises ValueError, at set-up, where what it scores cannot be read beside the run reading
-    `data` with a model of `num_classes` classes (named `class_names`, None: unnamed)."""
+    """ValueError, before anything compiles, where what it scores cannot be read beside the run
+    reading `data` with a model of `num_classes` classes (named `class_names`; None: unnamed)."""
 
   def run(self, subject: Subject) -> dict[str, float]:
     """The metrics of `subject`."""
@@ -103,10 +99,18 @@ class Evaluator(Protocol):
     """`metrics` under their results.json names."""
 
 
+def check_head(name: str, num_classes: int) -> None:
+  """ValueError where evaluator `name`, which scores predictions, gets a model without a head."""
+  if not num_classes:
+    raise ValueError(
+        f'{name} scores predictions, and the model has no classifier head (headless weights); '
+        'fewshot and linear_probe read its features.'
+    )
+
+
 class Named:
-  """The parts of an `Evaluator` most evaluators share: nothing to check at set-up, one log line
-  under its `name` (the one it is registered under), its metrics under their own names in
-  TensorBoard and results.json."""
+  """What most evaluators share: nothing to check, one log line under its registered `name`,
+  its metrics under their own names in TensorBoard and results.json."""
 
   name: ClassVar[str] = ''
 

@@ -70,8 +70,8 @@ def dataset(
     train_split: str,
     test_split: str,
 ) -> Dataset:
-  """The frozen features of dataset `name` (digits, a TFDS name or 'folder:PATH'), its images
-  preprocessed as the run `data` (the model's run or weights') evaluates."""
+  """The frozen features of dataset `name`, its images preprocessed as the run `data`
+  evaluates."""
   data = dataclasses.replace(data, dataset=name, train_split=train_split, eval_split=test_split)
   info = input_pipeline.get_dataset_info(data)
   return Dataset(
@@ -84,31 +84,18 @@ def dataset(
 
 @dataclasses.dataclass(frozen=True)
 class Evaluator(evaluator_settings.FrozenFeaturesSettings, evaluator.Named, abc.ABC):
-  """What every frozen-feature evaluator shares (an `evaluator.Evaluator`): its datasets and
-  splits and how often training runs it (`FrozenFeaturesSettings`), its log line.
-
-  A subclass defines `evaluate(data: Dataset) -> {metric: value}`; `run` feeds it every dataset.
-  """
+  """An `evaluator.Evaluator` of frozen features: a subclass defines `evaluate`, which `run`
+  feeds every dataset."""
 
   @abc.abstractmethod
   def evaluate(self, data: Dataset) -> dict[str, float]:
     """The metrics of one dataset's frozen features."""
 
   def run(self, subject: evaluator.Subject) -> dict[str, float]:
-    """The metrics of the subject's frozen features (its raw variables) on every dataset,
-    preprocessed as the subject's `data` (the run's or the weights') evaluates."""
+    splits = {'train_split': self.train_split, 'test_split': self.test_split}
     metrics = {}
     for name in self.datasets:
       metrics.update(
-          self.evaluate(
-              dataset(
-                  subject.model,
-                  subject.variables,
-                  subject.data,
-                  name,
-                  train_split=self.train_split,
-                  test_split=self.test_split,
-              )
-          )
+          self.evaluate(dataset(subject.model, subject.variables, subject.data, name, **splits))
       )
     return metrics

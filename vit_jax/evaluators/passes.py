@@ -37,14 +37,17 @@ def top1_sums(logits: jax.Array, batch: dict[str, jax.Array]) -> dict[str, jax.A
   }
 
 
-def _logits(model: nn.Module, state: steps.TrainState, images: jax.Array) -> jax.Array:
-  """The model's float32 logits of `images` with the state's parameters (and batch statistics)."""
-  variables = {'params': state.params}
+def _variables(state: steps.TrainState) -> dict[str, Any]:
+  """The state's raw variables, {'params'[, 'batch_stats']}."""
   if state.batch_stats:
-    variables['batch_stats'] = state.batch_stats
-  return jnp.asarray(
-      typing.cast(jax.Array, model.apply(variables, images, train=False)), jnp.float32
-  )
+    return {'params': state.params, 'batch_stats': state.batch_stats}
+  return {'params': state.params}
+
+
+def _logits(model: nn.Module, state: steps.TrainState, images: jax.Array) -> jax.Array:
+  """The model's float32 logits of `images` with the state's variables."""
+  logits = model.apply(_variables(state), images, train=False)
+  return jnp.asarray(typing.cast(jax.Array, logits), jnp.float32)
 
 
 def make_eval_step(
@@ -120,12 +123,8 @@ def frozen_state(variables: dict[str, Any], mesh: Mesh, fsdp_min_size: int) -> s
 
 
 def host_variables(state: steps.TrainState) -> dict[str, Any]:
-  """The state's (raw) variables, {'params'[, 'batch_stats']}, as host arrays on every process,
-  whatever mesh holds them."""
-  variables = {'params': state.params}
-  if state.batch_stats:
-    variables['batch_stats'] = state.batch_stats
-  return multihost_utils.process_allgather(variables, tiled=True)
+  """The state's raw variables as host arrays on every process, whatever mesh holds them."""
+  return multihost_utils.process_allgather(_variables(state), tiled=True)
 
 
 def _metrics(totals: dict[str, float]) -> dict[str, float]:
@@ -137,41 +136,20 @@ def _metrics(totals: dict[str, float]) -> dict[str, float]:
   return {**metrics, 'count': int(totals.get('count', 0.0))}
 
 
-def _evaluate_states(
-    eval_step: Callable,
-    states: dict[str, steps.TrainState],
-    batches: Iterator[dict[str, np.ndarray]],
-    data_sharding: NamedSharding,
-) -> dict[str, dict[str, float]]:
-  """`_metrics` of each of `states` over one pass of `batches`."""
-  totals: dict[str, dict[str, float]] = {name: {} for name in states}
-  for batch in batches:
-    placed = sharding.global_batch(batch, data_sharding)
-    for name, state in states.items():
-      for k, v in jax.device_get(eval_step(state, placed)).items():
-        totals[name][k] = totals[name].get(k, 0.0) + float(v)
-  return {name: _metrics(sums) for name, sums in totals.items()}
-
-
-def evaluate(
-    eval_step: Callable,
-    state: steps.TrainState,
-    batches: Iterator[dict[str, np.ndarray]],
-    data_sharding: NamedSharding,
-) -> dict[str, float]:
-  """Top-1 accuracy (and mean loss, where the scoring has one) over every scored example."""
-  return _evaluate_states(eval_step, {'': state}, batches, data_sharding)['']
-
-
 def evaluate_with_ema(
     eval_step: Callable,
     state: steps.TrainState,
     batches: Callable[[], Iterator[dict[str, np.ndarray]]],
     data_sharding: NamedSharding,
 ) -> dict[str, float]:
-  """`evaluate` of the raw variables, plus `ema_accuracy` (and `ema_loss`) with an EMA: both
-  in one pass over the batches."""
+  """Top-1 accuracy (and mean loss, where the scoring has one) over every scored example of the
+  raw variables, plus `ema_accuracy` (and `ema_loss`) with an EMA: both in one pass."""
   states = {'': state, 'ema': state.ema_view()} if state.ema else {'': state}
-  metrics = _evaluate_states(eval_step, states, batches(), data_sharding)
-  ema = metrics.get('ema', {})
-  return {**metrics[''], **{f'ema_{k}': ema[k] for k in ('accuracy', 'loss') if k in ema}}
+  totals: dict[str, dict[str, float]] = {name: {} for name in states}
+  for batch in batches():
+    placed = sharding.global_batch(batch, data_sharding)
+    for name, each in states.items():
+      for k, v in jax.device_get(eval_step(each, placed)).items():
+        totals[name][k] = totals[name].get(k, 0.0) + float(v)
+  ema = _metrics(totals['ema']) if state.ema else {}
+  return {**_metrics(totals['']), **{f'ema_{k}': ema[k] for k in ('accuracy', 'loss') if k in ema}}

@@ -1,11 +1,5 @@
-"""The evaluators that score the model's predictions: its logits over the run's eval split, with
-the labels (`passes.Predictions`), computed once per evaluation round for all of them
-(`evaluator.Subject.predictions`).
-
-A subclass is a frozen dataclass of its settings (fields with defaults; `every` is here) that
-defines `evaluate(predictions) -> {metric: value}`; registered (`vit_jax.evaluators.register`),
-it runs during training every `every` steps and at the end, and in `python -m vit_jax.evaluate`.
-"""
+"""The evaluators that score the model's logits over the run's eval split, with the labels,
+computed once per evaluation round for all of them (`evaluator.Subject.predictions`)."""
 
 import abc
 import dataclasses
@@ -20,8 +14,8 @@ Predictions = passes.Predictions
 
 @dataclasses.dataclass(frozen=True)
 class Evaluator(evaluator.Named, abc.ABC):
-  """What every prediction-scoring evaluator shares (an `evaluator.Evaluator`): the training
-  steps between its runs (0: only when asked for), its log line, a model with a head to score."""
+  """An `evaluator.Evaluator` of predictions: a subclass is a frozen dataclass of its settings
+  that defines `evaluate`."""
 
   every: int = 0
 
@@ -41,12 +35,7 @@ class Evaluator(evaluator.Named, abc.ABC):
       class_names: Sequence[str] | None,
   ) -> None:
     del data, class_names
-    if not num_classes:
-      raise ValueError(
-          f'{self.name or type(self).__name__} scores predictions, and the model has no '
-          'classifier head (headless weights); fewshot and linear_probe read its features.'
-      )
+    evaluator.check_head(self.name or type(self).__name__, num_classes)
 
   def run(self, subject: evaluator.Subject) -> dict[str, float]:
-    """The metrics of the subject's logits over the run's eval split."""
     return self.evaluate(subject.predictions())

@@ -35,13 +35,9 @@ def evaluate_only(
     fsdp_min_size: int,
     out: reader.Workdir,
 ) -> dict[str, float]:
-  """The `evaluators`' metrics of the weights in `source` (a run or a weights file), their images
-  read as `data` evaluates, written to `out`'s eval_report.json and printed.
-
-  Reads the EMA weights where the source kept them (`use_ema`). Trains nothing and writes
-  nothing else; a class count that differs from the dataset's is an error (no head is
-  re-initialised).
-  """
+  """The `evaluators`' metrics of the weights in `source` (a run or a weights file; its EMA where
+  kept, with `use_ema`), written to `out`'s eval_report.json and printed; no head is
+  re-initialised."""
   variables = pretrained.load(source, model, image_size=data.image_size, use_ema=use_ema)
   subject = evaluator.Subject(
       model, data, variables=variables, mesh=mesh, fsdp_min_size=fsdp_min_size
@@ -72,9 +68,8 @@ def evaluate_only(
 def evaluate_weights(
     run: inference.Run, evaluators: Sequence[evaluator.Evaluator], out_dir: str
 ) -> dict[str, float]:
-  """The metrics of `run` (a run's or published weights) by `evaluators`, each checked first:
-  printed, merged into OUT_DIR/results.json and written as TensorBoard summaries in `out_dir` at
-  the run's step."""
+  """The metrics of `run` by `evaluators`, each checked first: printed, merged into
+  OUT_DIR/results.json and written as TensorBoard summaries in `out_dir` at the run's step."""
   data = setting.build(data_settings.DataSettings, run.config)
   # A run's classes are its dataset's; weights' (Hub label names) may be words for the same ones.
   names = run.class_names if run.step is not None else None

@@ -1,11 +1,6 @@
-"""The evaluators' settings: each evaluator's settings are the fields of its frozen dataclass, with
-their defaults, and the config's `evaluators` section holds them (`SECTION`).
-
-Every registered evaluator's fields are `--config.evaluators.NAME.FIELD`, unset (None: the
-field's default) until set; a field declared `run_field` is instead the run's own field of that
-name (the test sets' `eval_sets` and `eval_every`). The built-in evaluators' settings are
-declared here, free of JAX, so that a config lists them; `vit_jax.evaluators` holds the evaluators
-that subclass them and registers an evaluator of your own, which is its own settings (`add`).
+"""The evaluators' settings: the fields of each one's frozen dataclass, each
+`--config.evaluators.NAME.FIELD` (`SECTION`) or, declared `run_field`, the run's own field. The
+built-in ones are declared here, free of JAX, so that a config lists them.
 """
 
 import dataclasses
@@ -34,9 +29,8 @@ def run_fields(settings: type) -> dict[str, str]:
 
 @dataclasses.dataclass(frozen=True)
 class TestSetsSettings:
-  """The model's own predictions scored on the run's eval split and on the test sets `sets`
-  (`vit_jax.evaluators.eval_sets` names them), every `every` training steps: the run's
-  `eval_sets` and `eval_every`."""
+  """The model's predictions scored on the run's eval split and the test sets `sets` every
+  `every` training steps: the run's `eval_sets` and `eval_every`."""
 
   sets: tuple[str, ...] = run_field('eval_sets', ())
   every: int = run_field('eval_every', 0)
@@ -44,9 +38,8 @@ class TestSetsSettings:
 
 @dataclasses.dataclass(frozen=True)
 class FrozenFeaturesSettings:
-  """What every frozen-feature evaluator reads: its datasets (digits, TFDS names or
-  'folder:PATH'), the split its classifiers are fitted on and the one they are scored on, and the
-  training steps between its runs (0: only when asked for)."""
+  """A frozen-feature evaluator's datasets (digits, TFDS names or 'folder:PATH'), the splits its
+  classifiers are fitted and scored on, and the training steps between its runs (0: none)."""
 
   datasets: tuple[str, ...] = ('digits',)
   train_split: str = 'train'
@@ -116,16 +109,15 @@ def held_type(annotation: Any) -> type:
   return kind if isinstance(kind, type) else object
 
 
-# Evaluator name -> {field: the type a config holds it as}: the config's `evaluators` section,
-# unset, of every registered evaluator with fields of its own (`add` keeps it up to date).
+# Evaluator name -> {field: the type a config holds it as}: the config's `evaluators` section.
 SECTION: dict[str, dict[str, type]] = {}
 # The run's own fields that registered evaluators read (`run_field`), and their types.
 RUN_FIELDS: dict[str, type] = {}
 
 
 def add(name: str, settings: type) -> None:
-  """Puts the fields of `settings`, evaluator `name`'s frozen dataclass, in the config's section;
-  its `run_field`s, the run's own, in `RUN_FIELDS`."""
+  """Puts the fields of `settings`, evaluator `name`'s dataclass, in `SECTION` (its `run_field`s
+  in `RUN_FIELDS`)."""
   hints = typing.get_type_hints(settings)
   run = run_fields(settings)
   fields = {}
