@@ -1,18 +1,7 @@
-"""The run config's schema: every field, with its default, rule and meaning, and the sections.
-
-The fields are those the settings types declare (`vit_jax.schema`: each a frozen dataclass
-whose fields say their config name, default, rule and meaning; `run.Settings` is the root), in
-their order: `FIELDS`. `SECTIONS` are the sub-configs their owners check (the model, the
-evaluators). `defaults()` builds the ConfigDict that every family config starts from
-(`configs/common.py`). `vit_jax.schema.checks` checks a config against these fields, without JAX,
-TensorFlow or a model. Print every field with its default and rule:
-
-  python -m vit_jax.config
-
-Reading a config file imports only this module, `config_rules`, `config_checks`, `vit_jax.schema`,
-ml_collections and the light modules they read names from (`data.normalization`,
-`data.augment_spec`, `data.eval_set_names`, `data.dataset_names`, `models.parts`), none of which
-imports JAX or TensorFlow.
+"""The run config's fields, in the order the settings types declare them (`FIELDS`, from
+`run.Settings`'s tree), its sections (`SECTIONS`: sub-configs their owners check) and `defaults()`,
+the ConfigDict every family config starts from (`configs/common.py`). Like the whole of
+`vit_jax.schema`, it imports neither JAX nor TensorFlow. `python -m vit_jax.config` prints it.
 """
 
 import dataclasses
