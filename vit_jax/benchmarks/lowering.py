@@ -1,14 +1,10 @@
 """The run's steps as TPUs and GPUs would compile them, checked from any machine.
 
-`jax.export` lowers a jitted function for platforms this machine does not have, over an
-`AbstractMesh` of devices it does not have either. `step_programs` builds the train and eval steps
-with the run's own builders (`train.Programs`, `vit_jax.evaluators.passes.jitted_eval_step`) with
-abstract, sharded arguments; `export_steps` lowers them for `tpu` and `cuda`; `matrix_products`
-reads the dot and convolution ops of a lowered program and the dtypes they multiply.
-
-What cannot be cross-lowered: `attention_implementation='cudnn'` (`jax.nn.dot_product_attention`
-asks the local cuDNN while tracing, and raises where there is none); it is checked on CPU by
-refusing clearly, and its XLA counterpart by equality with the default path.
+`jax.export` lowers the run's own jitted steps (`step_programs`), with abstract sharded arguments
+over an `AbstractMesh`, for platforms and devices this machine lacks (`export_steps`);
+`matrix_products` reads the dtypes a lowered program's products multiply. `attention_implementation=
+'cudnn'` cannot be cross-lowered (`jax.nn.dot_product_attention` asks the local cuDNN while
+tracing); it is checked on CPU by refusing clearly, and its XLA twin by equality with the default.
 """
 
 import dataclasses
@@ -146,11 +142,8 @@ def step_programs(
     batch_size: int,
     teacher_model: str | None = None,
 ) -> list[StepProgram]:
-  """The train and eval steps of a run of `config` on `mesh`, as `vit_jax.loop.train` jits them.
-
-  `teacher_model` (a registered name) distils from that model, in the run's dtype, with
-  abstract variables laid out by the same rule as the student's.
-  """
+  """The train and eval steps of a run of `config` on `mesh`, as `vit_jax.loop.train` jits them,
+  distilling from the registered `teacher_model` if given."""
   if config.augment_on_device is None:  # As a run on an accelerator resolves it.
     config = config.copy_and_resolve_references()
     config.augment_on_device = True
@@ -225,11 +218,8 @@ def export_steps(
     teacher_model: str | None = None,
     platforms: Sequence[str] = PLATFORMS,
 ) -> dict[str, jax.export.Exported]:
-  """`step_programs`' steps exported for `platforms` (one lowering for all of them), by name.
-
-  Raises LoweringError naming `case`, the step (or the set-up, tracing the model's
-  initialisation) and the failing op with its source line in vit_jax.
-  """
+  """`step_programs`' steps exported for `platforms` (one lowering for all), by name; LoweringError
+  naming `case`, the step (or the set-up) and the failing op's source line in vit_jax."""
   try:
     programs = step_programs(
         config, num_classes, mesh, batch_size=batch_size, teacher_model=teacher_model

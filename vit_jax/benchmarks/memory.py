@@ -29,13 +29,9 @@ def byte_size(count: int) -> str:
 
 
 def memory_per_device(config, num_classes: int) -> dict[str, int]:
-  """Bytes that one device of a (data × fsdp) mesh over every device holds for a training step.
-
-  The training state's parts from their shapes and layouts (`vit_jax.parallel.sharding`), and XLA's
-  account of the compiled step: its arguments (state and batch), its temporaries, and all that
-  is live at once (the state is donated, so outputs reuse it). Abstract evaluation and
-  compilation only: no array is allocated, so any model can be sized on any machine.
-  """
+  """Bytes that one device of a (data × fsdp) mesh over every device holds for a training step:
+  the state's parts, and XLA's arguments, temporaries and total live at once (the state is
+  donated, so outputs reuse it)."""
   settings = setting.build(run_settings.Settings, config)
   schedule = optim.learning_rate_schedule(settings.schedule, 2, 1)
   start = start_lib.for_run(settings, num_classes, schedule)

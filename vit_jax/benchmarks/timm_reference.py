@@ -10,14 +10,9 @@ _TORCHVISION_SCHEMAS: list[object] = []
 
 
 def import_timm() -> types.ModuleType:
-  """timm, also where torchvision is a CUDA build beside a CPU-only torch (as PyPI's is).
-
-  Such a torchvision fails to register its C++ operators; timm needs only their schemas, so
-  they are declared instead. torchvision's import asks whether Triton is installed by importing
-  it, and Triton's compiler, loaded after TensorFlow's, crashes the process (PyPI's Linux torch
-  wheels depend on Triton); the reference runs eagerly and never compiles, so torch is shown no
-  Triton. Raises ImportError without torch or timm.
-  """
+  """timm; a torchvision whose C++ operators do not register gets their schemas declared (all timm
+  needs), and torch is shown no Triton (loaded after TensorFlow's, its compiler crashes the
+  process; the reference runs eagerly). ImportError without torch or timm."""
   sys.modules.setdefault('triton', None)  # type: ignore[arg-type]
   import torch  # pylint: disable=g-import-not-at-top
 
