@@ -1,15 +1,9 @@
 """The DeiT recipes' augmentations (Touvron et al. 2021, Table 9; DeiT III 2022, Section 3), with
 timm's and deit's semantics, seeded and stateless.
 
-* RandAugment (`'rand-m9-mstd0.5-inc1'` strings, timm's `rand_augment_transform`) and random
-  erasing (timm's `RandomErasing`) act on one image inside the tf.data pipeline, keyed by a
-  stateless seed, so each example's augmentation is a pure function of (seed, process, position).
-* DeiT III's 3-Augment (`three_augment`: grayscale, solarization or Gaussian blur) and colour
-  jitter (`color_jitter`, torchvision's `ColorJitter`) act on one uint8 image in the pipeline
-  too, as deit's `new_data_aug_generator` runs them after the crop and flip.
-* Mixup / CutMix act on a whole batch on device, inside the training step: `vit_jax.data.mixing`.
-
-RandAugment ops work on uint8 RGB images of static shape with PIL's conventions (what timm runs):
+RandAugment, random erasing, DeiT III's 3-Augment and colour jitter act on one image in the
+tf.data pipeline, keyed by a stateless seed (Mixup / CutMix: `vit_jax.data.mixing`). RandAugment
+ops work on uint8 RGB images of static shape with PIL's conventions (what timm runs):
 affine ops sample at output pixel centres, fill outside the image with the mean colour, and
 interpolate bicubically (cubic convolution, a = -1) or bilinearly with edge clamping. Each op is
 one XLA program per image shape, compiled on first use; the random draws stay TensorFlow kernels,
@@ -154,12 +148,8 @@ def _affine(
     bicubic: bool | tf.Tensor,
     along: str = 'xy',
 ) -> tf.Tensor:
-  """PIL's Image.transform(AFFINE, matrix): output pixel (x, y) samples the input at
-  (a x + b y + c, d x + e y + f), measured at pixel centres; outside the image is `fill`.
-
-  `along` = 'x' ('y') declares that the map keeps every row (column), so only that axis needs
-  interpolating: the same result with a quarter of the taps.
-  """
+  """PIL's Image.transform(AFFINE, matrix) at pixel centres, `fill` outside the image; `along` =
+  'x' ('y'): the map keeps every row (column), so only that axis is interpolated."""
   a, b, c, d, e, f = (tf.cast(v, tf.float64) for v in matrix)  # PIL works in double.
   shape = tf.shape(image)
   height, width = shape[0], shape[1]
@@ -258,12 +248,8 @@ _COMPILED_OPS = {
 
 @functools.cache
 def ignore_jax_xla_flags() -> None:
-  """Has TensorFlow's XLA read its flags while XLA_FLAGS is unset.
-
-  XLA_FLAGS holds flags for JAX's XLA; TensorFlow bundles another, often older XLA, which aborts
-  the process on a flag it does not know. Each XLA reads the variable once, at its first
-  compilation, which this triggers; call it before building a graph with a `jit_compile` function.
-  """
+  """Has TensorFlow's XLA, which aborts on JAX's XLA_FLAGS it does not know, read its flags (once,
+  at its first compilation, triggered here) while XLA_FLAGS is unset."""
   jax_flags = os.environ.pop('XLA_FLAGS', None)
   try:
     tf.function(lambda: tf.zeros([]), jit_compile=True)()
@@ -311,13 +297,8 @@ def randaugment(
     fill: tuple[int, int, int],
     interpolation: str = 'bicubic',
 ) -> tf.Tensor:
-  """timm's RandAugment on one uint8 (H, W, 3) image of static shape: `num_layers` ops drawn
-  with replacement, each applied (and only then computed) with probability `prob` at a freshly
-  sampled magnitude.
-
-  `interpolation` for the geometric ops: 'bicubic' (DeiT), 'bilinear', or 'random' (timm's
-  default when no interpolation is given: one of the two per op).
-  """
+  """timm's RandAugment on one uint8 (H, W, 3) image of static shape: `num_layers` ops drawn with
+  replacement, each applied with probability `prob`; `interpolation` 'random' is timm's default."""
   if interpolation not in INTERPOLATIONS:
     raise ValueError(f'Unknown interpolation {interpolation!r}; valid: {INTERPOLATIONS}.')
   fill = tf.constant(fill, tf.uint8)

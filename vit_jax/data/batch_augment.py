@@ -2,19 +2,11 @@
 training step on the accelerator (`--config.augment_on_device`), so that the host's cores only
 decode, crop, resize and flip: it sends whole-pixel uint8 images and one key per image.
 
-Each image's draws are those of timm's `RandAugment` and `RandomErasing` (the same distributions as
-`vit_jax.data.augment`'s), from its own key, which the input pipeline derives from (seed, process,
-position): a batch stays a pure function of (seed, process, step). The ops follow PIL's conventions
-as `augment`'s do, computed for every image and selected per image (XLA's shapes are static):
-* point ops (AutoContrast, Equalize, Invert, Posterize, Solarize, SolarizeAdd, Contrast,
-  Brightness) become one lookup table per image and channel, applied in one gather;
-* Color and Sharpness blend the image with its greyscale or smoothed copy;
-* the geometric ops (Rotate, ShearX/Y, TranslateX/YRel) are one affine resampling with a
-  per-image matrix.
-They compute in float32 where PIL (and `augment`) compute in double: the point and blend ops
-still give PIL's pixels, and a few in a hundred of a resampled image's differ from PIL's by one
-level (`tests/test_batch_augment.py` bounds it); `--config.augment_on_device=false` runs
-`augment`'s ops per image on the host.
+Each image draws timm's distributions from its own key, derived from (seed, process, position).
+Every op is computed for every image and selected per image (XLA's shapes are static): point ops as
+one lookup table per image and channel, Color and Sharpness as blends, the geometric ops as one
+affine resampling. They compute in float32 where PIL computes in double: a few in a hundred of a
+resampled image's pixels differ from PIL's by one level (`tests/test_batch_augment.py` bounds it).
 """
 
 import math

@@ -1,11 +1,8 @@
 """An ArrayRecord copy of a TFDS dataset prepared as TFRecord, so training reads it by index.
 
-Training reads ArrayRecord datasets example by example (exact resume at any step in constant
-time); a dataset stored as TFRecord only is streamed, and resuming it reads every record consumed
-before. `add_array_record` copies each TFRecord shard, record for record, into an ArrayRecord shard
-beside it and registers the format in the dataset's `dataset_info.json` (TFDS's "alternative file
-format"), so both `tfds.load` and `tfds.data_source` work afterwards. The command is
-`python -m vit_jax.convert`.
+`add_array_record` copies each TFRecord shard, record for record, into an ArrayRecord shard beside
+it and registers the format in `dataset_info.json` (an "alternative file format"), so that both
+`tfds.load` and `tfds.data_source` work; the command is `python -m vit_jax.convert`.
 """
 
 import os

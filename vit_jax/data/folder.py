@@ -5,21 +5,12 @@ The folder holds one directory per split and, inside each, one directory per cla
   /path/to/images/train/<class>/*.{jpg,jpeg,png}
   /path/to/images/test/<class>/*.{jpg,jpeg,png}
 
-A class directory's sub-folders at any depth hold images of its class too (as torchvision's
-`ImageFolder` reads them); hidden folders and `__MACOSX` are not data.
-
-Classes are the sorted class-directory names, which must be the same in every split. On first use
-the images are copied, still encoded, into a TFDS dataset under the TFDS data dir, keyed by a
-fingerprint of the folder's file names, sizes and modification times (so an edited folder is
-prepared afresh). They are stored as ArrayRecord, which training reads by example index (exact
-resume in constant time, however large the folder), and from there take the same `tfds` ->
-`tf.data` path as every other dataset. Grayscale and RGBA images are decoded to RGB.
-
-Before the copy every image is decoded once, by the decoder training uses (`tf.io.decode_image`):
-a file that does not decode (truncated, corrupt, not really an image) would otherwise stop the
-run at whatever step reads it. Such files are named in one error, or, with
-`skip_unreadable=True` (config field `skip_unreadable_images`), left out with a warning naming
-each; the two settings prepare separate datasets.
+Sub-folders of a class directory hold its images too (as torchvision's `ImageFolder` reads them);
+classes are the sorted class-directory names, the same in every split. On first use the images are
+copied, still encoded, into an ArrayRecord TFDS dataset keyed by a fingerprint of the folder's file
+names, sizes and modification times (an edited folder is prepared afresh). Every image is decoded
+once first, so that a file that does not decode stops preparation, not a run at whatever step
+reads it; `skip_unreadable=True` leaves such files out instead (a separate dataset).
 """
 
 import collections
@@ -51,8 +42,7 @@ _STRAY_NAMED = 5  # Files beside the class directories named in the warning; the
 
 @dataclasses.dataclass(eq=False, repr=False)
 class FolderConfig(tfds.core.BuilderConfig):
-  """A scanned image folder: its root, classes, files per split and common image shape, and the
-  files that cannot be trained on with the reason of each."""
+  """A scanned image folder: root, classes, files per split, common image shape, unreadable files."""
 
   root: str = ''
   classes: tuple[str, ...] = ()
@@ -160,11 +150,8 @@ def check_splits(root: str, splits: Mapping[str, str]) -> None:
 
 
 def scan(root: str, skip_unreadable: bool = False) -> FolderConfig:
-  """Checks the folder layout and returns its description; ValueError on any problem.
-
-  `skip_unreadable` is part of the fingerprint: a dataset prepared without the files that do
-  not decode is not the one prepared with all of them.
-  """
+  """Checks the folder layout and returns its description (`skip_unreadable` is part of its
+  fingerprint); ValueError on any problem."""
   root = os.path.abspath(os.path.expanduser(root))
   if not os.path.isdir(root):
     raise ValueError(f'Image folder {root!r} does not exist; expected the layout {_LAYOUT}.')
@@ -257,11 +244,7 @@ def scan(root: str, skip_unreadable: bool = False) -> FolderConfig:
 
 
 def _image_size(path: str) -> tuple[int, int] | str:
-  """(width, height) of an image training can read, else why it cannot.
-
-  From the header only (PIL): a resource fork, another format under a JPEG/PNG name, an image
-  so large that decoding it is a decompression bomb, or no image at all.
-  """
+  """(width, height) of an image training can read, else why it cannot, from its header (PIL)."""
   if os.path.basename(path).startswith('._'):
     return 'an AppleDouble resource fork (macOS metadata), not an image'
   try:
@@ -365,11 +348,8 @@ def prepare(
     skip_unreadable: bool = False,
     splits: Mapping[str, str] | None = None,
 ) -> tfds.core.DatasetBuilder:
-  """The builder for the image folder `root`, prepared under `data_dir` on first use.
-
-  Preparing decodes every image once (see the module docstring for files that do not decode).
-  `splits` ({flag: split spec}) are checked to have their directories first (`check_splits`).
-  """
+  """The builder for the image folder `root`, prepared under `data_dir` on first use, after
+  `check_splits(root, splits)`."""
   check_splits(root, splits or {})
   config = scan(root, skip_unreadable)
   builder = Folder(config=config, data_dir=data_dir)

@@ -28,11 +28,7 @@ def to_rgb(image: tf.Tensor) -> tf.Tensor:
 
 def resize(image: tf.Tensor, height: Any, width: Any, clip: bool = True) -> tf.Tensor:
   """Bicubic, antialiased resize to float32 in [0, 255] (a no-op at the same static size);
-  `clip=False` leaves the overshoot beyond [0, 255] to the caller (`whole_pixels` clips).
-
-  A uint8 image goes to the resize kernel as it is: it converts each pixel as it reads it, so
-  the result is that of a float32 copy without the copy.
-  """
+  `clip=False` leaves the overshoot to the caller. A uint8 image is converted by the kernel."""
   if image.shape[0] == height and image.shape[1] == width:
     return tf.cast(image, tf.float32)
   # Antialiasing changes nothing when upsampling, and the plain kernel is faster.
@@ -51,14 +47,9 @@ def resize(image: tf.Tensor, height: Any, width: Any, clip: bool = True) -> tf.T
 def centre_crop_window(
     height: Any, width: Any, size: int, crop_ratio: float
 ) -> tuple[Any, Any, Any, Any]:
-  """(resized height, resized width, top, left) of timm's eval transform of a height x width image.
-
-  timm's `transforms_imagenet_eval(size, crop_pct=crop_ratio)` is torchvision's
-  `Resize(floor(size / crop_ratio))` of the shorter side, whose long side is
-  int(short * long / shorter side), truncated (`_compute_resized_output_size`), then
-  `CenterCrop(size)` at offsets round((resized - size) / 2), halves to even (`center_crop`).
-  Works on Python ints and on int32 tensors alike (TensorFlow's round is half to even too).
-  """
+  """(resized height, resized width, top, left) of timm's eval transform of a height x width image
+  (Python ints or int32 tensors): torchvision's `Resize(floor(size / crop_ratio))`, long side
+  truncated, then `CenterCrop(size)` at offsets round((resized - size) / 2), halves to even."""
   short = math.floor(size / crop_ratio)
   if isinstance(height, int) and isinstance(width, int):
     long_side = short * max(height, width) // min(height, width)
@@ -84,12 +75,8 @@ def _height_width(image: tf.Tensor) -> tuple[Any, Any]:
 
 
 def resize_centre_crop(image: tf.Tensor, size: int, crop_ratio: float) -> tf.Tensor:
-  """timm's eval transform: shorter side to floor(size / crop_ratio), then the central size x size.
-
-  Window arithmetic in `centre_crop_window`; bicubic, antialiased when shrinking, like PIL's
-  bicubic resize that timm's `interpolation='bicubic'` runs. Training with augment='crop_flip' or
-  'none' resizes by the same rule (crop_ratio 1).
-  """
+  """timm's eval transform (`centre_crop_window`): shorter side to floor(size / crop_ratio), then
+  the central size x size."""
   height, width, top, left = centre_crop_window(*_height_width(image), size, crop_ratio)
   image = resize(image, height, width)
   return image[top : top + size, left : left + size]
@@ -208,14 +195,9 @@ def _resize_rows(image: tf.Tensor, size: int) -> tf.Tensor:
 def resize_crop(
     image: tf.Tensor, size: int, whole: bool, flip: tf.Tensor | None = None
 ) -> tf.Tensor:
-  """`resize` of a crop to size x size, bit for bit, clipped to [0, 255]; `whole` rounds it to
-  uint8 as `whole_pixels` does; mirrored left-right where the scalar bool `flip` is true.
-
-  TensorFlow's antialiased resize runs its vertical pass over contiguous rows and its horizontal
-  pass one pixel at a time. Here both passes are vertical ones, the image transposed in between
-  and after (rounding and mirroring in the same program), with the same weights summed in the
-  same order.
-  """
+  """`resize` of a crop to size x size, bit for bit, clipped; `whole` rounds it as `whole_pixels`;
+  mirrored where `flip`. Both passes run vertically (TensorFlow's horizontal pass goes one pixel
+  at a time), the image transposed in between and after, same weights in the same order."""
   flip = tf.constant(False) if flip is None else flip
   if image.shape[:2].is_fully_defined() or size * size < _COMPILED_MIN_PIXELS:
     resized = tf.ensure_shape(resize(image, size, size, clip=not whole), [size, size, None])
@@ -246,12 +228,8 @@ def decode(image: tf.Tensor) -> tf.Tensor:
 
 
 def inception_crop(image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
-  """The `inception_crop_box` window of `image`; of an encoded JPEG, only that window is decoded.
-
-  `tf.io.decode_and_crop_jpeg` skips the rest of the image (as big_vision's
-  `decode_jpeg_and_inception_crop` does); chroma upsampling makes a few pixels along the window's
-  edge differ by a few levels from those of a full decode.
-  """
+  """The `inception_crop_box` window of `image`; of an encoded JPEG only that window is decoded, a
+  few edge pixels a few levels off a full decode's (chroma upsampling)."""
 
   def crop(decoded):
     top, left, height, width = inception_crop_box(tf.shape(decoded), seed)

@@ -1,36 +1,14 @@
 """Input pipelines: any TFDS image-classification dataset, `digits` or an image folder, as batches.
 
-Every dataset goes through one path: a `tfds` builder, its per-process sub-split
-(`tfds.split_for_jax_process`), then `tf.data` preprocessing that is identical for all datasets.
-
-Training reads examples by index. Stream position p (counted over the process's batches, so step k
-starts at position k * B) holds draw d = p // repeated_aug; epoch e = d // N of the process's N
-examples is a permutation drawn with `tf.random.experimental.index_shuffle` seeded by (seed,
-process, e), and all augmentation is stateless, keyed by (seed, process, p). Batch k is therefore a
-pure function of (seed, process, k): `start_step=k` reads exactly the records of batch k onwards and
-yields the batches an uninterrupted run would have seen, at the same cost for every k. Records come
-from one of two random-access sources, chosen by `_random_access`:
-* ArrayRecord (`tfds.data_source`): the embedded digits, image folders, TFDS datasets that
-  vit_jax prepares itself, and TFRecord datasets converted with `python -m vit_jax.convert`.
-  Records are read in chunks by a `tf.data` map (`tf.numpy_function`), then parsed, decoded and
-  augmented by `tf.data`'s parallel map; an inception crop without repeated augmentation decodes
-  only the crop window of a JPEG (`reading.decodes_crop_window`).
-* In memory: a split whose images have a fixed shape and fit in `IN_MEMORY_MAX_BYTES` decoded (the
-  digits, CIFAR, MNIST) is decoded once and held as one array, and each training example is then
-  looked up, augmented and normalised in one `tf.data` map (for a TFRecord-only dataset,
-  `--config.in_memory=true/false` forces either way). An ArrayRecord split whose inception crops
-  decode only the crop window stays encoded, on the ArrayRecord path.
-A TFRecord-only dataset that fits neither (e.g. an ImageNet prepared as TFRecord) is streamed
-instead: seeded file order and shuffle buffer, the same stateless augmentation, and `start_step`
-reads and discards every record consumed before, in an order only approximately the original; a
-log line says so and how to convert it.
-
-A training image is resized to image_size (or inception-cropped to it), cropped and flipped per
-`augment`, RandAugmented (`randaugment`, e.g. 'rand-m9-mstd0.5-inc1') and/or given DeiT III's
-3-Augment (`three_augment`) and colour jitter (`color_jitter`), normalised, then randomly erased
-(`random_erase_prob`), as timm and deit order them: `data_settings.TrainTransform`, built once from the run
-config; evaluation and prediction use `data_settings.EvalTransform`. Mixup/CutMix run on device
-(`mixing.mix_batch`). The config fields and their defaults are declared in `vit_jax.config`.
+Training reads examples by index: stream position p (step k starts at k * B) holds draw
+d = p // repeated_aug, epoch d // N is a permutation (`tf.random.experimental.index_shuffle`) seeded
+by (seed, process, epoch), and augmentation is stateless, keyed by (seed, process, p). Batch k is a
+pure function of (seed, process, k), so `start_step=k` resumes exactly, at the same cost for every
+k. Records come from ArrayRecord (`tfds.data_source`), or from memory for a split of fixed shape
+that fits `IN_MEMORY_MAX_BYTES` decoded (`_random_access`); a TFRecord-only dataset that fits
+neither is streamed, and resuming it reads and discards what was consumed before (a log line says
+so). The transforms are `data_settings.TrainTransform` and `EvalTransform`, in timm's and deit's
+order; Mixup/CutMix run on device (`mixing.mix_batch`).
 """
 
 import dataclasses
@@ -122,9 +100,8 @@ def eval_num_classes(
     label_key: str | None = None,
     label_set_key: str | None = None,
 ) -> int:
-  """The class count of `dataset`'s labels, checking that it and its `split` exist and that
-  the split holds examples (an evaluation set's, before anything compiles); ValueError naming
-  what is valid otherwise."""
+  """The class count of `dataset`'s labels, checking that its `split` exists and holds examples;
+  ValueError naming what is valid otherwise."""
   source = sources.resolve(data, dataset, label_key, label_set_key)
   sources.check_split(source, split)
   if sources.num_examples(source, split) == 0:
@@ -139,13 +116,9 @@ def eval_num_classes(
 def _train_image(
     image: tf.Tensor, seed: tf.Tensor, transform: data_settings.TrainTransform
 ) -> dict[str, tf.Tensor]:
-  """Crop, resize, augment (stateless, keyed by `seed`) and normalise one training image: its
-  'image', and where the training step augments (`transform.on_device`) the uint8 crop and its
-  'augment_key', (2,) uint32.
-
-  `image` is uint8 (H, W, C) or its encoded bytes (a scalar string: JPEG, PNG, ...); an
-  inception crop of a JPEG decodes only the crop window.
-  """
+  """Crop, resize, augment (stateless, keyed by `seed`) and normalise one uint8 or encoded training
+  image: its 'image', or where the step augments (`transform.on_device`) the uint8 crop and its
+  'augment_key', (2,) uint32."""
   size = transform.image_size
   crop_seed, flip_seed, randaugment_seed, erase_seed = tf.unstack(
       tf.random.experimental.stateless_split(seed, 4)
@@ -260,14 +233,10 @@ def train_iterator(
     process_index: int | None = None,
     process_count: int | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
-  """Infinite training batches of this process: 'image' (B, S, S, 3) float32, 'label' (B,) int32.
-
-  B = data.batch_size // process_count. Batches from `start_step=k` equal batches k, k+1, ...
-  of a run from step 0 with the same config, and cost the same to start at any k (except for a
-  streamed TFRecord dataset; see the module docstring). With data.repeated_aug = r > 1, each
-  drawn example fills r consecutive positions, differently augmented; where r does not divide B
-  the copies of an example may span two batches (DeiT's RASampler spreads them over devices).
-  """
+  """Infinite training batches of this process, 'image' (B, S, S, 3) float32 and 'label' (B,) int32,
+  B = data.batch_size // process_count, from batch `start_step` of a run from step 0 (module
+  docstring). With repeated_aug = r > 1 each example fills r consecutive positions (DeiT's
+  RASampler spreads them over devices instead)."""
   process_index, process_count = _process(process_index, process_count)
   local_batch = _local_batch(data.batch_size, process_count, 'batch_size')
   if start_step < 0:
@@ -344,14 +313,9 @@ def eval_iterator(
     process_index: int | None = None,
     process_count: int | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
-  """One pass over this process's part of `split` (default data.eval_split) of `dataset`
-  (default data.dataset), padded.
-
-  Yields 'image', 'label' and 'mask' (float32, 1 real, 0 padding) with B =
-  data.eval_batch_size // process_count; with `label_set_key` (`sources.resolve`) also 'label_set',
-  (B, classes) bool: the example's labels. Every process yields the same number of batches, and
-  over all processes every example of the split has mask 1 exactly once.
-  """
+  """One padded pass over this process's part of `split` of `dataset` (defaults: the config's):
+  'image', 'label', 'mask' (1 real, 0 padding) and with `label_set_key` 'label_set', (B, classes)
+  bool. Every process yields as many batches; each example has mask 1 exactly once overall."""
   process_index, process_count = _process(process_index, process_count)
   local_batch = _local_batch(data.eval_batch_size, process_count, 'eval_batch_size')
   named = {'--config.eval_split': data.eval_split} if split is None and dataset is None else {}

@@ -51,12 +51,9 @@ class Access:
 
 
 def decodes_crop_window(transform: data_settings.TrainTransform, repeated_aug: int) -> bool:
-  """True where training decodes only each JPEG's inception-crop window, once per copy; False
-  where it decodes each drawn image whole, once, and crops its `repeated_aug` copies from that.
-
-  Decoding a window still entropy-decodes the rows above it, so it saves little on one copy and
-  costs more than one whole decode from two copies on.
-  """
+  """True where training decodes only each JPEG's inception-crop window, once per copy; False where
+  it decodes each image whole once for its copies (a window still entropy-decodes the rows above
+  it, so two window decodes cost more than one whole)."""
   return transform.augment == 'inception_crop' and repeated_aug == 1
 
 

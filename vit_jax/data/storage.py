@@ -1,11 +1,7 @@
 """The TFDS data dir as a place datasets are read from and prepared in.
 
-Every fault of it is one line that names the data dir and the cause, found before anything
-compiles: a data dir (or `$TFDS_DATA_DIR`) that is a file, one that cannot be written where a
-dataset must be prepared, a disk that fills while one is (what was half written is removed), and a
-prepared dataset whose metadata lists files that are gone, whose dataset_info.json is damaged or
-whose ArrayRecord files are truncated or corrupted (found when they are opened before training, or
-when a record is read).
+Every fault of it (a file, no write access, a full disk, missing, damaged or truncated dataset
+files) is one line naming the data dir and the cause, found before anything compiles where it can.
 """
 
 import contextlib
