@@ -99,33 +99,24 @@ def configure() -> dict[str, object]:
   }
 
 
-def _abandoned_read(record: logging.LogRecord) -> bool:
-  """asyncio's report of a read that orbax gave up on (an unreadable checkpoint, skipped)."""
-  return record.name == 'asyncio' and 'exception was never retrieved' in record.getMessage()
-
-
-def _reraised_save_failure(record: logging.LogRecord) -> bool:
-  """orbax's traceback of a save that failed in one of its threads: orbax re-raises the error in
-  the caller (`Workdir.save`, `wait_until_finished`), which reports it in one line."""
-  return (
-      record.levelno >= logging.ERROR
-      and record.exc_info is not None
-      and f'{os.sep}orbax{os.sep}checkpoint{os.sep}' in record.pathname
-  )
-
-
-def _read_only_notice(record: logging.LogRecord) -> bool:
-  """orbax's warning that a checkpoint directory is read only: analysis, evaluation and export
-  open work directories that way on purpose (`Workdir.open`)."""
-  return record.getMessage().startswith('Given directory is read only')
-
-
-def _expected_library_notice(record: logging.LogRecord) -> bool:
-  """Library warnings about states vit_jax creates on purpose: orbax's missing metadata file of a
-  checkpoint it is about to write or has set aside, and TFDS's variant folder without
-  dataset_info.json while a dataset is being prepared."""
+def _expected_library_report(record: logging.LogRecord) -> bool:
+  """Library reports of states vit_jax creates or handles on purpose."""
   message = record.getMessage()
-  return message.startswith(('Metadata file does not exist', 'Variant folder '))
+  return (
+      # asyncio's report of a read that orbax gave up on (an unreadable checkpoint, skipped).
+      (record.name == 'asyncio' and 'exception was never retrieved' in message)
+      # orbax's traceback of a failed save, which it re-raises in the caller (`Workdir.save`).
+      or (
+          record.levelno >= logging.ERROR
+          and record.exc_info is not None
+          and f'{os.sep}orbax{os.sep}checkpoint{os.sep}' in record.pathname
+      )
+      # orbax: a work directory opened to be read (`Workdir.open`), a checkpoint's metadata not
+      # written yet or set aside; TFDS: a variant folder while a dataset is prepared.
+      or message.startswith(
+          ('Given directory is read only', 'Metadata file does not exist', 'Variant folder ')
+      )
+  )
 
 
 @contextlib.contextmanager
@@ -147,18 +138,13 @@ def quiet_preparation() -> Iterator[None]:
 
 
 def _own_or_important(record: logging.LogRecord) -> bool:
-  """vit_jax's records, every library's warnings and errors but the expected ones above, and
+  """vit_jax's records, every library's warnings and errors but `_expected_library_report`'s, and
   everything at --verbosity ≥ 1."""
   if absl_logging.get_verbosity() >= 1:
     return True
-  if (
-      _abandoned_read(record)
-      or _read_only_notice(record)
-      or _reraised_save_failure(record)
-      or _expected_library_notice(record)
-  ):
-    return False
-  return record.levelno >= logging.WARNING or record.pathname.startswith(_PACKAGE_DIR)
+  return not _expected_library_report(record) and (
+      record.levelno >= logging.WARNING or record.pathname.startswith(_PACKAGE_DIR)
+  )
 
 
 @contextlib.contextmanager
