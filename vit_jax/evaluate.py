@@ -49,12 +49,8 @@ def overridable(argv: Sequence[str]) -> ml_collections.ConfigDict:
   """What `--config.FIELD` sets here: every registered evaluator's section and the run's fields
   they read, with an empty section for each other evaluator `argv` names (checked once imported)."""
   defaults = config_lib.defaults()
-  config = ml_collections.ConfigDict(
-      {
-          _EVALUATORS_SECTION: defaults[_EVALUATORS_SECTION],
-          **{flag: defaults[flag] for flag in evaluator_settings.RUN_FIELDS},
-      }
-  )
+  fields = [_EVALUATORS_SECTION, *evaluator_settings.RUN_FIELDS]
+  config = ml_collections.ConfigDict({field: defaults[field] for field in fields})
   for arg in argv:
     named = re.match(rf'--?config\.{_EVALUATORS_SECTION}\.(\w+)\.', arg)
     if named and named.group(1) not in config[_EVALUATORS_SECTION]:
@@ -102,12 +98,11 @@ def given_settings(
   sections: dict[str, dict[str, Any]] = {}
   run_fields = {}
   for path, value in overrides.items():
-    section, _, rest = path.partition('.')
-    name, _, field = rest.partition('.')
+    parts = path.split('.')
     if path in evaluator_settings.RUN_FIELDS:
       run_fields[path] = value
-    elif section == _EVALUATORS_SECTION and name and field and '.' not in field:
-      sections.setdefault(name, {})[field] = value
+    elif len(parts) == 3 and parts[0] == _EVALUATORS_SECTION and all(parts):
+      sections.setdefault(parts[1], {})[parts[2]] = value
     else:
       raise ValueError(
           f'--config.{path}: evaluate reads --config.{_EVALUATORS_SECTION}.NAME.FIELD and '

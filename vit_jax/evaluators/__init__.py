@@ -1,12 +1,7 @@
-"""Evaluation: every evaluator is registered by name (`EVALUATORS`, `register`) and run by one
-mechanism, in training and outside it.
-
-An evaluator (`evaluator.Evaluator`) is a frozen dataclass of its settings, its fields
-`--config.evaluators.NAME.FIELD` (`vit_jax.schema.evaluators`): 'test_sets' (`eval_sets`: the
-model's predictions on the eval split and `config.eval_sets`), 'fewshot' and 'linear_probe'
-(`frozen`: classifiers fitted on frozen pre-logits), or your own (`predictions.Evaluator`,
-`frozen.Evaluator`). The loop runs `due` ones every `every` steps and all at the end (`run`);
-`eval_only` and `python -m vit_jax.evaluate` run them once (`standalone`).
+"""Evaluation: every evaluator (`evaluator.Evaluator`, a frozen dataclass of its settings) is
+registered by name (`EVALUATORS`, `register`): 'test_sets' (`eval_sets`), 'fewshot' and
+'linear_probe' (`frozen`) or your own. The loop runs `due` ones every `every` steps and all at the
+end (`run`); `eval_only` and `python -m vit_jax.evaluate` run them once (`standalone`).
 """
 
 import dataclasses

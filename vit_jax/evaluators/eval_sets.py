@@ -18,7 +18,7 @@ evaluator of a model's predictions, scores them and the run's own eval split.
 
 import dataclasses
 import functools
-from typing import Callable, ClassVar, Iterator, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
 
 from absl import logging
 import flax.linen as nn
@@ -136,19 +136,21 @@ def subset_sums(
 class EvalSet(eval_set_names.EvalSetName):
   """One test set (`eval_set_names.EvalSetName`) and the batches it reads."""
 
+  @property
+  def source(self) -> dict[str, Any]:
+    """What `input_pipeline` reads of it: its dataset, split and label keys."""
+    keys = ('dataset', 'split', 'label_key', 'label_set_key')
+    return {key: getattr(self, key) for key in keys}
+
   def batches(self, data: data_settings.DataSettings) -> Iterator[dict[str, np.ndarray]]:
     """One padded pass over the set, preprocessed as the run `data` evaluates."""
-    return input_pipeline.eval_iterator(
-        data,
-        dataset=self.dataset,
-        split=self.split,
-        label_key=self.label_key,
-        label_set_key=self.label_set_key,
-    )
+    return input_pipeline.eval_iterator(data, **self.source)
 
 
+@functools.cache
 def score(scoring: str) -> passes.Score:
-  """The `passes.Score` of one of `eval_set_names.SCORINGS`."""
+  """The `passes.Score` of one of `eval_set_names.SCORINGS` (one object each, so that its jitted
+  step is compiled once)."""
   if scoring == 'real':
     return real_sums
   if scoring in SUBSET_WNIDS:
@@ -211,13 +213,7 @@ def checked(
   except ValueError as e:
     raise ValueError(f'eval_sets: {e}.') from None
   for eval_set in eval_sets:
-    classes = input_pipeline.eval_num_classes(
-        data,
-        dataset=eval_set.dataset,
-        split=eval_set.split,
-        label_key=eval_set.label_key,
-        label_set_key=eval_set.label_set_key,
-    )
+    classes = input_pipeline.eval_num_classes(data, **eval_set.source)
     if classes != num_classes:
       raise ValueError(
           f'eval_sets: {eval_set.name!r} has {classes} classes, but the model '
@@ -242,19 +238,6 @@ def checked(
   return eval_sets
 
 
-@functools.cache
-def _jitted_step(
-    model: nn.Module, num_classes: int, mesh: jax.sharding.Mesh, scoring: str
-) -> Callable[..., dict[str, jax.Array]]:
-  """The eval step of `scoring` jitted for `mesh`: one per model, mesh and scoring."""
-  if scoring == 'top1':
-    return passes.jitted_eval_step(model, num_classes, mesh)
-  return jax.jit(
-      passes.make_eval_step(model, num_classes, score(scoring)),
-      out_shardings=sharding.replicated(mesh),
-  )
-
-
 def compile_steps(
     eval_sets: Sequence[EvalSet],
     model: nn.Module,
@@ -262,18 +245,16 @@ def compile_steps(
     mesh: jax.sharding.Mesh,
     own_split: bool = False,
 ) -> dict[str, Callable]:
-  """The jitted eval step (`passes.make_eval_step`) of each scoring the sets use (and top-1 for
-  the run's `own_split`), by scoring, each compiled once for the model and mesh."""
+  """The jitted eval step of each scoring the sets use (and top-1 for the run's `own_split`)."""
   scorings = {s.scoring for s in eval_sets} | ({'top1'} if own_split else set())
-  return {scoring: _jitted_step(model, num_classes, mesh, scoring) for scoring in sorted(scorings)}
+  return {s: passes.jitted_eval_step(model, num_classes, mesh, score(s)) for s in sorted(scorings)}
 
 
 @dataclasses.dataclass(frozen=True)
 class TestSets(evaluator_settings.TestSetsSettings):
-  """The model's own predictions scored (an `evaluator.Evaluator`): top-1 and loss on the run's
-  eval split where `own_split` ('accuracy', 'loss', 'count'; 'ema_accuracy', 'ema_loss' with an
-  EMA) and on each of `sets` ('NAME/…'), each scoring's step compiled once for the model and mesh.
-  `vit_jax.evaluate` leaves out the run's own split, which the run scored."""
+  """The model's predictions scored: top-1 and loss on the run's eval split where `own_split`
+  ('accuracy', 'loss', 'count'; 'ema_accuracy', 'ema_loss' with an EMA) and on each of `sets`
+  ('NAME/…'). `vit_jax.evaluate` leaves out the run's own split, which the run scored."""
 
   name: ClassVar[str] = 'test_sets'
   own_split: bool = True

@@ -3,8 +3,7 @@
 For each dataset, seed and shot count k: k training examples per class are drawn, their frozen
 pre-logits are whitened (train mean and std) and given a constant bias feature of 100 (almost
 unregularised), and a closed-form ridge regression onto {-1, 1} one-hot targets is solved for every
-l2 strength at once from one eigendecomposition (of XᵀX when examples ≥ features, else of XXᵀ).
-The test accuracy is the argmax's. Where big_vision fixes l2, this picks it from `l2_regs` by
+l2 strength at once (`_ridge_solutions`); the test accuracy is the argmax's. Where big_vision fixes l2, this picks it from `l2_regs` by
 accuracy on `validation_per_class` further training examples per class, disjoint from the shots,
 so the test split never chooses anything; one value in `l2_regs` is big_vision's fixed l2.
 

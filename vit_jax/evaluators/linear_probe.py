@@ -1,9 +1,8 @@
 """Linear probe: multinomial logistic regression on frozen pre-logits, scored on the test split.
 
-Features are standardised with the training split's mean and std, and scikit-learn's
-`LogisticRegression` (L-BFGS, L2 penalty of strength 1/C) is fitted on the whole training split.
-With several `inverse_l2s` (C values), C is chosen by accuracy on a held-out `validation_fraction`
-of the training split (fixed seed; the test split chooses nothing) before the final fit.
+Features are standardised and scikit-learn's `LogisticRegression` (L-BFGS, L2 penalty 1/C) is
+fitted on the whole training split, C chosen among several `inverse_l2s` on a held-out
+`validation_fraction` of it (fixed seed; the test split chooses nothing).
 
 Metrics: `linear_probe/{dataset}` (test accuracy) and `linear_probe/{dataset}_C` (the C used).
 """

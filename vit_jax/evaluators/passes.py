@@ -65,10 +65,12 @@ def make_eval_step(
 
 
 @functools.cache
-def jitted_eval_step(model: nn.Module, num_classes: int, mesh: Mesh) -> jax.stages.Wrapped:
-  """The top-1 eval step (`make_eval_step`) jitted for `mesh`, its sums replicated: one per model
-  and mesh, compiled once."""
-  return jax.jit(make_eval_step(model, num_classes), out_shardings=sharding.replicated(mesh))
+def jitted_eval_step(
+    model: nn.Module, num_classes: int, mesh: Mesh, score: Score = top1_sums
+) -> jax.stages.Wrapped:
+  """The eval step (`make_eval_step`) jitted for `mesh`, its sums replicated: one per model, mesh
+  and scoring, compiled once."""
+  return jax.jit(make_eval_step(model, num_classes, score), out_shardings=sharding.replicated(mesh))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,8 +9,6 @@ from vit_jax.evaluators import evaluator
 from vit_jax.evaluators import passes
 from vit_jax.schema import data as data_settings
 
-Predictions = passes.Predictions
-
 
 @dataclasses.dataclass(frozen=True)
 class Evaluator(evaluator.Named, abc.ABC):
@@ -24,7 +22,7 @@ class Evaluator(evaluator.Named, abc.ABC):
       raise ValueError(f'{type(self).__name__} needs every >= 0; got every={self.every}.')
 
   @abc.abstractmethod
-  def evaluate(self, predictions: Predictions) -> dict[str, float]:
+  def evaluate(self, predictions: passes.Predictions) -> dict[str, float]:
     """The metrics of the model's logits (examples, classes) and the labels (examples,)."""
 
   def check(

@@ -1,9 +1,5 @@
-"""Evaluation outside training: a run's or published weights scored once by the evaluators.
-
-`evaluate_only` is `config.eval_only` (the run's evaluators, as its final evaluation runs them, on
-`init_from` or the work directory's newest checkpoint, reported in eval_report.json);
-`evaluate_weights` is `python -m vit_jax.evaluate` (any evaluators, merged into results.json).
-"""
+"""Evaluation outside training, of a run's or published weights: `evaluate_only` is
+`config.eval_only` (eval_report.json), `evaluate_weights` is `python -m vit_jax.evaluate`."""
 
 from typing import Sequence
 

@@ -101,8 +101,7 @@ def held_type(annotation: Any) -> type:
   """What a config holds for a field of `annotation` (`X | None` -> X, `tuple[int, ...]` -> tuple;
   a field of several types takes any literal)."""
   union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
-  kinds = [kind for kind in typing.get_args(annotation) if kind is not type(None)]
-  kinds = kinds if union else [annotation]
+  kinds = [k for k in typing.get_args(annotation) if k is not type(None)] if union else [annotation]
   if len(kinds) != 1:
     return object
   kind = typing.get_origin(kinds[0]) or kinds[0]
