@@ -1,12 +1,7 @@
-"""The full check of a run config, before anything reads data or compiles: the fields
-(`vit_jax.schema.checks.problems`, the batches over the devices included), then what the owners
-of the rest check: the mesh over the devices, the model's own fields (`models.section_problems`)
-and the evaluators' settings. One `ConfigError` lists every bad field with its value and what is
-valid. A checked config is then resolved for where it runs (`resolved`).
+"""The full check of a run config before anything reads data or compiles (the fields, the mesh, the
+model's fields, the evaluators), as one `ConfigError`; then the config resolved where it runs.
 
-It sits above the schema and its checks (`vit_jax.config`, `vit_jax.schema.checks`, which import
-none of the modules checked here), so that reading and checking the fields alone needs neither JAX
-nor a model.
+It sits above the schema so that checking the fields alone needs neither JAX nor a model.
 """
 
 import jax
@@ -32,11 +27,9 @@ def _evaluator_problems(config: ml_collections.ConfigDict) -> list[str]:
 
 
 def resolved(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """A copy of `config` with what depends on where it runs decided, as its config.json records
-  it: the image-folder dataset named by its absolute path (`dataset_names.absolute`), so that a
-  run names its data from wherever it is read, and `augment_on_device` None made True where
-  JAX's default backend is an accelerator (its idle time between steps augments the batch) and
-  False on a CPU (where the host's per-image ops cost less than the batch program)."""
+  """A copy of `config` with what depends on where it runs decided: an image folder named by its
+  absolute path, and `augment_on_device` None made True on an accelerator (idle between steps)
+  and False on a CPU (where the host's per-image ops cost less than the batch program)."""
   config = config.copy_and_resolve_references()
   config.dataset = dataset_names.absolute(config.dataset)
   if config.augment_on_device is None:

@@ -1,14 +1,8 @@
 """The training loop: from a config to a trained, checkpointed and evaluated model.
 
-`train_and_evaluate` reads top to bottom: set-up (the validated config resolved once into the
-typed settings of the modules that read them, `schema.run.Settings`), data, model and optimizer, sharding,
-the state (resumed, fine-tuned from pretrained weights, or initialised), the loop, and the final
-evaluation. `eval_only` takes the same set-up, data, model and sharding, then evaluates.
-
-Every process runs the same program. A (data × fsdp) device mesh spans every device of every
-process (`vit_jax.parallel.sharding`): batches are split over all of it, and the training state
-over its `fsdp` axis (`config.mesh.fsdp`; 1 replicates it, as plain data parallelism does). Each
-process feeds only its own share of the data. Process 0 alone logs and writes summaries.
+Every process runs the same program on a (data × fsdp) mesh of every device
+(`vit_jax.parallel.sharding`), feeding only its own share of the data; process 0 alone logs and
+writes summaries.
 """
 
 import contextlib
@@ -32,7 +26,6 @@ from jax.sharding import Mesh, NamedSharding
 from vit_jax.schema import config as config_lib
 from vit_jax import evaluators as evaluators_lib
 from vit_jax.data import input_pipeline
-from vit_jax.schema import data as data_settings
 from vit_jax.evaluators import evaluator
 from vit_jax.evaluators import standalone
 from vit_jax.models import attention as attention_lib
@@ -69,14 +62,8 @@ def _with_state(settings: run_settings.Settings, clip: bool, ema: bool) -> run_s
 
 @dataclasses.dataclass(frozen=True)
 class RunResult:
-  """How `train_and_evaluate` ended.
-
-  `metrics`: on the eval split 'accuracy', 'loss', 'count' ('ema_accuracy', 'ema_loss' with an
-  EMA), those of each of `config.eval_sets` ('imagenet_v2/accuracy', …) and the evaluators'
-  metrics (`fewshot/…`); empty when `preempted` (SIGTERM or Ctrl-C), the
-  run having saved `step` to resume from (None: stopped before its first step, nothing new
-  saved). `step` is None for `eval_only` of a weights file.
-  """
+  """How `train_and_evaluate` ended: the evaluators' `metrics` at `step`, empty when `preempted`
+  (`step` then the one saved to resume from; None: nothing new saved, or `eval_only`)."""
 
   step: int | None
   metrics: dict[str, Any]
@@ -84,11 +71,8 @@ class RunResult:
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunResult:
-  """Trains `config`'s model in `workdir`, resuming from its newest checkpoint, and evaluates it.
-
-  With `config.eval_only` it only evaluates `config.init_from`, else `workdir`'s newest
-  checkpoint. The work directory's lock and the signal handlers are held until it returns.
-  """
+  """Trains `config`'s model in `workdir`, resuming from its newest checkpoint, and evaluates it
+  (with `config.eval_only`, only evaluates `config.init_from`, else `workdir`'s newest)."""
   # Set-up: everything that can be wrong is found before anything compiles or is written.
   setup.validate(config)
   config = setup.resolved(config)
@@ -290,16 +274,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> RunRe
       due = evaluators_lib.due(evaluators, step)
       if due and step != total_steps:
         with progress.timed('eval', state):
-          scores = evaluators_lib.run(due, _subject(model, state, settings.data, mesh), step)
+          subject = evaluator.Subject(model, settings.data, state=state, mesh=mesh)
+          scores = evaluators_lib.run(due, subject, step)
         writer.write_scalars(step, scores.summaries())
 
     # The final evaluation: every evaluator; a signal now stops it, the last step being saved.
     run_dir.wait_until_finished()
     try:
       with _final_evaluation_stops_at_once(total_steps):
-        scores = evaluators_lib.run(
-            evaluators, _subject(model, state, settings.data, mesh), total_steps, final=True
-        )
+        subject = evaluator.Subject(model, settings.data, state=state, mesh=mesh)
+        scores = evaluators_lib.run(evaluators, subject, total_steps, final=True)
     except interruption.Stopped:
       return RunResult(step=total_steps, metrics={}, preempted=True)
     writer.write_scalars(total_steps, scores.summaries())
@@ -343,15 +327,9 @@ class Programs:
 
 
 class PreemptionWatcher:
-  """Turns SIGTERM, Ctrl-C (SIGINT) and SIGHUP into a request to checkpoint and exit at the next
-  step.
-
-  The request is `interruption`'s process-wide flag, so one that came before the loop started but
-  while an enclosing scope watched (an ablation grid's `run_sequence.Stopper`) counts too. A
-  second Ctrl-C stops at once (KeyboardInterrupt, nothing saved). On several processes only
-  SIGTERM is watched, through orbax, which agrees on one step across all of them. A context
-  manager: the previous signal handlers come back when the run ends.
-  """
+  """Turns SIGTERM, Ctrl-C and SIGHUP into a request to checkpoint and exit at the next step, in
+  `interruption`'s process-wide flag (so an enclosing `run_sequence.Stopper`'s counts too); on
+  several processes only SIGTERM, through orbax, which agrees on one step across all of them."""
 
   def __init__(self):
     self._scope = contextlib.ExitStack()
@@ -371,7 +349,6 @@ class PreemptionWatcher:
     return interruption.requested() is not None
 
   def should_stop(self, run_dir: run_writer.RunWriter, step: int) -> bool:
-    # On several processes, orbax agrees on one step across all of them.
     return self.requested or run_dir.reached_preemption(step)
 
 
@@ -384,13 +361,6 @@ def _final_evaluation_stops_at_once(step: int) -> contextlib.AbstractContextMana
   return interruption.stopping_at_once(
       f'step {step} is saved; the final evaluation stops (rerun the same command to evaluate it)'
   )
-
-
-def _subject(
-    model: nn.Module, state: steps.TrainState, data: data_settings.DataSettings, mesh: Mesh
-) -> evaluator.Subject:
-  """The model and its training state on `mesh` as the evaluators score them."""
-  return evaluator.Subject(model, data, state=state, mesh=mesh)
 
 
 def _stop_profiling() -> None:
@@ -411,10 +381,9 @@ def _restore_or_init(
     *,
     ema: bool,
 ) -> steps.TrainState:
-  """The state the loop starts from, in `state_sharding`'s layout: the newest readable checkpoint
-  read as the abstract state `saved` (its run's layout) and carried over to this run's, when
-  resuming (`saved` given); else a fresh state (`init`), with `pretrained`'s variables when
-  fine-tuning."""
+  """The state the loop starts from, in `state_sharding`'s layout: resuming (`saved`: the saved
+  run's abstract state), the newest readable checkpoint carried over to this run's layout; else a
+  fresh state (`init`), with `pretrained`'s variables when fine-tuning."""
   state = None if saved is None else run_dir.resume(saved)
   if state is not None:
     if shape_diff.flat_shapes(saved) != shape_diff.flat_shapes(abstract_state):
@@ -434,12 +403,9 @@ def _restore_or_init(
 
 
 class Progress:
-  """Training steps per second on a clock that stops inside `timed` sections, reported through
-  clu's `ReportProgress` (steps/s and uptime summaries) on that clock.
-
-  An evaluation, a checkpoint or the first step's compilation between two reports would
-  otherwise lower steps/s and raise the ETA. `steps_per_s` is the rate of the latest report.
-  """
+  """Training steps per second (`steps_per_s`: at the latest report, through clu's
+  `ReportProgress`) on a clock that stops inside `timed` sections: evaluations, checkpoints and
+  the first step's compilation would otherwise lower it and raise the ETA."""
 
   def __init__(
       self, *, num_train_steps: int, writer: metric_writers.MetricWriter, every_steps: int
@@ -532,13 +498,12 @@ def _log_progress(
       'train/grad_norm': float(fetched[-1]['grad_norm']),
       'train/lr': float(schedule(step - 1)),
   }
-  if math.isfinite(images_per_s):
-    summary['train/images_per_s'] = images_per_s
-  writer.write_scalars(step, summary)
   speed = ''
   if math.isfinite(images_per_s):
+    summary['train/images_per_s'] = images_per_s
     eta = (total_steps - step) / progress.steps_per_s
     speed = f'  {images_per_s:.0f} img/s  ETA {time.strftime("%H:%M:%S", time.gmtime(eta))}'
+  writer.write_scalars(step, summary)
   logging.info(
       'step %d/%d  loss %.4f  acc %.3f  lr %.2e%s',
       step,

@@ -1,10 +1,7 @@
 """SIGTERM, Ctrl-C and SIGHUP (`exits.SIGNALS`), remembered for the whole of a command that watches for them.
 
-Watching scopes nest: `vit_jax.ablate` watches for its whole grid (`run_sequence.Stopper`), each
-training inside it for its loop (`train.PreemptionWatcher`). All of them read one flag, set by one
-handler that the outermost scope installs, so a signal that lands between two scopes (a training
-setting up, after the grid's last check) is still seen by the next one to look. The flag is
-cleared, and the handlers from before come back, when the outermost scope ends.
+Watching scopes nest (`run_sequence.Stopper` around each `train.PreemptionWatcher`) and read one
+flag, set by the outermost scope's handler, so a signal between two scopes is seen by the next.
 """
 
 import contextlib

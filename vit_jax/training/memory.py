@@ -1,12 +1,7 @@
-"""Whether a run's training step fits its devices, decided before the first step runs.
-
-XLA's own account of the compiled step (`compiled.memory_analysis()`: arguments, temporaries and
-outputs, less what donation lets outputs reuse) is compared with what each device holds free
-(`device.memory_stats()` on accelerators; on CPU hosts, which report none, the host's available
-memory shared by its devices). A step that needs more is refused with one error naming both
-numbers and the settings that shrink it, instead of failing with RESOURCE_EXHAUSTED after
-compiling, or swapping the host to a halt. The step is compiled for its real arguments' shapes
-and layouts, so the run's first call reuses this compilation.
+"""Whether a run's training step fits its devices, decided before the first step runs: XLA's
+`memory_analysis()` of the compiled step against each device's free memory (on CPU hosts, the
+host's available memory shared by its devices), instead of RESOURCE_EXHAUSTED or swapping. The
+step is compiled for its real arguments, so the run's first call reuses this compilation.
 """
 
 import os
@@ -56,11 +51,8 @@ def host_available_bytes() -> int | None:
 
 def available_bytes(devices: list[jax.Device]) -> tuple[int, str] | None:
   """The free bytes of the tightest of `devices` and a name for them ('cuda:0', 'this host',
-  "each of this host's 8 cpu devices"); None where neither the devices nor the host report it.
-
-  Devices without their own memory statistics (CPU) share the host's: their need is counted
-  once per device against it, so the bytes returned are the host's divided by their count.
-  """
+  "each of this host's 8 cpu devices"); None where nothing reports it. Devices without memory
+  statistics (CPU) share the host's: the bytes returned are the host's divided by their count."""
   free = []
   for device in devices:
     stats = device.memory_stats() or {}

@@ -1,11 +1,7 @@
-"""The optimizer of a run: learning-rate schedule, weight-decay mask, layer-wise lr decay and
-optimizer.
+"""The optimizer of a run: learning-rate schedule, weight-decay mask, layer-wise lr decay.
 
-Durations come in steps or epochs (`training_steps`); the peak learning rate scales with the
-global batch when `lr_scaling_batch` is set (DeiT's rule). With `layer_decay` < 1 each parameter's
-update is scaled by layer_decay^(top - layer) with the layer ids its model assigns (`layer_ids`,
-as timm's `param_groups_layer_decay`), after the optimizer: its learning rate and its decoupled
-weight decay are both scaled, as a timm parameter group's `lr_scale` scales them.
+With `layer_decay` < 1 each parameter's update is scaled by layer_decay^(top - layer) after the
+optimizer (timm's `param_groups_layer_decay`): its lr and decoupled weight decay both scaled.
 """
 
 import math
@@ -118,12 +114,8 @@ def _names(path: Any) -> tuple[str, ...]:
 
 
 def weight_decay_mask(params: Any, no_decay_names: tuple[str, ...]) -> Any:
-  """True where weight decay applies: on the matrices and kernels of a block, not on its vectors
-  (biases, norm scales, LayerScale gammas) nor on names in `no_decay_names`.
-
-  timm's `param_groups_weight_decay` rule (no decay at rank <= 1), taken on the parameter as one
-  block holds it: a scanned stack's leading layer axis (`layouts.layer_axes`) does not count.
-  """
+  """True where weight decay applies: timm's `param_groups_weight_decay` rule (not at rank <= 1,
+  a scanned stack's layer axis not counted), nor on names in `no_decay_names`."""
 
   def decays(path, leaf):
     names = _names(path)
@@ -208,15 +200,9 @@ def lamb(
     mask: Any,
     mu_dtype: Any = None,
 ) -> optax.GradientTransformation:
-  """LAMB (You et al. 2020) as DeiT III runs it: apex `FusedLAMB` (timm's `--opt fusedlamb`;
-  timm's `Lamb` is its port).
-
-  `optax.lamb`'s steps (Adam moments with bias correction, decoupled weight decay, the layer-wise
-  trust ratio ||w|| / ||update|| per parameter tensor (`scale_by_block_trust_ratio`), the
-  learning rate), with apex's two differences: the gradients are first clipped to global norm
-  `LAMB_MAX_GRAD_NORM`, and the trust ratio applies only where weight decay does (apex
-  `use_nvlamb=False`; elsewhere the step is Adam's).
-  """
+  """LAMB (You et al. 2020) as DeiT III runs it (apex `FusedLAMB`, timm's `--opt fusedlamb`):
+  `optax.lamb`'s steps, but with the gradients first clipped to `LAMB_MAX_GRAD_NORM` and the trust
+  ratio only where weight decay applies (apex `use_nvlamb=False`)."""
   return optax.chain(
       optax.clip_by_global_norm(LAMB_MAX_GRAD_NORM),
       optax.scale_by_adam(b1=b1, b2=b2, eps=eps, mu_dtype=mu_dtype),

@@ -1,13 +1,5 @@
-"""Several trainings in a row (an ablation grid): SIGTERM or Ctrl-C stops between them, and a
-rerun skips the ones that finished.
-
-`Stopper` watches the signals for the whole sequence, with one process-wide flag
-(`interruption`) that each training's `train.PreemptionWatcher` reads too: an interruption inside
-a training saves a checkpoint at its next step (one while it sets up stops it before its first)
-and the training returns `preempted`; one while a run is evaluated, analysed or timed lets that
-piece finish and stops before the next. Each finished run's measurements are recorded beside its checkpoints
-(`RECORD_FILE`) with the config that produced them, and read back instead of being measured again
-on a rerun of that config.
+"""Several trainings in a row (an ablation grid): SIGTERM or Ctrl-C stops between them (`Stopper`),
+and a rerun reads back the measurements each finished run recorded (`RECORD_FILE`) with its config.
 """
 
 import contextlib
@@ -28,13 +20,8 @@ class Interrupted(Exception):
 
 
 class Stopper:
-  """Watches SIGTERM and Ctrl-C for a whole sequence of trainings (a context manager; the
-  process-wide flag of `interruption`, which each training's loop reads too).
-
-  The first signal is remembered and `check` raises Interrupted at the next boundary, or the
-  training under way stops at its next step; a second Ctrl-C raises KeyboardInterrupt at once.
-  The previous handlers come back on exit.
-  """
+  """Watches SIGTERM and Ctrl-C for a whole sequence of trainings, in `interruption`'s flag: the
+  training under way stops at its next step, or `check` raises Interrupted at the next boundary."""
 
   def __init__(self):
     self._scope = contextlib.ExitStack()

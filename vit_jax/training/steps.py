@@ -1,9 +1,4 @@
-"""The training step: state, losses, on-device mixing, micro-batching and EMA.
-
-The functions here are traced under `jax.jit` (the eval steps and their passes are in
-`vit_jax.evaluators.passes`); `vit_jax.loop.train` builds the step once, from a
-`step_settings.StepSettings`, and runs it in its loop.
-"""
+"""The training step, traced under `jax.jit`: state, losses, on-device mixing, micro-batching, EMA."""
 
 import dataclasses
 import functools
@@ -17,7 +12,6 @@ from jax.sharding import Mesh
 import numpy as np
 import optax
 
-from vit_jax.schema import config as config_lib
 from vit_jax.data import batch_augment
 from vit_jax.data import mixing
 from vit_jax.parallel import sharding
@@ -27,10 +21,7 @@ from vit_jax.schema import step as step_settings
 
 class TrainState(flax.struct.PyTreeNode):
   """Everything that determines the rest of a run: resuming from it equals never stopping.
-
-  `ema` holds the exponential moving average of the variables ({'params', 'batch_stats'}) when
-  `config.ema_decay > 0`, else {}.
-  """
+  `ema`: the variables' moving average ({'params', 'batch_stats'}) when `ema_decay` > 0, else {}."""
 
   step: jax.Array
   params: Any
@@ -88,12 +79,8 @@ def distillation_loss(
     loss: str = 'softmax_xent',
 ) -> jax.Array:
   """DeiT's loss (deit/losses.py): (1 - alpha) L(cls, targets) + alpha KD(dist, teacher), L the
-  base criterion `loss` (`LOSSES`).
-
-  'hard': CE against the teacher's argmax. 'soft': KL(teacher || student) at temperature tau,
-  summed and divided by the number of logits, times tau². A model without a distillation token
-  distils through its only head.
-  """
+  base criterion `loss` (`LOSSES`); 'hard' KD: CE against the teacher's argmax, 'soft': KL at
+  temperature tau, summed, divided by the number of logits, times tau²."""
   cls_logits, dist_logits = outputs if isinstance(outputs, tuple) else (outputs, outputs)
   base = jnp.mean(LOSSES[loss](cls_logits, targets))
   teacher_logits = jax.lax.stop_gradient(teacher_logits.astype(jnp.float32))
@@ -112,11 +99,8 @@ def distillation_loss(
 
 @dataclasses.dataclass(frozen=True)
 class Teacher:
-  """A frozen model whose predictions a student learns from (DeiT distillation).
-
-  `input_scale`/`input_shift` (per channel, or None) map the student's normalised images to the
-  teacher's normalisation when the two were trained with different ones.
-  """
+  """A frozen model whose predictions a student learns from (DeiT distillation); `input_scale`
+  and `input_shift` (per channel) map the student's normalised images to the teacher's."""
 
   model: nn.Module
   variables: Any
@@ -139,17 +123,9 @@ def training_batch(
     mix_groups: int = 1,
     augment: data_settings.BatchAugment | None = None,
 ) -> dict[str, jax.Array]:
-  """The batch the model learns from: images, soft `targets` and the `label` scored by accuracy.
-
-  With `augment`, the batch's uint8 images are first augmented and normalised on device
-  (`batch_augment.augment`, each image by its 'augment_key').
-
-  With mixup/CutMix on (`mixup_alpha` or `cutmix_alpha` > 0) the batch is split into
-  `mix_groups` consecutive groups (one per device, like timm's per-GPU Mixup), each mixed with
-  its own λ and mirror pairing; label smoothing is folded into the mixed targets, and `label` is
-  the class with the largest target weight. Without mixing, targets are the smoothed one-hot
-  labels.
-  """
+  """The batch the model learns from: images (augmented on device with `augment`), soft `targets`
+  and the `label` scored by accuracy (mixed: the class of largest weight). Mixing splits the batch
+  into `mix_groups` groups (one per device, like timm's per-GPU Mixup), each with its own λ."""
   onehot = jax.nn.one_hot(batch['label'], num_classes)
   if augment is not None:  # The host sent uint8 crops and a key per image.
     batch = {**batch, 'image': batch_augment.augment(batch['image'], batch['augment_key'], augment)}
@@ -172,10 +148,8 @@ def training_batch(
 
 
 def micro_batches(batch: dict[str, jax.Array], count: int) -> dict[str, jax.Array]:
-  """Splits every array (B, ...) into (count, B / count, ...); micro-batch j takes rows j::count.
-
-  Strided rows keep each device's share of every micro-batch on that device.
-  """
+  """Splits every array (B, ...) into (count, B / count, ...); micro-batch j takes rows j::count,
+  which keeps each device's share of every micro-batch on that device."""
 
   def split(x):
     x = x.reshape((x.shape[0] // count, count) + x.shape[1:])
@@ -199,12 +173,8 @@ def accumulated(
     count: int,
     zeros: Any,
 ) -> tuple[Any, Any, jax.Array, jax.Array]:
-  """`micro_step`'s (gradients, batch statistics, loss, accuracy) over `count` micro-batches.
-
-  A `lax.scan` sums the gradients (from `zeros`, laid out like the parameters) and threads the
-  batch statistics through the micro-batches in turn; micro-batch j draws its dropout from
-  `dropout_rng` folded with j. Gradients, loss and accuracy are their means.
-  """
+  """`micro_step`'s mean (gradients, batch statistics, loss, accuracy) over `count` micro-batches,
+  in a `lax.scan` from `zeros` that threads the batch statistics; j's dropout: rng folded with j."""
 
   def body(carry, micro):
     grad_sum, batch_stats = carry
@@ -229,19 +199,13 @@ def make_train_step(
     mix_groups: int = 1,
     param_shardings: Any = None,
 ) -> Callable[..., tuple[TrainState, dict]]:
-  """The (unjitted) train step `(state, batch[, teacher_variables, schedule])`: forward, loss,
-  update. `schedule` (an `optim.Schedule`) is the learning rate's, as an argument so that one
-  compiled step serves runs of any length; None: the one `tx` was built with.
+  """The (unjitted) train step `(state, batch[, teacher_variables, schedule])`; `schedule` (an
+  `optim.Schedule`, None: `tx`'s own) is an argument so one compiled step serves runs of any length.
 
-  `param_shardings` (the parameters' `NamedSharding`s, under `jax.jit`) lays out the gradients,
-  and their sum over micro-batches, like the parameters: each device reduces only its shard.
-
-  With `grad_accum_steps` = k > 1 the batch is cut into k micro-batches (rows j::k) whose
-  gradients are averaged by a `lax.scan` before one optimizer update: the same update as one
-  step on the whole batch, except that (i) BatchNorm normalises each micro-batch by its own
-  statistics and updates its running averages once per micro-batch, in turn, and (ii) dropout
-  and drop-path masks are drawn per micro-batch (from the step's rng folded with j). Mixing is
-  done on the whole batch before the split, so it does not depend on k.
+  `param_shardings` lays out the gradients like the parameters: each device reduces only its shard.
+  `grad_accum_steps` > 1 averages micro-batches' gradients (`accumulated`): the update of the whole
+  batch, except that BatchNorm's statistics and dropout masks are per micro-batch. Mixing is done
+  on the whole batch first.
   """
   accumulate = settings.grad_accum_steps
   ema_decay = settings.ema_decay
@@ -342,10 +306,8 @@ def sharded_train_step(
     teacher_sharding: Any = None,
 ) -> jax.stages.Wrapped:
   """`make_train_step` jitted for `mesh`: the state (donated) and the teacher's variables in
-  their layouts, the batch over every device, the schedule and metrics replicated.
-
-  Mixup/CutMix pairs and draws λ within each device's share of the batch.
-  """
+  their layouts, the batch over every device (mixed within each device's share), the rest
+  replicated."""
   step = make_train_step(
       model,
       tx,

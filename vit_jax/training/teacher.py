@@ -34,14 +34,9 @@ def normalization_change(student: str, teacher: str) -> tuple[np.ndarray, np.nda
 
 
 def load(settings: step_settings.TeacherSettings, num_classes: int) -> steps.Teacher:
-  """The teacher `settings.teacher`.
-
-  It is a work directory of vit_jax.main (its model, fields and normalisation are read from its
-  config.json), Hub weights 'hf-hub:ORG/NAME' (model, fields and normalisation from their
-  config.json, `vit_jax.weights.hub`) or 'MODEL:FILE', a registered model and a weights file that
-  `pretrained.load` reads (timm .pth/.safetensors, .npz); such a teacher expects
-  `teacher_normalization` ('' = the student's). The teacher computes in the run's `dtype`.
-  """
+  """The teacher `settings.teacher`, computing in the run's `dtype`: a vit_jax work directory or
+  Hub weights (their config.json names model, fields and normalisation), or 'MODEL:FILE' (a
+  weights file, expecting `teacher_normalization`; '' = the student's)."""
   model_name, path = source(settings.teacher)
   normalization = settings.teacher_normalization or settings.normalization
   if hub.is_hub_name(path) and model_name is None:

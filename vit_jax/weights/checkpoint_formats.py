@@ -262,11 +262,8 @@ def google_to_timm(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def read_state_dict(path: str, *, use_ema: bool = True) -> dict[str, np.ndarray]:
-  """The weights in a .safetensors, .pth or Google ViT .npz file, as a PyTorch-layout state dict.
-
-  The format is recognised from the content. Wrappers (EMA first when `use_ema`, as timm does) are
-  unwrapped and `module.` prefixes stripped.
-  """
+  """The weights in a .safetensors, .pth or Google ViT .npz file (recognised by content) as a
+  PyTorch-layout state dict, unwrapped (EMA first when `use_ema`, as timm does) and unprefixed."""
   if not os.path.isfile(path):
     raise ValueError(f'No checkpoint file or work directory at {path!r}.')
   with open(path, 'rb') as f:

@@ -1,18 +1,9 @@
 """Weights by name from the Hugging Face Hub: `hf-hub:ORG/NAME`, e.g.
 `hf-hub:timm/deit_small_patch16_224.fb_in1k`.
 
-`describe(name)` fetches the repository's `config.json` with `huggingface_hub` into its usual
-cache ($HF_HOME/hub, or $HF_HUB_CACHE), once; later runs, and runs with HF_HUB_OFFLINE=1, read it
-from there. timm's config.json picks what a user would otherwise pick by hand (`HubConfig`): its
-`architecture` and `model_args` give our registered model and its fields
-(`models.timm_architecture`, each family's `timm_arguments`); its `pretrained_cfg` the input
-size, the normalisation (mean/std: a name where they match one, else the numbers), the evaluation
-crop ratio (timm's `crop_pct`) and the class count (0: headless weights, which fine-tune with a
-fresh head and give features); its `label_names` the class names. `resolve(name)` fetches the
-weights (`model.safetensors`, else `pytorch_model.bin`) too, only once their config.json has been
-read and maps to a model here. When a file is neither cached nor downloadable it raises one
-ValueError naming the weights and the cache. The weights themselves are read by
-`pretrained.load`, which accepts such a name wherever it accepts a file.
+Files are fetched once into huggingface_hub's cache ($HF_HOME/hub, or $HF_HUB_CACHE), where later
+runs (and HF_HUB_OFFLINE=1) read them. timm's config.json picks the model, its fields and its
+preprocessing (`HubConfig`); the weights are fetched only once it maps to a model here.
 """
 
 import dataclasses

@@ -1,13 +1,5 @@
-"""A trained model to run frozen: a run of `vit_jax.main`, or published weights; and image files
-classified with it.
-
-`load(workdir=...)` or `load(init_from=...)` is how commands get one (`source_flags` gives them
-the flags): `load_run(workdir)` restores a run (its config, model, variables and dataset class
-names); `load_weights(path, model_name)` reads a weights file for a registered model and gives it
-the published models' ImageNet evaluation preprocessing and class names, or Hub weights
-(`hf-hub:ORG/NAME`) with the model, preprocessing and class names their config.json gives.
-`predict` classifies image files as the model evaluates.
-"""
+"""A trained model to run frozen (`load`: a run of `vit_jax.main`, or published weights), and image
+files classified with it (`predict`)."""
 
 import dataclasses
 import glob
@@ -62,15 +54,9 @@ def load_run(
     unroll: bool = False,
     data_dir: str | None = None,
 ) -> Run:
-  """The config, model and variables of `workdir`'s checkpoint at `step` (default: newest): its
-  EMA where the run kept one and `use_ema` (`reader.Workdir.read_variables`).
-
-  Its classes are those the run recorded (dataset.json): its data need not stay. Datasets are read
-  from `data_dir` where given (and prepared there), else from the run's own data_dir, which is
-  read and never written (`storage.read_only`). With `unroll`, a run that stacked its blocks with
-  `nn.scan` is restored unrolled (analysis reads per-block attention maps); otherwise in the
-  layout it trained in.
-  """
+  """The config, model and variables of `workdir`'s checkpoint at `step` (default: newest), as
+  `reader.Workdir.read_variables` reads them; its classes as dataset.json records them. Data is
+  read from `data_dir` where given, else from the run's own, never written (`storage.read_only`)."""
   run = reader.Workdir.open(workdir)
   config = run.required_config()
   if data_dir:

@@ -1,22 +1,8 @@
-"""Weights from elsewhere fitted to a model: layouts, resizing, and export back to timm.
+"""Weights from elsewhere fitted to a model (`load`), and exported back to timm (`export_timm`).
 
-`load(path, model, image_size=...)` returns Flax variables for `model` from
-  - a timm / DeiT / CaiT / DeepViT / T2T-ViT / RegNet PyTorch checkpoint, `.safetensors` (read
-    with the `safetensors` package, without torch, bfloat16 included) or `.pth` (read with
-    `torch.load(weights_only=True)`: tensors only, never arbitrary objects), plain or wrapped in
-    `state_dict_ema` / `model_ema` / `state_dict` / `model`, with `module.` prefixes stripped;
-  - a Google ViT `.npz`: google-research/vision_transformer's or big_vision's layout
-    (`checkpoint_formats.google_to_timm`);
-  - a work directory written by `vit_jax.main` (`vit_jax.workdir.reader.Workdir.read_variables`);
-  - Hub weights by name, `hf-hub:ORG/NAME` (`vit_jax.weights.hub`: fetched once into the Hugging Face
-    cache, then read as the file they are).
-EMA weights are read first where a file or run has them; `use_ema=False` reads the raw ones.
-Files are read by `checkpoint_formats`, recognised by their content, not their extension. The
-PyTorch key layout is converted by the `from_torch` of the target model's family. The position
-embedding is resized when the resolution differs (`resize_pos_embed`), with `reset_head=True` a
-head whose class count differs is initialised afresh, and a model with `scan_layers` gets its
-blocks stacked. `export_timm` writes the inverse: a timm `.safetensors`, whose metadata can name
-the model, its fields, classes and preprocessing (`Exported`), read back by `exported`.
+Sources: PyTorch checkpoints (.safetensors, or .pth read with `torch.load(weights_only=True)`:
+tensors only) and Google ViT .npz files, recognised by content (`checkpoint_formats`); Hub names
+(`hub`); vit_jax work directories (`reader.Workdir.read_variables`).
 """
 
 import dataclasses
@@ -124,11 +110,8 @@ def resize_pos_embed(
     pos_embed: np.ndarray, grid: tuple[int, int], num_prefix_tokens: int, *, method: str = 'timm'
 ) -> np.ndarray:
   """(1, prefix + h*w, D) -> (1, prefix + grid rows*cols, D), prefix tokens kept unchanged.
-
-  method='timm' equals timm's `resample_abs_pos_embed` (bicubic, antialias=True: PyTorch's
-  antialiased kernel, a = -0.5, in both directions); 'pytorch' equals deit/T2T's
-  `F.interpolate(mode='bicubic', align_corners=False)` (a = -0.75, no antialiasing).
-  """
+  'timm': timm's `resample_abs_pos_embed` (bicubic, antialiased, a = -0.5); 'pytorch': deit/T2T's
+  `F.interpolate(mode='bicubic', align_corners=False)` (a = -0.75, no antialiasing)."""
   if method not in POS_EMBED_RESIZE_METHODS:
     raise ValueError(
         f'Unknown position-embedding resize method {method!r}; valid: '
@@ -212,10 +195,8 @@ def _reset_head(
 ) -> None:
   """Replaces heads whose shape differs (or that are missing) by fresh ones; drops pre_logits."""
   heads = [k for k in target if _is_head(k) and (k not in flat or flat[k].shape != target[k].shape)]
-  for key in [k for k in flat if _is_head(k) and k not in target]:
-    del flat[key]
   dropped = [k for k in flat if k[:2] == ('params', 'pre_logits') and k not in target]
-  for key in dropped:
+  for key in [k for k in flat if _is_head(k) and k not in target] + dropped:
     del flat[key]
   if dropped:
     logging.warning(
@@ -352,17 +333,13 @@ def load(
     use_ema: bool = True,
     frozen: bool = False,
 ) -> dict[str, Any]:
-  """Flax variables ({'params', maybe 'batch_stats'}) for `model` at `image_size` from `path`.
+  """Flax variables ({'params'[, 'batch_stats']}) for `model` at `image_size` from `path`, EMA
+  first unless `use_ema=False`, in `model`'s layout (stacked with `scan_layers`).
 
-  `path` is a weights file or Hub name (see the module docstring) or a vit_jax work directory,
-  read EMA first unless `use_ema=False` (the log says which weights were read). PyTorch and
-  Google layouts go through the `from_torch` of `model`'s family. A position embedding for another
-  resolution is resized (`resize_pos_embed`, timm's method). With `reset_head`, heads
-  whose class count differs from `model.num_classes` are initialised afresh from `rng` (and a
-  pre-logits layer the model lacks is dropped); without it a class-count mismatch is an error,
-  which for `frozen` weights (used as they are: predict, evaluate) says to give --num_classes.
-  The variables come in `model`'s layout: stacked where it scans its layers (`scan_layers`).
-  Raises ValueError for unreadable files, another family, or any variable that does not fit.
+  A position embedding for another resolution is resized (`resize_pos_embed`); with `reset_head`,
+  heads of another class count are initialised afresh from `rng`; without it, a class-count
+  mismatch is an error, which for `frozen` weights says to give --num_classes. ValueError for any
+  file or variable that does not fit.
   """
   scanned = getattr(model, 'scan_layers', False)
   unrolled = model.clone(scan_layers=False) if scanned else model
@@ -474,20 +451,12 @@ def export_timm(
     *,
     described: Exported | None = None,
 ) -> list[str]:
-  """Writes `variables` as a timm-layout .safetensors file (inverse of `load`); returns its keys.
-
-  `timm.create_model(<matching name>, num_classes=..., img_size=...)` accepts the file with
-  `model.load_state_dict(safetensors.torch.load_file(path))`. With `described`, its metadata says
-  the model (`exported` reads it back), so that vit_jax loads the file without naming the model.
-  The file gets the mode a new file gets (0666 less the umask).
+  """Writes `variables` as a timm-layout .safetensors file (inverse of `load`), which timm's
+  `load_state_dict` accepts; with `described`, its metadata names the model (`exported`). Its keys.
   """
   state_dict = converting_family(model).to_torch(jax.device_get(dict(variables)))
-  tensors = {}
-  for key, value in state_dict.items():
-    value = np.asarray(value)
-    if value.dtype == ml_dtypes.bfloat16:  # timm's models hold float32 parameters.
-      value = value.astype(np.float32)
-    tensors[key] = np.ascontiguousarray(value)
+  as_timm = lambda v: v.astype(np.float32) if v.dtype == ml_dtypes.bfloat16 else v  # float32.
+  tensors = {k: np.ascontiguousarray(as_timm(np.asarray(v))) for k, v in state_dict.items()}
   target = os.path.abspath(path)
   with disk_writes.writing(path, EXPORT_ROOM):
     os.makedirs(os.path.dirname(target), exist_ok=True)

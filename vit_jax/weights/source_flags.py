@@ -1,8 +1,6 @@
 """The flags with which a command names the model it runs: a run, or published weights.
 
-`--workdir=RUN`, or `--init_from=WEIGHTS` with `--model` and the weights' preprocessing; `define()`
-defines them (once, when the command module is imported) and returns the function that loads what
-they name through `inference.load`. This module imports nothing heavy, so `--help` stays quick.
+It imports nothing heavy, so that `--help` stays quick.
 """
 
 from typing import Callable, TYPE_CHECKING

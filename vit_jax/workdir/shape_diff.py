@@ -8,10 +8,8 @@ import numpy as np
 
 
 def flat_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
-  """Maps every leaf's path ('params/blocks_0/attn/qkv/kernel') to its shape.
-
-  Leaves are arrays, `jax.ShapeDtypeStruct`s or orbax's `ArrayMetadata`.
-  """
+  """Maps every leaf's path ('params/blocks_0/attn/qkv/kernel') to its shape; leaves are arrays,
+  `jax.ShapeDtypeStruct`s or orbax's `ArrayMetadata`."""
   flat = jax.tree_util.tree_flatten_with_path(tree)[0]
   name = lambda k: getattr(k, 'key', getattr(k, 'idx', getattr(k, 'name', k)))  # dict, list, attr
   return {
