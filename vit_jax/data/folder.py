@@ -75,13 +75,15 @@ _NOT_DATA = ('__MACOSX',)
 _DESCRIPTION = 'Images under {root}.'  # A prepared folder's description: names its root.
 
 
+def _is_data(name: str) -> bool:
+  return not name.startswith('.') and name not in _NOT_DATA
+
+
 def _list_dirs(path: str) -> list[str]:
   return sorted(
       name
       for name in os.listdir(path)
-      if os.path.isdir(os.path.join(path, name))
-      and not name.startswith('.')
-      and name not in _NOT_DATA
+      if os.path.isdir(os.path.join(path, name)) and _is_data(name)
   )
 
 
@@ -93,9 +95,7 @@ def _files_under(class_dir: str) -> list[str]:
     dirs[:] = sorted(
         d
         for d in dirs
-        if not d.startswith('.')
-        and d not in _NOT_DATA
-        and os.path.realpath(os.path.join(folder, d)) not in seen  # A link back up: once.
+        if _is_data(d) and os.path.realpath(os.path.join(folder, d)) not in seen  # Links up: once.
     )
     seen.update(os.path.realpath(os.path.join(folder, d)) for d in dirs)
     relative = os.path.relpath(folder, class_dir)

@@ -366,16 +366,6 @@ def eval_iterator(
 
 
 def _damage_named(batches: Iterator[dict[str, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
-  """`batches`, where a read of a damaged file ends in the one line naming it
-  (`reading.read_error`) rather than TensorFlow's error and traceback."""
-  while True:
-    try:
-      batch = next(batches)
-    except StopIteration:
-      return
-    except tf.errors.OpError as e:
-      damaged = reading.read_error(e)
-      if damaged is None:
-        raise
-      raise damaged from None
-    yield batch
+  """`batches`, a damaged file's read ending in one line naming it (`reading.damage_named`)."""
+  with reading.damage_named():
+    yield from batches

@@ -2,9 +2,10 @@
 order: shuffled per epoch by index, or streamed from TFRecord files (`input_pipeline`'s docstring).
 """
 
+import contextlib
 import dataclasses
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import tensorflow as tf
@@ -37,6 +38,19 @@ def read_error(error: BaseException) -> ValueError | None:
   if not isinstance(error, tf.errors.OpError):
     return None
   return next((e for line, e in _DAMAGED.items() if line in error.message), None)
+
+
+@contextlib.contextmanager
+def damage_named() -> Iterator[None]:
+  """A read of a damaged file in the block ends in `read_error`'s one line, not TensorFlow's
+  error and traceback."""
+  try:
+    yield
+  except tf.errors.OpError as e:
+    damaged = read_error(e)
+    if damaged is None:
+      raise
+    raise damaged from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,13 +120,8 @@ def in_memory_lookup(source: sources.Source, split: Any) -> Access:
     examples = source.builder.as_dataset(split=split).map(
         lambda record: (record[source.image_key], record[source.label_key])
     )
-  try:
+  with damage_named():
     chunks = list(examples.batch(4096).as_numpy_iterator())
-  except tf.errors.OpError as e:
-    damaged = read_error(e)
-    if damaged is None:
-      raise
-    raise damaged from None
   if not chunks:
     raise ValueError(f'Split {split} of {source.name!r} is empty.')
   # Variables are captured by reference; constants would be copied into the tf.data graph.

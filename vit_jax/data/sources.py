@@ -60,12 +60,8 @@ def resolve(
     *,
     splits: Mapping[str, str] | None = None,
 ) -> Source:
-  """Finds (and prepares, if needed) the builder of `dataset` (default `data.dataset`).
-
-  Its image and label are its supervised keys, or 'image' and `label_key` where given;
-  `label_set_key` names a feature holding several labels per example. An image folder lacking a
-  directory of one of `splits` ({flag: split spec}) is refused before it is prepared.
-  """
+  """Finds (and prepares, if needed) the builder of `dataset` (default `data.dataset`), its image
+  and label the supervised keys or `label_key`; `label_set_key`: several labels per example."""
   name = data.dataset if dataset is None else dataset
   storage.check_location(data.data_dir)
   try:
@@ -137,11 +133,8 @@ def _prepared_builder(
 
 
 def _prepare_tfds(builder: tfds.core.DatasetBuilder) -> None:
-  """Prepares a TFDS dataset on first use; where that fails, one error that says how to.
-
-  A download that cannot start (a host of its URLs unreachable, no archive on disk) is refused at
-  once, before TFDS's download retries, which take minutes to give up.
-  """
+  """Prepares a TFDS dataset on first use; where that fails, one error that says how to (at once
+  where its download cannot start: TFDS's retries take minutes to give up)."""
   if builder.is_prepared():
     return
   name, root = builder.name, builder.data_dir_root
