@@ -1,10 +1,5 @@
-"""Timed blocks of work that alternate between contenders sharing one machine, and their report.
-
-A contender is a `run(n)` that does n steps (training steps, input batches) and returns when they
-are done. Blocks of steps alternate between contenders, so a machine whose speed drifts (other
-processes, thermal limits) slows them alike; ratios of blocks that ran back to back cancel most
-of it.
-"""
+"""Timed blocks of work that alternate between contenders (each a `run(n)` doing n steps) sharing
+one machine, so that drift in its speed slows them alike; and their report."""
 
 import dataclasses
 import os
@@ -51,11 +46,8 @@ def time_blocks(
     cpu_clocks: Sequence[Callable[[], float]] | None = None,
     settle: Callable[[], None] = lambda: None,
 ) -> list[Timing]:
-  """Per-step wall and CPU seconds of each `run(n)` (n steps), their blocks alternating.
-
-  Before each block: `settle()`, then `warmups[i]` untimed steps. CPU seconds are read from
-  `cpu_clocks[i]` (default: this process's CPU time).
-  """
+  """Per-step wall and CPU seconds (`cpu_clocks[i]`, default this process's) of each `run(n)`,
+  their blocks alternating, each after `settle()` and `warmups[i]` untimed steps."""
   cpu_clocks = cpu_clocks or [time.process_time] * len(runs)
   wall: list[list[float]] = [[] for _ in runs]
   cpu: list[list[float]] = [[] for _ in runs]

@@ -1,10 +1,5 @@
-"""A config's training and inference steps timed, ours against timm's twin, block by block.
-
-A training step is `vit_jax.training.steps`'s (forward, loss, gradients, optimizer update,
-metrics) on random images; an inference step is a jitted forward pass with train=False. Every step
-is blocked on until its results exist. Contenders (ours and timm, or a family and its plain ViT)
-alternate block by block in one process (`time_interleaved`), so a busy machine slows them alike.
-"""
+"""A config's training and inference steps on random images timed, ours against timm's twin (or a
+family against its plain ViT), blocks alternating in one process (`time_interleaved`)."""
 
 import dataclasses
 import os
