@@ -62,7 +62,7 @@ _REPEATS = flags.DEFINE_integer(
 _MODEL = flags.DEFINE_string(
     'model',
     None,
-    'Registry name replacing config.model.name (the ' "config's model overrides are dropped).",
+    "Registry name replacing config.model.name (the config's model overrides are dropped).",
 )
 _IMAGE_SIZE = flags.DEFINE_integer(
     'image_size', None, "Input resolution (default: the config's).", lower_bound=1
@@ -71,7 +71,7 @@ _DTYPE = flags.DEFINE_enum(
     'dtype',
     None,
     ['float32', 'bfloat16', 'float16'],
-    "Computation dtype (default: the config's); parameters stay float32 " '(timm: autocast).',
+    "Computation dtype (default: the config's); parameters stay float32 (timm: autocast).",
 )
 _NUM_CLASSES = flags.DEFINE_integer(
     'num_classes', 10, 'Classes of the random labels.', lower_bound=1
@@ -79,30 +79,28 @@ _NUM_CLASSES = flags.DEFINE_integer(
 _THREADS = flags.DEFINE_integer(
     'threads',
     None,
-    'Run on the first N CPUs only, for XLA and torch '
-    'alike (default: every CPU this process may use).',
+    'Run on the first N CPUs only, for XLA and torch alike (default: every CPU this process '
+    'may use).',
     lower_bound=1,
 )
 _CPU_TUNING = flags.DEFINE_bool(
     'cpu_tuning',
     True,
-    'Apply vit_jax.process.runtime.configure() as the '
-    'training command does; --nocpu_tuning measures stock settings.',
+    'Apply vit_jax.process.runtime.configure() as the training command does; --nocpu_tuning '
+    'measures stock settings.',
 )
 _VS_TIMM = flags.DEFINE_bool(
     'vs_timm',
     False,
-    "step, input_pipeline: also time timm's twin (a "
-    'VisionTransformer of the same shape with torch AdamW; its '
-    'transforms in a DataLoader).',
+    "step, input_pipeline: also time timm's twin (a VisionTransformer of the same shape with "
+    'torch AdamW; its transforms in a DataLoader).',
 )
 flags.DEFINE_alias('vs-timm', 'vs_timm')
 _INFERENCE = flags.DEFINE_bool('inference', True, 'step: also time inference steps.')
 _PEAK_TFLOPS = flags.DEFINE_float(
     'peak_tflops',
     None,
-    "step: the device's peak TFLOP/s at "
-    '--dtype, for model FLOPs utilisation (default: '
+    "step: the device's peak TFLOP/s at --dtype, for model FLOPs utilisation (default: "
     'device_report.PEAK_TFLOPS for bfloat16).',
 )
 flags.register_validator(
@@ -113,8 +111,8 @@ flags.register_validator(
 _FAMILY_MODELS = flags.DEFINE_list(
     'family_models',
     None,
-    'family_table: registry names, at '
-    '--image_size (default: tables.FAMILY_MODELS, each at its own).',
+    'family_table: registry names, at --image_size (default: tables.FAMILY_MODELS, each at its '
+    'own).',
 )
 flags.register_validator(
     'family_models',
@@ -132,8 +130,8 @@ flags.register_validator(
 _LAYERS_ROW = flags.DEFINE_string(
     'layers_row',
     None,
-    'layers_table: MODEL:SCAN:REMAT (0 or 1), '
-    'one row, printed as JSON (the table runs one process each).',
+    'layers_table: MODEL:SCAN:REMAT (0 or 1), one row, printed as JSON (the table runs one '
+    'process each).',
 )
 flags.register_validator(
     'layers_row',
@@ -143,15 +141,14 @@ flags.register_validator(
 _DEVICES = flags.DEFINE_integer(
     'devices',
     None,
-    'memory: devices of the mesh (default: ' 'config.mesh.fsdp).',
+    'memory: devices of the mesh (default: config.mesh.fsdp).',
     lower_bound=1,
 )
 _LATE_STEP = flags.DEFINE_integer(
     'late_step',
     None,
-    'input_pipeline: the late start step whose '
-    'first batch is timed (default: the first step after 100,000 '
-    'consumed examples).',
+    'input_pipeline: the late start step whose first batch is timed (default: the first step '
+    'after 100,000 consumed examples).',
     lower_bound=1,
 )
 _DATA_DIR = flags.DEFINE_string('data_dir', None, "TFDS data directory (default: the config's).")
@@ -180,7 +177,7 @@ def _before_libraries() -> None:
       raise ValueError(f'--devices={devices} must be >= 1.')
     os.environ['JAX_PLATFORMS'] = 'cpu'
     os.environ['XLA_FLAGS'] = (
-        f'{os.environ.get("XLA_FLAGS", "")} ' f'--xla_force_host_platform_device_count={devices}'
+        f'{os.environ.get("XLA_FLAGS", "")} --xla_force_host_platform_device_count={devices}'
     ).strip()
 
 
@@ -225,7 +222,7 @@ def main(argv) -> None:
     unknown = [n for n in flag.value or () if n not in models.names()]
     if unknown:
       raise ValueError(
-          f'--{flag.name}: unknown models {unknown}; registered: ' f'{sorted(models.names())}.'
+          f'--{flag.name}: unknown models {unknown}; registered: {sorted(models.names())}.'
       )
   deep = mode == 'layers_table' or _LAYERS_ROW.value  # ImageNet-sized models: smaller defaults.
   config = training_step.benchmark_config(
