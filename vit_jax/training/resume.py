@@ -1,16 +1,9 @@
 """Resuming a run whose config changed since its checkpoints were written.
 
-A checkpoint holds the training state of the config that wrote it. Changes that only add or drop
-state carry over: gradient clipping (its optimizer state holds no arrays) and the EMA (started from
-the current weights when turned on, dropped when turned off); the number of steps and the schedule
-change no saved array (the learning rate is a function of the step), and another moment dtype
-(`mu_dtype`) casts the saved moments. Parameters, step, rng (so the data position), batch
-statistics and the optimizer's moments carry over as saved. A change the saved state cannot take
-(another model, another optimizer) is refused before anything in the work directory is read past
-its metadata or written, naming the changed fields and both ways forward.
-
-The decision is made from the checkpoint's own metadata (every saved array's path and shape, and
-the model's name) and, to name the fields, the run's saved config.json.
+Changes that only add or drop state carry over: gradient clipping, the EMA (started from the
+current weights when turned on), the schedule and step count, and `mu_dtype` (moments cast). Any
+other change (another model, another optimizer) is refused from the checkpoint's metadata and
+config.json, before anything is read or written, naming the changed fields.
 """
 
 import dataclasses
@@ -104,14 +97,9 @@ def plan(
     abstract_state: Any,
     abstract_for: Callable[[bool, bool], Any],
 ) -> Plan | None:
-  """How this run resumes `run`'s newest checkpoint whose metadata reads; None without one.
-
-  `fields` are this run's config fields by name as config.json holds them
-  (`config.json_fields`), `abstract_state` its (abstract) training state and `abstract_for(clip,
-  ema)` that state with gradient clipping and the EMA on or off. Raises IncompatibleCheckpoint,
-  touching nothing, when the saved state fits neither this run's layout nor one it differs from
-  only by state that is added or dropped (clipping, EMA).
-  """
+  """How this run (its `fields` as config.json holds them, its `abstract_state`, and
+  `abstract_for(clip, ema)` that state with clipping and EMA on or off) resumes `run`'s newest
+  checkpoint; None without one. IncompatibleCheckpoint, touching nothing, where none fits."""
   if jax.process_index() == 0:  # Said before anything about the checkpoints is.
     run_writer.refuse_if_in_use(run.path)
   found = run.newest_layout()
@@ -197,20 +185,14 @@ def _refusal(
 def carry_over(
     state: steps.TrainState, ema: bool, abstract_state: Any, state_sharding: Any
 ) -> steps.TrainState:
-  """A saved state read in its own layout (`Plan`'s) in this run's layout
-  (`abstract_state`, with an EMA if `ema`).
-
-  Parameters, step, rng, batch statistics and the optimizer's arrays are the saved ones, bit for
-  bit: clipping adds no array to the optimizer state, so its arrays fill this config's optimizer
-  state in order. The EMA is kept, started from the current variables, or dropped.
-  """
+  """A saved state read in its own layout (`Plan`'s) in this run's (`abstract_state`, with an EMA
+  if `ema`), its arrays bit for bit: clipping adds no array to the optimizer state, so the saved
+  ones fill this optimizer's in order; the EMA is kept, started from the variables, or dropped."""
   opt_leaves = jax.tree.leaves(state.opt_state)
   abstract_leaves, opt_structure = jax.tree.flatten(abstract_state.opt_state)
   if len(abstract_leaves) != len(opt_leaves):  # plan() compared every shape: cannot happen.
     raise IncompatibleCheckpoint('The saved optimizer state does not fit this optimizer.')
   state = state.replace(opt_state=jax.tree.unflatten(opt_structure, opt_leaves))
-  if not ema:
-    state = state.replace(ema={})
-  elif not state.ema:
-    state = steps.with_fresh_ema(state, True)
+  if not (ema and state.ema):
+    state = steps.with_fresh_ema(state, ema)
   return jax.jit(lambda s: s, out_shardings=state_sharding)(state)
