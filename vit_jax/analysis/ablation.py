@@ -1,10 +1,6 @@
-"""An ablation grid (configs/ablations.py): every variant trained, measured and tabulated.
-
-Per variant: test accuracy, parameters, XLA's FLOPs of one training step, the training step's
-time (median of 3 blocks, the variants' blocks alternating in one process after every training)
-and how many blocks of the main self-attention stage are "similar" to the one before (DeepViT's
-collapse metric, `vit_jax.analysis.collapse`). With several seeds per variant, the mean accuracy
-± its standard deviation. `python -m vit_jax.ablate` is its command line.
+"""An ablation grid (configs/ablations.py, `python -m vit_jax.ablate`): every variant trained and
+tabulated (`COLUMNS`): test accuracy (mean ± std over seeds), parameters, FLOPs and time of a
+training step, and DeepViT's similar-block count (`vit_jax.analysis.collapse`).
 """
 
 import json
@@ -40,9 +36,8 @@ def variant_config(
 def step_costs(
     configs: list[ml_collections.ConfigDict], num_classes: int, steps: int
 ) -> list[dict[str, float]]:
-  """Parameters, FLOPs and time of one training step of each config's model; the variants'
-  timed blocks of `steps` steps alternate (`training_step.time_interleaved`), so drift in the
-  machine's speed falls on all alike."""
+  """Parameters, FLOPs and time (median of 3 blocks of `steps` steps, the variants' alternating so
+  that drift in the machine's speed falls on all alike) of one training step of each config."""
   contenders = [training_step.jax_contender(c, num_classes, inference=False) for c in configs]
   timings = training_step.time_interleaved(
       contenders, kind='train', steps=steps, warmup=1, repeats=3
@@ -154,13 +149,9 @@ def table(rows: list[dict[str, Any]]) -> str:
     value = row[column]
     if column == 'accuracy' and 'accuracy_std' in row:
       return f'{value:.4f} ± {row["accuracy_std"]:.4f}'
-    return (
-        f'{value:,.4g}'
-        if isinstance(value, float)
-        else f'{value:,}'
-        if isinstance(value, int)
-        else str(value)
-    )
+    if isinstance(value, float):
+      return f'{value:,.4g}'
+    return f'{value:,}' if isinstance(value, int) else str(value)
 
   lines = ['| ' + ' | '.join(COLUMNS) + ' |', '|' + '---|' * len(COLUMNS)]
   lines += ['| ' + ' | '.join(cell(row, c) for c in COLUMNS) + ' |' for row in rows]

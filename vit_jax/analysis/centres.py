@@ -1,10 +1,8 @@
 """Where SA-conv heads look (Cordonnier et al., Figures 3-5): attention of the centre query pixel.
 
 For each layer, every head's probabilities over the key grid for the centre query are drawn as
-contours enclosing 50 % (solid) and 90 % (dotted) of the probability mass, one colour per head from
-a cycle of nine, the query pixel a black square. The contour level of a mass m is taken between
-the smallest probability inside and the largest outside the smallest set of cells holding m
-(cells tied at its edge all included).
+contours enclosing 50 % (solid) and 90 % (dotted) of the probability mass (`mass_level`), one
+colour per head, the query pixel a black square.
 """
 
 import dataclasses
@@ -48,9 +46,19 @@ class HeadContours:
     """The expected (row, col) offset of the attended key from the query."""
     rows, cols = np.indices(self.probs.shape)
     weights = self.probs / self.probs.sum()
-    return np.array(
-        [(weights * rows).sum() - self.query[0], (weights * cols).sum() - self.query[1]]
-    )
+    return np.array([(weights * rows).sum(), (weights * cols).sum()]) - self.query
+
+  def to_json(self) -> dict[str, Any]:
+    """Centre of mass and argmax (offsets from the query), and the cells of each region."""
+    peak = np.unravel_index(np.argmax(self.probs), self.probs.shape)
+    return {
+        'centre_of_mass': np.round(self.centre_of_mass(), 4).tolist(),
+        'argmax': [int(peak[0] - self.query[0]), int(peak[1] - self.query[1])],
+        **{
+            f'cells_{int(round(m * 100))}': int((self.probs > level).sum())
+            for m, level in self.levels.items()
+        },
+    }
 
 
 def head_contours(
@@ -62,13 +70,12 @@ def head_contours(
   generator = contourpy.contour_generator(
       np.arange(cols) - query[1], np.arange(rows) - query[0], probs, line_type='Separate'
   )
-  levels: dict[float, float] = {}
-  lines: dict[float, list[np.ndarray]] = {}
-  for mass in masses:
-    levels[mass] = mass_level(probs, mass)
-    # `lines` returns the layout of the generator's line_type, which its signature cannot say.
-    separate = cast(list[np.ndarray], generator.lines(levels[mass]))
-    lines[mass] = [line[:, ::-1] for line in separate]
+  levels = {mass: mass_level(probs, mass) for mass in masses}
+  # `lines` returns the layout of the generator's line_type, which its signature cannot say.
+  lines = {
+      mass: [line[:, ::-1] for line in cast(list[np.ndarray], generator.lines(level))]
+      for mass, level in levels.items()
+  }
   return HeadContours(probs, query, levels, lines)
 
 
@@ -76,10 +83,8 @@ def layer_contours(
     query_maps: maps_lib.QueryMaps, masses: Sequence[float] = MASSES
 ) -> list[HeadContours]:
   """Contours of every head of one layer's centre-query maps over the full key grid."""
-  if query_maps.query_cell is None or query_maps.maps.shape[1:] != (
-      query_maps.grid.rows,
-      query_maps.grid.cols,
-  ):
+  grid = query_maps.grid
+  if query_maps.query_cell is None or query_maps.maps.shape[1:] != (grid.rows, grid.cols):
     raise ValueError(f'{query_maps.layer}: contours need the centre query over the full grid.')
   return [head_contours(m, query_maps.query_cell, masses) for m in query_maps.maps]
 
@@ -117,8 +122,7 @@ def plot(
     ax.set_ylim(bottom + 0.5, top - 0.5)
     ax.set_xticks(np.arange(left, right) + 0.5, minor=True)
     ax.set_yticks(np.arange(top, bottom) + 0.5, minor=True)
-    ax.set_xticks([])
-    ax.set_yticks([])
+    ax.set(xticks=[], yticks=[])
     ax.grid(True, which='minor', alpha=0.3)
     ax.set_aspect(1)
     ax.set_title(name, fontsize=9)
@@ -135,20 +139,4 @@ def plot(
 
 def contours_json(layers: Sequence[tuple[str, list[HeadContours]]]) -> dict[str, Any]:
   """Per layer and head: centre of mass and argmax (offsets from the query), region sizes."""
-  out = {}
-  for name, heads in layers:
-    entries = []
-    for contours in heads:
-      peak = np.unravel_index(np.argmax(contours.probs), contours.probs.shape)
-      entries.append(
-          {
-              'centre_of_mass': np.round(contours.centre_of_mass(), 4).tolist(),
-              'argmax': [int(peak[0] - contours.query[0]), int(peak[1] - contours.query[1])],
-              **{
-                  f'cells_{int(round(m * 100))}': int((contours.probs > level).sum())
-                  for m, level in contours.levels.items()
-              },
-          }
-      )
-    out[name] = entries
-  return out
+  return {name: [contours.to_json() for contours in heads] for name, heads in layers}

@@ -25,10 +25,8 @@ def _unit_columns(probs: np.ndarray) -> np.ndarray:
 
 
 def cross_layer_similarity(stage: Sequence[np.ndarray]) -> np.ndarray:
-  """(layers, layers) M[p, q]: DeepViT's column cosine, mean over images, heads and tokens.
-
-  Every map in `stage` is (images, heads, queries, keys) with the same shape.
-  """
+  """(layers, layers) M[p, q]: DeepViT's column cosine of the (images, heads, queries, keys) maps
+  of `stage`, mean over images, heads and tokens."""
   shapes = {np.shape(a) for a in stage}
   if len(shapes) != 1:
     raise ValueError(f'Cross-layer similarity needs maps of one shape; got {sorted(shapes)}.')
@@ -44,10 +42,7 @@ def cross_layer_similarity(stage: Sequence[np.ndarray]) -> np.ndarray:
 def neighbour_similarity(similarity: np.ndarray, k: int) -> np.ndarray:
   """Per block p, the mean of M[p, q] over its next k blocks q = p+1..p+k (NaN for the last)."""
   size = len(similarity)
-  out = np.full(size, np.nan)
-  for p in range(size - 1):
-    out[p] = np.mean(similarity[p, p + 1 : p + 1 + k])
-  return out
+  return np.array([np.mean(similarity[p, p + 1 : p + 1 + k]) for p in range(size - 1)] + [np.nan])
 
 
 def similar_blocks(similarity: np.ndarray, threshold: float = SIMILARITY_THRESHOLD) -> list[int]:
@@ -117,8 +112,7 @@ def plot(collapse: Collapse, path: str, max_k: int = 3, title: str = '') -> None
   for k in range(1, min(max_k, size - 1) + 1):
     ax.plot(blocks, neighbour_similarity(collapse.similarity, k), marker='o', ms=3, label=f'k={k}')
   ax.axhline(collapse.threshold, color='gray', ls='--', lw=1)
-  ax.set_xlabel('block index')
-  ax.set_ylabel('cross-layer similarity')
+  ax.set(xlabel='block index', ylabel='cross-layer similarity')
   ax.set_title('Similarity with the k next blocks', fontsize=9)
   # Maps mixed across heads may be negative, and so may their cosines.
   values = np.concatenate([collapse.similarity.ravel(), np.ravel(collapse.inter_head)])
@@ -130,34 +124,24 @@ def plot(collapse: Collapse, path: str, max_k: int = 3, title: str = '') -> None
   flags = np.zeros(size)
   flags[collapse.similar] = 1
   ax.step(blocks, np.cumsum(flags), where='mid', color='C3')
-  ax.set_xlabel('depth (blocks)')
-  ax.set_ylabel(f'similar blocks (M > {collapse.threshold:g})')
+  ax.set(xlabel='depth (blocks)', ylabel=f'similar blocks (M > {collapse.threshold:g})')
   ax.set_title(f'Similar-block count: {len(collapse.similar)} of {size}', fontsize=9)
   ax.set_ylim(-0.2, max(size - 1, 1) + 0.2)
 
   ax = axes[2]
-  image = ax.imshow(
-      collapse.similarity,
-      vmin=lowest,
-      vmax=1,
-      cmap='magma',
-      extent=(0.5, size + 0.5, size + 0.5, 0.5),
-  )
-  ax.set_xlabel('block q')
-  ax.set_ylabel('block p')
+  extent = (0.5, size + 0.5, size + 0.5, 0.5)  # Blocks numbered from 1, block 1 at the top.
+  image = ax.imshow(collapse.similarity, vmin=lowest, vmax=1, cmap='magma', extent=extent)
+  ax.set(xlabel='block q', ylabel='block p')
   ax.set_title('M^{p,q}', fontsize=9)
   fig.colorbar(image, ax=ax, fraction=0.046)
 
   ax = axes[3]
   ax.plot(blocks, collapse.inter_head, marker='o', ms=3, color='C2')
-  ax.set_xlabel('block index')
-  ax.set_ylabel('inter-head similarity')
+  ax.set(xlabel='block index', ylabel='inter-head similarity')
   ax.set_ylim(lowest - 0.02, 1.02)
   ax.set_title('Similarity between heads of a block', fontsize=9)
-  for ax in axes:
-    ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
-  axes[1].yaxis.set_major_locator(ticker.MaxNLocator(integer=True))
-  axes[2].yaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+  for axis in [ax.xaxis for ax in axes] + [axes[1].yaxis, axes[2].yaxis]:
+    axis.set_major_locator(ticker.MaxNLocator(integer=True))
   fig.suptitle(title or 'Attention collapse', fontsize=10)
   fig.tight_layout()
   fig.savefig(path, dpi=110)

@@ -1,7 +1,6 @@
 """Attention maps of any model, read from the probabilities its attention modules sow.
 
-`attention_maps` runs the model once with the `intermediates` collection mutable and returns, in
-call order, one `LayerMaps` per attention module: its (images, heads, queries, keys) maps after any
+`attention_maps` gives one `LayerMaps` per attention module, in call order: its maps after any
 head mixing. `stages` groups consecutive layers of equal shape (CaiT's self- and class-attention
 stages, T2T's token layers and backbone); `key_grid` finds where the keys sit on the image.
 """
@@ -62,11 +61,8 @@ def _forward_variables(variables: Any) -> dict[str, Any]:
 
 @functools.cache
 def _sown_maps(model: nn.Module) -> tuple[Callable[..., list[jax.Array]], list[tuple[str, ...]]]:
-  """A jitted function returning the sown maps as a list, and their paths in call order.
-
-  jit returns dicts with sorted keys ('blocks_10' before 'blocks_2', T2T's 'tokens_to_token'
-  after 'blocks_*'), so the call order is read from the traced `intermediates` dict instead.
-  """
+  """A jitted function returning the sown maps as a list, and their paths in call order (read
+  from the traced `intermediates`: jit returns dicts with sorted keys, 'blocks_10' first)."""
   paths: list[tuple[str, ...]] = []
 
   @jax.jit
@@ -97,13 +93,6 @@ def attention_maps(model: nn.Module, variables: Any, images: Any) -> list[LayerM
   return layers
 
 
-def concatenate(batches: Sequence[list[LayerMaps]]) -> list[LayerMaps]:
-  """The maps of several image batches joined along the image axis."""
-  return [
-      LayerMaps(parts[0].name, np.concatenate([p.probs for p in parts])) for parts in zip(*batches)
-  ]
-
-
 def is_square(layer: LayerMaps) -> bool:
   """Whether every token both queries and is a key (self-attention, not class attention)."""
   return layer.shape[1] == layer.shape[2]
@@ -132,11 +121,8 @@ def main_stage(layers: Sequence[LayerMaps]) -> list[int]:
 
 
 def key_grid(keys: int, image_shape: tuple[int, int]) -> Grid | None:
-  """The layout of `keys` tokens on an image of (height, width) pixels, or None.
-
-  The fewest prefix tokens (at most MAX_PREFIX_TOKENS) that leave a grid with the image's aspect
-  ratio and a whole number of pixels per cell.
-  """
+  """The layout of `keys` tokens on an image of (height, width) pixels, or None: the fewest
+  prefix tokens that leave a grid of the image's aspect ratio, a whole number of pixels a cell."""
   height, width = image_shape
   for prefix in range(min(MAX_PREFIX_TOKENS, keys - 1) + 1):
     tokens = keys - prefix
@@ -175,12 +161,8 @@ class QueryMaps:
 def query_maps(
     layers: Sequence[LayerMaps], image_shape: tuple[int, int], window_size: int | None = None
 ) -> list[QueryMaps]:
-  """Per layer, the attention of the centre grid token (or the single class query) per head.
-
-  Square layers use their centre grid token as the query, cropped to `window_size` cells around
-  it when the grid is larger; single-query layers (CaiT class attention) show the whole grid.
-  Layers whose keys do not lie on a grid are skipped.
-  """
+  """Per layer whose keys lie on a grid, each head's attention of the centre grid token (cropped
+  to `window_size` cells around it) or of the single class query (CaiT), over the whole grid."""
   result = []
   for layer in layers:
     _, queries, keys = layer.shape
@@ -209,8 +191,7 @@ def plot_query_maps(maps: Sequence[QueryMaps], path: str, title: str = '') -> No
   for row, layer in enumerate(maps):
     for head in range(num_heads):
       ax = axes[row, head]
-      ax.set_xticks([])
-      ax.set_yticks([])
+      ax.set(xticks=[], yticks=[])
       if head >= layer.maps.shape[0]:
         ax.axis('off')
         continue
@@ -249,11 +230,8 @@ def display_image(image: np.ndarray) -> np.ndarray:
 def overlay(
     image: np.ndarray, heatmap: np.ndarray, alpha: float = 0.6, cmap: str = 'inferno'
 ) -> np.ndarray:
-  """(H, W, 3) RGB in [0, 1]: `image` (any range) alpha-blended with `heatmap` (rows, cols).
-
-  Each heatmap cell covers its patch of the image (nearest upsampling); the heatmap is scaled to
-  [0, 1] and coloured by `cmap`, and `alpha` is its weight over the image.
-  """
+  """(H, W, 3) RGB in [0, 1]: `image` (any range) alpha-blended with `heatmap` (rows, cols),
+  upsampled to it (nearest), scaled to [0, 1] and coloured by `cmap`."""
   if not 0 <= alpha <= 1:
     raise ValueError(f'alpha={alpha} must be in [0, 1].')
   image = display_image(image)

@@ -1,11 +1,8 @@
-"""The analyses of a trained run's attention, written as PNGs and analysis.json under W/analysis/.
-
-`analyze(workdir, what)` reads the run's newest checkpoint (its EMA where it kept one), runs the
-model on eval images and writes, for the analyses that apply to the model: collapse (DeepViT's
-cross-layer similarity), maps, rollout, distance, centres (positional attention) and pruning
-(SA-conv Gaussian heads). `python -m vit_jax.analyze` is its command line.
+"""The analyses of a trained run's attention (`ANALYSES`), written as PNGs and analysis.json under
+W/analysis/ by `analyze`, the command line `python -m vit_jax.analyze`.
 """
 
+import dataclasses
 import os
 from typing import Any, Sequence
 
@@ -59,10 +56,9 @@ def accuracy(
   predict = jax.jit(
       lambda v, x: jax.numpy.argmax(steps.classifier_logits(model.apply(v, x, train=False)), -1)
   )
+  data = setting.build(data_settings.DataSettings, config)
   correct = total = 0.0
-  for batch in input_pipeline.eval_iterator(
-      setting.build(data_settings.DataSettings, config), process_index=0, process_count=1
-  ):
+  for batch in input_pipeline.eval_iterator(data, process_index=0, process_count=1):
     hits = np.asarray(predict(variables, batch['image'])) == batch['label']
     correct += float((hits * batch['mask']).sum())
     total += float(batch['mask'].sum())
@@ -88,23 +84,21 @@ def model_analyses(model: nn.Module) -> list[str]:
 def _resolve(what: Sequence[str] | str, model: nn.Module) -> tuple[list[str], bool]:
   """The analyses to run and whether they were named explicitly."""
   what = [what] if isinstance(what, str) else list(what)
-  if not model_analyses(model):
+  supported = model_analyses(model)
+  if not supported:
     with_attention = [f.name for f in models.families() if _has_attention(f.model_class)]
     raise ValueError(
         f'{type(model).__name__} has no attention layers, so there is nothing to '
         f'analyse; the analyses apply to the families {", ".join(with_attention)}.'
     )
   if what == ['all']:
-    return model_analyses(model), False
+    return supported, False
   unknown = [w for w in what if w not in ANALYSES]
   if unknown:
     raise ValueError(f'Unknown analyses {unknown}; valid: all, {", ".join(ANALYSES)}.')
-  invalid = [w for w in what if w not in model_analyses(model)]
+  invalid = [w for w in what if w not in supported]
   if invalid:
-    raise ValueError(
-        f'{invalid} do not apply to {type(model).__name__}; it supports '
-        f'{model_analyses(model)}.'
-    )
+    raise ValueError(f'{invalid} do not apply to {type(model).__name__}; it supports {supported}.')
   return what, True
 
 
@@ -127,18 +121,18 @@ def _batch_means(layers, what: Sequence[str], image_shape, window: int) -> dict[
     for query in maps.query_maps(layers, image_shape):
       means[f'centres/{query.layer}'] = query.maps
   if 'distance' in what:
-    for name, values in rollout.attention_distances(layers, image_shape).items():
-      means[f'distance/{name}'] = values
+    distances = rollout.attention_distances(layers, image_shape)
+    means.update({f'distance/{name}': values for name, values in distances.items()})
   return means
 
 
+@dataclasses.dataclass
 class _Outputs:
   """The PNGs and numbers of one analysis run, written under `directory`."""
 
-  def __init__(self, directory: str, explicit: bool):
-    self.directory = directory
-    self.explicit = explicit
-    self.files: list[str] = []
+  directory: str
+  explicit: bool  # The analyses were named: one that does not apply is an error.
+  files: list[str] = dataclasses.field(default_factory=list)
 
   def path(self, filename: str) -> str:
     self.files.append(filename)
@@ -167,10 +161,9 @@ def analyze(
     use_ema: bool = True,
     data_dir: str | None = None,
 ) -> dict[str, Any]:
-  """Runs the analyses on `workdir`'s checkpoint (its EMA weights where it kept an EMA, unless
-  `use_ema=False`), writes PNGs and analysis.json, returns it; over `num_images` eval images
-  (default: as many as a run records, `run_files.RECORDED_EVAL_IMAGES`), datasets read as
-  `inference.load_run` reads them (`data_dir`)."""
+  """Runs the analyses on `workdir`'s checkpoint (its EMA where kept, with `use_ema`) over
+  `num_images` eval images (default: as many as a run records), writes PNGs and analysis.json and
+  returns it."""
   num_images = run_files.RECORDED_EVAL_IMAGES if num_images is None else num_images
   if num_images < 1 or batch_size < 1 or window < 1:
     raise ValueError(
@@ -207,34 +200,19 @@ def analyze(
       'weights': 'ema' if run.ema else 'raw',
       'num_images': len(images),
       'layers': [
-          {
-              'name': layer.name,
-              'heads': layer.shape[0],
-              'queries': layer.shape[1],
-              'keys': layer.shape[2],
-          }
+          {'name': layer.name, **dict(zip(('heads', 'queries', 'keys'), layer.shape))}
           for layer in layers
       ],
   }
   if 'collapse' in what:
-    report['collapse'] = _collapse(
-        layers,
-        means,
-        threshold,
-        neighbours,
-        out,
-        f'{name}: attention collapse, {len(images)} images',
-    )
+    title = f'{name}: attention collapse, {len(images)} images'
+    report['collapse'] = _collapse(layers, means, threshold, neighbours, out, title)
   if 'maps' in what:
-    report['maps'] = _maps(
-        layers,
-        means,
-        image_shape,
-        window,
-        out,
-        f'{name}: attention of the centre token (class token for class '
-        f'attention) per layer x head, mean over {len(images)} images',
+    title = (
+        f'{name}: attention of the centre token (class token for class attention) per layer x '
+        f'head, mean over {len(images)} images'
     )
+    report['maps'] = _maps(layers, means, image_shape, window, out, title)
   if 'rollout' in what:
     relevance = rollout.concatenate(relevance_parts)
     rollout.plot_relevance(
@@ -285,7 +263,7 @@ def _collapse(layers, means, threshold, neighbours, out, title) -> dict[str, Any
 def _maps(layers, means, image_shape, window, out, title) -> dict[str, Any]:
   """maps.png: the centre (or class) query's attention per layer x head."""
   queries = [
-      maps.QueryMaps(q.layer, q.query, means[f'maps/{q.layer}'], q.grid, q.query_cell)
+      dataclasses.replace(q, maps=means[f'maps/{q.layer}'])
       for q in maps.query_maps(layers, image_shape, window)
   ]
   if not queries:
@@ -331,9 +309,7 @@ def _centres(variables, layers, means, image_shape, window, out) -> dict[str, An
   queries = [q for q in maps.query_maps(layers, image_shape) if q.query == 'centre']
   panels, mus = [], []
   for index, query in enumerate(queries):
-    averaged = maps.QueryMaps(
-        query.layer, query.query, means[f'centres/{query.layer}'], query.grid, query.query_cell
-    )
+    averaged = dataclasses.replace(query, maps=means[f'centres/{query.layer}'])
     panels.append((f'layer {index}', centres.layer_contours(averaged)))
     mu = heads[index].get('attention_centers')
     mus.append(None if mu is None else np.asarray(mu))

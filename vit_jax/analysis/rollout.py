@@ -86,11 +86,8 @@ def token_relevance(
     prefix_names: Sequence[str] = (),
     residual: float = 0.5,
 ) -> list[Relevance]:
-  """Rollout of the tokens a model classifies from, over the input patches of its main stage.
-
-  The prefix tokens (class; distillation for DeiT) when the stage has them; CaiT's class token
-  through its class-attention stage; otherwise (SA-conv) the centre token.
-  """
+  """Rollout over the input patches of the tokens a model classifies from: the main stage's
+  prefix tokens, else CaiT's class token through class attention, else (SA-conv) the centre."""
   stage = maps_lib.main_stage(layers)
   tokens = layers[stage[0]].shape[-1]
   grid = maps_lib.key_grid(tokens, image_shape)
@@ -159,8 +156,7 @@ def plot_relevance(
   fig = figure.Figure(figsize=(max(2.2 * (1 + len(panels)), 5.0), 2.2 * (1 + examples)))
   axes = fig.subplots(1 + examples, 1 + len(panels), squeeze=False)
   for ax in axes.ravel():
-    ax.set_xticks([])
-    ax.set_yticks([])
+    ax.set(xticks=[], yticks=[])
   axes[0, 0].axis('off')
   axes[0, 0].text(0.5, 0.5, f'mean over\n{len(images)} images', ha='center', va='center')
   for j, (title, r) in enumerate(panels, start=1):
@@ -216,13 +212,8 @@ def plot_distances(
   labelled = 0
   for i, (name, values) in enumerate(distances.items()):
     for head, value in enumerate(values):
-      ax.scatter(
-          [i],
-          [value],
-          s=16,
-          color=f'C{head % 10}',
-          label=f'head {head}' if head >= labelled else None,
-      )
+      label = f'head {head}' if head >= labelled else None  # Each head's colour once.
+      ax.scatter([i], [value], s=16, color=f'C{head % 10}', label=label)
     labelled = max(labelled, len(values))
     ax.plot([i - 0.3, i + 0.3], [uniform[name]] * 2, color='gray', lw=1, ls='--')
   ax.set_xticks(range(len(distances)))

@@ -1,8 +1,7 @@
 """Theorem 1 of Cordonnier et al. as code: any convolution is a multi-head self-attention layer.
 
-`conv_to_attention(kernel, bias)` builds an SA-conv quadratic-attention layer
-(`PositionalAttention(scores='quadratic')`, the layer SA-conv models stack) whose output equals a
-K x K convolution:
+`conv_to_attention(kernel, bias)` builds the quadratic-attention layer SA-conv models stack
+(`PositionalAttention(scores='quadratic')`) whose output equals a K x K convolution:
 
   layer = conv_to_attention(kernel, bias, dilation=2)        # kernel (K, K, D_in, D_out), HWIO
   y = layer(x)                                              # x (batch, H, W, D_in)
@@ -17,12 +16,9 @@ is -s^2/2 |delta - mu|^2 + const). The value projection of head h is the tap W[u
 MHSA(X)_q = sum_h X_{q + Delta_h} W^(h) + b = Conv(X)_q). In float32, alpha = 46 makes every other
 key weigh less than e^-46 relative to the attended one.
 
-Padding: the layer only sees the tokens it is given, so zero padding is expressed by zero tokens.
-`AttentionConv.__call__` adds `margin` zero tokens on every side of the grid (out-of-range shifts
-land on them and contribute zero, like the convolution's zero padding) and crops them from the
-output. Channels: the layer's width is max(D_in, D_out); inputs are zero-padded to it and the
-first D_out output channels are the convolution. Stride s is the stride-1 result subsampled
-[::s, ::s].
+Zero padding is `margin` zero tokens on every side of the grid (out-of-range shifts land on
+them), cropped from the output; the layer's width is max(D_in, D_out), inputs zero-padded to it.
+Stride s is the stride-1 result subsampled [::s, ::s].
 """
 
 import dataclasses
@@ -52,9 +48,8 @@ class AttentionConv:
     """(batch, H, W, in_features) -> (batch, H, W, out_features), the convolution of x."""
     if x.ndim != 4 or x.shape[-1] != self.in_features:
       raise ValueError(f'Expected inputs (batch, H, W, {self.in_features}); got {x.shape}.')
-    width = self.module_width
     m = self.margin
-    padded = jnp.pad(x, ((0, 0), (m, m), (m, m), (0, width - self.in_features)))
+    padded = jnp.pad(x, ((0, 0), (m, m), (m, m), (0, self.module_width - self.in_features)))
     # `apply` returns the output alone where no collection is mutable.
     y = cast(jax.Array, self.module.apply({'params': self.params}, padded))
     return y[:, m : m + x.shape[1], m : m + x.shape[2], : self.out_features]
@@ -99,8 +94,7 @@ def conv_to_attention(
   value = np.zeros((len(taps), width, width), np.float32)
   for head, (u, v) in enumerate(taps):
     value[head, :in_features, :out_features] = kernel[u, v]
-  value_bias = np.zeros(width, np.float32)
-  value_bias[:out_features] = bias
+  value_bias = np.pad(bias, (0, width - out_features))
   params = {
       'attention_centers': jnp.asarray(centres),
       'attention_spreads': jnp.full((len(taps),), math.sqrt(2 * alpha), jnp.float32),
