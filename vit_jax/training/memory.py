@@ -99,8 +99,10 @@ def train_batch(
   }
 
 
-def too_big_message(need: dict[str, int], free: int, where: str, settings: Any) -> str:
-  """The refusal: both numbers and the settings (`run_settings.Settings`) that shrink the step."""
+def too_big_message(
+    need: dict[str, int], free: int, where: str, settings: run_settings.Settings
+) -> str:
+  """The refusal: both numbers and the settings that shrink the step."""
   knobs = [
       f'a smaller batch_size (now {settings.data.batch_size})',
       f'grad_accum_steps above {settings.step.grad_accum_steps} (the same batch in '
@@ -122,7 +124,7 @@ def too_big_message(need: dict[str, int], free: int, where: str, settings: Any) 
 def check_fits(
     train_step: jax.stages.Wrapped,
     abstract_state: Any,
-    settings: Any,
+    settings: run_settings.Settings,
     data_sharding: NamedSharding,
     teacher_variables: Any = None,
     schedule: Any = None,
@@ -131,8 +133,7 @@ def check_fits(
   """Compiles the jitted `train_step` for the run's arguments (ShapeDtypeStructs with their
   shardings, and the learning-rate `schedule`) and raises ValueError if XLA's account of it
   exceeds the free memory of this process's devices; returns the account (empty where the
-  backend gives none). `settings`: the run's `run_settings.Settings` (its batch and the fields that
-  shrink the step)."""
+  backend gives none). `settings`: the run's (its batch and the fields that shrink the step)."""
   compiled = train_step.lower(
       abstract_state, train_batch(settings.data, data_sharding), teacher_variables, schedule
   ).compile()
