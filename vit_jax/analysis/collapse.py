@@ -137,8 +137,7 @@ def plot(collapse: Collapse, path: str, max_k: int = 3, title: str = '') -> None
 
   ax = axes[3]
   ax.plot(blocks, collapse.inter_head, marker='o', ms=3, color='C2')
-  ax.set(xlabel='block index', ylabel='inter-head similarity')
-  ax.set_ylim(lowest - 0.02, 1.02)
+  ax.set(xlabel='block index', ylabel='inter-head similarity', ylim=(lowest - 0.02, 1.02))
   ax.set_title('Similarity between heads of a block', fontsize=9)
   for axis in [ax.xaxis for ax in axes] + [axes[1].yaxis, axes[2].yaxis]:
     axis.set_major_locator(ticker.MaxNLocator(integer=True))

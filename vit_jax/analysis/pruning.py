@@ -87,11 +87,10 @@ def prune(params: Any, heads: Sequence[Sequence[int]]) -> tuple[dict, tuple[int,
       )
     attention['attention_centers'] = attention['attention_centers'][keep]
     attention['attention_spreads'] = attention['attention_spreads'][keep]
-    value = dict(attention['value'])
-    kernel = value['kernel']
+    kernel = attention['value']['kernel']
     width = kernel.shape[0] // count
-    value['kernel'] = kernel.reshape(count, width, -1)[keep].reshape(len(keep) * width, -1)
-    attention['value'] = value
+    kernel = kernel.reshape(count, width, -1)[keep].reshape(len(keep) * width, -1)
+    attention['value'] = dict(attention['value'], kernel=kernel)
     params[name] = dict(params[name], attention=attention)
     layer_heads.append(len(keep))
   return params, tuple(layer_heads)

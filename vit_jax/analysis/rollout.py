@@ -99,11 +99,9 @@ def token_relevance(
   rolled = rollout([layers[i].probs for i in stage], residual)
   to_grid = lambda r: r[:, grid.prefix :].reshape(-1, grid.rows, grid.cols)
   if grid.prefix:
-    names = (
-        list(prefix_names)
-        if len(prefix_names) == grid.prefix
-        else [f'prefix_{i}' for i in range(grid.prefix)]
-    )
+    names = list(prefix_names)
+    if len(names) != grid.prefix:
+      names = [f'prefix_{i}' for i in range(grid.prefix)]
     return [Relevance(name, to_grid(rolled[:, i])) for i, name in enumerate(names)]
   following = stage[-1] + 1
   class_stage = [layer.probs for layer in layers[following:] if layer.shape[1:] == (1, tokens + 1)]
@@ -218,8 +216,7 @@ def plot_distances(
     ax.plot([i - 0.3, i + 0.3], [uniform[name]] * 2, color='gray', lw=1, ls='--')
   ax.set_xticks(range(len(distances)))
   ax.set_xticklabels(list(distances), rotation=60, ha='right', fontsize=7)
-  ax.set_ylabel('mean attention distance (pixels)')
-  ax.set_ylim(0, None)
+  ax.set(ylabel='mean attention distance (pixels)', ylim=(0, None))
   ax.legend(fontsize=6, loc='lower right', ncol=2)
   ax.set_title(
       f'Mean attention distance per head, {image_size}-pixel images\n'

@@ -1,7 +1,5 @@
-"""The eval steps and their passes: a scoring's sums of the model's logits, traced
-(`make_eval_step`); on the host, batches in, summed step outputs, metrics out. `predictions`: the
-model's logits over a split, with the labels, for the evaluators that score them.
-"""
+"""The eval steps (`make_eval_step`: a scoring's sums of the model's logits) and their passes over
+a split, summed into metrics; `predictions`: the model's logits over a split, with the labels."""
 
 import dataclasses
 import functools
