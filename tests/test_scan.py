@@ -1,6 +1,8 @@
 """Scan-over-layers and remat: the unrolled model's outputs, gradients and training; layout
 converters."""
 
+import functools
+
 import flax
 import jax
 import jax.numpy as jnp
@@ -21,40 +23,41 @@ from vit_jax.workdir import reader
 
 SWITCHES = [dict(scan_layers=True), dict(remat=True), dict(scan_layers=True, remat=True)]
 
-# Tiny members of every family with a deep block stack, at 16x16 inputs; timm init, so that the
-# head is not zero.
+# Tiny members of every family with a block stack, at 16x16 inputs: two blocks to a scan, the
+# fewest it takes; timm init, so that the head is not zero.
 TINY = {
+    # Drop-path rates 0 and 0.2, one per block.
     'vit': (
         'vit_ti4',
         dict(
-            hidden_size=24, depth=3, num_heads=3, mlp_dim=48, init_scheme='timm', drop_path_rate=0.2
+            hidden_size=24, depth=2, num_heads=3, mlp_dim=48, init_scheme='timm', drop_path_rate=0.2
         ),
     ),
     # Distillation token and head.
     'deit': (
         'deit_ti16_distilled',
-        dict(patch_size=4, hidden_size=24, depth=3, num_heads=3, mlp_dim=48, init_scheme='timm'),
+        dict(patch_size=4, hidden_size=24, depth=2, num_heads=3, mlp_dim=48, init_scheme='timm'),
     ),
     # LayerScale on every block.
     'deit3': (
         'deit3_s16',
-        dict(patch_size=4, hidden_size=24, depth=3, num_heads=3, mlp_dim=48, init_scheme='timm'),
+        dict(patch_size=4, hidden_size=24, depth=2, num_heads=3, mlp_dim=48, init_scheme='timm'),
     ),
     # Constant drop path, then two unscanned class-attention blocks.
     'cait': (
         'cait_ti4',
-        dict(hidden_size=24, depth=3, num_heads=3, layer_scale_init=0.5, drop_path_rate=0.2),
+        dict(hidden_size=24, depth=2, num_heads=3, layer_scale_init=0.5, drop_path_rate=0.2),
     ),
-    # Two scanned groups (content blocks 0-1, Re-attention blocks 2-4) with BatchNorm statistics.
+    # Two scanned groups (content blocks 0-1, Re-attention blocks 2-3) with BatchNorm statistics.
     'deepvit': (
         'deepvit_ti4',
-        dict(hidden_size=24, depth=5, num_heads=3, re_attention_blocks=3, drop_path_rate=0.2),
+        dict(hidden_size=24, depth=4, num_heads=3, re_attention_blocks=2, drop_path_rate=0.2),
     ),
     't2t': (
         't2t_vit_t_ti4',
         dict(
             hidden_size=24,
-            depth=3,
+            depth=2,
             num_heads=3,
             mlp_dim=48,
             token_dim=8,
@@ -65,7 +68,7 @@ TINY = {
     # Positional attention with content on the 8x8 grid; no drop path in this family.
     'sa_conv': (
         'sa_conv_learned_content',
-        dict(hidden_size=24, num_heads=4, num_layers=3, intermediate_size=32),
+        dict(hidden_size=24, num_heads=4, num_layers=2, intermediate_size=32),
     ),
     # A head-pruned model: layers 0-1 (2 heads) scan together, layer 2 (3 heads) stays alone.
     'sa_conv_pruned': (
@@ -88,7 +91,10 @@ def _images(batch: int = 2):
 
 def _max_diff(a, b) -> float:
   assert jax.tree.structure(a) == jax.tree.structure(b)
-  return max(float(jnp.max(jnp.abs(x - y))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+  return max(
+      float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+      for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+  )
 
 
 # DeiT's and DeiT III's blocks are ViT's (with LayerScale): their scans are checked by training.
@@ -125,11 +131,19 @@ def _in_layout_of(model, variables):
   return converted
 
 
+@functools.cache
+def _unrolled_outputs_and_gradients(family: str) -> tuple[dict, tuple]:
+  """The variables of the unrolled tiny model of `family` and its `_outputs_and_gradients`, shared
+  by the family's cases."""
+  plain = _tiny(family)
+  variables = jax.jit(plain.init)(jax.random.key(0), _images())
+  return variables, _outputs_and_gradients(plain, variables)
+
+
 @pytest.mark.parametrize('family, switches', CASES, ids=str)
 def test_same_outputs_and_gradients_as_unrolled(family, switches):
-  plain, switched = _tiny(family), _tiny(family, **switches)
-  variables = jax.jit(plain.init)(jax.random.key(0), _images())
-  logits, intermediates, grads = _outputs_and_gradients(plain, variables)
+  switched = _tiny(family, **switches)
+  variables, (logits, intermediates, grads) = _unrolled_outputs_and_gradients(family)
   logits_s, intermediates_s, grads_s = _outputs_and_gradients(
       switched, _in_layout_of(switched, variables)
   )
@@ -154,13 +168,12 @@ def _perturbed(variables: dict) -> dict:
   """`variables` with noise added to every parameter, of a random scale per tensor (and so per
   block), so that no bias, norm or LayerScale starts at a value (0, 1) that hides a difference
   and the blocks' norms differ."""
-  leaves, tree = jax.tree.flatten(variables['params'])
-  noisy = []
-  for p, key in zip(leaves, jax.random.split(jax.random.key(3), len(leaves))):
-    scale_key, noise_key = jax.random.split(key)
-    scale = jax.random.uniform(scale_key, (), minval=0.01, maxval=0.2)
-    noisy.append(p + scale * jax.random.normal(noise_key, p.shape))
-  return {**variables, 'params': jax.tree.unflatten(tree, noisy)}
+  rng = np.random.default_rng(3)
+  noisy = jax.tree.map(
+      lambda p: (np.asarray(p) + rng.uniform(0.01, 0.2) * rng.normal(size=p.shape)).astype(p.dtype),
+      variables['params'],
+  )
+  return {**variables, 'params': noisy}
 
 
 def _three_training_steps(model, variables, optimizer: str) -> dict:
@@ -226,11 +239,10 @@ def test_scanned_training_equals_unrolled(family):
   plain = _tiny(family, **WITHOUT_DROPOUT[family])
   scanned = plain.clone(scan_layers=True)
   variables = _perturbed(jax.jit(plain.init)(jax.random.key(0), _images()))
+  stacked = _in_layout_of(scanned, variables)
   for optimizer in ('adamw', 'lamb'):
     expected = _three_training_steps(plain, variables, optimizer)
-    got = layouts.unstack_layers(
-        _three_training_steps(scanned, _in_layout_of(scanned, variables), optimizer)
-    )
+    got = layouts.unstack_layers(_three_training_steps(scanned, stacked, optimizer))
     differences = _relative_differences(expected, got)
     assert max(differences.values()) <= 2e-4, (
         optimizer,
@@ -241,11 +253,11 @@ def test_scanned_training_equals_unrolled(family):
 def test_scanned_variables_are_stacked_and_convert_to_timm():
   model = _tiny('deepvit', scan_layers=True)
   variables = jax.jit(model.init)(jax.random.key(0), _images())
-  # Two stacks: content blocks 0-1 and Re-attention blocks 2-4 (with BatchNorm statistics).
+  # Two stacks: content blocks 0-1 and Re-attention blocks 2-3 (with BatchNorm statistics).
   assert variables['params']['blocks_0_to_1']['mlp']['fc1']['kernel'].shape == (2, 24, 72)
-  assert variables['batch_stats']['blocks_2_to_4']['attn']['var_norm']['mean'].shape == (3, 3)
+  assert variables['batch_stats']['blocks_2_to_3']['attn']['var_norm']['mean'].shape == (2, 3)
   unrolled = layouts.unstack_layers(variables)
-  assert 'blocks_4' in unrolled['params'] and 'blocks_0_to_1' not in unrolled['params']
+  assert 'blocks_3' in unrolled['params'] and 'blocks_0_to_1' not in unrolled['params']
   ours, reference = deepvit.to_dvit_repo(variables), deepvit.to_dvit_repo(unrolled)
   assert ours.keys() == reference.keys()
   assert all(np.array_equal(ours[k], reference[k]) for k in ours)
@@ -267,7 +279,7 @@ def test_batch_statistics_update_like_unrolled():
 
 
 def test_training_mode_draws_per_layer_stochastic_depth():
-  model = _tiny('vit', scan_layers=True, remat=True)
+  model = _tiny('vit', depth=3, scan_layers=True, remat=True)
   variables = model.init(jax.random.key(0), _images())
   images = _images(batch=32)
   apply = jax.jit(lambda rng: model.apply(variables, images, train=True, rngs={'dropout': rng}))
@@ -283,14 +295,14 @@ def test_scanned_run_checkpoint_loads_into_either_layout(data_dir, tmp_path):
   config = tiny_config(
       data_dir,
       total_steps=2,
-      **{'model.scan_layers': True, 'model.depth': 3, 'model.init_scheme': 'timm'},
+      **{'model.scan_layers': True, 'model.init_scheme': 'timm'},
   )
   workdir = str(tmp_path / 'run')
   train.train_and_evaluate(config, workdir)
   saved = reader.Workdir(workdir).read_state()['params']
-  assert 'blocks_0_to_2' in saved
+  assert 'blocks_0_to_1' in saved
   variables = reader.Workdir.open(workdir).read_variables(unrolled=True).variables
-  assert 'blocks_2' in variables['params'] and 'blocks_0_to_2' not in variables['params']
+  assert 'blocks_1' in variables['params'] and 'blocks_0_to_1' not in variables['params']
 
   images = jax.random.normal(jax.random.key(1), (2, 16, 16, 3))
   scanned = models.create_model(config, 10)
@@ -311,7 +323,7 @@ def test_scanned_run_checkpoint_loads_into_either_layout(data_dir, tmp_path):
   run = inference.load_run(workdir, unroll=True)  # As analysis reads it: per-block maps.
   assert not run.model.scan_layers
   _, state = run.model.apply(run.variables, images, mutable=['intermediates'])
-  assert {'blocks_0', 'blocks_2'} <= set(state['intermediates'])
+  assert {'blocks_0', 'blocks_1'} <= set(state['intermediates'])
   np.testing.assert_allclose(run.model.apply(run.variables, images), expected, atol=1e-5)
 
 
