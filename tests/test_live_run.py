@@ -407,7 +407,7 @@ def test_evaluate_during_a_run_keeps_its_results_beside_the_runs(data_dir, tmp_p
   try:
     _wait_for_a_checkpoint(training, workdir)
     evaluation = tiny_runs.run_command(
-        'evaluate', f'--workdir={workdir}', '--eval_sets=digits:test[:64]'
+        'evaluate', f'--workdir={workdir}', "--config.eval_sets=('digits:test[:64]',)"
     )
     assert training.poll() is None, 'the run finished before the evaluation: make it longer'
   finally:

@@ -31,6 +31,8 @@ from vit_jax.training import steps
 from vit_jax.training import start as start_lib
 from vit_jax.loop import train
 from vit_jax.data import digits
+from vit_jax.schema import run as run_settings
+from vit_jax.schema import setting
 from vit_jax.workdir import reader
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -179,8 +179,8 @@ def test_reading_a_shared_run_runs_no_code_and_writes_nowhere_it_names(
       '--import_run_modules',
       f'--data_dir={data_dir}',
       '--evaluators=fewshot',
-      '--shots=1',
-      '--seeds=1',
+      '--config.evaluators.fewshot.shots=(1,)',
+      '--config.evaluators.fewshot.seeds=1',
   )
   assert mine.returncode == 0, mine.stderr[-3000:]
   assert 'fewshot/digits_1shot' in mine.stdout
@@ -236,7 +236,7 @@ def test_a_run_needs_nothing_but_itself_once_its_image_folder_is_gone(
       str(elsewhere),
       'evaluate',
       f'--workdir={workdir}',
-      f'--eval_sets=folder:{moved}',
+      f"--config.eval_sets=('folder:{moved}',)",
       f'--data_dir={tmp_path / "my_tfds"}',
   )
   assert evaluated.returncode == 0, evaluated.stderr[-3000:]
