@@ -64,7 +64,7 @@ def test_known_centres_attend_to_their_shift():
   """Lemma 2: with alpha = s^2 / 2 large, head h of a layer attends to query + centre_h."""
   model = models.create('sa_conv_quadratic', **TINY)
   images = jax.random.normal(jax.random.key(1), (2, 16, 16, 3))
-  variables = jax.jit(model.init)(jax.random.key(0), images)
+  variables = model.init(jax.random.key(0), images)
   shifts = np.array([[0, 0], [1, 0], [-2, 1], [1, -1]], np.float32)
   params = jax.tree_util.tree_map(lambda x: x, variables['params'])
   params['layers_1']['attention']['attention_centers'] = jnp.asarray(shifts)
@@ -84,7 +84,7 @@ def test_known_centres_attend_to_their_shift():
 def test_forward_shapes_and_per_head_parameters(attention):
   model = models.create(f'sa_conv_{attention}', num_classes=7, **TINY)
   images = jax.random.normal(jax.random.key(1), (3, 12, 16, 3))
-  variables = jax.jit(model.init)(jax.random.key(0), images)
+  variables = model.init(jax.random.key(0), images)
   logits, state = model.apply(variables, images, mutable=['intermediates'])
   assert logits.shape == (3, 7) and logits.dtype == jnp.float32
   (probs,) = state['intermediates']['layers_0']['attention']['attention_probs']
@@ -104,7 +104,7 @@ def test_forward_shapes_and_per_head_parameters(attention):
 def test_layer_is_post_layer_norm_with_tiny_epsilon():
   model = models.create('sa_conv_learned', **TINY, num_classes=3)
   images = jax.random.normal(jax.random.key(1), (2, 8, 8, 3))
-  variables = jax.jit(model.init)(jax.random.key(0), images)
+  variables = model.init(jax.random.key(0), images)
   _, state = model.apply(variables, images, capture_intermediates=True, mutable=['intermediates'])
   (out,) = state['intermediates']['layers_0']['__call__']
   out = np.asarray(out, np.float64)  # LN output with scale 1, bias 0: zero mean, unit variance.
@@ -114,7 +114,7 @@ def test_layer_is_post_layer_norm_with_tiny_epsilon():
 
 def test_pytorch_default_initialisation():
   model = models.create('sa_conv_gaussian', **TINY)
-  params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 32, 32, 3)))['params']
+  params = model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)))['params']
   value = params['layers_0']['attention']['value']
   bound = 1 / np.sqrt(4 * 16)
   assert bound * 0.95 < np.abs(value['kernel']).max() <= bound
