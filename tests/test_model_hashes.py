@@ -144,7 +144,7 @@ def registered_hash(name: str) -> str:
 
 def _init_and_apply(model, images):
   # Op by op: the cases share most operations and shapes, which each compile once for all of
-  # them; one program per case (its init's random draws above all) took twice the CPU time.
+  # them; one jitted program per case (its init's random draws above all) costs more in all.
   variables = model.init(jax.random.key(0), images)
   logits, state = model.apply(variables, images, mutable=['features'])
   return variables, logits, state
