@@ -7,12 +7,14 @@ import numpy as np
 import pytest
 
 from tests.tiny_runs import tiny_config
-from vit_jax.data import normalization
+from vit_jax.schema import normalization
 from vit_jax import models
 from vit_jax.weights import pretrained
 from vit_jax.training import teacher
-from vit_jax.training import train
+from vit_jax.loop import train
 from vit_jax.models import regnet
+from vit_jax.schema import setting
+from vit_jax.schema import step as step_settings
 from vit_jax.workdir import reader
 
 REGNETY = [name for name in models.names() if name.startswith('regnety_')]
@@ -132,7 +134,9 @@ def test_deit_distils_from_a_timm_regnety_weights_file(timm, data_dir, tmp_path,
   config.distillation.type = 'hard'
   config.distillation.teacher = f'regnety_002:{weights}'
   config.distillation.teacher_normalization = 'imagenet'
-  loaded = teacher.load(teacher.TeacherSettings.from_config(config), num_classes=10)
+  loaded = teacher.load(
+      setting.build_unless_off(step_settings.TeacherSettings, config), num_classes=10
+  )
   images = np.random.default_rng(0).normal(size=(2, 16, 16, 3)).astype(np.float32)
   digits_mean, digits_std = (np.asarray(v) for v in normalization.NORMALIZATIONS['digits'])
   imagenet_mean, imagenet_std = (np.asarray(v) for v in normalization.NORMALIZATIONS['imagenet'])
@@ -154,10 +158,10 @@ def test_teacher_spec_errors_name_the_value(tmp_path):
   config.distillation.type = 'hard'
   config.distillation.teacher = f'regnety_002:{tmp_path / "missing.pth"}'
   with pytest.raises(ValueError, match='no weights file at'):
-    teacher.load(teacher.TeacherSettings.from_config(config), num_classes=10)
+    teacher.load(setting.build_unless_off(step_settings.TeacherSettings, config), num_classes=10)
   config.distillation.teacher = f'regnety_002:{tmp_path}'
   with pytest.raises(ValueError, match='no weights file at'):
-    teacher.load(teacher.TeacherSettings.from_config(config), num_classes=10)
+    teacher.load(setting.build_unless_off(step_settings.TeacherSettings, config), num_classes=10)
   with pytest.raises(ValueError, match="Unknown normalization 'bgr'; valid: .*'imagenet'"):
     teacher.normalization_change('digits', 'bgr')
 

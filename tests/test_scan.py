@@ -15,10 +15,13 @@ from vit_jax import models
 from vit_jax.weights import pretrained
 from vit_jax.training import optim
 from vit_jax.training import steps
-from vit_jax.training import train
+from vit_jax.loop import train
 from vit_jax.models import deepvit
 from vit_jax.models import layouts
 from vit_jax.models import sa_conv
+from vit_jax.schema import setting
+from vit_jax.schema import step as step_settings
+from vit_jax.schema import optim as optim_settings
 from vit_jax.workdir import reader
 
 SWITCHES = [dict(scan_layers=True), dict(remat=True), dict(scan_layers=True, remat=True)]
@@ -181,8 +184,10 @@ def _three_training_steps(model, variables, optimizer: str) -> dict:
   decay and an EMA, on one batch of random images."""
   config = common.get_config()
   config.update(dict(optimizer=optimizer, weight_decay=1.0, layer_decay=0.75))
-  tx = optim.create_optimizer(optim.OptimizerSettings.from_config(config), lambda _: 1e-3, model)
-  step = jax.jit(steps.make_train_step(model, tx, steps.StepSettings(ema_decay=0.5), 5))
+  tx = optim.create_optimizer(
+      setting.build(optim_settings.OptimizerSettings, config), lambda _: 1e-3, model
+  )
+  step = jax.jit(steps.make_train_step(model, tx, step_settings.StepSettings(ema_decay=0.5), 5))
   state = steps.TrainState(
       step=jnp.zeros((), jnp.int32),
       params=variables['params'],

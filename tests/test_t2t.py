@@ -12,7 +12,7 @@ import pytest
 from scipy import special
 
 from vit_jax import models
-from vit_jax.models import parts
+from vit_jax.schema import parts
 from vit_jax.models import stems
 from vit_jax.models import t2t
 
