@@ -8,7 +8,7 @@ from typing import Any
 from vit_jax.schema import rules as config_rules
 from vit_jax.schema import augment_spec
 from vit_jax.schema import dataset_names
-from vit_jax.schema.setting import NOT_SAVED, passed, setting
+from vit_jax.schema.setting import NOT_SAVED, build, passed, setting
 
 
 def _randaugment_spec(spec: str) -> augment_spec.RandAugmentSpec | None:
@@ -182,7 +182,7 @@ class MixSettings:
 @dataclasses.dataclass(frozen=True)
 class BatchAugment:
   """RandAugment (None: off), random erasing and normalisation of a batch in the training step
-  (`data.batch_augment`); off (None) where the host augments (`augment_spec.augments_on_device`)."""
+  (`data.batch_augment`); off (None) where the host augments (`TrainTransform.on_device`)."""
 
   randaugment: augment_spec.RandAugmentSpec | None = passed('randaugment')
   random_erase_prob: float = passed('random_erase_prob')
@@ -190,10 +190,4 @@ class BatchAugment:
 
   @staticmethod
   def off(config: Any) -> bool:
-    return not augment_spec.augments_on_device(
-        config.augment_on_device,
-        config.randaugment,
-        config.random_erase_prob,
-        config.three_augment,
-        config.color_jitter,
-    )
+    return not build(TrainTransform, config).on_device
